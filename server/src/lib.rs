@@ -1,0 +1,14 @@
+//! resd's server: the resource service, the type registry, ACLs and the storage backends.
+//!
+//! Layout (one concept per module):
+//! - [`resource`]: pure values and rules of the resource model (names, types, finalizers);
+//! - [`registry`]: registered types, their scopes and hooks, and the built-in types;
+//! - [`acl`]: authorizers, policies and token resolution;
+//! - [`storage`]: the [`storage::Backend`] contract, its backends and the conformance suite;
+//! - [`service`]: the resource and cluster services, their gRPC handlers and the server setup.
+
+pub mod acl;
+pub mod registry;
+pub mod resource;
+pub mod service;
+pub mod storage;

@@ -1,0 +1,251 @@
+//! The type registry: which resource types exist, how they are scoped, and the hooks (validate,
+//! mutate, ACLs) the resource service runs for them.
+//!
+//! A [`Registry`] is built once at startup ([`Registry::builtin`]) and then shared read-only.
+//! Registration errors are programming errors; they surface at startup and in tests.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use proto::resource::v1::{Id, Resource, Tenancy, Type};
+
+use crate::acl::{self, AclError, Authorizer};
+use crate::resource;
+
+pub mod builtin;
+#[cfg(test)]
+mod tests;
+
+/// Where resources of a type live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// No partition, no namespace.
+    Cluster,
+    /// A partition, no namespace.
+    Partition,
+    /// A partition and a namespace.
+    Namespace,
+    /// Whatever tenancy it is written to: tombstones live where the resource they replace lived.
+    Any,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Cluster => "cluster",
+            Scope::Partition => "partition",
+            Scope::Namespace => "namespace",
+            Scope::Any => "any",
+        }
+    }
+}
+
+/// Validate hook: every violation in one message, naming the field (`resource.data.name is required`).
+pub type ValidateHook = Arc<dyn Fn(&Resource) -> Result<(), String> + Send + Sync>;
+/// Mutate hook: fills defaults into the resource before validation.
+pub type MutateHook = Arc<dyn Fn(&mut Resource) -> Result<(), String> + Send + Sync>;
+/// Read ACL hook. Gets the stored resource only after it answered [`AclError::NeedResource`].
+pub type ReadAcl =
+    Arc<dyn Fn(&dyn Authorizer, &Id, Option<&Resource>) -> Result<(), AclError> + Send + Sync>;
+pub type WriteAcl = Arc<dyn Fn(&dyn Authorizer, &Resource) -> Result<(), AclError> + Send + Sync>;
+pub type ListAcl = Arc<dyn Fn(&dyn Authorizer, &Tenancy) -> Result<(), AclError> + Send + Sync>;
+
+/// ACL hooks of a type. The defaults require operator read (Read, List) and operator write (Write).
+#[derive(Clone)]
+pub struct Acls {
+    pub read: ReadAcl,
+    pub write: WriteAcl,
+    pub list: ListAcl,
+}
+
+impl Default for Acls {
+    fn default() -> Self {
+        Acls {
+            read: Arc::new(|authorizer, _, _| acl::require_operator(authorizer, acl::Access::Read)),
+            write: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Write)),
+            list: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Read)),
+        }
+    }
+}
+
+/// Checks that bytes decode as the registered message.
+type DecodeCheck = fn(&[u8]) -> Result<(), prost::DecodeError>;
+
+/// One registered type.
+#[derive(Clone)]
+pub struct Registration {
+    pub resource_type: Type,
+    /// Full protobuf name of the data message, e.g. `resd.demo.v2.Artist`.
+    pub message_name: String,
+    pub scope: Scope,
+    pub validate: Option<ValidateHook>,
+    pub mutate: Option<MutateHook>,
+    pub acls: Acls,
+    /// Longest allowed name: tombstone names embed the deleted resource's name and uid.
+    pub max_name_len: usize,
+    /// Clients may not write it; only the server does (tombstones).
+    pub server_written: bool,
+    decode_check: DecodeCheck,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("type", &resource::gvk(&self.resource_type))
+            .field("message_name", &self.message_name)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registration {
+    /// A registration for the data message `M` with default hooks. `gvk` is checked when the
+    /// registration is added to a registry.
+    pub fn new<M>(gvk: &str, scope: Scope) -> Self
+    where
+        M: prost::Message + prost::Name + Default,
+    {
+        let parts: Vec<&str> = gvk.split('.').collect();
+        let resource_type = match parts.as_slice() {
+            [group, version, kind] => resource::new_type(group, version, kind),
+            _ => resource::new_type(gvk, "", ""),
+        };
+        Registration {
+            resource_type,
+            message_name: M::full_name(),
+            scope,
+            validate: None,
+            mutate: None,
+            acls: Acls::default(),
+            max_name_len: resource::MAX_NAME_LEN,
+            server_written: false,
+            decode_check: |bytes| M::decode(bytes).map(|_| ()),
+        }
+    }
+
+    pub fn with_validate(
+        mut self,
+        hook: impl Fn(&Resource) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.validate = Some(Arc::new(hook));
+        self
+    }
+
+    pub fn with_mutate(
+        mut self,
+        hook: impl Fn(&mut Resource) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.mutate = Some(Arc::new(hook));
+        self
+    }
+
+    pub fn with_acls(mut self, acls: Acls) -> Self {
+        self.acls = acls;
+        self
+    }
+
+    pub fn gvk(&self) -> String {
+        resource::gvk(&self.resource_type)
+    }
+
+    /// Checks that `data` holds this type's message: the type URL names it and the bytes decode.
+    pub fn check_data(&self, data: &prost_types::Any) -> Result<(), String> {
+        let got = data.type_url.rsplit('/').next().unwrap_or_default();
+        if got != self.message_name {
+            return Err(format!(
+                "resource.data is of the wrong type: {} holds {}, got {:?}",
+                self.gvk(),
+                self.message_name,
+                data.type_url
+            ));
+        }
+        (self.decode_check)(&data.value).map_err(|error| {
+            format!(
+                "resource.data invalid: cannot decode {}: {error}",
+                self.message_name
+            )
+        })
+    }
+}
+
+/// Decodes the data of a resource as `M`; absent data decodes as the default message. For hooks.
+pub fn decode_data<M>(resource: &Resource) -> Result<M, String>
+where
+    M: prost::Message + prost::Name + Default,
+{
+    match &resource.data {
+        None => Ok(M::default()),
+        Some(any) => M::decode(any.value.as_slice()).map_err(|error| {
+            format!(
+                "resource.data invalid: cannot decode {}: {error}",
+                M::full_name()
+            )
+        }),
+    }
+}
+
+/// A registration error: always a programming error in the code that registers types.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("cannot register {gvk:?}: {why}")]
+    InvalidType { gvk: String, why: String },
+    #[error("cannot register {0}: the type is already registered")]
+    Duplicate(String),
+}
+
+/// The set of registered types. Built at startup, then shared read-only.
+#[derive(Debug, Default)]
+pub struct Registry {
+    types: BTreeMap<(String, String, String), Arc<Registration>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A registry holding every built-in type.
+    pub fn builtin() -> Result<Self, RegistryError> {
+        let mut registry = Self::new();
+        builtin::register(&mut registry)?;
+        Ok(registry)
+    }
+
+    pub fn register(&mut self, registration: Registration) -> Result<(), RegistryError> {
+        let gvk = registration.gvk();
+        let violations = resource::type_violations(&registration.resource_type);
+        if !violations.is_empty() {
+            return Err(RegistryError::InvalidType {
+                gvk,
+                why: violations.join("; "),
+            });
+        }
+        let resource_type = &registration.resource_type;
+        let key = (
+            resource_type.group.clone(),
+            resource_type.group_version.clone(),
+            resource_type.kind.clone(),
+        );
+        if self.types.contains_key(&key) {
+            return Err(RegistryError::Duplicate(gvk));
+        }
+        self.types.insert(key, Arc::new(registration));
+        Ok(())
+    }
+
+    pub fn resolve(&self, resource_type: &Type) -> Option<Arc<Registration>> {
+        self.types
+            .get(&(
+                resource_type.group.clone(),
+                resource_type.group_version.clone(),
+                resource_type.kind.clone(),
+            ))
+            .cloned()
+    }
+
+    /// Every registration, ordered by group, version and kind.
+    pub fn types(&self) -> impl Iterator<Item = &Arc<Registration>> {
+        self.types.values()
+    }
+}

@@ -1,0 +1,275 @@
+//! Pure values and rules of the resource model: type strings, name rules, tenancy constants,
+//! finalizers and deletion marks, identity comparisons. No IO.
+//!
+//! The wire types generated in `proto` are the domain values, as in Consul's `pbresource`; this
+//! module holds the rules that apply to them.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use proto::resource::v1::{Id, Resource, Status, Tenancy, Type};
+
+#[cfg(test)]
+mod tests;
+
+/// Longest name of a resource, partition or namespace (an RFC 1123 DNS label).
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Wildcard for a tenancy field in List, WatchList and ListByOwner.
+pub const WILDCARD: &str = "*";
+
+pub const DEFAULT_PARTITION: &str = "default";
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Metadata key holding the whitespace-separated set of finalizers.
+pub const FINALIZERS_KEY: &str = "finalizers";
+
+/// Metadata key holding the RFC 3339 time a resource with finalizers was marked for deletion.
+pub const DELETION_TIMESTAMP_KEY: &str = "deletionTimestamp";
+
+/// Builds a [`Type`] from its three parts.
+pub fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
+    Type {
+        group: group.to_owned(),
+        group_version: group_version.to_owned(),
+        kind: kind.to_owned(),
+    }
+}
+
+/// Formats a type as `group.group_version.Kind`.
+pub fn gvk(resource_type: &Type) -> String {
+    format!(
+        "{}.{}.{}",
+        resource_type.group, resource_type.group_version, resource_type.kind
+    )
+}
+
+/// Parses `group.group_version.Kind`, checking each part.
+pub fn parse_gvk(text: &str) -> Result<Type, String> {
+    let parts: Vec<&str> = text.split('.').collect();
+    let [group, group_version, kind] = parts.as_slice() else {
+        return Err(format!(
+            "{text:?} is not a type: expected group.group_version.Kind, e.g. demo.v2.Artist"
+        ));
+    };
+    let resource_type = new_type(group, group_version, kind);
+    let violations = type_violations(&resource_type);
+    if violations.is_empty() {
+        Ok(resource_type)
+    } else {
+        Err(format!(
+            "{text:?} is not a valid type: {}",
+            violations.join("; ")
+        ))
+    }
+}
+
+/// Checks the three parts of a type; one message per invalid part, naming the part.
+pub fn type_violations(resource_type: &Type) -> Vec<String> {
+    let mut violations = Vec::new();
+    if let Err(why) = check_group(&resource_type.group) {
+        violations.push(format!("group {why}"));
+    }
+    if let Err(why) = check_group_version(&resource_type.group_version) {
+        violations.push(format!("group_version {why}"));
+    }
+    if let Err(why) = check_kind(&resource_type.kind) {
+        violations.push(format!("kind {why}"));
+    }
+    violations
+}
+
+/// `^[a-z][a-z\d_]+$`
+pub fn check_group(group: &str) -> Result<(), String> {
+    let mut chars = group.chars();
+    let valid = matches!(chars.next(), Some('a'..='z'))
+        && group.len() >= 2
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{group:?} is invalid: must be a lowercase letter followed by lowercase letters, digits or '_' (at least 2 characters)"
+        ))
+    }
+}
+
+/// `^v([a-z\d]+)?\d$`
+pub fn check_group_version(group_version: &str) -> Result<(), String> {
+    let bytes = group_version.as_bytes();
+    let valid = bytes.len() >= 2
+        && bytes[0] == b'v'
+        && bytes[bytes.len() - 1].is_ascii_digit()
+        && bytes[1..]
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{group_version:?} is invalid: must look like v1, v2 or v1alpha1 ('v', lowercase letters or digits, ending in a digit)"
+        ))
+    }
+}
+
+/// `^[A-Z][A-Za-z\d]+$`
+pub fn check_kind(kind: &str) -> Result<(), String> {
+    let mut chars = kind.chars();
+    let valid = matches!(chars.next(), Some('A'..='Z'))
+        && kind.len() >= 2
+        && chars.all(|c| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{kind:?} is invalid: must be an uppercase letter followed by letters or digits (at least 2 characters)"
+        ))
+    }
+}
+
+/// Checks a resource, partition or namespace name: a lowercase RFC 1123 DNS label of at most
+/// `max_len` characters. The message says what is wrong with this particular name.
+pub fn check_name(name: &str, max_len: usize) -> Result<(), String> {
+    let problem = if name.is_empty() {
+        "is empty".to_owned()
+    } else if name.len() > max_len {
+        format!("is {} characters long, the limit is {max_len}", name.len())
+    } else if let Some(c) = name.chars().find(|c| c.is_ascii_uppercase()) {
+        format!("contains the uppercase letter {c:?}")
+    } else if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        format!("contains {c:?}")
+    } else if name.starts_with('-') || name.ends_with('-') {
+        "starts or ends with '-'".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "{name:?} {problem}: a name is a lowercase RFC 1123 label (a-z, 0-9 and '-', starting and ending with a letter or digit, 1-{max_len} characters)"
+    ))
+}
+
+/// Formats an id for messages and logs: `demo.v2.Artist/default/default/miles-davis`.
+pub struct DisplayId<'a>(pub &'a Id);
+
+impl fmt::Display for DisplayId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = self.0;
+        match &id.r#type {
+            Some(resource_type) => write!(f, "{}", gvk(resource_type))?,
+            None => write!(f, "<no type>")?,
+        }
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        if !tenancy.partition.is_empty() {
+            write!(f, "/{}", tenancy.partition)?;
+        }
+        if !tenancy.namespace.is_empty() {
+            write!(f, "/{}", tenancy.namespace)?;
+        }
+        write!(f, "/{}", id.name)
+    }
+}
+
+/// Whether two ids name the same stored object: same group, kind, tenancy and name. The group
+/// version and the uid are not compared (storage keeps one object per name, whatever its version).
+pub fn same_name(a: &Id, b: &Id) -> bool {
+    let (a_type, b_type) = (
+        a.r#type.clone().unwrap_or_default(),
+        b.r#type.clone().unwrap_or_default(),
+    );
+    a_type.group == b_type.group
+        && a_type.kind == b_type.kind
+        && a.tenancy.clone().unwrap_or_default() == b.tenancy.clone().unwrap_or_default()
+        && a.name == b.name
+}
+
+/// Whether two ids name the same resource incarnation: [`same_name`] and the same uid.
+pub fn same_resource(a: &Id, b: &Id) -> bool {
+    same_name(a, b) && a.uid == b.uid
+}
+
+/// Whether `owner` is the resource `pattern` names: same uid, group, kind and name, and a
+/// tenancy that the pattern's tenancy (fields may be [`WILDCARD`]) matches.
+pub fn owner_matches(pattern: &Id, owner: &Id) -> bool {
+    let (pattern_type, owner_type) = (
+        pattern.r#type.clone().unwrap_or_default(),
+        owner.r#type.clone().unwrap_or_default(),
+    );
+    pattern.uid == owner.uid
+        && pattern.name == owner.name
+        && pattern_type.group == owner_type.group
+        && pattern_type.kind == owner_type.kind
+        && tenancy_matches(
+            &pattern.tenancy.clone().unwrap_or_default(),
+            &owner.tenancy.clone().unwrap_or_default(),
+        )
+}
+
+/// Whether a tenancy pattern (fields may be [`WILDCARD`]) matches a concrete tenancy.
+pub fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
+    let field = |want: &str, have: &str| want == WILDCARD || want == have;
+    field(&pattern.partition, &tenancy.partition) && field(&pattern.namespace, &tenancy.namespace)
+}
+
+/// The finalizers of a resource, as a set.
+pub fn finalizers(resource: &Resource) -> BTreeSet<&str> {
+    resource
+        .metadata
+        .get(FINALIZERS_KEY)
+        .map(|value| value.split_whitespace().collect())
+        .unwrap_or_default()
+}
+
+pub fn has_finalizers(resource: &Resource) -> bool {
+    !finalizers(resource).is_empty()
+}
+
+pub fn has_finalizer(resource: &Resource, finalizer: &str) -> bool {
+    finalizers(resource).contains(finalizer)
+}
+
+/// Stores a finalizer set; an empty set removes the key.
+pub fn set_finalizers<'a>(resource: &mut Resource, set: impl IntoIterator<Item = &'a str>) {
+    let set: BTreeSet<&str> = set.into_iter().collect();
+    if set.is_empty() {
+        resource.metadata.remove(FINALIZERS_KEY);
+    } else {
+        let value = set.into_iter().collect::<Vec<_>>().join(" ");
+        resource.metadata.insert(FINALIZERS_KEY.to_owned(), value);
+    }
+}
+
+pub fn add_finalizer(resource: &mut Resource, finalizer: &str) {
+    let mut set: BTreeSet<String> = finalizers(resource)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    set.insert(finalizer.to_owned());
+    set_finalizers(resource, set.iter().map(String::as_str));
+}
+
+pub fn remove_finalizer(resource: &mut Resource, finalizer: &str) {
+    let set: BTreeSet<String> = finalizers(resource)
+        .into_iter()
+        .filter(|f| *f != finalizer)
+        .map(str::to_owned)
+        .collect();
+    set_finalizers(resource, set.iter().map(String::as_str));
+}
+
+pub fn is_marked_for_deletion(resource: &Resource) -> bool {
+    resource.metadata.contains_key(DELETION_TIMESTAMP_KEY)
+}
+
+/// Compares two statuses ignoring `updated_at`: the dirty check controllers use to skip writes
+/// that would change nothing.
+pub fn equal_status(a: &Status, b: &Status) -> bool {
+    a.observed_generation == b.observed_generation && a.conditions == b.conditions
+}
+
+/// Formats a time as RFC 3339 (UTC, nanoseconds), the form of `deletionTimestamp`.
+pub fn rfc3339(time: std::time::SystemTime) -> String {
+    prost_types::Timestamp::from(time).to_string()
+}

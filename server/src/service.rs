@@ -1,0 +1,205 @@
+//! The resource service (CRUD, status, watch over every registered type) and the cluster
+//! service, as a plain async API ([`ResourceService`]) plus their gRPC handlers ([`grpc`]) and
+//! the server that hosts them ([`serve`]).
+//!
+//! The request handler chooses every non-deterministic value (uids, generations, timestamps)
+//! before storage sees the write, so a replicated backend applies it deterministically. Values
+//! read from storage are copied before they are changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::resource::v1::{Id, Resource, Tenancy, WriteRequest};
+use tokio_util::sync::CancellationToken;
+
+use crate::acl::AllowAll;
+use crate::registry::{Registry, Scope, builtin};
+use crate::resource;
+use crate::storage::{Backend, Consistency, StorageError};
+
+mod delete;
+mod error;
+pub mod grpc;
+mod read;
+pub mod serve;
+mod validate;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::Error;
+
+/// Largest encoded resource accepted by default.
+pub const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
+
+/// How often a blind write or delete is attempted when it keeps losing CAS races.
+const BLIND_ATTEMPTS: u32 = 5;
+
+/// Pause before the retry after `attempt` (0-based) lost a CAS race.
+fn blind_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(5 << attempt.min(6))
+}
+
+/// The resource service over one backend and one registry. Callers pass the authorizer of the
+/// identity they act for: a token's, or [`AllowAll`] for in-process privileged callers.
+pub struct ResourceService {
+    backend: Arc<dyn Backend>,
+    registry: Arc<Registry>,
+    max_resource_bytes: usize,
+    /// Cancelled when the server shuts down; open watches end with `Unavailable`.
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for ResourceService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceService")
+            .field("max_resource_bytes", &self.max_resource_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a tenancy unit is usable.
+enum TenancyState {
+    Active,
+    MarkedForDeletion,
+}
+
+impl ResourceService {
+    pub fn new(backend: Arc<dyn Backend>, registry: Arc<Registry>) -> Self {
+        ResourceService {
+            backend,
+            registry,
+            max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    pub fn with_max_resource_bytes(mut self, max_resource_bytes: usize) -> Self {
+        self.max_resource_bytes = max_resource_bytes;
+        self
+    }
+
+    /// Ties open watches to a shutdown signal.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn max_resource_bytes(&self) -> usize {
+        self.max_resource_bytes
+    }
+
+    /// Creates the `default` partition and the `default/default` namespace if they are missing.
+    pub async fn ensure_default_tenancy(&self) -> Result<(), Error> {
+        let partition = builtin::partition_id(resource::DEFAULT_PARTITION);
+        let namespace =
+            builtin::namespace_id(resource::DEFAULT_PARTITION, resource::DEFAULT_NAMESPACE);
+        for (id, data) in [
+            (
+                partition,
+                proto::to_any(&proto::tenancy::v1::Partition {
+                    description: "The default partition".into(),
+                }),
+            ),
+            (
+                namespace,
+                proto::to_any(&proto::tenancy::v1::Namespace {
+                    description: "The default namespace".into(),
+                }),
+            ),
+        ] {
+            match self.backend.read(Consistency::Strong, &id).await {
+                Ok(_) | Err(StorageError::GroupVersionMismatch { .. }) => continue,
+                Err(StorageError::NotFound) => {}
+                Err(error) => return Err(error.into()),
+            }
+            let request = WriteRequest {
+                resource: Some(Resource {
+                    id: Some(id.clone()),
+                    data: Some(data),
+                    ..Default::default()
+                }),
+            };
+            self.write(&AllowAll, request).await?;
+            tracing::info!(id = %resource::DisplayId(&id), "created default tenancy");
+        }
+        Ok(())
+    }
+
+    /// Checks that the partition (and namespace) of a tenancy exist. `Err` holds the message:
+    /// `partition not found: …` or `namespace not found: …`.
+    async fn tenancy_state(&self, scope: Scope, tenancy: &Tenancy) -> Result<TenancyState, Error> {
+        let needs_partition = matches!(scope, Scope::Partition | Scope::Namespace)
+            || (scope == Scope::Any && !tenancy.partition.is_empty());
+        let needs_namespace =
+            scope == Scope::Namespace || (scope == Scope::Any && !tenancy.namespace.is_empty());
+        let mut state = TenancyState::Active;
+        if needs_partition {
+            let id = builtin::partition_id(&tenancy.partition);
+            match self.read_tenancy_unit(&id).await? {
+                Some(unit) if resource::is_marked_for_deletion(&unit) => {
+                    state = TenancyState::MarkedForDeletion
+                }
+                Some(_) => {}
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "partition not found: {:?}",
+                        tenancy.partition
+                    )));
+                }
+            }
+        }
+        if needs_namespace {
+            let id = builtin::namespace_id(&tenancy.partition, &tenancy.namespace);
+            match self.read_tenancy_unit(&id).await? {
+                Some(unit) if resource::is_marked_for_deletion(&unit) => {
+                    state = TenancyState::MarkedForDeletion
+                }
+                Some(_) => {}
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "namespace not found: {:?} in partition {:?}",
+                        tenancy.namespace, tenancy.partition
+                    )));
+                }
+            }
+        }
+        Ok(state)
+    }
+
+    async fn read_tenancy_unit(&self, id: &Id) -> Result<Option<Resource>, Error> {
+        match self.backend.read(Consistency::Eventual, id).await {
+            Ok(unit) => Ok(Some(unit)),
+            Err(StorageError::GroupVersionMismatch { stored }) => Ok(Some(*stored)),
+            Err(StorageError::NotFound) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Reads the current incarnation of a resource whatever uid or group version the caller
+    /// named; `None` when nothing is stored under its name.
+    async fn read_stored(&self, id: &Id) -> Result<Option<Resource>, Error> {
+        let mut any_uid = id.clone();
+        any_uid.uid.clear();
+        match self.backend.read(Consistency::Strong, &any_uid).await {
+            Ok(stored) => Ok(Some(stored)),
+            Err(StorageError::GroupVersionMismatch { stored }) => Ok(Some(*stored)),
+            Err(StorageError::NotFound) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// A fresh ULID for uids and generations.
+fn new_ulid() -> String {
+    ulid::Ulid::new().to_string()
+}
+
+fn now_timestamp() -> prost_types::Timestamp {
+    prost_types::Timestamp::from(std::time::SystemTime::now())
+}

@@ -1,0 +1,177 @@
+//! Delete: idempotent, CAS-aware, finalizer-aware, and leaving a tombstone for the reaper.
+
+use proto::internal::v1::Tombstone;
+use proto::resource::v1::{DeleteRequest, DeleteResponse, Resource};
+
+use super::validate::{self, Violations, Wildcards};
+use super::{BLIND_ATTEMPTS, Error, ResourceService, blind_backoff, new_ulid};
+use crate::acl::Authorizer;
+use crate::registry::builtin;
+use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
+use crate::storage::StorageError;
+
+impl ResourceService {
+    pub async fn delete(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: DeleteRequest,
+    ) -> Result<DeleteResponse, Error> {
+        let DeleteRequest { id, version } = request;
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            "id",
+            id.as_ref(),
+            Wildcards::Forbidden,
+            &self.registry,
+        );
+        violations.finish()?;
+        let Some(mut id) = id else {
+            return Err(Error::invalid("id is required"));
+        };
+        let probe = Resource {
+            id: Some(id.clone()),
+            ..Default::default()
+        };
+        let registration = self.registration(&probe, "id.type")?;
+        if let Some(tenancy) = id.tenancy.as_mut() {
+            validate::apply_scope(
+                "id.tenancy",
+                &registration.gvk(),
+                registration.scope,
+                tenancy,
+                Wildcards::Forbidden,
+            )?;
+        }
+        let gvk = registration.gvk();
+        if (gvk == builtin::NAMESPACE
+            && id.name == resource::DEFAULT_NAMESPACE
+            && id
+                .tenancy
+                .as_ref()
+                .is_some_and(|t| t.partition == resource::DEFAULT_PARTITION))
+            || (gvk == builtin::PARTITION && id.name == resource::DEFAULT_PARTITION)
+        {
+            return Err(Error::invalid(format!(
+                "{} cannot be deleted",
+                DisplayId(&id)
+            )));
+        }
+
+        let blind = version.is_empty();
+        let mut attempt = 0;
+        loop {
+            let Some(existing) = self.read_stored(&id).await? else {
+                return Ok(DeleteResponse {});
+            };
+            let existing_id = existing.id.clone().unwrap_or_default();
+            if !id.uid.is_empty() && id.uid != existing_id.uid {
+                // The named incarnation is already gone; the stored one is someone else's.
+                return Ok(DeleteResponse {});
+            }
+            (registration.acls.write)(authorizer, &existing)?;
+            if !blind && version != existing.version {
+                return Err(Error::CasFailed(format!(
+                    "{} is at version {}, the delete expected version {version}",
+                    DisplayId(&existing_id),
+                    existing.version
+                )));
+            }
+            let result = if resource::has_finalizers(&existing) {
+                if resource::is_marked_for_deletion(&existing) {
+                    return Ok(DeleteResponse {});
+                }
+                let mut marked = existing.clone();
+                marked.metadata.insert(
+                    DELETION_TIMESTAMP_KEY.to_owned(),
+                    resource::rfc3339(std::time::SystemTime::now()),
+                );
+                self.backend.write_cas(marked).await.map(|_| ())
+            } else {
+                self.delete_with_tombstone(&existing).await
+            };
+            match result {
+                Ok(()) => return Ok(DeleteResponse {}),
+                Err(StorageError::CasFailure) if blind && attempt + 1 < BLIND_ATTEMPTS => {
+                    tokio::time::sleep(blind_backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Deletes a marked resource whose last finalizer was just removed by `stored`'s write.
+    pub(super) async fn finish_delete(&self, stored: &Resource) -> Result<(), Error> {
+        let id = stored.id.clone().unwrap_or_default();
+        let mut current = stored.clone();
+        for attempt in 0..BLIND_ATTEMPTS {
+            match self.delete_with_tombstone(&current).await {
+                Ok(()) => return Ok(()),
+                Err(StorageError::CasFailure) => {
+                    // A status write slipped in; delete the newer version if it is still due.
+                    tokio::time::sleep(blind_backoff(attempt)).await;
+                    match self.read_stored(&id).await? {
+                        Some(latest)
+                            if latest.id.as_ref().map(|i| &i.uid) == Some(&id.uid)
+                                && resource::is_marked_for_deletion(&latest)
+                                && !resource::has_finalizers(&latest) =>
+                        {
+                            current = latest
+                        }
+                        _ => return Ok(()),
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(Error::CasFailed(format!(
+            "{} lost its last finalizer but could not be deleted after {BLIND_ATTEMPTS} attempts; delete it again",
+            DisplayId(&id)
+        )))
+    }
+
+    /// Writes the tombstone (unless `existing` is one), then deletes `existing` at its version.
+    ///
+    /// The tombstone goes first: a crash in between leaves a tombstone for a live resource, which
+    /// the reaper recognises by the uid, rather than a deleted resource whose children are never
+    /// reaped.
+    async fn delete_with_tombstone(&self, existing: &Resource) -> Result<(), StorageError> {
+        let existing_id = existing.id.clone().unwrap_or_default();
+        let is_tombstone = existing_id
+            .r#type
+            .as_ref()
+            .is_some_and(|t| resource::gvk(t) == builtin::TOMBSTONE);
+        if !is_tombstone {
+            let mut tombstone_id = builtin::tombstone_id(&existing_id);
+            let already_written = match self
+                .backend
+                .read(crate::storage::Consistency::Strong, &tombstone_id)
+                .await
+            {
+                Ok(_) | Err(StorageError::GroupVersionMismatch { .. }) => true,
+                Err(StorageError::NotFound) => false,
+                Err(error) => return Err(error),
+            };
+            if !already_written {
+                tombstone_id.uid = new_ulid();
+                let tombstone = Resource {
+                    id: Some(tombstone_id),
+                    generation: new_ulid(),
+                    data: Some(proto::to_any(&Tombstone {
+                        owner: Some(existing_id.clone()),
+                    })),
+                    ..Default::default()
+                };
+                match self.backend.write_cas(tombstone).await {
+                    // Another delete of the same incarnation wrote it first.
+                    Ok(_) | Err(StorageError::CasFailure) | Err(StorageError::WrongUid) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        self.backend
+            .delete_cas(&existing_id, &existing.version)
+            .await
+    }
+}

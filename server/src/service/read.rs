@@ -1,0 +1,312 @@
+//! Read, List, ListByOwner and WatchList.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use proto::resource::v1::{
+    self as pb, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest, ListResponse,
+    ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchListRequest,
+};
+
+use super::validate::{self, Violations, Wildcards};
+use super::{Error, ResourceService};
+use crate::acl::{AclError, Authorizer};
+use crate::registry::{ReadAcl, Registration};
+use crate::resource::{self, DisplayId};
+use crate::storage::{Consistency, Operation, StorageError, UnversionedType};
+
+/// The stream WatchList answers with.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> + Send>>;
+
+/// A validated List or WatchList query.
+struct Query {
+    registration: Arc<Registration>,
+    resource_type: Type,
+    tenancy: Tenancy,
+    name_prefix: String,
+}
+
+impl ResourceService {
+    pub async fn read(
+        &self,
+        authorizer: &dyn Authorizer,
+        consistency: Consistency,
+        request: ReadRequest,
+    ) -> Result<ReadResponse, Error> {
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            "id",
+            request.id.as_ref(),
+            Wildcards::Forbidden,
+            &self.registry,
+        );
+        violations.finish()?;
+        let Some(mut id) = request.id else {
+            return Err(Error::invalid("id is required"));
+        };
+        let probe = Resource {
+            id: Some(id.clone()),
+            ..Default::default()
+        };
+        let registration = self.registration(&probe, "id.type")?;
+        if let Some(tenancy) = id.tenancy.as_mut() {
+            validate::apply_scope(
+                "id.tenancy",
+                &registration.gvk(),
+                registration.scope,
+                tenancy,
+                Wildcards::Forbidden,
+            )?;
+        }
+        // The ACL check comes before the tenancy check so that tenancy existence does not leak.
+        let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
+            Ok(()) => false,
+            Err(AclError::NeedResource) => true,
+            Err(denied) => return Err(denied.into()),
+        };
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        self.tenancy_state(registration.scope, &tenancy).await?;
+        let resource = match self.backend.read(consistency, &id).await {
+            Ok(resource) => resource,
+            Err(StorageError::NotFound) => {
+                return Err(Error::NotFound(format!(
+                    "resource not found: {}",
+                    DisplayId(&id)
+                )));
+            }
+            Err(StorageError::GroupVersionMismatch { stored }) => {
+                let stored_version = stored
+                    .id
+                    .and_then(|id| id.r#type)
+                    .map(|t| t.group_version)
+                    .unwrap_or_default();
+                let requested = id.r#type.map(|t| t.group_version).unwrap_or_default();
+                return Err(Error::invalid(format!(
+                    "resource was requested with GroupVersion {requested:?}, but stored with GroupVersion {stored_version:?}"
+                )));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if needs_resource {
+            (registration.acls.read)(authorizer, &id, Some(&resource))?;
+        }
+        Ok(ReadResponse {
+            resource: Some(resource),
+        })
+    }
+
+    fn query(
+        &self,
+        resource_type: Option<Type>,
+        tenancy: Option<Tenancy>,
+        name_prefix: String,
+    ) -> Result<Query, Error> {
+        let mut violations = Violations::default();
+        validate::check_type(&mut violations, "type", resource_type.as_ref());
+        validate::check_tenancy(
+            &mut violations,
+            "tenancy",
+            tenancy.as_ref(),
+            Wildcards::Allowed,
+        );
+        violations.finish()?;
+        let (Some(resource_type), Some(mut tenancy)) = (resource_type, tenancy) else {
+            return Err(Error::invalid("type and tenancy are required"));
+        };
+        let registration = self.registry.resolve(&resource_type).ok_or_else(|| {
+            Error::invalid(format!(
+                "type {} is not a registered type (ListTypes lists them)",
+                resource::gvk(&resource_type)
+            ))
+        })?;
+        validate::apply_scope(
+            "tenancy",
+            &registration.gvk(),
+            registration.scope,
+            &mut tenancy,
+            Wildcards::Allowed,
+        )?;
+        Ok(Query {
+            registration,
+            resource_type,
+            tenancy,
+            name_prefix,
+        })
+    }
+
+    pub async fn list(
+        &self,
+        authorizer: &dyn Authorizer,
+        consistency: Consistency,
+        request: ListRequest,
+    ) -> Result<ListResponse, Error> {
+        let query = self.query(request.r#type, request.tenancy, request.name_prefix)?;
+        (query.registration.acls.list)(authorizer, &query.tenancy)?;
+        let resources = self
+            .backend
+            .list(
+                consistency,
+                &UnversionedType::of(&query.resource_type),
+                &query.tenancy,
+                &query.name_prefix,
+            )
+            .await?;
+        let read_acl = &query.registration.acls.read;
+        let resources = resources
+            .into_iter()
+            .filter(|resource| same_group_version(resource, &query.resource_type))
+            .filter(|resource| readable(read_acl, authorizer, resource))
+            .collect();
+        Ok(ListResponse { resources })
+    }
+
+    pub async fn list_by_owner(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: ListByOwnerRequest,
+    ) -> Result<ListByOwnerResponse, Error> {
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            "owner",
+            request.owner.as_ref(),
+            Wildcards::Allowed,
+            &self.registry,
+        );
+        if request
+            .owner
+            .as_ref()
+            .is_some_and(|owner| owner.uid.is_empty())
+        {
+            violations.push("owner uid is required: children are matched on their owner's uid");
+        }
+        violations.finish()?;
+        let Some(mut owner) = request.owner else {
+            return Err(Error::invalid("owner is required"));
+        };
+        let probe = Resource {
+            id: Some(owner.clone()),
+            ..Default::default()
+        };
+        let registration = self.registration(&probe, "owner.type")?;
+        if let Some(tenancy) = owner.tenancy.as_mut() {
+            validate::apply_scope(
+                "owner.tenancy",
+                &registration.gvk(),
+                registration.scope,
+                tenancy,
+                Wildcards::Allowed,
+            )?;
+        }
+        let children = self.backend.list_by_owner(&owner).await?;
+        let resources = children
+            .into_iter()
+            .filter(|child| {
+                let Some(child_type) = child.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
+                    return false;
+                };
+                match self.registry.resolve(child_type) {
+                    Some(child_registration) => {
+                        readable(&child_registration.acls.read, authorizer, child)
+                    }
+                    None => false,
+                }
+            })
+            .collect();
+        Ok(ListByOwnerResponse { resources })
+    }
+
+    /// Opens a watch: an Upsert per current match, one EndOfSnapshot, then every change. Errors in
+    /// the request are returned before the stream starts; later errors end the stream.
+    pub async fn watch_list(
+        &self,
+        authorizer: Arc<dyn Authorizer>,
+        request: WatchListRequest,
+    ) -> Result<WatchStream, Error> {
+        let query = self.query(request.r#type, request.tenancy, request.name_prefix)?;
+        (query.registration.acls.list)(authorizer.as_ref(), &query.tenancy)?;
+        let watch = self
+            .backend
+            .watch_list(
+                &UnversionedType::of(&query.resource_type),
+                &query.tenancy,
+                &query.name_prefix,
+            )
+            .await?;
+        let read_acl = query.registration.acls.read.clone();
+        let resource_type = query.resource_type;
+        let events = watch.filter_map(move |event| {
+            let item = match event {
+                Err(error) => Some(Err(Error::from(error))),
+                Ok(event) => {
+                    let visible = |resource: &Resource| {
+                        same_group_version(resource, &resource_type)
+                            && readable(&read_acl, authorizer.as_ref(), resource)
+                    };
+                    let converted = match event.operation {
+                        Operation::Upsert(resource) => visible(&resource).then_some(
+                            pb::watch_event::Event::Upsert(pb::watch_event::Upsert {
+                                resource: Some(resource),
+                            }),
+                        ),
+                        Operation::Delete(resource) => visible(&resource).then_some(
+                            pb::watch_event::Event::Delete(pb::watch_event::Delete {
+                                resource: Some(resource),
+                            }),
+                        ),
+                        Operation::EndOfSnapshot => Some(pb::watch_event::Event::EndOfSnapshot(
+                            pb::watch_event::EndOfSnapshot {},
+                        )),
+                    };
+                    converted.map(|event_body| {
+                        Ok(pb::WatchEvent {
+                            event: Some(event_body),
+                            version: event.version,
+                        })
+                    })
+                }
+            };
+            std::future::ready(item)
+        });
+        Ok(until_shutdown(events.boxed(), self.shutdown.clone()))
+    }
+}
+
+/// Ends a stream with `Unavailable` when the server shuts down, and after its first error.
+fn until_shutdown(
+    events: WatchStream,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> WatchStream {
+    futures::stream::unfold(Some((events, shutdown)), |state| async move {
+        let (mut events, shutdown) = state?;
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Some((
+                Err(Error::Unavailable("the server is shutting down; watch again (on another server)".into())),
+                None,
+            )),
+            item = events.next() => match item {
+                None => None,
+                Some(Err(error)) => Some((Err(error), None)),
+                Some(Ok(event)) => Some((Ok(event), Some((events, shutdown)))),
+            },
+        }
+    })
+    .boxed()
+}
+
+fn same_group_version(resource: &Resource, resource_type: &Type) -> bool {
+    resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .is_some_and(|stored| stored.group_version == resource_type.group_version)
+}
+
+/// Whether the read hook lets this caller see this (stored) resource.
+fn readable(read_acl: &ReadAcl, authorizer: &dyn Authorizer, resource: &Resource) -> bool {
+    let id: Id = resource.id.clone().unwrap_or_default();
+    read_acl(authorizer, &id, Some(resource)).is_ok()
+}

@@ -1,0 +1,182 @@
+//! Shape checks of requests and the tenancy rules of scopes. Every check reports every violation
+//! it finds, each naming its field.
+
+use proto::resource::v1::{Id, Reference, Tenancy, Type};
+
+use super::Error;
+use crate::registry::{Registry, Scope, builtin};
+use crate::resource;
+
+/// Collects violations and turns them into one `InvalidArgument`.
+#[derive(Debug, Default)]
+pub(super) struct Violations(Vec<String>);
+
+impl Violations {
+    pub fn push(&mut self, violation: impl Into<String>) {
+        self.0.push(violation.into());
+    }
+
+    pub fn finish(self) -> Result<(), Error> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(self.0.join("; ")))
+        }
+    }
+}
+
+/// Whether `*` is accepted in tenancy fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wildcards {
+    Allowed,
+    Forbidden,
+}
+
+pub(super) fn check_type(violations: &mut Violations, field: &str, resource_type: Option<&Type>) {
+    match resource_type {
+        None => violations.push(format!("{field} is required")),
+        Some(resource_type) => {
+            for violation in resource::type_violations(resource_type) {
+                violations.push(format!("{field}.{violation}"));
+            }
+        }
+    }
+}
+
+pub(super) fn check_tenancy(
+    violations: &mut Violations,
+    field: &str,
+    tenancy: Option<&Tenancy>,
+    wildcards: Wildcards,
+) {
+    let Some(tenancy) = tenancy else {
+        violations.push(format!(
+            "{field} is required (send an empty tenancy for the defaults of the type's scope)"
+        ));
+        return;
+    };
+    for (part, value) in [
+        ("partition", &tenancy.partition),
+        ("namespace", &tenancy.namespace),
+    ] {
+        if value.is_empty() || (wildcards == Wildcards::Allowed && value == resource::WILDCARD) {
+            continue;
+        }
+        if value == resource::WILDCARD {
+            violations.push(format!("{field}.{part} cannot be the wildcard \"*\" here"));
+        } else if let Err(why) = resource::check_name(value, resource::MAX_NAME_LEN) {
+            violations.push(format!("{field}.{part} invalid: {why}"));
+        }
+    }
+}
+
+/// The longest name a type allows: tombstone names are longer than other names.
+fn max_name_len(registry: &Registry, resource_type: Option<&Type>) -> usize {
+    resource_type
+        .and_then(|t| registry.resolve(t))
+        .map(|registration| registration.max_name_len)
+        .unwrap_or(resource::MAX_NAME_LEN)
+}
+
+/// Checks that an id has a valid type, name and tenancy. The uid is the server's business and is
+/// not checked.
+pub(super) fn check_id(
+    violations: &mut Violations,
+    field: &str,
+    id: Option<&Id>,
+    wildcards: Wildcards,
+    registry: &Registry,
+) {
+    let Some(id) = id else {
+        violations.push(format!("{field} is required"));
+        return;
+    };
+    check_type(violations, &format!("{field}.type"), id.r#type.as_ref());
+    if let Err(why) = resource::check_name(&id.name, max_name_len(registry, id.r#type.as_ref())) {
+        violations.push(format!("{field}.name invalid: {why}"));
+    }
+    check_tenancy(
+        violations,
+        &format!("{field}.tenancy"),
+        id.tenancy.as_ref(),
+        wildcards,
+    );
+}
+
+pub(super) fn check_reference(violations: &mut Violations, field: &str, reference: &Reference) {
+    check_type(
+        violations,
+        &format!("{field}.type"),
+        reference.r#type.as_ref(),
+    );
+    if let Err(why) = resource::check_name(&reference.name, builtin::MAX_TOMBSTONE_NAME_LEN) {
+        violations.push(format!("{field}.name invalid: {why}"));
+    }
+    check_tenancy(
+        violations,
+        &format!("{field}.tenancy"),
+        reference.tenancy.as_ref(),
+        Wildcards::Forbidden,
+    );
+}
+
+/// Applies the defaults of a scope to a tenancy and rejects the parts the scope does not have.
+/// With wildcards, `*` is kept where the scope has the part and dropped where it does not.
+pub(super) fn apply_scope(
+    field: &str,
+    gvk: &str,
+    scope: Scope,
+    tenancy: &mut Tenancy,
+    wildcards: Wildcards,
+) -> Result<(), Error> {
+    let is_wildcard = |value: &str| wildcards == Wildcards::Allowed && value == resource::WILDCARD;
+    let mut violations = Violations::default();
+    match scope {
+        Scope::Namespace => {
+            if tenancy.partition.is_empty() {
+                tenancy.partition = resource::DEFAULT_PARTITION.into();
+            }
+            if tenancy.namespace.is_empty() {
+                tenancy.namespace = resource::DEFAULT_NAMESPACE.into();
+            }
+        }
+        Scope::Partition => {
+            if tenancy.partition.is_empty() {
+                tenancy.partition = resource::DEFAULT_PARTITION.into();
+            }
+            if is_wildcard(&tenancy.namespace) {
+                tenancy.namespace.clear();
+            } else if !tenancy.namespace.is_empty() {
+                violations.push(format!(
+                    "{field}.namespace: partition scoped resource {gvk} cannot have a namespace, got {:?}",
+                    tenancy.namespace
+                ));
+            }
+        }
+        Scope::Cluster => {
+            for (part, value) in [
+                ("partition", &mut tenancy.partition),
+                ("namespace", &mut tenancy.namespace),
+            ] {
+                if is_wildcard(value) {
+                    value.clear();
+                } else if !value.is_empty() {
+                    violations.push(format!(
+                        "{field}.{part}: cluster scoped resource {gvk} cannot have a {part}, got {value:?}"
+                    ));
+                }
+            }
+        }
+        Scope::Any => {}
+    }
+    violations.finish()
+}
+
+/// Checks `observed_generation`-style ULIDs.
+pub(super) fn check_ulid(violations: &mut Violations, field: &str, value: &str) {
+    if value.is_empty() {
+        violations.push(format!("{field} is required"));
+    } else if ulid::Ulid::from_string(value).is_err() {
+        violations.push(format!("{field} invalid: {value:?} is not a ULID"));
+    }
+}

@@ -1,0 +1,496 @@
+//! Write, MutateAndValidate and WriteStatus.
+
+use std::sync::Arc;
+
+use prost::Message;
+use proto::resource::v1::{
+    MutateAndValidateRequest, MutateAndValidateResponse, Resource, WriteRequest, WriteResponse,
+    WriteStatusRequest, WriteStatusResponse,
+};
+
+use super::validate::{self, Violations, Wildcards};
+use super::{
+    BLIND_ATTEMPTS, Error, ResourceService, TenancyState, blind_backoff, new_ulid, now_timestamp,
+};
+use crate::acl::Authorizer;
+use crate::registry::Registration;
+use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
+use crate::storage::{Consistency, StorageError};
+
+/// A resource that passed every check up to the storage write.
+struct PreparedWrite {
+    resource: Resource,
+    tenancy: TenancyState,
+}
+
+impl ResourceService {
+    pub async fn write(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: WriteRequest,
+    ) -> Result<WriteResponse, Error> {
+        let prepared = self.prepare_write(authorizer, request.resource).await?;
+        let blind = prepared.resource.version.is_empty();
+        let mut attempt = 0;
+        loop {
+            match self.write_once(&prepared).await {
+                Err(Error::CasFailed(_)) if blind && attempt + 1 < BLIND_ATTEMPTS => {
+                    tokio::time::sleep(blind_backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(Error::CasFailed(why)) if blind => {
+                    return Err(Error::CasFailed(format!(
+                        "{why} (a blind write gave up after {BLIND_ATTEMPTS} attempts under contention)"
+                    )));
+                }
+                result => {
+                    return result.map(|stored| WriteResponse {
+                        resource: Some(stored),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs every check of Write up to and including the hooks, and returns the mutated resource
+    /// without storing it.
+    pub async fn mutate_and_validate(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: MutateAndValidateRequest,
+    ) -> Result<MutateAndValidateResponse, Error> {
+        let prepared = self.prepare_write(authorizer, request.resource).await?;
+        Ok(MutateAndValidateResponse {
+            resource: Some(prepared.resource),
+        })
+    }
+
+    /// Shape → type registered → tenancy scope and defaults → data type → mutate → validate →
+    /// ACL write → tenancy exists.
+    async fn prepare_write(
+        &self,
+        authorizer: &dyn Authorizer,
+        resource: Option<Resource>,
+    ) -> Result<PreparedWrite, Error> {
+        let mut resource = resource.ok_or_else(|| Error::invalid("resource is required"))?;
+        let size = resource.encoded_len();
+        if size > self.max_resource_bytes {
+            return Err(Error::invalid(format!(
+                "resource is {size} bytes encoded, over the limit of {} bytes: store large payloads elsewhere and reference them",
+                self.max_resource_bytes
+            )));
+        }
+
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            "resource.id",
+            resource.id.as_ref(),
+            Wildcards::Forbidden,
+            &self.registry,
+        );
+        if let Some(owner) = &resource.owner {
+            validate::check_id(
+                &mut violations,
+                "resource.owner",
+                Some(owner),
+                Wildcards::Forbidden,
+                &self.registry,
+            );
+        }
+        violations.finish()?;
+
+        let registration = self.registration(&resource, "resource.id.type")?;
+        if registration.server_written {
+            return Err(Error::invalid(format!(
+                "resource.id.type {} is written by the server only",
+                registration.gvk()
+            )));
+        }
+        let gvk = registration.gvk();
+        if let Some(tenancy) = resource.id.as_mut().and_then(|id| id.tenancy.as_mut()) {
+            validate::apply_scope(
+                "resource.id.tenancy",
+                &gvk,
+                registration.scope,
+                tenancy,
+                Wildcards::Forbidden,
+            )?;
+        }
+        if let Some(owner) = resource.owner.as_mut() {
+            let owner_registration = self
+                .registry
+                .resolve(owner.r#type.as_ref().unwrap_or(&Default::default()))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "resource.owner.type {} is not a registered type",
+                        owner.r#type.as_ref().map(resource::gvk).unwrap_or_default()
+                    ))
+                })?;
+            if let Some(tenancy) = owner.tenancy.as_mut() {
+                validate::apply_scope(
+                    "resource.owner.tenancy",
+                    &owner_registration.gvk(),
+                    owner_registration.scope,
+                    tenancy,
+                    Wildcards::Forbidden,
+                )?;
+            }
+        }
+
+        if let Some(data) = &resource.data {
+            registration
+                .check_data(data)
+                .map_err(Error::InvalidArgument)?;
+        }
+        if let Some(mutate) = &registration.mutate {
+            mutate(&mut resource).map_err(Error::InvalidArgument)?;
+        }
+        if let Some(validate) = &registration.validate {
+            validate(&resource).map_err(Error::InvalidArgument)?;
+        }
+        (registration.acls.write)(authorizer, &resource)?;
+
+        let tenancy = resource
+            .id
+            .as_ref()
+            .and_then(|id| id.tenancy.clone())
+            .unwrap_or_default();
+        let tenancy = match self.tenancy_state(registration.scope, &tenancy).await {
+            Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
+            other => other?,
+        };
+        Ok(PreparedWrite { resource, tenancy })
+    }
+
+    pub(super) fn registration(
+        &self,
+        resource: &Resource,
+        field: &str,
+    ) -> Result<Arc<Registration>, Error> {
+        let resource_type = resource
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.clone())
+            .unwrap_or_default();
+        self.registry.resolve(&resource_type).ok_or_else(|| {
+            Error::invalid(format!(
+                "{field} {} is not a registered type (ListTypes lists them)",
+                resource::gvk(&resource_type)
+            ))
+        })
+    }
+
+    /// One attempt at the storage write: decides create or update against what is stored now.
+    async fn write_once(&self, prepared: &PreparedWrite) -> Result<Resource, Error> {
+        // A copy: the prepared resource stays as the client sent it, for the next attempt.
+        let mut input = prepared.resource.clone();
+        let id = input.id.clone().unwrap_or_default();
+        match self.read_stored(&id).await? {
+            None => self.create(input, prepared).await,
+            Some(existing) => {
+                let blind = input.version.is_empty();
+                let existing_id = existing.id.clone().unwrap_or_default();
+                if !id.uid.is_empty() && id.uid != existing_id.uid {
+                    return Err(Error::UidMismatch(format!(
+                        "{} is stored with uid {}, the write names uid {}",
+                        DisplayId(&existing_id),
+                        existing_id.uid,
+                        id.uid
+                    )));
+                }
+                if !blind && input.version != existing.version {
+                    return Err(Error::CasFailed(format!(
+                        "{} is at version {}, the write expected version {}",
+                        DisplayId(&existing_id),
+                        existing.version,
+                        input.version
+                    )));
+                }
+                let marked = resource::is_marked_for_deletion(&existing);
+                if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) && !marked {
+                    return Err(Error::invalid(format!(
+                        "cannot update {}: its partition or namespace is marked for deletion",
+                        DisplayId(&existing_id)
+                    )));
+                }
+                resolve_owner_on_update(&mut input, &existing)?;
+                if input.status.is_empty() {
+                    input.status = existing.status.clone();
+                } else if input.status != existing.status {
+                    return Err(Error::invalid(
+                        "resource.status can only be changed with WriteStatus: leave it empty or send the stored statuses unchanged",
+                    ));
+                }
+                if blind {
+                    for key in [FINALIZERS_KEY, DELETION_TIMESTAMP_KEY] {
+                        if let (false, Some(value)) =
+                            (input.metadata.contains_key(key), existing.metadata.get(key))
+                        {
+                            input.metadata.insert(key.to_owned(), value.clone());
+                        }
+                    }
+                    input.version = existing.version.clone();
+                }
+                if marked {
+                    check_frozen_write(&input, &existing)?;
+                } else if input.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
+                    return Err(Error::invalid(format!(
+                        "resource.metadata.{DELETION_TIMESTAMP_KEY} is set by Delete, not by Write"
+                    )));
+                }
+                if let Some(input_id) = input.id.as_mut() {
+                    input_id.uid = existing_id.uid.clone();
+                }
+                input.generation = new_ulid();
+                let stored = self.backend.write_cas(input).await?;
+                if marked && !resource::has_finalizers(&stored) {
+                    // The last finalizer is gone: finish the delete that was waiting for it.
+                    self.finish_delete(&stored).await?;
+                }
+                Ok(stored)
+            }
+        }
+    }
+
+    async fn create(
+        &self,
+        mut input: Resource,
+        prepared: &PreparedWrite,
+    ) -> Result<Resource, Error> {
+        let id = input.id.clone().unwrap_or_default();
+        if !input.version.is_empty() {
+            return Err(Error::CasFailed(format!(
+                "{} does not exist, so it cannot be updated at version {}; leave the version empty to create it",
+                DisplayId(&id),
+                input.version
+            )));
+        }
+        let mut violations = Violations::default();
+        if input.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
+            violations.push(format!(
+                "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be set on create: Delete sets it"
+            ));
+        }
+        if !input.status.is_empty() {
+            violations.push(
+                "resource.status cannot be set on create: statuses are written with WriteStatus",
+            );
+        }
+        violations.finish()?;
+        if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) {
+            return Err(Error::invalid(format!(
+                "cannot create {}: its partition or namespace is marked for deletion",
+                DisplayId(&id)
+            )));
+        }
+        if let Some(owner) = input.owner.as_mut()
+            && owner.uid.is_empty()
+        {
+            match self.backend.read(Consistency::Strong, owner).await {
+                Ok(stored_owner) => {
+                    owner.uid = stored_owner.id.map(|id| id.uid).unwrap_or_default()
+                }
+                Err(StorageError::GroupVersionMismatch { stored }) => {
+                    owner.uid = stored.id.map(|id| id.uid).unwrap_or_default()
+                }
+                Err(StorageError::NotFound) => {
+                    return Err(Error::invalid(format!(
+                        "resource.owner does not exist: {}",
+                        DisplayId(owner)
+                    )));
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if let Some(input_id) = input.id.as_mut() {
+            input_id.uid = new_ulid();
+        }
+        input.generation = new_ulid();
+        Ok(self.backend.write_cas(input).await?)
+    }
+
+    pub async fn write_status(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: WriteStatusRequest,
+    ) -> Result<WriteStatusResponse, Error> {
+        let WriteStatusRequest {
+            id,
+            version,
+            key,
+            status,
+        } = request;
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            "id",
+            id.as_ref(),
+            Wildcards::Forbidden,
+            &self.registry,
+        );
+        if key.is_empty() {
+            violations.push("key is required: name the status after the controller that writes it");
+        }
+        match &status {
+            None => violations.push("status is required"),
+            Some(status) => {
+                validate::check_ulid(
+                    &mut violations,
+                    "status.observed_generation",
+                    &status.observed_generation,
+                );
+                if status.updated_at.is_some() {
+                    violations.push("status.updated_at is set by the server: leave it empty");
+                }
+                for (index, condition) in status.conditions.iter().enumerate() {
+                    if condition.r#type.is_empty() {
+                        violations.push(format!("status.conditions[{index}].type is required"));
+                    }
+                    if let Some(reference) = &condition.resource {
+                        validate::check_reference(
+                            &mut violations,
+                            &format!("status.conditions[{index}].resource"),
+                            reference,
+                        );
+                    }
+                }
+            }
+        }
+        violations.finish()?;
+        let (mut id, mut status) = match (id, status) {
+            (Some(id), Some(status)) => (id, status),
+            _ => {
+                return Err(Error::Internal(
+                    "write_status: checked fields are missing".into(),
+                ));
+            }
+        };
+        let probe = Resource {
+            id: Some(id.clone()),
+            ..Default::default()
+        };
+        let registration = self.registration(&probe, "id.type")?;
+        if let Some(tenancy) = id.tenancy.as_mut() {
+            validate::apply_scope(
+                "id.tenancy",
+                &registration.gvk(),
+                registration.scope,
+                tenancy,
+                Wildcards::Forbidden,
+            )?;
+        }
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        match self.tenancy_state(registration.scope, &tenancy).await {
+            Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
+            other => other?,
+        };
+
+        let blind = version.is_empty();
+        let mut attempt = 0;
+        loop {
+            let Some(existing) = self.read_stored(&id).await? else {
+                return Err(Error::NotFound(format!(
+                    "resource not found: {}",
+                    DisplayId(&id)
+                )));
+            };
+            let existing_id = existing.id.clone().unwrap_or_default();
+            if !id.uid.is_empty() && id.uid != existing_id.uid {
+                return Err(Error::NotFound(format!(
+                    "resource not found: {} with uid {} (the stored one has uid {})",
+                    DisplayId(&id),
+                    id.uid,
+                    existing_id.uid
+                )));
+            }
+            (registration.acls.write)(authorizer, &existing)?;
+            if !blind && version != existing.version {
+                return Err(Error::CasFailed(format!(
+                    "{} is at version {}, the status write expected version {version}",
+                    DisplayId(&existing_id),
+                    existing.version
+                )));
+            }
+            let mut updated = existing.clone();
+            status.updated_at = Some(now_timestamp());
+            updated.status.insert(key.clone(), status.clone());
+            match self.backend.write_cas(updated).await {
+                Ok(stored) => {
+                    return Ok(WriteStatusResponse {
+                        resource: Some(stored),
+                    });
+                }
+                Err(StorageError::CasFailure) if blind && attempt + 1 < BLIND_ATTEMPTS => {
+                    tokio::time::sleep(blind_backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}
+
+/// Owner is set on create only. An update naming the owner without its uid keeps the stored uid.
+fn resolve_owner_on_update(input: &mut Resource, existing: &Resource) -> Result<(), Error> {
+    match (input.owner.as_mut(), existing.owner.as_ref()) {
+        (None, None) => Ok(()),
+        (Some(owner), Some(stored))
+            if resource::same_name(owner, stored)
+                && (owner.uid.is_empty() || owner.uid == stored.uid) =>
+        {
+            owner.uid = stored.uid.clone();
+            Ok(())
+        }
+        (_, stored) => Err(Error::invalid(format!(
+            "resource.owner cannot be changed: it is set on create only (stored owner: {})",
+            stored
+                .map(|owner| DisplayId(owner).to_string())
+                .unwrap_or_else(|| "none".into())
+        ))),
+    }
+}
+
+/// A resource marked for deletion only accepts writes that remove at least one finalizer and
+/// change nothing else.
+fn check_frozen_write(input: &Resource, existing: &Resource) -> Result<(), Error> {
+    let mut violations = Violations::default();
+    let frozen =
+        "the resource is marked for deletion and only accepts writes that remove finalizers";
+    if input.data != existing.data {
+        violations.push(format!("resource.data cannot change: {frozen}"));
+    }
+    let input_finalizers = resource::finalizers(input);
+    let existing_finalizers = resource::finalizers(existing);
+    let added: Vec<&str> = input_finalizers
+        .difference(&existing_finalizers)
+        .copied()
+        .collect();
+    if !added.is_empty() {
+        violations.push(format!(
+            "resource.metadata.{FINALIZERS_KEY} cannot gain {added:?}: {frozen}"
+        ));
+    }
+    if input.metadata.get(DELETION_TIMESTAMP_KEY) != existing.metadata.get(DELETION_TIMESTAMP_KEY) {
+        violations.push(format!(
+            "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be changed or removed: {frozen}"
+        ));
+    }
+    let other_metadata = |resource: &Resource| {
+        resource
+            .metadata
+            .iter()
+            .filter(|(key, _)| {
+                key.as_str() != FINALIZERS_KEY && key.as_str() != DELETION_TIMESTAMP_KEY
+            })
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    if other_metadata(input) != other_metadata(existing) {
+        violations.push(format!("resource.metadata cannot change: {frozen}"));
+    }
+    if added.is_empty() && input_finalizers == existing_finalizers {
+        violations.push(format!("no-op write rejected: {frozen}"));
+    }
+    violations.finish()
+}

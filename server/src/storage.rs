@@ -1,0 +1,197 @@
+//! The storage contract ([`Backend`]) the resource service is written against, and its
+//! implementations: [`inmem::InMemBackend`] (tests, single process) and, later, the Raft backend.
+//!
+//! Storage is deliberately dumb: it knows ids, versions and owners, not types, hooks, ACLs or
+//! tenancy rules. Resources are keyed without their group version: one stored object per
+//! (group, kind, partition, namespace, name), whatever version last wrote it.
+
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use futures::Stream;
+use proto::resource::v1::{Id, Resource, Tenancy};
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod inmem;
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Consistency {
+    /// Whatever this node has applied; may lag the leader.
+    #[default]
+    Eventual,
+    /// Linearizable: reflects every write acknowledged before the read began.
+    Strong,
+}
+
+/// A type without its group version: the unit storage lists and watches.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnversionedType {
+    pub group: String,
+    pub kind: String,
+}
+
+impl UnversionedType {
+    pub fn of(resource_type: &proto::resource::v1::Type) -> Self {
+        UnversionedType {
+            group: resource_type.group.clone(),
+            kind: resource_type.kind.clone(),
+        }
+    }
+}
+
+/// The storage identity of a resource. Orders by type, then tenancy, then name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StorageKey {
+    pub group: String,
+    pub kind: String,
+    pub partition: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl StorageKey {
+    pub fn of(id: &Id) -> Self {
+        let resource_type = id.r#type.clone().unwrap_or_default();
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        StorageKey {
+            group: resource_type.group,
+            kind: resource_type.kind,
+            partition: tenancy.partition,
+            namespace: tenancy.namespace,
+            name: id.name.clone(),
+        }
+    }
+
+    /// Whether this key falls under a list or watch query.
+    pub fn matches(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> bool {
+        self.group == resource_type.group
+            && self.kind == resource_type.kind
+            && crate::resource::tenancy_matches(
+                tenancy,
+                &Tenancy {
+                    partition: self.partition.clone(),
+                    namespace: self.namespace.clone(),
+                },
+            )
+            && self.name.starts_with(name_prefix)
+    }
+}
+
+/// Storage errors. The resource service maps each to a gRPC code in one place.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    #[error("resource not found")]
+    NotFound,
+    #[error("CAS operation failed: the resource's version does not match the expected version")]
+    CasFailure,
+    #[error("uid doesn't match")]
+    WrongUid,
+    /// The resource exists, stored under another group version.
+    #[error("resource is stored with group version {:?}", stored_version(.stored))]
+    GroupVersionMismatch { stored: Box<Resource> },
+    /// No quorum, no leader, or the leader cannot be reached.
+    #[error("storage is inconsistent: {0}")]
+    Inconsistent(String),
+    /// The watch ended and cannot continue; the client must list again.
+    #[error("watch closed: {0}")]
+    WatchClosed(String),
+    #[error("storage failure: {0}")]
+    Internal(String),
+}
+
+fn stored_version(resource: &Resource) -> String {
+    resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .map(|t| t.group_version.clone())
+        .unwrap_or_default()
+}
+
+/// One event of a watch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchEvent {
+    /// The storage version at which the event happened.
+    pub version: String,
+    pub operation: Operation,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operation {
+    Upsert(Resource),
+    /// Carries the last stored resource.
+    Delete(Resource),
+    /// The snapshot of matching resources is complete.
+    EndOfSnapshot,
+}
+
+/// A stream of watch events: a snapshot, one `EndOfSnapshot`, then changes in commit order. An
+/// error ends it.
+pub type Watch = Pin<Box<dyn Stream<Item = Result<WatchEvent, StorageError>> + Send>>;
+
+/// A store of resources with compare-and-swap writes and watches.
+///
+/// # Consistency
+/// `read` and `list` take a [`Consistency`]. After a watch delivered an event, a read on the same
+/// node returns that version or a newer one: events are published after the write commits.
+///
+/// # CAS
+/// Every write is a compare-and-swap on `version`; an empty expected version means "create".
+/// The uid is compared before the version: writing over a resource with another uid is
+/// [`StorageError::WrongUid`] whatever the version.
+///
+/// # Identity
+/// Objects are keyed without their group version. `read` with another group version returns
+/// [`StorageError::GroupVersionMismatch`] carrying the stored resource; `list` and `watch_list`
+/// return every version and leave filtering to the caller.
+///
+/// # Errors
+/// [`StorageError::NotFound`], [`StorageError::CasFailure`], [`StorageError::WrongUid`],
+/// [`StorageError::GroupVersionMismatch`], [`StorageError::Inconsistent`],
+/// [`StorageError::WatchClosed`].
+///
+/// Every implementation passes the suite in [`conformance`].
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Reads one resource. An empty uid in `id` matches whatever is stored; another uid is
+    /// `NotFound`.
+    async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError>;
+
+    /// Writes `resource` if its `version` equals the stored version (empty: must not exist).
+    /// The uid must be set. Returns the stored copy with its new version.
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError>;
+
+    /// Deletes the resource if `version` matches. Missing resource or other uid: `Ok`, nothing
+    /// deleted.
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError>;
+
+    /// Every resource of the type (all group versions) whose tenancy matches (fields may be
+    /// `*`) and whose name starts with `name_prefix`, ordered by tenancy and name.
+    async fn list(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, StorageError>;
+
+    /// The resources whose owner is `owner`, uid included (tenancy fields of `owner` may be `*`). Children outlive their owner here;
+    /// cascading deletion is the reaper's job.
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError>;
+
+    /// Watches the resources `list` would return: a snapshot of them, `EndOfSnapshot`, then
+    /// every change in commit order.
+    async fn watch_list(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Watch, StorageError>;
+}

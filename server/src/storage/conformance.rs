@@ -1,0 +1,722 @@
+//! The storage conformance suite: the behaviour every [`Backend`] must have, after Consul's
+//! `internal/storage/conformance`. Run it against a backend with [`conformance_tests!`]:
+//!
+//! ```ignore
+//! server::conformance_tests!(|| async { InMemBackend::new() });
+//! ```
+//!
+//! Assertions that follow a write go through [`eventually`], so the suite also runs against a
+//! Raft follower whose eventual reads lag the leader; on a backend without lag the first attempt
+//! passes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use proto::resource::v1::{Id, Resource, Tenancy, Type};
+
+use super::{Backend, Consistency, Operation, StorageError, UnversionedType, Watch, WatchEvent};
+use crate::resource;
+
+/// Expands to one `#[tokio::test]` per conformance case, each on a fresh backend built by the
+/// given closure (returning a future of the backend).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            read_returns_the_stored_resource,
+            read_of_a_missing_resource_is_not_found,
+            read_with_another_uid_is_not_found,
+            read_with_another_group_version_carries_the_stored_resource,
+            create_with_a_version_is_a_cas_failure,
+            update_with_a_stale_version_is_a_cas_failure,
+            update_with_the_current_version_stores_a_new_version,
+            write_over_another_uid_is_wrong_uid_even_with_the_right_version,
+            write_with_another_group_version_replaces_the_stored_object,
+            delete_with_a_stale_version_is_a_cas_failure,
+            delete_with_the_current_version_removes_the_resource,
+            delete_of_a_missing_resource_succeeds,
+            delete_with_another_uid_deletes_nothing,
+            list_honours_every_wildcard_combination,
+            list_filters_by_name_prefix,
+            list_returns_every_group_version,
+            list_by_owner_is_anchored_on_the_owner_uid,
+            list_by_owner_outlives_the_owner,
+            watch_sends_a_snapshot_then_end_of_snapshot,
+            watch_follows_upserts_and_deletes_in_order,
+            watch_ignores_resources_outside_its_query,
+            watch_event_versions_are_readable_afterwards,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let make = $make;
+                    let backend = make().await;
+                    $crate::storage::conformance::$case(&backend).await;
+                }
+            )*
+        }
+    };
+}
+
+/// How long [`eventually`] keeps trying.
+const EVENTUALLY_ATTEMPTS: usize = 100;
+const EVENTUALLY_PAUSE: Duration = Duration::from_millis(20);
+/// How long a watch assertion waits for one event.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Retries a check until it returns `Ok`, at most `EVENTUALLY_ATTEMPTS` times, and returns
+/// its value; panics with the last failure.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let mut last = String::new();
+    for _ in 0..EVENTUALLY_ATTEMPTS {
+        match check().await {
+            Ok(value) => return value,
+            Err(failure) => last = failure,
+        }
+        tokio::time::sleep(EVENTUALLY_PAUSE).await;
+    }
+    panic!("{what}: still failing after {EVENTUALLY_ATTEMPTS} attempts: {last}");
+}
+
+/// Builds ids and resources for the cases.
+#[derive(Debug, Default)]
+pub struct Fixture;
+
+impl Fixture {
+    pub fn new() -> Self {
+        Fixture
+    }
+
+    pub fn artist_type(&self) -> UnversionedType {
+        UnversionedType {
+            group: "demo".into(),
+            kind: "Artist".into(),
+        }
+    }
+
+    pub fn wildcard(&self) -> Tenancy {
+        tenancy(resource::WILDCARD, resource::WILDCARD)
+    }
+
+    /// A new `demo.v2.Artist` in `default/default`, with a fresh uid.
+    pub fn artist(&self, name: &str) -> Resource {
+        self.resource("v2", "Artist", tenancy("default", "default"), name)
+    }
+
+    pub fn resource(
+        &self,
+        group_version: &str,
+        kind: &str,
+        tenancy: Tenancy,
+        name: &str,
+    ) -> Resource {
+        Resource {
+            id: Some(Id {
+                uid: ulid::Ulid::new().to_string(),
+                name: name.into(),
+                r#type: Some(Type {
+                    group: "demo".into(),
+                    group_version: group_version.into(),
+                    kind: kind.into(),
+                }),
+                tenancy: Some(tenancy),
+            }),
+            generation: ulid::Ulid::new().to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+pub fn tenancy(partition: &str, namespace: &str) -> Tenancy {
+    Tenancy {
+        partition: partition.into(),
+        namespace: namespace.into(),
+    }
+}
+
+fn id_of(resource: &Resource) -> Id {
+    resource.id.clone().unwrap_or_default()
+}
+
+fn names(resources: &[Resource]) -> Vec<String> {
+    let mut names: Vec<String> = resources.iter().map(|r| id_of(r).name).collect();
+    names.sort();
+    names
+}
+
+async fn next_event(watch: &mut Watch) -> WatchEvent {
+    match tokio::time::timeout(EVENT_TIMEOUT, watch.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(error))) => panic!("watch failed: {error}"),
+        Ok(None) => panic!("watch ended"),
+        Err(_) => panic!("no watch event within {EVENT_TIMEOUT:?}"),
+    }
+}
+
+async fn expect_read<B: Backend>(backend: &B, id: &Id, want_version: &str) -> Resource {
+    eventually("read after write", || async {
+        match backend.read(Consistency::Eventual, id).await {
+            Ok(resource) if resource.version == want_version => Ok(resource),
+            Ok(resource) => Err(format!("version {} != {want_version}", resource.version)),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await
+}
+
+async fn expect_not_found<B: Backend>(backend: &B, id: &Id) {
+    eventually("read after delete", || async {
+        match backend.read(Consistency::Eventual, id).await {
+            Err(StorageError::NotFound) => Ok(()),
+            other => Err(format!("expected NotFound, got {other:?}")),
+        }
+    })
+    .await;
+}
+
+async fn expect_list<B: Backend>(
+    backend: &B,
+    resource_type: &UnversionedType,
+    tenancy: &Tenancy,
+    prefix: &str,
+    want: &[&str],
+) {
+    let mut want: Vec<String> = want.iter().map(|name| name.to_string()).collect();
+    want.sort();
+    eventually("list", || async {
+        let listed = backend
+            .list(Consistency::Eventual, resource_type, tenancy, prefix)
+            .await
+            .map_err(|error| error.to_string())?;
+        let got = names(&listed);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "list {tenancy:?} {prefix:?}: got {got:?}, want {want:?}"
+            ))
+        }
+    })
+    .await;
+}
+
+pub async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let mut artist = fixture.artist("miles");
+    artist.metadata.insert("genre".into(), "jazz".into());
+    let stored = backend.write_cas(artist.clone()).await.expect("create");
+    assert!(!stored.version.is_empty(), "the stored copy has a version");
+    let read = expect_read(backend, &id_of(&artist), &stored.version).await;
+    assert_eq!(read, stored);
+    assert_eq!(read.metadata["genre"], "jazz");
+
+    let mut without_uid = id_of(&artist);
+    without_uid.uid.clear();
+    let read = backend
+        .read(Consistency::Strong, &without_uid)
+        .await
+        .expect("empty uid reads whatever is stored");
+    assert_eq!(read, stored);
+}
+
+pub async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let error = backend
+        .read(Consistency::Strong, &id_of(&fixture.artist("nobody")))
+        .await
+        .expect_err("missing");
+    assert!(matches!(error, StorageError::NotFound), "{error:?}");
+}
+
+pub async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let artist = fixture.artist("miles");
+    let stored = backend.write_cas(artist.clone()).await.expect("create");
+    expect_read(backend, &id_of(&artist), &stored.version).await;
+    let mut other = id_of(&artist);
+    other.uid = ulid::Ulid::new().to_string();
+    let error = backend
+        .read(Consistency::Strong, &other)
+        .await
+        .expect_err("other uid");
+    assert!(matches!(error, StorageError::NotFound), "{error:?}");
+}
+
+pub async fn read_with_another_group_version_carries_the_stored_resource<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let artist = fixture.artist("miles");
+    let stored = backend.write_cas(artist.clone()).await.expect("create");
+    expect_read(backend, &id_of(&artist), &stored.version).await;
+    let mut v1 = id_of(&artist);
+    if let Some(resource_type) = v1.r#type.as_mut() {
+        resource_type.group_version = "v1".into();
+    }
+    match backend.read(Consistency::Strong, &v1).await {
+        Err(StorageError::GroupVersionMismatch { stored: mismatched }) => {
+            assert_eq!(*mismatched, stored)
+        }
+        other => panic!("expected GroupVersionMismatch, got {other:?}"),
+    }
+}
+
+pub async fn create_with_a_version_is_a_cas_failure<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let mut artist = fixture.artist("miles");
+    artist.version = "12345".into();
+    let error = backend
+        .write_cas(artist.clone())
+        .await
+        .expect_err("create with version");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    let error = backend
+        .read(Consistency::Strong, &id_of(&artist))
+        .await
+        .expect_err("nothing stored");
+    assert!(matches!(error, StorageError::NotFound), "{error:?}");
+}
+
+pub async fn update_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let artist = fixture.artist("miles");
+    let first = backend.write_cas(artist.clone()).await.expect("create");
+    let second = backend.write_cas(first.clone()).await.expect("update");
+    let error = backend.write_cas(first.clone()).await.expect_err("stale");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    let mut blind = second.clone();
+    blind.version.clear();
+    let error = backend
+        .write_cas(blind)
+        .await
+        .expect_err("empty version on an existing resource");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    expect_read(backend, &id_of(&artist), &second.version).await;
+}
+
+pub async fn update_with_the_current_version_stores_a_new_version<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let artist = fixture.artist("miles");
+    let first = backend.write_cas(artist).await.expect("create");
+    let mut update = first.clone();
+    update.metadata.insert("k".into(), "v".into());
+    let second = backend.write_cas(update).await.expect("update");
+    assert_ne!(
+        second.version, first.version,
+        "every write gets a new version"
+    );
+    assert_eq!(second.metadata["k"], "v");
+    let read = expect_read(backend, &id_of(&first), &second.version).await;
+    assert_eq!(read, second);
+}
+
+pub async fn write_over_another_uid_is_wrong_uid_even_with_the_right_version<B: Backend>(
+    backend: &B,
+) {
+    let fixture = Fixture::new();
+    let stored = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let mut impostor = stored.clone();
+    if let Some(id) = impostor.id.as_mut() {
+        id.uid = ulid::Ulid::new().to_string();
+    }
+    let error = backend
+        .write_cas(impostor.clone())
+        .await
+        .expect_err("other uid");
+    assert!(matches!(error, StorageError::WrongUid), "{error:?}");
+    impostor.version = "999999".into();
+    let error = backend
+        .write_cas(impostor)
+        .await
+        .expect_err("other uid, wrong version");
+    assert!(
+        matches!(error, StorageError::WrongUid),
+        "uid is checked first: {error:?}"
+    );
+}
+
+pub async fn write_with_another_group_version_replaces_the_stored_object<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let stored = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create v2");
+    let mut as_v1 = stored.clone();
+    if let Some(resource_type) = as_v1.id.as_mut().and_then(|id| id.r#type.as_mut()) {
+        resource_type.group_version = "v1".into();
+    }
+    let v1 = backend.write_cas(as_v1).await.expect("update as v1");
+    let read = expect_read(backend, &id_of(&v1), &v1.version).await;
+    assert_eq!(
+        read.id.and_then(|id| id.r#type).map(|t| t.group_version),
+        Some("v1".into())
+    );
+}
+
+pub async fn delete_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let first = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let second = backend.write_cas(first.clone()).await.expect("update");
+    let error = backend
+        .delete_cas(&id_of(&first), &first.version)
+        .await
+        .expect_err("stale");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    expect_read(backend, &id_of(&first), &second.version).await;
+}
+
+pub async fn delete_with_the_current_version_removes_the_resource<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let stored = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    backend
+        .delete_cas(&id_of(&stored), &stored.version)
+        .await
+        .expect("delete");
+    expect_not_found(backend, &id_of(&stored)).await;
+}
+
+pub async fn delete_of_a_missing_resource_succeeds<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    backend
+        .delete_cas(&id_of(&fixture.artist("nobody")), "1")
+        .await
+        .expect("deleting nothing is fine");
+}
+
+pub async fn delete_with_another_uid_deletes_nothing<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let stored = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let mut other = id_of(&stored);
+    other.uid = ulid::Ulid::new().to_string();
+    backend
+        .delete_cas(&other, &stored.version)
+        .await
+        .expect("a stale uid is a no-op");
+    expect_read(backend, &id_of(&stored), &stored.version).await;
+}
+
+/// Writes artists named `<partition>-<namespace>-<n>` in four tenancies.
+async fn seed_tenancies<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    for (partition, namespace) in [("p1", "n1"), ("p1", "n2"), ("p2", "n1"), ("p2", "n2")] {
+        for index in 0..2 {
+            let name = format!("{partition}-{namespace}-{index}");
+            backend
+                .write_cas(fixture.resource("v2", "Artist", tenancy(partition, namespace), &name))
+                .await
+                .expect("seed");
+        }
+    }
+    // Another kind in the same tenancies must never show up.
+    backend
+        .write_cas(fixture.resource("v2", "Album", tenancy("p1", "n1"), "p1-n1-album"))
+        .await
+        .expect("seed album");
+}
+
+pub async fn list_honours_every_wildcard_combination<B: Backend>(backend: &B) {
+    seed_tenancies(backend).await;
+    let artists = Fixture::new().artist_type();
+    let all = [
+        "p1-n1-0", "p1-n1-1", "p1-n2-0", "p1-n2-1", "p2-n1-0", "p2-n1-1", "p2-n2-0", "p2-n2-1",
+    ];
+    expect_list(backend, &artists, &tenancy("*", "*"), "", &all).await;
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("p1", "*"),
+        "",
+        &["p1-n1-0", "p1-n1-1", "p1-n2-0", "p1-n2-1"],
+    )
+    .await;
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("*", "n1"),
+        "",
+        &["p1-n1-0", "p1-n1-1", "p2-n1-0", "p2-n1-1"],
+    )
+    .await;
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("p2", "n2"),
+        "",
+        &["p2-n2-0", "p2-n2-1"],
+    )
+    .await;
+    expect_list(backend, &artists, &tenancy("p3", "*"), "", &[]).await;
+}
+
+pub async fn list_filters_by_name_prefix<B: Backend>(backend: &B) {
+    seed_tenancies(backend).await;
+    let artists = Fixture::new().artist_type();
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("*", "*"),
+        "p1-n2",
+        &["p1-n2-0", "p1-n2-1"],
+    )
+    .await;
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("*", "*"),
+        "p2-n1-1",
+        &["p2-n1-1"],
+    )
+    .await;
+    expect_list(backend, &artists, &tenancy("p1", "*"), "p2", &[]).await;
+}
+
+pub async fn list_returns_every_group_version<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let default = tenancy("default", "default");
+    backend
+        .write_cas(fixture.resource("v1", "Artist", default.clone(), "old"))
+        .await
+        .expect("v1");
+    backend
+        .write_cas(fixture.resource("v2", "Artist", default.clone(), "new"))
+        .await
+        .expect("v2");
+    expect_list(
+        backend,
+        &fixture.artist_type(),
+        &default,
+        "",
+        &["new", "old"],
+    )
+    .await;
+}
+
+pub async fn list_by_owner_is_anchored_on_the_owner_uid<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let owner = backend
+        .write_cas(fixture.artist("owner"))
+        .await
+        .expect("owner");
+    let owner_id = id_of(&owner);
+    for name in ["album-a", "album-b"] {
+        let mut child = fixture.resource("v2", "Album", tenancy("default", "default"), name);
+        child.owner = Some(owner_id.clone());
+        backend.write_cas(child).await.expect("child");
+    }
+    // A child of a different incarnation of the owner (same name, other uid).
+    let mut stranger = fixture.resource("v2", "Album", tenancy("default", "default"), "album-c");
+    let mut old_owner = owner_id.clone();
+    old_owner.uid = ulid::Ulid::new().to_string();
+    stranger.owner = Some(old_owner.clone());
+    backend.write_cas(stranger).await.expect("stranger");
+
+    eventually("list_by_owner", || async {
+        let children = backend
+            .list_by_owner(&owner_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let got = names(&children);
+        if got == ["album-a", "album-b"] {
+            Ok(())
+        } else {
+            Err(format!("got {got:?}"))
+        }
+    })
+    .await;
+    let children = backend.list_by_owner(&old_owner).await.expect("old owner");
+    assert_eq!(names(&children), ["album-c"]);
+    let mut unknown = owner_id.clone();
+    unknown.uid = ulid::Ulid::new().to_string();
+    assert!(
+        backend
+            .list_by_owner(&unknown)
+            .await
+            .expect("unknown owner")
+            .is_empty()
+    );
+}
+
+pub async fn list_by_owner_outlives_the_owner<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let owner = backend
+        .write_cas(fixture.artist("owner"))
+        .await
+        .expect("owner");
+    let mut child = fixture.resource("v2", "Album", tenancy("default", "default"), "album");
+    child.owner = Some(id_of(&owner));
+    backend.write_cas(child).await.expect("child");
+    backend
+        .delete_cas(&id_of(&owner), &owner.version)
+        .await
+        .expect("delete owner");
+    eventually("children after the owner's deletion", || async {
+        let children = backend
+            .list_by_owner(&id_of(&owner))
+            .await
+            .map_err(|e| e.to_string())?;
+        if names(&children) == ["album"] {
+            Ok(())
+        } else {
+            Err(format!("got {:?}", names(&children)))
+        }
+    })
+    .await;
+}
+
+pub async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(backend: &B) {
+    seed_tenancies(backend).await;
+    let artists = Fixture::new().artist_type();
+    // Wait until this node has applied the seed, so the snapshot is complete.
+    expect_list(
+        backend,
+        &artists,
+        &tenancy("p1", "*"),
+        "",
+        &["p1-n1-0", "p1-n1-1", "p1-n2-0", "p1-n2-1"],
+    )
+    .await;
+    let mut watch = backend
+        .watch_list(&artists, &tenancy("p1", "*"), "")
+        .await
+        .expect("watch");
+    let mut snapshot = Vec::new();
+    loop {
+        let event = next_event(&mut watch).await;
+        match event.operation {
+            Operation::Upsert(resource) => {
+                assert_eq!(
+                    event.version, resource.version,
+                    "snapshot events carry the resource's version"
+                );
+                snapshot.push(resource);
+            }
+            Operation::EndOfSnapshot => break,
+            Operation::Delete(resource) => panic!("delete in a snapshot: {resource:?}"),
+        }
+    }
+    assert_eq!(
+        names(&snapshot),
+        ["p1-n1-0", "p1-n1-1", "p1-n2-0", "p1-n2-1"]
+    );
+}
+
+async fn skip_snapshot(watch: &mut Watch) {
+    loop {
+        if next_event(watch).await.operation == Operation::EndOfSnapshot {
+            return;
+        }
+    }
+}
+
+pub async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let mut watch = backend
+        .watch_list(&fixture.artist_type(), &tenancy("default", "default"), "")
+        .await
+        .expect("watch");
+    skip_snapshot(&mut watch).await;
+
+    let created = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let updated = backend.write_cas(created.clone()).await.expect("update");
+    backend
+        .delete_cas(&id_of(&updated), &updated.version)
+        .await
+        .expect("delete");
+
+    let event = next_event(&mut watch).await;
+    assert_eq!(event.operation, Operation::Upsert(created.clone()));
+    assert_eq!(event.version, created.version);
+    let event = next_event(&mut watch).await;
+    assert_eq!(event.operation, Operation::Upsert(updated.clone()));
+    let event = next_event(&mut watch).await;
+    assert_eq!(
+        event.operation,
+        Operation::Delete(updated.clone()),
+        "a delete carries the last stored resource"
+    );
+    assert!(!event.version.is_empty());
+}
+
+pub async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let mut watch = backend
+        .watch_list(
+            &fixture.artist_type(),
+            &tenancy("default", "default"),
+            "keep",
+        )
+        .await
+        .expect("watch");
+    skip_snapshot(&mut watch).await;
+
+    backend
+        .write_cas(fixture.artist("other-name"))
+        .await
+        .expect("other name");
+    backend
+        .write_cas(fixture.resource(
+            "v2",
+            "Artist",
+            tenancy("default", "elsewhere"),
+            "keep-elsewhere",
+        ))
+        .await
+        .expect("other namespace");
+    backend
+        .write_cas(fixture.resource("v2", "Album", tenancy("default", "default"), "keep-album"))
+        .await
+        .expect("other kind");
+    let kept = backend
+        .write_cas(fixture.artist("keep-me"))
+        .await
+        .expect("matching");
+
+    let event = next_event(&mut watch).await;
+    assert_eq!(event.operation, Operation::Upsert(kept));
+}
+
+pub async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let mut watch = backend
+        .watch_list(&fixture.artist_type(), &tenancy("*", "*"), "")
+        .await
+        .expect("watch");
+    skip_snapshot(&mut watch).await;
+    let created = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let event = next_event(&mut watch).await;
+    let Operation::Upsert(seen) = event.operation else {
+        panic!("expected an upsert");
+    };
+    // Published after commit: an immediate read on this node sees it.
+    let read = backend
+        .read(Consistency::Eventual, &id_of(&created))
+        .await
+        .expect("read");
+    assert_eq!(read.version, seen.version);
+}

@@ -1,0 +1,357 @@
+//! [`InMemBackend`]: the storage contract over a mutex-guarded ordered map, with watches fed by a
+//! broadcast channel. For tests and single-process runs; nothing survives a restart.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use proto::resource::v1::{Id, Resource, Tenancy};
+use tokio::sync::broadcast;
+
+use super::{
+    Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent,
+};
+use crate::resource;
+
+/// How many events a watcher may fall behind before its watch is closed (it must then relist).
+pub const DEFAULT_WATCH_BUFFER: usize = 8192;
+
+#[derive(Debug)]
+pub struct InMemBackend {
+    state: Mutex<State>,
+    events: broadcast::Sender<Arc<(StorageKey, WatchEvent)>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    resources: BTreeMap<StorageKey, Resource>,
+    /// Owner uid → keys of the children pointing at that owner.
+    children: HashMap<String, BTreeSet<StorageKey>>,
+    /// Last version handed out; versions are a counter across all writes and deletes.
+    version: u64,
+}
+
+impl Default for InMemBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InMemBackend {
+    pub fn new() -> Self {
+        Self::with_watch_buffer(DEFAULT_WATCH_BUFFER)
+    }
+
+    pub fn with_watch_buffer(capacity: usize) -> Self {
+        let (events, _) = broadcast::channel(capacity.max(1));
+        InMemBackend {
+            state: Mutex::new(State::default()),
+            events,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated (every update below
+        // is a handful of infallible inserts), so a poisoned lock is still a consistent state.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn publish(&self, key: StorageKey, event: WatchEvent) {
+        // No receivers is fine: nobody is watching.
+        let _ = self.events.send(Arc::new((key, event)));
+    }
+}
+
+fn owner_uid(resource: &Resource) -> Option<&str> {
+    resource
+        .owner
+        .as_ref()
+        .map(|owner| owner.uid.as_str())
+        .filter(|uid| !uid.is_empty())
+}
+
+#[async_trait]
+impl Backend for InMemBackend {
+    async fn read(&self, _consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        let state = self.lock();
+        let stored = state
+            .resources
+            .get(&StorageKey::of(id))
+            .ok_or(StorageError::NotFound)?;
+        let stored_id = stored.id.clone().unwrap_or_default();
+        if !id.uid.is_empty() && id.uid != stored_id.uid {
+            return Err(StorageError::NotFound);
+        }
+        let requested_version = id.r#type.as_ref().map(|t| t.group_version.as_str());
+        let stored_version = stored_id.r#type.as_ref().map(|t| t.group_version.as_str());
+        if requested_version != stored_version {
+            return Err(StorageError::GroupVersionMismatch {
+                stored: Box::new(stored.clone()),
+            });
+        }
+        Ok(stored.clone())
+    }
+
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        let id = resource.id.clone().unwrap_or_default();
+        if id.uid.is_empty() {
+            return Err(StorageError::Internal(format!(
+                "write_cas of {} without a uid",
+                resource::DisplayId(&id)
+            )));
+        }
+        let key = StorageKey::of(&id);
+        let mut state = self.lock();
+        match state.resources.get(&key) {
+            Some(existing) => {
+                let existing_uid = existing
+                    .id
+                    .as_ref()
+                    .map(|i| i.uid.as_str())
+                    .unwrap_or_default();
+                if existing_uid != id.uid {
+                    return Err(StorageError::WrongUid);
+                }
+                if existing.version != resource.version {
+                    return Err(StorageError::CasFailure);
+                }
+            }
+            None if !resource.version.is_empty() => return Err(StorageError::CasFailure),
+            None => {}
+        }
+        state.version += 1;
+        let version = state.version.to_string();
+        let mut stored = resource;
+        stored.version = version.clone();
+        if let Some(previous) = state.resources.insert(key.clone(), stored.clone())
+            && let Some(uid) = owner_uid(&previous)
+            && owner_uid(&stored) != Some(uid)
+        {
+            let uid = uid.to_owned();
+            remove_child(&mut state.children, &uid, &key);
+        }
+        if let Some(uid) = owner_uid(&stored) {
+            state
+                .children
+                .entry(uid.to_owned())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.publish(
+            key,
+            WatchEvent {
+                version,
+                operation: Operation::Upsert(stored.clone()),
+            },
+        );
+        Ok(stored)
+    }
+
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        let key = StorageKey::of(id);
+        let mut state = self.lock();
+        let Some(existing) = state.resources.get(&key) else {
+            return Ok(());
+        };
+        let existing_uid = existing
+            .id
+            .as_ref()
+            .map(|i| i.uid.as_str())
+            .unwrap_or_default();
+        if !id.uid.is_empty() && existing_uid != id.uid {
+            return Ok(());
+        }
+        if existing.version != version {
+            return Err(StorageError::CasFailure);
+        }
+        let Some(removed) = state.resources.remove(&key) else {
+            return Ok(());
+        };
+        if let Some(uid) = owner_uid(&removed) {
+            let uid = uid.to_owned();
+            remove_child(&mut state.children, &uid, &key);
+        }
+        state.version += 1;
+        let version = state.version.to_string();
+        self.publish(
+            key,
+            WatchEvent {
+                version,
+                operation: Operation::Delete(removed),
+            },
+        );
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        _consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, StorageError> {
+        let state = self.lock();
+        Ok(matching(&state, resource_type, tenancy, name_prefix))
+    }
+
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
+        if owner.uid.is_empty() {
+            return Ok(Vec::new());
+        }
+        let state = self.lock();
+        let Some(keys) = state.children.get(&owner.uid) else {
+            return Ok(Vec::new());
+        };
+        Ok(keys
+            .iter()
+            .filter_map(|key| state.resources.get(key))
+            .filter(|child| {
+                child
+                    .owner
+                    .as_ref()
+                    .is_some_and(|child_owner| resource::owner_matches(owner, child_owner))
+            })
+            .cloned()
+            .collect())
+    }
+
+    async fn watch_list(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Watch, StorageError> {
+        // Snapshot and subscription happen under the lock that writers hold while publishing,
+        // so the watcher sees every change after its snapshot exactly once.
+        let (snapshot, snapshot_version, receiver) = {
+            let state = self.lock();
+            (
+                matching(&state, resource_type, tenancy, name_prefix),
+                state.version.to_string(),
+                self.events.subscribe(),
+            )
+        };
+        let snapshot_events = snapshot
+            .into_iter()
+            .map(|resource| {
+                Ok(WatchEvent {
+                    version: resource.version.clone(),
+                    operation: Operation::Upsert(resource),
+                })
+            })
+            .chain(std::iter::once(Ok(WatchEvent {
+                version: snapshot_version,
+                operation: Operation::EndOfSnapshot,
+            })));
+
+        let filter = (
+            resource_type.clone(),
+            tenancy.clone(),
+            name_prefix.to_owned(),
+        );
+        let changes = futures::stream::unfold(Some((receiver, filter)), |state| async move {
+            let (mut receiver, filter) = state?;
+            loop {
+                match receiver.recv().await {
+                    Ok(event) => {
+                        let (key, event) = event.as_ref();
+                        if key.matches(&filter.0, &filter.1, &filter.2) {
+                            return Some((Ok(event.clone()), Some((receiver, filter))));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        let error = StorageError::WatchClosed(format!(
+                            "the watcher fell {missed} events behind; list again and start a new watch"
+                        ));
+                        return Some((Err(error), None));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(futures::stream::iter(snapshot_events)
+            .chain(changes)
+            .boxed())
+    }
+}
+
+fn remove_child(
+    children: &mut HashMap<String, BTreeSet<StorageKey>>,
+    owner_uid: &str,
+    key: &StorageKey,
+) {
+    if let Some(keys) = children.get_mut(owner_uid) {
+        keys.remove(key);
+        if keys.is_empty() {
+            children.remove(owner_uid);
+        }
+    }
+}
+
+fn matching(
+    state: &State,
+    resource_type: &UnversionedType,
+    tenancy: &Tenancy,
+    name_prefix: &str,
+) -> Vec<Resource> {
+    let start = StorageKey {
+        group: resource_type.group.clone(),
+        kind: resource_type.kind.clone(),
+        partition: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+    };
+    state
+        .resources
+        .range(start..)
+        .take_while(|(key, _)| key.group == resource_type.group && key.kind == resource_type.kind)
+        .filter(|(key, _)| key.matches(resource_type, tenancy, name_prefix))
+        .map(|(_, resource)| resource.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InMemBackend;
+
+    crate::conformance_tests!(|| async { super::InMemBackend::new() });
+
+    #[tokio::test]
+    async fn a_watcher_that_falls_behind_gets_an_error_not_a_gap() {
+        use super::super::Backend;
+        use futures::StreamExt;
+
+        let backend = InMemBackend::with_watch_buffer(2);
+        let helpers = super::super::conformance::Fixture::new();
+        let mut watch = backend
+            .watch_list(&helpers.artist_type(), &helpers.wildcard(), "")
+            .await
+            .expect("watch");
+        assert!(matches!(
+            watch.next().await,
+            Some(Ok(super::WatchEvent {
+                operation: super::Operation::EndOfSnapshot,
+                ..
+            }))
+        ));
+        for index in 0..5 {
+            backend
+                .write_cas(helpers.artist(&format!("a{index}")))
+                .await
+                .expect("write");
+        }
+        match watch.next().await {
+            Some(Err(super::StorageError::WatchClosed(message))) => {
+                assert!(message.contains("list again"), "{message}")
+            }
+            other => panic!("expected a closed watch, got {other:?}"),
+        }
+        assert!(
+            watch.next().await.is_none(),
+            "the watch ends after the error"
+        );
+    }
+}
