@@ -5,9 +5,11 @@
 //! - [`registry`]: registered types, their scopes and hooks, and the built-in types;
 //! - [`acl`]: authorizers, policies and token resolution;
 //! - [`storage`]: the [`storage::Backend`] contract, its backends and the conformance suite;
-//! - [`service`]: the resource and cluster services, their gRPC handlers and the server setup.
+//! - [`service`]: the resource and cluster services, their gRPC handlers and the server setup;
+//! - [`agent`]: one running node, assembled from the above.
 
 pub mod acl;
+pub mod agent;
 pub mod registry;
 pub mod resource;
 pub mod service;

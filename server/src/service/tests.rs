@@ -1,1 +1,357 @@
-//! Service tests.
+//! Tests of the resource service, one behaviour per test, on the in-memory backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use async_trait::async_trait;
+use proto::demo::{v1 as demo_v1, v2 as demo_v2};
+use proto::resource::v1::{
+    DeleteRequest, Id, ListByOwnerRequest, ListRequest, ReadRequest, Resource, Status, Tenancy,
+    WriteRequest, WriteStatusRequest,
+};
+
+use super::{Error, ResourceService};
+use crate::acl::{AllowAll, Authorizer};
+use crate::registry::Registry;
+use crate::resource;
+use crate::storage::inmem::InMemBackend;
+use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch};
+
+mod acl;
+mod delete;
+mod grpc;
+mod read;
+mod status;
+mod watch;
+mod write;
+
+pub(super) struct Harness {
+    service: ResourceService,
+}
+
+pub(super) async fn harness() -> Harness {
+    harness_with(Arc::new(InMemBackend::new())).await
+}
+
+pub(super) async fn harness_with(backend: Arc<dyn Backend>) -> Harness {
+    let registry = Arc::new(Registry::builtin().expect("built-in registry"));
+    let service = ResourceService::new(backend, registry);
+    service
+        .ensure_default_tenancy()
+        .await
+        .expect("default tenancy");
+    Harness { service }
+}
+
+pub(super) fn tenancy(partition: &str, namespace: &str) -> Tenancy {
+    Tenancy {
+        partition: partition.into(),
+        namespace: namespace.into(),
+    }
+}
+
+pub(super) fn id(gvk: &str, tenancy: Tenancy, name: &str) -> Id {
+    Id {
+        uid: String::new(),
+        name: name.into(),
+        r#type: Some(resource::parse_gvk(gvk).expect("valid gvk in test")),
+        tenancy: Some(tenancy),
+    }
+}
+
+pub(super) fn default_ns() -> Tenancy {
+    tenancy("", "")
+}
+
+/// A `demo.v2.Artist` in the default namespace.
+pub(super) fn artist(name: &str) -> Resource {
+    Resource {
+        id: Some(id("demo.v2.Artist", default_ns(), name)),
+        data: Some(proto::to_any(&demo_v2::Artist {
+            name: format!("Artist {name}"),
+            genre: demo_v2::Genre::Jazz as i32,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// A `demo.v2.Album` in the default namespace.
+pub(super) fn album(name: &str) -> Resource {
+    Resource {
+        id: Some(id("demo.v2.Album", default_ns(), name)),
+        data: Some(proto::to_any(&demo_v2::Album {
+            name: format!("Album {name}"),
+            year_of_release: 1959,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+pub(super) fn id_of(resource: &Resource) -> Id {
+    resource.id.clone().expect("resource has an id")
+}
+
+pub(super) fn status(observed_generation: &str) -> Status {
+    Status {
+        observed_generation: observed_generation.into(),
+        conditions: vec![proto::resource::v1::Condition {
+            r#type: "Accepted".into(),
+            state: proto::resource::v1::State::True as i32,
+            reason: "Ok".into(),
+            message: "all good".into(),
+            resource: None,
+        }],
+        updated_at: None,
+    }
+}
+
+/// Asserts an error's gRPC code and that its message contains `contains`.
+pub(super) fn expect_error<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    code: tonic::Code,
+    contains: &str,
+) -> String {
+    let error = result.expect_err("expected an error");
+    let status = tonic::Status::from(error);
+    assert_eq!(status.code(), code, "wrong code for {:?}", status.message());
+    assert!(
+        status.message().contains(contains),
+        "message {:?} lacks {contains:?}",
+        status.message()
+    );
+    status.message().to_owned()
+}
+
+impl Harness {
+    pub async fn write(&self, resource: Resource) -> Result<Resource, Error> {
+        self.write_as(&AllowAll, resource).await
+    }
+
+    pub async fn write_as(
+        &self,
+        authorizer: &dyn Authorizer,
+        resource: Resource,
+    ) -> Result<Resource, Error> {
+        let response = self
+            .service
+            .write(
+                authorizer,
+                WriteRequest {
+                    resource: Some(resource),
+                },
+            )
+            .await?;
+        Ok(response.resource.expect("write returns the resource"))
+    }
+
+    pub async fn read(&self, id: &Id) -> Result<Resource, Error> {
+        self.read_as(&AllowAll, id).await
+    }
+
+    pub async fn read_as(&self, authorizer: &dyn Authorizer, id: &Id) -> Result<Resource, Error> {
+        let response = self
+            .service
+            .read(
+                authorizer,
+                Consistency::Strong,
+                ReadRequest {
+                    id: Some(id.clone()),
+                },
+            )
+            .await?;
+        Ok(response.resource.expect("read returns the resource"))
+    }
+
+    pub async fn delete(&self, id: &Id, version: &str) -> Result<(), Error> {
+        self.delete_as(&AllowAll, id, version).await
+    }
+
+    pub async fn delete_as(
+        &self,
+        authorizer: &dyn Authorizer,
+        id: &Id,
+        version: &str,
+    ) -> Result<(), Error> {
+        self.service
+            .delete(
+                authorizer,
+                DeleteRequest {
+                    id: Some(id.clone()),
+                    version: version.into(),
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn write_status(
+        &self,
+        id: &Id,
+        version: &str,
+        key: &str,
+        status: Status,
+    ) -> Result<Resource, Error> {
+        self.write_status_as(&AllowAll, id, version, key, status)
+            .await
+    }
+
+    pub async fn write_status_as(
+        &self,
+        authorizer: &dyn Authorizer,
+        id: &Id,
+        version: &str,
+        key: &str,
+        status: Status,
+    ) -> Result<Resource, Error> {
+        let response = self
+            .service
+            .write_status(
+                authorizer,
+                WriteStatusRequest {
+                    id: Some(id.clone()),
+                    version: version.into(),
+                    key: key.into(),
+                    status: Some(status),
+                },
+            )
+            .await?;
+        Ok(response
+            .resource
+            .expect("write_status returns the resource"))
+    }
+
+    pub async fn list(
+        &self,
+        gvk: &str,
+        tenancy: Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, Error> {
+        self.list_as(&AllowAll, gvk, tenancy, name_prefix).await
+    }
+
+    pub async fn list_as(
+        &self,
+        authorizer: &dyn Authorizer,
+        gvk: &str,
+        tenancy: Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, Error> {
+        let response = self
+            .service
+            .list(
+                authorizer,
+                Consistency::Eventual,
+                ListRequest {
+                    r#type: Some(resource::parse_gvk(gvk).expect("valid gvk")),
+                    tenancy: Some(tenancy),
+                    name_prefix: name_prefix.into(),
+                },
+            )
+            .await?;
+        Ok(response.resources)
+    }
+
+    pub async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, Error> {
+        let response = self
+            .service
+            .list_by_owner(
+                &AllowAll,
+                ListByOwnerRequest {
+                    owner: Some(owner.clone()),
+                },
+            )
+            .await?;
+        Ok(response.resources)
+    }
+}
+
+pub(super) fn names(resources: &[Resource]) -> Vec<String> {
+    let mut names: Vec<String> = resources.iter().map(|r| id_of(r).name).collect();
+    names.sort();
+    names
+}
+
+pub(super) fn v1_artist(name: &str) -> Resource {
+    Resource {
+        id: Some(id("demo.v1.Artist", default_ns(), name)),
+        data: Some(proto::to_any(&demo_v1::Artist {
+            name: format!("Artist {name}"),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// Wraps a backend and makes the next `cas_failures` writes or deletes lose a CAS race, so the
+/// blind-write retry is tested without depending on timing.
+pub(super) struct LosingBackend {
+    inner: InMemBackend,
+    cas_failures: AtomicU32,
+    pub writes: AtomicU32,
+}
+
+impl LosingBackend {
+    pub fn new() -> Self {
+        LosingBackend {
+            inner: InMemBackend::new(),
+            cas_failures: AtomicU32::new(0),
+            writes: AtomicU32::new(0),
+        }
+    }
+
+    pub fn lose_next(&self, count: u32) {
+        self.cas_failures.store(count, Ordering::SeqCst);
+    }
+
+    fn lose(&self) -> bool {
+        self.cas_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+#[async_trait]
+impl Backend for LosingBackend {
+    async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        self.inner.read(consistency, id).await
+    }
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        if self.lose() {
+            return Err(StorageError::CasFailure);
+        }
+        self.inner.write_cas(resource).await
+    }
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        if self.lose() {
+            return Err(StorageError::CasFailure);
+        }
+        self.inner.delete_cas(id, version).await
+    }
+    async fn list(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, StorageError> {
+        self.inner
+            .list(consistency, resource_type, tenancy, name_prefix)
+            .await
+    }
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
+        self.inner.list_by_owner(owner).await
+    }
+    async fn watch_list(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Watch, StorageError> {
+        self.inner
+            .watch_list(resource_type, tenancy, name_prefix)
+            .await
+    }
+}

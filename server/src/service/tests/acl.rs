@@ -1,0 +1,239 @@
+//! ACL hooks: denials, the read hook that needs the resource, list filtering.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use proto::resource::v1::WatchListRequest;
+use proto::resource::v1::watch_event::Event;
+use tonic::Code;
+
+use super::*;
+use crate::acl::{Access, Policy};
+
+fn record_label(name: &str) -> Resource {
+    Resource {
+        id: Some(id("demo.v1.RecordLabel", default_ns(), name)),
+        data: Some(proto::to_any(&proto::demo::v1::RecordLabel {
+            name: name.into(),
+            description: String::new(),
+        })),
+        ..Default::default()
+    }
+}
+
+fn reader_of(prefix: &str) -> Policy {
+    Policy::default()
+        .key_prefix("resource/", Access::List)
+        .key_prefix(prefix, Access::Read)
+}
+
+#[tokio::test]
+async fn write_denied_by_the_acl_hook_is_permission_denied() {
+    let h = harness().await;
+    let policy = reader_of("resource/demo.v2.Artist/");
+    expect_error(
+        h.write_as(&policy, artist("miles")).await,
+        Code::PermissionDenied,
+        "key:write",
+    );
+}
+
+#[tokio::test]
+async fn write_allowed_by_the_acl_hook_succeeds() {
+    let h = harness().await;
+    let policy = Policy::default().key_prefix("resource/demo.v2.Artist/", Access::Write);
+    h.write_as(&policy, artist("miles")).await.expect("allowed");
+}
+
+#[tokio::test]
+async fn read_denied_is_permission_denied() {
+    let h = harness().await;
+    let stored = h.write(artist("miles")).await.expect("create");
+    let policy = reader_of("resource/demo.v2.Album/");
+    expect_error(
+        h.read_as(&policy, &id_of(&stored)).await,
+        Code::PermissionDenied,
+        "key:read",
+    );
+}
+
+#[tokio::test]
+async fn read_hook_needing_the_resource_gives_not_found_when_missing() {
+    let h = harness().await;
+    let nobody = Policy::default();
+    expect_error(
+        h.read_as(&nobody, &id("demo.v1.RecordLabel", default_ns(), "missing"))
+            .await,
+        Code::NotFound,
+        "resource not found",
+    );
+}
+
+#[tokio::test]
+async fn read_hook_needing_the_resource_gives_permission_denied_when_present() {
+    let h = harness().await;
+    let stored = h.write(record_label("blue-note")).await.expect("create");
+    let nobody = Policy::default();
+    expect_error(
+        h.read_as(&nobody, &id_of(&stored)).await,
+        Code::PermissionDenied,
+        "permission denied",
+    );
+    let reader = reader_of("resource/demo.v1.RecordLabel/");
+    assert_eq!(
+        h.read_as(&reader, &id_of(&stored)).await.expect("allowed"),
+        stored
+    );
+}
+
+#[tokio::test]
+async fn list_denied_is_permission_denied() {
+    let h = harness().await;
+    let nobody = Policy::default();
+    expect_error(
+        h.list_as(&nobody, "demo.v2.Artist", default_ns(), "").await,
+        Code::PermissionDenied,
+        "key:list",
+    );
+}
+
+#[tokio::test]
+async fn list_filters_items_the_caller_cannot_read() {
+    let h = harness().await;
+    for name in ["public-one", "public-two", "secret"] {
+        h.write(artist(name)).await.expect("create");
+    }
+    let policy = reader_of("resource/demo.v2.Artist/public");
+    let listed = h
+        .list_as(&policy, "demo.v2.Artist", default_ns(), "")
+        .await
+        .expect("list");
+    assert_eq!(names(&listed), ["public-one", "public-two"]);
+}
+
+#[tokio::test]
+async fn watch_filters_items_the_caller_cannot_read() {
+    let h = harness().await;
+    h.write(artist("secret")).await.expect("create");
+    let policy: Arc<dyn Authorizer> = Arc::new(reader_of("resource/demo.v2.Artist/public"));
+    let mut stream = h
+        .service
+        .watch_list(
+            policy,
+            WatchListRequest {
+                r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
+                tenancy: Some(default_ns()),
+                name_prefix: String::new(),
+            },
+        )
+        .await
+        .expect("watch");
+    let first = stream.next().await.expect("event").expect("ok");
+    assert!(
+        matches!(first.event, Some(Event::EndOfSnapshot(_))),
+        "the secret is not in the snapshot"
+    );
+    h.write(artist("secret-two")).await.expect("hidden");
+    let visible = h.write(artist("public-one")).await.expect("visible");
+    let event = stream.next().await.expect("event").expect("ok");
+    match event.event {
+        Some(Event::Upsert(upsert)) => assert_eq!(upsert.resource, Some(visible)),
+        other => panic!("expected the public upsert, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn watch_denied_is_permission_denied_before_the_stream() {
+    let h = harness().await;
+    let result = h
+        .service
+        .watch_list(
+            Arc::new(Policy::default()),
+            WatchListRequest {
+                r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
+                tenancy: Some(default_ns()),
+                name_prefix: String::new(),
+            },
+        )
+        .await;
+    expect_error(result.map(|_| ()), Code::PermissionDenied, "key:list");
+}
+
+#[tokio::test]
+async fn delete_uses_the_write_hook_on_the_stored_resource() {
+    let h = harness().await;
+    let stored = h.write(artist("miles")).await.expect("create");
+    let reader = reader_of("resource/");
+    expect_error(
+        h.delete_as(&reader, &id_of(&stored), "").await,
+        Code::PermissionDenied,
+        "key:write",
+    );
+    h.read(&id_of(&stored)).await.expect("not deleted");
+    let writer = Policy::default().key_prefix("resource/demo.v2.Artist/miles", Access::Write);
+    h.delete_as(&writer, &id_of(&stored), "")
+        .await
+        .expect("allowed");
+}
+
+#[tokio::test]
+async fn write_status_uses_the_write_hook() {
+    let h = harness().await;
+    let stored = h.write(artist("miles")).await.expect("create");
+    let reader = reader_of("resource/");
+    expect_error(
+        h.write_status_as(
+            &reader,
+            &id_of(&stored),
+            "",
+            "ctl",
+            status(&stored.generation),
+        )
+        .await,
+        Code::PermissionDenied,
+        "key:write",
+    );
+}
+
+#[tokio::test]
+async fn default_hooks_require_operator_permissions() {
+    let h = harness().await;
+    let namespace = Resource {
+        id: Some(id("tenancy.v1.Namespace", tenancy("default", ""), "jazz")),
+        ..Default::default()
+    };
+    let reader = Policy::default().operator(Access::Read);
+    expect_error(
+        h.write_as(&reader, namespace.clone()).await,
+        Code::PermissionDenied,
+        "operator:write",
+    );
+    let operator = Policy::default().operator(Access::Write);
+    let stored = h
+        .write_as(&operator, namespace)
+        .await
+        .expect("operator write");
+    h.read_as(&reader, &id_of(&stored))
+        .await
+        .expect("operator read");
+    expect_error(
+        h.read_as(&Policy::default(), &id_of(&stored)).await,
+        Code::PermissionDenied,
+        "operator:read",
+    );
+}
+
+#[tokio::test]
+async fn mutate_and_validate_runs_the_write_hook() {
+    let h = harness().await;
+    let result = h
+        .service
+        .mutate_and_validate(
+            &Policy::default(),
+            proto::resource::v1::MutateAndValidateRequest {
+                resource: Some(artist("miles")),
+            },
+        )
+        .await;
+    expect_error(result, Code::PermissionDenied, "key:write");
+}
