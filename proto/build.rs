@@ -38,6 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut config = tonic_prost_build::Config::new();
     config.enable_type_names();
+    // Ordered maps encode deterministically: equal resources give equal bytes.
+    config.btree_map(["."]);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -71,6 +71,8 @@ impl Default for Acls {
 
 /// Checks that bytes decode as the registered message.
 type DecodeCheck = fn(&[u8]) -> Result<(), prost::DecodeError>;
+/// Compares two encodings by their decoded messages (encodings of equal messages may differ).
+type DataEq = fn(&[u8], &[u8]) -> bool;
 
 /// One registered type.
 #[derive(Clone)]
@@ -87,6 +89,7 @@ pub struct Registration {
     /// Clients may not write it; only the server does (tombstones).
     pub server_written: bool,
     decode_check: DecodeCheck,
+    data_eq: DataEq,
 }
 
 impl fmt::Debug for Registration {
@@ -104,7 +107,7 @@ impl Registration {
     /// registration is added to a registry.
     pub fn new<M>(gvk: &str, scope: Scope) -> Self
     where
-        M: prost::Message + prost::Name + Default,
+        M: prost::Message + prost::Name + Default + PartialEq,
     {
         let parts: Vec<&str> = gvk.split('.').collect();
         let resource_type = match parts.as_slice() {
@@ -121,6 +124,9 @@ impl Registration {
             max_name_len: resource::MAX_NAME_LEN,
             server_written: false,
             decode_check: |bytes| M::decode(bytes).map(|_| ()),
+            data_eq: |a, b| {
+                a == b || matches!((M::decode(a), M::decode(b)), (Ok(a), Ok(b)) if a == b)
+            },
         }
     }
 
@@ -166,6 +172,17 @@ impl Registration {
                 self.message_name
             )
         })
+    }
+}
+
+impl Registration {
+    /// Whether two data payloads hold the same message of this type.
+    pub fn same_data(&self, a: Option<&prost_types::Any>, b: Option<&prost_types::Any>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.type_url == b.type_url && (self.data_eq)(&a.value, &b.value),
+            _ => false,
+        }
     }
 }
 
@@ -244,8 +261,51 @@ impl Registry {
             .cloned()
     }
 
+    /// Registered types a mistyped one probably meant: kinds of the same group within two edits,
+    /// those of the requested version first; otherwise the same kind in other versions.
+    pub fn similar(&self, resource_type: &Type) -> Vec<String> {
+        let wanted_kind = resource_type.kind.to_lowercase();
+        let near: Vec<&Registration> = self
+            .types
+            .values()
+            .map(Arc::as_ref)
+            .filter(|registration| {
+                let candidate = &registration.resource_type;
+                candidate.group == resource_type.group
+                    && edit_distance(&candidate.kind.to_lowercase(), &wanted_kind) <= 2
+            })
+            .collect();
+        let same_version: Vec<String> = near
+            .iter()
+            .filter(|registration| {
+                registration.resource_type.group_version == resource_type.group_version
+            })
+            .map(|registration| registration.gvk())
+            .collect();
+        if same_version.is_empty() {
+            near.iter().map(|registration| registration.gvk()).collect()
+        } else {
+            same_version
+        }
+    }
+
     /// Every registration, ordered by group, version and kind.
     pub fn types(&self) -> impl Iterator<Item = &Arc<Registration>> {
         self.types.values()
     }
+}
+
+/// Levenshtein distance, for suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, a_char) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, b_char) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(a_char != *b_char);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
 }

@@ -13,7 +13,7 @@ use proto::resource::v1::{Id, Resource, Tenancy, WriteRequest};
 use tokio_util::sync::CancellationToken;
 
 use crate::acl::AllowAll;
-use crate::registry::{Registry, Scope, builtin};
+use crate::registry::{Registration, Registry, Scope, builtin};
 use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
 
@@ -92,6 +92,26 @@ impl ResourceService {
 
     pub fn max_resource_bytes(&self) -> usize {
         self.max_resource_bytes
+    }
+
+    /// The registration of a type, or an error naming the field and suggesting near misses.
+    fn resolve_type(
+        &self,
+        resource_type: &proto::resource::v1::Type,
+        field: &str,
+    ) -> Result<Arc<Registration>, Error> {
+        self.registry.resolve(resource_type).ok_or_else(|| {
+            let similar = self.registry.similar(resource_type);
+            let hint = if similar.is_empty() {
+                "ListTypes lists the registered types".to_owned()
+            } else {
+                format!("did you mean {}?", similar.join(" or "))
+            };
+            Error::invalid(format!(
+                "{field} {} is not a registered type ({hint})",
+                resource::gvk(resource_type)
+            ))
+        })
     }
 
     /// Creates the `default` partition and the `default/default` namespace if they are missing.

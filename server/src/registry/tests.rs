@@ -155,3 +155,45 @@ fn tombstone_names_embed_the_name_and_lowercase_uid() {
     });
     assert!(resource::check_name(&long_tombstone.name, builtin::MAX_TOMBSTONE_NAME_LEN).is_ok());
 }
+
+#[test]
+fn similar_types_suggest_other_versions_and_near_kinds() {
+    let registry = Registry::builtin().expect("valid");
+    let typo = registry.similar(&resource::new_type("demo", "v2", "Artst"));
+    assert!(typo.contains(&"demo.v2.Artist".to_owned()), "{typo:?}");
+    let version = registry.similar(&resource::new_type("demo", "v3", "Album"));
+    assert_eq!(version, ["demo.v1.Album", "demo.v2.Album"]);
+    assert!(
+        registry
+            .similar(&resource::new_type("other", "v1", "Artist"))
+            .is_empty()
+    );
+}
+
+#[test]
+fn data_equality_compares_decoded_messages() {
+    let registry = Registry::builtin().expect("valid");
+    let artist = registry
+        .resolve(&resource::new_type("demo", "v2", "Artist"))
+        .expect("registered");
+    let message = demo_v2::Artist {
+        name: "Miles".into(),
+        genre: demo_v2::Genre::Jazz as i32,
+        ..Default::default()
+    };
+    let canonical = proto::to_any(&message);
+    // The same fields in another order: a different encoding of an equal message.
+    let mut reordered = Vec::new();
+    prost::encoding::int32::encode(3, &message.genre, &mut reordered);
+    prost::encoding::string::encode(1, &message.name, &mut reordered);
+    assert_ne!(reordered, canonical.value);
+    let reordered = prost_types::Any {
+        type_url: canonical.type_url.clone(),
+        value: reordered,
+    };
+    assert!(artist.same_data(Some(&canonical), Some(&reordered)));
+    let other = proto::to_any(&demo_v2::Artist::default());
+    assert!(!artist.same_data(Some(&canonical), Some(&other)));
+    assert!(!artist.same_data(Some(&canonical), None));
+    assert!(artist.same_data(None, None));
+}

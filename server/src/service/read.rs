@@ -13,7 +13,7 @@ use super::validate::{self, Violations, Wildcards};
 use super::{Error, ResourceService};
 use crate::acl::{AclError, Authorizer};
 use crate::registry::{ReadAcl, Registration};
-use crate::resource::{self, DisplayId};
+use crate::resource::DisplayId;
 use crate::storage::{Consistency, Operation, StorageError, UnversionedType};
 
 /// The stream WatchList answers with.
@@ -115,12 +115,7 @@ impl ResourceService {
         let (Some(resource_type), Some(mut tenancy)) = (resource_type, tenancy) else {
             return Err(Error::invalid("type and tenancy are required"));
         };
-        let registration = self.registry.resolve(&resource_type).ok_or_else(|| {
-            Error::invalid(format!(
-                "type {} is not a registered type (ListTypes lists them)",
-                resource::gvk(&resource_type)
-            ))
-        })?;
+        let registration = self.resolve_type(&resource_type, "type")?;
         validate::apply_scope(
             "tenancy",
             &registration.gvk(),

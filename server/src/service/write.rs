@@ -20,6 +20,7 @@ use crate::storage::{Consistency, StorageError};
 /// A resource that passed every check up to the storage write.
 struct PreparedWrite {
     resource: Resource,
+    registration: Arc<Registration>,
     tenancy: TenancyState,
 }
 
@@ -118,15 +119,8 @@ impl ResourceService {
             )?;
         }
         if let Some(owner) = resource.owner.as_mut() {
-            let owner_registration = self
-                .registry
-                .resolve(owner.r#type.as_ref().unwrap_or(&Default::default()))
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "resource.owner.type {} is not a registered type",
-                        owner.r#type.as_ref().map(resource::gvk).unwrap_or_default()
-                    ))
-                })?;
+            let owner_type = owner.r#type.clone().unwrap_or_default();
+            let owner_registration = self.resolve_type(&owner_type, "resource.owner.type")?;
             if let Some(tenancy) = owner.tenancy.as_mut() {
                 validate::apply_scope(
                     "resource.owner.tenancy",
@@ -160,7 +154,11 @@ impl ResourceService {
             Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
             other => other?,
         };
-        Ok(PreparedWrite { resource, tenancy })
+        Ok(PreparedWrite {
+            resource,
+            registration,
+            tenancy,
+        })
     }
 
     pub(super) fn registration(
@@ -173,12 +171,7 @@ impl ResourceService {
             .as_ref()
             .and_then(|id| id.r#type.clone())
             .unwrap_or_default();
-        self.registry.resolve(&resource_type).ok_or_else(|| {
-            Error::invalid(format!(
-                "{field} {} is not a registered type (ListTypes lists them)",
-                resource::gvk(&resource_type)
-            ))
-        })
+        self.resolve_type(&resource_type, field)
     }
 
     /// One attempt at the storage write: decides create or update against what is stored now.
@@ -233,7 +226,7 @@ impl ResourceService {
                     input.version = existing.version.clone();
                 }
                 if marked {
-                    check_frozen_write(&input, &existing)?;
+                    check_frozen_write(&input, &existing, &prepared.registration)?;
                 } else if input.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
                     return Err(Error::invalid(format!(
                         "resource.metadata.{DELETION_TIMESTAMP_KEY} is set by Delete, not by Write"
@@ -453,11 +446,15 @@ fn resolve_owner_on_update(input: &mut Resource, existing: &Resource) -> Result<
 
 /// A resource marked for deletion only accepts writes that remove at least one finalizer and
 /// change nothing else.
-fn check_frozen_write(input: &Resource, existing: &Resource) -> Result<(), Error> {
+fn check_frozen_write(
+    input: &Resource,
+    existing: &Resource,
+    registration: &Registration,
+) -> Result<(), Error> {
     let mut violations = Violations::default();
     let frozen =
         "the resource is marked for deletion and only accepts writes that remove finalizers";
-    if input.data != existing.data {
+    if !registration.same_data(input.data.as_ref(), existing.data.as_ref()) {
         violations.push(format!("resource.data cannot change: {frozen}"));
     }
     let input_finalizers = resource::finalizers(input);

@@ -369,3 +369,49 @@ async fn create_in_a_namespace_marked_for_deletion_is_invalid() {
         .await
         .expect("deletes still work inside");
 }
+
+#[tokio::test]
+async fn marked_resource_accepts_equal_data_in_another_encoding() {
+    let h = harness().await;
+    let mut input = artist("band");
+    input.data = Some(proto::to_any(&proto::demo::v2::Artist {
+        name: "The Band".into(),
+        genre: proto::demo::v2::Genre::Folk as i32,
+        group_members: [
+            ("robbie".to_owned(), "guitar".to_owned()),
+            ("levon".to_owned(), "drums".to_owned()),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }));
+    input.metadata.insert(
+        resource::FINALIZERS_KEY.into(),
+        "a.example/one b.example/two".into(),
+    );
+    let stored = h.write(input).await.expect("create");
+    h.delete(&id_of(&stored), "").await.expect("mark");
+    let mut marked = h.read(&id_of(&stored)).await.expect("marked");
+    // Re-encode the same message with its fields in reverse order, as another client might.
+    let data = marked.data.as_mut().expect("data");
+    let decoded: proto::demo::v2::Artist =
+        prost::Message::decode(data.value.as_slice()).expect("decode");
+    let mut reordered = Vec::new();
+    prost::encoding::btree_map::encode(
+        prost::encoding::string::encode,
+        prost::encoding::string::encoded_len,
+        prost::encoding::string::encode,
+        prost::encoding::string::encoded_len,
+        4,
+        &decoded.group_members,
+        &mut reordered,
+    );
+    prost::encoding::int32::encode(3, &decoded.genre, &mut reordered);
+    prost::encoding::string::encode(1, &decoded.name, &mut reordered);
+    assert_ne!(reordered, data.value, "a different encoding");
+    data.value = reordered;
+    resource::remove_finalizer(&mut marked, "a.example/one");
+    h.write(marked)
+        .await
+        .expect("equal data in another encoding is not a change");
+}

@@ -708,3 +708,15 @@ async fn mutate_and_validate_runs_the_validate_hook_and_tenancy_checks() {
         .await;
     expect_error(result, Code::InvalidArgument, "namespace not found");
 }
+
+#[tokio::test]
+async fn an_unregistered_type_suggests_what_was_probably_meant() {
+    let h = harness().await;
+    let mut input = artist("miles");
+    input.id.as_mut().expect("id").r#type = Some(resource::new_type("demo", "v2", "Artst"));
+    expect_error(
+        h.write(input).await,
+        Code::InvalidArgument,
+        "did you mean demo.v2.Artist?",
+    );
+}
