@@ -16,6 +16,7 @@ use crate::acl::AllowAll;
 use crate::registry::{Registration, Registry, Scope, builtin};
 use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
+use validate::{Violations, Wildcards};
 
 mod delete;
 mod error;
@@ -114,6 +115,48 @@ impl ResourceService {
         })
     }
 
+    /// Applies the scope of the id's type to its tenancy (defaults, forbidden parts) and returns
+    /// the type's registration. The id's shape must have been checked.
+    fn scope_id(
+        &self,
+        id: &mut Id,
+        field: &str,
+        wildcards: Wildcards,
+    ) -> Result<Arc<Registration>, Error> {
+        let resource_type = id.r#type.clone().unwrap_or_default();
+        let registration = self.resolve_type(&resource_type, &format!("{field}.type"))?;
+        if let Some(tenancy) = id.tenancy.as_mut() {
+            validate::apply_scope(
+                &format!("{field}.tenancy"),
+                &registration.gvk(),
+                registration.scope,
+                tenancy,
+                wildcards,
+            )?;
+        }
+        Ok(registration)
+    }
+
+    /// Checks the shape of a request's id, then [`Self::scope_id`].
+    fn check_request_id(
+        &self,
+        id: Option<Id>,
+        field: &str,
+    ) -> Result<(Id, Arc<Registration>), Error> {
+        let mut violations = Violations::default();
+        validate::check_id(
+            &mut violations,
+            field,
+            id.as_ref(),
+            Wildcards::Forbidden,
+            &self.registry,
+        );
+        violations.finish()?;
+        let mut id = id.ok_or_else(|| Error::invalid(format!("{field} is required")))?;
+        let registration = self.scope_id(&mut id, field, Wildcards::Forbidden)?;
+        Ok((id, registration))
+    }
+
     /// Creates the `default` partition and the `default/default` namespace if they are missing.
     pub async fn ensure_default_tenancy(&self) -> Result<(), Error> {
         let partition = builtin::partition_id(resource::DEFAULT_PARTITION);
@@ -158,35 +201,30 @@ impl ResourceService {
             || (scope == Scope::Any && !tenancy.partition.is_empty());
         let needs_namespace =
             scope == Scope::Namespace || (scope == Scope::Any && !tenancy.namespace.is_empty());
-        let mut state = TenancyState::Active;
+        let mut units = Vec::new();
         if needs_partition {
-            let id = builtin::partition_id(&tenancy.partition);
-            match self.read_tenancy_unit(&id).await? {
-                Some(unit) if resource::is_marked_for_deletion(&unit) => {
-                    state = TenancyState::MarkedForDeletion
-                }
-                Some(_) => {}
-                None => {
-                    return Err(Error::NotFound(format!(
-                        "partition not found: {:?}",
-                        tenancy.partition
-                    )));
-                }
-            }
+            units.push((
+                builtin::partition_id(&tenancy.partition),
+                format!("partition not found: {:?}", tenancy.partition),
+            ));
         }
         if needs_namespace {
-            let id = builtin::namespace_id(&tenancy.partition, &tenancy.namespace);
+            units.push((
+                builtin::namespace_id(&tenancy.partition, &tenancy.namespace),
+                format!(
+                    "namespace not found: {:?} in partition {:?}",
+                    tenancy.namespace, tenancy.partition
+                ),
+            ));
+        }
+        let mut state = TenancyState::Active;
+        for (id, missing) in units {
             match self.read_tenancy_unit(&id).await? {
                 Some(unit) if resource::is_marked_for_deletion(&unit) => {
                     state = TenancyState::MarkedForDeletion
                 }
                 Some(_) => {}
-                None => {
-                    return Err(Error::NotFound(format!(
-                        "namespace not found: {:?} in partition {:?}",
-                        tenancy.namespace, tenancy.partition
-                    )));
-                }
+                None => return Err(Error::NotFound(missing)),
             }
         }
         Ok(state)

@@ -3,7 +3,6 @@
 use proto::internal::v1::Tombstone;
 use proto::resource::v1::{DeleteRequest, DeleteResponse, Resource};
 
-use super::validate::{self, Violations, Wildcards};
 use super::{BLIND_ATTEMPTS, Error, ResourceService, blind_backoff, new_ulid};
 use crate::acl::Authorizer;
 use crate::registry::builtin;
@@ -17,32 +16,7 @@ impl ResourceService {
         request: DeleteRequest,
     ) -> Result<DeleteResponse, Error> {
         let DeleteRequest { id, version } = request;
-        let mut violations = Violations::default();
-        validate::check_id(
-            &mut violations,
-            "id",
-            id.as_ref(),
-            Wildcards::Forbidden,
-            &self.registry,
-        );
-        violations.finish()?;
-        let Some(mut id) = id else {
-            return Err(Error::invalid("id is required"));
-        };
-        let probe = Resource {
-            id: Some(id.clone()),
-            ..Default::default()
-        };
-        let registration = self.registration(&probe, "id.type")?;
-        if let Some(tenancy) = id.tenancy.as_mut() {
-            validate::apply_scope(
-                "id.tenancy",
-                &registration.gvk(),
-                registration.scope,
-                tenancy,
-                Wildcards::Forbidden,
-            )?;
-        }
+        let (id, registration) = self.check_request_id(id, "id")?;
         let gvk = registration.gvk();
         if (gvk == builtin::NAMESPACE
             && id.name == resource::DEFAULT_NAMESPACE

@@ -34,32 +34,7 @@ impl ResourceService {
         consistency: Consistency,
         request: ReadRequest,
     ) -> Result<ReadResponse, Error> {
-        let mut violations = Violations::default();
-        validate::check_id(
-            &mut violations,
-            "id",
-            request.id.as_ref(),
-            Wildcards::Forbidden,
-            &self.registry,
-        );
-        violations.finish()?;
-        let Some(mut id) = request.id else {
-            return Err(Error::invalid("id is required"));
-        };
-        let probe = Resource {
-            id: Some(id.clone()),
-            ..Default::default()
-        };
-        let registration = self.registration(&probe, "id.type")?;
-        if let Some(tenancy) = id.tenancy.as_mut() {
-            validate::apply_scope(
-                "id.tenancy",
-                &registration.gvk(),
-                registration.scope,
-                tenancy,
-                Wildcards::Forbidden,
-            )?;
-        }
+        let (id, registration) = self.check_request_id(request.id, "id")?;
         // The ACL check comes before the tenancy check so that tenancy existence does not leak.
         let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
             Ok(()) => false,
@@ -181,20 +156,7 @@ impl ResourceService {
         let Some(mut owner) = request.owner else {
             return Err(Error::invalid("owner is required"));
         };
-        let probe = Resource {
-            id: Some(owner.clone()),
-            ..Default::default()
-        };
-        let registration = self.registration(&probe, "owner.type")?;
-        if let Some(tenancy) = owner.tenancy.as_mut() {
-            validate::apply_scope(
-                "owner.tenancy",
-                &registration.gvk(),
-                registration.scope,
-                tenancy,
-                Wildcards::Allowed,
-            )?;
-        }
+        self.scope_id(&mut owner, "owner", Wildcards::Allowed)?;
         let children = self.backend.list_by_owner(&owner).await?;
         let resources = children
             .into_iter()

@@ -101,35 +101,17 @@ impl ResourceService {
         }
         violations.finish()?;
 
-        let registration = self.registration(&resource, "resource.id.type")?;
+        let mut id = resource.id.take().unwrap_or_default();
+        let registration = self.scope_id(&mut id, "resource.id", Wildcards::Forbidden)?;
+        resource.id = Some(id);
         if registration.server_written {
             return Err(Error::invalid(format!(
                 "resource.id.type {} is written by the server only",
                 registration.gvk()
             )));
         }
-        let gvk = registration.gvk();
-        if let Some(tenancy) = resource.id.as_mut().and_then(|id| id.tenancy.as_mut()) {
-            validate::apply_scope(
-                "resource.id.tenancy",
-                &gvk,
-                registration.scope,
-                tenancy,
-                Wildcards::Forbidden,
-            )?;
-        }
         if let Some(owner) = resource.owner.as_mut() {
-            let owner_type = owner.r#type.clone().unwrap_or_default();
-            let owner_registration = self.resolve_type(&owner_type, "resource.owner.type")?;
-            if let Some(tenancy) = owner.tenancy.as_mut() {
-                validate::apply_scope(
-                    "resource.owner.tenancy",
-                    &owner_registration.gvk(),
-                    owner_registration.scope,
-                    tenancy,
-                    Wildcards::Forbidden,
-                )?;
-            }
+            self.scope_id(owner, "resource.owner", Wildcards::Forbidden)?;
         }
 
         if let Some(data) = &resource.data {
@@ -159,19 +141,6 @@ impl ResourceService {
             registration,
             tenancy,
         })
-    }
-
-    pub(super) fn registration(
-        &self,
-        resource: &Resource,
-        field: &str,
-    ) -> Result<Arc<Registration>, Error> {
-        let resource_type = resource
-            .id
-            .as_ref()
-            .and_then(|id| id.r#type.clone())
-            .unwrap_or_default();
-        self.resolve_type(&resource_type, field)
     }
 
     /// One attempt at the storage write: decides create or update against what is stored now.
@@ -359,20 +328,7 @@ impl ResourceService {
                 ));
             }
         };
-        let probe = Resource {
-            id: Some(id.clone()),
-            ..Default::default()
-        };
-        let registration = self.registration(&probe, "id.type")?;
-        if let Some(tenancy) = id.tenancy.as_mut() {
-            validate::apply_scope(
-                "id.tenancy",
-                &registration.gvk(),
-                registration.scope,
-                tenancy,
-                Wildcards::Forbidden,
-            )?;
-        }
+        let registration = self.scope_id(&mut id, "id", Wildcards::Forbidden)?;
         let tenancy = id.tenancy.clone().unwrap_or_default();
         match self.tenancy_state(registration.scope, &tenancy).await {
             Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
