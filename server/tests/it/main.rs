@@ -5,3 +5,4 @@ mod process;
 mod reflection;
 mod resource_api;
 mod shutdown;
+mod tidy;

@@ -1,0 +1,80 @@
+//! Repository hygiene: every Rust file says what it is for, and libraries hold no debugging
+//! leftovers or stdout printing.
+
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("server/ has a parent")
+        .to_path_buf()
+}
+
+fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+fn all_rust_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rust_files(&workspace_root(), &mut files);
+    assert!(files.len() > 20, "the walk found the sources: {files:?}");
+    files
+}
+
+#[test]
+fn every_rust_file_starts_with_a_module_doc_line() {
+    let missing: Vec<String> = all_rust_files()
+        .into_iter()
+        .filter(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            !text.starts_with("//!")
+        })
+        .map(|path| path.display().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "files without a leading //! line: {missing:?}"
+    );
+}
+
+#[test]
+fn libraries_hold_no_debugging_leftovers_or_stdout_printing() {
+    // Built from pieces so this file does not match itself.
+    let forbidden = [
+        concat!("db", "g!("),
+        concat!("to", "do!("),
+        concat!("print", "ln!("),
+    ];
+    let offenders: Vec<String> = all_rust_files()
+        .into_iter()
+        .filter(|path| {
+            let text = path.to_string_lossy();
+            // Binaries own stdout; tests and build scripts may print.
+            !(text.ends_with("main.rs") || text.ends_with("build.rs") || text.contains("/tests"))
+        })
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let hits: Vec<&str> = forbidden
+                .iter()
+                .copied()
+                .filter(|pattern| text.contains(pattern))
+                .collect();
+            (!hits.is_empty()).then(|| format!("{}: {hits:?}", path.display()))
+        })
+        .collect();
+    assert!(offenders.is_empty(), "{offenders:?}");
+}
