@@ -12,6 +12,7 @@ const FILES: &[&str] = &[
     "resd/internal/v1/tombstone.proto",
     "resd/demo/v1/demo.proto",
     "resd/demo/v2/demo.proto",
+    "resd/raft/v1/raft.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -4,6 +4,7 @@
 //! Layout, one module per protobuf package:
 //! - [`resource::v1`]: the resource model and `ResourceService`;
 //! - [`cluster::v1`]: `ClusterService` (type registry publication);
+//! - [`raft::v1`]: internal replication and forwarding between servers;
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
 //!   types.
 
@@ -37,6 +38,13 @@ pub mod tenancy {
 pub mod internal {
     pub mod v1 {
         tonic::include_proto!("resd.internal.v1");
+    }
+}
+
+/// Internal: Raft replication and forwarding between servers.
+pub mod raft {
+    pub mod v1 {
+        tonic::include_proto!("resd.raft.v1");
     }
 }
 

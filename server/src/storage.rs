@@ -14,6 +14,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod inmem;
+pub mod raft;
 
 /// How fresh a read must be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -1,0 +1,17 @@
+//! The Raft storage backend: openraft with its log and state machine in LMDB.
+//!
+//! - [`types`]: the openraft type configuration and the values it carries;
+//! - [`schema`]: every LMDB environment, database name and key encoding;
+//! - [`log_store`]: the Raft log, with group commit;
+//! - [`state_machine`]: applied state, watch events, snapshots.
+
+// openraft's storage traits fix the error type, and it is large.
+#![allow(clippy::result_large_err)]
+
+pub mod log_store;
+pub mod schema;
+pub mod state_machine;
+pub mod types;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! Every LMDB environment, database name and key encoding of the Raft backend.
+//!
+//! Layout under a node's data directory:
+//!
+//! ```text
+//! raft/log/            log environment
+//!   entries            u64 big-endian index -> encoded Entry
+//!   meta               "vote" | "committed" | "last_purged" -> encoded value
+//! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
+//!   resources          storage key -> encoded Resource
+//!   owners             owner uid 0x00 storage key -> ()
+//!   meta               "last_applied" | "membership" -> encoded value
+//! raft/sm/CURRENT      the generation in use
+//! raft/snapshots/      snapshot files: <id>.mdb and <id>.meta
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use heed::types::{Bytes, Str, U64, Unit};
+use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls, byteorder::BigEndian};
+
+use crate::storage::StorageKey;
+
+/// Virtual size of each memory map. Sparse: only written pages use disk.
+const MAP_SIZE: usize = 64 << 30;
+
+pub const LOG_DIR: &str = "raft/log";
+pub const SM_DIR: &str = "raft/sm";
+pub const SM_CURRENT: &str = "raft/sm/CURRENT";
+pub const SNAPSHOT_DIR: &str = "raft/snapshots";
+
+pub const META_VOTE: &str = "vote";
+pub const META_COMMITTED: &str = "committed";
+pub const META_LAST_PURGED: &str = "last_purged";
+pub const META_LAST_APPLIED: &str = "last_applied";
+pub const META_MEMBERSHIP: &str = "membership";
+
+pub type LmdbEnv = Env<WithoutTls>;
+
+/// Opens (creating if needed) an environment in `dir`.
+pub fn open_env(dir: &Path, max_dbs: u32) -> heed::Result<LmdbEnv> {
+    std::fs::create_dir_all(dir)?;
+    let mut options = EnvOpenOptions::new().read_txn_without_tls();
+    options.map_size(MAP_SIZE).max_dbs(max_dbs);
+    // SAFETY: each environment directory is opened by one resd process only (the data directory
+    // belongs to one node), no unsafe LMDB flags are set, and nothing else writes its files.
+    #[allow(unsafe_code)]
+    let env = unsafe { options.open(dir)? };
+    Ok(env)
+}
+
+/// Databases of the log environment.
+#[derive(Clone, Copy, Debug)]
+pub struct LogDbs {
+    pub entries: Database<'static, U64<BigEndian>, Bytes>,
+    pub meta: Database<'static, Str, Bytes>,
+}
+
+pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
+    let env = open_env(&data_dir.join(LOG_DIR), 4)?;
+    let wtxn = env.write_txn()?;
+    let dbs = env
+        .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
+            let entries = opener.create_database(wtxn, Some("entries"))?;
+            let meta = opener.create_database(wtxn, Some("meta"))?;
+            Ok(CommitOrAbort::<_, ()>::Commit((entries, meta)))
+        })?
+        .commit();
+    let (entries, meta) = dbs
+        .ok_or_else(|| heed::Error::Io(std::io::Error::other("log databases were not created")))?;
+    Ok((env, LogDbs { entries, meta }))
+}
+
+/// Databases of a state machine environment.
+#[derive(Clone, Copy, Debug)]
+pub struct SmDbs {
+    pub resources: Database<'static, Bytes, Bytes>,
+    pub owners: Database<'static, Bytes, Unit>,
+    pub meta: Database<'static, Str, Bytes>,
+}
+
+pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
+    let env = open_env(dir, 4)?;
+    let wtxn = env.write_txn()?;
+    let dbs = env
+        .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
+            let resources = opener.create_database(wtxn, Some("resources"))?;
+            let owners = opener.create_database(wtxn, Some("owners"))?;
+            let meta = opener.create_database(wtxn, Some("meta"))?;
+            Ok(CommitOrAbort::<_, ()>::Commit((resources, owners, meta)))
+        })?
+        .commit();
+    let (resources, owners, meta) = dbs.ok_or_else(|| {
+        heed::Error::Io(std::io::Error::other(
+            "state machine databases were not created",
+        ))
+    })?;
+    Ok((
+        env,
+        SmDbs {
+            resources,
+            owners,
+            meta,
+        },
+    ))
+}
+
+/// The directory of a state machine generation.
+pub fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
+    data_dir.join(SM_DIR).join(format!("{generation:020}"))
+}
+
+/// Separator inside composite keys; no name, group or kind contains it.
+const SEP: u8 = 0;
+
+/// `group 0 kind 0 partition 0 namespace 0 name`: resources sort by type, tenancy, name.
+pub fn resource_key(key: &StorageKey) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(
+        key.group.len()
+            + key.kind.len()
+            + key.partition.len()
+            + key.namespace.len()
+            + key.name.len()
+            + 4,
+    );
+    for (index, part) in [
+        &key.group,
+        &key.kind,
+        &key.partition,
+        &key.namespace,
+        &key.name,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if index > 0 {
+            bytes.push(SEP);
+        }
+        bytes.extend_from_slice(part.as_bytes());
+    }
+    bytes
+}
+
+/// Decodes [`resource_key`].
+pub fn parse_resource_key(bytes: &[u8]) -> Option<StorageKey> {
+    let parts: Vec<&[u8]> = bytes.split(|b| *b == SEP).collect();
+    let [group, kind, partition, namespace, name] = parts.as_slice() else {
+        return None;
+    };
+    let text = |part: &[u8]| String::from_utf8(part.to_vec()).ok();
+    Some(StorageKey {
+        group: text(group)?,
+        kind: text(kind)?,
+        partition: text(partition)?,
+        namespace: text(namespace)?,
+        name: text(name)?,
+    })
+}
+
+/// The longest key prefix shared by every resource a query can match: the type, then as much of
+/// the tenancy as is not a wildcard.
+pub fn resource_scan_prefix(group: &str, kind: &str, partition: &str, namespace: &str) -> Vec<u8> {
+    let mut prefix = Vec::new();
+    prefix.extend_from_slice(group.as_bytes());
+    prefix.push(SEP);
+    prefix.extend_from_slice(kind.as_bytes());
+    prefix.push(SEP);
+    if partition != crate::resource::WILDCARD {
+        prefix.extend_from_slice(partition.as_bytes());
+        prefix.push(SEP);
+        if namespace != crate::resource::WILDCARD {
+            prefix.extend_from_slice(namespace.as_bytes());
+            prefix.push(SEP);
+        }
+    }
+    prefix
+}
+
+/// `owner uid 0 child resource key`.
+pub fn owner_key(owner_uid: &str, child: &StorageKey) -> Vec<u8> {
+    let mut bytes = owner_prefix(owner_uid);
+    bytes.extend_from_slice(&resource_key(child));
+    bytes
+}
+
+pub fn owner_prefix(owner_uid: &str) -> Vec<u8> {
+    let mut bytes = owner_uid.as_bytes().to_vec();
+    bytes.push(SEP);
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(group: &str, kind: &str, partition: &str, namespace: &str, name: &str) -> StorageKey {
+        StorageKey {
+            group: group.into(),
+            kind: kind.into(),
+            partition: partition.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn resource_keys_round_trip_including_empty_tenancy() {
+        for original in [
+            key("demo", "Artist", "default", "default", "miles"),
+            key("demo", "Executive", "", "", "boss"),
+        ] {
+            assert_eq!(parse_resource_key(&resource_key(&original)), Some(original));
+        }
+    }
+
+    #[test]
+    fn scan_prefixes_cover_exactly_their_tenancy() {
+        let inside = resource_key(&key("demo", "Artist", "p1", "n1", "x"));
+        let other_namespace = resource_key(&key("demo", "Artist", "p1", "n10", "x"));
+        let exact = resource_scan_prefix("demo", "Artist", "p1", "n1");
+        assert!(inside.starts_with(&exact));
+        assert!(
+            !other_namespace.starts_with(&exact),
+            "n1 must not prefix-match n10"
+        );
+        assert!(other_namespace.starts_with(&resource_scan_prefix("demo", "Artist", "p1", "*")));
+        assert!(inside.starts_with(&resource_scan_prefix("demo", "Artist", "*", "*")));
+        assert!(
+            !resource_key(&key("demo", "ArtistX", "p1", "n1", "x"))
+                .starts_with(&resource_scan_prefix("demo", "Artist", "*", "*"))
+        );
+    }
+}
