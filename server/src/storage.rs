@@ -196,3 +196,41 @@ pub trait Backend: Send + Sync + 'static {
         name_prefix: &str,
     ) -> Result<Watch, StorageError>;
 }
+
+/// A shared backend is a backend.
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        (**self).read(consistency, id).await
+    }
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        (**self).write_cas(resource).await
+    }
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        (**self).delete_cas(id, version).await
+    }
+    async fn list(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, StorageError> {
+        (**self)
+            .list(consistency, resource_type, tenancy, name_prefix)
+            .await
+    }
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
+        (**self).list_by_owner(owner).await
+    }
+    async fn watch_list(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Watch, StorageError> {
+        (**self)
+            .watch_list(resource_type, tenancy, name_prefix)
+            .await
+    }
+}

@@ -1,10 +1,17 @@
-//! openraft's own storage test suite on the LMDB log store and state machine.
+//! Tests of the Raft backend: openraft's storage suite on the LMDB stores, and the storage
+//! conformance suite on a single node, on the leader of a three-node cluster and on a follower.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::testing::{StoreBuilder, Suite};
+use tokio_util::sync::CancellationToken;
 
+use super::backend::{RaftBackend, RaftOptions};
 use super::log_store::LogStore;
+use super::network;
 use super::state_machine::StateMachineStore;
-use super::types::{RaftStorageError, TypeConfig};
+use super::types::{NodeAddr, RaftStorageError, TypeConfig};
 
 struct LmdbBuilder;
 
@@ -23,4 +30,192 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
 #[test]
 fn lmdb_log_store_and_state_machine_pass_the_openraft_suite() -> Result<(), RaftStorageError> {
     Suite::test_all(LmdbBuilder)
+}
+
+/// Raft nodes in this process, each with its own data directory and raft server on loopback.
+pub struct TestCluster {
+    pub nodes: Vec<Arc<RaftBackend>>,
+    shutdown: CancellationToken,
+    /// Raft servers; they end when `shutdown` is cancelled.
+    _servers: Vec<tokio::task::JoinHandle<()>>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl TestCluster {
+    pub async fn start(size: u64) -> TestCluster {
+        let shutdown = CancellationToken::new();
+        let mut nodes = Vec::new();
+        let mut servers = Vec::new();
+        let mut dirs = Vec::new();
+        for node_id in 1..=size {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let raft_addr = listener.local_addr().expect("addr").to_string();
+            let mut options = RaftOptions::new(
+                node_id,
+                dir.path().to_path_buf(),
+                NodeAddr {
+                    api_addr: String::new(),
+                    raft_addr,
+                },
+            );
+            options.heartbeat = Duration::from_millis(50);
+            options.election_timeout = (Duration::from_millis(300), Duration::from_millis(600));
+            let backend = RaftBackend::open(options).await.expect("open raft backend");
+            let raft = backend.raft().clone();
+            let server_backend = backend.clone();
+            let token = shutdown.clone();
+            servers.push(tokio::spawn(async move {
+                if let Err(error) = network::serve(listener, raft, server_backend, token).await {
+                    tracing::warn!(%error, "test raft server failed");
+                }
+            }));
+            nodes.push(backend);
+            dirs.push(dir);
+        }
+        let cluster = TestCluster {
+            nodes,
+            shutdown,
+            _servers: servers,
+            _dirs: dirs,
+        };
+        cluster.nodes[0].bootstrap().await.expect("bootstrap");
+        cluster.wait_for_leader(1, 1).await;
+        for node in &cluster.nodes[1..] {
+            cluster.nodes[0]
+                .add_voter(node.id(), node.node().clone())
+                .await
+                .expect("add voter");
+        }
+        cluster.wait_for_leader(1, cluster.nodes.len()).await;
+        cluster
+    }
+
+    /// Waits until the first `count` nodes see `expected` as leader.
+    pub async fn wait_for_leader(&self, expected: u64, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if self.nodes[..count]
+                .iter()
+                .all(|node| node.metrics().current_leader == Some(expected))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("node {expected} did not become leader of every node within 20s");
+    }
+}
+
+/// One node of a test cluster, keeping the whole cluster alive.
+pub struct Member {
+    cluster: Arc<TestCluster>,
+    index: usize,
+}
+
+impl Member {
+    pub async fn single() -> Member {
+        Member {
+            cluster: Arc::new(TestCluster::start(1).await),
+            index: 0,
+        }
+    }
+
+    pub async fn leader_of_three() -> Member {
+        Member {
+            cluster: Arc::new(TestCluster::start(3).await),
+            index: 0,
+        }
+    }
+
+    pub async fn follower_of_three() -> Member {
+        Member {
+            cluster: Arc::new(TestCluster::start(3).await),
+            index: 2,
+        }
+    }
+}
+
+impl std::ops::Deref for Member {
+    type Target = RaftBackend;
+    fn deref(&self) -> &RaftBackend {
+        &self.cluster.nodes[self.index]
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.cluster.shutdown.cancel();
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::storage::Backend for Member {
+    async fn read(
+        &self,
+        consistency: crate::storage::Consistency,
+        id: &proto::resource::v1::Id,
+    ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
+        (**self).read(consistency, id).await
+    }
+    async fn write_cas(
+        &self,
+        resource: proto::resource::v1::Resource,
+    ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
+        (**self).write_cas(resource).await
+    }
+    async fn delete_cas(
+        &self,
+        id: &proto::resource::v1::Id,
+        version: &str,
+    ) -> Result<(), crate::storage::StorageError> {
+        (**self).delete_cas(id, version).await
+    }
+    async fn list(
+        &self,
+        consistency: crate::storage::Consistency,
+        resource_type: &crate::storage::UnversionedType,
+        tenancy: &proto::resource::v1::Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<proto::resource::v1::Resource>, crate::storage::StorageError> {
+        (**self)
+            .list(consistency, resource_type, tenancy, name_prefix)
+            .await
+    }
+    async fn list_by_owner(
+        &self,
+        owner: &proto::resource::v1::Id,
+    ) -> Result<Vec<proto::resource::v1::Resource>, crate::storage::StorageError> {
+        (**self).list_by_owner(owner).await
+    }
+    async fn watch_list(
+        &self,
+        resource_type: &crate::storage::UnversionedType,
+        tenancy: &proto::resource::v1::Tenancy,
+        name_prefix: &str,
+    ) -> Result<crate::storage::Watch, crate::storage::StorageError> {
+        (**self)
+            .watch_list(resource_type, tenancy, name_prefix)
+            .await
+    }
+}
+
+mod single_node {
+    #[allow(unused_imports)]
+    use super::Member;
+    crate::conformance_tests!(|| async { Member::single().await });
+}
+
+mod leader_of_three {
+    #[allow(unused_imports)]
+    use super::Member;
+    crate::conformance_tests!(|| async { Member::leader_of_three().await });
+}
+
+mod follower_of_three {
+    #[allow(unused_imports)]
+    use super::Member;
+    crate::conformance_tests!(|| async { Member::follower_of_three().await });
 }

@@ -1,0 +1,523 @@
+//! [`RaftBackend`]: the storage contract over a Raft group.
+//!
+//! Writes and strong reads run on the leader: a leader proposes the command (or confirms its
+//! leadership with `ensure_linearizable` before a strong read); a follower forwards the request
+//! over `resd.raft.v1.RaftService/Forward`. While there is no leader, requests wait for one up to
+//! the forward timeout, then fail with [`StorageError::Inconsistent`]. Eventual reads, owner
+//! lookups and watches are served from this node's state machine.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, RaftMetrics, SnapshotPolicy};
+use proto::raft::v1::raft_service_client::RaftServiceClient;
+use proto::raft::v1::{
+    self as pb, forward_request::Request as Fwd, forward_response::Response as FwdResponse,
+};
+use proto::resource::v1::{Id, Resource, Tenancy};
+use tonic::transport::Channel;
+
+use super::log_store::{LogStats, LogStore};
+use super::network::{self, NetworkFactory};
+use super::state_machine::{SmShared, StateMachineStore};
+use super::types::{NodeAddr, NodeId, Raft, Wire};
+use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch};
+
+/// How a node runs its part of the Raft group.
+#[derive(Debug, Clone)]
+pub struct RaftOptions {
+    pub node_id: NodeId,
+    pub data_dir: PathBuf,
+    /// Addresses other nodes and clients use to reach this one.
+    pub node: NodeAddr,
+    /// Build a snapshot (and purge the log behind it) every this many applied entries.
+    pub snapshot_every: u64,
+    /// How long a request waits for a leader before failing with `Unavailable`.
+    pub forward_timeout: Duration,
+    pub heartbeat: Duration,
+    pub election_timeout: (Duration, Duration),
+}
+
+impl RaftOptions {
+    pub fn new(node_id: NodeId, data_dir: PathBuf, node: NodeAddr) -> Self {
+        RaftOptions {
+            node_id,
+            data_dir,
+            node,
+            snapshot_every: 10_000,
+            forward_timeout: Duration::from_secs(10),
+            heartbeat: Duration::from_millis(150),
+            election_timeout: (Duration::from_millis(750), Duration::from_millis(1500)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RaftStartError {
+    #[error("cannot open the raft log in {dir}: {source}")]
+    Log { dir: PathBuf, source: heed::Error },
+    #[error("cannot open the state machine in {dir}: {source}")]
+    StateMachine {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid raft configuration: {0}")]
+    Config(String),
+    #[error("raft failed to start: {0}")]
+    Fatal(String),
+}
+
+pub struct RaftBackend {
+    id: NodeId,
+    node: NodeAddr,
+    raft: Raft,
+    sm: Arc<SmShared>,
+    log_stats: Arc<LogStats>,
+    forward_timeout: Duration,
+    /// Clients of peers' raft services, by raft address.
+    peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
+}
+
+impl std::fmt::Debug for RaftBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftBackend")
+            .field("id", &self.id)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One try at serving a request: done (either way), or worth retrying (no or another leader).
+enum Attempt {
+    Done(Box<pb::ForwardResponse>),
+    Retry(String),
+}
+
+impl Attempt {
+    fn done(response: pb::ForwardResponse) -> Attempt {
+        Attempt::Done(Box::new(response))
+    }
+}
+
+fn response(result: FwdResponse) -> pb::ForwardResponse {
+    pb::ForwardResponse {
+        response: Some(result),
+    }
+}
+
+fn failed(error: &StorageError) -> pb::ForwardResponse {
+    response(FwdResponse::Failure(network::failure_of(error)))
+}
+
+impl RaftBackend {
+    pub async fn open(options: RaftOptions) -> Result<Arc<RaftBackend>, RaftStartError> {
+        let log = LogStore::open(&options.data_dir).map_err(|source| RaftStartError::Log {
+            dir: options.data_dir.clone(),
+            source,
+        })?;
+        let sm = StateMachineStore::open(&options.data_dir).map_err(|source| {
+            RaftStartError::StateMachine {
+                dir: options.data_dir.clone(),
+                source,
+            }
+        })?;
+        let config = openraft::Config {
+            cluster_name: "resd".into(),
+            heartbeat_interval: options.heartbeat.as_millis() as u64,
+            election_timeout_min: options.election_timeout.0.as_millis() as u64,
+            election_timeout_max: options.election_timeout.1.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
+            max_in_snapshot_log_to_keep: options.snapshot_every.min(1000),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|error| RaftStartError::Config(error.to_string()))?;
+        let log_stats = log.stats();
+        let shared = sm.shared.clone();
+        let raft = Raft::new(options.node_id, Arc::new(config), NetworkFactory, log, sm)
+            .await
+            .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
+        Ok(Arc::new(RaftBackend {
+            id: options.node_id,
+            node: options.node,
+            raft,
+            sm: shared,
+            log_stats,
+            forward_timeout: options.forward_timeout,
+            peers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn node(&self) -> &NodeAddr {
+        &self.node
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub fn metrics(&self) -> RaftMetrics<NodeId, NodeAddr> {
+        self.raft.metrics().borrow().clone()
+    }
+
+    pub fn log_stats(&self) -> &LogStats {
+        &self.log_stats
+    }
+
+    /// Initializes a new single-voter cluster of this node, unless this node already belongs to
+    /// one. Returns whether it initialized.
+    pub async fn bootstrap(&self) -> Result<bool, StorageError> {
+        let initialized = self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|error| StorageError::Internal(error.to_string()))?;
+        if initialized {
+            return Ok(false);
+        }
+        let members = BTreeMap::from([(self.id, self.node.clone())]);
+        self.raft.initialize(members).await.map_err(|error| {
+            StorageError::Internal(format!("cannot initialize the cluster: {error}"))
+        })?;
+        Ok(true)
+    }
+
+    /// Waits until some node is leader; `Inconsistent` once the deadline passes.
+    async fn wait_for_leader(
+        &self,
+        deadline: Instant,
+    ) -> Result<(NodeId, Option<NodeAddr>), StorageError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let (leader, node) = {
+                let current = metrics.borrow();
+                let leader = current.current_leader;
+                let node = leader.and_then(|id| {
+                    current
+                        .membership_config
+                        .membership()
+                        .get_node(&id)
+                        .cloned()
+                });
+                (leader, node)
+            };
+            if let Some(leader) = leader {
+                return Ok((leader, node));
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(StorageError::Inconsistent(format!(
+                    "no raft leader was elected within {:?}",
+                    self.forward_timeout
+                )));
+            }
+            let _ = tokio::time::timeout(remaining, metrics.changed()).await;
+        }
+    }
+
+    /// Runs a request on the leader, forwarding it when this node is not the leader, and waiting
+    /// through elections up to the forward timeout.
+    async fn submit(&self, request: pb::ForwardRequest) -> pb::ForwardResponse {
+        let deadline = Instant::now() + self.forward_timeout;
+        let mut last_reason = String::new();
+        loop {
+            let attempt = match self.wait_for_leader(deadline).await {
+                Err(error) => {
+                    let why = if last_reason.is_empty() {
+                        error.to_string()
+                    } else {
+                        format!("{error} (last: {last_reason})")
+                    };
+                    return failed(&StorageError::Inconsistent(why));
+                }
+                Ok((leader, _)) if leader == self.id => self.serve_locally(request.clone()).await,
+                Ok((leader, Some(node))) => self.forward(leader, &node, request.clone()).await,
+                Ok((leader, None)) => {
+                    Attempt::Retry(format!("leader {leader} has no known address"))
+                }
+            };
+            match attempt {
+                Attempt::Done(response) => return *response,
+                Attempt::Retry(reason) => {
+                    if Instant::now() >= deadline {
+                        return failed(&StorageError::Inconsistent(format!(
+                            "could not reach a raft leader within {:?}: {reason}",
+                            self.forward_timeout
+                        )));
+                    }
+                    last_reason = reason;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        leader: NodeId,
+        node: &NodeAddr,
+        request: pb::ForwardRequest,
+    ) -> Attempt {
+        let client = {
+            let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+            match peers.get(&node.raft_addr) {
+                Some(client) => client.clone(),
+                None => match network::raft_client(&node.raft_addr) {
+                    Ok(client) => {
+                        peers.insert(node.raft_addr.clone(), client.clone());
+                        client
+                    }
+                    Err(why) => return Attempt::Retry(why),
+                },
+            }
+        };
+        let mut client = client;
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(self.forward_timeout);
+        match client.forward(call).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                match &reply.response {
+                    // The node we asked was not (or no longer) the leader: ask again.
+                    Some(FwdResponse::Failure(failure))
+                        if failure.code == pb::storage_failure::Code::Inconsistent as i32 =>
+                    {
+                        Attempt::Retry(format!("node {leader}: {}", failure.message))
+                    }
+                    _ => Attempt::done(reply),
+                }
+            }
+            Err(status) => Attempt::Retry(format!(
+                "forwarding to leader {leader} at {}: {}",
+                node.raft_addr,
+                status.message()
+            )),
+        }
+    }
+
+    /// Serves a request forwarded by a follower (or submitted here while this node leads).
+    pub async fn serve_forwarded(&self, request: pb::ForwardRequest) -> pb::ForwardResponse {
+        match self.serve_locally(request).await {
+            Attempt::Done(response) => *response,
+            Attempt::Retry(reason) => failed(&StorageError::Inconsistent(reason)),
+        }
+    }
+
+    async fn serve_locally(&self, request: pb::ForwardRequest) -> Attempt {
+        match request.request {
+            None => Attempt::done(failed(&StorageError::Internal(
+                "empty forwarded request".into(),
+            ))),
+            Some(Fwd::WriteCas(write)) => self.propose(pb::command::Command::WriteCas(write)).await,
+            Some(Fwd::DeleteCas(delete)) => {
+                self.propose(pb::command::Command::DeleteCas(delete)).await
+            }
+            Some(Fwd::Read(id)) => match self.linearize().await {
+                Err(attempt) => attempt,
+                Ok(()) => Attempt::done(match self.sm.read(&id) {
+                    Ok(resource) => response(FwdResponse::Resource(resource)),
+                    Err(error) => failed(&error),
+                }),
+            },
+            Some(Fwd::List(query)) => match self.linearize().await {
+                Err(attempt) => attempt,
+                Ok(()) => {
+                    let resource_type = UnversionedType {
+                        group: query.group,
+                        kind: query.kind,
+                    };
+                    let tenancy = query.tenancy.unwrap_or_default();
+                    Attempt::done(
+                        match self.sm.list(&resource_type, &tenancy, &query.name_prefix) {
+                            Ok(resources) => {
+                                response(FwdResponse::Resources(pb::Resources { resources }))
+                            }
+                            Err(error) => failed(&error),
+                        },
+                    )
+                }
+            },
+        }
+    }
+
+    /// Confirms leadership with a quorum and waits until this node has applied everything
+    /// committed before the call.
+    async fn linearize(&self) -> Result<(), Attempt> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(error)) => {
+                Err(Attempt::Retry(format!("not the leader: {error}")))
+            }
+            Err(RaftError::Fatal(fatal)) => Err(Attempt::done(failed(
+                &StorageError::Inconsistent(format!("raft stopped: {fatal}")),
+            ))),
+        }
+    }
+
+    async fn propose(&self, command: pb::command::Command) -> Attempt {
+        let command = pb::Command {
+            command: Some(command),
+        };
+        match self.raft.client_write(Wire(command)).await {
+            Ok(written) => Attempt::done(match written.data.0.result {
+                Some(pb::command_result::Result::Written(resource)) => {
+                    response(FwdResponse::Resource(resource))
+                }
+                Some(pb::command_result::Result::Done(done)) => response(FwdResponse::Done(done)),
+                Some(pb::command_result::Result::Failure(failure)) => {
+                    response(FwdResponse::Failure(failure))
+                }
+                None => failed(&StorageError::Internal(
+                    "the state machine returned no result".into(),
+                )),
+            }),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Attempt::Retry(format!("leadership moved to {:?}", forward.leader_id))
+            }
+            Err(RaftError::APIError(error)) => {
+                Attempt::done(failed(&StorageError::Internal(error.to_string())))
+            }
+            Err(RaftError::Fatal(fatal)) => Attempt::done(failed(&StorageError::Inconsistent(
+                format!("raft stopped: {fatal}"),
+            ))),
+        }
+    }
+
+    /// Adds a node as a learner, waits for it to catch up, then makes it a voter. Must run on
+    /// the leader.
+    pub async fn add_voter(&self, id: NodeId, node: NodeAddr) -> Result<(), String> {
+        self.raft
+            .add_learner(id, node, true)
+            .await
+            .map_err(|error| format!("cannot add node {id} as a learner: {error}"))?;
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(|error| format!("cannot make node {id} a voter: {error}"))?;
+        Ok(())
+    }
+
+    /// Removes a node from the voters and the cluster. Must run on the leader.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), String> {
+        self.raft
+            .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+            .await
+            .map_err(|error| format!("cannot remove node {id} from the voters: {error}"))?;
+        self.raft
+            .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+            .await
+            .map_err(|error| format!("cannot remove node {id}: {error}"))?;
+        Ok(())
+    }
+
+    /// Stops raft on this node.
+    pub async fn shutdown(&self) {
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!(%error, "raft did not shut down cleanly");
+        }
+    }
+
+    pub fn state_machine(&self) -> &Arc<SmShared> {
+        &self.sm
+    }
+}
+
+fn into_resource(reply: pb::ForwardResponse) -> Result<Resource, StorageError> {
+    match reply.response {
+        Some(FwdResponse::Resource(resource)) => Ok(resource),
+        Some(FwdResponse::Failure(failure)) => Err(network::error_of(failure)),
+        other => Err(StorageError::Internal(format!(
+            "unexpected reply {other:?}"
+        ))),
+    }
+}
+
+#[async_trait]
+impl Backend for RaftBackend {
+    async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        match consistency {
+            Consistency::Eventual => self.sm.read(id),
+            Consistency::Strong => into_resource(
+                self.submit(pb::ForwardRequest {
+                    request: Some(Fwd::Read(id.clone())),
+                })
+                .await,
+            ),
+        }
+    }
+
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        let request = pb::ForwardRequest {
+            request: Some(Fwd::WriteCas(pb::WriteCas {
+                resource: Some(resource),
+            })),
+        };
+        into_resource(self.submit(request).await)
+    }
+
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        let request = pb::ForwardRequest {
+            request: Some(Fwd::DeleteCas(pb::DeleteCas {
+                id: Some(id.clone()),
+                version: version.into(),
+            })),
+        };
+        match self.submit(request).await.response {
+            Some(FwdResponse::Done(_)) => Ok(()),
+            Some(FwdResponse::Failure(failure)) => Err(network::error_of(failure)),
+            other => Err(StorageError::Internal(format!(
+                "unexpected reply {other:?}"
+            ))),
+        }
+    }
+
+    async fn list(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, StorageError> {
+        match consistency {
+            Consistency::Eventual => self.sm.list(resource_type, tenancy, name_prefix),
+            Consistency::Strong => {
+                let request = pb::ForwardRequest {
+                    request: Some(Fwd::List(pb::ListQuery {
+                        group: resource_type.group.clone(),
+                        kind: resource_type.kind.clone(),
+                        tenancy: Some(tenancy.clone()),
+                        name_prefix: name_prefix.into(),
+                    })),
+                };
+                match self.submit(request).await.response {
+                    Some(FwdResponse::Resources(list)) => Ok(list.resources),
+                    Some(FwdResponse::Failure(failure)) => Err(network::error_of(failure)),
+                    other => Err(StorageError::Internal(format!(
+                        "unexpected reply {other:?}"
+                    ))),
+                }
+            }
+        }
+    }
+
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
+        self.sm.list_by_owner(owner)
+    }
+
+    async fn watch_list(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Watch, StorageError> {
+        self.sm.watch_list(resource_type, tenancy, name_prefix)
+    }
+}
