@@ -1,32 +1,79 @@
-//! The agent: one running resd node. Builds the registry, the storage backend and the services,
-//! binds the API listener, and serves until shutdown. `main.rs` turns flags into an
-//! [`AgentConfig`] and signals into the shutdown token.
+//! The agent: one running resd node. Builds the registry, the storage backend (Raft on LMDB, or
+//! in memory) and the services, binds the listeners, joins or bootstraps the cluster, and serves
+//! until shutdown. `main.rs` turns flags and the config file into an [`AgentConfig`] and signals
+//! into the shutdown token.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use proto::cluster::v1::JoinRequest;
+use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+use serde::Deserialize;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::acl::{AclsDisabled, TokenResolver};
 use crate::registry::{Registry, RegistryError};
+use crate::service::cluster::ClusterGrpc;
 use crate::service::serve::{self, ServeError};
 use crate::service::{self, ResourceService};
+use crate::storage::Backend;
 use crate::storage::inmem::InMemBackend;
+use crate::storage::raft::backend::{RaftBackend, RaftOptions, RaftStartError};
+use crate::storage::raft::network;
+use crate::storage::raft::types::NodeAddr;
 
-#[derive(Debug, Clone)]
+/// Where a node keeps its resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageKind {
+    /// Raft-replicated, durable in LMDB under the data directory.
+    #[default]
+    Raft,
+    /// One process, nothing survives a restart: for experiments and tests.
+    Memory,
+}
+
+/// Everything a node needs to start. Also the shape of the YAML config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
+    pub node_id: u64,
+    pub data_dir: Option<PathBuf>,
     /// Address of the public gRPC API; port 0 picks a free port.
     pub api_addr: SocketAddr,
+    /// Address of the internal raft service; port 0 picks a free port.
+    pub raft_addr: SocketAddr,
+    /// Initialize a new cluster with this node as its first voter (ignored once initialized).
+    pub bootstrap: bool,
+    /// API address of a member to join through.
+    pub join: Option<String>,
+    pub storage: StorageKind,
+    /// Build a raft snapshot every this many applied entries.
+    pub snapshot_every: u64,
     /// Largest encoded resource a client may write.
     pub max_resource_bytes: usize,
+    /// How long a request waits for a leader during an election, in milliseconds.
+    pub forward_timeout_ms: u64,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
+            node_id: 1,
+            data_dir: None,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8502)),
+            raft_addr: SocketAddr::from(([127, 0, 0, 1], 8302)),
+            bootstrap: false,
+            join: None,
+            storage: StorageKind::Raft,
+            snapshot_every: 10_000,
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
+            forward_timeout_ms: 10_000,
         }
     }
 }
@@ -36,52 +83,109 @@ pub enum AgentError {
     #[error("invalid type registry: {0}")]
     Registry(#[from] RegistryError),
     #[error(
-        "cannot listen on {addr}: {source} (is another resd or program using the port? pick another with --api-addr)"
+        "cannot listen on {addr} for the {what}: {source} (is another program using the port? choose another address)"
     )]
     Bind {
+        what: &'static str,
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Raft(#[from] RaftStartError),
     #[error("cannot create the default partition and namespace: {0}")]
     Bootstrap(#[source] service::Error),
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
 
-/// A node that has bound its listener and is ready to serve.
+/// A node that has bound its listeners and is ready to serve.
 #[derive(Debug)]
 pub struct Agent {
-    listener: TcpListener,
+    config: AgentConfig,
+    api_listener: TcpListener,
+    raft: Option<(Arc<RaftBackend>, TcpListener)>,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     shutdown: CancellationToken,
 }
 
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AgentError::Bind { what, addr, source })
+}
+
 impl Agent {
-    /// Builds the node and binds its listener. Nothing is served until [`Agent::run`].
+    /// Builds the node and binds its listeners. Nothing is served until [`Agent::run`].
     pub async fn start(
         config: AgentConfig,
         shutdown: CancellationToken,
     ) -> Result<Agent, AgentError> {
         let registry = Arc::new(Registry::builtin()?);
-        let backend = Arc::new(InMemBackend::new());
+        let api_listener = bind("API", config.api_addr).await?;
+        let api_addr = api_listener
+            .local_addr()
+            .map_err(|source| AgentError::Bind {
+                what: "API",
+                addr: config.api_addr,
+                source,
+            })?;
+
+        let (backend, raft): (Arc<dyn Backend>, _) = match config.storage {
+            StorageKind::Memory => (Arc::new(InMemBackend::new()), None),
+            StorageKind::Raft => {
+                let Some(data_dir) = config.data_dir.clone() else {
+                    return Err(AgentError::Config(
+                        "--data-dir is required with raft storage (or run with --storage memory)"
+                            .into(),
+                    ));
+                };
+                if config.node_id == 0 {
+                    return Err(AgentError::Config("--node-id must be 1 or more".into()));
+                }
+                if config.bootstrap && config.join.is_some() {
+                    return Err(AgentError::Config(
+                        "--bootstrap and --join exclude each other: bootstrap the first node, join the others".into(),
+                    ));
+                }
+                let raft_listener = bind("raft service", config.raft_addr).await?;
+                let raft_addr = raft_listener
+                    .local_addr()
+                    .map_err(|source| AgentError::Bind {
+                        what: "raft service",
+                        addr: config.raft_addr,
+                        source,
+                    })?;
+                let node = NodeAddr {
+                    api_addr: api_addr.to_string(),
+                    raft_addr: raft_addr.to_string(),
+                };
+                let mut options = RaftOptions::new(config.node_id, data_dir, node);
+                options.snapshot_every = config.snapshot_every.max(1);
+                options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
+                let backend = RaftBackend::open(options).await?;
+                (
+                    backend.clone() as Arc<dyn Backend>,
+                    Some((backend, raft_listener)),
+                )
+            }
+        };
         let service = ResourceService::new(backend, registry)
             .with_max_resource_bytes(config.max_resource_bytes)
             .with_shutdown(shutdown.clone());
-        service
-            .ensure_default_tenancy()
-            .await
-            .map_err(AgentError::Bootstrap)?;
-        let listener =
-            TcpListener::bind(config.api_addr)
+        if raft.is_none() {
+            service
+                .ensure_default_tenancy()
                 .await
-                .map_err(|source| AgentError::Bind {
-                    addr: config.api_addr,
-                    source,
-                })?;
+                .map_err(AgentError::Bootstrap)?;
+        }
         Ok(Agent {
-            listener,
+            config,
+            api_listener,
+            raft,
             service: Arc::new(service),
             tokens: Arc::new(AclsDisabled),
             shutdown,
@@ -90,12 +194,177 @@ impl Agent {
 
     /// The address the API listens on (the real port when the config asked for port 0).
     pub fn api_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.api_listener.local_addr()
+    }
+
+    /// The address the raft service listens on, with raft storage.
+    pub fn raft_addr(&self) -> Option<SocketAddr> {
+        self.raft
+            .as_ref()
+            .and_then(|(_, listener)| listener.local_addr().ok())
     }
 
     /// Serves until the shutdown token is cancelled and every request has finished.
     pub async fn run(self) -> Result<(), AgentError> {
-        serve::serve(self.listener, self.service, self.tokens, self.shutdown).await?;
+        let api_addr = self.api_addr().map(|a| a.to_string()).unwrap_or_default();
+        let Some((raft, raft_listener)) = self.raft else {
+            let cluster = ClusterGrpc::new(self.service.registry().clone(), None, api_addr);
+            serve::serve(
+                self.api_listener,
+                self.service,
+                self.tokens,
+                cluster,
+                self.shutdown,
+            )
+            .await?;
+            return Ok(());
+        };
+
+        let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+        {
+            let (raft, token) = (raft.clone(), self.shutdown.clone());
+            let handle = raft.raft().clone();
+            tasks.push(tokio::spawn(
+                async move {
+                    if let Err(error) =
+                        network::serve(raft_listener, handle, raft, token.clone()).await
+                    {
+                        tracing::error!(%error, "the raft service stopped; shutting down");
+                        token.cancel();
+                    }
+                }
+                .in_current_span(),
+            ));
+        }
+        if self.config.bootstrap {
+            match raft.bootstrap().await {
+                Ok(true) => tracing::info!(node_id = raft.id(), "initialized a new cluster"),
+                Ok(false) => tracing::info!(
+                    "the cluster is already initialized; --bootstrap has nothing to do"
+                ),
+                Err(error) => tracing::error!(%error, "cannot initialize the cluster"),
+            }
+        }
+        if let Some(target) = self.config.join.clone() {
+            tasks.push(tokio::spawn(
+                join_until_member(raft.clone(), target, self.shutdown.clone()).in_current_span(),
+            ));
+        }
+        if self.config.bootstrap {
+            // The first node creates the default tenancy before it takes requests, so no early
+            // client write meets a missing namespace.
+            default_tenancy_when_ready(self.service.clone(), self.shutdown.clone()).await;
+        } else {
+            tasks.push(tokio::spawn(
+                default_tenancy_when_ready(self.service.clone(), self.shutdown.clone())
+                    .in_current_span(),
+            ));
+        }
+
+        let cluster = ClusterGrpc::new(
+            self.service.registry().clone(),
+            Some(raft.clone()),
+            api_addr,
+        );
+        let served = serve::serve(
+            self.api_listener,
+            self.service,
+            self.tokens,
+            cluster,
+            self.shutdown.clone(),
+        )
+        .await;
+        self.shutdown.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        raft.shutdown().await;
+        served?;
         Ok(())
     }
+}
+
+/// Asks `target` to add this node until it is a voter or the node shuts down.
+async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: CancellationToken) {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        if raft.is_voter(raft.id()) {
+            tracing::info!("this node is a voter of the cluster");
+            return;
+        }
+        let request = JoinRequest {
+            node_id: raft.id(),
+            api_addr: raft.node().api_addr.clone(),
+            raft_addr: raft.node().raft_addr.clone(),
+        };
+        let attempt = async {
+            let mut client = ClusterServiceClient::connect(format!("http://{target}"))
+                .await
+                .map_err(|error| format!("cannot reach {target}: {error}"))?;
+            client
+                .join(request)
+                .await
+                .map(|reply| reply.into_inner().leader_id)
+                .map_err(|status| format!("{target} refused the join: {}", status.message()))
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = attempt => match result {
+                Ok(leader) => {
+                    tracing::info!(leader, "joined the cluster");
+                    return;
+                }
+                Err(why) => tracing::warn!(retry_in = ?pause, "joining through {target} failed: {why}"),
+            },
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Creates the default tenancy once the cluster can take writes (a no-op when it exists).
+async fn default_tenancy_when_ready(service: Arc<ResourceService>, shutdown: CancellationToken) {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = service.ensure_default_tenancy() => match result {
+                Ok(()) => return,
+                Err(error) => tracing::debug!(%error, "default tenancy not ensured yet; retrying"),
+            },
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Configs of a local cluster of `size` nodes under `base_dir`: node 1 bootstraps, the others
+/// join it. Ports count up from the bases (0 picks free ports).
+pub fn dev_cluster(
+    base_dir: &std::path::Path,
+    size: u64,
+    api_port: u16,
+    raft_port: u16,
+) -> Vec<AgentConfig> {
+    (1..=size)
+        .map(|node_id| {
+            let offset = (node_id - 1) as u16;
+            let port = |base: u16| if base == 0 { 0 } else { base + offset };
+            AgentConfig {
+                node_id,
+                data_dir: Some(base_dir.join(format!("node{node_id}"))),
+                api_addr: SocketAddr::from(([127, 0, 0, 1], port(api_port))),
+                raft_addr: SocketAddr::from(([127, 0, 0, 1], port(raft_port))),
+                bootstrap: node_id == 1,
+                join: None,
+                ..AgentConfig::default()
+            }
+        })
+        .collect()
 }

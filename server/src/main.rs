@@ -1,12 +1,15 @@
-//! The `resd` binary: parses flags, installs logging and signal handling, runs the agent.
+//! The `resd` binary: parses flags and the config file, installs logging and signal handling,
+//! runs one agent (`resd agent`) or a local three-node cluster (`resd dev`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use server::agent::{Agent, AgentConfig};
+use clap::{Parser, Subcommand, ValueEnum};
+use server::agent::{Agent, AgentConfig, StorageKind};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// resd: a cluster server for typed, versioned resources.
 #[derive(Debug, Parser)]
@@ -18,20 +21,76 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a server node (in-memory storage for now: data does not survive a restart).
+    /// Run one server node.
     Agent(AgentArgs),
+    /// Run a three-node cluster on loopback with temporary data directories.
+    Dev(DevArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StorageArg {
+    /// Raft-replicated, durable in LMDB (needs --data-dir).
+    Raft,
+    /// In memory, one node, nothing survives a restart.
+    Memory,
 }
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
-    /// Address of the gRPC API (resource and cluster services, health, reflection); port 0 picks
-    /// a free port.
-    #[arg(long, env = "RESD_API_ADDR", default_value = "127.0.0.1:8502")]
-    api_addr: SocketAddr,
+    /// YAML config file with the same settings as the flags (snake_case keys); flags win.
+    #[arg(long, env = "RESD_CONFIG")]
+    config: Option<PathBuf>,
 
-    /// Largest encoded resource a client may write, in bytes.
-    #[arg(long, env = "RESD_MAX_RESOURCE_BYTES", default_value_t = server::service::DEFAULT_MAX_RESOURCE_BYTES)]
-    max_resource_bytes: usize,
+    /// This node's id in the cluster (1 or more, unique).
+    #[arg(long, env = "RESD_NODE_ID")]
+    node_id: Option<u64>,
+
+    /// Directory for the raft log, the state machine and snapshots.
+    #[arg(long, env = "RESD_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+
+    /// Address of the gRPC API (resource and cluster services, health, reflection) [default: 127.0.0.1:8502].
+    #[arg(long, env = "RESD_API_ADDR")]
+    api_addr: Option<SocketAddr>,
+
+    /// Address of the internal raft service other nodes connect to [default: 127.0.0.1:8302].
+    #[arg(long, env = "RESD_RAFT_ADDR")]
+    raft_addr: Option<SocketAddr>,
+
+    /// Start a new cluster with this node as its first member (no-op once initialized).
+    #[arg(long)]
+    bootstrap: bool,
+
+    /// Join the cluster through the API address of one of its members.
+    #[arg(long, value_name = "API_ADDR", conflicts_with = "bootstrap")]
+    join: Option<String>,
+
+    /// Where resources are kept [default: raft].
+    #[arg(long, value_enum, env = "RESD_STORAGE")]
+    storage: Option<StorageArg>,
+
+    /// Build a raft snapshot every this many applied entries [default: 10000].
+    #[arg(long)]
+    snapshot_every: Option<u64>,
+
+    /// Largest encoded resource a client may write, in bytes [default: 4194304].
+    #[arg(long, env = "RESD_MAX_RESOURCE_BYTES")]
+    max_resource_bytes: Option<usize>,
+}
+
+#[derive(Debug, clap::Args)]
+struct DevArgs {
+    /// API port of node 1; nodes 2 and 3 use the next ports (0 picks free ports).
+    #[arg(long, default_value_t = 8502)]
+    api_port: u16,
+
+    /// Raft port of node 1; nodes 2 and 3 use the next ports (0 picks free ports).
+    #[arg(long, default_value_t = 8302)]
+    raft_port: u16,
+
+    /// Keep the data directories instead of deleting them on exit.
+    #[arg(long)]
+    keep: bool,
 }
 
 fn main() -> ExitCode {
@@ -39,7 +98,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -57,6 +116,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Agent(args) => run_agent(args).await,
+            Command::Dev(args) => run_dev(args).await,
         }
     });
     match result {
@@ -68,21 +128,65 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    let config = AgentConfig {
-        api_addr: args.api_addr,
-        max_resource_bytes: args.max_resource_bytes,
+fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            serde_yaml_ng::from_str::<AgentConfig>(&text)
+                .with_context(|| format!("invalid config file {}", path.display()))?
+        }
+        None => AgentConfig::default(),
     };
+    if let Some(node_id) = args.node_id {
+        config.node_id = node_id;
+    }
+    if args.data_dir.is_some() {
+        config.data_dir = args.data_dir;
+    }
+    if let Some(addr) = args.api_addr {
+        config.api_addr = addr;
+    }
+    if let Some(addr) = args.raft_addr {
+        config.raft_addr = addr;
+    }
+    if args.bootstrap {
+        config.bootstrap = true;
+        config.join = None;
+    }
+    if args.join.is_some() {
+        config.join = args.join;
+        config.bootstrap = false;
+    }
+    if let Some(storage) = args.storage {
+        config.storage = match storage {
+            StorageArg::Raft => StorageKind::Raft,
+            StorageArg::Memory => StorageKind::Memory,
+        };
+    }
+    if let Some(every) = args.snapshot_every {
+        config.snapshot_every = every;
+    }
+    if let Some(bytes) = args.max_resource_bytes {
+        config.max_resource_bytes = bytes;
+    }
+    Ok(config)
+}
+
+#[allow(clippy::print_stdout)]
+async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let config = agent_config(args)?;
+    let storage = config.storage;
     let shutdown = CancellationToken::new();
     let agent = Agent::start(config, shutdown.clone()).await?;
     let api_addr = agent
         .api_addr()
         .context("cannot read the bound API address")?;
-    tracing::info!(%api_addr, storage = "memory", "resd agent serving gRPC");
-    // One line on stdout for scripts and tests that start resd on port 0.
-    #[allow(clippy::print_stdout)]
-    {
-        println!("resd: serving gRPC on {api_addr}");
+    tracing::info!(%api_addr, raft_addr = ?agent.raft_addr(), ?storage, "resd agent serving gRPC");
+    // Lines on stdout for scripts and tests that start resd on port 0.
+    println!("resd: serving gRPC on {api_addr}");
+    if let Some(raft_addr) = agent.raft_addr() {
+        println!("resd: raft on {raft_addr}");
     }
 
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
@@ -93,6 +197,72 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     served?;
     tracing::info!("resd agent stopped cleanly");
     Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+    let base = tempfile::Builder::new()
+        .prefix("resd-dev-")
+        .tempdir()
+        .context("cannot create a temporary data directory")?;
+    let shutdown = CancellationToken::new();
+    let mut configs = server::agent::dev_cluster(base.path(), 3, args.api_port, args.raft_port);
+    let mut agents = Vec::new();
+    let mut first_api = None;
+    for config in configs.iter_mut() {
+        config.join = first_api.clone();
+        let agent = Agent::start(config.clone(), shutdown.clone())
+            .await
+            .with_context(|| format!("cannot start node {}", config.node_id))?;
+        let api_addr = agent
+            .api_addr()
+            .context("cannot read the bound API address")?;
+        first_api.get_or_insert_with(|| api_addr.to_string());
+        println!(
+            "node {}  api {}  raft {}  data {}",
+            config.node_id,
+            api_addr,
+            agent.raft_addr().map(|a| a.to_string()).unwrap_or_default(),
+            config
+                .data_dir
+                .as_deref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default()
+        );
+        agents.push((config.node_id, agent));
+    }
+    println!(
+        "resd: 3-node dev cluster running; connect to any API address (e.g. grpcurl -plaintext {} list). Ctrl-C stops it.",
+        first_api.unwrap_or_default()
+    );
+
+    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    let mut running = Vec::new();
+    for (node_id, agent) in agents {
+        running.push(tokio::spawn(
+            agent
+                .run()
+                .instrument(tracing::info_span!("node", id = node_id)),
+        ));
+    }
+    let mut failure = None;
+    for task in running {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => failure = Some(anyhow::Error::from(error)),
+            Err(error) => failure = Some(anyhow::anyhow!("a node task failed: {error}")),
+        }
+    }
+    signals.abort();
+    let _ = signals.await;
+    if args.keep {
+        let kept = base.keep();
+        println!("resd: data kept in {}", kept.display());
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
 }
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM.

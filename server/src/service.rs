@@ -18,6 +18,7 @@ use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
 use validate::{Violations, Wildcards};
 
+pub mod cluster;
 mod delete;
 mod error;
 pub mod grpc;

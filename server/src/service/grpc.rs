@@ -3,9 +3,6 @@
 
 use std::sync::Arc;
 
-use proto::cluster::v1::{
-    self as cluster_pb, ListTypesRequest, ListTypesResponse, TypeInfo, cluster_service_server,
-};
 use proto::resource::v1::{
     DeleteRequest, DeleteResponse, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
     ListResponse, MutateAndValidateRequest, MutateAndValidateResponse, ReadRequest, ReadResponse,
@@ -17,7 +14,6 @@ use tonic::{Request, Response, Status};
 use super::read::WatchStream;
 use super::{Error, ResourceService};
 use crate::acl::{Authorizer, TokenResolver};
-use crate::registry::{Registry, Scope};
 use crate::storage::Consistency;
 
 /// Metadata key of the ACL token.
@@ -167,44 +163,5 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             .mutate_and_validate(authorizer.as_ref(), request.into_inner())
             .await?;
         Ok(Response::new(response))
-    }
-}
-
-/// `resd.cluster.v1.ClusterService`.
-#[derive(Debug, Clone)]
-pub struct ClusterGrpc {
-    registry: Arc<Registry>,
-}
-
-impl ClusterGrpc {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        ClusterGrpc { registry }
-    }
-}
-
-#[tonic::async_trait]
-impl cluster_service_server::ClusterService for ClusterGrpc {
-    async fn list_types(
-        &self,
-        _request: Request<ListTypesRequest>,
-    ) -> Result<Response<ListTypesResponse>, Status> {
-        let types = self
-            .registry
-            .types()
-            .map(|registration| TypeInfo {
-                r#type: Some(registration.resource_type.clone()),
-                scope: match registration.scope {
-                    Scope::Cluster => cluster_pb::Scope::Cluster,
-                    Scope::Partition => cluster_pb::Scope::Partition,
-                    Scope::Namespace => cluster_pb::Scope::Namespace,
-                    Scope::Any => cluster_pb::Scope::Any,
-                } as i32,
-                message_name: registration.message_name.clone(),
-            })
-            .collect();
-        Ok(Response::new(ListTypesResponse {
-            types,
-            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
-        }))
     }
 }

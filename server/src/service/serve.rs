@@ -10,7 +10,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use super::ResourceService;
-use super::grpc::{ClusterGrpc, ResourceGrpc};
+use super::cluster::ClusterGrpc;
+use super::grpc::ResourceGrpc;
 use crate::acl::TokenResolver;
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
@@ -31,10 +32,10 @@ pub async fn serve(
     listener: TcpListener,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
+    cluster: ClusterGrpc,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
-    let registry = service.registry().clone();
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -55,7 +56,7 @@ pub async fn serve(
 
     let resource_service = ResourceServiceServer::new(ResourceGrpc::new(service, tokens))
         .max_decoding_message_size(max_message);
-    let cluster_service = ClusterServiceServer::new(ClusterGrpc::new(registry));
+    let cluster_service = ClusterServiceServer::new(cluster);
 
     let stopping = shutdown.clone();
     let reporter = health_reporter.clone();

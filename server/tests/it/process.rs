@@ -1,100 +1,159 @@
-//! Starting and stopping `resd` processes for tests.
+//! Starting and stopping `resd` processes for tests: single nodes and multi-process clusters on
+//! loopback, each node with its own data directory, stopped by PID.
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+use proto::cluster::v1::{Role, StatusRequest, StatusResponse};
 use proto::resource::v1::resource_service_client::ResourceServiceClient;
 use tonic::transport::Channel;
 
 /// How long a starting resd may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping resd may take to exit.
-const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A `resd agent` process on a free loopback port. Killed by its PID when dropped.
+/// A `resd agent` process. Killed by its PID when dropped.
 pub struct Resd {
-    child: Child,
+    child: Option<Child>,
+    args: Vec<String>,
     pub api_addr: SocketAddr,
+    _data: Option<tempfile::TempDir>,
+}
+
+/// A free loopback port (bound and released; good enough for tests on one machine).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
 }
 
 impl Resd {
+    /// A single-node Raft cluster in its own temporary data directory.
     pub fn start() -> Resd {
         Self::start_with(&[])
     }
 
     pub fn start_with(extra_args: &[&str]) -> Resd {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
-            .args(["agent", "--api-addr", "127.0.0.1:0"])
-            .args(extra_args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn resd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if let Some(addr) = line.strip_prefix("resd: serving gRPC on ") {
-                    let _ = sender.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let addr = match receiver.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("resd did not report its address within {START_TIMEOUT:?}");
-            }
-        };
+        let data = tempfile::tempdir().expect("temp dir");
+        let mut args = vec![
+            "--node-id".to_owned(),
+            "1".to_owned(),
+            "--data-dir".to_owned(),
+            data.path().display().to_string(),
+            "--api-addr".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--raft-addr".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--bootstrap".to_owned(),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        let mut resd = Self::spawn(args);
+        resd._data = Some(data);
+        resd
+    }
+
+    /// A node with in-memory storage.
+    pub fn start_memory(extra_args: &[&str]) -> Resd {
+        let mut args = vec![
+            "--storage".to_owned(),
+            "memory".to_owned(),
+            "--api-addr".to_owned(),
+            "127.0.0.1:0".to_owned(),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        Self::spawn(args)
+    }
+
+    /// Starts `resd agent ARGS` and waits for it to report its API address.
+    pub fn spawn(args: Vec<String>) -> Resd {
+        let (child, api_addr) = launch(&args);
         Resd {
-            child,
-            api_addr: addr.parse().expect("resd prints a socket address"),
+            child: Some(child),
+            args,
+            api_addr,
+            _data: None,
         }
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub async fn channel(&self) -> Channel {
         Channel::from_shared(format!("http://{}", self.api_addr))
             .expect("valid uri")
             .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
             .connect()
             .await
             .expect("connect to resd")
     }
 
     pub async fn resources(&self) -> ResourceServiceClient<Channel> {
-        ResourceServiceClient::new(self.channel().await).max_decoding_message_size(16 * 1024 * 1024)
+        ResourceServiceClient::new(self.channel().await).max_decoding_message_size(64 * 1024 * 1024)
     }
 
     pub async fn cluster(&self) -> ClusterServiceClient<Channel> {
         ClusterServiceClient::new(self.channel().await)
     }
 
-    /// Sends SIGTERM to this process (by PID) and waits for it to exit.
+    pub async fn status(&self) -> Option<StatusResponse> {
+        let channel = Channel::from_shared(format!("http://{}", self.api_addr))
+            .ok()?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .ok()?;
+        ClusterServiceClient::new(channel)
+            .status(StatusRequest {})
+            .await
+            .ok()
+            .map(|reply| reply.into_inner())
+    }
+
+    /// Sends SIGTERM (by PID) and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
+        let pid = self.pid().expect("running");
         let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args(["-TERM", &pid.to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -TERM {} failed", self.pid());
+        assert!(status.success(), "kill -TERM {pid} failed");
         self.wait_exit(STOP_TIMEOUT)
             .expect("resd exits after SIGTERM")
+    }
+
+    /// SIGKILL: the process gets no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same command line again (same data directory and addresses).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the node before restarting it");
+        let (child, api_addr) = launch(&self.args);
+        self.child = Some(child);
+        self.api_addr = api_addr;
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
                 return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -103,11 +162,166 @@ impl Resd {
     }
 }
 
+fn launch(args: &[String]) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
+        .arg("agent")
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn resd");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Some(addr) = line.strip_prefix("resd: serving gRPC on ") {
+                let _ = sender.send(addr.trim().to_owned());
+            }
+        }
+    });
+    let addr = match receiver.recv_timeout(START_TIMEOUT) {
+        Ok(addr) => addr,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
+        }
+    };
+    (child, addr.parse().expect("resd prints a socket address"))
+}
+
 impl Drop for Resd {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        self.kill9();
+    }
+}
+
+/// A cluster of `resd` processes on fixed loopback ports, so nodes keep their addresses across
+/// restarts.
+pub struct Cluster {
+    pub nodes: Vec<Resd>,
+    base: tempfile::TempDir,
+    first_api: SocketAddr,
+}
+
+impl Cluster {
+    /// Node 1 bootstraps; the others join it.
+    pub async fn start(size: usize, extra_args: &[&str]) -> Cluster {
+        let base = tempfile::tempdir().expect("temp dir");
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            first_api: SocketAddr::from(([127, 0, 0, 1], 0)),
+            base,
+        };
+        for _ in 0..size {
+            cluster.add_node(extra_args).await;
         }
+        cluster.wait_for_members(size).await;
+        cluster
+    }
+
+    fn node_args(
+        dir: &Path,
+        node_id: usize,
+        join: Option<SocketAddr>,
+        extra_args: &[&str],
+    ) -> Vec<String> {
+        let mut args = vec![
+            "--node-id".to_owned(),
+            node_id.to_string(),
+            "--data-dir".to_owned(),
+            dir.join(format!("node{node_id}")).display().to_string(),
+            "--api-addr".to_owned(),
+            format!("127.0.0.1:{}", free_port()),
+            "--raft-addr".to_owned(),
+            format!("127.0.0.1:{}", free_port()),
+        ];
+        match join {
+            None => args.push("--bootstrap".to_owned()),
+            Some(addr) => args.extend(["--join".to_owned(), addr.to_string()]),
+        }
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        args
+    }
+
+    /// Starts one more node (node 1 bootstraps, later ones join through node 1).
+    pub async fn add_node(&mut self, extra_args: &[&str]) -> usize {
+        let node_id = self.nodes.len() + 1;
+        let join = (node_id > 1).then_some(self.first_api);
+        let node = Resd::spawn(Self::node_args(self.base.path(), node_id, join, extra_args));
+        if node_id == 1 {
+            self.first_api = node.api_addr;
+        }
+        self.nodes.push(node);
+        node_id - 1
+    }
+
+    /// Waits until one running node is leader and reports `size` voters.
+    pub async fn wait_for_members(&self, size: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(leader) = self.leader().await
+                && let Ok(reply) = self.nodes[leader]
+                    .cluster()
+                    .await
+                    .members(proto::cluster::v1::MembersRequest {})
+                    .await
+                && reply.get_ref().members.iter().filter(|m| m.voter).count() == size
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the cluster did not reach {size} voters within 60s");
+    }
+
+    /// Index of the node that is leader now, asking every running node.
+    pub async fn leader(&self) -> Option<usize> {
+        for (index, node) in self.nodes.iter().enumerate() {
+            if node.child.is_none() {
+                continue;
+            }
+            if let Some(status) = node.status().await
+                && status.role == Role::Leader as i32
+            {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    /// Waits for a leader among the running nodes.
+    pub async fn wait_for_leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(leader) = self.leader().await {
+                return leader;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no leader within 60s");
+    }
+
+    /// Waits until every running node has applied at least `index`.
+    pub async fn wait_for_applied(&self, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        'waiting: while Instant::now() < deadline {
+            for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+                match node.status().await {
+                    Some(status) if status.applied_index >= index => {}
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue 'waiting;
+                    }
+                }
+            }
+            return;
+        }
+        panic!("not every node applied index {index} within 60s");
     }
 }

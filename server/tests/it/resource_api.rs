@@ -245,7 +245,7 @@ async fn an_oversized_resource_gets_a_clear_error_not_a_transport_failure() {
 
 #[tokio::test]
 async fn the_resource_limit_is_configurable() {
-    let resd = Resd::start_with(&["--max-resource-bytes", "1024"]);
+    let resd = Resd::start_memory(&["--max-resource-bytes", "1024"]);
     let mut client = resd.resources().await;
     let mut big = artist("big");
     big.metadata.insert("blob".into(), "x".repeat(2048));

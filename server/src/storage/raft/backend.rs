@@ -80,6 +80,8 @@ pub struct RaftBackend {
     forward_timeout: Duration,
     /// Clients of peers' raft services, by raft address.
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
+    /// One membership change at a time: raft refuses a change while another is in flight.
+    membership: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -89,6 +91,42 @@ impl std::fmt::Debug for RaftBackend {
             .field("node", &self.node)
             .finish_non_exhaustive()
     }
+}
+
+/// A node's raft role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+/// What a node knows about itself and the cluster.
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    pub node_id: NodeId,
+    pub node: NodeAddr,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<(NodeId, NodeAddr)>,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub snapshot_index: u64,
+}
+
+/// A member as the leader sees it.
+#[derive(Debug, Clone)]
+pub struct MemberStatus {
+    pub node_id: NodeId,
+    pub node: NodeAddr,
+    pub voter: bool,
+    pub leader: bool,
+    /// Highest index the leader knows the member holds; `None` if it has not heard from it.
+    pub match_index: Option<u64>,
+    pub lag: Option<u64>,
 }
 
 /// One try at serving a request: done (either way), or worth retrying (no or another leader).
@@ -149,6 +187,7 @@ impl RaftBackend {
             log_stats,
             forward_timeout: options.forward_timeout,
             peers: Mutex::new(HashMap::new()),
+            membership: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -170,6 +209,77 @@ impl RaftBackend {
 
     pub fn log_stats(&self) -> &LogStats {
         &self.log_stats
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let role = match metrics.state {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Follower => Role::Follower,
+            openraft::ServerState::Candidate => Role::Candidate,
+            openraft::ServerState::Learner => Role::Learner,
+            openraft::ServerState::Shutdown => Role::Shutdown,
+        };
+        let leader = metrics
+            .current_leader
+            .map(|id| (id, membership.get_node(&id).cloned().unwrap_or_default()));
+        let applied_index = metrics.last_applied.map(|l| l.index).unwrap_or(0);
+        NodeStatus {
+            node_id: self.id,
+            node: self.node.clone(),
+            role,
+            term: metrics.current_term,
+            leader,
+            commit_index: self
+                .log_stats
+                .committed
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(applied_index),
+            applied_index,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            snapshot_index: metrics.snapshot.map(|l| l.index).unwrap_or(0),
+        }
+    }
+
+    /// Every member with its replication progress. Progress is known on the leader only; other
+    /// nodes report members without it.
+    pub fn members(&self) -> Vec<MemberStatus> {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last_log = metrics.last_log_index.unwrap_or(0);
+        membership
+            .nodes()
+            .map(|(id, node)| {
+                let match_index = match &metrics.replication {
+                    None => None,
+                    Some(_) if *id == self.id => Some(last_log),
+                    Some(replication) => replication
+                        .get(id)
+                        .copied()
+                        .flatten()
+                        .map(|log_id| log_id.index),
+                };
+                MemberStatus {
+                    node_id: *id,
+                    node: node.clone(),
+                    voter: voters.contains(id),
+                    leader: metrics.current_leader == Some(*id),
+                    match_index,
+                    lag: match_index.map(|index| last_log.saturating_sub(index)),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether a node is already a voter with these addresses.
+    pub fn is_voter(&self, id: NodeId) -> bool {
+        self.metrics()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|voter| voter == id)
     }
 
     /// Initializes a new single-voter cluster of this node, unless this node already belongs to
@@ -394,6 +504,7 @@ impl RaftBackend {
     /// Adds a node as a learner, waits for it to catch up, then makes it a voter. Must run on
     /// the leader.
     pub async fn add_voter(&self, id: NodeId, node: NodeAddr) -> Result<(), String> {
+        let _one_at_a_time = self.membership.lock().await;
         self.raft
             .add_learner(id, node, true)
             .await
@@ -407,6 +518,7 @@ impl RaftBackend {
 
     /// Removes a node from the voters and the cluster. Must run on the leader.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), String> {
+        let _one_at_a_time = self.membership.lock().await;
         self.raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
             .await

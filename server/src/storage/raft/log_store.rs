@@ -48,8 +48,12 @@ struct LogInner {
 /// Counters for benchmarks and metrics.
 #[derive(Debug, Default)]
 pub struct LogStats {
+    /// LMDB commits of the log (each one fsync).
     pub commits: AtomicU64,
+    /// Entries written by those commits.
     pub entries: AtomicU64,
+    /// The last committed index openraft reported.
+    pub committed: AtomicU64,
 }
 
 /// What readers see beyond the disk: entries queued but not yet committed, and the bounds of the
@@ -368,6 +372,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        if let Some(log_id) = committed {
+            self.inner
+                .stats
+                .committed
+                .fetch_max(log_id.index, Ordering::Relaxed);
+        }
         // Not needed for safety; written with the next batch.
         self.send(WriteOp::Meta {
             key: schema::META_COMMITTED,

@@ -1,0 +1,268 @@
+//! `resd.cluster.v1.ClusterService`: the published type registry, node status, membership.
+//!
+//! Members, Join and Remove need the leader; a follower forwards them to the leader's API
+//! address.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+use proto::cluster::v1::{
+    self as pb, JoinRequest, JoinResponse, ListTypesRequest, ListTypesResponse, MembersRequest,
+    MembersResponse, RemoveRequest, RemoveResponse, StatusRequest, StatusResponse, TypeInfo,
+    cluster_service_server,
+};
+use tonic::{Request, Response, Status};
+
+use crate::registry::{Registry, Scope};
+use crate::storage::raft::backend::{RaftBackend, Role};
+use crate::storage::raft::types::NodeAddr;
+
+/// How long a forwarded membership call may take (adding a voter waits for it to catch up).
+const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+pub struct ClusterGrpc {
+    registry: Arc<Registry>,
+    raft: Option<Arc<RaftBackend>>,
+    /// This node's API address, for the standalone (in-memory) status.
+    api_addr: String,
+}
+
+impl ClusterGrpc {
+    pub fn new(registry: Arc<Registry>, raft: Option<Arc<RaftBackend>>, api_addr: String) -> Self {
+        ClusterGrpc {
+            registry,
+            raft,
+            api_addr,
+        }
+    }
+
+    fn raft(&self) -> Result<&Arc<RaftBackend>, Status> {
+        self.raft.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one",
+            )
+        })
+    }
+
+    /// The leader's API address when another node leads; `None` when this node leads.
+    fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<String>, Status> {
+        let status = raft.status();
+        match status.leader {
+            Some((id, _)) if id == status.node_id => Ok(None),
+            Some((id, node)) if !node.api_addr.is_empty() => {
+                Ok(Some(node.api_addr)).inspect(|_| {
+                    tracing::debug!(leader = id, "forwarding a membership call to the leader");
+                })
+            }
+            Some((id, _)) => Err(Status::unavailable(format!(
+                "leader {id} has no known API address"
+            ))),
+            None => Err(Status::unavailable(
+                "no raft leader is elected right now; retry shortly",
+            )),
+        }
+    }
+
+    async fn leader_client(
+        &self,
+        api_addr: &str,
+    ) -> Result<ClusterServiceClient<tonic::transport::Channel>, Status> {
+        let endpoint = tonic::transport::Channel::from_shared(format!("http://{api_addr}"))
+            .map_err(|error| {
+                Status::internal(format!("invalid leader address {api_addr:?}: {error}"))
+            })?
+            .connect_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect().await.map_err(|error| {
+            Status::unavailable(format!("cannot reach the leader at {api_addr}: {error}"))
+        })?;
+        Ok(ClusterServiceClient::new(channel))
+    }
+}
+
+fn role(role: Role) -> pb::Role {
+    match role {
+        Role::Leader => pb::Role::Leader,
+        Role::Follower => pb::Role::Follower,
+        Role::Candidate => pb::Role::Candidate,
+        Role::Learner => pb::Role::Learner,
+        Role::Shutdown => pb::Role::Shutdown,
+    }
+}
+
+fn timed<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(MEMBERSHIP_TIMEOUT);
+    request
+}
+
+#[tonic::async_trait]
+impl cluster_service_server::ClusterService for ClusterGrpc {
+    async fn list_types(
+        &self,
+        _request: Request<ListTypesRequest>,
+    ) -> Result<Response<ListTypesResponse>, Status> {
+        let types = self
+            .registry
+            .types()
+            .map(|registration| TypeInfo {
+                r#type: Some(registration.resource_type.clone()),
+                scope: match registration.scope {
+                    Scope::Cluster => pb::Scope::Cluster,
+                    Scope::Partition => pb::Scope::Partition,
+                    Scope::Namespace => pb::Scope::Namespace,
+                    Scope::Any => pb::Scope::Any,
+                } as i32,
+                message_name: registration.message_name.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListTypesResponse {
+            types,
+            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let Some(raft) = &self.raft else {
+            return Ok(Response::new(StatusResponse {
+                node_id: 0,
+                api_addr: self.api_addr.clone(),
+                role: pb::Role::Standalone as i32,
+                storage: "memory".into(),
+                ..Default::default()
+            }));
+        };
+        let status = raft.status();
+        let (leader_id, leader_api_addr) = status
+            .leader
+            .map(|(id, node)| (id, node.api_addr))
+            .unwrap_or_default();
+        Ok(Response::new(StatusResponse {
+            node_id: status.node_id,
+            api_addr: status.node.api_addr,
+            raft_addr: status.node.raft_addr,
+            role: role(status.role) as i32,
+            term: status.term,
+            leader_id,
+            leader_api_addr,
+            commit_index: status.commit_index,
+            applied_index: status.applied_index,
+            last_log_index: status.last_log_index,
+            storage: "raft".into(),
+            snapshot_index: status.snapshot_index,
+        }))
+    }
+
+    async fn members(
+        &self,
+        request: Request<MembersRequest>,
+    ) -> Result<Response<MembersResponse>, Status> {
+        let raft = self.raft()?;
+        if let Some(leader) = self.leader_elsewhere(raft)? {
+            return self
+                .leader_client(&leader)
+                .await?
+                .members(request.into_inner())
+                .await;
+        }
+        let status = raft.status();
+        let members = raft
+            .members()
+            .into_iter()
+            .map(|member| pb::Member {
+                node_id: member.node_id,
+                api_addr: member.node.api_addr,
+                raft_addr: member.node.raft_addr,
+                voter: member.voter,
+                leader: member.leader,
+                match_index: member.match_index.unwrap_or(0),
+                lag: member.lag.unwrap_or(0),
+                reachable: member.match_index.is_some(),
+            })
+            .collect();
+        Ok(Response::new(MembersResponse {
+            members,
+            leader_id: status.node_id,
+            term: status.term,
+        }))
+    }
+
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let raft = self.raft()?;
+        let join = request.into_inner();
+        if join.node_id == 0 {
+            return Err(Status::invalid_argument(
+                "node_id is required and must not be 0",
+            ));
+        }
+        if join.raft_addr.is_empty() || join.api_addr.is_empty() {
+            return Err(Status::invalid_argument(
+                "api_addr and raft_addr are required",
+            ));
+        }
+        if let Some(leader) = self.leader_elsewhere(raft)? {
+            return self.leader_client(&leader).await?.join(timed(join)).await;
+        }
+        if raft.is_voter(join.node_id) {
+            let known = raft
+                .members()
+                .into_iter()
+                .find(|m| m.node_id == join.node_id);
+            if let Some(member) = known
+                && (member.node.raft_addr != join.raft_addr
+                    || member.node.api_addr != join.api_addr)
+            {
+                return Err(Status::already_exists(format!(
+                    "node {} is already a member with other addresses ({}); remove it first",
+                    join.node_id, member.node
+                )));
+            }
+        } else {
+            let node = NodeAddr {
+                api_addr: join.api_addr.clone(),
+                raft_addr: join.raft_addr.clone(),
+            };
+            tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
+            raft.add_voter(join.node_id, node)
+                .await
+                .map_err(Status::unavailable)?;
+        }
+        Ok(Response::new(JoinResponse {
+            leader_id: raft.id(),
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<RemoveRequest>,
+    ) -> Result<Response<RemoveResponse>, Status> {
+        let raft = self.raft()?;
+        let remove = request.into_inner();
+        if let Some(leader) = self.leader_elsewhere(raft)? {
+            return self
+                .leader_client(&leader)
+                .await?
+                .remove(timed(remove))
+                .await;
+        }
+        if !raft
+            .members()
+            .iter()
+            .any(|member| member.node_id == remove.node_id)
+        {
+            return Err(Status::not_found(format!(
+                "node {} is not a member",
+                remove.node_id
+            )));
+        }
+        tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
+        raft.remove_member(remove.node_id)
+            .await
+            .map_err(Status::unavailable)?;
+        Ok(Response::new(RemoveResponse {}))
+    }
+}
