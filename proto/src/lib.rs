@@ -6,9 +6,10 @@
 //! - [`cluster::v1`]: `ClusterService` (type registry publication);
 //! - [`raft::v1`]: internal replication and forwarding between servers;
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
-//!   types.
+//!   types;
+//! - [`snapshot`]: the operator snapshot file format.
 
-#![allow(clippy::all, unused_qualifications)]
+pub mod snapshot;
 
 /// Encoded `google.protobuf.FileDescriptorSet` of every resd `.proto` file and its imports.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
@@ -17,24 +18,28 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";
 
+#[allow(clippy::all, unused_qualifications)]
 pub mod resource {
     pub mod v1 {
         tonic::include_proto!("resd.resource.v1");
     }
 }
 
+#[allow(clippy::all, unused_qualifications)]
 pub mod cluster {
     pub mod v1 {
         tonic::include_proto!("resd.cluster.v1");
     }
 }
 
+#[allow(clippy::all, unused_qualifications)]
 pub mod tenancy {
     pub mod v1 {
         tonic::include_proto!("resd.tenancy.v1");
     }
 }
 
+#[allow(clippy::all, unused_qualifications)]
 pub mod internal {
     pub mod v1 {
         tonic::include_proto!("resd.internal.v1");
@@ -42,12 +47,14 @@ pub mod internal {
 }
 
 /// Internal: Raft replication and forwarding between servers.
+#[allow(clippy::all, unused_qualifications)]
 pub mod raft {
     pub mod v1 {
         tonic::include_proto!("resd.raft.v1");
     }
 }
 
+#[allow(clippy::all, unused_qualifications)]
 pub mod demo {
     pub mod v1 {
         tonic::include_proto!("resd.demo.v1");

@@ -9,14 +9,18 @@ use std::time::Duration;
 use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
 use proto::cluster::v1::{
     self as pb, JoinRequest, JoinResponse, ListTypesRequest, ListTypesResponse, MembersRequest,
-    MembersResponse, RemoveRequest, RemoveResponse, StatusRequest, StatusResponse, TypeInfo,
-    cluster_service_server,
+    MembersResponse, RemoveRequest, RemoveResponse, SnapshotData, SnapshotRestoreResponse,
+    SnapshotSaveRequest, StatusRequest, StatusResponse, TypeInfo, cluster_service_server,
 };
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
+use super::Error;
 use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
+
+/// Largest snapshot file a restore accepts (it is verified in memory before anything changes).
+pub const MAX_RESTORE_BYTES: usize = 1 << 30;
 
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -233,6 +237,87 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         }
         Ok(Response::new(JoinResponse {
             leader_id: raft.id(),
+        }))
+    }
+
+    type SnapshotSaveStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<SnapshotData, Status>> + Send>>;
+
+    async fn snapshot_save(
+        &self,
+        _request: Request<SnapshotSaveRequest>,
+    ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
+        let raft = self.raft()?;
+        let chunks = raft
+            .export()
+            .await
+            .map_err(|error| Status::from(Error::from(error)))?;
+        tracing::info!("streaming an operator snapshot");
+        let stream = futures::stream::unfold(chunks, |mut chunks| async move {
+            let chunk = chunks.recv().await?;
+            let item = chunk
+                .map(|data| SnapshotData { data })
+                .map_err(|error| Status::from(Error::from(error)));
+            Some((item, chunks))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn snapshot_restore(
+        &self,
+        request: Request<Streaming<SnapshotData>>,
+    ) -> Result<Response<SnapshotRestoreResponse>, Status> {
+        let raft = self.raft()?;
+        let mut chunks = request.into_inner();
+        let mut file = Vec::new();
+        while let Some(chunk) = chunks.message().await? {
+            if file.len() + chunk.data.len() > MAX_RESTORE_BYTES {
+                return Err(Status::resource_exhausted(format!(
+                    "the snapshot is larger than the {MAX_RESTORE_BYTES}-byte restore limit"
+                )));
+            }
+            file.extend_from_slice(&chunk.data);
+        }
+        // Verify everything before anything changes.
+        let (header, resources) = proto::snapshot::read(&file).map_err(|error| {
+            Status::invalid_argument(format!("snapshot rejected, nothing was changed: {error}"))
+        })?;
+        if let Some(position) = resources.iter().position(|r| {
+            r.id.as_ref()
+                .is_none_or(|id| id.uid.is_empty() || id.name.is_empty() || id.r#type.is_none())
+        }) {
+            return Err(Status::invalid_argument(format!(
+                "snapshot rejected, nothing was changed: record {position} has no complete id"
+            )));
+        }
+        if let Some(leader) = self.leader_elsewhere(raft)? {
+            let upload = futures::stream::iter(
+                file.chunks(1 << 20)
+                    .map(|piece| SnapshotData {
+                        data: piece.to_vec(),
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            let mut request = Request::new(upload);
+            request.set_timeout(MEMBERSHIP_TIMEOUT);
+            return self
+                .leader_client(&leader)
+                .await?
+                .snapshot_restore(request)
+                .await;
+        }
+        tracing::warn!(
+            resources = header.resource_count,
+            from_index = header.raft_index,
+            "restoring the cluster state from an operator snapshot"
+        );
+        let restored_index = raft
+            .restore(resources)
+            .await
+            .map_err(|error| Status::from(Error::from(error)))?;
+        Ok(Response::new(SnapshotRestoreResponse {
+            header: Some(header),
+            restored_index,
         }))
     }
 

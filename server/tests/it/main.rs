@@ -6,4 +6,5 @@ mod process;
 mod reflection;
 mod resource_api;
 mod shutdown;
+mod snapshot;
 mod tidy;

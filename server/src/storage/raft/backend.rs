@@ -437,6 +437,17 @@ impl RaftBackend {
                     Err(error) => failed(&error),
                 }),
             },
+            Some(Fwd::ReadIndex(_)) => match self.raft.ensure_linearizable().await {
+                Ok(read_log_id) => Attempt::done(response(FwdResponse::ReadIndex(
+                    read_log_id.map(|log_id| log_id.index).unwrap_or(0),
+                ))),
+                Err(RaftError::APIError(error)) => {
+                    Attempt::Retry(format!("not the leader: {error}"))
+                }
+                Err(RaftError::Fatal(fatal)) => Attempt::done(failed(&StorageError::Inconsistent(
+                    format!("raft stopped: {fatal}"),
+                ))),
+            },
             Some(Fwd::List(query)) => match self.linearize().await {
                 Err(attempt) => attempt,
                 Ok(()) => {
@@ -528,6 +539,114 @@ impl RaftBackend {
             .await
             .map_err(|error| format!("cannot remove node {id}: {error}"))?;
         Ok(())
+    }
+
+    /// Waits until this node has applied every write committed before the call (the raft
+    /// "read index"): afterwards, local reads are linearizable. Returns the index.
+    pub async fn read_barrier(&self) -> Result<u64, StorageError> {
+        let reply = self
+            .submit(pb::ForwardRequest {
+                request: Some(Fwd::ReadIndex(pb::ReadIndex {})),
+            })
+            .await;
+        let index = match reply.response {
+            Some(FwdResponse::ReadIndex(index)) => index,
+            Some(FwdResponse::Failure(failure)) => return Err(network::error_of(failure)),
+            other => {
+                return Err(StorageError::Internal(format!(
+                    "unexpected reply {other:?}"
+                )));
+            }
+        };
+        let deadline = Instant::now() + self.forward_timeout;
+        let mut metrics = self.raft.metrics();
+        loop {
+            let applied = metrics.borrow().last_applied.map(|l| l.index).unwrap_or(0);
+            if applied >= index {
+                return Ok(index);
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(StorageError::Inconsistent(format!(
+                    "this node did not apply index {index} within {:?}",
+                    self.forward_timeout
+                )));
+            }
+            let _ = tokio::time::timeout(remaining, metrics.changed()).await;
+        }
+    }
+
+    /// A consistent snapshot of every resource as an operator snapshot file, in chunks.
+    pub async fn export(
+        &self,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>, StorageError> {
+        self.read_barrier().await?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        let sm = self.sm.clone();
+        let node_id = self.id;
+        // Detached on purpose: it ends when the export is done or the receiver is dropped.
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = sm.export_blocking(node_id, sender.clone()) {
+                let _ = sender.blocking_send(Err(error));
+            }
+        });
+        Ok(receiver)
+    }
+
+    /// Replaces the whole state with `resources` through raft: begin, chunks, commit. Returns the
+    /// index at which the restored state took effect.
+    pub async fn restore(&self, resources: Vec<Resource>) -> Result<u64, StorageError> {
+        const CHUNK_BYTES: usize = 4 << 20;
+        let restore_id = ulid::Ulid::new().to_string();
+        self.run_command(pb::command::Command::RestoreBegin(pb::RestoreBegin {
+            restore_id: restore_id.clone(),
+        }))
+        .await?;
+        let mut chunk = Vec::new();
+        let mut chunk_bytes = 0;
+        for resource in resources {
+            chunk_bytes += prost::Message::encoded_len(&resource);
+            chunk.push(resource);
+            if chunk_bytes >= CHUNK_BYTES {
+                self.run_command(pb::command::Command::RestoreChunk(pb::RestoreChunk {
+                    restore_id: restore_id.clone(),
+                    resources: std::mem::take(&mut chunk),
+                }))
+                .await?;
+                chunk_bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            self.run_command(pb::command::Command::RestoreChunk(pb::RestoreChunk {
+                restore_id: restore_id.clone(),
+                resources: chunk,
+            }))
+            .await?;
+        }
+        self.run_command(pb::command::Command::RestoreCommit(pb::RestoreCommit {
+            restore_id,
+        }))
+        .await?;
+        self.read_barrier().await
+    }
+
+    /// Proposes a command on the leader (this node must lead); waits through elections.
+    async fn run_command(&self, command: pb::command::Command) -> Result<(), StorageError> {
+        let deadline = Instant::now() + self.forward_timeout;
+        loop {
+            match self.propose(command.clone()).await {
+                Attempt::Done(reply) => {
+                    return match reply.response {
+                        Some(FwdResponse::Failure(failure)) => Err(network::error_of(failure)),
+                        _ => Ok(()),
+                    };
+                }
+                Attempt::Retry(reason) if Instant::now() >= deadline => {
+                    return Err(StorageError::Inconsistent(reason));
+                }
+                Attempt::Retry(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// Stops raft on this node.

@@ -9,7 +9,8 @@
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
 //!   resources          storage key -> encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
-//!   meta               "last_applied" | "membership" -> encoded value
+//!   meta               "last_applied" | "membership" | "restore_id" -> encoded value
+//!   restore            storage key -> encoded Resource (staging area of an operator restore)
 //! raft/sm/CURRENT      the generation in use
 //! raft/snapshots/      snapshot files: <id>.mdb and <id>.meta
 //! ```
@@ -34,6 +35,7 @@ pub const META_COMMITTED: &str = "committed";
 pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";
+pub const META_RESTORE_ID: &str = "restore_id";
 
 pub type LmdbEnv = Env<WithoutTls>;
 
@@ -75,22 +77,26 @@ pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
 #[derive(Clone, Copy, Debug)]
 pub struct SmDbs {
     pub resources: Database<'static, Bytes, Bytes>,
+    pub restore: Database<'static, Bytes, Bytes>,
     pub owners: Database<'static, Bytes, Unit>,
     pub meta: Database<'static, Str, Bytes>,
 }
 
 pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
-    let env = open_env(dir, 4)?;
+    let env = open_env(dir, 8)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
             let resources = opener.create_database(wtxn, Some("resources"))?;
+            let restore = opener.create_database(wtxn, Some("restore"))?;
             let owners = opener.create_database(wtxn, Some("owners"))?;
             let meta = opener.create_database(wtxn, Some("meta"))?;
-            Ok(CommitOrAbort::<_, ()>::Commit((resources, owners, meta)))
+            Ok(CommitOrAbort::<_, ()>::Commit((
+                resources, restore, owners, meta,
+            )))
         })?
         .commit();
-    let (resources, owners, meta) = dbs.ok_or_else(|| {
+    let (resources, restore, owners, meta) = dbs.ok_or_else(|| {
         heed::Error::Io(std::io::Error::other(
             "state machine databases were not created",
         ))
@@ -99,6 +105,7 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
         env,
         SmDbs {
             resources,
+            restore,
             owners,
             meta,
         },

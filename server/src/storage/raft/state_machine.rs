@@ -418,6 +418,65 @@ impl SmShared {
         Ok(())
     }
 
+    /// Streams this node's state as an operator snapshot file into `chunks`: one read
+    /// transaction, a first pass to count and hash, a second to send. Blocking; run it on a
+    /// blocking thread.
+    pub fn export_blocking(
+        &self,
+        node_id: u64,
+        chunks: tokio::sync::mpsc::Sender<Result<Vec<u8>, StorageError>>,
+    ) -> Result<(), StorageError> {
+        const CHUNK_BYTES: usize = 1 << 20;
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        let raft_index = match sm
+            .dbs
+            .meta
+            .get(&rtxn, schema::META_LAST_APPLIED)
+            .map_err(storage_internal)?
+        {
+            Some(bytes) => decode::<Option<LogId>>(bytes)
+                .map_err(storage_internal)?
+                .map(|l| l.index)
+                .unwrap_or(0),
+            None => 0,
+        };
+        let mut body = proto::snapshot::BodyWriter::new();
+        let mut scratch = Vec::new();
+        for item in sm.dbs.resources.iter(&rtxn).map_err(storage_internal)? {
+            let (_, bytes) = item.map_err(storage_internal)?;
+            scratch.clear();
+            body.record(&decode_resource(bytes)?, &mut scratch);
+        }
+        let header = body.header(
+            raft_index,
+            node_id,
+            prost_types::Timestamp::from(std::time::SystemTime::now()),
+        );
+        let send = |chunk: Vec<u8>| {
+            chunks
+                .blocking_send(Ok(chunk))
+                .map_err(|_| StorageError::Internal("the snapshot reader went away".into()))
+        };
+        send(proto::snapshot::preamble(&header))?;
+        let mut discard = proto::snapshot::BodyWriter::new();
+        let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+        for item in sm.dbs.resources.iter(&rtxn).map_err(storage_internal)? {
+            let (_, bytes) = item.map_err(storage_internal)?;
+            discard.record(&decode_resource(bytes)?, &mut chunk);
+            if chunk.len() >= CHUNK_BYTES {
+                send(std::mem::replace(
+                    &mut chunk,
+                    Vec::with_capacity(CHUNK_BYTES),
+                ))?;
+            }
+        }
+        if !chunk.is_empty() {
+            send(chunk)?;
+        }
+        Ok(())
+    }
+
     // Local (eventually consistent) reads.
 
     pub fn read(&self, id: &Id) -> Result<Resource, StorageError> {
@@ -735,22 +794,61 @@ fn apply_command(
             });
             Ok(done())
         }
-        Some(C::Restore(pb::Restore { resources })) => {
-            dbs.resources.clear(wtxn)?;
-            dbs.owners.clear(wtxn)?;
-            for mut resource in resources {
+        Some(C::RestoreBegin(pb::RestoreBegin { restore_id })) => {
+            dbs.restore.clear(wtxn)?;
+            dbs.meta
+                .put(wtxn, schema::META_RESTORE_ID, restore_id.as_bytes())?;
+            Ok(done())
+        }
+        Some(C::RestoreChunk(pb::RestoreChunk {
+            restore_id,
+            resources,
+        })) => {
+            if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+                return Ok(failure(
+                    Code::Internal,
+                    "another restore started since this one began",
+                ));
+            }
+            for resource in resources {
                 let storage_key = StorageKey::of(&resource.id.clone().unwrap_or_default());
-                resource.version = index.to_string();
-                if let Some(owner) = owner_uid(&resource) {
-                    dbs.owners
-                        .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
-                }
-                dbs.resources.put(
+                dbs.restore.put(
                     wtxn,
                     &schema::resource_key(&storage_key),
                     &resource.encode_to_vec(),
                 )?;
             }
+            Ok(done())
+        }
+        Some(C::RestoreCommit(pb::RestoreCommit { restore_id })) => {
+            if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+                return Ok(failure(
+                    Code::Internal,
+                    "another restore started since this one began",
+                ));
+            }
+            dbs.resources.clear(wtxn)?;
+            dbs.owners.clear(wtxn)?;
+            let staged: Vec<(Vec<u8>, Vec<u8>)> = dbs
+                .restore
+                .iter(wtxn)?
+                .map(|item| item.map(|(key, value)| (key.to_vec(), value.to_vec())))
+                .collect::<Result<_, _>>()?;
+            for (key, bytes) in staged {
+                let mut resource =
+                    Resource::decode(bytes.as_slice()).map_err(|e| encode_error(io(e)))?;
+                // Restored resources are new writes: versions keep increasing.
+                resource.version = index.to_string();
+                if let (Some(owner), Some(storage_key)) =
+                    (owner_uid(&resource), schema::parse_resource_key(&key))
+                {
+                    dbs.owners
+                        .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
+                }
+                dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
+            }
+            dbs.restore.clear(wtxn)?;
+            dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
             published.push(HubEvent::Reset {
                 reason: "the cluster state was restored from a snapshot; list again and start a new watch".into(),
             });
