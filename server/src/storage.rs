@@ -13,6 +13,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod events;
 pub mod inmem;
 pub mod raft;
 
@@ -103,6 +104,10 @@ pub enum StorageError {
     /// The watch ended and cannot continue; the client must list again.
     #[error("watch closed: {0}")]
     WatchClosed(String),
+    /// A watch cannot resume from the requested version (too old for the event history, or
+    /// ahead of this node); the client must list again.
+    #[error("cannot resume the watch: {0}")]
+    ResumeUnavailable(String),
     #[error("storage failure: {0}")]
     Internal(String),
 }
@@ -188,12 +193,15 @@ pub trait Backend: Send + Sync + 'static {
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError>;
 
     /// Watches the resources `list` would return: a snapshot of them, `EndOfSnapshot`, then
-    /// every change in commit order.
+    /// every change in commit order. With `since`, no snapshot: the changes after version
+    /// `since` that this node still remembers, `EndOfSnapshot`, then new changes; if it no longer
+    /// remembers all of them, [`StorageError::ResumeUnavailable`].
     async fn watch_list(
         &self,
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError>;
 }
 
@@ -228,9 +236,10 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError> {
         (**self)
-            .watch_list(resource_type, tenancy, name_prefix)
+            .watch_list(resource_type, tenancy, name_prefix, since)
             .await
     }
 }

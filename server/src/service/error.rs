@@ -23,6 +23,9 @@ pub enum Error {
     Unauthenticated(String),
     #[error("{0}")]
     Unavailable(String),
+    /// A watch cannot resume from the requested version; the client must list again.
+    #[error("{0}")]
+    OutOfRange(String),
     /// A stream ended by the server (a watch that fell behind, a snapshot restore).
     #[error("{0}")]
     Aborted(String),
@@ -58,6 +61,7 @@ impl Error {
                 "no leader or quorum to serve this request: {why}; retry shortly"
             )),
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
+            StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }
@@ -99,6 +103,7 @@ impl From<Error> for tonic::Status {
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Aborted(_) => Code::Aborted,
+            Error::OutOfRange(_) => Code::OutOfRange,
             Error::Internal(_) => {
                 tracing::error!(error = %error, "internal error");
                 Code::Internal

@@ -182,6 +182,14 @@ impl ResourceService {
         authorizer: Arc<dyn Authorizer>,
         request: WatchListRequest,
     ) -> Result<WatchStream, Error> {
+        let since = match request.since_version.as_str() {
+            "" => None,
+            text => Some(text.parse::<u64>().map_err(|_| {
+                Error::invalid(format!(
+                    "since_version {text:?} is not a version this server issued: pass the version of a WatchEvent"
+                ))
+            })?),
+        };
         let query = self.query(request.r#type, request.tenancy, request.name_prefix)?;
         (query.registration.acls.list)(authorizer.as_ref(), &query.tenancy)?;
         let watch = self
@@ -190,6 +198,7 @@ impl ResourceService {
                 &UnversionedType::of(&query.resource_type),
                 &query.tenancy,
                 &query.name_prefix,
+                since,
             )
             .await?;
         let read_acl = query.registration.acls.read.clone();

@@ -349,9 +349,10 @@ impl Backend for LosingBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError> {
         self.inner
-            .watch_list(resource_type, tenancy, name_prefix)
+            .watch_list(resource_type, tenancy, name_prefix, since)
             .await
     }
 }

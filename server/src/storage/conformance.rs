@@ -46,6 +46,8 @@ macro_rules! conformance_tests {
             watch_follows_upserts_and_deletes_in_order,
             watch_ignores_resources_outside_its_query,
             watch_event_versions_are_readable_afterwards,
+            watch_resumes_after_a_version_without_gap_or_duplicate,
+            watch_resume_from_a_future_version_is_refused,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -606,7 +608,7 @@ pub async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(backend: &B
     )
     .await;
     let mut watch = backend
-        .watch_list(&artists, &tenancy("p1", "*"), "")
+        .watch_list(&artists, &tenancy("p1", "*"), "", None)
         .await
         .expect("watch");
     let mut snapshot = Vec::new();
@@ -641,7 +643,12 @@ async fn skip_snapshot(watch: &mut Watch) {
 pub async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
-        .watch_list(&fixture.artist_type(), &tenancy("default", "default"), "")
+        .watch_list(
+            &fixture.artist_type(),
+            &tenancy("default", "default"),
+            "",
+            None,
+        )
         .await
         .expect("watch");
     skip_snapshot(&mut watch).await;
@@ -677,6 +684,7 @@ pub async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) 
             &fixture.artist_type(),
             &tenancy("default", "default"),
             "keep",
+            None,
         )
         .await
         .expect("watch");
@@ -711,7 +719,7 @@ pub async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) 
 pub async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
-        .watch_list(&fixture.artist_type(), &tenancy("*", "*"), "")
+        .watch_list(&fixture.artist_type(), &tenancy("*", "*"), "", None)
         .await
         .expect("watch");
     skip_snapshot(&mut watch).await;
@@ -729,4 +737,64 @@ pub async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &
         .await
         .expect("read");
     assert_eq!(read.version, seen.version);
+}
+
+pub async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    let default = tenancy("default", "default");
+    let mut first = backend
+        .watch_list(&fixture.artist_type(), &default, "", None)
+        .await
+        .expect("watch");
+    skip_snapshot(&mut first).await;
+    let a = backend.write_cas(fixture.artist("a")).await.expect("a");
+    let b = backend.write_cas(fixture.artist("b")).await.expect("b");
+    let c = backend.write_cas(fixture.artist("c")).await.expect("c");
+    let seen_a = next_event(&mut first).await;
+    assert_eq!(seen_a.operation, Operation::Upsert(a));
+    // Make sure this node has applied c before resuming here.
+    for _ in 0..2 {
+        next_event(&mut first).await;
+    }
+    let since: u64 = seen_a.version.parse().expect("numeric versions");
+    let mut resumed = backend
+        .watch_list(&fixture.artist_type(), &default, "", Some(since))
+        .await
+        .expect("resume");
+    assert_eq!(
+        next_event(&mut resumed).await.operation,
+        Operation::Upsert(b)
+    );
+    assert_eq!(
+        next_event(&mut resumed).await.operation,
+        Operation::Upsert(c.clone())
+    );
+    assert_eq!(
+        next_event(&mut resumed).await.operation,
+        Operation::EndOfSnapshot
+    );
+    let d = backend.write_cas(fixture.artist("d")).await.expect("d");
+    assert_eq!(
+        next_event(&mut resumed).await.operation,
+        Operation::Upsert(d)
+    );
+}
+
+pub async fn watch_resume_from_a_future_version_is_refused<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    match backend
+        .watch_list(
+            &fixture.artist_type(),
+            &fixture.wildcard(),
+            "",
+            Some(u64::MAX / 2),
+        )
+        .await
+    {
+        Err(StorageError::ResumeUnavailable(message)) => {
+            assert!(message.contains("ahead"), "{message}")
+        }
+        Err(other) => panic!("expected ResumeUnavailable, got {other:?}"),
+        Ok(_) => panic!("expected ResumeUnavailable, got a watch"),
+    }
 }

@@ -2,34 +2,30 @@
 //! broadcast channel. For tests and single-process runs; nothing survives a restart.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use proto::resource::v1::{Id, Resource, Tenancy};
-use tokio::sync::broadcast;
 
+use super::events::{self, EventLog, WatchFilter};
 use super::{
     Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent,
 };
 use crate::resource;
 
-/// How many events a watcher may fall behind before its watch is closed (it must then relist).
-pub const DEFAULT_WATCH_BUFFER: usize = 8192;
-
 #[derive(Debug)]
 pub struct InMemBackend {
     state: Mutex<State>,
-    events: broadcast::Sender<Arc<(StorageKey, WatchEvent)>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     resources: BTreeMap<StorageKey, Resource>,
     /// Owner uid → keys of the children pointing at that owner.
     children: HashMap<String, BTreeSet<StorageKey>>,
     /// Last version handed out; versions are a counter across all writes and deletes.
     version: u64,
+    events: EventLog,
 }
 
 impl Default for InMemBackend {
@@ -40,14 +36,19 @@ impl Default for InMemBackend {
 
 impl InMemBackend {
     pub fn new() -> Self {
-        Self::with_watch_buffer(DEFAULT_WATCH_BUFFER)
+        Self::with_limits(events::DEFAULT_HISTORY, events::DEFAULT_WATCH_BUFFER)
     }
 
-    pub fn with_watch_buffer(capacity: usize) -> Self {
-        let (events, _) = broadcast::channel(capacity.max(1));
+    /// `history`: changes kept for resuming watches; `watch_buffer`: how far a watcher may fall
+    /// behind before its watch is closed.
+    pub fn with_limits(history: usize, watch_buffer: usize) -> Self {
         InMemBackend {
-            state: Mutex::new(State::default()),
-            events,
+            state: Mutex::new(State {
+                resources: BTreeMap::new(),
+                children: HashMap::new(),
+                version: 0,
+                events: EventLog::new(history, watch_buffer, 0),
+            }),
         }
     }
 
@@ -57,11 +58,6 @@ impl InMemBackend {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn publish(&self, key: StorageKey, event: WatchEvent) {
-        // No receivers is fine: nobody is watching.
-        let _ = self.events.send(Arc::new((key, event)));
     }
 }
 
@@ -140,12 +136,14 @@ impl Backend for InMemBackend {
                 .or_default()
                 .insert(key.clone());
         }
-        self.publish(
+        let index = state.version;
+        state.events.publish_change(
             key,
             WatchEvent {
                 version,
                 operation: Operation::Upsert(stored.clone()),
             },
+            index,
         );
         Ok(stored)
     }
@@ -176,12 +174,14 @@ impl Backend for InMemBackend {
         }
         state.version += 1;
         let version = state.version.to_string();
-        self.publish(
+        let index = state.version;
+        state.events.publish_change(
             key,
             WatchEvent {
                 version,
                 operation: Operation::Delete(removed),
             },
+            index,
         );
         Ok(())
     }
@@ -223,58 +223,19 @@ impl Backend for InMemBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError> {
-        // Snapshot and subscription happen under the lock that writers hold while publishing,
-        // so the watcher sees every change after its snapshot exactly once.
-        let (snapshot, snapshot_version, receiver) = {
-            let state = self.lock();
-            (
-                matching(&state, resource_type, tenancy, name_prefix),
-                state.version.to_string(),
-                self.events.subscribe(),
-            )
+        let state = self.lock();
+        let snapshot = match since {
+            None => matching(&state, resource_type, tenancy, name_prefix),
+            Some(_) => Vec::new(),
         };
-        let snapshot_events = snapshot
-            .into_iter()
-            .map(|resource| {
-                Ok(WatchEvent {
-                    version: resource.version.clone(),
-                    operation: Operation::Upsert(resource),
-                })
-            })
-            .chain(std::iter::once(Ok(WatchEvent {
-                version: snapshot_version,
-                operation: Operation::EndOfSnapshot,
-            })));
-
-        let filter = (
-            resource_type.clone(),
-            tenancy.clone(),
-            name_prefix.to_owned(),
-        );
-        let changes = futures::stream::unfold(Some((receiver, filter)), |state| async move {
-            let (mut receiver, filter) = state?;
-            loop {
-                match receiver.recv().await {
-                    Ok(event) => {
-                        let (key, event) = event.as_ref();
-                        if key.matches(&filter.0, &filter.1, &filter.2) {
-                            return Some((Ok(event.clone()), Some((receiver, filter))));
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        let error = StorageError::WatchClosed(format!(
-                            "the watcher fell {missed} events behind; list again and start a new watch"
-                        ));
-                        return Some((Err(error), None));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(futures::stream::iter(snapshot_events)
-            .chain(changes)
-            .boxed())
+        state.events.watch(
+            WatchFilter::new(resource_type, tenancy, name_prefix),
+            snapshot,
+            state.version,
+            since,
+        )
     }
 }
 
@@ -315,6 +276,8 @@ fn matching(
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
+
     use super::InMemBackend;
 
     crate::conformance_tests!(|| async { super::InMemBackend::new() });
@@ -322,12 +285,11 @@ mod tests {
     #[tokio::test]
     async fn a_watcher_that_falls_behind_gets_an_error_not_a_gap() {
         use super::super::Backend;
-        use futures::StreamExt;
 
-        let backend = InMemBackend::with_watch_buffer(2);
+        let backend = InMemBackend::with_limits(16, 2);
         let helpers = super::super::conformance::Fixture::new();
         let mut watch = backend
-            .watch_list(&helpers.artist_type(), &helpers.wildcard(), "")
+            .watch_list(&helpers.artist_type(), &helpers.wildcard(), "", None)
             .await
             .expect("watch");
         assert!(matches!(
@@ -345,7 +307,7 @@ mod tests {
         }
         match watch.next().await {
             Some(Err(super::StorageError::WatchClosed(message))) => {
-                assert!(message.contains("list again"), "{message}")
+                assert!(message.contains("fell 3 events behind"), "{message}")
             }
             other => panic!("expected a closed watch, got {other:?}"),
         }
@@ -353,5 +315,49 @@ mod tests {
             watch.next().await.is_none(),
             "the watch ends after the error"
         );
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use futures::StreamExt;
+
+    use super::super::conformance::Fixture;
+    use super::super::{Backend, Operation, StorageError};
+    use super::InMemBackend;
+
+    #[tokio::test]
+    async fn a_resume_older_than_the_history_is_refused_with_a_relist_error() {
+        let backend = InMemBackend::with_limits(3, 64);
+        let fixture = Fixture::new();
+        for index in 0..10 {
+            backend
+                .write_cas(fixture.artist(&format!("a{index}")))
+                .await
+                .expect("write");
+        }
+        let error = backend
+            .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", Some(2))
+            .await
+            .err()
+            .expect("too old");
+        match error {
+            StorageError::ResumeUnavailable(message) => {
+                assert!(message.contains("list again"), "{message}")
+            }
+            other => panic!("expected ResumeUnavailable, got {other:?}"),
+        }
+        let mut resumed = backend
+            .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", Some(7))
+            .await
+            .expect("within the history");
+        let mut versions = Vec::new();
+        while let Some(Ok(event)) = resumed.next().await {
+            if event.operation == Operation::EndOfSnapshot {
+                break;
+            }
+            versions.push(event.version);
+        }
+        assert_eq!(versions, ["8", "9", "10"]);
     }
 }

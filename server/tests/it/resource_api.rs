@@ -47,6 +47,7 @@ async fn write_read_list_watch_and_delete_over_grpc() {
             r#type: Some(artist_type()),
             tenancy: Some(Tenancy::default()),
             name_prefix: String::new(),
+            since_version: String::new(),
         })
         .await
         .expect("watch")

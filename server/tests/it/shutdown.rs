@@ -24,6 +24,7 @@ async fn sigterm_ends_open_watches_and_exits_zero() {
                 namespace: String::new(),
             }),
             name_prefix: String::new(),
+            since_version: String::new(),
         })
         .await
         .expect("watch")

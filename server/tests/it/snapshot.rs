@@ -146,6 +146,7 @@ async fn restore_replaces_the_state_on_every_node_and_aborts_watches() {
             r#type: Some(artist_type()),
             tenancy: Some(Tenancy::default()),
             name_prefix: String::new(),
+            since_version: String::new(),
         })
         .await
         .expect("watch")

@@ -124,6 +124,7 @@ async fn watch_filters_items_the_caller_cannot_read() {
                 r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
                 tenancy: Some(default_ns()),
                 name_prefix: String::new(),
+                since_version: String::new(),
             },
         )
         .await
@@ -153,6 +154,7 @@ async fn watch_denied_is_permission_denied_before_the_stream() {
                 r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
                 tenancy: Some(default_ns()),
                 name_prefix: String::new(),
+                since_version: String::new(),
             },
         )
         .await;

@@ -85,6 +85,7 @@ fn every_error_maps_to_its_grpc_code() {
         (Error::Unauthenticated("x".into()), Code::Unauthenticated),
         (Error::Unavailable("x".into()), Code::Unavailable),
         (Error::Aborted("x".into()), Code::Aborted),
+        (Error::OutOfRange("x".into()), Code::OutOfRange),
         (Error::Internal("x".into()), Code::Internal),
     ];
     for (error, code) in cases {
@@ -103,6 +104,10 @@ fn storage_errors_map_to_the_codes_of_the_contract() {
             Code::Unavailable,
         ),
         (StorageError::WatchClosed("behind".into()), Code::Aborted),
+        (
+            StorageError::ResumeUnavailable("old".into()),
+            Code::OutOfRange,
+        ),
         (StorageError::Internal("disk".into()), Code::Internal),
     ];
     for (error, code) in cases {

@@ -18,6 +18,7 @@ async fn watch(h: &Harness, gvk: &str, tenancy: Tenancy) -> WatchStream {
                 r#type: Some(resource::parse_gvk(gvk).expect("gvk")),
                 tenancy: Some(tenancy),
                 name_prefix: String::new(),
+                since_version: String::new(),
             },
         )
         .await
@@ -112,6 +113,7 @@ async fn watch_with_an_invalid_request_fails_before_the_stream() {
                 r#type: Some(resource::new_type("demo", "v9", "Artist")),
                 tenancy: Some(default_ns()),
                 name_prefix: String::new(),
+                since_version: String::new(),
             },
         )
         .await;

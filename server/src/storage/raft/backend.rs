@@ -748,7 +748,9 @@ impl Backend for RaftBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError> {
-        self.sm.watch_list(resource_type, tenancy, name_prefix)
+        self.sm
+            .watch_list(resource_type, tenancy, name_prefix, since)
     }
 }

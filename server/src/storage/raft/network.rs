@@ -58,6 +58,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::Inconsistent(_) => (Code::Inconsistent, None),
         StorageError::WatchClosed(_) => (Code::WatchClosed, None),
         StorageError::Internal(_) => (Code::Internal, None),
+        StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
     };
     let message = match error {
         StorageError::Inconsistent(why)
@@ -82,6 +83,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         },
         Code::Inconsistent => StorageError::Inconsistent(failure.message),
         Code::WatchClosed => StorageError::WatchClosed(failure.message),
+        Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }
 }

@@ -8,19 +8,16 @@
 //! exactly once. Snapshots are compacted copies of the LMDB file; installing one opens it as a new
 //! environment generation and swaps it in.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use futures::StreamExt;
 use heed::CompactionOption;
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
 use prost::Message;
 use proto::raft::v1 as pb;
 use proto::resource::v1::{Id, Resource, Tenancy};
-use tokio::sync::broadcast;
 
 use super::schema::{self, LmdbEnv, SmDbs};
 use super::types::{
@@ -28,26 +25,8 @@ use super::types::{
     StoredMembership, TypeConfig, Wire, decode, encode,
 };
 use crate::resource;
+use crate::storage::events::{self, EventLog, Published, WatchFilter};
 use crate::storage::{Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent};
-
-/// Recent changes kept per node so a watch can resume from a version.
-pub const DEFAULT_EVENT_RING: usize = 16 * 1024;
-/// How far a watcher may fall behind the broadcast before its watch is closed.
-const WATCH_BUFFER: usize = 16 * 1024;
-
-/// One published change, or the end of every watch.
-// Events live behind an `Arc`; the size difference costs nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum HubEvent {
-    Change {
-        key: StorageKey,
-        event: WatchEvent,
-        index: u64,
-    },
-    /// The whole state was replaced (snapshot install or restore): watches must relist.
-    Reset { reason: String },
-}
 
 /// An open state machine environment.
 struct SmEnv {
@@ -56,17 +35,12 @@ struct SmEnv {
     generation: u64,
 }
 
-struct Hub {
-    ring: VecDeque<Arc<HubEvent>>,
-    capacity: usize,
-}
-
 /// State shared by the state machine store, its snapshot builder and the backend's local reads.
 pub struct SmShared {
     data_dir: PathBuf,
     current: RwLock<Arc<SmEnv>>,
-    hub: Mutex<Hub>,
-    events: broadcast::Sender<Arc<HubEvent>>,
+    /// Published watch events; also the lock that orders commits with new watches.
+    events: Mutex<EventLog>,
     snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     sequence: AtomicU64,
 }
@@ -127,7 +101,16 @@ impl StateMachineStore {
             schema::open_sm(&schema::sm_generation_dir(data_dir, generation)).map_err(io)?;
         remove_other_generations(data_dir, generation);
         let snapshot = load_latest_snapshot(data_dir);
-        let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let applied = {
+            let rtxn = env.read_txn().map_err(io)?;
+            match dbs.meta.get(&rtxn, schema::META_LAST_APPLIED).map_err(io)? {
+                Some(bytes) => decode::<Option<LogId>>(bytes)
+                    .map_err(io)?
+                    .map(|l| l.index)
+                    .unwrap_or(0),
+                None => 0,
+            }
+        };
         Ok(StateMachineStore {
             shared: Arc::new(SmShared {
                 data_dir: data_dir.to_path_buf(),
@@ -136,11 +119,11 @@ impl StateMachineStore {
                     dbs,
                     generation,
                 })),
-                hub: Mutex::new(Hub {
-                    ring: VecDeque::new(),
-                    capacity: DEFAULT_EVENT_RING,
-                }),
-                events,
+                events: Mutex::new(EventLog::new(
+                    events::DEFAULT_HISTORY,
+                    events::DEFAULT_WATCH_BUFFER,
+                    applied,
+                )),
                 snapshot: Mutex::new(snapshot),
                 sequence: AtomicU64::new(0),
             }),
@@ -236,7 +219,7 @@ impl SmShared {
             return Ok(Vec::new());
         };
         let sm = self.current();
-        let mut hub = lock(&self.hub);
+        let mut log = lock(&self.events);
         let mut wtxn = sm.env.write_txn().map_err(sm_write_error)?;
         let mut results = Vec::with_capacity(entries.len());
         let mut published = Vec::new();
@@ -266,23 +249,13 @@ impl SmShared {
             .put(&mut wtxn, schema::META_LAST_APPLIED, &bytes)
             .map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
-        for event in published {
-            self.publish(&mut hub, event);
+        for item in published {
+            match item {
+                Published::Change { key, event, index } => log.publish_change(key, event, index),
+                Published::Reset { reason } => log.reset(reason, last.index),
+            }
         }
         Ok(results)
-    }
-
-    fn publish(&self, hub: &mut Hub, event: HubEvent) {
-        let event = Arc::new(event);
-        if matches!(*event, HubEvent::Reset { .. }) {
-            hub.ring.clear();
-        } else {
-            if hub.ring.len() >= hub.capacity {
-                hub.ring.pop_front();
-            }
-            hub.ring.push_back(event.clone());
-        }
-        let _ = self.events.send(event);
     }
 
     /// Copies the state machine into a compacted LMDB file and records it as the current snapshot.
@@ -391,17 +364,15 @@ impl SmShared {
         .map_err(snapshot_error)?;
 
         {
-            let mut hub = lock(&self.hub);
+            let mut log = lock(&self.events);
             *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(SmEnv {
                 env,
                 dbs,
                 generation,
             });
-            self.publish(
-                &mut hub,
-                HubEvent::Reset {
-                    reason: "this server installed a snapshot of the whole state; list again and start a new watch".into(),
-                },
+            log.reset(
+                "this server installed a snapshot of the whole state; list again and start a new watch".into(),
+                meta.last_log_id.map(|l| l.index).unwrap_or(0),
             );
         }
         let current_file = self.data_dir.join(schema::SM_CURRENT);
@@ -546,78 +517,34 @@ impl SmShared {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        since: Option<u64>,
     ) -> Result<Watch, StorageError> {
-        let (snapshot, version, receiver) = {
-            let _hub = lock(&self.hub);
-            let sm = self.current();
-            let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-            let snapshot = scan(&sm, &rtxn, resource_type, tenancy, name_prefix)?;
-            let version = match sm
-                .dbs
-                .meta
-                .get(&rtxn, schema::META_LAST_APPLIED)
+        let log = lock(&self.events);
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        let current = match sm
+            .dbs
+            .meta
+            .get(&rtxn, schema::META_LAST_APPLIED)
+            .map_err(storage_internal)?
+        {
+            Some(bytes) => decode::<Option<LogId>>(bytes)
                 .map_err(storage_internal)?
-            {
-                Some(bytes) => decode::<Option<LogId>>(bytes)
-                    .map_err(storage_internal)?
-                    .map(|l| l.index)
-                    .unwrap_or(0),
-                None => 0,
-            };
-            (snapshot, version, self.events.subscribe())
+                .map(|l| l.index)
+                .unwrap_or(0),
+            None => 0,
         };
-        let snapshot_events = snapshot
-            .into_iter()
-            .map(|resource| {
-                Ok(WatchEvent {
-                    version: resource.version.clone(),
-                    operation: Operation::Upsert(resource),
-                })
-            })
-            .chain(std::iter::once(Ok(WatchEvent {
-                version: version.to_string(),
-                operation: Operation::EndOfSnapshot,
-            })));
-        let filter = (
-            resource_type.clone(),
-            tenancy.clone(),
-            name_prefix.to_owned(),
-        );
-        Ok(futures::stream::iter(snapshot_events)
-            .chain(follow(receiver, filter))
-            .boxed())
+        let snapshot = match since {
+            None => scan(&sm, &rtxn, resource_type, tenancy, name_prefix)?,
+            Some(_) => Vec::new(),
+        };
+        log.watch(
+            WatchFilter::new(resource_type, tenancy, name_prefix),
+            snapshot,
+            current,
+            since,
+        )
     }
-}
-
-/// The changes after a snapshot, filtered; a reset or a lag ends the stream with an error.
-fn follow(
-    receiver: broadcast::Receiver<Arc<HubEvent>>,
-    filter: (UnversionedType, Tenancy, String),
-) -> impl futures::Stream<Item = Result<WatchEvent, StorageError>> + Send {
-    futures::stream::unfold(Some((receiver, filter)), |state| async move {
-        let (mut receiver, filter) = state?;
-        loop {
-            match receiver.recv().await {
-                Ok(event) => match event.as_ref() {
-                    HubEvent::Change { key, event, .. } => {
-                        if key.matches(&filter.0, &filter.1, &filter.2) {
-                            return Some((Ok(event.clone()), Some((receiver, filter))));
-                        }
-                    }
-                    HubEvent::Reset { reason } => {
-                        return Some((Err(StorageError::WatchClosed(reason.clone())), None));
-                    }
-                },
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    let error = StorageError::WatchClosed(format!(
-                        "the watcher fell {missed} events behind; list again and start a new watch"
-                    ));
-                    return Some((Err(error), None));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
 }
 
 fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
@@ -697,7 +624,7 @@ fn apply_command(
     wtxn: &mut heed::RwTxn<'_>,
     index: u64,
     command: pb::Command,
-    published: &mut Vec<HubEvent>,
+    published: &mut Vec<Published>,
 ) -> Result<pb::CommandResult, heed::Error> {
     use pb::command::Command as C;
     use pb::storage_failure::Code;
@@ -748,7 +675,7 @@ fn apply_command(
                     .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
             }
             dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
-            published.push(HubEvent::Change {
+            published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
                     version: index.to_string(),
@@ -784,7 +711,7 @@ fn apply_command(
                 dbs.owners
                     .delete(wtxn, &schema::owner_key(owner, &storage_key))?;
             }
-            published.push(HubEvent::Change {
+            published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
                     version: index.to_string(),
@@ -849,7 +776,7 @@ fn apply_command(
             }
             dbs.restore.clear(wtxn)?;
             dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
-            published.push(HubEvent::Reset {
+            published.push(Published::Reset {
                 reason: "the cluster state was restored from a snapshot; list again and start a new watch".into(),
             });
             Ok(done())
