@@ -243,9 +243,17 @@ impl ResourceService {
     /// Reads the current incarnation of a resource whatever uid or group version the caller
     /// named; `None` when nothing is stored under its name.
     async fn read_stored(&self, id: &Id) -> Result<Option<Resource>, Error> {
+        self.read_stored_with(id, Consistency::Strong).await
+    }
+
+    async fn read_stored_with(
+        &self,
+        id: &Id,
+        consistency: Consistency,
+    ) -> Result<Option<Resource>, Error> {
         let mut any_uid = id.clone();
         any_uid.uid.clear();
-        match self.backend.read(Consistency::Strong, &any_uid).await {
+        match self.backend.read(consistency, &any_uid).await {
             Ok(stored) => Ok(Some(stored)),
             Err(StorageError::GroupVersionMismatch { stored }) => Ok(Some(*stored)),
             Err(StorageError::NotFound) => Ok(None),

@@ -158,6 +158,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             last_log_index: status.last_log_index,
             storage: "raft".into(),
             snapshot_index: status.snapshot_index,
+            log_commits: status.log_commits,
+            log_entries: status.log_entries,
         }))
     }
 

@@ -17,6 +17,13 @@ use crate::registry::Registration;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
 use crate::storage::{Consistency, StorageError};
 
+/// What one write attempt came to.
+enum Attempt {
+    Written(Box<Resource>),
+    /// The local read disagreed with the request; read strongly and try again.
+    Reread,
+}
+
 /// A resource that passed every check up to the storage write.
 struct PreparedWrite {
     resource: Resource,
@@ -32,11 +39,22 @@ impl ResourceService {
     ) -> Result<WriteResponse, Error> {
         let prepared = self.prepare_write(authorizer, request.resource).await?;
         let blind = prepared.resource.version.is_empty();
+        // The first attempt reads the stored resource locally: cheap, and safe because the
+        // storage CAS only accepts the write if that read was current. A mismatch seen by this
+        // read is re-checked with a strong read before it is reported.
+        let mut consistency = Consistency::Eventual;
         let mut attempt = 0;
         loop {
-            match self.write_once(&prepared).await {
+            match self.write_once(&prepared, consistency).await {
+                Ok(Attempt::Reread) => consistency = Consistency::Strong,
+                Ok(Attempt::Written(stored)) => {
+                    return Ok(WriteResponse {
+                        resource: Some(*stored),
+                    });
+                }
                 Err(Error::CasFailed(_)) if blind && attempt + 1 < BLIND_ATTEMPTS => {
                     tokio::time::sleep(blind_backoff(attempt)).await;
+                    consistency = Consistency::Strong;
                     attempt += 1;
                 }
                 Err(Error::CasFailed(why)) if blind => {
@@ -44,11 +62,7 @@ impl ResourceService {
                         "{why} (a blind write gave up after {BLIND_ATTEMPTS} attempts under contention)"
                     )));
                 }
-                result => {
-                    return result.map(|stored| WriteResponse {
-                        resource: Some(stored),
-                    });
-                }
+                Err(error) => return Err(error),
             }
         }
     }
@@ -144,16 +158,30 @@ impl ResourceService {
     }
 
     /// One attempt at the storage write: decides create or update against what is stored now.
-    async fn write_once(&self, prepared: &PreparedWrite) -> Result<Resource, Error> {
+    async fn write_once(
+        &self,
+        prepared: &PreparedWrite,
+        consistency: Consistency,
+    ) -> Result<Attempt, Error> {
         // A copy: the prepared resource stays as the client sent it, for the next attempt.
         let mut input = prepared.resource.clone();
         let id = input.id.clone().unwrap_or_default();
-        match self.read_stored(&id).await? {
-            None => self.create(input, prepared).await,
+        let local = consistency == Consistency::Eventual;
+        match self.read_stored_with(&id, consistency).await? {
+            None if local && !input.version.is_empty() => Ok(Attempt::Reread),
+            None => self
+                .create(input, prepared)
+                .await
+                .map(|stored| Attempt::Written(Box::new(stored))),
             Some(existing) => {
                 let blind = input.version.is_empty();
                 let existing_id = existing.id.clone().unwrap_or_default();
-                if !id.uid.is_empty() && id.uid != existing_id.uid {
+                let uid_differs = !id.uid.is_empty() && id.uid != existing_id.uid;
+                let version_differs = !blind && input.version != existing.version;
+                if local && (uid_differs || version_differs) {
+                    return Ok(Attempt::Reread);
+                }
+                if uid_differs {
                     return Err(Error::UidMismatch(format!(
                         "{} is stored with uid {}, the write names uid {}",
                         DisplayId(&existing_id),
@@ -161,7 +189,7 @@ impl ResourceService {
                         id.uid
                     )));
                 }
-                if !blind && input.version != existing.version {
+                if version_differs {
                     return Err(Error::CasFailed(format!(
                         "{} is at version {}, the write expected version {}",
                         DisplayId(&existing_id),
@@ -205,12 +233,21 @@ impl ResourceService {
                     input_id.uid = existing_id.uid.clone();
                 }
                 input.generation = new_ulid();
-                let stored = self.backend.write_cas(input).await?;
+                let stored = match self.backend.write_cas(input).await {
+                    // Deleted and recreated since the read: a lost race, not the client's uid.
+                    Err(StorageError::WrongUid) if id.uid.is_empty() => {
+                        return Err(Error::CasFailed(format!(
+                            "{} was recreated concurrently",
+                            DisplayId(&existing_id)
+                        )));
+                    }
+                    result => result?,
+                };
                 if marked && !resource::has_finalizers(&stored) {
                     // The last finalizer is gone: finish the delete that was waiting for it.
                     self.finish_delete(&stored).await?;
                 }
-                Ok(stored)
+                Ok(Attempt::Written(Box::new(stored)))
             }
         }
     }
@@ -269,7 +306,14 @@ impl ResourceService {
             input_id.uid = new_ulid();
         }
         input.generation = new_ulid();
-        Ok(self.backend.write_cas(input).await?)
+        match self.backend.write_cas(input).await {
+            // Another writer created it since the read: a lost race.
+            Err(StorageError::WrongUid) => Err(Error::CasFailed(format!(
+                "{} was created concurrently",
+                DisplayId(&id)
+            ))),
+            result => Ok(result?),
+        }
     }
 
     pub async fn write_status(

@@ -720,3 +720,30 @@ async fn an_unregistered_type_suggests_what_was_probably_meant() {
         "did you mean demo.v2.Artist?",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_blind_creates_of_one_name_all_succeed() {
+    let h = Arc::new(harness().await);
+    let mut writers = Vec::new();
+    for index in 0..8 {
+        let h = h.clone();
+        writers.push(tokio::spawn(async move {
+            let mut input = artist("contended");
+            input.metadata.insert("writer".into(), index.to_string());
+            h.write(input).await
+        }));
+    }
+    let mut uids = std::collections::BTreeSet::new();
+    for writer in writers {
+        let stored = writer
+            .await
+            .expect("join")
+            .expect("every blind write lands");
+        uids.insert(id_of(&stored).uid);
+    }
+    assert_eq!(
+        uids.len(),
+        1,
+        "one resource, created once and updated by the rest"
+    );
+}

@@ -115,6 +115,8 @@ pub struct NodeStatus {
     pub applied_index: u64,
     pub last_log_index: u64,
     pub snapshot_index: u64,
+    pub log_commits: u64,
+    pub log_entries: u64,
 }
 
 /// A member as the leader sees it.
@@ -239,6 +241,14 @@ impl RaftBackend {
             applied_index,
             last_log_index: metrics.last_log_index.unwrap_or(0),
             snapshot_index: metrics.snapshot.map(|l| l.index).unwrap_or(0),
+            log_commits: self
+                .log_stats
+                .commits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            log_entries: self
+                .log_stats
+                .entries
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
