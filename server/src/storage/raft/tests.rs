@@ -43,6 +43,10 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub async fn start(size: u64) -> TestCluster {
+        Self::start_with(size, Duration::from_secs(10)).await
+    }
+
+    pub async fn start_with(size: u64, forward_timeout: Duration) -> TestCluster {
         let shutdown = CancellationToken::new();
         let mut nodes = Vec::new();
         let mut servers = Vec::new();
@@ -62,6 +66,7 @@ impl TestCluster {
                 },
             );
             options.heartbeat = Duration::from_millis(50);
+            options.forward_timeout = forward_timeout;
             options.election_timeout = (Duration::from_millis(300), Duration::from_millis(600));
             let backend = RaftBackend::open(options).await.expect("open raft backend");
             let raft = backend.raft().clone();
@@ -219,4 +224,39 @@ mod follower_of_three {
     #[allow(unused_imports)]
     use super::Member;
     crate::conformance_tests!(|| async { Member::follower_of_three().await });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_deadline() {
+    use crate::storage::{Backend, StorageError};
+
+    let cluster = TestCluster::start_with(3, Duration::from_secs(2)).await;
+    // Stop the leader and one follower: the last node can never elect a leader.
+    cluster.nodes[0].shutdown().await;
+    cluster.nodes[1].shutdown().await;
+    let survivor = &cluster.nodes[2];
+    let fixture = crate::storage::conformance::Fixture::new();
+    let started = Instant::now();
+    let error = survivor
+        .write_cas(fixture.artist("lonely"))
+        .await
+        .expect_err("no quorum");
+    assert!(matches!(error, StorageError::Inconsistent(_)), "{error:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "it waited for a leader first: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(30),
+        "and gave up after its deadline, not never: {waited:?}"
+    );
+    // An eventual read still answers from local state.
+    let missing = survivor
+        .read(
+            crate::storage::Consistency::Eventual,
+            &fixture.artist("lonely").id.unwrap_or_default(),
+        )
+        .await;
+    assert!(matches!(missing, Err(StorageError::NotFound)));
 }
