@@ -1,6 +1,7 @@
 //! Write throughput of real `resd` clusters on loopback: 1-node and 3-node clusters, 1 KiB
 //! resources written through the gRPC API at concurrency 1, 16 and 64. Prints throughput,
-//! p50/p99 latency and raft log entries per LMDB commit (group commit) for each run.
+//! p50/p99 latency and resource writes per LMDB commit of the leader's raft log (group commit)
+//! for each run.
 //!
 //! `cargo bench -p server --bench write_throughput`; `RESD_BENCH_SECONDS` sets each run's
 //! length (default 5), `RESD_BENCH_NODES` the cluster sizes (default "1,3") and
@@ -155,7 +156,7 @@ async fn main() {
             .await;
             let after = cluster.nodes[leader].status().await.unwrap();
             let commits = after.log_commits.saturating_sub(before.log_commits).max(1);
-            let entries = after.log_entries.saturating_sub(before.log_entries);
+            let writes = after.log_operations.saturating_sub(before.log_operations);
             println!(
                 "{:>5} {:>11} {:>8} {:>10.0} {:>9.2} {:>9.2} {:>15.1} {:>7}",
                 size,
@@ -164,7 +165,7 @@ async fn main() {
                 run.writes as f64 / run.elapsed.as_secs_f64(),
                 percentile(&run.latencies, 0.50),
                 percentile(&run.latencies, 0.99),
-                entries as f64 / commits as f64,
+                writes as f64 / commits as f64,
                 run.errors,
             );
         }

@@ -43,6 +43,52 @@ impl UnversionedType {
     }
 }
 
+/// A storage version: the position of a change in the backend's history. For the Raft backend,
+/// the log index of the entry that made the change and, for the second and later operations of
+/// an entry that batches several, their position in it. Formats as `index` or
+/// `index.position`; ordered by index, then position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub index: u64,
+    pub position: u32,
+}
+
+impl Version {
+    pub fn new(index: u64) -> Self {
+        Version { index, position: 0 }
+    }
+
+    pub fn at(index: u64, position: u32) -> Self {
+        Version { index, position }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.position == 0 {
+            write!(f, "{}", self.index)
+        } else {
+            write!(f, "{}.{}", self.index, self.position)
+        }
+    }
+}
+
+impl std::str::FromStr for Version {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || format!("{text:?} is not a version this server issued");
+        let (index, position) = match text.split_once('.') {
+            Some((index, position)) => (index, position.parse::<u32>().map_err(|_| invalid())?),
+            None => (text, 0),
+        };
+        Ok(Version {
+            index: index.parse::<u64>().map_err(|_| invalid())?,
+            position,
+        })
+    }
+}
+
 /// The storage identity of a resource. Orders by type, then tenancy, then name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StorageKey {
@@ -201,7 +247,7 @@ pub trait Backend: Send + Sync + 'static {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<Version>,
     ) -> Result<Watch, StorageError>;
 }
 
@@ -236,7 +282,7 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<Version>,
     ) -> Result<Watch, StorageError> {
         (**self)
             .watch_list(resource_type, tenancy, name_prefix, since)

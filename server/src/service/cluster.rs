@@ -160,6 +160,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             snapshot_index: status.snapshot_index,
             log_commits: status.log_commits,
             log_entries: status.log_entries,
+            log_operations: status.log_operations,
         }))
     }
 

@@ -184,9 +184,9 @@ impl ResourceService {
     ) -> Result<WatchStream, Error> {
         let since = match request.since_version.as_str() {
             "" => None,
-            text => Some(text.parse::<u64>().map_err(|_| {
+            text => Some(text.parse::<crate::storage::Version>().map_err(|why| {
                 Error::invalid(format!(
-                    "since_version {text:?} is not a version this server issued: pass the version of a WatchEvent"
+                    "since_version invalid: {why}: pass the version of a WatchEvent"
                 ))
             })?),
         };

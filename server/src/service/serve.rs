@@ -26,6 +26,20 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// Accepted connections with `TCP_NODELAY` set: without it, small gRPC frames wait on Nagle's
+/// algorithm and the peer's delayed ACK (tens of milliseconds per request). tonic only sets it
+/// on listeners it binds itself.
+pub fn nodelay_incoming(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
 /// Serves until `shutdown` is cancelled, then stops accepting, lets open watches end (they are
 /// tied to the same token) and returns once in-flight requests have finished.
 pub async fn serve(
@@ -66,7 +80,7 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(resource_service)
         .add_service(cluster_service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(nodelay_incoming(listener), async move {
             stopping.cancelled().await;
             reporter
                 .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()

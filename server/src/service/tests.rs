@@ -349,7 +349,7 @@ impl Backend for LosingBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<crate::storage::Version>,
     ) -> Result<Watch, StorageError> {
         self.inner
             .watch_list(resource_type, tenancy, name_prefix, since)

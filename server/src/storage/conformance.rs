@@ -756,7 +756,7 @@ pub async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Backend>(
     for _ in 0..2 {
         next_event(&mut first).await;
     }
-    let since: u64 = seen_a.version.parse().expect("numeric versions");
+    let since: super::Version = seen_a.version.parse().expect("versions parse");
     let mut resumed = backend
         .watch_list(&fixture.artist_type(), &default, "", Some(since))
         .await
@@ -787,7 +787,7 @@ pub async fn watch_resume_from_a_future_version_is_refused<B: Backend>(backend: 
             &fixture.artist_type(),
             &fixture.wildcard(),
             "",
-            Some(u64::MAX / 2),
+            Some(super::Version::new(u64::MAX / 2)),
         )
         .await
     {

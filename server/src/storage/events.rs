@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use proto::resource::v1::{Resource, Tenancy};
 use tokio::sync::broadcast;
 
-use super::{Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent};
+use super::{Operation, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent};
 
 /// Changes kept for resuming watches.
 pub const DEFAULT_HISTORY: usize = 16 * 1024;
@@ -27,7 +27,7 @@ pub enum Published {
     Change {
         key: StorageKey,
         event: WatchEvent,
-        index: u64,
+        version: Version,
     },
     /// The whole state was replaced: every watch ends and must list again.
     Reset { reason: String },
@@ -60,29 +60,37 @@ pub struct EventLog {
     history: VecDeque<Arc<Published>>,
     capacity: usize,
     /// Every change after this version is in `history`.
-    floor: u64,
+    floor: Version,
+    /// The newest change published (or the floor).
+    latest: Version,
     sender: broadcast::Sender<Arc<Published>>,
 }
 
 impl EventLog {
     /// A log whose history starts at version `floor` (what was applied when it was created).
-    pub fn new(capacity: usize, watch_buffer: usize, floor: u64) -> Self {
+    pub fn new(capacity: usize, watch_buffer: usize, floor: Version) -> Self {
         let (sender, _) = broadcast::channel(watch_buffer.max(1));
         EventLog {
             history: VecDeque::new(),
             capacity: capacity.max(1),
             floor,
+            latest: floor,
             sender,
         }
     }
 
-    pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, index: u64) {
-        let published = Arc::new(Published::Change { key, event, index });
+    pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+        self.latest = self.latest.max(version);
+        let published = Arc::new(Published::Change {
+            key,
+            event,
+            version,
+        });
         if self.history.len() >= self.capacity
             && let Some(evicted) = self.history.pop_front()
-            && let Published::Change { index, .. } = evicted.as_ref()
+            && let Published::Change { version, .. } = evicted.as_ref()
         {
-            self.floor = *index;
+            self.floor = *version;
         }
         self.history.push_back(published.clone());
         // No receivers is fine: nobody is watching.
@@ -90,21 +98,24 @@ impl EventLog {
     }
 
     /// Ends every watch; resumes from before `index` are no longer possible.
-    pub fn reset(&mut self, reason: String, index: u64) {
+    pub fn reset(&mut self, reason: String, version: Version) {
         self.history.clear();
-        self.floor = index;
+        self.floor = version;
+        self.latest = version;
         let _ = self.sender.send(Arc::new(Published::Reset { reason }));
     }
 
-    /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `current` is the
-    /// version the state is at. Call under the lock that publishing happens under.
+    /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `applied` is the
+    /// version the state is at (changes within that entry may be newer). Call under the lock
+    /// that publishing happens under.
     pub fn watch(
         &self,
         filter: WatchFilter,
         snapshot: Vec<Resource>,
-        current: u64,
-        since: Option<u64>,
+        applied: Version,
+        since: Option<Version>,
     ) -> Result<Watch, StorageError> {
+        let current = self.latest.max(applied);
         let initial: Vec<WatchEvent> = match since {
             None => snapshot
                 .into_iter()
@@ -128,11 +139,11 @@ impl EventLog {
                 .history
                 .iter()
                 .filter_map(|published| match published.as_ref() {
-                    Published::Change { key, event, index }
-                        if *index > since && filter.matches(key) =>
-                    {
-                        Some(event.clone())
-                    }
+                    Published::Change {
+                        key,
+                        event,
+                        version,
+                    } if *version > since && filter.matches(key) => Some(event.clone()),
                     _ => None,
                 })
                 .collect(),

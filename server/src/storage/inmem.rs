@@ -9,7 +9,8 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::events::{self, EventLog, WatchFilter};
 use super::{
-    Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent,
+    Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
+    WatchEvent,
 };
 use crate::resource;
 
@@ -47,7 +48,7 @@ impl InMemBackend {
                 resources: BTreeMap::new(),
                 children: HashMap::new(),
                 version: 0,
-                events: EventLog::new(history, watch_buffer, 0),
+                events: EventLog::new(history, watch_buffer, Version::new(0)),
             }),
         }
     }
@@ -136,7 +137,7 @@ impl Backend for InMemBackend {
                 .or_default()
                 .insert(key.clone());
         }
-        let index = state.version;
+        let index = Version::new(state.version);
         state.events.publish_change(
             key,
             WatchEvent {
@@ -174,7 +175,7 @@ impl Backend for InMemBackend {
         }
         state.version += 1;
         let version = state.version.to_string();
-        let index = state.version;
+        let index = Version::new(state.version);
         state.events.publish_change(
             key,
             WatchEvent {
@@ -223,7 +224,7 @@ impl Backend for InMemBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<Version>,
     ) -> Result<Watch, StorageError> {
         let state = self.lock();
         let snapshot = match since {
@@ -233,7 +234,7 @@ impl Backend for InMemBackend {
         state.events.watch(
             WatchFilter::new(resource_type, tenancy, name_prefix),
             snapshot,
-            state.version,
+            Version::new(state.version),
             since,
         )
     }
@@ -337,7 +338,12 @@ mod history_tests {
                 .expect("write");
         }
         let error = backend
-            .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", Some(2))
+            .watch_list(
+                &fixture.artist_type(),
+                &fixture.wildcard(),
+                "",
+                Some(super::super::Version::new(2)),
+            )
             .await
             .err()
             .expect("too old");
@@ -348,7 +354,12 @@ mod history_tests {
             other => panic!("expected ResumeUnavailable, got {other:?}"),
         }
         let mut resumed = backend
-            .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", Some(7))
+            .watch_list(
+                &fixture.artist_type(),
+                &fixture.wildcard(),
+                "",
+                Some(super::super::Version::new(7)),
+            )
             .await
             .expect("within the history");
         let mut versions = Vec::new();

@@ -52,6 +52,8 @@ pub struct LogStats {
     pub commits: AtomicU64,
     /// Entries written by those commits.
     pub entries: AtomicU64,
+    /// Resource writes and deletes in those entries (a batch entry holds many).
+    pub operations: AtomicU64,
     /// The last committed index openraft reported.
     pub committed: AtomicU64,
 }
@@ -244,10 +246,12 @@ impl Writer {
     /// Entries now on disk leave the in-memory tail (unless a truncate replaced them meanwhile).
     fn forget_flushed(&self, batch: &[WriteOp]) {
         let mut entry_count = 0u64;
+        let mut operation_count = 0u64;
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
         for op in batch {
             if let WriteOp::Append(entries, _) = op {
                 entry_count += entries.len() as u64;
+                operation_count += entries.iter().map(operations_in).sum::<u64>();
                 for entry in entries {
                     if tail
                         .pending
@@ -261,6 +265,22 @@ impl Writer {
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats.entries.fetch_add(entry_count, Ordering::Relaxed);
+        self.stats
+            .operations
+            .fetch_add(operation_count, Ordering::Relaxed);
+    }
+}
+
+/// Resource writes and deletes an entry carries.
+fn operations_in(entry: &Entry) -> u64 {
+    use proto::raft::v1::command::Command;
+    match &entry.payload {
+        openraft::EntryPayload::Normal(super::types::Wire(command)) => match &command.command {
+            Some(Command::Batch(batch)) => batch.operations.len() as u64,
+            Some(Command::WriteCas(_) | Command::DeleteCas(_)) => 1,
+            _ => 0,
+        },
+        _ => 0,
     }
 }
 
@@ -372,24 +392,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        // Kept in memory only: persisting it would cost an fsync per commit, and openraft does
+        // not need it for safety (a restarted node learns the commit index from the leader).
         if let Some(log_id) = committed {
             self.inner
                 .stats
                 .committed
                 .fetch_max(log_id.index, Ordering::Relaxed);
         }
-        // Not needed for safety; written with the next batch.
-        self.send(WriteOp::Meta {
-            key: schema::META_COMMITTED,
-            value: encode(&committed).map_err(write_error)?,
-            done: None,
-        })
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
-        Ok(self
-            .read_meta::<Option<LogId>>(schema::META_COMMITTED)?
-            .flatten())
+        Ok(None)
     }
 
     async fn append<I>(

@@ -145,7 +145,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         let mut budget = MAX_APPEND_BYTES;
         let mut keep = 0;
         for entry in &rpc.entries {
-            let size = encode(entry).map(|bytes| bytes.len()).unwrap_or(usize::MAX);
+            let size = approximate_size(entry);
             if keep > 0 && size > budget {
                 break;
             }
@@ -213,6 +213,18 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
             decode(&reply.into_inner().payload)
                 .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
         result.map_err(|fatal| StreamingError::RemoteError(RemoteError::new(self.target, fatal)))
+    }
+}
+
+/// An entry's encoded size, near enough for the byte budget, without encoding it.
+fn approximate_size(entry: &super::types::Entry) -> usize {
+    const OVERHEAD: usize = 64;
+    match &entry.payload {
+        openraft::EntryPayload::Normal(super::types::Wire(command)) => {
+            prost::Message::encoded_len(command) + OVERHEAD
+        }
+        openraft::EntryPayload::Membership(_) => 4096,
+        openraft::EntryPayload::Blank => OVERHEAD,
     }
 }
 
@@ -358,7 +370,7 @@ pub async fn serve(
         .tcp_nodelay(true)
         .add_service(RaftGrpc::new(raft, backend).into_server())
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            crate::service::serve::nodelay_incoming(listener),
             shutdown.cancelled_owned(),
         )
         .await

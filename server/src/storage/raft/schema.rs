@@ -5,7 +5,7 @@
 //! ```text
 //! raft/log/            log environment
 //!   entries            u64 big-endian index -> encoded Entry
-//!   meta               "vote" | "committed" | "last_purged" -> encoded value
+//!   meta               "vote" | "last_purged" -> encoded value
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
 //!   resources          storage key -> encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
@@ -31,7 +31,6 @@ pub const SM_CURRENT: &str = "raft/sm/CURRENT";
 pub const SNAPSHOT_DIR: &str = "raft/snapshots";
 
 pub const META_VOTE: &str = "vote";
-pub const META_COMMITTED: &str = "committed";
 pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";

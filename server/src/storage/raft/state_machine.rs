@@ -26,7 +26,9 @@ use super::types::{
 };
 use crate::resource;
 use crate::storage::events::{self, EventLog, Published, WatchFilter};
-use crate::storage::{Operation, StorageError, StorageKey, UnversionedType, Watch, WatchEvent};
+use crate::storage::{
+    Operation, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent,
+};
 
 /// An open state machine environment.
 struct SmEnv {
@@ -122,7 +124,7 @@ impl StateMachineStore {
                 events: Mutex::new(EventLog::new(
                     events::DEFAULT_HISTORY,
                     events::DEFAULT_WATCH_BUFFER,
-                    applied,
+                    Version::new(applied),
                 )),
                 snapshot: Mutex::new(snapshot),
                 sequence: AtomicU64::new(0),
@@ -236,10 +238,14 @@ impl SmShared {
                         .map_err(sm_write_error)?;
                     done()
                 }
-                EntryPayload::Normal(Wire(command)) => {
-                    apply_command(&sm.dbs, &mut wtxn, index, command, &mut published)
-                        .map_err(sm_write_error)?
-                }
+                EntryPayload::Normal(Wire(command)) => apply_command(
+                    &sm.dbs,
+                    &mut wtxn,
+                    Version::new(index),
+                    command,
+                    &mut published,
+                )
+                .map_err(sm_write_error)?,
             };
             results.push(Wire(result));
         }
@@ -251,8 +257,12 @@ impl SmShared {
         wtxn.commit().map_err(sm_write_error)?;
         for item in published {
             match item {
-                Published::Change { key, event, index } => log.publish_change(key, event, index),
-                Published::Reset { reason } => log.reset(reason, last.index),
+                Published::Change {
+                    key,
+                    event,
+                    version,
+                } => log.publish_change(key, event, version),
+                Published::Reset { reason } => log.reset(reason, Version::new(last.index)),
             }
         }
         Ok(results)
@@ -372,7 +382,7 @@ impl SmShared {
             });
             log.reset(
                 "this server installed a snapshot of the whole state; list again and start a new watch".into(),
-                meta.last_log_id.map(|l| l.index).unwrap_or(0),
+                Version::new(meta.last_log_id.map(|l| l.index).unwrap_or(0)),
             );
         }
         let current_file = self.data_dir.join(schema::SM_CURRENT);
@@ -517,7 +527,7 @@ impl SmShared {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<Version>,
     ) -> Result<Watch, StorageError> {
         let log = lock(&self.events);
         let sm = self.current();
@@ -541,7 +551,7 @@ impl SmShared {
         log.watch(
             WatchFilter::new(resource_type, tenancy, name_prefix),
             snapshot,
-            current,
+            Version::new(current),
             since,
         )
     }
@@ -622,7 +632,7 @@ fn owner_uid(resource: &Resource) -> Option<&str> {
 fn apply_command(
     dbs: &SmDbs,
     wtxn: &mut heed::RwTxn<'_>,
-    index: u64,
+    version: Version,
     command: pb::Command,
     published: &mut Vec<Published>,
 ) -> Result<pb::CommandResult, heed::Error> {
@@ -663,7 +673,7 @@ fn apply_command(
                 }
                 None => {}
             }
-            resource.version = index.to_string();
+            resource.version = version.to_string();
             if let Some(previous_owner) = existing.as_ref().and_then(owner_uid)
                 && owner_uid(&resource) != Some(previous_owner)
             {
@@ -678,16 +688,19 @@ fn apply_command(
             published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
-                    version: index.to_string(),
+                    version: version.to_string(),
                     operation: Operation::Upsert(resource.clone()),
                 },
-                index,
+                version,
             });
             Ok(pb::CommandResult {
                 result: Some(pb::command_result::Result::Written(resource)),
             })
         }
-        Some(C::DeleteCas(pb::DeleteCas { id, version })) => {
+        Some(C::DeleteCas(pb::DeleteCas {
+            id,
+            version: expected,
+        })) => {
             let id = id.unwrap_or_default();
             let storage_key = StorageKey::of(&id);
             let key = schema::resource_key(&storage_key);
@@ -703,7 +716,7 @@ fn apply_command(
             if !id.uid.is_empty() && existing_uid != id.uid {
                 return Ok(done());
             }
-            if existing.version != version {
+            if existing.version != expected {
                 return Ok(failure(Code::CasFailure, "version doesn't match"));
             }
             dbs.resources.delete(wtxn, &key)?;
@@ -714,12 +727,40 @@ fn apply_command(
             published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
-                    version: index.to_string(),
+                    version: version.to_string(),
                     operation: Operation::Delete(existing),
                 },
-                index,
+                version,
             });
             Ok(done())
+        }
+        Some(C::Batch(pb::Batch { operations })) => {
+            let mut results = Vec::with_capacity(operations.len());
+            for (position, operation) in operations.into_iter().enumerate() {
+                let command = match operation.operation {
+                    Some(pb::batch_operation::Operation::WriteCas(write)) => C::WriteCas(write),
+                    Some(pb::batch_operation::Operation::DeleteCas(delete)) => C::DeleteCas(delete),
+                    None => {
+                        results.push(failure(Code::Internal, "empty batch operation"));
+                        continue;
+                    }
+                };
+                let position = u32::try_from(position).unwrap_or(u32::MAX);
+                results.push(apply_command(
+                    dbs,
+                    wtxn,
+                    Version::at(version.index, position),
+                    pb::Command {
+                        command: Some(command),
+                    },
+                    published,
+                )?);
+            }
+            Ok(pb::CommandResult {
+                result: Some(pb::command_result::Result::Batch(pb::BatchResults {
+                    results,
+                })),
+            })
         }
         Some(C::RestoreBegin(pb::RestoreBegin { restore_id })) => {
             dbs.restore.clear(wtxn)?;
@@ -765,7 +806,7 @@ fn apply_command(
                 let mut resource =
                     Resource::decode(bytes.as_slice()).map_err(|e| encode_error(io(e)))?;
                 // Restored resources are new writes: versions keep increasing.
-                resource.version = index.to_string();
+                resource.version = version.to_string();
                 if let (Some(owner), Some(storage_key)) =
                     (owner_uid(&resource), schema::parse_resource_key(&key))
                 {

@@ -200,7 +200,7 @@ impl crate::storage::Backend for Member {
         resource_type: &crate::storage::UnversionedType,
         tenancy: &proto::resource::v1::Tenancy,
         name_prefix: &str,
-        since: Option<u64>,
+        since: Option<crate::storage::Version>,
     ) -> Result<crate::storage::Watch, crate::storage::StorageError> {
         (**self)
             .watch_list(resource_type, tenancy, name_prefix, since)
