@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p server --bench write_throughput`; `RESD_BENCH_SECONDS` sets each run's
 //! length (default 5), `RESD_BENCH_NODES` the cluster sizes (default "1,3") and
-//! `RESD_BENCH_CONCURRENCY` the concurrency levels (default "1,16,64").
+//! `RESD_BENCH_CONCURRENCY` the concurrency levels (default "1,16,64"), `RESD_BENCH_AGENT_ARGS`
+//! extra `resd agent` flags for every node (e.g. "--worker-threads 1").
 
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
@@ -136,7 +137,11 @@ async fn main() {
         "errors"
     );
     for &size in &sizes {
-        let cluster = Cluster::start(size, &[]).await;
+        let extra: Vec<String> = std::env::var("RESD_BENCH_AGENT_ARGS")
+            .map(|args| args.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let cluster = Cluster::start(size, &extra).await;
         let leader = cluster.wait_for_leader().await;
         let channels: Vec<Channel> = {
             let mut channels = Vec::new();

@@ -76,6 +76,11 @@ struct AgentArgs {
     /// Largest encoded resource a client may write, in bytes [default: 4194304].
     #[arg(long, env = "RESD_MAX_RESOURCE_BYTES")]
     max_resource_bytes: Option<usize>,
+
+    /// Threads serving requests [default: one per CPU]. Lower it when several nodes share a
+    /// machine.
+    #[arg(long, env = "RESD_WORKER_THREADS")]
+    worker_threads: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]

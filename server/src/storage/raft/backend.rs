@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 use super::log_store::{LogStats, LogStore};
 use super::network::{self, NetworkFactory};
 use super::state_machine::{SmShared, StateMachineStore};
-use super::types::{NodeAddr, NodeId, Raft, Wire};
+use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch};
 
 /// How a node runs its part of the Raft group.
@@ -172,7 +172,7 @@ async fn propose_batch(raft: &Raft, mut batch: Vec<Proposal>) {
     let command = pb::Command {
         command: Some(pb::command::Command::Batch(pb::Batch { operations })),
     };
-    match raft.client_write(Wire(command)).await {
+    match raft.client_write(super::types::Shared::new(command)).await {
         Ok(written) => {
             let results = match written.data.0.result {
                 Some(pb::command_result::Result::Batch(batch)) => batch.results,
@@ -202,7 +202,7 @@ async fn propose_command(raft: &Raft, command: pb::command::Command) -> Attempt 
     let command = pb::Command {
         command: Some(command),
     };
-    match raft.client_write(Wire(command)).await {
+    match raft.client_write(super::types::Shared::new(command)).await {
         Ok(written) => Attempt::done(forward_response_of(written.data.0)),
         Err(error) => attempt_of_write_error(error),
     }

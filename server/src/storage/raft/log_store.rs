@@ -275,7 +275,7 @@ impl Writer {
 fn operations_in(entry: &Entry) -> u64 {
     use proto::raft::v1::command::Command;
     match &entry.payload {
-        openraft::EntryPayload::Normal(super::types::Wire(command)) => match &command.command {
+        openraft::EntryPayload::Normal(command) => match &command.get().command {
             Some(Command::Batch(batch)) => batch.operations.len() as u64,
             Some(Command::WriteCas(_) | Command::DeleteCas(_)) => 1,
             _ => 0,

@@ -220,9 +220,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
 fn approximate_size(entry: &super::types::Entry) -> usize {
     const OVERHEAD: usize = 64;
     match &entry.payload {
-        openraft::EntryPayload::Normal(super::types::Wire(command)) => {
-            prost::Message::encoded_len(command) + OVERHEAD
-        }
+        openraft::EntryPayload::Normal(command) => command.encoded().len() + OVERHEAD,
         openraft::EntryPayload::Membership(_) => 4096,
         openraft::EntryPayload::Blank => OVERHEAD,
     }

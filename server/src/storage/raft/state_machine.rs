@@ -238,11 +238,11 @@ impl SmShared {
                         .map_err(sm_write_error)?;
                     done()
                 }
-                EntryPayload::Normal(Wire(command)) => apply_command(
+                EntryPayload::Normal(command) => apply_command(
                     &sm.dbs,
                     &mut wtxn,
                     Version::new(index),
-                    command,
+                    command.into_inner(),
                     &mut published,
                 )
                 .map_err(sm_write_error)?,
