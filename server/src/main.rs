@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one server node.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Run a three-node cluster on loopback with temporary data directories.
     Dev(DevArgs),
 }
@@ -120,7 +120,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Agent(args) => run_agent(args).await,
+            Command::Agent(args) => run_agent(*args).await,
             Command::Dev(args) => run_dev(args).await,
         }
     });
