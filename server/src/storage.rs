@@ -13,6 +13,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod deadline;
 pub mod events;
 pub mod inmem;
 pub mod raft;

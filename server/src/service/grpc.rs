@@ -48,6 +48,13 @@ impl ResourceGrpc {
     }
 }
 
+/// When the caller stops waiting, from the `grpc-timeout` header.
+fn deadline<T>(request: &Request<T>) -> Option<std::time::Instant> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let timeout = crate::storage::deadline::parse_grpc_timeout(value)?;
+    Some(std::time::Instant::now() + timeout)
+}
+
 fn consistency<T>(request: &Request<T>) -> Result<Consistency, Status> {
     match request
         .metadata()
@@ -69,10 +76,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let response = self
-            .service
-            .read(authorizer.as_ref(), consistency, request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .read(authorizer.as_ref(), consistency, request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
@@ -81,10 +91,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let response = self
-            .service
-            .write(authorizer.as_ref(), request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .write(authorizer.as_ref(), request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
@@ -93,20 +106,26 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WriteStatusRequest>,
     ) -> Result<Response<WriteStatusResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let response = self
-            .service
-            .write_status(authorizer.as_ref(), request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .write_status(authorizer.as_ref(), request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let response = self
-            .service
-            .list(authorizer.as_ref(), consistency, request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .list(authorizer.as_ref(), consistency, request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
@@ -115,10 +134,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<ListByOwnerRequest>,
     ) -> Result<Response<ListByOwnerResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let response = self
-            .service
-            .list_by_owner(authorizer.as_ref(), request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .list_by_owner(authorizer.as_ref(), request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
@@ -127,10 +149,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let response = self
-            .service
-            .delete(authorizer.as_ref(), request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .delete(authorizer.as_ref(), request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 
@@ -144,10 +169,12 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     ) -> Result<Response<Self::WatchListStream>, Status> {
         use futures::StreamExt;
         let authorizer = self.authorizer(&request)?;
-        let events: WatchStream = self
-            .service
-            .watch_list(authorizer, request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let events: WatchStream = crate::storage::deadline::scope(
+            deadline,
+            self.service.watch_list(authorizer, request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(
             events.map(|item| item.map_err(Status::from)).boxed(),
         ))
@@ -158,10 +185,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<MutateAndValidateRequest>,
     ) -> Result<Response<MutateAndValidateResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let response = self
-            .service
-            .mutate_and_validate(authorizer.as_ref(), request.into_inner())
-            .await?;
+        let deadline = deadline(&request);
+        let response = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .mutate_and_validate(authorizer.as_ref(), request.into_inner()),
+        )
+        .await?;
         Ok(Response::new(response))
     }
 }

@@ -497,10 +497,9 @@ impl RaftBackend {
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(StorageError::Inconsistent(format!(
-                    "no raft leader was elected within {:?}",
-                    self.forward_timeout
-                )));
+                return Err(StorageError::Inconsistent(
+                    "no raft leader was elected before the request's deadline".into(),
+                ));
             }
             let _ = tokio::time::timeout(remaining, metrics.changed()).await;
         }
@@ -509,7 +508,7 @@ impl RaftBackend {
     /// Runs a request on the leader, forwarding it when this node is not the leader, and waiting
     /// through elections up to the forward timeout.
     async fn submit(&self, request: pb::ForwardRequest) -> pb::ForwardResponse {
-        let deadline = Instant::now() + self.forward_timeout;
+        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
         let mut last_reason = String::new();
         loop {
             let attempt = match self.wait_for_leader(deadline).await {
@@ -532,8 +531,7 @@ impl RaftBackend {
                 Attempt::Retry(reason) => {
                     if Instant::now() >= deadline {
                         return failed(&StorageError::Inconsistent(format!(
-                            "could not reach a raft leader within {:?}: {reason}",
-                            self.forward_timeout
+                            "could not reach a raft leader before the request's deadline: {reason}"
                         )));
                     }
                     last_reason = reason;
@@ -564,7 +562,10 @@ impl RaftBackend {
         };
         let mut client = client;
         let mut call = tonic::Request::new(request);
-        call.set_timeout(self.forward_timeout);
+        call.set_timeout(
+            crate::storage::deadline::bounded(self.forward_timeout)
+                .saturating_duration_since(Instant::now()),
+        );
         match client.forward(call).await {
             Ok(reply) => {
                 let reply = reply.into_inner();

@@ -373,3 +373,28 @@ async fn two_writes_to_one_resource_in_a_batch_follow_cas() {
     }
     assert_eq!(wins, 1, "one CAS write wins, the others see a CAS failure");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_deadline_shorter_than_the_forward_timeout_ends_the_wait() {
+    use crate::storage::{Backend, StorageError, deadline};
+
+    let cluster = TestCluster::start_with(3, Duration::from_secs(30)).await;
+    cluster.nodes[0].shutdown().await;
+    cluster.nodes[1].shutdown().await;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let started = Instant::now();
+    let result = deadline::scope(
+        Some(Instant::now() + Duration::from_millis(800)),
+        cluster.nodes[2].write_cas(fixture.artist("hurry")),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(StorageError::Inconsistent(_))),
+        "{result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the caller's deadline won: {:?}",
+        started.elapsed()
+    );
+}
