@@ -6,7 +6,7 @@
 //! - [`acl`]: authorizers, policies and token resolution;
 //! - [`storage`]: the [`storage::Backend`] contract, its backends and the conformance suite;
 //! - [`service`]: the resource and cluster services, their gRPC handlers and the server setup;
-//! - [`controller`]: the controller runtime (so far its work queue);
+//! - [`controller`]: the controller runtime (controllers, reconcile loop, work queue);
 //! - [`agent`]: one running node, assembled from the above.
 
 pub mod acl;

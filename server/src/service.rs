@@ -23,6 +23,7 @@ mod delete;
 mod error;
 pub mod grpc;
 mod read;
+pub use read::WatchStream;
 pub mod serve;
 mod validate;
 mod write;
