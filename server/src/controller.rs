@@ -8,6 +8,7 @@
 //! reconciler answers with an [`Action`]; an error or a panic is retried with per-key backoff.
 //! Controllers act through the resource service with the privileged identity ([`Runtime`]).
 //!
+//! - [`manager`]: runs a node's controllers with their placement;
 //! - [`queue`]: the work queue (dedup, coalescing, delays, backoff).
 
 use std::fmt;
@@ -25,6 +26,7 @@ use crate::acl::AllowAll;
 use crate::resource::{self, DisplayId};
 use crate::service::{self, ResourceService};
 
+pub mod manager;
 pub mod queue;
 
 #[cfg(test)]

@@ -82,9 +82,25 @@ pub struct RaftBackend {
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
     /// One membership change at a time: raft refuses a change while another is in flight.
     membership: tokio::sync::Mutex<()>,
+    /// Whether this node leads, for placing singleton controllers.
+    leadership: tokio::sync::watch::Receiver<bool>,
+    leadership_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Writes and deletes waiting to be proposed.
     proposals: tokio::sync::mpsc::Sender<Proposal>,
     proposer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Publishes whether this node leads whenever raft's metrics change.
+async fn follow_leadership(raft: Raft, leading: tokio::sync::watch::Sender<bool>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let is_leader = metrics.borrow_and_update().state == openraft::ServerState::Leader;
+        leading.send_if_modified(|current| std::mem::replace(current, is_leader) != is_leader);
+        if metrics.changed().await.is_err() {
+            let _ = leading.send(false);
+            return;
+        }
+    }
 }
 
 /// A write or delete waiting for the proposer, and where its outcome goes.
@@ -336,6 +352,8 @@ impl RaftBackend {
         let raft = Raft::new(options.node_id, Arc::new(config), NetworkFactory, log, sm)
             .await
             .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
+        let (leading, leadership) = tokio::sync::watch::channel(false);
+        let leadership_task = tokio::spawn(follow_leadership(raft.clone(), leading));
         let (proposals, queue) = tokio::sync::mpsc::channel(4 * MAX_BATCH_OPERATIONS);
         let proposer = tokio::spawn(run_proposer(raft.clone(), queue));
         Ok(Arc::new(RaftBackend {
@@ -347,6 +365,8 @@ impl RaftBackend {
             forward_timeout: options.forward_timeout,
             peers: Mutex::new(HashMap::new()),
             membership: tokio::sync::Mutex::new(()),
+            leadership,
+            leadership_task: Mutex::new(Some(leadership_task)),
             proposals,
             proposer: Mutex::new(Some(proposer)),
         }))
@@ -820,8 +840,22 @@ impl RaftBackend {
         }
     }
 
+    /// Whether this node is the leader, as it changes.
+    pub fn leadership(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.leadership.clone()
+    }
+
     /// Stops raft on this node.
     pub async fn shutdown(&self) {
+        let follower = self
+            .leadership_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(follower) = follower {
+            follower.abort();
+            let _ = follower.await;
+        }
         let proposer = self
             .proposer
             .lock()
