@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::acl::{AclsDisabled, TokenResolver};
+use crate::controller::Runtime;
+use crate::controller::builtin;
+use crate::controller::manager::Manager;
 use crate::registry::{Registry, RegistryError};
 use crate::service::cluster::ClusterGrpc;
 use crate::service::serve::{self, ServeError};
@@ -59,6 +62,8 @@ pub struct AgentConfig {
     pub max_resource_bytes: usize,
     /// How long a request waits for a leader during an election, in milliseconds.
     pub forward_timeout_ms: u64,
+    /// Delay of the reaper's second pass over a tombstone (catches late children), in ms.
+    pub reaper_second_pass_ms: u64,
 }
 
 impl Default for AgentConfig {
@@ -74,6 +79,7 @@ impl Default for AgentConfig {
             snapshot_every: 10_000,
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
             forward_timeout_ms: 10_000,
+            reaper_second_pass_ms: 1_000,
         }
     }
 }
@@ -205,18 +211,44 @@ impl Agent {
     }
 
     /// Serves until the shutdown token is cancelled and every request has finished.
+    /// The built-in controllers, ready to run.
+    fn controllers(&self) -> Result<Manager, AgentError> {
+        let mut manager = Manager::new(Runtime::new(self.service.clone()));
+        builtin::register(
+            &mut manager,
+            self.service.registry().clone(),
+            Duration::from_millis(self.config.reaper_second_pass_ms),
+        )
+        .map_err(|error| AgentError::Config(format!("invalid controller: {error}")))?;
+        Ok(manager)
+    }
+
+    /// Serves until the shutdown token is cancelled and every request has finished.
     pub async fn run(self) -> Result<(), AgentError> {
         let api_addr = self.api_addr().map(|a| a.to_string()).unwrap_or_default();
+        let manager = self.controllers()?;
+        let controllers = manager.controllers().clone();
         let Some((raft, raft_listener)) = self.raft else {
-            let cluster = ClusterGrpc::new(self.service.registry().clone(), None, api_addr);
-            serve::serve(
+            // One node without raft always leads.
+            let (_leader, leadership) = tokio::sync::watch::channel(true);
+            let managing = tokio::spawn(
+                manager
+                    .run(leadership, self.shutdown.clone())
+                    .in_current_span(),
+            );
+            let cluster = ClusterGrpc::new(self.service.registry().clone(), None, api_addr)
+                .with_controllers(controllers);
+            let served = serve::serve(
                 self.api_listener,
                 self.service,
                 self.tokens,
                 cluster,
-                self.shutdown,
+                self.shutdown.clone(),
             )
-            .await?;
+            .await;
+            self.shutdown.cancel();
+            let _ = managing.await;
+            served?;
             return Ok(());
         };
 
@@ -261,11 +293,17 @@ impl Agent {
             ));
         }
 
+        tasks.push(tokio::spawn(
+            manager
+                .run(raft.leadership(), self.shutdown.clone())
+                .in_current_span(),
+        ));
         let cluster = ClusterGrpc::new(
             self.service.registry().clone(),
             Some(raft.clone()),
             api_addr,
-        );
+        )
+        .with_controllers(controllers);
         let served = serve::serve(
             self.api_listener,
             self.service,

@@ -8,6 +8,7 @@
 //! reconciler answers with an [`Action`]; an error or a panic is retried with per-key backoff.
 //! Controllers act through the resource service with the privileged identity ([`Runtime`]).
 //!
+//! - [`builtin`]: the reaper, the namespace controller and the demo controllers;
 //! - [`manager`]: runs a node's controllers with their placement;
 //! - [`queue`]: the work queue (dedup, coalescing, delays, backoff).
 
@@ -26,6 +27,7 @@ use crate::acl::AllowAll;
 use crate::resource::{self, DisplayId};
 use crate::service::{self, ResourceService};
 
+pub mod builtin;
 pub mod manager;
 pub mod queue;
 

@@ -15,6 +15,11 @@ use proto::cluster::v1::{
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Error;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use crate::controller::Placement;
+use crate::controller::manager::Registered;
 use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
@@ -31,6 +36,7 @@ pub struct ClusterGrpc {
     raft: Option<Arc<RaftBackend>>,
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
+    controllers: BTreeMap<String, Registered>,
 }
 
 impl ClusterGrpc {
@@ -39,6 +45,48 @@ impl ClusterGrpc {
             registry,
             raft,
             api_addr,
+            controllers: BTreeMap::new(),
+        }
+    }
+
+    /// Reports these controllers in `ListControllers`.
+    pub fn with_controllers(mut self, controllers: BTreeMap<String, Registered>) -> Self {
+        self.controllers = controllers;
+        self
+    }
+
+    fn local_controllers(&self) -> pb::NodeControllers {
+        let status = self.raft.as_ref().map(|raft| raft.status());
+        let controllers = self
+            .controllers
+            .values()
+            .map(|registered| {
+                let controller = &registered.controller;
+                let stats = &registered.stats;
+                pb::ControllerInfo {
+                    name: controller.name.clone(),
+                    managed_type: Some(controller.managed_type.clone()),
+                    watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
+                    placement: match controller.placement {
+                        Placement::Singleton => pb::Placement::Singleton,
+                        Placement::EachServer => pb::Placement::EachServer,
+                    } as i32,
+                    running: stats.running.load(Ordering::Relaxed),
+                    queue_depth: stats.queue_depth.load(Ordering::Relaxed),
+                    reconciles_ok: stats.reconciles_ok.load(Ordering::Relaxed),
+                    reconciles_failed: stats.reconciles_failed.load(Ordering::Relaxed),
+                    last_error: stats.last_error().unwrap_or_default(),
+                    last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
+                }
+            })
+            .collect();
+        pb::NodeControllers {
+            node_id: status.as_ref().map(|s| s.node_id).unwrap_or(0),
+            api_addr: status
+                .map(|s| s.node.api_addr)
+                .unwrap_or_else(|| self.api_addr.clone()),
+            controllers,
+            error: String::new(),
         }
     }
 
@@ -241,6 +289,41 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         Ok(Response::new(JoinResponse {
             leader_id: raft.id(),
         }))
+    }
+
+    async fn list_controllers(
+        &self,
+        request: Request<pb::ListControllersRequest>,
+    ) -> Result<Response<pb::ListControllersResponse>, Status> {
+        let local = self.local_controllers();
+        let Some(raft) = self.raft.as_ref().filter(|_| request.get_ref().all_nodes) else {
+            return Ok(Response::new(pb::ListControllersResponse {
+                nodes: vec![local],
+            }));
+        };
+        let mut nodes = Vec::new();
+        for member in raft.members() {
+            if member.node_id == raft.id() {
+                nodes.push(local.clone());
+                continue;
+            }
+            let asked = async {
+                let mut client = self.leader_client(&member.node.api_addr).await?;
+                let mut call = Request::new(pb::ListControllersRequest { all_nodes: false });
+                call.set_timeout(Duration::from_secs(5));
+                client.list_controllers(call).await
+            };
+            match asked.await {
+                Ok(reply) => nodes.extend(reply.into_inner().nodes),
+                Err(status) => nodes.push(pb::NodeControllers {
+                    node_id: member.node_id,
+                    api_addr: member.node.api_addr.clone(),
+                    controllers: Vec::new(),
+                    error: status.message().to_owned(),
+                }),
+            }
+        }
+        Ok(Response::new(pb::ListControllersResponse { nodes }))
     }
 
     type SnapshotSaveStream =

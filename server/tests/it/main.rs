@@ -2,6 +2,7 @@
 //! port, driven over gRPC, and stopped by its PID.
 
 mod cluster;
+mod controllers;
 mod dev;
 mod process;
 mod reflection;

@@ -1,0 +1,426 @@
+//! The built-in controllers: the reaper (cascading deletes through tombstones), the namespace
+//! controller (deleting a namespace deletes what is in it), and the demo controllers that make
+//! ownership, statuses, finalizers and placement visible.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use proto::demo::v2 as demo_v2;
+use proto::internal::v1::Tombstone;
+use proto::resource::v1::{Condition, Id, ListRequest, Resource, State, Status, Tenancy};
+
+use super::manager::{Manager, ManagerError};
+use super::{
+    Action, Controller, Placement, ReconcileError, Reconciler, Request, Runtime, map_owner_filtered,
+};
+use crate::acl::AllowAll;
+use crate::registry::{Registry, Scope, decode_data};
+use crate::resource::{self, DisplayId};
+
+/// Finalizer the namespace controller holds on every namespace.
+pub const NAMESPACE_FINALIZER: &str = "tenancy.resd.io/namespace-cleanup";
+/// Finalizer the album controller holds on every album.
+pub const ALBUM_FINALIZER: &str = "demo.resd.io/album-cleanup";
+/// Status key of the artist controller.
+pub const ARTIST_STATUS: &str = "demo.resd.io/artist";
+/// Status key of the album controller.
+pub const ALBUM_STATUS: &str = "demo.resd.io/album";
+
+/// Registers every built-in controller.
+pub fn register(
+    manager: &mut Manager,
+    registry: Arc<Registry>,
+    reaper_second_pass: Duration,
+) -> Result<(), ManagerError> {
+    manager.register(
+        Controller::new("reaper", resource::new_type("internal", "v1", "Tombstone"))
+            .with_reconciler(Reaper::new(reaper_second_pass)),
+    )?;
+    manager.register(
+        Controller::new(
+            "namespace",
+            resource::new_type("tenancy", "v1", "Namespace"),
+        )
+        .with_reconciler(NamespaceController { registry }),
+    )?;
+    manager.register(
+        Controller::new("demo-artist", resource::new_type("demo", "v2", "Artist"))
+            .with_reconciler(ArtistController)
+            .with_watch(
+                resource::new_type("demo", "v2", "Album"),
+                map_owner_filtered(resource::new_type("demo", "v2", "Artist")),
+            ),
+    )?;
+    manager.register(
+        Controller::new("demo-album", resource::new_type("demo", "v2", "Album"))
+            .with_reconciler(AlbumController),
+    )?;
+    manager.register(
+        Controller::new(
+            "demo-concept-observer",
+            resource::new_type("demo", "v1", "Concept"),
+        )
+        .with_reconciler(ConceptObserver::default())
+        .with_placement(Placement::EachServer),
+    )?;
+    Ok(())
+}
+
+fn condition(kind: &str, state: State, reason: &str, message: String) -> Condition {
+    Condition {
+        r#type: kind.into(),
+        state: state as i32,
+        reason: reason.into(),
+        message,
+        resource: None,
+    }
+}
+
+/// Deletes the children of deleted resources. Each tombstone names a deleted resource by uid: its
+/// children are deleted (children with finalizers are only marked, and the tombstone waits for
+/// them), then after one more pass that finds none — catching children written while the owner
+/// was being deleted — the tombstone itself is deleted. Deleting a child writes its own
+/// tombstone, so deletes cascade down the tree.
+pub struct Reaper {
+    second_pass: Duration,
+    /// Passes that found no children, per tombstone uid.
+    empty_passes: Mutex<HashMap<String, u32>>,
+    /// Passes that found the deleted resource still alive, per tombstone uid.
+    alive_passes: Mutex<HashMap<String, u32>>,
+}
+
+/// A tombstone is written just before its resource is deleted, so the resource can still be
+/// there for a moment; only after this many passes is it a tombstone whose delete never happened.
+const STALE_AFTER_PASSES: u32 = 10;
+
+impl Reaper {
+    pub fn new(second_pass: Duration) -> Self {
+        Reaper {
+            second_pass,
+            empty_passes: Mutex::new(HashMap::new()),
+            alive_passes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn passes(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.empty_passes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl Reconciler for Reaper {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(tombstone) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let tombstone_id = tombstone.id.clone().unwrap_or_default();
+        let deleted = decode_data::<Tombstone>(&tombstone)
+            .map_err(ReconcileError)?
+            .owner
+            .unwrap_or_default();
+        // The resource may not be deleted yet (the tombstone goes first); if it stays, its delete
+        // never happened and the tombstone is dropped.
+        let mut by_name = deleted.clone();
+        by_name.uid.clear();
+        if let Ok(Some(current)) = runtime.read(&by_name).await
+            && current.id.as_ref().is_some_and(|id| id.uid == deleted.uid)
+        {
+            let alive = {
+                let mut alive = self.alive_passes.lock().unwrap_or_else(|p| p.into_inner());
+                let count = alive.entry(tombstone_id.uid.clone()).or_insert(0);
+                *count += 1;
+                *count
+            };
+            if alive < STALE_AFTER_PASSES {
+                return Ok(Action::requeue(self.second_pass));
+            }
+            tracing::warn!(resource = %DisplayId(&deleted), "dropping a tombstone whose resource was never deleted");
+            runtime.delete(&tombstone_id).await?;
+            self.alive_passes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&tombstone_id.uid);
+            return Ok(Action::await_change());
+        }
+        self.alive_passes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&tombstone_id.uid);
+        let children = runtime.list_by_owner(&deleted).await?;
+        if !children.is_empty() {
+            for child in &children {
+                if !resource::is_marked_for_deletion(child)
+                    && let Some(id) = &child.id
+                {
+                    runtime.delete(id).await?;
+                }
+            }
+            self.passes().remove(&tombstone_id.uid);
+            return Ok(Action::requeue(self.second_pass));
+        }
+        let passes = {
+            let mut passes = self.passes();
+            let count = passes.entry(tombstone_id.uid.clone()).or_insert(0);
+            *count += 1;
+            *count
+        };
+        if passes < 2 {
+            return Ok(Action::requeue(self.second_pass));
+        }
+        runtime.delete(&tombstone_id).await?;
+        self.passes().remove(&tombstone_id.uid);
+        tracing::debug!(deleted = %DisplayId(&deleted), "reaped");
+        Ok(Action::await_change())
+    }
+}
+
+/// Holds a finalizer on every namespace; when one is marked for deletion, deletes everything in
+/// it, then releases the finalizer (and with it the namespace).
+pub struct NamespaceController {
+    registry: Arc<Registry>,
+}
+
+#[async_trait]
+impl Reconciler for NamespaceController {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(namespace) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let id = namespace.id.clone().unwrap_or_default();
+        let partition = id.tenancy.clone().unwrap_or_default().partition;
+        if partition == resource::DEFAULT_PARTITION && id.name == resource::DEFAULT_NAMESPACE {
+            return Ok(Action::await_change());
+        }
+        if !resource::is_marked_for_deletion(&namespace) {
+            if !resource::has_finalizer(&namespace, NAMESPACE_FINALIZER) {
+                let mut held = namespace.clone();
+                resource::add_finalizer(&mut held, NAMESPACE_FINALIZER);
+                runtime.write(held).await?;
+            }
+            return Ok(Action::await_change());
+        }
+        let tenancy = Tenancy {
+            partition: partition.clone(),
+            namespace: id.name.clone(),
+        };
+        let mut remaining = 0usize;
+        for registration in self
+            .registry
+            .types()
+            .filter(|r| r.scope == Scope::Namespace)
+        {
+            let listed = runtime
+                .service
+                .list(
+                    &AllowAll,
+                    crate::storage::Consistency::Eventual,
+                    ListRequest {
+                        r#type: Some(registration.resource_type.clone()),
+                        tenancy: Some(tenancy.clone()),
+                        name_prefix: String::new(),
+                    },
+                )
+                .await?
+                .resources;
+            for inside in listed {
+                remaining += 1;
+                if !resource::is_marked_for_deletion(&inside)
+                    && let Some(inside_id) = &inside.id
+                {
+                    runtime.delete(inside_id).await?;
+                }
+            }
+        }
+        if remaining > 0 {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        if resource::has_finalizer(&namespace, NAMESPACE_FINALIZER) {
+            let mut released = namespace.clone();
+            resource::remove_finalizer(&mut released, NAMESPACE_FINALIZER);
+            runtime.write(released).await?;
+        }
+        Ok(Action::await_change())
+    }
+}
+
+/// The album names an artist should own: one, plus one per group member (at most five).
+fn desired_albums(artist_name: &str, artist: &demo_v2::Artist) -> BTreeMap<String, demo_v2::Album> {
+    let count = 1 + artist.group_members.len().min(4);
+    let stem: String = artist_name
+        .chars()
+        .take(55)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_owned();
+    (1..=count)
+        .map(|index| {
+            (
+                format!("{stem}-album-{index}"),
+                demo_v2::Album {
+                    name: format!("{} Vol. {index}", artist.name),
+                    year_of_release: 1955 + index as i32,
+                    critically_acclaimed: index == 1,
+                    tracks: Vec::new(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Keeps the albums an artist should own (derived from its data) and reports `Accepted`.
+pub struct ArtistController;
+
+#[async_trait]
+impl Reconciler for ArtistController {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(artist) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        if resource::is_marked_for_deletion(&artist) {
+            return Ok(Action::await_change());
+        }
+        let artist_id = artist.id.clone().unwrap_or_default();
+        let data: demo_v2::Artist = decode_data(&artist).map_err(ReconcileError)?;
+        let desired = desired_albums(&artist_id.name, &data);
+        let owned: Vec<Resource> = runtime
+            .list_by_owner(&artist_id)
+            .await?
+            .into_iter()
+            .filter(|r| {
+                r.id.as_ref()
+                    .and_then(|id| id.r#type.as_ref())
+                    .is_some_and(|t| t.kind == "Album")
+            })
+            .collect();
+        for album in &owned {
+            let album_id = album.id.clone().unwrap_or_default();
+            if !desired.contains_key(&album_id.name) && !resource::is_marked_for_deletion(album) {
+                runtime.delete(&album_id).await?;
+            }
+        }
+        for (name, album) in &desired {
+            if owned
+                .iter()
+                .any(|r| r.id.as_ref().is_some_and(|id| &id.name == name))
+            {
+                continue;
+            }
+            let album_resource = Resource {
+                id: Some(Id {
+                    uid: String::new(),
+                    name: name.clone(),
+                    r#type: Some(resource::new_type("demo", "v2", "Album")),
+                    tenancy: artist_id.tenancy.clone(),
+                }),
+                owner: Some(artist_id.clone()),
+                data: Some(proto::to_any(album)),
+                ..Default::default()
+            };
+            runtime.write(album_resource).await?;
+        }
+        let status = Status {
+            observed_generation: artist.generation.clone(),
+            conditions: vec![condition(
+                "Accepted",
+                State::True,
+                "AlbumsReconciled",
+                format!("{} albums", desired.len()),
+            )],
+            updated_at: None,
+        };
+        runtime
+            .write_status_if_changed(&artist, ARTIST_STATUS, status)
+            .await?;
+        Ok(Action::await_change())
+    }
+}
+
+/// Holds a finalizer on every album and releases it after a cleanup step when the album is
+/// deleted, so finalizer flows are visible.
+pub struct AlbumController;
+
+#[async_trait]
+impl Reconciler for AlbumController {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(album) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        if !resource::is_marked_for_deletion(&album) {
+            if !resource::has_finalizer(&album, ALBUM_FINALIZER) {
+                let mut held = album.clone();
+                resource::add_finalizer(&mut held, ALBUM_FINALIZER);
+                runtime.write(held).await?;
+            }
+            return Ok(Action::await_change());
+        }
+        if !resource::has_finalizer(&album, ALBUM_FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        // The cleanup step: record it, then let the album go.
+        let status = Status {
+            observed_generation: album.generation.clone(),
+            conditions: vec![condition(
+                "CleanedUp",
+                State::True,
+                "FinalizerReleased",
+                "the album's cleanup ran".into(),
+            )],
+            updated_at: None,
+        };
+        runtime
+            .write_status_if_changed(&album, ALBUM_STATUS, status)
+            .await?;
+        let Some(current) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let mut released = current.clone();
+        resource::remove_finalizer(&mut released, ALBUM_FINALIZER);
+        runtime.write(released).await?;
+        Ok(Action::await_change())
+    }
+}
+
+/// Runs on every server (EachServer placement) and only observes: it counts the concepts this
+/// node has seen, so placement across nodes is visible in `ListControllers`.
+#[derive(Default)]
+pub struct ConceptObserver {
+    seen: Mutex<std::collections::HashSet<String>>,
+}
+
+#[async_trait]
+impl Reconciler for ConceptObserver {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let exists = runtime.read(&request.id).await?.is_some();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let key = DisplayId(&request.id).to_string();
+        if exists {
+            seen.insert(key);
+        } else {
+            seen.remove(&key);
+        }
+        tracing::debug!(concepts = seen.len(), "concepts observed on this node");
+        Ok(Action::await_change())
+    }
+}
