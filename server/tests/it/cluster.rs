@@ -4,15 +4,15 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use proto::demo::v2 as demo_v2;
 use proto::resource::v1::{Id, ListRequest, ReadRequest, Resource, Tenancy, Type, WriteRequest};
 
 use crate::process::{Cluster, Resd};
 
+/// `demo.v1.Artist`: no controller writes it, so these tests see only their own writes.
 fn artist_type() -> Type {
     Type {
         group: "demo".into(),
-        group_version: "v2".into(),
+        group_version: "v1".into(),
         kind: "Artist".into(),
     }
 }
@@ -29,7 +29,7 @@ fn artist_id(name: &str) -> Id {
 fn artist(name: &str) -> Resource {
     Resource {
         id: Some(artist_id(name)),
-        data: Some(proto::to_any(&demo_v2::Artist {
+        data: Some(proto::to_any(&proto::demo::v1::Artist {
             name: name.into(),
             ..Default::default()
         })),

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proto::cluster::v1::{SnapshotData, SnapshotSaveRequest};
-use proto::demo::v2 as demo_v2;
 use proto::resource::v1::{
     DeleteRequest, Id, ListRequest, Resource, Tenancy, Type, WatchListRequest, WriteRequest,
 };
@@ -13,10 +12,11 @@ use tonic::Code;
 
 use crate::process::{Cluster, Resd};
 
+/// `demo.v1.Artist`: no controller writes it, so these tests see only their own writes.
 fn artist_type() -> Type {
     Type {
         group: "demo".into(),
-        group_version: "v2".into(),
+        group_version: "v1".into(),
         kind: "Artist".into(),
     }
 }
@@ -29,7 +29,7 @@ fn artist(name: &str) -> Resource {
             tenancy: Some(Tenancy::default()),
             ..Default::default()
         }),
-        data: Some(proto::to_any(&demo_v2::Artist {
+        data: Some(proto::to_any(&proto::demo::v1::Artist {
             name: name.into(),
             ..Default::default()
         })),
@@ -111,7 +111,7 @@ async fn restore_replaces_the_state_on_every_node_and_aborts_watches() {
     }
     let file = save(&cluster.nodes[follower]).await;
     let (header, saved) = proto::snapshot::read(&file).expect("a valid snapshot file");
-    assert_eq!(header.counts["demo.v2.Artist"], 30);
+    assert_eq!(header.counts["demo.v1.Artist"], 30);
     assert_eq!(header.counts["tenancy.v1.Namespace"], 1);
     assert_eq!(saved.len() as u64, header.resource_count);
 
@@ -160,7 +160,7 @@ async fn restore_replaces_the_state_on_every_node_and_aborts_watches() {
 
     let expected: BTreeMap<String, (String, Vec<u8>)> = saved
         .iter()
-        .filter(|r| proto::snapshot::gvk_of(r) == "demo.v2.Artist")
+        .filter(|r| proto::snapshot::gvk_of(r) == "demo.v1.Artist")
         .map(|r| {
             let id = r.id.clone().unwrap_or_default();
             (
