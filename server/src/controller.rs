@@ -241,15 +241,111 @@ impl Controller {
     }
 }
 
-/// What reconcilers act through: the resource service, as the privileged identity.
+/// The managed and watched resources of a running controller, as its watches last reported
+/// them: primed from the watch snapshots before the first reconcile, then kept current by events.
+/// Reads return copies.
+#[derive(Debug, Default)]
+pub struct Cache {
+    resources: std::sync::RwLock<std::collections::HashMap<crate::storage::StorageKey, Resource>>,
+}
+
+impl Cache {
+    fn write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<
+        '_,
+        std::collections::HashMap<crate::storage::StorageKey, Resource>,
+    > {
+        self.resources.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(
+        &self,
+    ) -> std::sync::RwLockReadGuard<
+        '_,
+        std::collections::HashMap<crate::storage::StorageKey, Resource>,
+    > {
+        self.resources.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn upsert(&self, resource: &Resource) {
+        if let Some(id) = &resource.id {
+            self.write()
+                .insert(crate::storage::StorageKey::of(id), resource.clone());
+        }
+    }
+
+    fn remove(&self, resource: &Resource) {
+        if let Some(id) = &resource.id {
+            self.write().remove(&crate::storage::StorageKey::of(id));
+        }
+    }
+
+    /// The cached resource with this id's type (any version), tenancy and name.
+    pub fn get(&self, id: &Id) -> Option<Resource> {
+        self.read()
+            .get(&crate::storage::StorageKey::of(id))
+            .cloned()
+    }
+
+    /// Every cached resource of a type (group and kind; any version).
+    pub fn list(&self, resource_type: &Type) -> Vec<Resource> {
+        self.read()
+            .iter()
+            .filter(|(key, _)| key.group == resource_type.group && key.kind == resource_type.kind)
+            .map(|(_, resource)| resource.clone())
+            .collect()
+    }
+
+    /// Cached resources owned by `owner` (matched by uid).
+    pub fn owned_by(&self, owner: &Id) -> Vec<Resource> {
+        self.read()
+            .values()
+            .filter(|r| {
+                r.owner
+                    .as_ref()
+                    .is_some_and(|o| o.uid == owner.uid && !o.uid.is_empty())
+            })
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What reconcilers act through: the resource service, as the privileged identity, and the
+/// running controller's cache.
 #[derive(Clone, Debug)]
 pub struct Runtime {
     pub service: Arc<ResourceService>,
+    cache: Arc<Cache>,
 }
 
 impl Runtime {
     pub fn new(service: Arc<ResourceService>) -> Self {
-        Runtime { service }
+        Runtime {
+            service,
+            cache: Arc::new(Cache::default()),
+        }
+    }
+
+    /// The same runtime with a fresh cache, for one life of one controller.
+    fn with_fresh_cache(&self) -> Runtime {
+        Runtime {
+            service: self.service.clone(),
+            cache: Arc::new(Cache::default()),
+        }
+    }
+
+    /// The running controller's cache of its managed and watched resources.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
     }
 
     /// Reads a resource (a copy); `None` when it does not exist.
@@ -435,8 +531,10 @@ async fn run_once(
         }
     }
 
+    let runtime = &runtime.with_fresh_cache();
     let queue = Arc::new(queue::WorkQueue::<Request>::new(controller.backoff));
     let life = shutdown.child_token();
+    let (primed, mut primed_count) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut watches = tokio::task::JoinSet::new();
     let mut sources: Vec<(Type, Option<Mapper>)> = vec![(controller.managed_type.clone(), None)];
     sources.extend(
@@ -463,7 +561,31 @@ async fn run_once(
             Ok(stream) => stream,
             Err(error) => return format!("cannot watch {}: {error}", resource::gvk(&watched_type)),
         };
-        watches.spawn(feed_queue(stream, mapper, queue.clone(), life.clone()));
+        watches.spawn(feed_queue(
+            stream,
+            mapper,
+            queue.clone(),
+            runtime.cache.clone(),
+            primed.clone(),
+            life.clone(),
+        ));
+    }
+    drop(primed);
+    // Prime the cache from every watch's snapshot before the first reconcile.
+    let sources = 1 + controller.watches.len();
+    for _ in 0..sources {
+        tokio::select! {
+            () = shutdown.cancelled() => {
+                life.cancel();
+                while watches.join_next().await.is_some() {}
+                return "shutting down".into();
+            }
+            signal = primed_count.recv() => if signal.is_none() {
+                life.cancel();
+                while watches.join_next().await.is_some() {}
+                return "a watch ended before its snapshot was complete".into();
+            },
+        }
     }
 
     let mut workers = tokio::task::JoinSet::new();
@@ -520,6 +642,8 @@ async fn feed_queue(
     mut stream: service::WatchStream,
     mapper: Option<Mapper>,
     queue: Arc<queue::WorkQueue<Request>>,
+    cache: Arc<Cache>,
+    primed: tokio::sync::mpsc::UnboundedSender<()>,
     life: CancellationToken,
 ) -> String {
     loop {
@@ -531,9 +655,23 @@ async fn feed_queue(
             None => return "the watch ended".into(),
             Some(Err(error)) => return format!("the watch failed: {error}"),
             Some(Ok(event)) => match event.event {
-                Some(watch_event::Event::Upsert(upsert)) => upsert.resource,
-                Some(watch_event::Event::Delete(delete)) => delete.resource,
-                Some(watch_event::Event::EndOfSnapshot(_)) | None => None,
+                Some(watch_event::Event::Upsert(upsert)) => {
+                    if let Some(resource) = &upsert.resource {
+                        cache.upsert(resource);
+                    }
+                    upsert.resource
+                }
+                Some(watch_event::Event::Delete(delete)) => {
+                    if let Some(resource) = &delete.resource {
+                        cache.remove(resource);
+                    }
+                    delete.resource
+                }
+                Some(watch_event::Event::EndOfSnapshot(_)) => {
+                    let _ = primed.send(());
+                    None
+                }
+                None => None,
             },
         };
         let Some(resource) = resource else { continue };

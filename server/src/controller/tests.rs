@@ -376,3 +376,68 @@ async fn an_identical_status_is_not_written_again() {
         .expect("exists");
     assert_eq!(again.version, reread.version, "no write happened");
 }
+
+/// Reports, at each reconcile, what the cache holds for the artist being reconciled.
+struct CacheProbe {
+    seen: mpsc::UnboundedSender<(bool, usize)>,
+}
+
+#[async_trait]
+impl Reconciler for CacheProbe {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let artist = runtime.cache().get(&request.id);
+        let albums = artist
+            .as_ref()
+            .and_then(|a| a.id.as_ref())
+            .map(|artist_id| runtime.cache().owned_by(artist_id).len())
+            .unwrap_or(0);
+        let _ = self.seen.send((artist.is_some(), albums));
+        Ok(Action::await_change())
+    }
+}
+
+#[tokio::test]
+async fn the_cache_is_primed_before_the_first_reconcile_and_follows_changes() {
+    let runtime = runtime().await;
+    let owner = runtime.write(artist("miles")).await.expect("owner");
+    let album = |name: &str| Resource {
+        id: Some(id(album_type(), name)),
+        owner: owner.id.clone(),
+        ..Default::default()
+    };
+    runtime.write(album("kind-of-blue")).await.expect("album");
+    let (seen, mut probes) = mpsc::unbounded_channel();
+    let controller = Controller::new("artists", artist_type())
+        .with_reconciler(CacheProbe { seen })
+        .with_watch(album_type(), map_owner());
+    let running = start(controller, &runtime);
+    let first = tokio::time::timeout(Duration::from_secs(10), probes.recv())
+        .await
+        .expect("a reconcile")
+        .expect("open");
+    assert_eq!(
+        first,
+        (true, 1),
+        "the artist and its album are cached before the first reconcile"
+    );
+    runtime
+        .write(album("sketches-of-spain"))
+        .await
+        .expect("second album");
+    let mut latest = first;
+    for _ in 0..10 {
+        match tokio::time::timeout(Duration::from_secs(5), probes.recv()).await {
+            Ok(Some(probe)) => latest = probe,
+            _ => break,
+        }
+        if latest == (true, 2) {
+            break;
+        }
+    }
+    assert_eq!(latest, (true, 2), "the cache follows new albums");
+    running.stop().await;
+}

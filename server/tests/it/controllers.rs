@@ -268,3 +268,34 @@ async fn deleting_a_namespace_deletes_everything_in_it() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_restart_after_a_restore_closes_their_watches() {
+    use proto::cluster::v1::{SnapshotData, SnapshotSaveRequest};
+    use tokio_stream::StreamExt;
+
+    let resd = Resd::start();
+    let before = write(&resd, artist_in("", "before", &[])).await;
+    accepted_albums(&resd, &before.id.clone().expect("id"), 1).await;
+
+    let mut saved = resd
+        .cluster()
+        .await
+        .snapshot_save(SnapshotSaveRequest {})
+        .await
+        .expect("save")
+        .into_inner();
+    let mut file = Vec::new();
+    while let Some(chunk) = saved.next().await {
+        file.extend_from_slice(&chunk.expect("chunk").data);
+    }
+    resd.cluster()
+        .await
+        .snapshot_restore(tokio_stream::iter(vec![SnapshotData { data: file }]))
+        .await
+        .expect("restore");
+
+    // The restore aborted every controller watch; they restart with fresh state and go on.
+    let after = write(&resd, artist_in("", "after-restore", &["one"])).await;
+    accepted_albums(&resd, &after.id.expect("id"), 2).await;
+}
