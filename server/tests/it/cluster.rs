@@ -4,38 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use proto::resource::v1::{Id, ListRequest, ReadRequest, Resource, Tenancy, Type, WriteRequest};
+use proto::resource::v1::{ListRequest, ReadRequest, Resource, Tenancy, WriteRequest};
 
 use crate::process::{Cluster, Resd};
-
-/// `demo.v1.Artist`: no controller writes it, so these tests see only their own writes.
-fn artist_type() -> Type {
-    Type {
-        group: "demo".into(),
-        group_version: "v1".into(),
-        kind: "Artist".into(),
-    }
-}
-
-fn artist_id(name: &str) -> Id {
-    Id {
-        name: name.into(),
-        r#type: Some(artist_type()),
-        tenancy: Some(Tenancy::default()),
-        ..Default::default()
-    }
-}
-
-fn artist(name: &str) -> Resource {
-    Resource {
-        id: Some(artist_id(name)),
-        data: Some(proto::to_any(&proto::demo::v1::Artist {
-            name: name.into(),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
+use crate::support::{artist, artist_id, artist_type};
 
 async fn write(node: &Resd, resource: Resource) -> Result<Resource, tonic::Status> {
     let mut client = node.resources().await;

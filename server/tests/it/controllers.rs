@@ -271,24 +271,13 @@ async fn deleting_a_namespace_deletes_everything_in_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_restart_after_a_restore_closes_their_watches() {
-    use proto::cluster::v1::{SnapshotData, SnapshotSaveRequest};
-    use tokio_stream::StreamExt;
+    use proto::cluster::v1::SnapshotData;
 
     let resd = Resd::start();
     let before = write(&resd, artist_in("", "before", &[])).await;
     accepted_albums(&resd, &before.id.clone().expect("id"), 1).await;
 
-    let mut saved = resd
-        .cluster()
-        .await
-        .snapshot_save(SnapshotSaveRequest {})
-        .await
-        .expect("save")
-        .into_inner();
-    let mut file = Vec::new();
-    while let Some(chunk) = saved.next().await {
-        file.extend_from_slice(&chunk.expect("chunk").data);
-    }
+    let file = crate::support::save_snapshot(&resd).await;
     resd.cluster()
         .await
         .snapshot_restore(tokio_stream::iter(vec![SnapshotData { data: file }]))

@@ -9,4 +9,5 @@ mod reflection;
 mod resource_api;
 mod shutdown;
 mod snapshot;
+mod support;
 mod tidy;

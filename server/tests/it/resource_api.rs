@@ -5,38 +5,14 @@ use std::time::Duration;
 use proto::demo::v2 as demo_v2;
 use proto::resource::v1::watch_event::Event;
 use proto::resource::v1::{
-    DeleteRequest, Id, ListRequest, ReadRequest, Resource, Tenancy, Type, WatchListRequest,
-    WriteRequest, WriteStatusRequest,
+    DeleteRequest, ListRequest, ReadRequest, Resource, Tenancy, WatchListRequest, WriteRequest,
+    WriteStatusRequest,
 };
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::process::Resd;
-
-/// `demo.v1.Artist`: no controller writes it, so these tests see only their own writes.
-fn artist_type() -> Type {
-    Type {
-        group: "demo".into(),
-        group_version: "v1".into(),
-        kind: "Artist".into(),
-    }
-}
-
-fn artist(name: &str) -> Resource {
-    Resource {
-        id: Some(Id {
-            name: name.into(),
-            r#type: Some(artist_type()),
-            tenancy: Some(Tenancy::default()),
-            ..Default::default()
-        }),
-        data: Some(proto::to_any(&proto::demo::v1::Artist {
-            name: name.into(),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
+use crate::support::{artist, artist_type};
 
 #[tokio::test]
 async fn write_read_list_watch_and_delete_over_grpc() {

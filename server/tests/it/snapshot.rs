@@ -3,39 +3,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use proto::cluster::v1::{SnapshotData, SnapshotSaveRequest};
-use proto::resource::v1::{
-    DeleteRequest, Id, ListRequest, Resource, Tenancy, Type, WatchListRequest, WriteRequest,
-};
+use proto::cluster::v1::SnapshotData;
+use proto::resource::v1::{DeleteRequest, ListRequest, Tenancy, WatchListRequest, WriteRequest};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::process::{Cluster, Resd};
-
-/// `demo.v1.Artist`: no controller writes it, so these tests see only their own writes.
-fn artist_type() -> Type {
-    Type {
-        group: "demo".into(),
-        group_version: "v1".into(),
-        kind: "Artist".into(),
-    }
-}
-
-fn artist(name: &str) -> Resource {
-    Resource {
-        id: Some(Id {
-            name: name.into(),
-            r#type: Some(artist_type()),
-            tenancy: Some(Tenancy::default()),
-            ..Default::default()
-        }),
-        data: Some(proto::to_any(&proto::demo::v1::Artist {
-            name: name.into(),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
+use crate::support::{artist, artist_type, save_snapshot};
 
 /// name → (uid, data) of every artist on a node (local read).
 async fn artists(node: &Resd) -> BTreeMap<String, (String, Vec<u8>, u64)> {
@@ -63,21 +37,6 @@ async fn artists(node: &Resd) -> BTreeMap<String, (String, Vec<u8>, u64)> {
             )
         })
         .collect()
-}
-
-async fn save(node: &Resd) -> Vec<u8> {
-    let mut stream = node
-        .cluster()
-        .await
-        .snapshot_save(SnapshotSaveRequest {})
-        .await
-        .expect("save")
-        .into_inner();
-    let mut file = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        file.extend_from_slice(&chunk.expect("chunk").data);
-    }
-    file
 }
 
 async fn restore(
@@ -109,7 +68,7 @@ async fn restore_replaces_the_state_on_every_node_and_aborts_watches() {
             .await
             .expect("write");
     }
-    let file = save(&cluster.nodes[follower]).await;
+    let file = save_snapshot(&cluster.nodes[follower]).await;
     let (header, saved) = proto::snapshot::read(&file).expect("a valid snapshot file");
     assert_eq!(header.counts["demo.v1.Artist"], 30);
     assert_eq!(header.counts["tenancy.v1.Namespace"], 1);
@@ -234,7 +193,7 @@ async fn damaged_snapshots_are_rejected_before_anything_changes() {
         })
         .await
         .expect("write");
-    let file = save(&resd).await;
+    let file = save_snapshot(&resd).await;
     let before = artists(&resd).await;
 
     let truncated = &file[..file.len() - 3];

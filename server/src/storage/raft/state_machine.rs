@@ -105,13 +105,7 @@ impl StateMachineStore {
         let snapshot = load_latest_snapshot(data_dir);
         let applied = {
             let rtxn = env.read_txn().map_err(io)?;
-            match dbs.meta.get(&rtxn, schema::META_LAST_APPLIED).map_err(io)? {
-                Some(bytes) => decode::<Option<LogId>>(bytes)
-                    .map_err(io)?
-                    .map(|l| l.index)
-                    .unwrap_or(0),
-                None => 0,
-            }
+            applied_index(&dbs, &rtxn).map_err(io)?
         };
         Ok(StateMachineStore {
             shared: Arc::new(SmShared {
@@ -186,24 +180,7 @@ impl SmShared {
     ) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(sm_read_error)?;
-        let last_applied = match sm
-            .dbs
-            .meta
-            .get(&rtxn, schema::META_LAST_APPLIED)
-            .map_err(sm_read_error)?
-        {
-            Some(bytes) => decode(bytes).map_err(sm_read_error)?,
-            None => None,
-        };
-        let membership = match sm
-            .dbs
-            .meta
-            .get(&rtxn, schema::META_MEMBERSHIP)
-            .map_err(sm_read_error)?
-        {
-            Some(bytes) => decode(bytes).map_err(sm_read_error)?,
-            None => StoredMembership::default(),
-        };
+        let (last_applied, membership) = read_applied(&sm.dbs, &rtxn).map_err(sm_read_error)?;
         Ok((last_applied, membership))
     }
 
@@ -282,22 +259,7 @@ impl SmShared {
         let (last_applied, membership) = {
             let (env, dbs) = schema::open_sm(&building).map_err(snapshot_error)?;
             let rtxn = env.read_txn().map_err(snapshot_error)?;
-            let last_applied: Option<LogId> = match dbs
-                .meta
-                .get(&rtxn, schema::META_LAST_APPLIED)
-                .map_err(snapshot_error)?
-            {
-                Some(bytes) => decode(bytes).map_err(snapshot_error)?,
-                None => None,
-            };
-            let membership: StoredMembership = match dbs
-                .meta
-                .get(&rtxn, schema::META_MEMBERSHIP)
-                .map_err(snapshot_error)?
-            {
-                Some(bytes) => decode(bytes).map_err(snapshot_error)?,
-                None => StoredMembership::default(),
-            };
+            let (last_applied, membership) = read_applied(&dbs, &rtxn).map_err(snapshot_error)?;
             drop(rtxn);
             env.prepare_for_closing().wait();
             (last_applied, membership)
@@ -410,18 +372,7 @@ impl SmShared {
         const CHUNK_BYTES: usize = 1 << 20;
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let raft_index = match sm
-            .dbs
-            .meta
-            .get(&rtxn, schema::META_LAST_APPLIED)
-            .map_err(storage_internal)?
-        {
-            Some(bytes) => decode::<Option<LogId>>(bytes)
-                .map_err(storage_internal)?
-                .map(|l| l.index)
-                .unwrap_or(0),
-            None => 0,
-        };
+        let raft_index = applied_index(&sm.dbs, &rtxn).map_err(storage_internal)?;
         let mut body = proto::snapshot::BodyWriter::new();
         let mut scratch = Vec::new();
         for item in sm.dbs.resources.iter(&rtxn).map_err(storage_internal)? {
@@ -532,18 +483,7 @@ impl SmShared {
         let log = lock(&self.events);
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let current = match sm
-            .dbs
-            .meta
-            .get(&rtxn, schema::META_LAST_APPLIED)
-            .map_err(storage_internal)?
-        {
-            Some(bytes) => decode::<Option<LogId>>(bytes)
-                .map_err(storage_internal)?
-                .map(|l| l.index)
-                .unwrap_or(0),
-            None => 0,
-        };
+        let current = applied_index(&sm.dbs, &rtxn).map_err(storage_internal)?;
         let snapshot = match since {
             None => scan(&sm, &rtxn, resource_type, tenancy, name_prefix)?,
             Some(_) => Vec::new(),
@@ -555,6 +495,38 @@ impl SmShared {
             since,
         )
     }
+}
+
+/// The last applied log id and the membership a state machine environment records.
+fn read_applied(
+    dbs: &SmDbs,
+    rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
+) -> Result<(Option<LogId>, StoredMembership), String> {
+    let last_applied = match dbs
+        .meta
+        .get(rtxn, schema::META_LAST_APPLIED)
+        .map_err(|e| e.to_string())?
+    {
+        Some(bytes) => decode(bytes).map_err(|e| e.to_string())?,
+        None => None,
+    };
+    let membership = match dbs
+        .meta
+        .get(rtxn, schema::META_MEMBERSHIP)
+        .map_err(|e| e.to_string())?
+    {
+        Some(bytes) => decode(bytes).map_err(|e| e.to_string())?,
+        None => StoredMembership::default(),
+    };
+    Ok((last_applied, membership))
+}
+
+/// The index of the last applied entry (0 before any).
+fn applied_index(dbs: &SmDbs, rtxn: &heed::RoTxn<'_, heed::WithoutTls>) -> Result<u64, String> {
+    Ok(read_applied(dbs, rtxn)?
+        .0
+        .map(|log_id| log_id.index)
+        .unwrap_or(0))
 }
 
 fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {

@@ -1,0 +1,53 @@
+//! Helpers the integration tests share: resources to write and snapshot plumbing.
+
+use proto::cluster::v1::SnapshotSaveRequest;
+use proto::resource::v1::{Id, Resource, Tenancy, Type};
+use tokio_stream::StreamExt;
+
+use crate::process::Resd;
+
+/// `demo.v1.Artist`: no controller writes it, so tests see only their own writes.
+pub fn artist_type() -> Type {
+    Type {
+        group: "demo".into(),
+        group_version: "v1".into(),
+        kind: "Artist".into(),
+    }
+}
+
+/// An artist id in the default tenancy (empty tenancy: the scope's defaults).
+pub fn artist_id(name: &str) -> Id {
+    Id {
+        name: name.into(),
+        r#type: Some(artist_type()),
+        tenancy: Some(Tenancy::default()),
+        ..Default::default()
+    }
+}
+
+pub fn artist(name: &str) -> Resource {
+    Resource {
+        id: Some(artist_id(name)),
+        data: Some(proto::to_any(&proto::demo::v1::Artist {
+            name: name.into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// A snapshot file saved from `node`.
+pub async fn save_snapshot(node: &Resd) -> Vec<u8> {
+    let mut stream = node
+        .cluster()
+        .await
+        .snapshot_save(SnapshotSaveRequest {})
+        .await
+        .expect("save")
+        .into_inner();
+    let mut file = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        file.extend_from_slice(&chunk.expect("chunk").data);
+    }
+    file
+}
