@@ -867,6 +867,11 @@ impl RaftBackend {
         }
         if let Err(error) = self.raft.shutdown().await {
             tracing::warn!(%error, "raft did not shut down cleanly");
+            return;
+        }
+        // Nothing applies any more: make the state machine durable so the next start uses it.
+        if let Err(error) = self.sm.close_cleanly() {
+            tracing::warn!(%error, "cannot sync the state machine; it will be rebuilt at the next start");
         }
     }
 

@@ -12,6 +12,7 @@
 //!   meta               "last_applied" | "membership" | "restore_id" -> encoded value
 //!   restore            storage key -> encoded Resource (staging area of an operator restore)
 //! raft/sm/CURRENT      the generation in use
+//! raft/sm/CLEAN        marker: the last shutdown synced the state machine
 //! raft/snapshots/      snapshot files: <id>.mdb and <id>.meta
 //! ```
 
@@ -28,6 +29,9 @@ const MAP_SIZE: usize = 64 << 30;
 pub const LOG_DIR: &str = "raft/log";
 pub const SM_DIR: &str = "raft/sm";
 pub const SM_CURRENT: &str = "raft/sm/CURRENT";
+/// Present only while the state machine is known to be fully on disk (written at a clean
+/// shutdown, removed at start).
+pub const SM_CLEAN: &str = "raft/sm/CLEAN";
 pub const SNAPSHOT_DIR: &str = "raft/snapshots";
 
 pub const META_VOTE: &str = "vote";
@@ -38,16 +42,43 @@ pub const META_RESTORE_ID: &str = "restore_id";
 
 pub type LmdbEnv = Env<WithoutTls>;
 
+/// How an environment commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Every commit is synced before it returns (the raft log).
+    Synced,
+    /// Commits are not synced (the state machine: derived from the log, rebuilt from the latest
+    /// snapshot and the log after an unclean shutdown, synced at a clean one).
+    Rebuildable,
+}
+
 /// Opens (creating if needed) an environment in `dir`.
-pub fn open_env(dir: &Path, max_dbs: u32) -> heed::Result<LmdbEnv> {
+pub fn open_env(dir: &Path, max_dbs: u32, durability: Durability) -> heed::Result<LmdbEnv> {
     std::fs::create_dir_all(dir)?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(MAP_SIZE).max_dbs(max_dbs);
     // SAFETY: each environment directory is opened by one resd process only (the data directory
-    // belongs to one node), no unsafe LMDB flags are set, and nothing else writes its files.
+    // belongs to one node) and nothing else writes its files. NO_SYNC (state machine only) can
+    // leave the file torn after an OS crash; the state machine is then discarded and rebuilt
+    // (see `state_machine::StateMachineStore::open`), never read.
     #[allow(unsafe_code)]
-    let env = unsafe { options.open(dir)? };
+    let env = unsafe {
+        if durability == Durability::Rebuildable {
+            options.flags(heed::EnvFlags::NO_SYNC);
+        }
+        options.open(dir)?
+    };
     Ok(env)
+}
+
+/// Flushes a file (and so its contents) to disk.
+pub fn sync_file(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
+/// Flushes a directory's entries (renames, creations) to disk.
+pub fn sync_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
 }
 
 /// Databases of the log environment.
@@ -58,7 +89,7 @@ pub struct LogDbs {
 }
 
 pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
-    let env = open_env(&data_dir.join(LOG_DIR), 4)?;
+    let env = open_env(&data_dir.join(LOG_DIR), 4, Durability::Synced)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
@@ -82,7 +113,7 @@ pub struct SmDbs {
 }
 
 pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
-    let env = open_env(dir, 8)?;
+    let env = open_env(dir, 8, Durability::Rebuildable)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {

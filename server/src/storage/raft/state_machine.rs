@@ -45,6 +45,8 @@ pub struct SmShared {
     events: Mutex<EventLog>,
     snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     sequence: AtomicU64,
+    /// Set by `close_cleanly`: nothing may be applied after the final sync.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -94,15 +96,39 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl StateMachineStore {
     /// Opens the state machine under `data_dir`, with the generation recorded in `CURRENT`.
     pub fn open(data_dir: &Path) -> Result<StateMachineStore, std::io::Error> {
-        let generation = match std::fs::read_to_string(data_dir.join(schema::SM_CURRENT)) {
+        let mut generation = match std::fs::read_to_string(data_dir.join(schema::SM_CURRENT)) {
             Ok(text) => text.trim().parse::<u64>().map_err(io)?,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
             Err(error) => return Err(error),
         };
+        let clean_marker = data_dir.join(schema::SM_CLEAN);
+        let clean = clean_marker.exists();
+        if clean {
+            std::fs::remove_file(&clean_marker)?;
+            schema::sync_dir(&data_dir.join(schema::SM_DIR))?;
+        }
+        let snapshot = load_latest_snapshot(data_dir);
+        let existing = schema::sm_generation_dir(data_dir, generation).join("data.mdb");
+        if !clean && existing.exists() {
+            // Commits are not synced: after an unclean stop the file may be torn. Start again from
+            // the latest snapshot; raft applies the log after it again.
+            tracing::warn!(
+                snapshot = snapshot.as_ref().map(|(meta, _)| meta.snapshot_id.clone()),
+                "the state machine was not shut down cleanly; rebuilding it from the latest snapshot and the raft log"
+            );
+            generation += 1;
+            let rebuilt = schema::sm_generation_dir(data_dir, generation);
+            let _ = std::fs::remove_dir_all(&rebuilt);
+            std::fs::create_dir_all(&rebuilt)?;
+            if let Some((_, path)) = &snapshot {
+                std::fs::copy(path, rebuilt.join("data.mdb"))?;
+                schema::sync_file(&rebuilt.join("data.mdb"))?;
+            }
+            write_current(data_dir, generation)?;
+        }
         let (env, dbs) =
             schema::open_sm(&schema::sm_generation_dir(data_dir, generation)).map_err(io)?;
         remove_other_generations(data_dir, generation);
-        let snapshot = load_latest_snapshot(data_dir);
         let applied = {
             let rtxn = env.read_txn().map_err(io)?;
             applied_index(&dbs, &rtxn).map_err(io)?
@@ -122,9 +148,20 @@ impl StateMachineStore {
                 )),
                 snapshot: Mutex::new(snapshot),
                 sequence: AtomicU64::new(0),
+                closed: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
+}
+
+/// Records the generation in use, durably (write, sync, rename, sync the directory).
+fn write_current(data_dir: &Path, generation: u64) -> std::io::Result<()> {
+    let current_file = data_dir.join(schema::SM_CURRENT);
+    let temporary = current_file.with_extension("tmp");
+    std::fs::write(&temporary, generation.to_string())?;
+    schema::sync_file(&temporary)?;
+    std::fs::rename(&temporary, &current_file)?;
+    schema::sync_dir(&data_dir.join(schema::SM_DIR))
 }
 
 fn remove_other_generations(data_dir: &Path, keep: u64) {
@@ -184,6 +221,18 @@ impl SmShared {
         Ok((last_applied, membership))
     }
 
+    /// Syncs the state machine to disk and marks it clean, so the next start uses it as is.
+    /// Call when nothing applies any more (after raft stopped).
+    pub fn close_cleanly(&self) -> std::io::Result<()> {
+        let _log = lock(&self.events);
+        self.closed.store(true, Ordering::SeqCst);
+        self.current().env.force_sync().map_err(io)?;
+        let marker = self.data_dir.join(schema::SM_CLEAN);
+        std::fs::write(&marker, b"clean")?;
+        schema::sync_file(&marker)?;
+        schema::sync_dir(&self.data_dir.join(schema::SM_DIR))
+    }
+
     /// The last applied log index (0 before anything was applied).
     pub fn last_applied_index(&self) -> u64 {
         self.applied_state_blocking()
@@ -199,6 +248,9 @@ impl SmShared {
         };
         let sm = self.current();
         let mut log = lock(&self.events);
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(sm_write_error("the state machine is closed"));
+        }
         let mut wtxn = sm.env.write_txn().map_err(sm_write_error)?;
         let mut results = Vec::with_capacity(entries.len());
         let mut published = Vec::new();
@@ -278,9 +330,14 @@ impl SmShared {
             encode(&meta).map_err(snapshot_error)?,
         )
         .map_err(snapshot_error)?;
+        // The snapshot is what the state machine is rebuilt from after an unclean stop, and the
+        // log is purged behind it: it must be on disk before openraft learns of it.
+        schema::sync_file(&building.join("data.mdb")).map_err(snapshot_error)?;
+        schema::sync_file(&building.join("meta")).map_err(snapshot_error)?;
         let final_dir = snapshots.join(&snapshot_id);
         let _ = std::fs::remove_dir_all(&final_dir);
         std::fs::rename(&building, &final_dir).map_err(snapshot_error)?;
+        schema::sync_dir(&snapshots).map_err(snapshot_error)?;
         self.set_current_snapshot(meta.clone(), final_dir.join("data.mdb"));
         tracing::info!(snapshot_id, "built a raft snapshot");
         Ok(Snapshot {
@@ -314,6 +371,7 @@ impl SmShared {
         let _ = std::fs::remove_dir_all(&generation_dir);
         std::fs::create_dir_all(&generation_dir).map_err(snapshot_error)?;
         std::fs::copy(&file.path, generation_dir.join("data.mdb")).map_err(snapshot_error)?;
+        schema::sync_file(&generation_dir.join("data.mdb")).map_err(snapshot_error)?;
         let (env, dbs) = schema::open_sm(&generation_dir).map_err(snapshot_error)?;
 
         // Keep the received file as this node's current snapshot.
@@ -334,6 +392,10 @@ impl SmShared {
             encode(&meta).map_err(snapshot_error)?,
         )
         .map_err(snapshot_error)?;
+        schema::sync_file(&snapshot_dir.join("meta")).map_err(snapshot_error)?;
+        if let Some(snapshots) = snapshot_dir.parent() {
+            schema::sync_dir(snapshots).map_err(snapshot_error)?;
+        }
 
         {
             let mut log = lock(&self.events);
@@ -347,10 +409,7 @@ impl SmShared {
                 Version::new(meta.last_log_id.map(|l| l.index).unwrap_or(0)),
             );
         }
-        let current_file = self.data_dir.join(schema::SM_CURRENT);
-        let temporary = current_file.with_extension("tmp");
-        std::fs::write(&temporary, generation.to_string()).map_err(snapshot_error)?;
-        std::fs::rename(&temporary, &current_file).map_err(snapshot_error)?;
+        write_current(&self.data_dir, generation).map_err(snapshot_error)?;
         let _ = std::fs::remove_dir_all(schema::sm_generation_dir(&self.data_dir, old.generation));
         self.set_current_snapshot(meta.clone(), snapshot_dir.join("data.mdb"));
         tracing::info!(
