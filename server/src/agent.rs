@@ -3,6 +3,7 @@
 //! until shutdown. `main.rs` turns flags and the config file into an [`AgentConfig`] and signals
 //! into the shutdown token.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -322,37 +323,25 @@ impl Agent {
     }
 }
 
-/// Asks `target` to add this node until it is a voter or the node shuts down.
-async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: CancellationToken) {
+/// Runs `attempt` until it succeeds or the node shuts down, pausing with doubling backoff (up
+/// to 5 s) between failures, which are logged with `what` (as warnings when `loud`).
+async fn retry_until_done<F, Fut>(
+    what: &str,
+    loud: bool,
+    shutdown: CancellationToken,
+    mut attempt: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
     let mut pause = Duration::from_millis(200);
     loop {
-        if raft.is_voter(raft.id()) {
-            tracing::info!("this node is a voter of the cluster");
-            return;
-        }
-        let request = JoinRequest {
-            node_id: raft.id(),
-            api_addr: raft.node().api_addr.clone(),
-            raft_addr: raft.node().raft_addr.clone(),
-        };
-        let attempt = async {
-            let mut client = ClusterServiceClient::connect(format!("http://{target}"))
-                .await
-                .map_err(|error| format!("cannot reach {target}: {error}"))?;
-            client
-                .join(request)
-                .await
-                .map(|reply| reply.into_inner().leader_id)
-                .map_err(|status| format!("{target} refused the join: {}", status.message()))
-        };
         tokio::select! {
             () = shutdown.cancelled() => return,
-            result = attempt => match result {
-                Ok(leader) => {
-                    tracing::info!(leader, "joined the cluster");
-                    return;
-                }
-                Err(why) => tracing::warn!(retry_in = ?pause, "joining through {target} failed: {why}"),
+            result = attempt() => match result {
+                Ok(()) => return,
+                Err(why) if loud => tracing::warn!(retry_in = ?pause, "{what}: {why}"),
+                Err(why) => tracing::debug!(retry_in = ?pause, "{what}: {why}"),
             },
         }
         tokio::select! {
@@ -363,23 +352,49 @@ async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: Can
     }
 }
 
+/// Asks `target` to add this node until it is a voter or the node shuts down.
+async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: CancellationToken) {
+    retry_until_done("joining the cluster", true, shutdown, || {
+        let raft = raft.clone();
+        let target = target.clone();
+        async move {
+            if raft.is_voter(raft.id()) {
+                tracing::info!("this node is a voter of the cluster");
+                return Ok(());
+            }
+            let request = JoinRequest {
+                node_id: raft.id(),
+                api_addr: raft.node().api_addr.clone(),
+                raft_addr: raft.node().raft_addr.clone(),
+            };
+            let mut client = ClusterServiceClient::connect(format!("http://{target}"))
+                .await
+                .map_err(|error| format!("cannot reach {target}: {error}"))?;
+            let leader = client
+                .join(request)
+                .await
+                .map_err(|status| format!("{target} refused the join: {}", status.message()))?
+                .into_inner()
+                .leader_id;
+            tracing::info!(leader, "joined the cluster");
+            Ok(())
+        }
+    })
+    .await;
+}
+
 /// Creates the default tenancy once the cluster can take writes (a no-op when it exists).
 async fn default_tenancy_when_ready(service: Arc<ResourceService>, shutdown: CancellationToken) {
-    let mut pause = Duration::from_millis(200);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            result = service.ensure_default_tenancy() => match result {
-                Ok(()) => return,
-                Err(error) => tracing::debug!(%error, "default tenancy not ensured yet; retrying"),
-            },
+    retry_until_done("default tenancy not ensured yet", false, shutdown, || {
+        let service = service.clone();
+        async move {
+            service
+                .ensure_default_tenancy()
+                .await
+                .map_err(|error| error.to_string())
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(Duration::from_secs(5));
-    }
+    })
+    .await;
 }
 
 /// Configs of a local cluster of `size` nodes under `base_dir`: node 1 bootstraps, the others

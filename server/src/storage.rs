@@ -252,6 +252,23 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Watch, StorageError>;
 }
 
+/// The read rules every backend applies to what it found under an id's name: another uid is
+/// `NotFound`, another group version is `GroupVersionMismatch` carrying the stored resource.
+pub fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
+    let stored_id = stored.id.clone().unwrap_or_default();
+    if !id.uid.is_empty() && id.uid != stored_id.uid {
+        return Err(StorageError::NotFound);
+    }
+    let requested = id.r#type.as_ref().map(|t| t.group_version.as_str());
+    let have = stored_id.r#type.as_ref().map(|t| t.group_version.as_str());
+    if requested != have {
+        return Err(StorageError::GroupVersionMismatch {
+            stored: Box::new(stored),
+        });
+    }
+    Ok(stored)
+}
+
 /// A shared backend is a backend.
 #[async_trait]
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {

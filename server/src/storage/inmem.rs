@@ -78,18 +78,7 @@ impl Backend for InMemBackend {
             .resources
             .get(&StorageKey::of(id))
             .ok_or(StorageError::NotFound)?;
-        let stored_id = stored.id.clone().unwrap_or_default();
-        if !id.uid.is_empty() && id.uid != stored_id.uid {
-            return Err(StorageError::NotFound);
-        }
-        let requested_version = id.r#type.as_ref().map(|t| t.group_version.as_str());
-        let stored_version = stored_id.r#type.as_ref().map(|t| t.group_version.as_str());
-        if requested_version != stored_version {
-            return Err(StorageError::GroupVersionMismatch {
-                stored: Box::new(stored.clone()),
-            });
-        }
-        Ok(stored.clone())
+        super::check_read(id, stored.clone())
     }
 
     async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {

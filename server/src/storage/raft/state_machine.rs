@@ -483,7 +483,7 @@ impl SmShared {
             return Err(StorageError::NotFound);
         };
         let stored = decode_resource(bytes)?;
-        check_read(id, stored)
+        crate::storage::check_read(id, stored)
     }
 
     pub fn list(
@@ -586,21 +586,6 @@ fn applied_index(dbs: &SmDbs, rtxn: &heed::RoTxn<'_, heed::WithoutTls>) -> Resul
         .0
         .map(|log_id| log_id.index)
         .unwrap_or(0))
-}
-
-fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
-    let stored_id = stored.id.clone().unwrap_or_default();
-    if !id.uid.is_empty() && id.uid != stored_id.uid {
-        return Err(StorageError::NotFound);
-    }
-    let requested = id.r#type.as_ref().map(|t| t.group_version.as_str());
-    let have = stored_id.r#type.as_ref().map(|t| t.group_version.as_str());
-    if requested != have {
-        return Err(StorageError::GroupVersionMismatch {
-            stored: Box::new(stored),
-        });
-    }
-    Ok(stored)
 }
 
 fn scan(
