@@ -7,8 +7,11 @@
 //! - [`raft::v1`]: internal replication and forwarding between servers;
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
 //!   types;
-//! - [`snapshot`]: the operator snapshot file format.
+//! - [`snapshot`]: the operator snapshot file format;
+//! - `codec` (feature `client`): YAML/JSON ↔ `Resource` for any type the server publishes.
 
+#[cfg(feature = "client")]
+pub mod codec;
 pub mod snapshot;
 
 /// Encoded `google.protobuf.FileDescriptorSet` of every resd `.proto` file and its imports.

@@ -1,0 +1,389 @@
+//! The YAML/JSON ↔ `Resource` codec that `resctl` and the dashboard share. It is built from
+//! `ClusterService.ListTypes` (the registry and its descriptor set), so every type the server
+//! knows can be read and written without recompiling.
+//!
+//! A resource document (DESIGN §9):
+//!
+//! ```yaml
+//! type: demo.v2.Album            # GVK, or a unique kind such as Album
+//! name: kind-of-blue
+//! tenancy: {partition: default, namespace: default}   # optional
+//! owner: {type: demo.v2.Artist, name: miles-davis}    # optional; uid optional
+//! metadata: {finalizers: demo.resd.io/cleanup}        # optional
+//! data:                          # the protobuf JSON mapping of the type's message
+//!   name: Kind of Blue
+//!   yearOfRelease: 1959
+//! ```
+//!
+//! Rendering adds what the server keeps (`uid`, `version`, `generation`, `status`); reading
+//! accepts them too, so rendered documents read back to the same resource.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::v1::{ListTypesResponse, Scope, TypeInfo};
+use crate::resource::v1::{Id, Resource, Status, Tenancy, Type};
+
+/// What went wrong with one document (numbered from 1 in multi-document input).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message}", document.map(|d| format!("document {d}: ")).unwrap_or_default())]
+pub struct CodecError {
+    pub document: Option<usize>,
+    pub message: String,
+}
+
+impl CodecError {
+    fn new(message: impl Into<String>) -> Self {
+        CodecError {
+            document: None,
+            message: message.into(),
+        }
+    }
+
+    fn in_document(mut self, document: usize) -> Self {
+        self.document = Some(document);
+        self
+    }
+}
+
+/// The document shape, as serde sees it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    #[serde(rename = "type")]
+    resource_type: String,
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenancy: Option<TenancyDocument>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<OwnerDocument>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    status: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenancyDocument {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    partition: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    namespace: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OwnerDocument {
+    #[serde(rename = "type")]
+    resource_type: String,
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenancy: Option<TenancyDocument>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    uid: Option<String>,
+}
+
+/// Turns documents into resources and back, for the types one server publishes.
+#[derive(Debug, Clone)]
+pub struct Codec {
+    pool: DescriptorPool,
+    types: Vec<TypeInfo>,
+}
+
+pub fn gvk(resource_type: &Type) -> String {
+    format!(
+        "{}.{}.{}",
+        resource_type.group, resource_type.group_version, resource_type.kind
+    )
+}
+
+impl Codec {
+    pub fn new(types: ListTypesResponse) -> Result<Codec, CodecError> {
+        let pool =
+            DescriptorPool::decode(types.file_descriptor_set.as_slice()).map_err(|error| {
+                CodecError::new(format!(
+                    "the server's descriptor set is unreadable: {error}"
+                ))
+            })?;
+        Ok(Codec {
+            pool,
+            types: types.types,
+        })
+    }
+
+    /// Every registered type.
+    pub fn types(&self) -> &[TypeInfo] {
+        &self.types
+    }
+
+    /// The registered type a name means: a GVK (`demo.v2.Artist`) or a kind registered once
+    /// (`Album` when only one version exists). Ambiguous kinds list their candidates.
+    pub fn resolve_type(&self, name: &str) -> Result<&TypeInfo, CodecError> {
+        if name.contains('.') {
+            return self
+                .types
+                .iter()
+                .find(|info| info.r#type.as_ref().map(gvk).as_deref() == Some(name))
+                .ok_or_else(|| {
+                    let kind = name.rsplit('.').next().unwrap_or(name);
+                    let similar = self.with_kind(kind);
+                    let hint = if similar.is_empty() {
+                        "`resctl types` lists the registered types".to_owned()
+                    } else {
+                        format!("did you mean {}?", similar.join(" or "))
+                    };
+                    CodecError::new(format!("{name} is not a registered type ({hint})"))
+                });
+        }
+        let matches: Vec<&TypeInfo> = self
+            .types
+            .iter()
+            .filter(|info| {
+                info.r#type
+                    .as_ref()
+                    .is_some_and(|t| t.kind.eq_ignore_ascii_case(name))
+            })
+            .collect();
+        match matches.as_slice() {
+            [only] => Ok(only),
+            [] => Err(CodecError::new(format!(
+                "no registered type has the kind {name:?}: `resctl types` lists them"
+            ))),
+            many => Err(CodecError::new(format!(
+                "the kind {name:?} is ambiguous: use one of {}",
+                many.iter()
+                    .filter_map(|info| info.r#type.as_ref().map(gvk))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    fn with_kind(&self, kind: &str) -> Vec<String> {
+        self.types
+            .iter()
+            .filter_map(|info| info.r#type.as_ref())
+            .filter(|t| t.kind.eq_ignore_ascii_case(kind))
+            .map(gvk)
+            .collect()
+    }
+
+    /// Reads every document of a (multi-document) YAML text. Empty documents are skipped; each
+    /// result says which document it came from.
+    pub fn read_yaml(&self, text: &str) -> Vec<Result<Resource, CodecError>> {
+        let mut results = Vec::new();
+        for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+            let number = index + 1;
+            let value = match serde_json::Value::deserialize(document) {
+                Ok(serde_json::Value::Null) => continue,
+                Ok(value) => value,
+                Err(error) => {
+                    results.push(Err(
+                        CodecError::new(format!("not valid YAML: {error}")).in_document(number)
+                    ));
+                    continue;
+                }
+            };
+            results.push(
+                self.read_value(value)
+                    .map_err(|error| error.in_document(number)),
+            );
+        }
+        results
+    }
+
+    /// Reads one document given as JSON (or any serde value).
+    pub fn read_value(&self, value: serde_json::Value) -> Result<Resource, CodecError> {
+        let document: Document =
+            serde_json::from_value(value).map_err(|error| CodecError::new(error.to_string()))?;
+        let info = self.resolve_type(&document.resource_type)?;
+        let resource_type = info.r#type.clone().unwrap_or_default();
+        let data = match document.data {
+            None => None,
+            Some(value) => {
+                let descriptor = self
+                    .pool
+                    .get_message_by_name(&info.message_name)
+                    .ok_or_else(|| {
+                        CodecError::new(format!(
+                            "the server did not publish the message {}",
+                            info.message_name
+                        ))
+                    })?;
+                let message = DynamicMessage::deserialize_with_options(
+                    descriptor,
+                    value,
+                    &DeserializeOptions::new().deny_unknown_fields(true),
+                )
+                .map_err(|error| {
+                    CodecError::new(format!("data: {error} (as {})", info.message_name))
+                })?;
+                Some(prost_types::Any {
+                    type_url: format!("{}{}", crate::TYPE_URL_PREFIX, info.message_name),
+                    value: message.encode_to_vec(),
+                })
+            }
+        };
+        let owner = match document.owner {
+            None => None,
+            Some(owner) => {
+                let owner_type = self
+                    .resolve_type(&owner.resource_type)?
+                    .r#type
+                    .clone()
+                    .unwrap_or_default();
+                Some(Id {
+                    uid: owner.uid.unwrap_or_default(),
+                    name: owner.name,
+                    r#type: Some(owner_type),
+                    tenancy: Some(tenancy_of(owner.tenancy)),
+                })
+            }
+        };
+        let mut status = BTreeMap::new();
+        for (key, value) in document.status {
+            status.insert(
+                key.clone(),
+                self.read_status(value)
+                    .map_err(|e| CodecError::new(format!("status.{key}: {}", e.message)))?,
+            );
+        }
+        Ok(Resource {
+            id: Some(Id {
+                uid: document.uid.unwrap_or_default(),
+                name: document.name,
+                r#type: Some(resource_type),
+                tenancy: Some(tenancy_of(document.tenancy)),
+            }),
+            owner,
+            version: document.version.unwrap_or_default(),
+            generation: document.generation.unwrap_or_default(),
+            metadata: document.metadata,
+            status,
+            data,
+        })
+    }
+
+    fn read_status(&self, value: serde_json::Value) -> Result<Status, CodecError> {
+        let descriptor = self
+            .pool
+            .get_message_by_name("resd.resource.v1.Status")
+            .ok_or_else(|| CodecError::new("the server did not publish resd.resource.v1.Status"))?;
+        let message = DynamicMessage::deserialize_with_options(
+            descriptor,
+            value,
+            &DeserializeOptions::new().deny_unknown_fields(true),
+        )
+        .map_err(|error| CodecError::new(error.to_string()))?;
+        Status::decode(message.encode_to_vec().as_slice())
+            .map_err(|error| CodecError::new(error.to_string()))
+    }
+
+    /// A resource as a document value (the shape `read_value` reads).
+    pub fn to_value(&self, resource: &Resource) -> Result<serde_json::Value, CodecError> {
+        let id = resource.id.clone().unwrap_or_default();
+        let resource_type = id.r#type.clone().unwrap_or_default();
+        let options = SerializeOptions::new().skip_default_fields(true);
+        let data = match &resource.data {
+            None => None,
+            Some(any) => {
+                let name = any.type_url.rsplit('/').next().unwrap_or_default();
+                let descriptor = self
+                    .pool
+                    .get_message_by_name(name)
+                    .ok_or_else(|| CodecError::new(format!("unknown data message {name}")))?;
+                let message = DynamicMessage::decode(descriptor, any.value.as_slice())
+                    .map_err(|error| CodecError::new(format!("data: {error}")))?;
+                Some(
+                    message
+                        .serialize_with_options(serde_json::value::Serializer, &options)
+                        .map_err(|error| CodecError::new(format!("data: {error}")))?,
+                )
+            }
+        };
+        let status_descriptor = self
+            .pool
+            .get_message_by_name("resd.resource.v1.Status")
+            .ok_or_else(|| CodecError::new("the server did not publish resd.resource.v1.Status"))?;
+        let mut status = BTreeMap::new();
+        for (key, value) in &resource.status {
+            let message =
+                DynamicMessage::decode(status_descriptor.clone(), value.encode_to_vec().as_slice())
+                    .map_err(|error| CodecError::new(error.to_string()))?;
+            status.insert(
+                key.clone(),
+                message
+                    .serialize_with_options(serde_json::value::Serializer, &options)
+                    .map_err(|error| CodecError::new(error.to_string()))?,
+            );
+        }
+        let document = Document {
+            resource_type: gvk(&resource_type),
+            name: id.name.clone(),
+            uid: Some(id.uid.clone()).filter(|uid| !uid.is_empty()),
+            tenancy: tenancy_document(id.tenancy.as_ref()),
+            owner: resource.owner.as_ref().map(|owner| OwnerDocument {
+                resource_type: owner.r#type.as_ref().map(gvk).unwrap_or_default(),
+                name: owner.name.clone(),
+                tenancy: tenancy_document(owner.tenancy.as_ref()),
+                uid: Some(owner.uid.clone()).filter(|uid| !uid.is_empty()),
+            }),
+            version: Some(resource.version.clone()).filter(|v| !v.is_empty()),
+            generation: Some(resource.generation.clone()).filter(|g| !g.is_empty()),
+            metadata: resource.metadata.clone(),
+            data,
+            status,
+        };
+        serde_json::to_value(document).map_err(|error| CodecError::new(error.to_string()))
+    }
+
+    pub fn to_yaml(&self, resource: &Resource) -> Result<String, CodecError> {
+        serde_yaml_ng::to_string(&self.to_value(resource)?)
+            .map_err(|error| CodecError::new(error.to_string()))
+    }
+
+    pub fn to_json(&self, resource: &Resource) -> Result<String, CodecError> {
+        serde_json::to_string(&self.to_value(resource)?)
+            .map_err(|error| CodecError::new(error.to_string()))
+    }
+
+    /// The scope of a registered type.
+    pub fn scope(&self, resource_type: &Type) -> Option<Scope> {
+        self.types
+            .iter()
+            .find(|info| info.r#type.as_ref() == Some(resource_type))
+            .and_then(|info| Scope::try_from(info.scope).ok())
+    }
+}
+
+fn tenancy_of(document: Option<TenancyDocument>) -> Tenancy {
+    let document = document.unwrap_or_default();
+    Tenancy {
+        partition: document.partition,
+        namespace: document.namespace,
+    }
+}
+
+fn tenancy_document(tenancy: Option<&Tenancy>) -> Option<TenancyDocument> {
+    tenancy
+        .filter(|t| !t.partition.is_empty() || !t.namespace.is_empty())
+        .map(|t| TenancyDocument {
+            partition: t.partition.clone(),
+            namespace: t.namespace.clone(),
+        })
+}
+
+#[cfg(test)]
+mod tests;
