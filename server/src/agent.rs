@@ -229,97 +229,86 @@ impl Agent {
         let api_addr = self.api_addr().map(|a| a.to_string()).unwrap_or_default();
         let manager = self.controllers()?;
         let controllers = manager.controllers().clone();
-        let Some((raft, raft_listener)) = self.raft else {
-            // One node without raft always leads.
-            let (_leader, leadership) = tokio::sync::watch::channel(true);
-            let managing = tokio::spawn(
-                manager
-                    .run(leadership, self.shutdown.clone())
-                    .in_current_span(),
-            );
-            let cluster = ClusterGrpc::new(self.service.registry().clone(), None, api_addr)
-                .with_controllers(controllers);
-            let served = serve::serve(
-                self.api_listener,
-                self.service,
-                self.tokens,
-                cluster,
-                self.shutdown.clone(),
-            )
-            .await;
-            self.shutdown.cancel();
-            let _ = managing.await;
-            served?;
-            return Ok(());
-        };
+        let Agent {
+            config,
+            api_listener,
+            raft,
+            service,
+            tokens,
+            shutdown,
+        } = self;
 
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
-        {
-            let (raft, token) = (raft.clone(), self.shutdown.clone());
-            let handle = raft.raft().clone();
-            tasks.push(tokio::spawn(
-                async move {
-                    if let Err(error) =
-                        network::serve(raft_listener, handle, raft, token.clone()).await
-                    {
-                        tracing::error!(%error, "the raft service stopped; shutting down");
-                        token.cancel();
-                    }
-                }
-                .in_current_span(),
-            ));
-        }
-        if self.config.bootstrap {
-            match raft.bootstrap().await {
-                Ok(true) => tracing::info!(node_id = raft.id(), "initialized a new cluster"),
-                Ok(false) => tracing::info!(
-                    "the cluster is already initialized; --bootstrap has nothing to do"
-                ),
-                Err(error) => tracing::error!(%error, "cannot initialize the cluster"),
+        // A node without raft always leads; the sender lives as long as this function.
+        let (_always_leader, standalone) = tokio::sync::watch::channel(true);
+        let (raft, leadership) = match raft {
+            Some((raft, listener)) => {
+                start_raft(&config, &raft, listener, &service, &shutdown, &mut tasks).await;
+                let leadership = raft.leadership();
+                (Some(raft), leadership)
             }
-        }
-        if let Some(target) = self.config.join.clone() {
-            tasks.push(tokio::spawn(
-                join_until_member(raft.clone(), target, self.shutdown.clone()).in_current_span(),
-            ));
-        }
-        if self.config.bootstrap {
-            // The first node creates the default tenancy before it takes requests, so no early
-            // client write meets a missing namespace.
-            default_tenancy_when_ready(self.service.clone(), self.shutdown.clone()).await;
-        } else {
-            tasks.push(tokio::spawn(
-                default_tenancy_when_ready(self.service.clone(), self.shutdown.clone())
-                    .in_current_span(),
-            ));
-        }
-
+            None => (None, standalone),
+        };
         tasks.push(tokio::spawn(
-            manager
-                .run(raft.leadership(), self.shutdown.clone())
-                .in_current_span(),
+            manager.run(leadership, shutdown.clone()).in_current_span(),
         ));
-        let cluster = ClusterGrpc::new(
-            self.service.registry().clone(),
-            Some(raft.clone()),
-            api_addr,
-        )
-        .with_controllers(controllers);
-        let served = serve::serve(
-            self.api_listener,
-            self.service,
-            self.tokens,
-            cluster,
-            self.shutdown.clone(),
-        )
-        .await;
-        self.shutdown.cancel();
+
+        let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
+            .with_controllers(controllers);
+        let served = serve::serve(api_listener, service, tokens, cluster, shutdown.clone()).await;
+        shutdown.cancel();
         for task in tasks {
             let _ = task.await;
         }
-        raft.shutdown().await;
+        if let Some(raft) = raft {
+            raft.shutdown().await;
+        }
         served?;
         Ok(())
+    }
+}
+
+/// Starts this node's part in the raft group: the raft service, bootstrap or join, and the
+/// default tenancy (before serving on the bootstrap node, so no early write misses it).
+async fn start_raft(
+    config: &AgentConfig,
+    raft: &Arc<RaftBackend>,
+    listener: TcpListener,
+    service: &Arc<ResourceService>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    {
+        let (raft, token) = (raft.clone(), shutdown.clone());
+        let handle = raft.raft().clone();
+        tasks.push(tokio::spawn(
+            async move {
+                if let Err(error) = network::serve(listener, handle, raft, token.clone()).await {
+                    tracing::error!(%error, "the raft service stopped; shutting down");
+                    token.cancel();
+                }
+            }
+            .in_current_span(),
+        ));
+    }
+    if config.bootstrap {
+        match raft.bootstrap().await {
+            Ok(true) => tracing::info!(node_id = raft.id(), "initialized a new cluster"),
+            Ok(false) => {
+                tracing::info!("the cluster is already initialized; --bootstrap has nothing to do")
+            }
+            Err(error) => tracing::error!(%error, "cannot initialize the cluster"),
+        }
+        default_tenancy_when_ready(service.clone(), shutdown.clone()).await;
+    } else {
+        tasks.push(tokio::spawn(
+            default_tenancy_when_ready(service.clone(), shutdown.clone()).in_current_span(),
+        ));
+    }
+    if let Some(target) = config.join.clone() {
+        tasks.push(tokio::spawn(
+            join_until_member(raft.clone(), target, shutdown.clone()).in_current_span(),
+        ));
     }
 }
 
