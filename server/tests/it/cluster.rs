@@ -4,10 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use proto::resource::v1::{ListRequest, ReadRequest, Resource, Tenancy, WriteRequest};
+use proto::resource::v1::{ReadRequest, Resource, WriteRequest};
 
 use crate::process::{Cluster, Resd};
-use crate::support::{artist, artist_id, artist_type};
+use crate::support::{artist, artist_id, list_artists};
 
 async fn write(node: &Resd, resource: Resource) -> Result<Resource, tonic::Status> {
     let mut client = node.resources().await;
@@ -21,20 +21,8 @@ async fn write(node: &Resd, resource: Resource) -> Result<Resource, tonic::Statu
 
 /// Names of the artists this node has applied (an eventual, local read).
 async fn local_artists(node: &Resd) -> BTreeSet<String> {
-    let mut client = node.resources().await;
-    client
-        .list(ListRequest {
-            r#type: Some(artist_type()),
-            tenancy: Some(Tenancy {
-                partition: "*".into(),
-                namespace: "*".into(),
-            }),
-            name_prefix: String::new(),
-        })
+    list_artists(node)
         .await
-        .expect("list")
-        .into_inner()
-        .resources
         .into_iter()
         .filter_map(|r| r.id.map(|id| id.name))
         .collect()

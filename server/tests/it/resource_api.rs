@@ -5,14 +5,14 @@ use std::time::Duration;
 use proto::demo::v2 as demo_v2;
 use proto::resource::v1::watch_event::Event;
 use proto::resource::v1::{
-    DeleteRequest, ListRequest, ReadRequest, Resource, Tenancy, WatchListRequest, WriteRequest,
+    DeleteRequest, ReadRequest, Resource, Tenancy, WatchListRequest, WriteRequest,
     WriteStatusRequest,
 };
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::process::Resd;
-use crate::support::{artist, artist_type};
+use crate::support::{artist, artist_type, list_artists};
 
 #[tokio::test]
 async fn write_read_list_watch_and_delete_over_grpc() {
@@ -100,19 +100,7 @@ async fn write_read_list_watch_and_delete_over_grpc() {
         .expect("resource");
     assert!(with_status.status["it"].updated_at.is_some());
 
-    let listed = client
-        .list(ListRequest {
-            r#type: Some(artist_type()),
-            tenancy: Some(Tenancy {
-                partition: "*".into(),
-                namespace: "*".into(),
-            }),
-            name_prefix: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .resources;
+    let listed = list_artists(&resd).await;
     assert_eq!(listed, vec![with_status.clone()]);
 
     client

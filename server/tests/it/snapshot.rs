@@ -4,29 +4,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proto::cluster::v1::SnapshotData;
-use proto::resource::v1::{DeleteRequest, ListRequest, Tenancy, WatchListRequest, WriteRequest};
+use proto::resource::v1::{DeleteRequest, Tenancy, WatchListRequest, WriteRequest};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::process::{Cluster, Resd};
-use crate::support::{artist, artist_type, save_snapshot};
+use crate::support::{artist, artist_type, list_artists, save_snapshot};
 
 /// name → (uid, data) of every artist on a node (local read).
 async fn artists(node: &Resd) -> BTreeMap<String, (String, Vec<u8>, u64)> {
-    let mut client = node.resources().await;
-    client
-        .list(ListRequest {
-            r#type: Some(artist_type()),
-            tenancy: Some(Tenancy {
-                partition: "*".into(),
-                namespace: "*".into(),
-            }),
-            name_prefix: String::new(),
-        })
+    list_artists(node)
         .await
-        .expect("list")
-        .into_inner()
-        .resources
         .into_iter()
         .map(|r| {
             let id = r.id.clone().unwrap_or_default();

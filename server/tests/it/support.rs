@@ -1,7 +1,7 @@
 //! Helpers the integration tests share: resources to write and snapshot plumbing.
 
 use proto::cluster::v1::SnapshotSaveRequest;
-use proto::resource::v1::{Id, Resource, Tenancy, Type};
+use proto::resource::v1::{Id, ListRequest, Resource, Tenancy, Type};
 use tokio_stream::StreamExt;
 
 use crate::process::Resd;
@@ -34,6 +34,24 @@ pub fn artist(name: &str) -> Resource {
         })),
         ..Default::default()
     }
+}
+
+/// Every artist `node` holds, in every tenancy (a local, eventually consistent read).
+pub async fn list_artists(node: &Resd) -> Vec<Resource> {
+    node.resources()
+        .await
+        .list(ListRequest {
+            r#type: Some(artist_type()),
+            tenancy: Some(Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            }),
+            name_prefix: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .resources
 }
 
 /// A snapshot file saved from `node`.
