@@ -8,8 +8,12 @@
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
 //!   types;
 //! - [`snapshot`]: the operator snapshot file format;
+//! - `client` (feature `client`): the typed client (token and consistency metadata, retries
+//!   during elections, resumable watches);
 //! - `codec` (feature `client`): YAML/JSON ↔ `Resource` for any type the server publishes.
 
+#[cfg(feature = "client")]
+pub mod client;
 #[cfg(feature = "client")]
 pub mod codec;
 pub mod snapshot;
@@ -17,6 +21,11 @@ pub mod snapshot;
 /// Encoded `google.protobuf.FileDescriptorSet` of every resd `.proto` file and its imports.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/resd_descriptor.bin"));
+
+/// Metadata key of the ACL token.
+pub const TOKEN_HEADER: &str = "x-resd-token";
+/// Metadata key selecting read consistency; `consistent` asks for a linearizable read.
+pub const CONSISTENCY_HEADER: &str = "x-resd-consistency-mode";
 
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";

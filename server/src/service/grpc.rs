@@ -16,10 +16,7 @@ use super::{Error, ResourceService};
 use crate::acl::{Authorizer, TokenResolver};
 use crate::storage::Consistency;
 
-/// Metadata key of the ACL token.
-pub const TOKEN_HEADER: &str = "x-resd-token";
-/// Metadata key selecting read consistency; `consistent` asks for a linearizable read.
-pub const CONSISTENCY_HEADER: &str = "x-resd-consistency-mode";
+pub use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
 
 /// `resd.resource.v1.ResourceService` over a [`ResourceService`].
 #[derive(Debug, Clone)]

@@ -1,0 +1,496 @@
+//! The typed client that `resctl` and the dashboard share: one [`Client`] over both services,
+//! with the ACL token and read consistency sent as metadata on every call, retries while the
+//! cluster elects a leader, one decode of `tonic::Status` into [`ClientError`], and a
+//! resumable [`Watcher`] over `WatchList`.
+
+mod watcher;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tonic::Code;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster::v1::cluster_service_client::ClusterServiceClient;
+use crate::cluster::v1::{
+    JoinRequest, JoinResponse, ListControllersRequest, ListControllersResponse, ListTypesRequest,
+    ListTypesResponse, MembersRequest, MembersResponse, RemoveRequest, SnapshotData,
+    SnapshotRestoreResponse, SnapshotSaveRequest, StatusRequest, StatusResponse,
+};
+use crate::resource::v1::resource_service_client::ResourceServiceClient;
+use crate::resource::v1::{
+    DeleteRequest, Id, ListByOwnerRequest, ListRequest, MutateAndValidateRequest, ReadRequest,
+    Resource, Status, Tenancy, Type, WatchEvent, WatchListRequest, WriteRequest,
+    WriteStatusRequest,
+};
+
+pub use watcher::{WatchUpdate, Watcher};
+
+/// The address `resd dev` and `resd agent` serve on unless told otherwise.
+pub const DEFAULT_SERVER: &str = "127.0.0.1:8502";
+
+/// How a [`Client`] talks to the cluster.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `host:port` or an `http://` URL.
+    pub server: String,
+    pub token: Option<String>,
+    /// Ask for linearizable reads (`x-resd-consistency-mode: consistent`).
+    pub consistent: bool,
+    pub connect_timeout: Duration,
+    /// Deadline sent with each unary call (`grpc-timeout`); the server stops waiting for a
+    /// leader at that point.
+    pub request_timeout: Duration,
+    /// How long a call keeps retrying while the cluster has no leader.
+    pub election_retry: Duration,
+    /// How long a call keeps retrying while the server cannot be reached at all (a restart).
+    pub unreachable_retry: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(server: impl Into<String>) -> Self {
+        ClientConfig {
+            server: server.into(),
+            token: None,
+            consistent: false,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(30),
+            election_retry: Duration::from_secs(15),
+            unreachable_retry: Duration::from_secs(2),
+        }
+    }
+
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|token| !token.is_empty());
+        self
+    }
+
+    pub fn with_consistent(mut self, consistent: bool) -> Self {
+        self.consistent = consistent;
+        self
+    }
+}
+
+/// A failed call, decoded once from the wire status so callers match on what happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid server address {server:?}: {message}")]
+    InvalidServer { server: String, message: String },
+    #[error("server {server} unreachable: {message} (is `resd dev` or `resd agent` running there?)")]
+    Unreachable { server: String, message: String },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// A compare-and-swap lost: the resource changed since it was read.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("unauthenticated: {0} (pass a token with --token or RESD_TOKEN)")]
+    Unauthenticated(String),
+    #[error("cluster unavailable: {0} (is a majority of servers up?)")]
+    Unavailable(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
+    #[error("server error ({code:?}): {message}")]
+    Other { code: Code, message: String },
+}
+
+impl ClientError {
+    /// The one decode of a wire status (the server's counterpart is `service::error`).
+    pub fn from_status(server: &str, status: &tonic::Status) -> ClientError {
+        let message = status.message().to_owned();
+        match status.code() {
+            // A status built by the transport (connect refused, reset) carries its cause; one
+            // sent by a server does not.
+            Code::Unavailable if is_transport_failure(status) => ClientError::Unreachable {
+                server: server.to_owned(),
+                message: transport_message(status),
+            },
+            Code::Unavailable => ClientError::Unavailable(message),
+            Code::InvalidArgument => ClientError::InvalidArgument(message),
+            Code::NotFound => ClientError::NotFound(message),
+            Code::Aborted => ClientError::Conflict(message),
+            Code::FailedPrecondition => ClientError::FailedPrecondition(message),
+            Code::PermissionDenied => ClientError::PermissionDenied(message),
+            Code::Unauthenticated => ClientError::Unauthenticated(message),
+            Code::OutOfRange => ClientError::OutOfRange(message),
+            Code::DeadlineExceeded => ClientError::DeadlineExceeded(message),
+            code => ClientError::Other { code, message },
+        }
+    }
+
+    /// Whether trying again later may succeed (no leader yet, server restarting).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unavailable(_) | ClientError::Unreachable { .. }
+        )
+    }
+}
+
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    status.source().is_some() || status.message().contains("transport error")
+}
+
+/// The innermost cause of a transport failure ("Connection refused"), which says more than
+/// tonic's "transport error".
+fn transport_message(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = status.source();
+    let mut message = status.message().to_owned();
+    while let Some(error) = cause {
+        message = error.to_string();
+        cause = error.source();
+    }
+    message
+}
+
+/// A connection to one resd server (any member: followers forward what needs the leader).
+/// Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    resources: ResourceServiceClient<Channel>,
+    cluster: ClusterServiceClient<Channel>,
+    config: ClientConfig,
+}
+
+/// The largest message a client accepts (a list of many resources).
+const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+impl Client {
+    /// Builds a client without connecting; the first call connects (and reports
+    /// [`ClientError::Unreachable`] if it cannot).
+    pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
+        let url = if config.server.contains("://") {
+            config.server.clone()
+        } else {
+            format!("http://{}", config.server)
+        };
+        let endpoint = Endpoint::from_shared(url)
+            .map_err(|error| ClientError::InvalidServer {
+                server: config.server.clone(),
+                message: format!("{error}; expected HOST:PORT such as {DEFAULT_SERVER}"),
+            })?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        Ok(Client {
+            resources: ResourceServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            cluster: ClusterServiceClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The server this client talks to, as given.
+    pub fn server(&self) -> &str {
+        &self.config.server
+    }
+
+    /// A request carrying the token, the consistency mode and (for unary calls) the deadline.
+    fn request<T>(&self, message: T, unary: bool) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.config.token
+            && let Ok(value) = MetadataValue::try_from(token.as_str())
+        {
+            request.metadata_mut().insert(crate::TOKEN_HEADER, value);
+        }
+        if self.config.consistent {
+            request.metadata_mut().insert(
+                crate::CONSISTENCY_HEADER,
+                MetadataValue::from_static("consistent"),
+            );
+        }
+        if unary {
+            request.set_timeout(self.config.request_timeout);
+        }
+        request
+    }
+
+    /// Runs `call` until it succeeds, fails for good, or the retry budget for its kind of
+    /// unavailability is spent. Backoff doubles from 50 ms to 1 s.
+    async fn retrying<R, F, Fut>(&self, mut call: F) -> Result<R, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<R, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let error = match call().await {
+                Ok(response) => return Ok(response),
+                Err(status) => ClientError::from_status(&self.config.server, &status),
+            };
+            let budget = match &error {
+                ClientError::Unavailable(_) => self.config.election_retry,
+                ClientError::Unreachable { .. } => self.config.unreachable_retry,
+                _ => return Err(error),
+            };
+            if started.elapsed() + backoff > budget {
+                return Err(error);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    pub async fn list_types(&self) -> Result<ListTypesResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(ListTypesRequest {}, true);
+            async move { cluster.list_types(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// Reads one resource; `Ok(None)` when it does not exist.
+    pub async fn read(&self, id: &Id) -> Result<Option<Resource>, ClientError> {
+        let result = self
+            .retrying(|| {
+                let mut resources = self.resources.clone();
+                let request = self.request(ReadRequest { id: Some(id.clone()) }, true);
+                async move { resources.read(request).await }
+            })
+            .await;
+        match result {
+            Ok(response) => Ok(response.into_inner().resource),
+            Err(ClientError::NotFound(_)) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Writes a resource (create, blind update, or compare-and-swap when it carries a version)
+    /// and returns it as stored.
+    pub async fn write(&self, resource: &Resource) -> Result<Resource, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                WriteRequest {
+                    resource: Some(resource.clone()),
+                },
+                true,
+            );
+            async move { resources.write(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().resource.unwrap_or_default())
+    }
+
+    pub async fn write_status(
+        &self,
+        id: &Id,
+        version: &str,
+        key: &str,
+        status: &Status,
+    ) -> Result<Resource, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                WriteStatusRequest {
+                    id: Some(id.clone()),
+                    version: version.to_owned(),
+                    key: key.to_owned(),
+                    status: Some(status.clone()),
+                },
+                true,
+            );
+            async move { resources.write_status(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().resource.unwrap_or_default())
+    }
+
+    /// Runs the type's mutate and validate hooks without storing anything.
+    pub async fn mutate_and_validate(&self, resource: &Resource) -> Result<Resource, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                MutateAndValidateRequest {
+                    resource: Some(resource.clone()),
+                },
+                true,
+            );
+            async move { resources.mutate_and_validate(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().resource.unwrap_or_default())
+    }
+
+    /// Lists resources of a type; tenancy fields may be `*`.
+    pub async fn list(
+        &self,
+        resource_type: &Type,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Resource>, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                ListRequest {
+                    r#type: Some(resource_type.clone()),
+                    tenancy: Some(tenancy.clone()),
+                    name_prefix: name_prefix.to_owned(),
+                },
+                true,
+            );
+            async move { resources.list(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().resources)
+    }
+
+    /// The resources whose owner is `owner` (which must carry its uid).
+    pub async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                ListByOwnerRequest {
+                    owner: Some(owner.clone()),
+                },
+                true,
+            );
+            async move { resources.list_by_owner(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().resources)
+    }
+
+    /// Deletes a resource (compare-and-swap when `version` is not empty). Deleting what does
+    /// not exist succeeds.
+    pub async fn delete(&self, id: &Id, version: &str) -> Result<(), ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(
+                DeleteRequest {
+                    id: Some(id.clone()),
+                    version: version.to_owned(),
+                },
+                true,
+            );
+            async move { resources.delete(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Opens one `WatchList` stream. Use [`Watcher`] for a stream that survives restarts.
+    pub async fn watch_list(
+        &self,
+        request: WatchListRequest,
+    ) -> Result<tonic::Streaming<WatchEvent>, ClientError> {
+        self.retrying(|| {
+            let mut resources = self.resources.clone();
+            let request = self.request(request.clone(), false);
+            async move { resources.watch_list(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    pub async fn status(&self) -> Result<StatusResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(StatusRequest {}, true);
+            async move { cluster.status(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    pub async fn members(&self) -> Result<MembersResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(MembersRequest {}, true);
+            async move { cluster.members(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    pub async fn join(&self, join: JoinRequest) -> Result<JoinResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(join.clone(), true);
+            async move { cluster.join(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    pub async fn remove(&self, node_id: u64) -> Result<(), ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(RemoveRequest { node_id }, true);
+            async move { cluster.remove(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Controllers per node; `all_nodes` asks the server to fan out to every member.
+    pub async fn list_controllers(
+        &self,
+        all_nodes: bool,
+    ) -> Result<ListControllersResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(ListControllersRequest { all_nodes }, true);
+            async move { cluster.list_controllers(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// Streams an operator snapshot (the bytes of a snapshot file, see [`crate::snapshot`]).
+    pub async fn snapshot_save(&self) -> Result<tonic::Streaming<SnapshotData>, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(SnapshotSaveRequest {}, false);
+            async move { cluster.snapshot_save(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// Restores the cluster from a snapshot file's bytes, sent as a stream of chunks. Not
+    /// retried: the stream is consumed by the first attempt.
+    pub async fn snapshot_restore<S>(&self, chunks: S) -> Result<SnapshotRestoreResponse, ClientError>
+    where
+        S: tokio_stream::Stream<Item = SnapshotData> + Send + 'static,
+    {
+        let mut cluster = self.cluster.clone();
+        let request = self.request(chunks, false);
+        cluster
+            .snapshot_restore(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| ClientError::from_status(&self.config.server, &status))
+    }
+
+    /// A watch that reconnects and resumes after restarts and leader changes.
+    pub fn watcher(&self, request: WatchListRequest) -> Watcher {
+        Watcher::new(self.clone(), request)
+    }
+}
