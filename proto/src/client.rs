@@ -3,6 +3,7 @@
 //! cluster elects a leader, one decode of `tonic::Status` into [`ClientError`], and a
 //! resumable [`Watcher`] over `WatchList`.
 
+pub mod describe;
 mod watcher;
 
 #[cfg(test)]
@@ -80,7 +81,9 @@ impl ClientConfig {
 pub enum ClientError {
     #[error("invalid server address {server:?}: {message}")]
     InvalidServer { server: String, message: String },
-    #[error("server {server} unreachable: {message} (is `resd dev` or `resd agent` running there?)")]
+    #[error(
+        "server {server} unreachable: {message} (is `resd dev` or `resd agent` running there?)"
+    )]
     Unreachable { server: String, message: String },
     #[error("{0}")]
     InvalidArgument(String),
@@ -270,7 +273,12 @@ impl Client {
         let result = self
             .retrying(|| {
                 let mut resources = self.resources.clone();
-                let request = self.request(ReadRequest { id: Some(id.clone()) }, true);
+                let request = self.request(
+                    ReadRequest {
+                        id: Some(id.clone()),
+                    },
+                    true,
+                );
                 async move { resources.read(request).await }
             })
             .await;
@@ -476,7 +484,10 @@ impl Client {
 
     /// Restores the cluster from a snapshot file's bytes, sent as a stream of chunks. Not
     /// retried: the stream is consumed by the first attempt.
-    pub async fn snapshot_restore<S>(&self, chunks: S) -> Result<SnapshotRestoreResponse, ClientError>
+    pub async fn snapshot_restore<S>(
+        &self,
+        chunks: S,
+    ) -> Result<SnapshotRestoreResponse, ClientError>
     where
         S: tokio_stream::Stream<Item = SnapshotData> + Send + 'static,
     {

@@ -193,7 +193,9 @@ impl Codec {
                     results.push(Err(
                         CodecError::new(format!("not valid YAML: {error}")).in_document(number)
                     ));
-                    continue;
+                    // A syntax error leaves the parser where it cannot find the next document
+                    // (it would report the same error forever).
+                    break;
                 }
             };
             results.push(
@@ -360,6 +362,31 @@ impl Codec {
     }
 
     /// The scope of a registered type.
+    /// Whether two `data` payloads hold the same message, compared decoded (so two encodings
+    /// of equal values are equal).
+    pub fn same_data(&self, a: Option<&prost_types::Any>, b: Option<&prost_types::Any>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) if a.type_url == b.type_url => {
+                if a.value == b.value {
+                    return true;
+                }
+                let name = a.type_url.rsplit('/').next().unwrap_or_default();
+                let Some(descriptor) = self.pool.get_message_by_name(name) else {
+                    return false;
+                };
+                match (
+                    DynamicMessage::decode(descriptor.clone(), a.value.as_slice()),
+                    DynamicMessage::decode(descriptor, b.value.as_slice()),
+                ) {
+                    (Ok(a), Ok(b)) => a == b,
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     pub fn scope(&self, resource_type: &Type) -> Option<Scope> {
         self.types
             .iter()

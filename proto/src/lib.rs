@@ -7,6 +7,7 @@
 //! - [`raft::v1`]: internal replication and forwarding between servers;
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
 //!   types;
+//! - [`meta`]: metadata conventions (finalizers, the deletion mark);
 //! - [`snapshot`]: the operator snapshot file format;
 //! - `client` (feature `client`): the typed client (token and consistency metadata, retries
 //!   during elections, resumable watches);
@@ -16,6 +17,7 @@
 pub mod client;
 #[cfg(feature = "client")]
 pub mod codec;
+pub mod meta;
 pub mod snapshot;
 
 /// Encoded `google.protobuf.FileDescriptorSet` of every resd `.proto` file and its imports.

@@ -21,11 +21,7 @@ pub const WILDCARD: &str = "*";
 pub const DEFAULT_PARTITION: &str = "default";
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// Metadata key holding the whitespace-separated set of finalizers.
-pub const FINALIZERS_KEY: &str = "finalizers";
-
-/// Metadata key holding the RFC 3339 time a resource with finalizers was marked for deletion.
-pub const DELETION_TIMESTAMP_KEY: &str = "deletionTimestamp";
+pub use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, finalizers, is_marked_for_deletion};
 
 /// Builds a [`Type`] from its three parts.
 pub fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
@@ -213,15 +209,6 @@ pub fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
     field(&pattern.partition, &tenancy.partition) && field(&pattern.namespace, &tenancy.namespace)
 }
 
-/// The finalizers of a resource, as a set.
-pub fn finalizers(resource: &Resource) -> BTreeSet<&str> {
-    resource
-        .metadata
-        .get(FINALIZERS_KEY)
-        .map(|value| value.split_whitespace().collect())
-        .unwrap_or_default()
-}
-
 pub fn has_finalizers(resource: &Resource) -> bool {
     !finalizers(resource).is_empty()
 }
@@ -257,10 +244,6 @@ pub fn remove_finalizer(resource: &mut Resource, finalizer: &str) {
         .map(str::to_owned)
         .collect();
     set_finalizers(resource, set.iter().map(String::as_str));
-}
-
-pub fn is_marked_for_deletion(resource: &Resource) -> bool {
-    resource.metadata.contains_key(DELETION_TIMESTAMP_KEY)
 }
 
 /// Compares two statuses ignoring `updated_at`: the dirty check controllers use to skip writes

@@ -36,14 +36,23 @@ fn server_statuses_decode_to_their_kind() {
 #[test]
 fn a_transport_failure_is_unreachable_and_names_the_server() {
     let error = decode(Code::Unavailable, "transport error");
-    assert!(matches!(error, ClientError::Unreachable { .. }), "{error:?}");
-    assert!(error.to_string().contains("127.0.0.1:1 unreachable"), "{error}");
+    assert!(
+        matches!(error, ClientError::Unreachable { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("127.0.0.1:1 unreachable"),
+        "{error}"
+    );
 }
 
 #[test]
 fn an_invalid_server_address_is_rejected_with_the_expected_form() {
     let error = Client::new(ClientConfig::new("not a host:port")).unwrap_err();
-    assert!(matches!(error, ClientError::InvalidServer { .. }), "{error:?}");
+    assert!(
+        matches!(error, ClientError::InvalidServer { .. }),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("HOST:PORT"), "{error}");
 }
 
@@ -56,7 +65,10 @@ async fn a_server_that_is_not_listening_is_reported_unreachable_after_the_retry_
     config.unreachable_retry = std::time::Duration::from_millis(300);
     let client = Client::new(config).unwrap();
     let error = client.status().await.unwrap_err();
-    assert!(matches!(error, ClientError::Unreachable { .. }), "{error:?}");
+    assert!(
+        matches!(error, ClientError::Unreachable { .. }),
+        "{error:?}"
+    );
     assert!(error.to_string().contains(&address.to_string()), "{error}");
 }
 

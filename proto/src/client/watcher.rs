@@ -9,16 +9,14 @@ use crate::resource::v1::{WatchEvent, WatchListRequest};
 
 use super::{Client, ClientError};
 
-/// What a [`Watcher`] saw next.
+/// What a [`Watcher`] saw next. (Events are the common case, so they are not boxed.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum WatchUpdate {
     /// An event of the stream (an upsert, a delete or the end of the initial snapshot).
     Event(WatchEvent),
     /// The stream broke; the watcher waits `retry_in` and resumes.
-    Disconnected {
-        error: String,
-        retry_in: Duration,
-    },
+    Disconnected { error: String, retry_in: Duration },
     /// The stream is back, resumed after `since_version` with nothing missed.
     Resumed { since_version: String },
     /// The server could not resume (`reason`); a fresh snapshot follows (upserts for every
@@ -28,6 +26,7 @@ pub enum WatchUpdate {
     Failed(ClientError),
 }
 
+#[allow(clippy::large_enum_variant)]
 enum State {
     Connecting { after_disconnect: bool },
     Streaming(tonic::Streaming<WatchEvent>),

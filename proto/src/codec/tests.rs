@@ -173,3 +173,12 @@ fn scopes_come_from_the_registry() {
         .expect("type");
     assert_eq!(codec.scope(&executive), Some(Scope::Cluster));
 }
+
+#[test]
+fn a_yaml_syntax_error_ends_the_stream_with_one_error() {
+    let codec = codec();
+    let results = codec.read_yaml("type: demo.v2.Artist\nname: [unclosed\n");
+    assert_eq!(results.len(), 1);
+    let error = results[0].as_ref().expect_err("syntax error");
+    assert!(error.message.starts_with("not valid YAML"), "{error}");
+}

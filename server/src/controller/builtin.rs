@@ -24,6 +24,8 @@ pub const NAMESPACE_FINALIZER: &str = "tenancy.resd.io/namespace-cleanup";
 /// Finalizer the album controller holds on every album.
 pub const ALBUM_FINALIZER: &str = "demo.resd.io/album-cleanup";
 /// Status key of the artist controller.
+/// The demo artist controller's name, also its mark on the albums it generates.
+pub const ARTIST_CONTROLLER: &str = "demo-artist";
 pub const ARTIST_STATUS: &str = "demo.resd.io/artist";
 /// Status key of the album controller.
 pub const ALBUM_STATUS: &str = "demo.resd.io/album";
@@ -46,12 +48,15 @@ pub fn register(
         .with_reconciler(NamespaceController { registry }),
     )?;
     manager.register(
-        Controller::new("demo-artist", resource::new_type("demo", "v2", "Artist"))
-            .with_reconciler(ArtistController)
-            .with_watch(
-                resource::new_type("demo", "v2", "Album"),
-                map_owner_filtered(resource::new_type("demo", "v2", "Artist")),
-            ),
+        Controller::new(
+            ARTIST_CONTROLLER,
+            resource::new_type("demo", "v2", "Artist"),
+        )
+        .with_reconciler(ArtistController)
+        .with_watch(
+            resource::new_type("demo", "v2", "Album"),
+            map_owner_filtered(resource::new_type("demo", "v2", "Artist")),
+        ),
     )?;
     manager.register(
         Controller::new("demo-album", resource::new_type("demo", "v2", "Album"))
@@ -253,6 +258,13 @@ impl Reconciler for NamespaceController {
     }
 }
 
+/// Metadata key marking what a controller generated (and may therefore prune).
+pub const MANAGED_BY_KEY: &str = "managed-by";
+
+fn is_generated(album: &Resource) -> bool {
+    album.metadata.get(MANAGED_BY_KEY).map(String::as_str) == Some(ARTIST_CONTROLLER)
+}
+
 /// The album names an artist should own: one, plus one per group member (at most five).
 fn desired_albums(artist_name: &str, artist: &demo_v2::Artist) -> BTreeMap<String, demo_v2::Album> {
     let count = 1 + artist.group_members.len().min(4);
@@ -306,7 +318,8 @@ impl Reconciler for ArtistController {
                     .is_some_and(|t| t.kind == "Album")
             })
             .collect();
-        for album in &owned {
+        // Albums that users wrote under the artist are theirs; only generated ones are pruned.
+        for album in owned.iter().filter(|album| is_generated(album)) {
             let album_id = album.id.clone().unwrap_or_default();
             if !desired.contains_key(&album_id.name) && !resource::is_marked_for_deletion(album) {
                 runtime.delete(&album_id).await?;
@@ -328,6 +341,7 @@ impl Reconciler for ArtistController {
                 }),
                 owner: Some(artist_id.clone()),
                 data: Some(proto::to_any(album)),
+                metadata: [(MANAGED_BY_KEY.to_owned(), ARTIST_CONTROLLER.to_owned())].into(),
                 ..Default::default()
             };
             runtime.write(album_resource).await?;

@@ -1,0 +1,342 @@
+//! The command line: global flags (each with an environment variable) and one subcommand per
+//! operator task. Parsing only; the commands live in `command::*`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::output::OutputFormat;
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success
+  1  the operation failed (an error from the server, an unreachable server, a failed document)
+  2  usage error (unknown flag, missing argument)";
+
+const EXAMPLES: &str = "\
+Examples:
+  resctl apply -f fixtures/demo            apply every YAML file under a directory
+  resctl get Artist                        list artists in the default namespace
+  resctl get demo.v2.Artist miles-davis -o yaml
+  resctl watch Album                       stream changes, resuming across restarts
+  resctl tree Artist miles-davis           owner tree with each node's worst condition
+  resctl delete Artist miles-davis --wait  delete and wait for the cascade";
+
+/// resctl — the operator's CLI for resd clusters.
+#[derive(Debug, Parser)]
+#[command(
+    name = "resctl",
+    version,
+    about = "The operator's CLI for resd: typed, versioned resources and the controllers that reconcile them",
+    after_help = format!("{EXAMPLES}\n\n{EXIT_STATUS}"),
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Server to talk to, HOST:PORT (any member; followers forward) [default: 127.0.0.1:8502]
+    #[arg(long, global = true, env = "RESD_SERVER", value_name = "HOST:PORT")]
+    pub server: Option<String>,
+    /// ACL token sent with every request
+    #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Named server and token from the contexts file (see `resctl context`)
+    #[arg(long, global = true, env = "RESD_CONTEXT")]
+    pub context: Option<String>,
+    /// Output format
+    #[arg(short, long, global = true, env = "RESD_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Linearizable reads (through the leader) instead of the connected server's local state
+    #[arg(long, global = true, env = "RESD_CONSISTENT")]
+    pub consistent: bool,
+    /// Partition for commands that name resources [default: the context's, else `default`]
+    #[arg(long, global = true, env = "RESD_PARTITION")]
+    pub partition: Option<String>,
+    /// Namespace for commands that name resources [default: the context's, else `default`]
+    #[arg(short, long, global = true, env = "RESD_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update resources from YAML files, directories or stdin
+    Apply(ApplyArgs),
+    /// List resources of a type, or show one
+    Get(GetArgs),
+    /// Delete resources by name or from files, optionally waiting until they are gone
+    Delete(DeleteArgs),
+    /// Show a resource's status conditions and whether they are up to date
+    Status(NamedArgs),
+    /// Show a resource's owner tree: ancestors up to the root and every descendant
+    Tree(NamedArgs),
+    /// Edit a resource in $EDITOR and save it with compare-and-swap
+    Edit(NamedArgs),
+    /// List the types the server knows
+    Types,
+    /// Stream changes to resources of a type, one line per event
+    Watch(WatchArgs),
+    /// Cluster membership and raft state
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Which controllers run on which node, with queue depth and errors
+    Controllers,
+    /// Save, inspect and restore snapshots of the whole cluster state
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Generate load against a cluster and report throughput and latency
+    Bench(BenchArgs),
+    /// Manage named servers and tokens in the contexts file
+    #[command(subcommand)]
+    Context(ContextCommand),
+    /// Print a shell completion script
+    Completion(CompletionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// YAML file, directory (searched recursively for .yaml/.yml) or `-` for stdin
+    #[arg(short, long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Validate and mutate on the server and report what would change; store nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Type as group.version.Kind or a unique kind (`Artist`)
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    /// Name of one resource; without it, list
+    pub name: Option<String>,
+    /// List across every partition and namespace
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Only names starting with this prefix (lists only)
+    #[arg(long)]
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteArgs {
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE", required_unless_present = "files")]
+    pub resource_type: Option<String>,
+    /// Names of resources to delete
+    #[arg(requires = "resource_type")]
+    pub names: Vec<String>,
+    /// Delete what these YAML files or directories describe
+    #[arg(
+        short,
+        long = "filename",
+        value_name = "PATH",
+        conflicts_with = "resource_type"
+    )]
+    pub files: Vec<PathBuf>,
+    /// Wait until the resources and everything they own are gone
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits before reporting what blocks the deletion
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct NamedArgs {
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    /// Only names starting with this prefix
+    pub name_prefix: Option<String>,
+    /// Resume after this version (the `version` of an earlier event) instead of listing first
+    #[arg(long, value_name = "VERSION")]
+    pub from_version: Option<String>,
+    /// Watch every partition and namespace
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Stop after this many events (the initial listing counts)
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Raft state of the connected server
+    Status,
+    /// Every member with role, match index and lag
+    Members,
+    /// Add a server (it must be running, started without --bootstrap)
+    Join(JoinArgs),
+    /// Remove a server from the cluster
+    Remove(RemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    #[arg(long)]
+    pub node_id: u64,
+    /// The new server's client address (HOST:PORT)
+    #[arg(long)]
+    pub api_addr: String,
+    /// The new server's raft address (HOST:PORT)
+    #[arg(long)]
+    pub raft_addr: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    pub node_id: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a consistent snapshot of the cluster to FILE (verified before it is renamed)
+    Save(SnapshotFileArgs),
+    /// Show a snapshot file's header and what it holds per type and tenancy
+    Inspect(SnapshotFileArgs),
+    /// Replace the cluster's state with a snapshot file
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotFileArgs {
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    pub file: PathBuf,
+    /// Do not ask for confirmation
+    #[arg(short, long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// Blind writes of new and existing resources
+    Write,
+    /// Read-modify-write with compare-and-swap, retrying conflicts
+    Cas,
+    /// Reads of existing resources
+    Read,
+    /// Writes while a watch measures write-to-event latency
+    Watch,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value_t = Workload::Write)]
+    pub workload: Workload,
+    /// Requests in flight at once
+    #[arg(short, long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Operations in total
+    #[arg(short = 'N', long, default_value_t = 10_000)]
+    pub count: u64,
+    /// Bytes of payload in each resource
+    #[arg(long, default_value_t = 256)]
+    pub value_size: usize,
+    /// Distinct resources the workload touches
+    #[arg(long, default_value_t = 1_000)]
+    pub keys: u64,
+    /// Namespace-scoped type to write (its data needs a `name` and a `description` string)
+    #[arg(long = "type", default_value = "demo.v1.Artist", value_name = "TYPE")]
+    pub resource_type: String,
+    /// Delete the resources the benchmark wrote when it ends
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ContextCommand {
+    /// List contexts; the current one is starred
+    List,
+    /// Make NAME the current context
+    Use { name: String },
+    /// Create or update a context
+    Set(SetContextArgs),
+    /// Delete a context
+    Remove { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct SetContextArgs {
+    pub name: String,
+    #[arg(long = "to-server", value_name = "HOST:PORT")]
+    pub server: Option<String>,
+    #[arg(long = "to-token")]
+    pub token: Option<String>,
+    #[arg(long = "to-partition")]
+    pub partition: Option<String>,
+    #[arg(long = "to-namespace")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    pub shell: clap_complete::Shell,
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h`, or plain seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration; use e.g. 500ms, 30s, 5m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|error| format!("{text:?}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .contains("not a duration")
+        );
+        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

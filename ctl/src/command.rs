@@ -1,0 +1,47 @@
+//! Dispatch: one module per command. Each module exposes its operation as a function returning
+//! data, and a `run` that renders it for the session's output format.
+
+pub mod apply;
+pub mod bench;
+pub mod cluster;
+pub mod completion;
+pub mod context;
+pub mod controllers;
+pub mod delete;
+pub mod edit;
+pub mod get;
+pub mod snapshot;
+pub mod status;
+pub mod tree;
+pub mod types;
+pub mod watch;
+
+use crate::cli::{Cli, Command};
+use crate::session::Session;
+
+/// Runs a parsed command line; the result is the exit code for a command that reports partial
+/// failure itself (apply), errors are printed by the caller.
+pub async fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Completion(args) => completion::run(&args),
+        Command::Context(command) => context::run(command, cli.global.output),
+        command => {
+            let session = Session::from_args(&cli.global)?;
+            match command {
+                Command::Apply(args) => apply::run(&session, &args).await,
+                Command::Get(args) => get::run(&session, &args).await,
+                Command::Delete(args) => delete::run(&session, &args).await,
+                Command::Status(args) => status::run(&session, &args).await,
+                Command::Tree(args) => tree::run(&session, &args).await,
+                Command::Edit(args) => edit::run(&session, &args).await,
+                Command::Types => types::run(&session).await,
+                Command::Watch(args) => watch::run(&session, &args).await,
+                Command::Cluster(command) => cluster::run(&session, command).await,
+                Command::Controllers => controllers::run(&session).await,
+                Command::Snapshot(command) => snapshot::run(&session, command).await,
+                Command::Bench(args) => bench::run(&session, &args).await,
+                Command::Completion(_) | Command::Context(_) => Ok(0),
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! `resctl apply`: create or update resources from YAML documents. Documents are ordered so
+//! partitions, namespaces and owners are written before what depends on them; each reports
+//! `created`, `updated`, `unchanged` (same data, metadata and owner as stored after the type's
+//! mutate hook: nothing is written) or the server's error, and one failure never stops the rest.
+//! Metadata merges: the document's keys win, other keys and finalizers others hold are kept.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use futures::StreamExt as _;
+use proto::client::{ClientError, describe};
+use proto::cluster::v1::Scope;
+use proto::codec::{Codec, gvk};
+use proto::resource::v1::{Id, Resource, Tenancy};
+use serde::Serialize;
+
+use crate::output::{self, OutputFormat, Table};
+use crate::session::Session;
+
+/// One YAML text and where it came from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file as given (or `-` for stdin).
+    pub file: String,
+    pub text: String,
+}
+
+/// One document of the input, decoded, with its place.
+#[derive(Debug, Clone)]
+pub struct Document {
+    pub file: String,
+    /// 1-based index of the document in its file.
+    pub index: usize,
+    pub resource: Result<Resource, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Created,
+    Updated,
+    Unchanged,
+    Failed,
+}
+
+/// What happened to one document.
+#[derive(Debug, Clone, Serialize)]
+pub struct Applied {
+    pub file: String,
+    pub document: usize,
+    /// `group.version.Kind`, empty when the document could not be read.
+    #[serde(rename = "type")]
+    pub resource_type: String,
+    pub name: String,
+    pub tenancy: String,
+    pub outcome: Outcome,
+    /// The version stored (for created/updated/unchanged).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ApplyReport {
+    pub dry_run: bool,
+    pub results: Vec<Applied>,
+}
+
+impl ApplyReport {
+    pub fn failed(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| r.outcome == Outcome::Failed)
+            .count()
+    }
+
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.results.iter().filter(|r| r.outcome == outcome).count()
+    }
+}
+
+/// Reads files, directories (recursively, `.yaml`/`.yml`, in name order) and `-` (stdin).
+pub fn read_sources(paths: &[PathBuf]) -> anyhow::Result<Vec<Source>> {
+    let mut sources = Vec::new();
+    for path in paths {
+        if path == Path::new("-") {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read stdin")?;
+            sources.push(Source {
+                file: "-".into(),
+                text,
+            });
+            continue;
+        }
+        let metadata =
+            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if metadata.is_dir() {
+            let mut files = Vec::new();
+            collect_yaml_files(path, &mut files)?;
+            if files.is_empty() {
+                anyhow::bail!("{} holds no .yaml or .yml files", path.display());
+            }
+            for file in files {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                sources.push(Source {
+                    file: file.display().to_string(),
+                    text,
+                });
+            }
+        } else {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            sources.push(Source {
+                file: path.display().to_string(),
+                text,
+            });
+        }
+    }
+    Ok(sources)
+}
+
+fn collect_yaml_files(directory: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(directory)
+        .with_context(|| format!("cannot list {}", directory.display()))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for entry in entries {
+        if entry.is_dir() {
+            collect_yaml_files(&entry, files)?;
+        } else if entry
+            .extension()
+            .is_some_and(|extension| extension == "yaml" || extension == "yml")
+        {
+            files.push(entry);
+        }
+    }
+    Ok(())
+}
+
+/// Decodes every document and fills tenancies the documents leave out from the session's
+/// defaults (by the type's scope; an owner defaults to its dependent's tenancy).
+pub fn decode(session: &Session, codec: &Codec, sources: &[Source]) -> Vec<Document> {
+    let mut documents = Vec::new();
+    for source in sources {
+        for (position, result) in codec.read_yaml(&source.text).into_iter().enumerate() {
+            let index = match &result {
+                Err(error) => error.document.unwrap_or(position + 1),
+                Ok(_) => position + 1,
+            };
+            documents.push(Document {
+                file: source.file.clone(),
+                index,
+                resource: result
+                    .map(|mut resource| {
+                        fill_tenancy(session, codec, &mut resource);
+                        resource
+                    })
+                    .map_err(|error| error.message),
+            });
+        }
+    }
+    // Documents that failed to read still count, numbered by their position in the file.
+    documents
+}
+
+fn fill_tenancy(session: &Session, codec: &Codec, resource: &mut Resource) {
+    let Some(id) = resource.id.as_mut() else {
+        return;
+    };
+    let scope = id
+        .r#type
+        .as_ref()
+        .and_then(|t| codec.scope(t))
+        .unwrap_or(Scope::Namespace);
+    let tenancy = id.tenancy.get_or_insert_with(Tenancy::default);
+    default_tenancy(tenancy, scope, &session.partition, &session.namespace);
+    let own_tenancy = tenancy.clone();
+    if let Some(owner) = resource.owner.as_mut() {
+        let owner_scope = owner
+            .r#type
+            .as_ref()
+            .and_then(|t| codec.scope(t))
+            .unwrap_or(Scope::Namespace);
+        let owner_tenancy = owner.tenancy.get_or_insert_with(Tenancy::default);
+        let partition = if own_tenancy.partition.is_empty() {
+            session.partition.clone()
+        } else {
+            own_tenancy.partition.clone()
+        };
+        let namespace = if own_tenancy.namespace.is_empty() {
+            session.namespace.clone()
+        } else {
+            own_tenancy.namespace.clone()
+        };
+        default_tenancy(owner_tenancy, owner_scope, &partition, &namespace);
+    }
+}
+
+fn default_tenancy(tenancy: &mut Tenancy, scope: Scope, partition: &str, namespace: &str) {
+    match scope {
+        Scope::Cluster => {}
+        Scope::Partition => {
+            if tenancy.partition.is_empty() {
+                tenancy.partition = partition.to_owned();
+            }
+        }
+        _ => {
+            if tenancy.partition.is_empty() {
+                tenancy.partition = partition.to_owned();
+            }
+            if tenancy.namespace.is_empty() {
+                tenancy.namespace = namespace.to_owned();
+            }
+        }
+    }
+}
+
+/// A key naming a resource regardless of its type's version.
+fn name_key(id: &Id) -> (String, String, String, String, String) {
+    let resource_type = id.r#type.clone().unwrap_or_default();
+    let tenancy = id.tenancy.clone().unwrap_or_default();
+    (
+        resource_type.group,
+        resource_type.kind,
+        tenancy.partition,
+        tenancy.namespace,
+        id.name.clone(),
+    )
+}
+
+/// The write order: partitions, then namespaces, then everything else by owner depth within the
+/// input (owners first), stable in input order. Returns groups that may be written in parallel.
+pub fn order(documents: &[Document]) -> Vec<Vec<usize>> {
+    let mut owner_of: HashMap<_, Option<_>> = HashMap::new();
+    for document in documents {
+        if let Ok(resource) = &document.resource
+            && let Some(id) = &resource.id
+        {
+            owner_of.insert(name_key(id), resource.owner.as_ref().map(name_key));
+        }
+    }
+    let depth = |document: &Document| -> usize {
+        let Ok(resource) = &document.resource else {
+            return 0;
+        };
+        let kind = resource
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .map(gvk)
+            .unwrap_or_default();
+        if kind.starts_with("tenancy.") && kind.ends_with(".Partition") {
+            return 0;
+        }
+        if kind.starts_with("tenancy.") && kind.ends_with(".Namespace") {
+            return 1;
+        }
+        // Owner chains within the input; bounded so a cycle cannot loop.
+        let mut level = 2;
+        let mut owner = resource.owner.as_ref().map(name_key);
+        while let Some(key) = owner {
+            match owner_of.get(&key) {
+                Some(next) if level < 2 + documents.len() => {
+                    level += 1;
+                    owner = next.clone();
+                }
+                _ => break,
+            }
+        }
+        level
+    };
+    let mut levels: Vec<(usize, usize)> = documents
+        .iter()
+        .enumerate()
+        .map(|(index, document)| (depth(document), index))
+        .collect();
+    levels.sort();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut current_level = None;
+    for (level, index) in levels {
+        if current_level != Some(level) {
+            groups.push(Vec::new());
+            current_level = Some(level);
+        }
+        if let Some(group) = groups.last_mut() {
+            group.push(index);
+        }
+    }
+    groups
+}
+
+/// Whether what a write would store equals what is stored: data (compared decoded, so encoding
+/// differences do not matter), metadata and owner.
+fn same_content(codec: &Codec, desired: &Resource, stored: &Resource) -> bool {
+    let same_owner = match (&desired.owner, &stored.owner) {
+        (None, None) => true,
+        (Some(desired), Some(stored)) => {
+            name_key(desired) == name_key(stored)
+                && (desired.uid.is_empty() || desired.uid == stored.uid)
+        }
+        _ => false,
+    };
+    same_owner
+        && desired.metadata == stored.metadata
+        && codec.same_data(desired.data.as_ref(), stored.data.as_ref())
+}
+
+/// Apply owns the metadata keys its document names and nothing else: keys others set (a
+/// controller's marks, the deletion mark) are kept, and finalizers are a union — a document can
+/// add finalizers but never drops one a controller holds (remove those with `resctl edit`).
+fn merge_metadata(desired: &mut Resource, stored: &Resource) {
+    let mut merged = stored.metadata.clone();
+    for (key, value) in &desired.metadata {
+        merged.insert(key.clone(), value.clone());
+    }
+    let mut finalizers = proto::meta::finalizers(stored);
+    finalizers.extend(proto::meta::finalizers(desired));
+    if !finalizers.is_empty() {
+        merged.insert(
+            proto::meta::FINALIZERS_KEY.to_owned(),
+            finalizers.into_iter().collect::<Vec<_>>().join(" "),
+        );
+    }
+    desired.metadata = merged;
+}
+
+/// How many writes run at once within one ordering group.
+const PARALLEL_WRITES: usize = 16;
+
+/// Applies decoded documents in dependency order; `on_result` sees each outcome as it lands.
+pub async fn apply(
+    session: &Session,
+    documents: &[Document],
+    dry_run: bool,
+    mut on_result: impl FnMut(&Applied),
+) -> anyhow::Result<ApplyReport> {
+    let codec = session.codec().await?;
+    let mut results: Vec<Option<Applied>> = vec![None; documents.len()];
+    for group in order(documents) {
+        let mut stream = futures::stream::iter(group.into_iter().map(|index| {
+            let document = &documents[index];
+            async move { (index, apply_one(session, codec, document, dry_run).await) }
+        }))
+        .buffered(PARALLEL_WRITES);
+        while let Some((index, applied)) = stream.next().await {
+            on_result(&applied);
+            results[index] = Some(applied);
+        }
+    }
+    Ok(ApplyReport {
+        dry_run,
+        results: results.into_iter().flatten().collect(),
+    })
+}
+
+async fn apply_one(
+    session: &Session,
+    codec: &Codec,
+    document: &Document,
+    dry_run: bool,
+) -> Applied {
+    let mut applied = Applied {
+        file: document.file.clone(),
+        document: document.index,
+        resource_type: String::new(),
+        name: String::new(),
+        tenancy: String::new(),
+        outcome: Outcome::Failed,
+        version: String::new(),
+        error: None,
+    };
+    let resource = match &document.resource {
+        Ok(resource) => resource,
+        Err(error) => {
+            applied.error = Some(error.clone());
+            return applied;
+        }
+    };
+    let id = resource.id.clone().unwrap_or_default();
+    applied.resource_type = id.r#type.as_ref().map(gvk).unwrap_or_default();
+    applied.name = id.name.clone();
+    applied.tenancy = describe::tenancy_label(id.tenancy.as_ref());
+    match write_if_changed(session, codec, resource, dry_run).await {
+        Ok((outcome, version)) => {
+            applied.outcome = outcome;
+            applied.version = version;
+        }
+        Err(error) => applied.error = Some(error.to_string()),
+    }
+    applied
+}
+
+/// Attempts for an update that loses a compare-and-swap race to a concurrent writer.
+const CAS_ATTEMPTS: usize = 3;
+
+async fn write_if_changed(
+    session: &Session,
+    codec: &Codec,
+    resource: &Resource,
+    dry_run: bool,
+) -> Result<(Outcome, String), ClientError> {
+    // What the server keeps for itself is not part of what is applied: status is written by
+    // controllers, generation by the server. A version in the document is a precondition.
+    let mut desired = resource.clone();
+    desired.status.clear();
+    desired.generation.clear();
+    let id = desired.id.clone().unwrap_or_default();
+    for attempt in 1..=CAS_ATTEMPTS {
+        let mut lookup = id.clone();
+        lookup.uid.clear();
+        let stored = session.client.read(&lookup).await?;
+        let mut desired = desired.clone();
+        if let Some(stored) = &stored {
+            merge_metadata(&mut desired, stored);
+        }
+        let mutated = session.client.mutate_and_validate(&desired).await?;
+        let Some(stored) = stored else {
+            if dry_run {
+                return Ok((Outcome::Created, String::new()));
+            }
+            let written = session.client.write(&desired).await?;
+            return Ok((Outcome::Created, written.version));
+        };
+        if same_content(codec, &mutated, &stored) {
+            return Ok((Outcome::Unchanged, stored.version));
+        }
+        if dry_run {
+            return Ok((Outcome::Updated, stored.version));
+        }
+        let mut update = desired.clone();
+        if update.version.is_empty() {
+            update.version = stored.version.clone();
+        }
+        match session.client.write(&update).await {
+            Ok(written) => return Ok((Outcome::Updated, written.version)),
+            // Someone else wrote in between: compare again, unless the document itself named
+            // the version it expects.
+            Err(ClientError::Conflict(_))
+                if desired.version.is_empty() && attempt < CAS_ATTEMPTS =>
+            {
+                continue;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(ClientError::Conflict(
+        "the resource kept changing while it was applied; try again".into(),
+    ))
+}
+
+/// Renders a report: a line per document for people, the results for scripts.
+pub fn render(report: &ApplyReport, format: OutputFormat) -> anyhow::Result<String> {
+    match format {
+        OutputFormat::Json => output::json(report),
+        OutputFormat::Yaml => output::yaml(report),
+        OutputFormat::Name => Ok(report
+            .results
+            .iter()
+            .filter(|r| r.outcome != Outcome::Failed)
+            .map(|r| format!("{}/{}\n", r.resource_type, r.name))
+            .collect()),
+        OutputFormat::Table | OutputFormat::Wide => {
+            let mut table = Table::new(["RESULT", "TYPE", "TENANCY", "NAME", "VERSION"]);
+            for result in report
+                .results
+                .iter()
+                .filter(|r| r.outcome != Outcome::Failed)
+            {
+                table.row([
+                    line_outcome(result, report.dry_run),
+                    result.resource_type.clone(),
+                    result.tenancy.clone(),
+                    result.name.clone(),
+                    result.version.clone(),
+                ]);
+            }
+            let mut text = if table.is_empty() {
+                String::new()
+            } else {
+                table.render()
+            };
+            text.push_str(&summary(report));
+            Ok(text)
+        }
+    }
+}
+
+fn line_outcome(result: &Applied, dry_run: bool) -> String {
+    let word = match result.outcome {
+        Outcome::Created => "created",
+        Outcome::Updated => "updated",
+        Outcome::Unchanged => "unchanged",
+        Outcome::Failed => "failed",
+    };
+    if dry_run && result.outcome != Outcome::Unchanged {
+        format!("{word} (dry run)")
+    } else {
+        word.to_owned()
+    }
+}
+
+/// `5 created, 1 updated, 3 unchanged, 2 failed`.
+pub fn summary(report: &ApplyReport) -> String {
+    let mut parts = Vec::new();
+    for (outcome, word) in [
+        (Outcome::Created, "created"),
+        (Outcome::Updated, "updated"),
+        (Outcome::Unchanged, "unchanged"),
+        (Outcome::Failed, "failed"),
+    ] {
+        let count = report.count(outcome);
+        if count > 0 {
+            parts.push(format!("{count} {word}"));
+        }
+    }
+    if parts.is_empty() {
+        parts.push("nothing to apply".to_owned());
+    }
+    let suffix = if report.dry_run {
+        " (dry run: nothing was stored)"
+    } else {
+        ""
+    };
+    format!("{}{suffix}\n", parts.join(", "))
+}
+
+/// Each failing document with its file, index and the server's message (for stderr).
+pub fn failures(report: &ApplyReport) -> String {
+    report
+        .results
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .map(|r| {
+            let what = if r.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} {})", r.resource_type, r.name)
+            };
+            format!(
+                "error: {} document {}{what}: {}\n",
+                r.file,
+                r.document,
+                r.error.as_deref().unwrap_or("failed")
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
+
+/// `resctl apply -f …`.
+pub async fn run(session: &Session, args: &crate::cli::ApplyArgs) -> anyhow::Result<u8> {
+    let sources = read_sources(&args.files)?;
+    let codec = session.codec().await?;
+    let documents = decode(session, codec, &sources);
+    // A progress bar once the output would scroll past a screenful.
+    let bar = if documents.len() > 40 {
+        session.progress(documents.len() as u64, "applying")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let report = apply(session, &documents, args.dry_run, |_| bar.inc(1)).await?;
+    bar.finish_and_clear();
+    output::print(&render(&report, session.output)?)?;
+    let failures = failures(&report);
+    if !failures.is_empty() {
+        eprint!("{failures}");
+        return Ok(1);
+    }
+    Ok(0)
+}

@@ -1,0 +1,172 @@
+//! `resctl cluster status|members|join|remove`.
+
+use proto::cluster::v1::{JoinRequest, Role};
+use serde::Serialize;
+
+use crate::cli::ClusterCommand;
+use crate::output::{self, OutputFormat, Table};
+use crate::session::Session;
+
+pub fn role_label(role: i32) -> &'static str {
+    match Role::try_from(role) {
+        Ok(Role::Leader) => "leader",
+        Ok(Role::Follower) => "follower",
+        Ok(Role::Candidate) => "candidate",
+        Ok(Role::Learner) => "learner",
+        Ok(Role::Shutdown) => "shutdown",
+        Ok(Role::Standalone) => "standalone",
+        Ok(Role::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusView {
+    pub node_id: u64,
+    pub api_addr: String,
+    pub raft_addr: String,
+    pub role: String,
+    pub term: u64,
+    pub leader_id: u64,
+    pub leader_api_addr: String,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub snapshot_index: u64,
+    pub storage: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    pub node_id: u64,
+    pub api_addr: String,
+    pub raft_addr: String,
+    pub role: String,
+    pub match_index: u64,
+    pub lag: u64,
+    pub reachable: bool,
+}
+
+pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
+    let status = session.client.status().await?;
+    Ok(StatusView {
+        node_id: status.node_id,
+        api_addr: status.api_addr,
+        raft_addr: status.raft_addr,
+        role: role_label(status.role).to_owned(),
+        term: status.term,
+        leader_id: status.leader_id,
+        leader_api_addr: status.leader_api_addr,
+        commit_index: status.commit_index,
+        applied_index: status.applied_index,
+        last_log_index: status.last_log_index,
+        snapshot_index: status.snapshot_index,
+        storage: status.storage,
+    })
+}
+
+pub async fn members(session: &Session) -> anyhow::Result<Vec<MemberView>> {
+    let members = session.client.members().await?;
+    Ok(members
+        .members
+        .into_iter()
+        .map(|member| MemberView {
+            role: if member.leader {
+                "leader"
+            } else if member.voter {
+                "voter"
+            } else {
+                "learner"
+            }
+            .to_owned(),
+            node_id: member.node_id,
+            api_addr: member.api_addr,
+            raft_addr: member.raft_addr,
+            match_index: member.match_index,
+            lag: member.lag,
+            reachable: member.reachable,
+        })
+        .collect())
+}
+
+pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u8> {
+    let text = match command {
+        ClusterCommand::Status => {
+            let view = status(session).await?;
+            match session.output {
+                OutputFormat::Json => output::json(&view)?,
+                OutputFormat::Yaml => output::yaml(&view)?,
+                OutputFormat::Name => format!("node-{}\n", view.node_id),
+                _ => {
+                    let mut table = Table::new(["FIELD", "VALUE"]);
+                    let leader = if view.leader_id == 0 {
+                        "none (election in progress?)".to_owned()
+                    } else {
+                        format!("node {} at {}", view.leader_id, view.leader_api_addr)
+                    };
+                    for (field, value) in [
+                        ("node", format!("{} ({})", view.node_id, view.role)),
+                        ("api address", view.api_addr.clone()),
+                        ("raft address", view.raft_addr.clone()),
+                        ("leader", leader),
+                        ("term", view.term.to_string()),
+                        ("commit index", view.commit_index.to_string()),
+                        ("applied index", view.applied_index.to_string()),
+                        ("last log index", view.last_log_index.to_string()),
+                        ("snapshot index", view.snapshot_index.to_string()),
+                        ("storage", view.storage.clone()),
+                    ] {
+                        table.row([field.to_owned(), value]);
+                    }
+                    table.render()
+                }
+            }
+        }
+        ClusterCommand::Members => {
+            let members = members(session).await?;
+            match session.output {
+                OutputFormat::Json => output::json(&members)?,
+                OutputFormat::Yaml => output::yaml(&members)?,
+                OutputFormat::Name => members
+                    .iter()
+                    .map(|m| format!("node-{}\n", m.node_id))
+                    .collect(),
+                _ => {
+                    let mut table =
+                        Table::new(["NODE", "ROLE", "API", "RAFT", "MATCH", "LAG", "REACHABLE"]);
+                    for member in &members {
+                        table.row([
+                            member.node_id.to_string(),
+                            member.role.clone(),
+                            member.api_addr.clone(),
+                            member.raft_addr.clone(),
+                            member.match_index.to_string(),
+                            member.lag.to_string(),
+                            if member.reachable { "yes" } else { "NO" }.to_owned(),
+                        ]);
+                    }
+                    table.render()
+                }
+            }
+        }
+        ClusterCommand::Join(args) => {
+            let response = session
+                .client
+                .join(JoinRequest {
+                    node_id: args.node_id,
+                    api_addr: args.api_addr.clone(),
+                    raft_addr: args.raft_addr.clone(),
+                })
+                .await?;
+            format!(
+                "node {} joined (leader: node {})\n",
+                args.node_id, response.leader_id
+            )
+        }
+        ClusterCommand::Remove(args) => {
+            session.client.remove(args.node_id).await?;
+            format!("node {} removed\n", args.node_id)
+        }
+    };
+    output::print(&text)?;
+    Ok(0)
+}

@@ -1,0 +1,312 @@
+//! `resctl delete TYPE NAME… | -f FILE`: delete resources; with `--wait`, wait until they and
+//! everything they own are gone, and on timeout say what blocks: pending finalizers (with the
+//! controllers that manage the type and where they run) and remaining children.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use proto::client::describe;
+use proto::codec::gvk;
+use proto::resource::v1::Id;
+use serde::Serialize;
+
+use super::tree::{TreeNode, descendants, read_exact};
+use crate::cli::DeleteArgs;
+use crate::output::{self, OutputFormat, Table};
+use crate::session::{Session, same_kind};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Deleted {
+    #[serde(rename = "type")]
+    pub resource_type: String,
+    pub name: String,
+    pub tenancy: String,
+    /// `deleted` (gone), `deleting` (marked, waiting for finalizers or not waited for),
+    /// `not found`.
+    pub result: String,
+}
+
+/// Something that keeps a deletion from finishing.
+#[derive(Debug, Clone, Serialize)]
+pub struct Blocker {
+    /// `Kind/name` of the resource still present.
+    pub resource: String,
+    #[serde(rename = "type")]
+    pub resource_type: String,
+    pub finalizers: Vec<String>,
+    pub deleting: bool,
+    /// Controllers managing this type, with where they run.
+    pub controllers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeleteReport {
+    pub results: Vec<Deleted>,
+    /// Filled when `--wait` timed out.
+    pub blocked: Vec<Blocker>,
+    pub waited_ms: u64,
+}
+
+/// How often `--wait` checks.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Deletes `ids`; with `wait`, waits up to `timeout` for them and their descendants to go.
+pub async fn delete(
+    session: &Session,
+    ids: &[Id],
+    wait: Option<Duration>,
+) -> anyhow::Result<DeleteReport> {
+    let client = &session.client;
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut pending: Vec<Id> = Vec::new();
+    for id in ids {
+        let label = Deleted {
+            resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
+            name: id.name.clone(),
+            tenancy: describe::tenancy_label(id.tenancy.as_ref()),
+            result: String::new(),
+        };
+        let Some(stored) = read_exact(client, id).await? else {
+            results.push(Deleted {
+                result: "not found".into(),
+                ..label
+            });
+            continue;
+        };
+        let stored_id = stored.id.clone().unwrap_or_default();
+        client
+            .delete(&stored_id, "")
+            .await
+            .with_context(|| format!("cannot delete {}", describe::id_label(&stored_id)))?;
+        pending.push(stored_id);
+        results.push(Deleted {
+            result: "deleting".into(),
+            ..label
+        });
+    }
+    let mut blocked = Vec::new();
+    if let Some(timeout) = wait {
+        let deadline = started + timeout;
+        loop {
+            let mut remaining = Vec::new();
+            for id in &pending {
+                remaining.extend(still_present(session, id).await?);
+            }
+            for result in &mut results {
+                let gone = !remaining.iter().any(|(root, _)| {
+                    root.name == result.name
+                        && root.r#type.as_ref().map(gvk).unwrap_or_default() == result.resource_type
+                });
+                if result.result == "deleting" && gone {
+                    result.result = "deleted".into();
+                }
+            }
+            if remaining.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                blocked = blockers(session, remaining).await;
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    Ok(DeleteReport {
+        results,
+        blocked,
+        waited_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The resource (if still there) and its remaining descendants, each paired with the root id.
+async fn still_present(session: &Session, id: &Id) -> anyhow::Result<Vec<(Id, TreeNode)>> {
+    let client = &session.client;
+    let mut present = Vec::new();
+    if let Some(resource) = read_exact(client, id).await? {
+        let mut node = TreeNode {
+            resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
+            name: id.name.clone(),
+            tenancy: describe::tenancy_label(id.tenancy.as_ref()),
+            uid: id.uid.clone(),
+            condition: None,
+            finalizers: proto::meta::finalizers(&resource)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            deleting: proto::meta::is_marked_for_deletion(&resource),
+            missing: false,
+            children: Vec::new(),
+        };
+        node.children.clear();
+        present.push((id.clone(), node));
+    }
+    // Children are found by the owner's uid even after the owner itself is gone.
+    for child in descendants(client, id, 0).await? {
+        for node in child.walk() {
+            let mut flat = node.clone();
+            flat.children.clear();
+            present.push((id.clone(), flat));
+        }
+    }
+    Ok(present)
+}
+
+async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Blocker> {
+    // Best effort: without the controller list the blockers are still worth reporting.
+    let controllers = session.client.list_controllers(true).await.ok();
+    remaining
+        .into_iter()
+        .map(|(_, node)| {
+            let mut running = Vec::new();
+            if let Some(listing) = &controllers {
+                let node_type = parse_type(&node.resource_type);
+                for member in &listing.nodes {
+                    for controller in &member.controllers {
+                        let manages = match (&controller.managed_type, &node_type) {
+                            (Some(managed), Some(node_type)) => same_kind(managed, node_type),
+                            _ => false,
+                        };
+                        if manages {
+                            let state = if controller.running {
+                                "running"
+                            } else {
+                                "standby"
+                            };
+                            let mut line = format!(
+                                "{} on node {} ({state}, queue {})",
+                                controller.name, member.node_id, controller.queue_depth
+                            );
+                            if !controller.last_error.is_empty() {
+                                line.push_str(&format!(", last error: {}", controller.last_error));
+                            }
+                            running.push(line);
+                        }
+                    }
+                }
+            }
+            let kind = node.resource_type.rsplit('.').next().unwrap_or_default();
+            Blocker {
+                resource: format!("{kind}/{}", node.name),
+                resource_type: node.resource_type.clone(),
+                finalizers: node.finalizers.clone(),
+                deleting: node.deleting,
+                controllers: running,
+            }
+        })
+        .collect()
+}
+
+fn parse_type(text: &str) -> Option<proto::resource::v1::Type> {
+    let mut parts = text.splitn(3, '.');
+    Some(proto::resource::v1::Type {
+        group: parts.next()?.to_owned(),
+        group_version: parts.next()?.to_owned(),
+        kind: parts.next()?.to_owned(),
+    })
+}
+
+/// What blocks, as sentences for stderr.
+pub fn explain_blockers(report: &DeleteReport) -> String {
+    let mut text = format!(
+        "timed out after {:.1}s; still present:\n",
+        report.waited_ms as f64 / 1000.0
+    );
+    for blocker in &report.blocked {
+        text.push_str(&format!("  {}", blocker.resource));
+        if blocker.finalizers.is_empty() {
+            text.push_str(if blocker.deleting {
+                " (marked for deletion, no finalizers left)\n"
+            } else {
+                " (not yet deleted: its owner's cascade has not reached it)\n"
+            });
+        } else {
+            text.push_str(&format!(
+                " waits for finalizers: {}\n",
+                blocker.finalizers.join(", ")
+            ));
+        }
+        if blocker.controllers.is_empty() && !blocker.finalizers.is_empty() {
+            text.push_str("    no controller manages this type: remove the finalizer by hand (`resctl edit`)\n");
+        }
+        for controller in &blocker.controllers {
+            text.push_str(&format!("    controller {controller}\n"));
+        }
+    }
+    text
+}
+
+pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
+    let ids = if args.files.is_empty() {
+        let Some(type_name) = &args.resource_type else {
+            return Err(crate::UsageError("delete needs TYPE NAME… or -f FILE".into()).into());
+        };
+        if args.names.is_empty() {
+            return Err(crate::UsageError(format!(
+                "delete needs the name of the {type_name} to delete"
+            ))
+            .into());
+        }
+        let mut ids = Vec::new();
+        for name in &args.names {
+            ids.push(session.id(type_name, name).await?);
+        }
+        ids
+    } else {
+        let sources = super::apply::read_sources(&args.files)?;
+        let codec = session.codec().await?;
+        let mut ids = Vec::new();
+        for document in super::apply::decode(session, codec, &sources) {
+            match document.resource {
+                Ok(resource) => ids.push(resource.id.unwrap_or_default()),
+                Err(error) => {
+                    anyhow::bail!("{} document {}: {error}", document.file, document.index)
+                }
+            }
+        }
+        // Dependents first, so owners go last.
+        ids.reverse();
+        ids
+    };
+    let bar = if args.wait && session.interactive {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message("waiting for the deletion (and its cascade) to finish");
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let report = delete(session, &ids, args.wait.then_some(args.timeout)).await?;
+    bar.finish_and_clear();
+    let text = match session.output {
+        OutputFormat::Json => output::json(&report)?,
+        OutputFormat::Yaml => output::yaml(&report)?,
+        OutputFormat::Name => report
+            .results
+            .iter()
+            .map(|r| format!("{}/{}\n", r.resource_type, r.name))
+            .collect(),
+        OutputFormat::Table | OutputFormat::Wide => {
+            let mut table = Table::new(["RESULT", "TYPE", "TENANCY", "NAME"]);
+            for result in &report.results {
+                table.row([
+                    result.result.clone(),
+                    result.resource_type.clone(),
+                    result.tenancy.clone(),
+                    result.name.clone(),
+                ]);
+            }
+            table.render()
+        }
+    };
+    output::print(&text)?;
+    if !report.blocked.is_empty() {
+        eprint!("{}", explain_blockers(&report));
+        return Ok(1);
+    }
+    if report.results.iter().any(|r| r.result == "not found") {
+        eprintln!("error: some resources were not found");
+        return Ok(1);
+    }
+    Ok(0)
+}

@@ -1,0 +1,232 @@
+//! Output rendering: aligned tables for people, YAML/JSON for scripts (stable field names), and
+//! `name` for piping into other commands.
+
+use std::io::Write;
+use std::time::SystemTime;
+
+use clap::ValueEnum;
+use proto::client::describe;
+use proto::codec::{Codec, gvk};
+use proto::resource::v1::Resource;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns
+    Table,
+    /// Aligned columns with uid, generation, finalizers and type
+    Wide,
+    /// YAML documents (resources re-apply cleanly)
+    Yaml,
+    /// JSON (lists are arrays; watch prints one object per line)
+    Json,
+    /// `group.version.Kind/name` per resource
+    Name,
+}
+
+impl OutputFormat {
+    pub fn is_structured(self) -> bool {
+        matches!(self, OutputFormat::Yaml | OutputFormat::Json)
+    }
+}
+
+/// A table with a header row; cells are padded to the widest in their column.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new<I, S>(headers: I) -> Table
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Table {
+            headers: headers.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn render(&self) -> String {
+        let columns = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (index, cell) in row.iter().enumerate().take(columns) {
+                widths[index] = widths[index].max(cell.chars().count());
+            }
+        }
+        let mut text = String::new();
+        for row in std::iter::once(&self.headers).chain(&self.rows) {
+            let mut line = String::new();
+            for (index, cell) in row.iter().enumerate().take(columns) {
+                if index + 1 == columns {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    let pad = widths[index] - cell.chars().count() + 3;
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            text.push_str(line.trim_end());
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// Writes to stdout; a closed pipe (`resctl get … | head`) ends quietly.
+pub fn print(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => Ok(other?),
+    }
+}
+
+pub fn json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    Ok(text)
+}
+
+pub fn yaml<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
+    Ok(serde_yaml_ng::to_string(value)?)
+}
+
+/// `group.version.Kind/name`.
+pub fn resource_name(resource: &Resource) -> String {
+    let id = resource.id.clone().unwrap_or_default();
+    format!(
+        "{}/{}",
+        id.r#type.as_ref().map(gvk).unwrap_or_default(),
+        id.name
+    )
+}
+
+/// The finalizers of a resource, comma-separated, with `(deleting)` when it is marked.
+pub fn finalizers_label(resource: &Resource) -> String {
+    let finalizers: Vec<&str> = proto::meta::finalizers(resource).into_iter().collect();
+    let mut label = if finalizers.is_empty() {
+        "-".to_owned()
+    } else {
+        finalizers.join(",")
+    };
+    if proto::meta::is_marked_for_deletion(resource) {
+        label.push_str(" (deleting)");
+    }
+    label
+}
+
+fn condition_cell(resource: &Resource) -> String {
+    let mut cell = describe::worst_condition(resource)
+        .map(describe::condition_label)
+        .unwrap_or_else(|| "-".to_owned());
+    if describe::is_stale(resource) {
+        cell.push_str(" (stale)");
+    }
+    cell
+}
+
+fn owner_cell(resource: &Resource) -> String {
+    resource
+        .owner
+        .as_ref()
+        .map(describe::short_label)
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+/// Renders resources in any format. Lists are arrays in JSON and multi-document streams in
+/// YAML; one resource (`single`) is a bare object or document.
+pub fn render_resources(
+    codec: &Codec,
+    resources: &[Resource],
+    format: OutputFormat,
+    single: bool,
+) -> anyhow::Result<String> {
+    match format {
+        OutputFormat::Json => {
+            let values = resources
+                .iter()
+                .map(|r| codec.to_value(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            match (single, values.as_slice()) {
+                (true, [value]) => json(value),
+                _ => json(&values),
+            }
+        }
+        OutputFormat::Yaml => {
+            let mut text = String::new();
+            for (index, resource) in resources.iter().enumerate() {
+                if index > 0 {
+                    text.push_str("---\n");
+                }
+                text.push_str(&codec.to_yaml(resource)?);
+            }
+            Ok(text)
+        }
+        OutputFormat::Name => Ok(resources.iter().map(|r| resource_name(r) + "\n").collect()),
+        OutputFormat::Table | OutputFormat::Wide => {
+            let wide = format == OutputFormat::Wide;
+            let now = SystemTime::now();
+            let mut headers = vec!["NAME", "TENANCY", "VERSION", "AGE", "CONDITION", "OWNER"];
+            if wide {
+                headers.extend(["GENERATION", "FINALIZERS", "UID", "TYPE"]);
+            }
+            let mut table = Table::new(headers);
+            for resource in resources {
+                let id = resource.id.clone().unwrap_or_default();
+                let mut row = vec![
+                    id.name.clone(),
+                    describe::tenancy_label(id.tenancy.as_ref()),
+                    resource.version.clone(),
+                    describe::age_of(resource, now),
+                    condition_cell(resource),
+                    owner_cell(resource),
+                ];
+                if wide {
+                    row.extend([
+                        resource.generation.clone(),
+                        finalizers_label(resource),
+                        id.uid.clone(),
+                        id.r#type.as_ref().map(gvk).unwrap_or_default(),
+                    ]);
+                }
+                table.row(row);
+            }
+            Ok(table.render())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_trim_the_last() {
+        let mut table = Table::new(["NAME", "VERSION"]);
+        table.row(["miles-davis", "12"]);
+        table.row(["a", "3"]);
+        assert_eq!(
+            table.render(),
+            "NAME          VERSION\nmiles-davis   12\na             3\n"
+        );
+    }
+}

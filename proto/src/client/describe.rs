@@ -1,0 +1,179 @@
+//! Short human descriptions of resources that every front end shows the same way: ids,
+//! tenancies, the worst condition, the age derived from the uid.
+
+use std::time::{Duration, SystemTime};
+
+use crate::resource::v1::{Condition, Id, Resource, State, Tenancy};
+
+/// `partition/namespace`, `partition`, or `-` for cluster-scoped resources.
+pub fn tenancy_label(tenancy: Option<&Tenancy>) -> String {
+    match tenancy {
+        Some(tenancy) if !tenancy.namespace.is_empty() => {
+            format!("{}/{}", tenancy.partition, tenancy.namespace)
+        }
+        Some(tenancy) if !tenancy.partition.is_empty() => tenancy.partition.clone(),
+        _ => "-".to_owned(),
+    }
+}
+
+/// `group.version.Kind tenancy/name`, the form errors and listings use.
+pub fn id_label(id: &Id) -> String {
+    let kind = id
+        .r#type
+        .as_ref()
+        .map(crate::codec::gvk)
+        .unwrap_or_else(|| "?".to_owned());
+    match tenancy_label(id.tenancy.as_ref()).as_str() {
+        "-" => format!("{kind} {}", id.name),
+        tenancy => format!("{kind} {tenancy}/{}", id.name),
+    }
+}
+
+/// `Kind/name`, the short form for trees and tables.
+pub fn short_label(id: &Id) -> String {
+    let kind = id.r#type.as_ref().map(|t| t.kind.as_str()).unwrap_or("?");
+    format!("{kind}/{}", id.name)
+}
+
+/// How bad a condition is: false is worse than unknown, which is worse than true.
+pub fn severity(state: i32) -> u8 {
+    match State::try_from(state) {
+        Ok(State::False) => 2,
+        Ok(State::Unknown) | Err(_) => 1,
+        Ok(State::True) => 0,
+    }
+}
+
+/// The worst condition over every status key (ties go to the first key and condition).
+pub fn worst_condition(resource: &Resource) -> Option<&Condition> {
+    let mut worst: Option<&Condition> = None;
+    for status in resource.status.values() {
+        for condition in &status.conditions {
+            if worst.is_none_or(|w| severity(condition.state) > severity(w.state)) {
+                worst = Some(condition);
+            }
+        }
+    }
+    worst
+}
+
+/// `Accepted=True`, `Degraded=False`.
+pub fn condition_label(condition: &Condition) -> String {
+    format!("{}={}", condition.r#type, state_label(condition.state))
+}
+
+pub fn state_label(state: i32) -> &'static str {
+    match State::try_from(state) {
+        Ok(State::True) => "True",
+        Ok(State::False) => "False",
+        Ok(State::Unknown) | Err(_) => "Unknown",
+    }
+}
+
+/// Whether any status key has not yet observed the resource's current generation.
+pub fn is_stale(resource: &Resource) -> bool {
+    resource
+        .status
+        .values()
+        .any(|status| status.observed_generation != resource.generation)
+}
+
+/// The creation time encoded in a ULID uid (its first 10 characters are milliseconds since the
+/// Unix epoch in Crockford base32).
+pub fn created_at(uid: &str) -> Option<SystemTime> {
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    if uid.len() != 26 {
+        return None;
+    }
+    let mut millis: u64 = 0;
+    for byte in uid.bytes().take(10) {
+        let digit = ALPHABET
+            .iter()
+            .position(|&c| c == byte.to_ascii_uppercase())?;
+        millis = millis.checked_mul(32)?.checked_add(digit as u64)?;
+    }
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(millis))
+}
+
+/// A duration as kubectl shows ages: `42s`, `7m`, `3h`, `12d`.
+pub fn age_label(age: Duration) -> String {
+    let seconds = age.as_secs();
+    match seconds {
+        0..120 => format!("{seconds}s"),
+        120..7_200 => format!("{}m", seconds / 60),
+        7_200..172_800 => format!("{}h", seconds / 3_600),
+        _ => format!("{}d", seconds / 86_400),
+    }
+}
+
+/// The age of a resource from its uid, or `-` when the uid carries no time.
+pub fn age_of(resource: &Resource, now: SystemTime) -> String {
+    resource
+        .id
+        .as_ref()
+        .and_then(|id| created_at(&id.uid))
+        .and_then(|created| now.duration_since(created).ok())
+        .map(age_label)
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ulid_uid_gives_its_creation_time() {
+        // 01ARYZ6S41 is 1469918176385 ms (the ULID specification's example).
+        let created = created_at("01ARYZ6S41TSV4RRFFQ69G5FAV").unwrap();
+        assert_eq!(
+            created.duration_since(SystemTime::UNIX_EPOCH).unwrap(),
+            Duration::from_millis(1_469_918_176_385)
+        );
+        assert_eq!(created_at("not-a-ulid"), None);
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        for (seconds, expected) in [
+            (5, "5s"),
+            (119, "119s"),
+            (600, "10m"),
+            (7_200, "2h"),
+            (200_000, "2d"),
+        ] {
+            assert_eq!(age_label(Duration::from_secs(seconds)), expected);
+        }
+    }
+
+    #[test]
+    fn the_worst_condition_wins_across_status_keys() {
+        let condition = |kind: &str, state: State| Condition {
+            r#type: kind.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut resource = Resource::default();
+        assert!(worst_condition(&resource).is_none());
+        resource.status.insert(
+            "a".into(),
+            crate::resource::v1::Status {
+                conditions: vec![condition("Accepted", State::True)],
+                ..Default::default()
+            },
+        );
+        resource.status.insert(
+            "b".into(),
+            crate::resource::v1::Status {
+                conditions: vec![
+                    condition("Ready", State::Unknown),
+                    condition("Synced", State::False),
+                ],
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            condition_label(worst_condition(&resource).unwrap()),
+            "Synced=False"
+        );
+    }
+}
