@@ -16,12 +16,13 @@ Exit status:
 
 const EXAMPLES: &str = "\
 Examples:
-  resctl apply -f fixtures/demo            apply every YAML file under a directory
-  resctl get Artist                        list artists in the default namespace
-  resctl get demo.v2.Artist miles-davis -o yaml
-  resctl watch Album                       stream changes, resuming across restarts
-  resctl tree Artist miles-davis           owner tree with each node's worst condition
-  resctl delete Artist miles-davis --wait  delete and wait for the cascade";
+  resctl apply -f fixtures/demo                    apply every YAML file under a directory
+  resctl get demo.v2.Artist -n jazz                list the artists of a namespace
+  resctl get Executive clive-davis -o yaml         a unique kind needs no group or version
+  resctl watch demo.v2.Album -A                    stream changes, resuming across restarts
+  resctl tree demo.v2.Artist miles-davis -n jazz   owner tree with each node's worst condition
+  resctl delete demo.v2.Artist miles-davis -n jazz --wait
+                                                   delete and wait for the cascade";
 
 /// resctl — the operator's CLI for resd clusters.
 #[derive(Debug, Parser)]
@@ -41,27 +42,40 @@ pub struct Cli {
 
 /// Flags every command takes.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Server to talk to, HOST:PORT (any member; followers forward) [default: 127.0.0.1:8502]
-    #[arg(long, global = true, env = "RESD_SERVER", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_SERVER",
+        hide_env_values = true,
+        value_name = "HOST:PORT"
+    )]
     pub server: Option<String>,
     /// ACL token sent with every request
     #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Named server and token from the contexts file (see `resctl context`)
-    #[arg(long, global = true, env = "RESD_CONTEXT")]
+    #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]
     pub context: Option<String>,
     /// Output format
-    #[arg(short, long, global = true, env = "RESD_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    #[arg(short, long, global = true, env = "RESD_OUTPUT", hide_env_values = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
     /// Linearizable reads (through the leader) instead of the connected server's local state
-    #[arg(long, global = true, env = "RESD_CONSISTENT")]
+    #[arg(long, global = true, env = "RESD_CONSISTENT", hide_env_values = true)]
     pub consistent: bool,
     /// Partition for commands that name resources [default: the context's, else `default`]
-    #[arg(long, global = true, env = "RESD_PARTITION")]
+    #[arg(long, global = true, env = "RESD_PARTITION", hide_env_values = true)]
     pub partition: Option<String>,
     /// Namespace for commands that name resources [default: the context's, else `default`]
-    #[arg(short, long, global = true, env = "RESD_NAMESPACE")]
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "RESD_NAMESPACE",
+        hide_env_values = true
+    )]
     pub namespace: Option<String>,
 }
 
@@ -112,7 +126,7 @@ pub struct ApplyArgs {
 
 #[derive(Debug, Args)]
 pub struct GetArgs {
-    /// Type as group.version.Kind or a unique kind (`Artist`)
+    /// Type as group.version.Kind or a unique kind (`Executive`)
     #[arg(value_name = "TYPE")]
     pub resource_type: String,
     /// Name of one resource; without it, list

@@ -232,13 +232,19 @@ impl ResourceService {
         Ok(state)
     }
 
+    /// Reads a partition or namespace: locally first (the common case: it exists), and with a
+    /// strong read before concluding it is missing, so a namespace just created through another
+    /// node is seen by a follower that has not applied it yet (read-your-writes across nodes).
     async fn read_tenancy_unit(&self, id: &Id) -> Result<Option<Resource>, Error> {
-        match self.backend.read(Consistency::Eventual, id).await {
-            Ok(unit) => Ok(Some(unit)),
-            Err(StorageError::GroupVersionMismatch { stored }) => Ok(Some(*stored)),
-            Err(StorageError::NotFound) => Ok(None),
-            Err(error) => Err(error.into()),
+        for consistency in [Consistency::Eventual, Consistency::Strong] {
+            match self.backend.read(consistency, id).await {
+                Ok(unit) => return Ok(Some(unit)),
+                Err(StorageError::GroupVersionMismatch { stored }) => return Ok(Some(*stored)),
+                Err(StorageError::NotFound) => continue,
+                Err(error) => return Err(error.into()),
+            }
         }
+        Ok(None)
     }
 
     /// Reads the current incarnation of a resource whatever uid or group version the caller

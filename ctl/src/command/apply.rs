@@ -411,14 +411,16 @@ async fn write_if_changed(
     desired.generation.clear();
     let id = desired.id.clone().unwrap_or_default();
     for attempt in 1..=CAS_ATTEMPTS {
+        // Validate first, so errors read as the write's errors (`resource.id.name …`).
+        let mut mutated = session.client.mutate_and_validate(&desired).await?;
         let mut lookup = id.clone();
         lookup.uid.clear();
         let stored = session.client.read(&lookup).await?;
         let mut desired = desired.clone();
         if let Some(stored) = &stored {
             merge_metadata(&mut desired, stored);
+            mutated.metadata = desired.metadata.clone();
         }
-        let mutated = session.client.mutate_and_validate(&desired).await?;
         let Some(stored) = stored else {
             if dry_run {
                 return Ok((Outcome::Created, String::new()));

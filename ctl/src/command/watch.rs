@@ -53,7 +53,6 @@ fn summary(resource: &Resource) -> String {
     if proto::meta::is_marked_for_deletion(resource) {
         parts.push("deleting".into());
     }
-    parts.push(format!("gen {}", resource.generation));
     parts.join("  ")
 }
 

@@ -1,0 +1,6 @@
+//! Cross-crate integration tests: real `resd` clusters driven through the client library (the
+//! `ctl` library functions over `proto::client`) and through the real `resctl` binary, with one
+//! scenario body for both drivers.
+
+mod drivers;
+mod scenario;

@@ -1,0 +1,155 @@
+//! The harness of the cross-crate integration tests: the `resd` and `resctl` binaries of this
+//! build, and a multi-process `resd` cluster on loopback (each node its own process, data
+//! directory and ports; stopped by PID).
+//!
+//! `cargo test --workspace` builds both binaries first (the `server` and `ctl` crates have
+//! integration tests of their own, which makes cargo build their binaries).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use proto::client::{Client, ClientConfig};
+
+/// How long a starting node may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A binary of this workspace's build (`resd`, `resctl`), next to the test executable.
+pub fn binary(name: &str) -> PathBuf {
+    let executable = std::env::current_exe().expect("the test executable's path");
+    let directory = executable
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path = directory.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (`cargo build --bins`, or run `cargo test --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
+
+/// One `resd agent` process, killed by PID when dropped.
+pub struct Node {
+    child: Child,
+    pub api_addr: String,
+}
+
+impl Node {
+    fn spawn(args: &[String]) -> Node {
+        let mut child = Command::new(binary("resd"))
+            .arg("agent")
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn resd");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if let Some(address) = line.strip_prefix("resd: serving gRPC on ") {
+                    let _ = sender.send(address.trim().to_owned());
+                }
+            }
+        });
+        match receiver.recv_timeout(START_TIMEOUT) {
+            Ok(api_addr) => Node { child, api_addr },
+            Err(_) => {
+                let _ = child.kill();
+                panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A cluster of `resd agent` processes: node 1 bootstraps, the others join it.
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    _data: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub async fn start(size: usize) -> Cluster {
+        let data = tempfile::tempdir().expect("temp dir");
+        let mut nodes: Vec<Node> = Vec::new();
+        for node_id in 1..=size {
+            let mut args = vec![
+                "--node-id".to_owned(),
+                node_id.to_string(),
+                "--data-dir".to_owned(),
+                data.path()
+                    .join(format!("node{node_id}"))
+                    .display()
+                    .to_string(),
+                "--api-addr".to_owned(),
+                format!("127.0.0.1:{}", free_port()),
+                "--raft-addr".to_owned(),
+                format!("127.0.0.1:{}", free_port()),
+            ];
+            match nodes.first() {
+                None => args.push("--bootstrap".to_owned()),
+                Some(first) => args.extend(["--join".to_owned(), first.api_addr.clone()]),
+            }
+            nodes.push(Node::spawn(&args));
+        }
+        let cluster = Cluster { nodes, _data: data };
+        cluster.wait_for_voters(size).await;
+        cluster
+    }
+
+    /// A client of node `index` (0-based).
+    pub fn client(&self, index: usize) -> Client {
+        Client::new(ClientConfig::new(self.nodes[index].api_addr.clone())).expect("client")
+    }
+
+    async fn wait_for_voters(&self, size: usize) {
+        let client = self.client(0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(members) = client.members().await
+                && members.leader_id != 0
+                && members.members.iter().filter(|m| m.voter).count() == size
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the cluster did not reach {size} voters within 60s");
+    }
+}
+
+/// The repository's `fixtures/` directory.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("fixtures")
+}
