@@ -236,9 +236,9 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         );
         agents.push((config.node_id, agent));
     }
+    let first_api = first_api.unwrap_or_default();
     println!(
-        "resd: 3-node dev cluster running; connect to any API address (e.g. grpcurl -plaintext {} list). Ctrl-C stops it.",
-        first_api.unwrap_or_default()
+        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api} apply -f fixtures/demo\n  resctl --server {first_api} get demo.v2.Artist -A\n  grpcurl -plaintext {first_api} list\nCtrl-C stops it."
     );
 
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));

@@ -53,6 +53,7 @@ fn every_rust_file_starts_with_a_module_doc_line() {
 
 #[test]
 fn libraries_hold_no_debugging_leftovers_or_stdout_printing() {
+    // Library code writes to stdout only through explicit writers (resctl: `output::print`).
     // Built from pieces so this file does not match itself.
     let forbidden = [
         concat!("db", "g!("),
@@ -71,10 +72,14 @@ fn libraries_hold_no_debugging_leftovers_or_stdout_printing() {
         })
         .filter_map(|path| {
             let text = std::fs::read_to_string(&path).unwrap_or_default();
+            // `eprintln!` is fine: resctl's command modules talk to people on stderr.
             let hits: Vec<&str> = forbidden
                 .iter()
                 .copied()
-                .filter(|pattern| text.contains(pattern))
+                .filter(|pattern| {
+                    text.match_indices(pattern)
+                        .any(|(at, _)| !text[..at].ends_with('e'))
+                })
                 .collect();
             (!hits.is_empty()).then(|| format!("{}: {hits:?}", path.display()))
         })
