@@ -2,5 +2,6 @@
 //! `ctl` library functions over `proto::client`) and through the real `resctl` binary, with one
 //! scenario body for both drivers.
 
+mod client;
 mod drivers;
 mod scenario;

@@ -42,12 +42,50 @@ pub fn free_port() -> u16 {
 
 /// One `resd agent` process, killed by PID when dropped.
 pub struct Node {
-    child: Child,
+    child: Option<Child>,
+    args: Vec<String>,
     pub api_addr: String,
 }
 
 impl Node {
     fn spawn(args: &[String]) -> Node {
+        let (child, api_addr) = launch(args);
+        Node {
+            child: Some(child),
+            args: args.to_vec(),
+            api_addr,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL by PID, then wait for the exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same command line again (same data directory and addresses).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "kill the node before restarting it");
+        let (child, api_addr) = launch(&self.args);
+        self.child = Some(child);
+        self.api_addr = api_addr;
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn launch(args: &[String]) -> (Child, String) {
+    {
         let mut child = Command::new(binary("resd"))
             .arg("agent")
             .args(args)
@@ -71,23 +109,12 @@ impl Node {
             }
         });
         match receiver.recv_timeout(START_TIMEOUT) {
-            Ok(api_addr) => Node { child, api_addr },
+            Ok(api_addr) => (child, api_addr),
             Err(_) => {
                 let _ = child.kill();
                 panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
             }
         }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

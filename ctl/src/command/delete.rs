@@ -310,3 +310,40 @@ pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blockers_name_finalizers_their_controllers_and_waiting_children() {
+        let report = DeleteReport {
+            results: Vec::new(),
+            waited_ms: 60_000,
+            blocked: vec![
+                Blocker {
+                    resource: "Album/kind-of-blue".into(),
+                    resource_type: "demo.v2.Album".into(),
+                    finalizers: vec!["demo.resd.io/album-cleanup".into()],
+                    deleting: true,
+                    controllers: vec!["demo-album on node 1 (running, queue 0)".into()],
+                },
+                Blocker {
+                    resource: "Widget/w".into(),
+                    resource_type: "x.v1.Widget".into(),
+                    finalizers: vec!["x.io/hold".into()],
+                    deleting: true,
+                    controllers: Vec::new(),
+                },
+            ],
+        };
+        assert_eq!(
+            explain_blockers(&report),
+            "timed out after 60.0s; still present:\n  \
+             Album/kind-of-blue waits for finalizers: demo.resd.io/album-cleanup\n    \
+             controller demo-album on node 1 (running, queue 0)\n  \
+             Widget/w waits for finalizers: x.io/hold\n    \
+             no controller manages this type: remove the finalizer by hand (`resctl edit`)\n"
+        );
+    }
+}

@@ -67,6 +67,8 @@ pub async fn edit(
     let id = resource.id.clone().unwrap_or_default();
     let label = describe::id_label(&id);
     let mut base = editable_yaml(codec, &resource)?;
+    let mut base_resource = resource.clone();
+    base_resource.status.clear();
     let mut body = base.clone();
     let mut notes = String::new();
     for _ in 0..MAX_ROUNDS {
@@ -132,14 +134,22 @@ pub async fn edit(
                 if retry(&Problem::Conflict(changes.clone())) {
                     notes = commented(&format!(
                         "{label} changed on the server while you edited (version {} → {}):\n{changes}\
-                         Your edit is below, now based on version {}.",
-                        desired.version, current.version, current.version
+                         Below: the server's version with your changes merged in (yours win where both changed).",
+                        desired.version, current.version
                     ));
-                    let mut rebased = parsed.clone();
-                    rebased.version = current.version.clone();
-                    rebased.status.clear();
-                    body = codec.to_yaml(&rebased)?;
+                    let mut theirs = current.clone();
+                    theirs.status.clear();
+                    let mut merged = three_way_merge(
+                        &codec.to_value(&base_resource)?,
+                        &codec.to_value(&parsed)?,
+                        &codec.to_value(&theirs)?,
+                    );
+                    if let Some(object) = merged.as_object_mut() {
+                        object.insert("version".into(), current.version.clone().into());
+                    }
+                    body = serde_yaml_ng::to_string(&merged)?;
                     base = current_yaml;
+                    base_resource = theirs;
                     continue;
                 }
                 anyhow::bail!(
@@ -159,6 +169,45 @@ pub async fn edit(
         }
     }
     anyhow::bail!("edit of {label} abandoned after {MAX_ROUNDS} rounds")
+}
+
+/// Merges my changes (base → mine) into theirs (base → theirs), object by object; where both
+/// changed the same value, mine wins.
+pub fn three_way_merge(
+    base: &serde_json::Value,
+    mine: &serde_json::Value,
+    theirs: &serde_json::Value,
+) -> serde_json::Value {
+    use serde_json::Value;
+    if mine == base {
+        return theirs.clone();
+    }
+    if theirs == base {
+        return mine.clone();
+    }
+    match (base, mine, theirs) {
+        (Value::Object(base), Value::Object(mine), Value::Object(theirs)) => {
+            let mut merged = serde_json::Map::new();
+            let keys: std::collections::BTreeSet<&String> = base
+                .keys()
+                .chain(mine.keys())
+                .chain(theirs.keys())
+                .collect();
+            for key in keys {
+                let missing = Value::Null;
+                let value = three_way_merge(
+                    base.get(key).unwrap_or(&missing),
+                    mine.get(key).unwrap_or(&missing),
+                    theirs.get(key).unwrap_or(&missing),
+                );
+                if !value.is_null() {
+                    merged.insert(key.clone(), value);
+                }
+            }
+            Value::Object(merged)
+        }
+        _ => mine.clone(),
+    }
 }
 
 /// A minimal line diff (`- old`, `+ new`), longest-common-subsequence based.
@@ -262,6 +311,18 @@ mod tests {
         let diff = line_diff("a\nb\nc\n", "a\nB\nc\nd\n");
         assert_eq!(diff, "+ B\n- b\n+ d\n");
         assert_eq!(line_diff("same\n", "same\n"), "");
+    }
+
+    #[test]
+    fn a_three_way_merge_keeps_both_sides_changes() {
+        let base = serde_json::json!({"data": {"name": "Ed", "position": "CEO"}, "version": "3"});
+        let mine = serde_json::json!({"data": {"name": "Ed", "position": "CFO"}, "version": "3"});
+        let theirs =
+            serde_json::json!({"data": {"name": "Edward", "position": "CEO"}, "version": "5"});
+        assert_eq!(
+            three_way_merge(&base, &mine, &theirs),
+            serde_json::json!({"data": {"name": "Edward", "position": "CFO"}, "version": "5"})
+        );
     }
 
     #[test]

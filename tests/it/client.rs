@@ -1,0 +1,167 @@
+//! The shared client's promises against real processes: a watch survives a server restart and
+//! sees what happened meanwhile; an edit that loses a compare-and-swap race shows the server's
+//! change and saves the merge on the next round.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ctl::command::edit::{self, EditOutcome, Problem};
+use ctl::output::OutputFormat;
+use ctl::session::Session;
+use proto::client::{Client, WatchUpdate};
+use proto::resource::v1::watch_event::Event;
+use proto::resource::v1::{Resource, Tenancy, Type, WatchListRequest};
+
+fn concept_type() -> Type {
+    Type {
+        group: "demo".into(),
+        group_version: "v1".into(),
+        kind: "Concept".into(),
+    }
+}
+
+async fn write_document(client: &Client, yaml: &str) -> Resource {
+    let codec = proto::codec::Codec::new(client.list_types().await.expect("types")).expect("codec");
+    let resource = codec
+        .read_yaml(yaml)
+        .into_iter()
+        .next()
+        .expect("one document")
+        .expect("valid document");
+    client.write(&resource).await.expect("write")
+}
+
+fn concept(name: &str) -> String {
+    format!(
+        "type: demo.v1.Concept\nname: {name}\ntenancy: {{partition: default, namespace: default}}\ndata: {{name: {name}}}\n"
+    )
+}
+
+fn upserted_name(update: &WatchUpdate) -> Option<String> {
+    match update {
+        WatchUpdate::Event(event) => match &event.event {
+            Some(Event::Upsert(upsert)) => upsert
+                .resource
+                .as_ref()
+                .and_then(|r| r.id.as_ref())
+                .map(|id| id.name.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_a_server_restart_and_sees_what_happened_meanwhile() {
+    let mut cluster = tests::Cluster::start(3).await;
+    let leader_client = cluster.client(0);
+    let watched_client = cluster.client(2);
+    let mut watcher = watched_client.watcher(WatchListRequest {
+        r#type: Some(concept_type()),
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
+        name_prefix: String::new(),
+        since_version: String::new(),
+    });
+    write_document(&leader_client, &concept("before")).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let update = tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .expect("the first write arrives")
+            .expect("watching");
+        if upserted_name(&update).as_deref() == Some("before") {
+            break;
+        }
+    }
+
+    cluster.nodes[2].kill();
+    write_document(&leader_client, &concept("meanwhile")).await;
+    cluster.nodes[2].restart();
+
+    let mut notices = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let update = tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the write made while the server was down never arrived; notices: {notices:?}"
+                )
+            })
+            .expect("watching");
+        match &update {
+            WatchUpdate::Disconnected { .. } => notices.push("disconnected"),
+            WatchUpdate::Resumed { .. } => notices.push("resumed"),
+            WatchUpdate::Relisting { .. } => notices.push("relisting"),
+            WatchUpdate::Failed(error) => panic!("the watch gave up: {error}"),
+            WatchUpdate::Event(_) => {}
+        }
+        if upserted_name(&update).as_deref() == Some("meanwhile") {
+            break;
+        }
+    }
+    assert_eq!(notices.first(), Some(&"disconnected"), "{notices:?}");
+    assert!(
+        notices.contains(&"resumed") || notices.contains(&"relisting"),
+        "the watcher says how it came back: {notices:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge() {
+    let cluster = tests::Cluster::start(1).await;
+    let client = cluster.client(0);
+    write_document(
+        &client,
+        "type: demo.v1.Executive\nname: ed\ndata: {name: Ed, position: CEO}\n",
+    )
+    .await;
+    let session = Session::new(client.clone(), OutputFormat::Json);
+    let mut round = 0;
+    let racing_client = client.clone();
+    let mut editor = |path: &Path| -> anyhow::Result<()> {
+        round += 1;
+        if round == 1 {
+            let text = std::fs::read_to_string(path)?;
+            std::fs::write(path, text.replace("CEO", "CFO"))?;
+            // Someone else renames the executive while this editor is open.
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(write_document(
+                    &racing_client,
+                    "type: demo.v1.Executive\nname: ed\ndata: {name: Edward, position: CEO}\n",
+                ))
+            });
+        }
+        // Round 2: the merged document is saved as it is.
+        Ok(())
+    };
+    let mut problems = Vec::new();
+    let mut retry = |problem: &Problem| {
+        problems.push(problem.clone());
+        true
+    };
+    let outcome = edit::edit(&session, "Executive", "ed", &mut editor, &mut retry)
+        .await
+        .expect("the edit is saved on the second round");
+    let EditOutcome::Saved(saved) = outcome else {
+        panic!("expected a save, got {outcome:?}");
+    };
+    assert_eq!(round, 2);
+    match problems.as_slice() {
+        [Problem::Conflict(changes)] => assert!(changes.contains("+   name: Edward"), "{changes}"),
+        other => panic!("expected one conflict, got {other:?}"),
+    }
+    let codec = session.codec().await.expect("codec");
+    let stored = codec.to_value(&saved).expect("value");
+    assert_eq!(
+        stored["data"]["name"], "Edward",
+        "the server's change survives"
+    );
+    assert_eq!(
+        stored["data"]["position"], "CFO",
+        "the editor's change is saved"
+    );
+}
