@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use proto::client::{Client, ClientConfig, DEFAULT_SERVER};
 use proto::cluster::v1::{Scope, TypeInfo};
 use proto::codec::Codec;
-use proto::resource::v1::{Id, Tenancy, Type};
+use proto::resource::v1::{Id, Tenancy};
 use tokio::sync::OnceCell;
 
 use crate::cli::GlobalArgs;
@@ -163,11 +163,6 @@ impl Session {
         bar.set_message(message.to_owned());
         bar
     }
-}
-
-/// Whether two types are the same kind regardless of version.
-pub fn same_kind(a: &Type, b: &Type) -> bool {
-    a.group == b.group && a.kind == b.kind
 }
 
 /// Asks a yes/no question on stderr and reads the answer from stdin; `default` on an empty

@@ -2,7 +2,7 @@
 //! `concurrency` in flight against any server and reports throughput and latency percentiles.
 //! Workloads: `write` (blind writes over `keys` names), `cas` (read, then write at the read
 //! version; conflicts retried and counted), `read`, and `watch` (writes while one watch measures
-//! the time from a write's acknowledgement to its event).
+//! the time from sending a write to receiving its event).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ pub struct BenchReport {
     pub seconds: f64,
     pub per_second: f64,
     pub latency_ms: Percentiles,
-    /// Write acknowledged → watch event received (watch workload only).
+    /// Write sent → its watch event received (watch workload only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch_delay_ms: Option<Percentiles>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -64,7 +64,7 @@ impl Percentiles {
     }
 }
 
-/// A write's name, version and when it was acknowledged (to match its watch event).
+/// A write's name, version and when it was sent (to match its watch event).
 type Acknowledged = (String, String, Instant);
 
 const NAME_PREFIX: &str = "bench-";
@@ -227,7 +227,7 @@ pub async fn bench(
                         Workload::Write | Workload::Watch => {
                             let written = client.write(&plan.resource(key, operation)).await?;
                             let name = written.id.map(|id| id.name).unwrap_or_default();
-                            Some((name, written.version, Instant::now()))
+                            Some((name, written.version, begun))
                         }
                         Workload::Read => {
                             client.read(&plan.id(key)).await?;
@@ -293,10 +293,10 @@ pub async fn bench(
             let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
             let mut delays: Vec<Duration> = acknowledgements
                 .iter()
-                .filter_map(|(name, version, acknowledged)| {
+                .filter_map(|(name, version, sent)| {
                     arrivals
                         .get(&(name.clone(), version.clone()))
-                        .map(|arrived| arrived.saturating_duration_since(*acknowledged))
+                        .map(|arrived| arrived.saturating_duration_since(*sent))
                 })
                 .collect();
             Some(Percentiles::of(&mut delays))
@@ -372,7 +372,7 @@ pub async fn run(session: &Session, args: &BenchArgs) -> anyhow::Result<u8> {
             }
             if let Some(delay) = &report.watch_delay_ms {
                 table.row([
-                    "write → event".to_owned(),
+                    "write sent → event".to_owned(),
                     format!(
                         "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
                         delay.p50, delay.p90, delay.p99, delay.max

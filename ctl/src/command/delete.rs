@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::tree::{TreeNode, descendants, read_exact};
 use crate::cli::DeleteArgs;
 use crate::output::{self, OutputFormat, Table};
-use crate::session::{Session, same_kind};
+use crate::session::Session;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Deleted {
@@ -163,11 +163,9 @@ async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Bloc
                 let node_type = parse_type(&node.resource_type);
                 for member in &listing.nodes {
                     for controller in &member.controllers {
-                        let manages = match (&controller.managed_type, &node_type) {
-                            (Some(managed), Some(node_type)) => same_kind(managed, node_type),
-                            _ => false,
-                        };
-                        if manages {
+                        // Only where it runs: a singleton's standbys hold nothing up.
+                        let manages = controller.managed_type.as_ref() == node_type.as_ref();
+                        if manages && controller.running {
                             let state = if controller.running {
                                 "running"
                             } else {
@@ -227,7 +225,10 @@ pub fn explain_blockers(report: &DeleteReport) -> String {
             ));
         }
         if blocker.controllers.is_empty() && !blocker.finalizers.is_empty() {
-            text.push_str("    no controller manages this type: remove the finalizer by hand (`resctl edit`)\n");
+            text.push_str(&format!(
+                "    no running controller manages {}: remove the finalizer by hand (`resctl edit`)\n",
+                blocker.resource_type
+            ));
         }
         for controller in &blocker.controllers {
             text.push_str(&format!("    controller {controller}\n"));
@@ -343,7 +344,7 @@ mod tests {
              Album/kind-of-blue waits for finalizers: demo.resd.io/album-cleanup\n    \
              controller demo-album on node 1 (running, queue 0)\n  \
              Widget/w waits for finalizers: x.io/hold\n    \
-             no controller manages this type: remove the finalizer by hand (`resctl edit`)\n"
+             no running controller manages x.v1.Widget: remove the finalizer by hand (`resctl edit`)\n"
         );
     }
 }
