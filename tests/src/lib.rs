@@ -6,7 +6,7 @@
 //! integration tests of their own, which makes cargo build their binaries).
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ pub struct Node {
 
 impl Node {
     fn spawn(args: &[String]) -> Node {
-        let (child, api_addr) = launch(args);
+        let (child, api_addr) = launch(&binary("resd"), args);
         Node {
             child: Some(child),
             args: args.to_vec(),
@@ -72,7 +72,7 @@ impl Node {
     /// Starts the same command line again (same data directory and addresses).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "kill the node before restarting it");
-        let (child, api_addr) = launch(&self.args);
+        let (child, api_addr) = launch(&binary("resd"), &self.args);
         self.child = Some(child);
         self.api_addr = api_addr;
     }
@@ -84,36 +84,37 @@ impl Drop for Node {
     }
 }
 
-fn launch(args: &[String]) -> (Child, String) {
-    {
-        let mut child = Command::new(binary("resd"))
-            .arg("agent")
-            .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn resd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if let Some(address) = line.strip_prefix("resd: serving gRPC on ") {
-                    let _ = sender.send(address.trim().to_owned());
-                }
+/// Starts `BINARY agent ARGS` and waits for the line `resd: serving gRPC on ADDR`; returns the
+/// process and that address. The one launcher of every test harness (the `server` crate's
+/// integration tests and benches pass their own `CARGO_BIN_EXE_resd`).
+pub fn launch(resd: &Path, args: &[String]) -> (Child, String) {
+    let mut child = Command::new(resd)
+        .arg("agent")
+        .args(args)
+        .env(
+            "RUST_LOG",
+            std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn resd");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Some(address) = line.strip_prefix("resd: serving gRPC on ") {
+                let _ = sender.send(address.trim().to_owned());
             }
-        });
-        match receiver.recv_timeout(START_TIMEOUT) {
-            Ok(api_addr) => (child, api_addr),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
-            }
+        }
+    });
+    match receiver.recv_timeout(START_TIMEOUT) {
+        Ok(api_addr) => (child, api_addr),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
         }
     }
 }

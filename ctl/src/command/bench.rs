@@ -84,38 +84,38 @@ fn payload(size: usize, seed: u64) -> String {
         .collect()
 }
 
+/// How the workload builds its resources: a document template read through the codec, so any
+/// type with string fields `name` and `description` works.
 struct Plan {
-    template: Resource,
+    codec: proto::codec::Codec,
+    document: serde_json::Value,
     value_size: usize,
 }
 
 impl Plan {
-    fn resource(&self, key: u64, seed: u64) -> Resource {
-        let mut resource = self.template.clone();
-        if let Some(id) = resource.id.as_mut() {
-            id.name = format!("{NAME_PREFIX}{key}");
-        }
-        resource.data = self.data(key, seed);
-        resource
-    }
-
-    fn data(&self, key: u64, seed: u64) -> Option<prost_types::Any> {
-        // The template's data is re-encoded with a fresh description per write.
-        let template = self.template.data.clone()?;
-        let mut message = template.value.clone();
-        let description = payload(self.value_size, seed ^ key);
-        // Field 2 (description), length-delimited; appended fields override earlier ones.
-        prost::encoding::string::encode(2, &description, &mut message);
-        Some(prost_types::Any {
-            type_url: template.type_url,
-            value: message,
-        })
+    fn resource(&self, key: u64, seed: u64) -> Result<Resource, ClientError> {
+        let mut document = self.document.clone();
+        document["name"] = format!("{NAME_PREFIX}{key}").into();
+        document["data"]["description"] = payload(self.value_size, seed ^ key).into();
+        self.codec
+            .read_value(document)
+            .map_err(|error| ClientError::InvalidArgument(error.to_string()))
     }
 
     fn id(&self, key: u64) -> Id {
-        let mut id = self.template.id.clone().unwrap_or_default();
-        id.name = format!("{NAME_PREFIX}{key}");
-        id
+        let mut document = self.document.clone();
+        document["name"] = format!("{NAME_PREFIX}{key}").into();
+        self.codec
+            .read_value(document)
+            .ok()
+            .and_then(|resource| resource.id)
+            .unwrap_or_default()
+    }
+
+    fn template(&self) -> Resource {
+        self.codec
+            .read_value(self.document.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -129,16 +129,17 @@ async fn plan(session: &Session, args: &BenchArgs) -> anyhow::Result<Plan> {
             "partition": session.partition,
             "namespace": session.namespace,
         },
-        "data": {"name": "resctl bench"},
+        "data": {"name": "resctl bench", "description": ""},
     });
-    let template = codec.read_value(document).map_err(|error| {
+    codec.read_value(document.clone()).map_err(|error| {
         anyhow::anyhow!(
             "bench writes {}, whose data must have string fields `name` and `description`: {error}",
             args.resource_type
         )
     })?;
     Ok(Plan {
-        template,
+        codec: codec.clone(),
+        document,
         value_size: args.value_size,
     })
 }
@@ -161,7 +162,7 @@ pub async fn bench(
             .map(|key| {
                 let client = client.clone();
                 let plan = plan.clone();
-                async move { client.write(&plan.resource(key, 0)).await }
+                async move { client.write(&plan.resource(key, 0)?).await }
             })
             .buffer_unordered(args.concurrency)
             .collect::<Vec<_>>()
@@ -173,8 +174,8 @@ pub async fn bench(
     let arrivals: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
     let watch_task = if args.workload == Workload::Watch {
         let mut watcher = client.watcher(WatchListRequest {
-            r#type: plan.template.id.as_ref().and_then(|id| id.r#type.clone()),
-            tenancy: plan.template.id.as_ref().and_then(|id| id.tenancy.clone()),
+            r#type: plan.template().id.and_then(|id| id.r#type),
+            tenancy: plan.id(0).tenancy,
             name_prefix: NAME_PREFIX.into(),
             since_version: String::new(),
         });
@@ -225,7 +226,7 @@ pub async fn bench(
                     let begun = Instant::now();
                     let acknowledged = match workload {
                         Workload::Write | Workload::Watch => {
-                            let written = client.write(&plan.resource(key, operation)).await?;
+                            let written = client.write(&plan.resource(key, operation)?).await?;
                             let name = written.id.map(|id| id.name).unwrap_or_default();
                             Some((name, written.version, begun))
                         }
@@ -238,7 +239,7 @@ pub async fn bench(
                             loop {
                                 attempts += 1;
                                 let current = client.read(&plan.id(key)).await?;
-                                let mut next = plan.resource(key, operation);
+                                let mut next = plan.resource(key, operation)?;
                                 next.version = current.map(|r| r.version).unwrap_or_default();
                                 match client.write(&next).await {
                                     Ok(_) => break,

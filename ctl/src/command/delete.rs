@@ -124,7 +124,7 @@ async fn still_present(session: &Session, id: &Id) -> anyhow::Result<Vec<(Id, Tr
     let client = &session.client;
     let mut present = Vec::new();
     if let Some(resource) = read_exact(client, id).await? {
-        let mut node = TreeNode {
+        let node = TreeNode {
             resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
             name: id.name.clone(),
             tenancy: describe::tenancy_label(id.tenancy.as_ref()),
@@ -138,7 +138,6 @@ async fn still_present(session: &Session, id: &Id) -> anyhow::Result<Vec<(Id, Tr
             missing: false,
             children: Vec::new(),
         };
-        node.children.clear();
         present.push((id.clone(), node));
     }
     // Children are found by the owner's uid even after the owner itself is gone.

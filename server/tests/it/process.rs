@@ -1,11 +1,9 @@
 //! Starting and stopping `resd` processes for tests: single nodes and multi-process clusters on
 //! loopback, each node with its own data directory, stopped by PID.
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
@@ -13,8 +11,6 @@ use proto::cluster::v1::{Role, StatusRequest, StatusResponse};
 use proto::resource::v1::resource_service_client::ResourceServiceClient;
 use tonic::transport::Channel;
 
-/// How long a starting resd may take to print its address.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping resd may take to exit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -163,36 +159,11 @@ impl Resd {
 }
 
 fn launch(args: &[String]) -> (Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
-        .arg("agent")
-        .args(args)
-        .env(
-            "RUST_LOG",
-            std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn resd");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if let Some(addr) = line.strip_prefix("resd: serving gRPC on ") {
-                let _ = sender.send(addr.trim().to_owned());
-            }
-        }
-    });
-    let addr = match receiver.recv_timeout(START_TIMEOUT) {
-        Ok(addr) => addr,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("resd {args:?} did not report its address within {START_TIMEOUT:?}");
-        }
-    };
-    (child, addr.parse().expect("resd prints a socket address"))
+    let (child, address) = tests::launch(Path::new(env!("CARGO_BIN_EXE_resd")), args);
+    (
+        child,
+        address.parse().expect("resd prints a socket address"),
+    )
 }
 
 impl Drop for Resd {
