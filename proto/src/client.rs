@@ -4,6 +4,8 @@
 //! resumable [`Watcher`] over `WatchList`.
 
 pub mod describe;
+pub mod edit;
+pub mod placement;
 mod watcher;
 
 #[cfg(test)]

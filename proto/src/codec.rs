@@ -36,7 +36,7 @@ pub struct CodecError {
 }
 
 impl CodecError {
-    fn new(message: impl Into<String>) -> Self {
+    pub fn new(message: impl Into<String>) -> Self {
         CodecError {
             document: None,
             message: message.into(),

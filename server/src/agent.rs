@@ -46,6 +46,9 @@ pub enum StorageKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
+    /// The name operators know the cluster by (shown by `resctl cluster status` and the
+    /// dashboard); every member should use the same.
+    pub cluster_name: String,
     pub node_id: u64,
     pub data_dir: Option<PathBuf>,
     /// Address of the public gRPC API; port 0 picks a free port.
@@ -70,6 +73,7 @@ pub struct AgentConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
+            cluster_name: "resd".into(),
             node_id: 1,
             data_dir: None,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8502)),
@@ -211,7 +215,6 @@ impl Agent {
             .and_then(|(_, listener)| listener.local_addr().ok())
     }
 
-    /// Serves until the shutdown token is cancelled and every request has finished.
     /// The built-in controllers, ready to run.
     fn controllers(&self) -> Result<Manager, AgentError> {
         let mut manager = Manager::new(Runtime::new(self.service.clone()));
@@ -254,7 +257,8 @@ impl Agent {
         ));
 
         let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
-            .with_controllers(controllers);
+            .with_controllers(controllers)
+            .with_cluster_name(config.cluster_name.clone());
         let served = serve::serve(api_listener, service, tokens, cluster, shutdown.clone()).await;
         shutdown.cancel();
         for task in tasks {
@@ -399,6 +403,7 @@ pub fn dev_cluster(
             let offset = (node_id - 1) as u16;
             let port = |base: u16| if base == 0 { 0 } else { base + offset };
             AgentConfig {
+                cluster_name: "dev".into(),
                 node_id,
                 data_dir: Some(base_dir.join(format!("node{node_id}"))),
                 api_addr: SocketAddr::from(([127, 0, 0, 1], port(api_port))),

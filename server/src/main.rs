@@ -37,6 +37,11 @@ enum StorageArg {
 
 #[derive(Debug, clap::Args)]
 struct AgentArgs {
+    /// Name of the cluster, shown to operators by `resctl cluster status` and the dashboard
+    /// [default: resd].
+    #[arg(long, env = "RESD_CLUSTER_NAME")]
+    cluster_name: Option<String>,
+
     /// YAML config file with the same settings as the flags (snake_case keys); flags win.
     #[arg(long, env = "RESD_CONFIG")]
     config: Option<PathBuf>,
@@ -143,6 +148,9 @@ fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {
         }
         None => AgentConfig::default(),
     };
+    if let Some(name) = args.cluster_name {
+        config.cluster_name = name;
+    }
     if let Some(node_id) = args.node_id {
         config.node_id = node_id;
     }

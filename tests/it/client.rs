@@ -122,11 +122,11 @@ async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge()
     let session = Session::new(client.clone(), OutputFormat::Json);
     let mut round = 0;
     let racing_client = client.clone();
-    let mut editor = |path: &Path| -> anyhow::Result<()> {
+    let mut editor = |path: &Path| -> Result<(), proto::client::edit::EditError> {
         round += 1;
         if round == 1 {
-            let text = std::fs::read_to_string(path)?;
-            std::fs::write(path, text.replace("CEO", "CFO"))?;
+            let text = std::fs::read_to_string(path).expect("the edit file is readable");
+            std::fs::write(path, text.replace("CEO", "CFO")).expect("the edit file is writable");
             // Someone else renames the executive while this editor is open.
             tokio::task::block_in_place(|| {
                 tokio::runtime::Handle::current().block_on(write_document(
@@ -151,7 +151,9 @@ async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge()
     };
     assert_eq!(round, 2);
     match problems.as_slice() {
-        [Problem::Conflict(changes)] => assert!(changes.contains("+   name: Edward"), "{changes}"),
+        [Problem::Conflict { changes, .. }] => {
+            assert!(changes.contains("+   name: Edward"), "{changes}")
+        }
         other => panic!("expected one conflict, got {other:?}"),
     }
     let codec = session.codec().await.expect("codec");

@@ -173,9 +173,9 @@ impl Driver for Library {
         to: &str,
     ) -> Reply {
         let session = self.session(namespace);
-        let mut editor = |path: &Path| -> anyhow::Result<()> {
-            let text = std::fs::read_to_string(path)?;
-            std::fs::write(path, text.replace(from, to))?;
+        let mut editor = |path: &Path| -> Result<(), proto::client::edit::EditError> {
+            let text = std::fs::read_to_string(path).expect("the edit file is readable");
+            std::fs::write(path, text.replace(from, to)).expect("the edit file is writable");
             Ok(())
         };
         let mut never = |_: &command::edit::Problem| false;

@@ -1,26 +1,16 @@
 //! `resctl cluster status|members|join|remove`.
 
-use proto::cluster::v1::{JoinRequest, Role};
+use proto::client::describe;
+use proto::cluster::v1::JoinRequest;
 use serde::Serialize;
 
 use crate::cli::ClusterCommand;
 use crate::output::{self, OutputFormat, Table};
 use crate::session::Session;
 
-pub fn role_label(role: i32) -> &'static str {
-    match Role::try_from(role) {
-        Ok(Role::Leader) => "leader",
-        Ok(Role::Follower) => "follower",
-        Ok(Role::Candidate) => "candidate",
-        Ok(Role::Learner) => "learner",
-        Ok(Role::Shutdown) => "shutdown",
-        Ok(Role::Standalone) => "standalone",
-        Ok(Role::Unspecified) | Err(_) => "unknown",
-    }
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusView {
+    pub cluster_name: String,
     pub node_id: u64,
     pub api_addr: String,
     pub raft_addr: String,
@@ -49,10 +39,11 @@ pub struct MemberView {
 pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
     let status = session.client.status().await?;
     Ok(StatusView {
+        cluster_name: status.cluster_name,
         node_id: status.node_id,
         api_addr: status.api_addr,
         raft_addr: status.raft_addr,
-        role: role_label(status.role).to_owned(),
+        role: describe::role_label(status.role).to_owned(),
         term: status.term,
         leader_id: status.leader_id,
         leader_api_addr: status.leader_api_addr,
@@ -104,6 +95,7 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                         format!("node {} at {}", view.leader_id, view.leader_api_addr)
                     };
                     for (field, value) in [
+                        ("cluster", view.cluster_name.clone()),
                         ("node", format!("{} ({})", view.node_id, view.role)),
                         ("api address", view.api_addr.clone()),
                         ("raft address", view.raft_addr.clone()),

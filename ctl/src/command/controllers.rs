@@ -1,96 +1,10 @@
 //! `resctl controllers`: the placement map — every controller against every node, where it
 //! runs, its queue depth and its last error.
 
-use std::collections::BTreeMap;
-
-use proto::cluster::v1::{ListControllersResponse, Placement};
-use proto::codec::gvk;
-use serde::Serialize;
+use proto::client::placement::{PlacementMap, placement_map};
 
 use crate::output::{self, OutputFormat, Table};
 use crate::session::Session;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ControllerOnNode {
-    pub node_id: u64,
-    pub running: bool,
-    pub queue_depth: u64,
-    pub reconciles_ok: u64,
-    pub reconciles_failed: u64,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub last_error: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub last_reconcile: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ControllerPlacement {
-    pub name: String,
-    pub managed_type: String,
-    pub placement: String,
-    pub nodes: Vec<ControllerOnNode>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PlacementMap {
-    pub controllers: Vec<ControllerPlacement>,
-    /// Nodes that could not be asked, with why.
-    pub unreachable: BTreeMap<u64, String>,
-    pub node_ids: Vec<u64>,
-}
-
-pub fn placement_label(placement: i32) -> &'static str {
-    match Placement::try_from(placement) {
-        Ok(Placement::Singleton) => "singleton",
-        Ok(Placement::EachServer) => "each-server",
-        _ => "unspecified",
-    }
-}
-
-pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
-    let mut controllers: BTreeMap<String, ControllerPlacement> = BTreeMap::new();
-    let mut unreachable = BTreeMap::new();
-    let mut node_ids = Vec::new();
-    for node in &response.nodes {
-        node_ids.push(node.node_id);
-        if !node.error.is_empty() {
-            unreachable.insert(node.node_id, node.error.clone());
-        }
-        for controller in &node.controllers {
-            let entry = controllers
-                .entry(controller.name.clone())
-                .or_insert_with(|| ControllerPlacement {
-                    name: controller.name.clone(),
-                    managed_type: controller
-                        .managed_type
-                        .as_ref()
-                        .map(gvk)
-                        .unwrap_or_default(),
-                    placement: placement_label(controller.placement).to_owned(),
-                    nodes: Vec::new(),
-                });
-            entry.nodes.push(ControllerOnNode {
-                node_id: node.node_id,
-                running: controller.running,
-                queue_depth: controller.queue_depth,
-                reconciles_ok: controller.reconciles_ok,
-                reconciles_failed: controller.reconciles_failed,
-                last_error: controller.last_error.clone(),
-                last_reconcile: controller
-                    .last_reconcile
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
-            });
-        }
-    }
-    node_ids.sort_unstable();
-    PlacementMap {
-        controllers: controllers.into_values().collect(),
-        unreachable,
-        node_ids,
-    }
-}
 
 pub fn render_table(map: &PlacementMap, wide: bool) -> String {
     let mut headers = vec![

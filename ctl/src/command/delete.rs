@@ -153,35 +153,20 @@ async fn still_present(session: &Session, id: &Id) -> anyhow::Result<Vec<(Id, Tr
 
 async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Blocker> {
     // Best effort: without the controller list the blockers are still worth reporting.
-    let controllers = session.client.list_controllers(true).await.ok();
+    let placement = session
+        .client
+        .list_controllers(true)
+        .await
+        .ok()
+        .map(|listing| proto::client::placement::placement_map(&listing));
     remaining
         .into_iter()
         .map(|(_, node)| {
-            let mut running = Vec::new();
-            if let Some(listing) = &controllers {
-                let node_type = parse_type(&node.resource_type);
-                for member in &listing.nodes {
-                    for controller in &member.controllers {
-                        // Only where it runs: a singleton's standbys hold nothing up.
-                        let manages = controller.managed_type.as_ref() == node_type.as_ref();
-                        if manages && controller.running {
-                            let state = if controller.running {
-                                "running"
-                            } else {
-                                "standby"
-                            };
-                            let mut line = format!(
-                                "{} on node {} ({state}, queue {})",
-                                controller.name, member.node_id, controller.queue_depth
-                            );
-                            if !controller.last_error.is_empty() {
-                                line.push_str(&format!(", last error: {}", controller.last_error));
-                            }
-                            running.push(line);
-                        }
-                    }
-                }
-            }
+            // Only where it runs: a singleton's standbys hold nothing up.
+            let running = placement
+                .as_ref()
+                .map(|map| map.running_labels(&node.resource_type))
+                .unwrap_or_default();
             let kind = node.resource_type.rsplit('.').next().unwrap_or_default();
             Blocker {
                 resource: format!("{kind}/{}", node.name),
@@ -192,15 +177,6 @@ async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Bloc
             }
         })
         .collect()
-}
-
-fn parse_type(text: &str) -> Option<proto::resource::v1::Type> {
-    let mut parts = text.splitn(3, '.');
-    Some(proto::resource::v1::Type {
-        group: parts.next()?.to_owned(),
-        group_version: parts.next()?.to_owned(),
-        kind: parts.next()?.to_owned(),
-    })
 }
 
 /// What blocks, as sentences for stderr.

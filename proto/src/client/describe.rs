@@ -3,6 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::cluster::v1::Role;
 use crate::resource::v1::{Condition, Id, Resource, State, Tenancy};
 
 /// `partition/namespace`, `partition`, or `-` for cluster-scoped resources.
@@ -115,6 +116,19 @@ pub fn age_of(resource: &Resource, now: SystemTime) -> String {
         .and_then(|created| now.duration_since(created).ok())
         .map(age_label)
         .unwrap_or_else(|| "-".to_owned())
+}
+
+/// The raft role as a word.
+pub fn role_label(role: i32) -> &'static str {
+    match Role::try_from(role) {
+        Ok(Role::Leader) => "leader",
+        Ok(Role::Follower) => "follower",
+        Ok(Role::Candidate) => "candidate",
+        Ok(Role::Learner) => "learner",
+        Ok(Role::Shutdown) => "shutdown",
+        Ok(Role::Standalone) => "standalone",
+        Ok(Role::Unspecified) | Err(_) => "unknown",
+    }
 }
 
 #[cfg(test)]

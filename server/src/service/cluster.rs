@@ -36,6 +36,7 @@ pub struct ClusterGrpc {
     raft: Option<Arc<RaftBackend>>,
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
+    cluster_name: String,
     controllers: BTreeMap<String, Registered>,
 }
 
@@ -45,8 +46,15 @@ impl ClusterGrpc {
             registry,
             raft,
             api_addr,
+            cluster_name: String::new(),
             controllers: BTreeMap::new(),
         }
+    }
+
+    /// Reports this name in `Status`.
+    pub fn with_cluster_name(mut self, name: String) -> Self {
+        self.cluster_name = name;
+        self
     }
 
     /// Reports these controllers in `ListControllers`.
@@ -185,6 +193,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 api_addr: self.api_addr.clone(),
                 role: pb::Role::Standalone as i32,
                 storage: "memory".into(),
+                cluster_name: self.cluster_name.clone(),
                 ..Default::default()
             }));
         };
@@ -209,6 +218,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             log_commits: status.log_commits,
             log_entries: status.log_entries,
             log_operations: status.log_operations,
+            cluster_name: self.cluster_name.clone(),
         }))
     }
 

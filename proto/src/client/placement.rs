@@ -1,0 +1,213 @@
+//! The placement map: every controller against every node (where it runs, its queue depth, its
+//! last error), folded from `ListControllers(all_nodes)`. `resctl controllers`, `resctl delete
+//! --wait` and the dashboard all read controllers through it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::cluster::v1::{ListControllersResponse, Placement};
+use crate::codec::gvk;
+
+/// One controller on one node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ControllerOnNode {
+    pub node_id: u64,
+    pub running: bool,
+    pub queue_depth: u64,
+    pub reconciles_ok: u64,
+    pub reconciles_failed: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub last_error: String,
+    /// RFC 3339, empty before the first reconcile.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub last_reconcile: String,
+}
+
+/// One controller on every node that reported it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ControllerPlacement {
+    pub name: String,
+    /// `group.version.kind` of the type it reconciles.
+    pub managed_type: String,
+    pub placement: String,
+    pub nodes: Vec<ControllerOnNode>,
+}
+
+impl ControllerPlacement {
+    /// The nodes it runs on (a singleton's standbys are left out).
+    pub fn running(&self) -> impl Iterator<Item = &ControllerOnNode> {
+        self.nodes.iter().filter(|node| node.running)
+    }
+
+    /// Where it stands on `node_id`, if that node reported it.
+    pub fn on(&self, node_id: u64) -> Option<&ControllerOnNode> {
+        self.nodes.iter().find(|node| node.node_id == node_id)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PlacementMap {
+    /// Sorted by name.
+    pub controllers: Vec<ControllerPlacement>,
+    /// Nodes that could not be asked, with why.
+    pub unreachable: BTreeMap<u64, String>,
+    /// Every node asked, sorted.
+    pub node_ids: Vec<u64>,
+}
+
+impl PlacementMap {
+    /// The controllers that reconcile resources of type `gvk` (what releases their finalizers).
+    pub fn managing<'a>(&'a self, gvk: &'a str) -> impl Iterator<Item = &'a ControllerPlacement> {
+        self.controllers
+            .iter()
+            .filter(move |controller| controller.managed_type == gvk)
+    }
+
+    /// One line per node where a controller of type `gvk` runs: "name on node N (running,
+    /// queue Q)" plus its last error.
+    pub fn running_labels(&self, gvk: &str) -> Vec<String> {
+        let mut labels = Vec::new();
+        for controller in self.managing(gvk) {
+            for node in controller.running() {
+                let mut line = format!(
+                    "{} on node {} (running, queue {})",
+                    controller.name, node.node_id, node.queue_depth
+                );
+                if !node.last_error.is_empty() {
+                    line.push_str(&format!(", last error: {}", node.last_error));
+                }
+                labels.push(line);
+            }
+        }
+        labels
+    }
+}
+
+pub fn placement_label(placement: i32) -> &'static str {
+    match Placement::try_from(placement) {
+        Ok(Placement::Singleton) => "singleton",
+        Ok(Placement::EachServer) => "each-server",
+        _ => "unspecified",
+    }
+}
+
+pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
+    let mut controllers: BTreeMap<String, ControllerPlacement> = BTreeMap::new();
+    let mut unreachable = BTreeMap::new();
+    let mut node_ids = Vec::new();
+    for node in &response.nodes {
+        node_ids.push(node.node_id);
+        if !node.error.is_empty() {
+            unreachable.insert(node.node_id, node.error.clone());
+        }
+        for controller in &node.controllers {
+            let entry = controllers
+                .entry(controller.name.clone())
+                .or_insert_with(|| ControllerPlacement {
+                    name: controller.name.clone(),
+                    managed_type: controller
+                        .managed_type
+                        .as_ref()
+                        .map(gvk)
+                        .unwrap_or_default(),
+                    placement: placement_label(controller.placement).to_owned(),
+                    nodes: Vec::new(),
+                });
+            entry.nodes.push(ControllerOnNode {
+                node_id: node.node_id,
+                running: controller.running,
+                queue_depth: controller.queue_depth,
+                reconciles_ok: controller.reconciles_ok,
+                reconciles_failed: controller.reconciles_failed,
+                last_error: controller.last_error.clone(),
+                last_reconcile: controller
+                    .last_reconcile
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    node_ids.sort_unstable();
+    for controller in controllers.values_mut() {
+        controller.nodes.sort_by_key(|node| node.node_id);
+    }
+    PlacementMap {
+        controllers: controllers.into_values().collect(),
+        unreachable,
+        node_ids,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::v1::{ControllerInfo, NodeControllers};
+    use crate::resource::v1::Type;
+
+    fn info(name: &str, kind: &str, running: bool, queue: u64) -> ControllerInfo {
+        ControllerInfo {
+            name: name.into(),
+            managed_type: Some(Type {
+                group: "demo".into(),
+                group_version: "v2".into(),
+                kind: kind.into(),
+            }),
+            placement: Placement::Singleton as i32,
+            running,
+            queue_depth: queue,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn folds_nodes_into_controllers_and_names_where_each_runs() {
+        let response = ListControllersResponse {
+            nodes: vec![
+                NodeControllers {
+                    node_id: 2,
+                    api_addr: "b".into(),
+                    controllers: vec![info("album", "Album", false, 0)],
+                    error: String::new(),
+                },
+                NodeControllers {
+                    node_id: 1,
+                    api_addr: "a".into(),
+                    controllers: vec![
+                        info("album", "Album", true, 3),
+                        info("artist", "Artist", true, 0),
+                    ],
+                    error: String::new(),
+                },
+                NodeControllers {
+                    node_id: 3,
+                    api_addr: "c".into(),
+                    controllers: Vec::new(),
+                    error: "connection refused".into(),
+                },
+            ],
+        };
+        let map = placement_map(&response);
+        assert_eq!(map.node_ids, vec![1, 2, 3]);
+        assert_eq!(
+            map.unreachable.get(&3).map(String::as_str),
+            Some("connection refused")
+        );
+        let names: Vec<&str> = map.controllers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["album", "artist"]);
+        let album = &map.controllers[0];
+        assert_eq!(album.managed_type, "demo.v2.Album");
+        assert_eq!(album.placement, "singleton");
+        assert_eq!(
+            album.nodes.iter().map(|n| n.node_id).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert!(album.on(2).is_some_and(|node| !node.running));
+        assert_eq!(
+            map.running_labels("demo.v2.Album"),
+            ["album on node 1 (running, queue 3)"]
+        );
+        assert!(map.running_labels("demo.v1.Album").is_empty());
+    }
+}
