@@ -107,6 +107,9 @@ pub enum Command {
     Snapshot(SnapshotCommand),
     /// Generate load against a cluster and report throughput and latency
     Bench(BenchArgs),
+    /// Open the live dashboard: resources, statuses, owner trees, nodes, controllers, snapshots
+    #[command(after_help = TUI_HELP)]
+    Tui(TuiArgs),
     /// Manage named servers and tokens in the contexts file
     #[command(subcommand)]
     Context(ContextCommand),
@@ -303,6 +306,26 @@ pub struct SetContextArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TuiArgs {
+    /// Type to open on (a kind such as Executive, or group.version.Kind)
+    #[arg(value_name = "TYPE")]
+    pub resource_type: Option<String>,
+    /// Seconds between refreshes of the cluster and controller views (resources are live)
+    #[arg(long, default_value_t = 2.0, value_name = "SECONDS")]
+    pub refresh: f64,
+}
+
+const TUI_HELP: &str = "\
+Keys: ? lists every key. 1-6 switch screens (types, resources, cluster, controllers, events,
+snapshot); enter opens; e edits in $EDITOR; d deletes (asks first); o shows the owner tree;
+w explains what holds a resource being deleted; : jumps to a type; / filters; q quits.
+
+Examples:
+  resctl tui
+  resctl tui Executive
+  resctl --server 127.0.0.1:8503 -n jazz tui demo.v2.Album";
+
+#[derive(Debug, Clone, Args)]
 pub struct CompletionArgs {
     pub shell: clap_complete::Shell,
 }

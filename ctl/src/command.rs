@@ -13,6 +13,7 @@ pub mod get;
 pub mod snapshot;
 pub mod status;
 pub mod tree;
+pub mod tui;
 pub mod types;
 pub mod watch;
 
@@ -40,6 +41,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Controllers => controllers::run(&session).await,
                 Command::Snapshot(command) => snapshot::run(&session, command).await,
                 Command::Bench(args) => bench::run(&session, &args).await,
+                Command::Tui(args) => tui::run(&session, &args, &cli.global).await,
                 Command::Completion(_) | Command::Context(_) => Ok(0),
             }
         }

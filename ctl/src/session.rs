@@ -17,7 +17,6 @@ use crate::output::OutputFormat;
 
 pub const DEFAULT_PARTITION: &str = "default";
 pub const DEFAULT_NAMESPACE: &str = "default";
-const WILDCARD: &str = "*";
 
 /// What every command works with.
 #[derive(Debug)]
@@ -101,12 +100,13 @@ impl Session {
 
     /// The tenancy a command addresses for a type of `scope`; `all` lists across tenancies.
     pub fn tenancy(&self, scope: Scope, all: bool) -> Tenancy {
-        let (partition, namespace) = match (scope, all) {
-            (Scope::Cluster, _) => ("", ""),
-            (Scope::Partition, false) => (self.partition.as_str(), ""),
-            (Scope::Partition, true) => (WILDCARD, ""),
-            (_, false) => (self.partition.as_str(), self.namespace.as_str()),
-            (_, true) => (WILDCARD, WILDCARD),
+        if all {
+            return proto::client::describe::every_tenancy(scope);
+        }
+        let (partition, namespace) = match scope {
+            Scope::Cluster => ("", ""),
+            Scope::Partition => (self.partition.as_str(), ""),
+            _ => (self.partition.as_str(), self.namespace.as_str()),
         };
         Tenancy {
             partition: partition.to_owned(),

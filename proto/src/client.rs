@@ -6,6 +6,7 @@
 pub mod describe;
 pub mod edit;
 pub mod placement;
+pub mod snapshot_file;
 mod watcher;
 
 #[cfg(test)]

@@ -1,20 +1,16 @@
 //! `resctl snapshot save|inspect|restore`. Save streams into a temporary file beside the
 //! target, verifies the checksum and every record, then renames (a failed save never leaves a
 //! half file under the final name). Restore verifies first, shows what will be replaced and
-//! asks before sending.
+//! asks before sending. The file handling is `proto::client::snapshot_file`, shared with the
+//! dashboard.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use futures::StreamExt as _;
 use indicatif::ProgressBar;
-use proto::client::describe;
-use proto::cluster::v1::{Scope, SnapshotData, SnapshotHeader};
-use proto::codec::gvk;
-use proto::resource::v1::{Resource, Tenancy};
-use proto::snapshot;
+use proto::client::snapshot_file;
+use proto::cluster::v1::SnapshotHeader;
 use serde::Serialize;
 
 use crate::cli::SnapshotCommand;
@@ -84,74 +80,28 @@ pub struct Restored {
 
 /// Saves a snapshot to `path` (temp file, verify, rename).
 pub async fn save(session: &Session, path: &Path, bar: &ProgressBar) -> anyhow::Result<Saved> {
-    let directory = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut temp = tempfile::Builder::new()
-        .prefix(".resctl-snapshot-")
-        .tempfile_in(directory)
-        .with_context(|| format!("cannot create a temporary file in {}", directory.display()))?;
-    let mut stream = session.client.snapshot_save().await?;
-    let mut written: u64 = 0;
-    let mut head: Vec<u8> = Vec::new();
-    let mut length_known = false;
-    while let Some(chunk) = stream.message().await.map_err(|status| {
-        proto::client::ClientError::from_status(session.client.server(), &status)
-    })? {
-        temp.write_all(&chunk.data)
-            .with_context(|| format!("cannot write {}", temp.path().display()))?;
-        written += chunk.data.len() as u64;
-        if !length_known {
-            head.extend_from_slice(&chunk.data);
-            if let Ok((header, body)) = snapshot::read_header(&head) {
-                let preamble = (head.len() - body.len()) as u64;
-                bar.set_length(preamble + header.body_bytes);
-                length_known = true;
-            }
+    let progress = bar.clone();
+    let saved = snapshot_file::save(&session.client, path, &mut move |written, total| {
+        if let Some(total) = total {
+            progress.set_length(total);
         }
-        bar.set_position(written);
-    }
-    temp.as_file().sync_all()?;
-    let bytes = std::fs::read(temp.path())?;
-    let (header, _) = snapshot::read(&bytes).map_err(|error| {
-        anyhow::anyhow!(
-            "the snapshot received is not valid ({error}); nothing was saved to {}",
-            path.display()
-        )
-    })?;
-    temp.persist(path)
-        .with_context(|| format!("cannot rename the snapshot to {}", path.display()))?;
+        progress.set_position(written);
+    })
+    .await?;
     Ok(Saved {
-        file: path.to_owned(),
-        bytes: written,
-        header: HeaderView::of(&header),
+        file: saved.path,
+        bytes: saved.bytes,
+        header: HeaderView::of(&saved.header),
     })
 }
 
-fn read_verified(path: &Path) -> anyhow::Result<(Vec<u8>, SnapshotHeader, Vec<Resource>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (header, resources) = snapshot::read(&bytes)
-        .with_context(|| format!("{} is not a usable snapshot", path.display()))?;
-    Ok((bytes, header, resources))
-}
-
 pub fn inspect(path: &Path) -> anyhow::Result<Inspected> {
-    let (bytes, header, resources) = read_verified(path)?;
-    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
-    for resource in &resources {
-        let id = resource.id.clone().unwrap_or_default();
-        let key = (
-            id.r#type.as_ref().map(gvk).unwrap_or_default(),
-            describe::tenancy_label(id.tenancy.as_ref()),
-        );
-        *counts.entry(key).or_default() += 1;
-    }
+    let (file, resources) = snapshot_file::open(path)?;
     Ok(Inspected {
-        file: path.to_owned(),
-        bytes: bytes.len() as u64,
-        header: HeaderView::of(&header),
-        by_tenancy: counts
+        file: file.path,
+        bytes: file.bytes,
+        header: HeaderView::of(&file.header),
+        by_tenancy: snapshot_file::counts_by_tenancy(&resources)
             .into_iter()
             .map(|((resource_type, tenancy), count)| TenancyCount {
                 resource_type,
@@ -165,26 +115,7 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspected> {
 /// How many resources of each type the cluster holds now (what a restore replaces).
 pub async fn current_counts(session: &Session) -> anyhow::Result<BTreeMap<String, u64>> {
     let codec = session.codec().await?;
-    let mut counts = BTreeMap::new();
-    for info in codec.types() {
-        let resource_type = info.r#type.clone().unwrap_or_default();
-        let tenancy = match info.scope() {
-            Scope::Cluster => Tenancy::default(),
-            Scope::Partition => Tenancy {
-                partition: "*".into(),
-                namespace: String::new(),
-            },
-            _ => Tenancy {
-                partition: "*".into(),
-                namespace: "*".into(),
-            },
-        };
-        let listed = session.client.list(&resource_type, &tenancy, "").await?;
-        if !listed.is_empty() {
-            counts.insert(gvk(&resource_type), listed.len() as u64);
-        }
-    }
-    Ok(counts)
+    Ok(snapshot_file::cluster_counts(&session.client, codec.types()).await?)
 }
 
 /// Restores `path` into the cluster (already verified and confirmed by the caller).
@@ -193,23 +124,13 @@ pub async fn restore(
     path: &Path,
     bar: &ProgressBar,
 ) -> anyhow::Result<Restored> {
-    let (bytes, header, _) = read_verified(path)?;
-    const CHUNK: usize = 1 << 20;
-    bar.set_length(bytes.len() as u64);
-    let chunks: Vec<SnapshotData> = bytes
-        .chunks(CHUNK)
-        .map(|chunk| SnapshotData {
-            data: chunk.to_vec(),
-        })
-        .collect();
     let progress = bar.clone();
-    let stream =
-        futures::stream::iter(chunks).inspect(move |chunk| progress.inc(chunk.data.len() as u64));
-    let response = session
-        .client
-        .snapshot_restore(stream)
-        .await
-        .context("restore failed; the cluster keeps its current state")?;
+    let (header, response) = snapshot_file::restore(&session.client, path, move |sent, total| {
+        progress.set_length(total);
+        progress.set_position(sent);
+    })
+    .await
+    .context("restore failed; the cluster keeps its current state")?;
     Ok(Restored {
         file: path.to_owned(),
         restored_index: response.restored_index,

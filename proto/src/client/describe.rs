@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::cluster::v1::Role;
+use crate::cluster::v1::{Role, Scope};
 use crate::resource::v1::{Condition, Id, Resource, State, Tenancy};
 
 /// `partition/namespace`, `partition`, or `-` for cluster-scoped resources.
@@ -14,6 +14,19 @@ pub fn tenancy_label(tenancy: Option<&Tenancy>) -> String {
         }
         Some(tenancy) if !tenancy.partition.is_empty() => tenancy.partition.clone(),
         _ => "-".to_owned(),
+    }
+}
+
+/// The tenancy pattern that matches every resource of a type with `scope` (`*` fields).
+pub fn every_tenancy(scope: Scope) -> Tenancy {
+    let (partition, namespace) = match scope {
+        Scope::Cluster => ("", ""),
+        Scope::Partition => ("*", ""),
+        _ => ("*", "*"),
+    };
+    Tenancy {
+        partition: partition.to_owned(),
+        namespace: namespace.to_owned(),
     }
 }
 

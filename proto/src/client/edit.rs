@@ -33,6 +33,8 @@ pub enum Problem {
     /// server's changes (`- ` before, `+ ` now).
     Conflict {
         changes: String,
+        /// A line diff of the edit that was not saved (`- ` as read, `+ ` yours).
+        yours: String,
         read_version: String,
         server_version: String,
     },
@@ -48,6 +50,7 @@ impl Problem {
                 changes,
                 read_version,
                 server_version,
+                ..
             } => format!(
                 "it changed on the server since it was read (version {read_version} → \
                  {server_version}):\n{changes}run `{command}` again to edit the current version"
@@ -216,6 +219,7 @@ impl EditSession {
                 let changes = line_diff(&self.base, &current_yaml);
                 let problem = Problem::Conflict {
                     changes: changes.clone(),
+                    yours: line_diff(&self.base, &edited),
                     read_version: desired.version.clone(),
                     server_version: current.version.clone(),
                 };
@@ -416,6 +420,7 @@ mod tests {
     fn a_conflict_explains_itself_to_scripts() {
         let problem = Problem::Conflict {
             changes: "- a\n+ b\n".into(),
+            yours: String::new(),
             read_version: "3".into(),
             server_version: "5".into(),
         };

@@ -1,0 +1,429 @@
+//! The resource table of one type, a resource's detail, and the owner tree.
+
+use proto::client::describe;
+use proto::meta;
+use proto::resource::v1::Resource;
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span, Text};
+use ratatui::widgets::{Block, HighlightSpacing, Paragraph, Row, Table, TableState, Wrap};
+
+use super::{condition_span, dim, selected_style, state_color, title_style};
+use crate::model::{ResRef, Store};
+use crate::state::State;
+
+/// `album-cleanup` (a finalizer after its domain; the detail shows it whole) or `2 finalizers`.
+fn finalizers_cell(resource: &Resource) -> Span<'static> {
+    let finalizers = meta::finalizers(resource);
+    let text = match finalizers.len() {
+        0 => "-".to_owned(),
+        1 => finalizers
+            .iter()
+            .next()
+            .map(|f| f.rsplit('/').next().unwrap_or(f).to_owned())
+            .unwrap_or_default(),
+        n => format!("{n} finalizers"),
+    };
+    if meta::is_marked_for_deletion(resource) {
+        Span::styled(
+            format!("deleting: {text}"),
+            Style::default().fg(Color::Magenta),
+        )
+    } else if finalizers.is_empty() {
+        Span::styled(text, dim())
+    } else {
+        Span::raw(text)
+    }
+}
+
+pub fn table(state: &State, frame: &mut Frame, area: Rect) {
+    let Some(gvk) = &state.current_type else {
+        let text = "No type chosen yet.\n\nPress 1 and enter on a type, or : and a kind (for \
+                    example :Executive) to list its resources.";
+        frame.render_widget(
+            Paragraph::new(text)
+                .block(Block::bordered().title(" Resources "))
+                .wrap(Wrap { trim: false }),
+            area,
+        );
+        return;
+    };
+    let Some(data) = state.store.get(gvk) else {
+        frame.render_widget(
+            Paragraph::new(format!("{gvk} is not registered on this server."))
+                .block(Block::bordered().title(" Resources ")),
+            area,
+        );
+        return;
+    };
+    let mut title = vec![
+        Span::styled(format!(" {gvk} "), title_style()),
+        Span::raw(format!(
+            "· {} · {} of {} · sorted by {} {} ",
+            state.tenancy.label(),
+            state.rows.keys.len(),
+            data.resources.len(),
+            state.sort.label(),
+            if state.descending { "↓" } else { "↑" }
+        )),
+    ];
+    if !state.filter.is_empty() {
+        title.push(Span::styled(
+            format!("· filter \"{}\" ", state.filter),
+            Style::default().fg(Color::Yellow),
+        ));
+    }
+    if data.relisting.is_some() {
+        title.push(Span::styled(
+            "· listing again… ",
+            Style::default().fg(Color::Yellow),
+        ));
+    }
+    let block = Block::bordered().title(Line::from(title));
+    if state.rows.keys.is_empty() {
+        let text = if let Some(error) = &data.failed {
+            format!("The watch of {gvk} stopped: {error}")
+        } else if !data.synced {
+            format!("Listing {gvk}…")
+        } else if !state.filter.is_empty() {
+            format!(
+                "Nothing matches the filter \"{}\" (esc clears it).",
+                state.filter
+            )
+        } else {
+            format!(
+                "No {} resources in {} (n switches tenancy; resctl apply creates some).",
+                data.kind(),
+                state.tenancy.label()
+            )
+        };
+        frame.render_widget(Paragraph::new(text).block(block), area);
+        return;
+    }
+    let height = usize::from(area.height.saturating_sub(3));
+    let cursor = state.resource_cursor;
+    let visible = state
+        .rows
+        .keys
+        .iter()
+        .skip(cursor.offset)
+        .take(height.max(1));
+    let rows: Vec<Row> = visible
+        .filter_map(|key| {
+            let resource = data.resources.get(key)?;
+            let owner = resource
+                .owner
+                .as_ref()
+                .map(describe::short_label)
+                .unwrap_or_else(|| "-".to_owned());
+            let style = if meta::is_marked_for_deletion(resource) {
+                Style::default().add_modifier(Modifier::ITALIC)
+            } else {
+                Style::default()
+            };
+            Some(
+                Row::new(vec![
+                    Line::from(key.name.clone()),
+                    Line::from(key.tenancy_label()),
+                    Line::from(resource.version.clone()),
+                    Line::from(describe::age_of(resource, state.now)),
+                    Line::from(condition_span(resource)),
+                    Line::from(finalizers_cell(resource)),
+                    Line::from(owner),
+                ])
+                .style(style),
+            )
+        })
+        .collect();
+    let widths = [
+        Constraint::Fill(3),
+        Constraint::Length(14),
+        Constraint::Length(8),
+        Constraint::Length(5),
+        Constraint::Length(26),
+        Constraint::Fill(3),
+        Constraint::Fill(3),
+    ];
+    let header = Row::new([
+        "NAME",
+        "TENANCY",
+        "VERSION",
+        "AGE",
+        "CONDITION",
+        "FINALIZERS",
+        "OWNER",
+    ])
+    .style(Style::default().add_modifier(Modifier::BOLD));
+    let table = Table::new(rows, widths)
+        .header(header)
+        .block(block)
+        .row_highlight_style(selected_style())
+        .highlight_symbol("▶ ")
+        .highlight_spacing(HighlightSpacing::Always);
+    let mut table_state =
+        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
+    frame.render_stateful_widget(table, area, &mut table_state);
+}
+
+/// The lines of a resource's detail: identity, deletion, finalizers, metadata, status
+/// conditions (observed vs current generation), children, data as YAML.
+pub fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
+    let Some(resource) = state.store.resource(at) else {
+        return vec![Line::from(format!(
+            "{} is gone (deleted, or no longer matches the watch).",
+            state.label_of(at)
+        ))];
+    };
+    let id = resource.id.clone().unwrap_or_default();
+    let section = |name: &str| Line::from(Span::styled(name.to_owned(), title_style()));
+    let field = |name: &str, value: String| {
+        Line::from(vec![
+            Span::styled(format!("  {name:<12}"), dim()),
+            Span::raw(value),
+        ])
+    };
+    let mut lines = vec![
+        Line::from(Span::styled(
+            describe::id_label(&id),
+            Style::default().add_modifier(Modifier::BOLD),
+        )),
+        field("uid", id.uid.clone()),
+        field("version", resource.version.clone()),
+        field("generation", resource.generation.clone()),
+        field("age", describe::age_of(resource, state.now)),
+        field(
+            "owner",
+            resource
+                .owner
+                .as_ref()
+                .map(describe::id_label)
+                .unwrap_or_else(|| "-".to_owned()),
+        ),
+    ];
+    let children = state.store.children(resource);
+    lines.push(field("children", children.len().to_string()));
+    for child in children.iter().take(50) {
+        lines.push(Line::from(format!(
+            "      {}",
+            child_label(&state.store, child)
+        )));
+    }
+    if children.len() > 50 {
+        lines.push(Line::from(format!(
+            "      … and {} more (o shows the tree)",
+            children.len() - 50
+        )));
+    }
+    lines.push(Line::default());
+    let finalizers = meta::finalizers(resource);
+    if meta::is_marked_for_deletion(resource) {
+        lines.push(Line::from(Span::styled(
+            format!(
+                "Marked for deletion ({}); it stays until its finalizers are removed — w shows what holds it",
+                resource
+                    .metadata
+                    .get(meta::DELETION_TIMESTAMP_KEY)
+                    .cloned()
+                    .unwrap_or_default()
+            ),
+            Style::default().fg(Color::Magenta).add_modifier(Modifier::BOLD),
+        )));
+        lines.push(Line::default());
+    }
+    lines.push(section("Finalizers"));
+    if finalizers.is_empty() {
+        lines.push(Line::from(Span::styled("  none", dim())));
+    }
+    for finalizer in &finalizers {
+        lines.push(Line::from(format!("  - {finalizer}")));
+    }
+    lines.push(Line::default());
+    lines.push(section("Metadata"));
+    let mut metadata: Vec<(&String, &String)> = resource.metadata.iter().collect();
+    metadata.sort();
+    if metadata.is_empty() {
+        lines.push(Line::from(Span::styled("  none", dim())));
+    }
+    for (key, value) in metadata {
+        lines.push(Line::from(vec![
+            Span::styled(format!("  {key}: "), dim()),
+            Span::raw(value.clone()),
+        ]));
+    }
+    lines.push(Line::default());
+    lines.push(section("Status"));
+    let mut statuses: Vec<_> = resource.status.iter().collect();
+    statuses.sort_by_key(|(key, _)| key.as_str());
+    if statuses.is_empty() {
+        lines.push(Line::from(Span::styled(
+            "  no status yet (no controller has reconciled it)",
+            dim(),
+        )));
+    }
+    for (key, status) in statuses {
+        let observed = if status.observed_generation == resource.generation {
+            Span::styled(
+                format!(
+                    "observed generation {} (current)",
+                    status.observed_generation
+                ),
+                Style::default().fg(Color::Green),
+            )
+        } else {
+            Span::styled(
+                format!(
+                    "observed generation {} of {} (stale: not reconciled since the last change)",
+                    status.observed_generation, resource.generation
+                ),
+                Style::default().fg(Color::Yellow),
+            )
+        };
+        lines.push(Line::from(vec![
+            Span::styled(
+                format!("  {key}  "),
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+            observed,
+        ]));
+        for condition in &status.conditions {
+            let color = state_color(condition.state);
+            let mut spans = vec![
+                Span::styled("    ● ", Style::default().fg(color)),
+                Span::styled(
+                    format!(
+                        "{}={}",
+                        condition.r#type,
+                        describe::state_label(condition.state)
+                    ),
+                    Style::default().fg(color).add_modifier(Modifier::BOLD),
+                ),
+            ];
+            if !condition.reason.is_empty() {
+                spans.push(Span::raw(format!("  {}", condition.reason)));
+            }
+            if !condition.message.is_empty() {
+                spans.push(Span::styled(format!("  {}", condition.message), dim()));
+            }
+            lines.push(Line::from(spans));
+        }
+    }
+    lines.push(Line::default());
+    lines.push(section("Data"));
+    match data_yaml(state, resource) {
+        Ok(yaml) => lines.extend(yaml.lines().map(|line| Line::from(format!("  {line}")))),
+        Err(error) => lines.push(Line::from(Span::styled(
+            format!("  cannot decode the data: {error}"),
+            Style::default().fg(Color::Red),
+        ))),
+    }
+    lines
+}
+
+fn data_yaml(state: &State, resource: &Resource) -> Result<String, String> {
+    let Some(codec) = &state.codec else {
+        return Err("the type registry has not been read yet".into());
+    };
+    let value = codec.to_value(resource).map_err(|e| e.to_string())?;
+    match value.get("data") {
+        None => Ok("{}".into()),
+        Some(data) => serde_yaml_ng::to_string(data).map_err(|e| e.to_string()),
+    }
+}
+
+fn child_label(store: &Store, at: &ResRef) -> String {
+    let kind = at.gvk.rsplit('.').next().unwrap_or(&at.gvk);
+    let mut label = format!("{kind}/{}", at.key.name);
+    if let Some(resource) = store.resource(at) {
+        if let Some(condition) = describe::worst_condition(resource) {
+            label.push_str(&format!("  {}", describe::condition_label(condition)));
+        }
+        if meta::is_marked_for_deletion(resource) {
+            label.push_str("  (deleting)");
+        }
+    }
+    label
+}
+
+pub fn detail(state: &State, frame: &mut Frame, area: Rect) {
+    let Some(at) = &state.detail else {
+        frame.render_widget(
+            Paragraph::new("Nothing selected.").block(Block::bordered().title(" Detail ")),
+            area,
+        );
+        return;
+    };
+    let lines = detail_lines(state, at);
+    let title = format!(" {} · ↑↓ scroll · esc back ", state.label_of(at));
+    frame.render_widget(
+        Paragraph::new(Text::from(lines))
+            .block(Block::bordered().title(Span::styled(title, title_style())))
+            .scroll((state.detail_scroll, 0)),
+        area,
+    );
+}
+
+pub fn tree(state: &State, frame: &mut Frame, area: Rect) {
+    let Some(focus) = &state.tree_focus else {
+        return;
+    };
+    let block = Block::bordered().title(Span::styled(
+        format!(" Owner tree of {} ", state.label_of(focus)),
+        title_style(),
+    ));
+    if state.tree.is_empty() {
+        frame.render_widget(
+            Paragraph::new(format!("{} is gone.", state.label_of(focus))).block(block),
+            area,
+        );
+        return;
+    }
+    let height = usize::from(area.height.saturating_sub(2)).max(1);
+    let cursor = state.tree_cursor;
+    let lines: Vec<Line> = state
+        .tree
+        .iter()
+        .enumerate()
+        .skip(cursor.offset)
+        .take(height)
+        .map(|(i, line)| {
+            let marker = if i == cursor.selected { "▶ " } else { "  " };
+            let mut spans = vec![Span::raw(marker), Span::styled(line.prefix.clone(), dim())];
+            let mut name_style = Style::default();
+            if line.focus {
+                name_style = name_style.add_modifier(Modifier::BOLD).fg(Color::Cyan);
+            }
+            spans.push(Span::styled(state.label_of(&line.at), name_style));
+            spans.push(Span::styled(
+                format!("  {}", line.at.key.tenancy_label()),
+                dim(),
+            ));
+            if let Some(resource) = state.store.resource(&line.at) {
+                spans.push(Span::raw("  "));
+                spans.push(condition_span(resource));
+                let finalizers = meta::finalizers(resource);
+                if !finalizers.is_empty() {
+                    spans.push(Span::raw(format!(
+                        "  [{}]",
+                        finalizers.into_iter().collect::<Vec<_>>().join(", ")
+                    )));
+                }
+                if meta::is_marked_for_deletion(resource) {
+                    spans.push(Span::styled(
+                        "  deleting",
+                        Style::default().fg(Color::Magenta),
+                    ));
+                }
+            }
+            if line.focus {
+                spans.push(Span::styled("  ◀", Style::default().fg(Color::Cyan)));
+            }
+            let mut rendered = Line::from(spans);
+            if i == cursor.selected {
+                rendered = rendered.style(selected_style());
+            }
+            rendered
+        })
+        .collect();
+    frame.render_widget(Paragraph::new(Text::from(lines)).block(block), area);
+}

@@ -1,0 +1,502 @@
+//! The types list, the cluster view, the placement map and the event tail.
+
+use proto::client::describe;
+use proto::cluster::v1::Scope;
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span, Text};
+use ratatui::widgets::{Block, HighlightSpacing, Paragraph, Row, Table, TableState, Wrap};
+
+use super::{dim, selected_style, title_style};
+use crate::clock;
+use crate::state::{EventKind, State};
+
+/// `3s ago` from an RFC 3339 time, `never` for none.
+fn ago(rfc3339: &str, now: std::time::SystemTime) -> String {
+    if rfc3339.is_empty() {
+        return "never".into();
+    }
+    rfc3339
+        .parse::<prost_types::Timestamp>()
+        .ok()
+        .and_then(|timestamp| std::time::SystemTime::try_from(timestamp).ok())
+        .map(|at| {
+            format!(
+                "{} ago",
+                describe::age_label(now.duration_since(at).unwrap_or_default())
+            )
+        })
+        .unwrap_or_else(|| rfc3339.to_owned())
+}
+
+fn bold_header<'a>(cells: Vec<&'a str>) -> Row<'a> {
+    Row::new(cells).style(Style::default().add_modifier(Modifier::BOLD))
+}
+
+fn scope_label(scope: Scope) -> &'static str {
+    match scope {
+        Scope::Cluster => "cluster",
+        Scope::Partition => "partition",
+        Scope::Namespace => "namespace",
+        Scope::Any => "any",
+        Scope::Undefined => "?",
+    }
+}
+
+pub fn types(state: &State, frame: &mut Frame, area: Rect) {
+    let block = Block::bordered().title(Span::styled(
+        format!(" Types ({}) ", state.store.types.len()),
+        title_style(),
+    ));
+    if state.store.types.is_empty() {
+        let text = match &state.types_error {
+            Some(error) => format!("Cannot read the type registry: {error}\n\nRetrying…"),
+            None => format!("Reading the type registry from {}…", state.server),
+        };
+        frame.render_widget(
+            Paragraph::new(text).block(block).wrap(Wrap { trim: false }),
+            area,
+        );
+        return;
+    }
+    let height = usize::from(area.height.saturating_sub(3)).max(1);
+    let cursor = state.types_cursor;
+    let rows: Vec<Row> = state
+        .store
+        .types
+        .iter()
+        .skip(cursor.offset)
+        .take(height)
+        .map(|data| {
+            let watch = if let Some(error) = &data.failed {
+                Span::styled(format!("stopped: {error}"), Style::default().fg(Color::Red))
+            } else if data.relisting.is_some() {
+                Span::styled("listing again", Style::default().fg(Color::Yellow))
+            } else if data.synced {
+                Span::styled("live", Style::default().fg(Color::Green))
+            } else {
+                Span::styled("listing…", Style::default().fg(Color::Yellow))
+            };
+            let deleting = data
+                .resources
+                .values()
+                .filter(|r| proto::meta::is_marked_for_deletion(r))
+                .count();
+            let failing = data
+                .resources
+                .values()
+                .filter(|r| {
+                    describe::worst_condition(r).is_some_and(|c| describe::severity(c.state) == 2)
+                })
+                .count();
+            let mut health = Vec::new();
+            if failing > 0 {
+                health.push(Span::styled(
+                    format!("{failing} false "),
+                    Style::default().fg(Color::Red),
+                ));
+            }
+            if deleting > 0 {
+                health.push(Span::styled(
+                    format!("{deleting} deleting"),
+                    Style::default().fg(Color::Magenta),
+                ));
+            }
+            Row::new(vec![
+                Line::from(data.gvk.clone()),
+                Line::from(data.kind().to_owned()),
+                Line::from(scope_label(data.scope)),
+                Line::from(data.resources.len().to_string()),
+                Line::from(health),
+                Line::from(watch),
+            ])
+        })
+        .collect();
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Fill(3),
+            Constraint::Fill(2),
+            Constraint::Length(10),
+            Constraint::Length(7),
+            Constraint::Length(22),
+            Constraint::Fill(2),
+        ],
+    )
+    .header(bold_header(vec![
+        "TYPE",
+        "KIND",
+        "SCOPE",
+        "COUNT",
+        "ATTENTION",
+        "WATCH",
+    ]))
+    .block(block)
+    .row_highlight_style(selected_style())
+    .highlight_symbol("▶ ")
+    .highlight_spacing(HighlightSpacing::Always);
+    let mut table_state =
+        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
+    frame.render_stateful_widget(table, area, &mut table_state);
+}
+
+pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
+    let [top, bottom] = area.layout(&Layout::vertical([
+        Constraint::Length(9),
+        Constraint::Min(4),
+    ]));
+    let status_lines: Vec<Line> = match &state.cluster.status {
+        None => vec![Line::from(format!(
+            "Asking {} for its status…",
+            state.server
+        ))],
+        Some(status) => {
+            let field = |name: &str, value: String| {
+                Line::from(vec![
+                    Span::styled(format!("  {name:<16}"), dim()),
+                    Span::raw(value),
+                ])
+            };
+            let leader = if status.leader_id == 0 {
+                "none (an election is under way?)".to_owned()
+            } else {
+                format!("node {} at {}", status.leader_id, status.leader_api_addr)
+            };
+            vec![
+                field(
+                    "cluster",
+                    if status.cluster_name.is_empty() {
+                        "-".into()
+                    } else {
+                        status.cluster_name.clone()
+                    },
+                ),
+                field(
+                    "connected to",
+                    format!(
+                        "node {} at {} ({}, storage {})",
+                        status.node_id,
+                        status.api_addr,
+                        describe::role_label(status.role),
+                        status.storage
+                    ),
+                ),
+                field("leader", leader),
+                field("term", status.term.to_string()),
+                field(
+                    "indexes",
+                    format!(
+                        "commit {} · applied {} · last log {} · snapshot {}",
+                        status.commit_index,
+                        status.applied_index,
+                        status.last_log_index,
+                        status.snapshot_index
+                    ),
+                ),
+                field(
+                    "log writes",
+                    format!(
+                        "{} entries in {} fsyncs ({} operations)",
+                        status.log_entries, status.log_commits, status.log_operations
+                    ),
+                ),
+            ]
+        }
+    };
+    frame.render_widget(
+        Paragraph::new(Text::from(status_lines))
+            .block(Block::bordered().title(Span::styled(" This node ", title_style()))),
+        top,
+    );
+    let block = Block::bordered().title(Span::styled(" Members ", title_style()));
+    let Some(members) = &state.cluster.members else {
+        frame.render_widget(
+            Paragraph::new("Asking for the members…").block(block),
+            bottom,
+        );
+        return;
+    };
+    let leader_commit = members
+        .members
+        .iter()
+        .find(|m| m.leader)
+        .and_then(|m| state.cluster.nodes.get(&m.node_id))
+        .and_then(|status| status.as_ref().ok())
+        .map(|status| status.commit_index);
+    let rows: Vec<Row> = members
+        .members
+        .iter()
+        .map(|member| {
+            let node = state.cluster.nodes.get(&member.node_id);
+            let (role, term, commit, applied) = match node {
+                Some(Ok(status)) => (
+                    describe::role_label(status.role).to_owned(),
+                    status.term.to_string(),
+                    status.commit_index.to_string(),
+                    status.applied_index.to_string(),
+                ),
+                _ => (
+                    if member.leader {
+                        "leader"
+                    } else if member.voter {
+                        "voter"
+                    } else {
+                        "learner"
+                    }
+                    .to_owned(),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                ),
+            };
+            let lag = match (node, leader_commit) {
+                (Some(Ok(status)), Some(commit)) => commit.saturating_sub(status.applied_index),
+                _ => member.lag,
+            };
+            let health = match node {
+                Some(Err(error)) => Span::styled(
+                    format!("unreachable: {error}"),
+                    Style::default().fg(Color::Red),
+                ),
+                _ if !member.reachable => Span::styled(
+                    "unreachable from the leader",
+                    Style::default().fg(Color::Red),
+                ),
+                _ if lag > 100 => Span::styled(
+                    format!("catching up ({lag} behind)"),
+                    Style::default().fg(Color::Yellow),
+                ),
+                _ => Span::styled("healthy", Style::default().fg(Color::Green)),
+            };
+            let role_style = if member.leader {
+                Style::default()
+                    .fg(Color::Cyan)
+                    .add_modifier(Modifier::BOLD)
+            } else {
+                Style::default()
+            };
+            Row::new(vec![
+                Line::from(member.node_id.to_string()),
+                Line::from(member.api_addr.clone()),
+                Line::from(member.raft_addr.clone()),
+                Line::from(Span::styled(role, role_style)),
+                Line::from(if member.voter { "yes" } else { "no" }),
+                Line::from(term),
+                Line::from(commit),
+                Line::from(applied),
+                Line::from(member.match_index.to_string()),
+                Line::from(lag.to_string()),
+                Line::from(health),
+            ])
+        })
+        .collect();
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(4),
+            Constraint::Length(16),
+            Constraint::Length(16),
+            Constraint::Length(10),
+            Constraint::Length(5),
+            Constraint::Length(5),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(6),
+            Constraint::Fill(1),
+        ],
+    )
+    .header(bold_header(vec![
+        "NODE", "API", "RAFT", "ROLE", "VOTER", "TERM", "COMMIT", "APPLIED", "MATCH", "LAG",
+        "HEALTH",
+    ]))
+    .block(block)
+    .row_highlight_style(selected_style())
+    .highlight_symbol("▶ ")
+    .highlight_spacing(HighlightSpacing::Always);
+    let mut table_state = TableState::default().with_selected(Some(state.cluster_cursor.selected));
+    frame.render_stateful_widget(table, bottom, &mut table_state);
+}
+
+pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
+    let [top, bottom] = area.layout(&Layout::vertical([
+        Constraint::Min(5),
+        Constraint::Length(8),
+    ]));
+    let mut title = vec![Span::styled(" Controllers × nodes ", title_style())];
+    if let Some(error) = &state.cluster.placement_error {
+        title.push(Span::styled(
+            format!("· last refresh failed: {error} "),
+            Style::default().fg(Color::Red),
+        ));
+    }
+    let block = Block::bordered().title(Line::from(title));
+    let Some(map) = &state.cluster.placement else {
+        frame.render_widget(
+            Paragraph::new("Asking every node for its controllers…").block(block),
+            area,
+        );
+        return;
+    };
+    let mut header = vec![
+        "CONTROLLER".to_owned(),
+        "TYPE".to_owned(),
+        "PLACEMENT".to_owned(),
+    ];
+    header.extend(map.node_ids.iter().map(|id| format!("NODE {id}")));
+    let height = usize::from(top.height.saturating_sub(3)).max(1);
+    let cursor = state.controllers_cursor;
+    let rows: Vec<Row> = map
+        .controllers
+        .iter()
+        .skip(cursor.offset)
+        .take(height)
+        .map(|controller| {
+            let mut cells = vec![
+                Line::from(controller.name.clone()),
+                Line::from(controller.managed_type.clone()),
+                Line::from(controller.placement.clone()),
+            ];
+            for node_id in &map.node_ids {
+                let cell = match controller.on(*node_id) {
+                    _ if map.unreachable.contains_key(node_id) => {
+                        Span::styled("unreachable", Style::default().fg(Color::Red))
+                    }
+                    None => Span::styled("-", dim()),
+                    Some(node) if node.running => {
+                        let mut text = format!("● q={}", node.queue_depth);
+                        if !node.last_reconcile.is_empty() {
+                            text.push_str(&format!(
+                                " {}",
+                                ago(&node.last_reconcile, state.now).trim_end_matches(" ago")
+                            ));
+                        }
+                        if node.reconciles_failed > 0 {
+                            text.push_str(&format!(" err={}", node.reconciles_failed));
+                        }
+                        let color = if node.last_error.is_empty() {
+                            Color::Green
+                        } else {
+                            Color::Red
+                        };
+                        Span::styled(text, Style::default().fg(color))
+                    }
+                    Some(_) => Span::styled("standby", dim()),
+                };
+                cells.push(Line::from(cell));
+            }
+            Row::new(cells)
+        })
+        .collect();
+    let mut widths = vec![
+        Constraint::Fill(2),
+        Constraint::Fill(2),
+        Constraint::Length(11),
+    ];
+    widths.extend(map.node_ids.iter().map(|_| Constraint::Length(18)));
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(Style::default().add_modifier(Modifier::BOLD)))
+        .block(block)
+        .row_highlight_style(selected_style())
+        .highlight_symbol("▶ ")
+        .highlight_spacing(HighlightSpacing::Always);
+    let mut table_state =
+        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
+    frame.render_stateful_widget(table, top, &mut table_state);
+
+    let mut lines = Vec::new();
+    if let Some(controller) = map.controllers.get(cursor.selected) {
+        lines.push(Line::from(vec![
+            Span::styled(
+                controller.name.clone(),
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(format!(
+                " reconciles {} ({})",
+                controller.managed_type, controller.placement
+            )),
+        ]));
+        for node in &controller.nodes {
+            let mut spans = vec![Span::raw(format!(
+                "  node {}: {} · queue {} · {} ok · {} failed · last reconcile {}",
+                node.node_id,
+                if node.running { "running" } else { "standby" },
+                node.queue_depth,
+                node.reconciles_ok,
+                node.reconciles_failed,
+                ago(&node.last_reconcile, state.now),
+            ))];
+            if !node.last_error.is_empty() {
+                spans.push(Span::styled(
+                    format!(" · last error: {}", node.last_error),
+                    Style::default().fg(Color::Red),
+                ));
+            }
+            lines.push(Line::from(spans));
+        }
+    }
+    for (node_id, error) in &map.unreachable {
+        lines.push(Line::from(Span::styled(
+            format!("  node {node_id} unreachable: {error}"),
+            Style::default().fg(Color::Red),
+        )));
+    }
+    frame.render_widget(
+        Paragraph::new(Text::from(lines))
+            .block(Block::bordered().title(" Selected controller "))
+            .wrap(Wrap { trim: false }),
+        bottom,
+    );
+}
+
+pub fn events(state: &State, frame: &mut Frame, area: Rect) {
+    let following = if state.events_scroll == 0 {
+        Span::styled("· following ", Style::default().fg(Color::Green))
+    } else {
+        Span::styled(
+            format!("· paused {} back (G follows) ", state.events_scroll),
+            Style::default().fg(Color::Yellow),
+        )
+    };
+    let block = Block::bordered().title(Line::from(vec![
+        Span::styled(format!(" Events ({}) ", state.events.len()), title_style()),
+        following,
+    ]));
+    if state.events.is_empty() {
+        frame.render_widget(
+            Paragraph::new(
+                "No changes since the dashboard started. Writes, deletes and status updates \
+                 show up here as they happen.",
+            )
+            .block(block)
+            .wrap(Wrap { trim: false }),
+            area,
+        );
+        return;
+    }
+    let height = usize::from(area.height.saturating_sub(2)).max(1);
+    let end = state.events.len() - state.events_scroll.min(state.events.len());
+    let start = end.saturating_sub(height);
+    let lines: Vec<Line> = state
+        .events
+        .range(start..end)
+        .map(|event| {
+            let color = match event.kind {
+                EventKind::Created => Color::Green,
+                EventKind::Updated => Color::Cyan,
+                EventKind::Deleted => Color::Magenta,
+                EventKind::Notice => Color::Yellow,
+            };
+            Line::from(vec![
+                Span::styled(format!("{} ", clock::time_of_day(event.at)), dim()),
+                Span::styled(
+                    format!("{:<7}", event.kind.label()),
+                    Style::default().fg(color),
+                ),
+                Span::raw(event.text.clone()),
+            ])
+        })
+        .collect();
+    frame.render_widget(Paragraph::new(Text::from(lines)).block(block), area);
+}

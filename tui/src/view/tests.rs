@@ -1,0 +1,404 @@
+//! Every screen and dialog rendered on ratatui's `TestBackend` and compared with a snapshot
+//! (`src/view/snapshots/`). Uids and clock times are masked; ages come from fixed uids and a
+//! fixed clock, so they are stable.
+
+use std::time::Duration;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use proto::client::edit::{EditSession, Problem};
+use proto::cluster::v1::SnapshotHeader;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::Color;
+
+use super::*;
+use crate::msg::Msg;
+use crate::state::{Choice, Dialog, EventKind, SnapshotInfo, SnapshotStep, VerifyRow};
+use crate::testing::{self, demo_state, large_state};
+use crate::update::update;
+
+const WIDTH: u16 = 140;
+const HEIGHT: u16 = 30;
+
+fn draw(state: &mut State) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(WIDTH, HEIGHT)).expect("test terminal");
+    state.page = page_rows(HEIGHT);
+    state.prepare();
+    terminal.draw(|frame| render(state, frame)).expect("draws");
+    terminal.backend().buffer().clone()
+}
+
+fn text(buffer: &Buffer) -> String {
+    let area = buffer.area;
+    let mut out = String::new();
+    for y in 0..area.height {
+        let mut line = String::new();
+        for x in 0..area.width {
+            line.push_str(buffer[(x, y)].symbol());
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn screen(state: &mut State) -> String {
+    text(&draw(state))
+}
+
+macro_rules! snapshot {
+    ($name:expr, $state:expr) => {{
+        let rendered = screen($state);
+        insta::with_settings!({filters => vec![
+            (r"\b[0-9A-HJKMNP-TV-Z]{26}\b", "[uid]"),
+            (r"\b\d{2}:\d{2}:\d{2}\b", "[time]"),
+        ]}, {
+            insta::assert_snapshot!($name, rendered);
+        });
+    }};
+}
+
+fn key(state: &mut State, code: KeyCode) {
+    update(state, Msg::Key(KeyEvent::new(code, KeyModifiers::NONE)));
+}
+
+fn command(state: &mut State, text: &str) {
+    key(state, KeyCode::Char(':'));
+    for c in text.chars() {
+        key(state, KeyCode::Char(c));
+    }
+    key(state, KeyCode::Enter);
+}
+
+/// Where on screen `needle` starts.
+fn find(buffer: &Buffer, needle: &str) -> Option<(u16, u16)> {
+    let rendered = text(buffer);
+    rendered.lines().enumerate().find_map(|(y, line)| {
+        line.find(needle)
+            .map(|byte| (line[..byte].chars().count() as u16, y as u16))
+    })
+}
+
+#[test]
+fn types_screen() {
+    snapshot!("types", &mut demo_state());
+}
+
+#[test]
+fn types_screen_before_the_registry_is_read() {
+    let mut state = State::new("127.0.0.1:8502", testing::now());
+    snapshot!("types_connecting", &mut state);
+    update(&mut state, Msg::Types(Err("server 127.0.0.1:8502 unreachable: connection refused (is `resd dev` … running there?)".into())));
+    snapshot!("types_unreachable", &mut state);
+}
+
+#[test]
+fn resources_table() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    snapshot!("resources_albums", &mut state);
+    let buffer = draw(&mut state);
+    // The deleting album is shown in magenta with its finalizer.
+    let (x, y) = find(&buffer, "deleting: album-cleanup").expect("shown");
+    assert_eq!(buffer[(x, y)].fg, Color::Magenta);
+}
+
+#[test]
+fn resources_table_colours_conditions_and_marks_stale_status() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Artist");
+    snapshot!("resources_artists", &mut state);
+    let buffer = draw(&mut state);
+    let (x, y) = find(&buffer, "Accepted=False").expect("shown");
+    assert_eq!(buffer[(x, y)].fg, Color::Red);
+    let (x, y) = find(&buffer, "Accepted=True").expect("shown");
+    assert_eq!(buffer[(x, y)].fg, Color::Green);
+    let (x, y) = find(&buffer, "Accepted=Unknown (stale)").expect("stale marked");
+    assert_eq!(buffer[(x, y)].fg, Color::Yellow);
+}
+
+#[test]
+fn resources_table_filtered_and_in_one_namespace() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    command(&mut state, "ns default/jazz");
+    key(&mut state, KeyCode::Char('/'));
+    key(&mut state, KeyCode::Char('b'));
+    snapshot!("resources_filter_typing", &mut state);
+    key(&mut state, KeyCode::Char('z'));
+    key(&mut state, KeyCode::Enter);
+    snapshot!("resources_filter_no_match", &mut state);
+}
+
+#[test]
+fn resources_table_with_no_type_chosen() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('2'));
+    snapshot!("resources_no_type", &mut state);
+}
+
+#[test]
+fn ten_thousand_rows_render_one_screenful_around_the_selection() {
+    let mut state = large_state(10_000);
+    state.page = page_rows(HEIGHT);
+    state.prepare();
+    for _ in 0..200 {
+        key(&mut state, KeyCode::PageDown);
+        state.prepare();
+    }
+    key(&mut state, KeyCode::Up);
+    snapshot!("resources_10k_scrolled", &mut state);
+}
+
+#[test]
+fn detail_pane() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Artist");
+    key(&mut state, KeyCode::Char('j'));
+    state.prepare();
+    key(&mut state, KeyCode::Enter);
+    snapshot!("detail_artist", &mut state);
+}
+
+#[test]
+fn detail_pane_of_a_resource_being_deleted() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    key(&mut state, KeyCode::Char('j'));
+    key(&mut state, KeyCode::Char('j'));
+    state.prepare();
+    key(&mut state, KeyCode::Enter);
+    snapshot!("detail_deleting_album", &mut state);
+}
+
+#[test]
+fn owner_tree() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    key(&mut state, KeyCode::Char('o'));
+    snapshot!("tree_from_album", &mut state);
+}
+
+#[test]
+fn cluster_screen() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('3'));
+    snapshot!("cluster", &mut state);
+}
+
+#[test]
+fn cluster_screen_with_an_unreachable_member() {
+    let mut state = demo_state();
+    state.cluster.nodes.insert(
+        3,
+        Err("server 127.0.0.1:8504 unreachable: connection refused".into()),
+    );
+    key(&mut state, KeyCode::Char('3'));
+    snapshot!("cluster_node_down", &mut state);
+}
+
+#[test]
+fn controllers_screen() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('4'));
+    snapshot!("controllers", &mut state);
+}
+
+#[test]
+fn events_screen() {
+    let mut state = demo_state();
+    for (i, (kind, text)) in [
+        (EventKind::Created, "demo.v1.Concept default/jazz/bebop v28"),
+        (
+            EventKind::Updated,
+            "demo.v2.Album default/jazz/kind-of-blue v29 (deleting)",
+        ),
+        (
+            EventKind::Deleted,
+            "demo.v2.Album default/jazz/kind-of-blue v31 CleanedUp=True (deleting)",
+        ),
+        (
+            EventKind::Notice,
+            "disconnected: server unreachable; retrying every 0.4s at most",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        state.now = testing::now() + Duration::from_secs(i as u64);
+        state.push_event(kind, text.into());
+    }
+    key(&mut state, KeyCode::Char('5'));
+    snapshot!("events", &mut state);
+    key(&mut state, KeyCode::Up);
+    snapshot!("events_paused", &mut state);
+}
+
+#[test]
+fn header_while_disconnected() {
+    let mut state = demo_state();
+    state.link = Link::Disconnected {
+        error: "server 127.0.0.1:8503 unreachable".into(),
+    };
+    let rendered = screen(&mut state);
+    let header = rendered.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("◌ disconnected — retrying (server 127.0.0.1:8503 unreachable)"),
+        "{header}"
+    );
+    assert!(
+        rendered.contains("demo.v2.Album"),
+        "the last data stays on screen"
+    );
+}
+
+fn snapshot_info() -> SnapshotInfo {
+    SnapshotInfo {
+        path: "/tmp/resd.snap".into(),
+        bytes: 7_300,
+        header: SnapshotHeader {
+            format_version: 1,
+            raft_index: 34,
+            created_at: Some(prost_types::Timestamp {
+                seconds: 1_795_262_700,
+                nanos: 0,
+            }),
+            counts: [
+                ("demo.v2.Album".to_owned(), 4),
+                ("demo.v2.Artist".to_owned(), 3),
+                ("demo.v1.Concept".to_owned(), 2),
+            ]
+            .into_iter()
+            .collect(),
+            resource_count: 9,
+            sha256: "de21bad9bb0b772e3a2056a309b7e6bd345c54a6a71fee692e5033319d68b628".into(),
+            body_bytes: 7_000,
+            node_id: 2,
+        },
+    }
+}
+
+#[test]
+fn snapshot_stepper() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('6'));
+    snapshot!("snapshot_start", &mut state);
+    key(&mut state, KeyCode::Char('s'));
+    snapshot!("snapshot_path_prompt", &mut state);
+    key(&mut state, KeyCode::Enter);
+    state.snapshot = SnapshotStep::Saving {
+        path: "/tmp/resd.snap".into(),
+        written: 3_650,
+        total: Some(7_300),
+    };
+    snapshot!("snapshot_saving", &mut state);
+    state.snapshot = SnapshotStep::Inspect(Box::new(snapshot_info()));
+    snapshot!("snapshot_inspect", &mut state);
+    state.snapshot = SnapshotStep::Confirm {
+        info: Box::new(snapshot_info()),
+        choice: Choice::Cancel,
+    };
+    snapshot!("snapshot_confirm", &mut state);
+    state.snapshot = SnapshotStep::Restoring {
+        info: Box::new(snapshot_info()),
+        sent: 7_300,
+        total: 7_300,
+    };
+    snapshot!("snapshot_restoring", &mut state);
+    state.snapshot = SnapshotStep::Verified {
+        info: Box::new(snapshot_info()),
+        restored_index: 40,
+        rows: vec![
+            VerifyRow {
+                gvk: "demo.v2.Album".into(),
+                expected: 4,
+                actual: 4,
+            },
+            VerifyRow {
+                gvk: "demo.v2.Artist".into(),
+                expected: 3,
+                actual: 2,
+            },
+        ],
+    };
+    snapshot!("snapshot_verified_with_difference", &mut state);
+    state.snapshot = SnapshotStep::Failed {
+        what: "save to /nope/resd.snap".into(),
+        error: "cannot create a temporary file in /nope: No such file or directory (os error 2)"
+            .into(),
+        info: None,
+    };
+    snapshot!("snapshot_failed", &mut state);
+}
+
+#[test]
+fn help_dialog_lists_the_keymap() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('?'));
+    snapshot!("help", &mut state);
+}
+
+#[test]
+fn delete_dialog() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Artist");
+    key(&mut state, KeyCode::Char('j'));
+    state.prepare();
+    key(&mut state, KeyCode::Char('d'));
+    snapshot!("delete_artist", &mut state);
+    key(&mut state, KeyCode::Esc);
+    command(&mut state, "demo.v1.Executive");
+    key(&mut state, KeyCode::Char('d'));
+    key(&mut state, KeyCode::Right);
+    snapshot!("delete_executive_confirm_highlighted", &mut state);
+}
+
+#[test]
+fn why_stuck_dialog() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    key(&mut state, KeyCode::Char('j'));
+    key(&mut state, KeyCode::Char('j'));
+    state.prepare();
+    key(&mut state, KeyCode::Char('w'));
+    snapshot!("why_stuck_album", &mut state);
+    // Without a running controller for the type, it says nothing will remove the finalizer.
+    state.cluster.placement = Some(proto::client::placement::PlacementMap::default());
+    snapshot!("why_stuck_no_controller", &mut state);
+}
+
+#[test]
+fn edit_conflict_dialog() {
+    let mut state = demo_state();
+    let codec = state.codec.clone().expect("codec");
+    let resource = state
+        .store
+        .get("demo.v1.Executive")
+        .and_then(|data| data.resources.values().next().cloned())
+        .expect("an executive");
+    let session = EditSession::new(&codec, &resource).expect("session");
+    state.dialog = Some(Dialog::EditProblem {
+        session: Box::new(session),
+        problem: Problem::Conflict {
+            changes:
+                "- version: '6'\n+ version: '7'\n-   name: Clive Davis\n+   name: Clive J. Davis\n"
+                    .into(),
+            yours: "-   position: President\n+   position: Founder\n".into(),
+            read_version: "6".into(),
+            server_version: "7".into(),
+        },
+    });
+    snapshot!("edit_conflict", &mut state);
+}
+
+#[test]
+fn a_small_terminal_still_draws() {
+    let mut terminal = Terminal::new(TestBackend::new(30, 6)).expect("test terminal");
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    key(&mut state, KeyCode::Char('d'));
+    state.page = page_rows(6);
+    state.prepare();
+    terminal.draw(|frame| render(&state, frame)).expect("draws");
+}
