@@ -5,3 +5,4 @@
 mod client;
 mod drivers;
 mod scenario;
+mod tui;

@@ -201,20 +201,6 @@ pub fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
                 .unwrap_or_else(|| "-".to_owned()),
         ),
     ];
-    let children = state.store.children(resource);
-    lines.push(field("children", children.len().to_string()));
-    for child in children.iter().take(50) {
-        lines.push(Line::from(format!(
-            "      {}",
-            child_label(&state.store, child)
-        )));
-    }
-    if children.len() > 50 {
-        lines.push(Line::from(format!(
-            "      … and {} more (o shows the tree)",
-            children.len() - 50
-        )));
-    }
     lines.push(Line::default());
     let finalizers = meta::finalizers(resource);
     if meta::is_marked_for_deletion(resource) {
@@ -231,27 +217,6 @@ pub fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
         )));
         lines.push(Line::default());
     }
-    lines.push(section("Finalizers"));
-    if finalizers.is_empty() {
-        lines.push(Line::from(Span::styled("  none", dim())));
-    }
-    for finalizer in &finalizers {
-        lines.push(Line::from(format!("  - {finalizer}")));
-    }
-    lines.push(Line::default());
-    lines.push(section("Metadata"));
-    let mut metadata: Vec<(&String, &String)> = resource.metadata.iter().collect();
-    metadata.sort();
-    if metadata.is_empty() {
-        lines.push(Line::from(Span::styled("  none", dim())));
-    }
-    for (key, value) in metadata {
-        lines.push(Line::from(vec![
-            Span::styled(format!("  {key}: "), dim()),
-            Span::raw(value.clone()),
-        ]));
-    }
-    lines.push(Line::default());
     lines.push(section("Status"));
     let mut statuses: Vec<_> = resource.status.iter().collect();
     statuses.sort_by_key(|(key, _)| key.as_str());
@@ -307,6 +272,45 @@ pub fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
             }
             lines.push(Line::from(spans));
         }
+    }
+    lines.push(Line::default());
+    lines.push(section("Finalizers"));
+    if finalizers.is_empty() {
+        lines.push(Line::from(Span::styled("  none", dim())));
+    }
+    for finalizer in &finalizers {
+        lines.push(Line::from(format!("  - {finalizer}")));
+    }
+    lines.push(Line::default());
+    lines.push(section("Metadata"));
+    let mut metadata: Vec<(&String, &String)> = resource.metadata.iter().collect();
+    metadata.sort();
+    if metadata.is_empty() {
+        lines.push(Line::from(Span::styled("  none", dim())));
+    }
+    for (key, value) in metadata {
+        lines.push(Line::from(vec![
+            Span::styled(format!("  {key}: "), dim()),
+            Span::raw(value.clone()),
+        ]));
+    }
+    lines.push(Line::default());
+    let children = state.store.children(resource);
+    lines.push(section(&format!("Children ({})", children.len())));
+    if children.is_empty() {
+        lines.push(Line::from(Span::styled("  none", dim())));
+    }
+    for child in children.iter().take(50) {
+        lines.push(Line::from(format!(
+            "  {}",
+            child_label(&state.store, child)
+        )));
+    }
+    if children.len() > 50 {
+        lines.push(Line::from(format!(
+            "  … and {} more (o shows the tree)",
+            children.len() - 50
+        )));
     }
     lines.push(Line::default());
     lines.push(section("Data"));

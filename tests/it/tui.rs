@@ -1,0 +1,294 @@
+//! The dashboard end to end: the real `resctl tui` in a real terminal (tmux, on a private
+//! socket), against a real 3-node cluster, talking to a follower. The demo fixtures appear, a
+//! write from outside shows up live, the detail pane shows a controller's status condition,
+//! an edit through a scripted `$EDITOR` is saved, and quitting (q, and ctrl-c) gives the
+//! terminal back in cooked mode.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use proto::resource::v1::{Id, Tenancy, Type};
+
+/// A tmux server of our own (`-L`), so the test never touches the user's sessions; it is
+/// killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn available() -> bool {
+        Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|output| output.status.success())
+    }
+
+    fn new(tag: &str) -> Tmux {
+        Tmux {
+            socket: format!("resd-it-{tag}-{}", std::process::id()),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("tmux runs")
+    }
+
+    /// Starts `command` in a 160×45 window running `sh`.
+    fn start(&self, command: &str) {
+        let output = self.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            "dash",
+            "-x",
+            "160",
+            "-y",
+            "45",
+            "sh",
+            "-c",
+            command,
+        ]);
+        assert!(
+            output.status.success(),
+            "tmux new-session failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "dash"];
+        args.extend_from_slice(keys);
+        let output = self.run(&args);
+        assert!(output.status.success(), "send-keys {keys:?} failed");
+        // Let the dashboard take each burst of keys before the next.
+        std::thread::sleep(Duration::from_millis(150));
+    }
+
+    /// Types `text` literally.
+    fn text(&self, text: &str) {
+        let output = self.run(&["send-keys", "-t", "dash", "-l", text]);
+        assert!(output.status.success(), "send-keys -l {text:?} failed");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "dash"]).stdout)
+            .into_owned()
+    }
+
+    /// Waits (bounded) until the screen shows every one of `needles`.
+    async fn wait_for(&self, what: &str, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut screen = String::new();
+        while Instant::now() < deadline {
+            screen = self.screen();
+            if needles.iter().all(|needle| screen.contains(needle)) {
+                return screen;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: the screen never showed {needles:?} within 30s; it shows:\n{screen}");
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+fn resctl(server: &str, args: &[&str]) -> Output {
+    let output = Command::new(tests::binary("resctl"))
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+        .output()
+        .expect("resctl runs");
+    assert!(
+        output.status.success(),
+        "resctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+    let mut permissions = std::fs::metadata(&path).expect("script").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&path, permissions).expect("chmod");
+    path
+}
+
+/// The shell line tmux runs: the dashboard, then what the terminal looks like after it.
+fn dashboard(server: &str, scratch: &Path, editor: &Path, extra: &str) -> String {
+    format!(
+        "RESCTL_CONFIG=/nonexistent EDITOR={editor} {resctl} --server {server} tui {extra}; \
+         echo RESCTL-EXITED $?; stty -a > {stty}; echo STTY-SAVED; sleep 600",
+        editor = editor.display(),
+        resctl = tests::binary("resctl").display(),
+        stty = scratch.join("stty.txt").display(),
+    )
+}
+
+fn assert_cooked(scratch: &Path) {
+    let stty = std::fs::read_to_string(scratch.join("stty.txt")).expect("stty output");
+    let words: Vec<&str> = stty.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig"] {
+        assert!(
+            words.contains(&mode),
+            "the terminal was left without {mode} after the dashboard quit:\n{stty}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
+    if !Tmux::available() {
+        eprintln!(
+            "SKIPPED the_dashboard_shows_a_live_cluster_and_edits_through_the_editor: tmux is \
+             not installed (apt-get install tmux; .ci/run installs it)"
+        );
+        return;
+    }
+    let cluster = tests::Cluster::start(3).await;
+    let leader = cluster.nodes[0].api_addr.clone();
+    let follower = cluster.nodes[2].api_addr.clone();
+    resctl(
+        &leader,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("demo").display().to_string(),
+        ],
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let editor = write_script(
+        scratch.path(),
+        "editor.sh",
+        "sed -i 's/position: .*/position: Chairman Emeritus/' \"$1\"",
+    );
+
+    let tmux = Tmux::new("dash");
+    tmux.start(&dashboard(
+        &follower,
+        scratch.path(),
+        &editor,
+        "demo.v2.Album",
+    ));
+
+    // The fixtures appear, from a follower, with the cluster in the header.
+    tmux.wait_for(
+        "the demo albums",
+        &[
+            "kind-of-blue",
+            "abbey-road",
+            "a-love-supreme",
+            "● live",
+            "cluster resd",
+        ],
+    )
+    .await;
+
+    // A write from outside shows up live.
+    tmux.text(":");
+    tmux.text("Executive");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("the executives", &["demo.v1.Executive", "clive-davis"])
+        .await;
+    let walter = scratch.path().join("walter.yaml");
+    std::fs::write(
+        &walter,
+        "type: demo.v1.Executive\nname: walter-yetnikoff\ndata: {name: Walter Yetnikoff, position: President}\n",
+    )
+    .expect("write walter");
+    resctl(&leader, &["apply", "-f", &walter.display().to_string()]);
+    tmux.wait_for("a write from outside", &["walter-yetnikoff"])
+        .await;
+    tmux.keys(&["5"]);
+    tmux.wait_for(
+        "the event tail",
+        &["CREATE", "demo.v1.Executive walter-yetnikoff"],
+    )
+    .await;
+
+    // The detail pane shows the artist controller's condition, coloured by state.
+    tmux.text(":");
+    tmux.text("demo.v2.Artist");
+    tmux.keys(&["Enter"]);
+    tmux.text("/miles");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("the filtered artists", &["miles-davis", "filter \"miles\""])
+        .await;
+    tmux.keys(&["Enter"]);
+    tmux.wait_for(
+        "the artist's detail",
+        &[
+            "Status",
+            "demo.resd.io/artist",
+            "Accepted=True",
+            "(current)",
+        ],
+    )
+    .await;
+
+    // e edits clive-davis in the scripted editor; the save shows and reaches the server.
+    tmux.text(":");
+    tmux.text("Executive");
+    tmux.keys(&["Enter"]);
+    tmux.text("/clive");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("clive selected", &["filter \"clive\"", "clive-davis"])
+        .await;
+    tmux.keys(&["e"]);
+    tmux.wait_for("the save", &["saved Executive/clive-davis"])
+        .await;
+    let id = Id {
+        uid: String::new(),
+        name: "clive-davis".into(),
+        r#type: Some(Type {
+            group: "demo".into(),
+            group_version: "v1".into(),
+            kind: "Executive".into(),
+        }),
+        tenancy: Some(Tenancy::default()),
+    };
+    let saved = cluster
+        .client(0)
+        .read(&id)
+        .await
+        .expect("read")
+        .expect("clive-davis exists");
+    let data = saved.data.expect("data");
+    assert!(
+        String::from_utf8_lossy(&data.value).contains("Chairman Emeritus"),
+        "the edit reached the server"
+    );
+
+    // q quits and the terminal is cooked again.
+    tmux.keys(&["q"]);
+    tmux.wait_for("the exit", &["RESCTL-EXITED 0", "STTY-SAVED"])
+        .await;
+    assert_cooked(scratch.path());
+
+    // ctrl-c from the middle of a dialog quits cleanly too.
+    let tmux = Tmux::new("ctrlc");
+    std::fs::remove_file(scratch.path().join("stty.txt")).expect("remove stty output");
+    tmux.start(&dashboard(&follower, scratch.path(), &editor, ""));
+    tmux.wait_for("the types", &["demo.v2.Album", "● live"])
+        .await;
+    tmux.keys(&["?"]);
+    tmux.wait_for("help", &["Keys · ↑↓ scroll"]).await;
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("the exit", &["RESCTL-EXITED 0", "STTY-SAVED"])
+        .await;
+    assert_cooked(scratch.path());
+}
