@@ -1,7 +1,8 @@
 //! The dashboard end to end: the real `resctl tui` in a real terminal (tmux, on a private
 //! socket), against a real 3-node cluster, talking to a follower. The demo fixtures appear, a
 //! write from outside shows up live, the detail pane shows a controller's status condition,
-//! an edit through a scripted `$EDITOR` is saved, and quitting (q, and ctrl-c) gives the
+//! an edit through a scripted `$EDITOR` is saved, the node it talks to is killed (the data
+//! stays, the header says it retries) and restarted (live again, events flow), and quitting (q, and ctrl-c) gives the
 //! terminal back in cooked mode.
 
 use std::path::{Path, PathBuf};
@@ -159,7 +160,7 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         );
         return;
     }
-    let cluster = tests::Cluster::start(3).await;
+    let mut cluster = tests::Cluster::start(3).await;
     let leader = cluster.nodes[0].api_addr.clone();
     let follower = cluster.nodes[2].api_addr.clone();
     resctl(
@@ -272,6 +273,29 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         String::from_utf8_lossy(&data.value).contains("Chairman Emeritus"),
         "the edit reached the server"
     );
+
+    // The node the dashboard talks to goes away: the last data stays on screen with
+    // "disconnected — retrying", and the dashboard comes back live when the node does.
+    tmux.keys(&["1"]);
+    cluster.nodes[2].kill();
+    tmux.wait_for(
+        "the disconnected header",
+        &[
+            "◌ disconnected — retrying",
+            "demo.v2.Album",
+            "tenancy.v1.Namespace",
+        ],
+    )
+    .await;
+    cluster.nodes[2].restart();
+    tmux.wait_for("the reconnection", &["● live"]).await;
+    resctl(&leader, &["delete", "Executive", "walter-yetnikoff"]);
+    tmux.keys(&["5"]);
+    tmux.wait_for(
+        "an event after the reconnection",
+        &["DELETE", "demo.v1.Executive walter-yetnikoff"],
+    )
+    .await;
 
     // q quits and the terminal is cooked again.
     tmux.keys(&["q"]);
