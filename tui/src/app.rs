@@ -221,6 +221,7 @@ impl Tasks {
                     self.background.push(self.watch(info));
                 }
             }
+            // The event loop runs the editor itself: it needs the terminal and the key reader.
             Effect::Edit(_) => {}
             Effect::Delete {
                 id,
@@ -386,7 +387,7 @@ pub fn verify_rows(
 /// Refreshes the cluster view every `refresh`: this node's status, the members, each member's
 /// own status (asked directly, with a short deadline), and the controllers on every node.
 async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duration) {
-    let mut node_clients: BTreeMap<String, Client> = BTreeMap::new();
+    let mut node_clients: BTreeMap<String, Result<Client, String>> = BTreeMap::new();
     loop {
         let status = client.status().await.map_err(|error| error.to_string());
         let (members, controllers) = if status.is_ok() {
@@ -408,10 +409,15 @@ async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duratio
                     .clone();
                 let node_id = member.node_id;
                 async move {
-                    let status = tokio::time::timeout(Duration::from_secs(2), node_client.status())
-                        .await
-                        .map_err(|_| "no answer within 2s".to_owned())
-                        .and_then(|result| result.map_err(|error| error.to_string()));
+                    let status = match node_client {
+                        Ok(node_client) => {
+                            tokio::time::timeout(Duration::from_secs(2), node_client.status())
+                                .await
+                                .map_err(|_| "no answer within 2s".to_owned())
+                                .and_then(|result| result.map_err(|error| error.to_string()))
+                        }
+                        Err(error) => Err(error),
+                    };
                     (node_id, status)
                 }
             });
@@ -431,12 +437,47 @@ async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duratio
 }
 
 /// A client for one member (its own status), without the retries a user-facing call has.
-fn node_client(base: &Client, api_addr: &str) -> Client {
+fn node_client(base: &Client, api_addr: &str) -> Result<Client, String> {
     let mut config: ClientConfig = base.config().clone();
     config.server = api_addr.to_owned();
     config.connect_timeout = Duration::from_secs(1);
     config.request_timeout = Duration::from_secs(2);
     config.unreachable_retry = Duration::ZERO;
     config.election_retry = Duration::ZERO;
-    Client::new(config).unwrap_or_else(|_| base.clone())
+    Client::new(config).map_err(|error| format!("cannot address {api_addr}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verification_lists_every_type_either_side_has() {
+        let expected: BTreeMap<String, u64> = [("a".to_owned(), 2), ("b".to_owned(), 1)]
+            .into_iter()
+            .collect();
+        let actual: BTreeMap<String, u64> = [("b".to_owned(), 1), ("c".to_owned(), 4)]
+            .into_iter()
+            .collect();
+        let rows: Vec<(String, u64, u64)> = verify_rows(&expected, &actual)
+            .into_iter()
+            .map(|row| (row.gvk, row.expected, row.actual))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("a".to_owned(), 2, 0),
+                ("b".to_owned(), 1, 1),
+                ("c".to_owned(), 0, 4)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_member_address_that_cannot_be_used_is_reported_not_replaced() {
+        let base = Client::new(ClientConfig::new("127.0.0.1:8502")).expect("client");
+        assert!(node_client(&base, "127.0.0.1:8503").is_ok());
+        let error = node_client(&base, "not an address at all").expect_err("invalid");
+        assert!(error.contains("not an address at all"), "{error}");
+    }
 }
