@@ -12,9 +12,9 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
+use ratatui::widgets::{HighlightSpacing, Paragraph, Table, TableState};
 
-use crate::state::{InputKind, Link, Screen, SnapshotPurpose, State};
+use crate::state::{Cursor, InputKind, Link, Screen, SnapshotPurpose, State};
 
 /// Rows of chrome around a table body: header line, tab line, footer, two borders and the
 /// table's column header.
@@ -238,6 +238,18 @@ fn render_footer(state: &State, frame: &mut Frame, area: Rect) {
         Line::from(spans)
     };
     frame.render_widget(Paragraph::new(line), area);
+}
+
+/// Draws `table`, whose rows are the window of a list that starts at `cursor.offset`, with
+/// the selected row highlighted and marked `▶`.
+pub(crate) fn render_window(frame: &mut Frame, area: Rect, table: Table<'_>, cursor: Cursor) {
+    let table = table
+        .row_highlight_style(selected_style())
+        .highlight_symbol("▶ ")
+        .highlight_spacing(HighlightSpacing::Always);
+    let mut table_state =
+        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
+    frame.render_stateful_widget(table, area, &mut table_state);
 }
 
 /// A rectangle of `width` × `height` centred in `area` (clipped to it).

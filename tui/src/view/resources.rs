@@ -7,9 +7,9 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span, Text};
-use ratatui::widgets::{Block, HighlightSpacing, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Block, Paragraph, Row, Table, Wrap};
 
-use super::{condition_span, dim, selected_style, state_color, title_style};
+use super::{condition_span, dim, render_window, selected_style, state_color, title_style};
 use crate::model::{ResRef, Store};
 use crate::state::State;
 
@@ -155,15 +155,8 @@ pub fn table(state: &State, frame: &mut Frame, area: Rect) {
         "OWNER",
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
-    let table = Table::new(rows, widths)
-        .header(header)
-        .block(block)
-        .row_highlight_style(selected_style())
-        .highlight_symbol("▶ ")
-        .highlight_spacing(HighlightSpacing::Always);
-    let mut table_state =
-        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
-    frame.render_stateful_widget(table, area, &mut table_state);
+    let table = Table::new(rows, widths).header(header).block(block);
+    render_window(frame, area, table, cursor);
 }
 
 /// The lines of a resource's detail: identity, deletion, finalizers, metadata, status

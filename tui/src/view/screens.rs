@@ -6,9 +6,9 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span, Text};
-use ratatui::widgets::{Block, HighlightSpacing, Paragraph, Row, Table, TableState, Wrap};
+use ratatui::widgets::{Block, Paragraph, Row, Table, Wrap};
 
-use super::{dim, selected_style, title_style};
+use super::{dim, render_window, title_style};
 use crate::clock;
 use crate::state::{EventKind, State};
 
@@ -132,13 +132,8 @@ pub fn types(state: &State, frame: &mut Frame, area: Rect) {
         "ATTENTION",
         "WATCH",
     ]))
-    .block(block)
-    .row_highlight_style(selected_style())
-    .highlight_symbol("▶ ")
-    .highlight_spacing(HighlightSpacing::Always);
-    let mut table_state =
-        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
-    frame.render_stateful_widget(table, area, &mut table_state);
+    .block(block);
+    render_window(frame, area, table, cursor);
 }
 
 pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
@@ -224,9 +219,12 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         .and_then(|m| state.cluster.nodes.get(&m.node_id))
         .and_then(|status| status.as_ref().ok())
         .map(|status| status.commit_index);
+    let height = usize::from(bottom.height.saturating_sub(3)).max(1);
     let rows: Vec<Row> = members
         .members
         .iter()
+        .skip(state.cluster_cursor.offset)
+        .take(height)
         .map(|member| {
             let node = state.cluster.nodes.get(&member.node_id);
             let (role, term, commit, applied) = match node {
@@ -311,12 +309,8 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         "NODE", "API", "RAFT", "ROLE", "VOTER", "TERM", "COMMIT", "APPLIED", "MATCH", "LAG",
         "HEALTH",
     ]))
-    .block(block)
-    .row_highlight_style(selected_style())
-    .highlight_symbol("▶ ")
-    .highlight_spacing(HighlightSpacing::Always);
-    let mut table_state = TableState::default().with_selected(Some(state.cluster_cursor.selected));
-    frame.render_stateful_widget(table, bottom, &mut table_state);
+    .block(block);
+    render_window(frame, bottom, table, state.cluster_cursor);
 }
 
 pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
@@ -397,13 +391,8 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     widths.extend(map.node_ids.iter().map(|_| Constraint::Length(18)));
     let table = Table::new(rows, widths)
         .header(Row::new(header).style(Style::default().add_modifier(Modifier::BOLD)))
-        .block(block)
-        .row_highlight_style(selected_style())
-        .highlight_symbol("▶ ")
-        .highlight_spacing(HighlightSpacing::Always);
-    let mut table_state =
-        TableState::default().with_selected(Some(cursor.selected.saturating_sub(cursor.offset)));
-    frame.render_stateful_widget(table, top, &mut table_state);
+        .block(block);
+    render_window(frame, top, table, cursor);
 
     let mut lines = Vec::new();
     if let Some(controller) = map.controllers.get(cursor.selected) {
