@@ -70,7 +70,6 @@ pub async fn run(client: Client, options: Options) -> Result<(), TuiError> {
     tasks.start();
     let result = event_loop(&mut terminal, &mut tasks, rx).await;
     tasks.stop();
-    terminal::restore();
     result
 }
 

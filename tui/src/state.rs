@@ -199,7 +199,7 @@ pub struct Rows {
     pub gvk: String,
     pub keys: Vec<ResKey>,
     /// What the rows were built from; a different stamp means rebuild.
-    stamp: (u64, String, SortKey, bool, TenancyFilter, usize),
+    stamp: (u64, String, SortKey, bool, TenancyFilter),
 }
 
 /// One line of the owner tree.
@@ -576,7 +576,6 @@ impl State {
             self.sort,
             self.descending,
             self.tenancy.clone(),
-            self.store.position(&gvk).unwrap_or(usize::MAX),
         );
         if self.rows.gvk != gvk || self.rows.stamp != stamp {
             let filter = self.filter.to_lowercase();

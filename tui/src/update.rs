@@ -110,12 +110,17 @@ fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
             let Some(data) = state.store.get_mut(gvk) else {
                 return;
             };
-            let live = data.synced && data.relisting.is_none();
             let relisted = data.relisting.is_some();
-            let resource = match &event.event {
-                Some(Event::Upsert(upsert)) => upsert.resource.clone(),
-                Some(Event::Delete(delete)) => delete.resource.clone(),
-                _ => None,
+            // Only changes after the initial snapshot (or a relist) go to the tail; its line is
+            // written before the event moves into the store (no copy of the resource).
+            let text = if data.synced && !relisted {
+                match &event.event {
+                    Some(Event::Upsert(upsert)) => upsert.resource.as_ref().map(event_text),
+                    Some(Event::Delete(delete)) => delete.resource.as_ref().map(event_text),
+                    _ => None,
+                }
+            } else {
+                None
             };
             let change = data.apply(event);
             let count = data.resources.len();
@@ -132,11 +137,8 @@ fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
                 }
                 Change::Synced | Change::Nothing => return,
             };
-            if !live {
-                return;
-            }
-            if let Some(resource) = resource {
-                state.push_event(kind, event_text(&resource));
+            if let Some(text) = text {
+                state.push_event(kind, text);
             }
         }
         WatchUpdate::Disconnected { error, retry_in } => {
