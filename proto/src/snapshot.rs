@@ -213,6 +213,109 @@ pub fn read(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Resource>), SnapshotErr
     Ok((header, resources))
 }
 
+/// Where the preamble ends in the first bytes of a file: `Ok(Some((header, body_offset)))` once
+/// they hold the whole header, `Ok(None)` while they could still be the start of a snapshot,
+/// and an error as soon as they cannot (not a snapshot, another version, an implausible header).
+pub fn parse_preamble(bytes: &[u8]) -> Result<Option<(SnapshotHeader, usize)>, SnapshotError> {
+    match read_header(bytes) {
+        Ok((header, body)) => Ok(Some((header, bytes.len() - body.len()))),
+        Err(SnapshotError::Truncated(_)) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Checks a body as it streams in: never more bytes than the header declares, and at the end
+/// exactly that many with the header's checksum.
+pub struct BodyVerifier {
+    hasher: Sha256,
+    expected_bytes: u64,
+    expected_sha256: String,
+    seen: u64,
+}
+
+impl std::fmt::Debug for BodyVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BodyVerifier")
+            .field("expected_bytes", &self.expected_bytes)
+            .field("seen", &self.seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BodyVerifier {
+    pub fn new(header: &SnapshotHeader) -> Self {
+        BodyVerifier {
+            hasher: Sha256::new(),
+            expected_bytes: header.body_bytes,
+            expected_sha256: header.sha256.clone(),
+            seen: 0,
+        }
+    }
+
+    /// Accounts for the next body bytes.
+    pub fn update(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
+        self.seen += bytes.len() as u64;
+        if self.seen > self.expected_bytes {
+            return Err(SnapshotError::Corrupt(format!(
+                "the body is longer than the {} bytes the header declares",
+                self.expected_bytes
+            )));
+        }
+        self.hasher.update(bytes);
+        Ok(())
+    }
+
+    /// Checks the length and the checksum once the body is complete.
+    pub fn finish(self) -> Result<(), SnapshotError> {
+        if self.seen < self.expected_bytes {
+            return Err(SnapshotError::Truncated("in the body"));
+        }
+        let digest = hex(&self.hasher.finalize());
+        if digest != self.expected_sha256 {
+            return Err(SnapshotError::Corrupt(format!(
+                "body checksum {digest} does not match the header's {}",
+                self.expected_sha256
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the next body record from `reader` (a verified body, read from its start):
+/// `Ok(None)` at the end of the body. `index` (the record's position) names it in errors.
+pub fn read_record<R: std::io::Read>(
+    reader: &mut R,
+    index: u64,
+) -> Result<Option<Resource>, SnapshotError> {
+    let mut length = [0u8; 4];
+    let mut filled = 0;
+    while filled < length.len() {
+        match reader.read(&mut length[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err(SnapshotError::Truncated("in a record length")),
+            Ok(read) => filled += read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(SnapshotError::Corrupt(format!("cannot read: {error}"))),
+        }
+    }
+    let len = u32::from_be_bytes(length) as usize;
+    if len > MAX_RECORD_BYTES {
+        return Err(SnapshotError::Corrupt(format!(
+            "record {index}: length {len} is implausible"
+        )));
+    }
+    let mut record = vec![0u8; len];
+    reader
+        .read_exact(&mut record)
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::UnexpectedEof => SnapshotError::Truncated("in a record"),
+            _ => SnapshotError::Corrupt(format!("cannot read: {error}")),
+        })?;
+    Resource::decode(record.as_slice())
+        .map(Some)
+        .map_err(|error| SnapshotError::Corrupt(format!("record {index} is undecodable: {error}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +399,42 @@ mod tests {
             matches!(error, SnapshotError::Corrupt(ref why) if why.contains("checksum")),
             "{error:?}"
         );
+    }
+
+    #[test]
+    fn a_streamed_body_is_verified_chunk_by_chunk_and_read_record_by_record() {
+        let resources = vec![resource("Artist", "a"), resource("Album", "b")];
+        let bytes = file(&resources);
+        assert_eq!(parse_preamble(&bytes[..10]), Ok(None));
+        assert_eq!(
+            parse_preamble(b"GARBAGE!garbage!").expect_err("not ours"),
+            SnapshotError::NotASnapshot
+        );
+        let (header, offset) = parse_preamble(&bytes).expect("valid").expect("complete");
+        let body = &bytes[offset..];
+        let mut verifier = BodyVerifier::new(&header);
+        for piece in body.chunks(7) {
+            verifier.update(piece).expect("within the declared length");
+        }
+        verifier.finish().expect("checksum");
+        let mut reader = body;
+        let mut read_back = Vec::new();
+        while let Some(resource) = read_record(&mut reader, read_back.len() as u64).expect("record")
+        {
+            read_back.push(resource);
+        }
+        assert_eq!(read_back, resources);
+
+        let mut short = BodyVerifier::new(&header);
+        short.update(&body[..body.len() - 1]).expect("shorter");
+        assert!(matches!(short.finish(), Err(SnapshotError::Truncated(_))));
+        let mut long = BodyVerifier::new(&header);
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            long.update(&longer),
+            Err(SnapshotError::Corrupt(_))
+        ));
     }
 
     #[test]

@@ -17,18 +17,22 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod serve;
+
+pub use serve::ServeError;
+
 use crate::acl::{AclsDisabled, TokenResolver};
 use crate::controller::Runtime;
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
 use crate::registry::{Registry, RegistryError};
 use crate::service::cluster::ClusterGrpc;
-use crate::service::serve::{self, ServeError};
 use crate::service::{self, ResourceService};
 use crate::storage::Backend;
+use crate::storage::events::HistoryLimits;
 use crate::storage::inmem::InMemBackend;
 use crate::storage::raft::backend::{RaftBackend, RaftOptions, RaftStartError};
-use crate::storage::raft::network;
+use crate::storage::raft::network::RaftGrpc;
 use crate::storage::raft::types::NodeAddr;
 
 /// Where a node keeps its resources.
@@ -64,6 +68,10 @@ pub struct AgentConfig {
     pub snapshot_every: u64,
     /// Largest encoded resource a client may write.
     pub max_resource_bytes: usize,
+    /// Largest raft snapshot accepted from a leader, and largest operator snapshot restored.
+    pub max_snapshot_bytes: u64,
+    /// Bytes of recent changes kept for resuming watches.
+    pub watch_history_bytes: usize,
     /// How long a request waits for a leader during an election, in milliseconds.
     pub forward_timeout_ms: u64,
     /// Delay of the reaper's second pass over a tombstone (catches late children), in ms.
@@ -83,6 +91,8 @@ impl Default for AgentConfig {
             storage: StorageKind::Raft,
             snapshot_every: 10_000,
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
+            max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
+            watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
         }
@@ -145,8 +155,12 @@ impl Agent {
                 source,
             })?;
 
+        let history = HistoryLimits {
+            bytes: config.watch_history_bytes,
+            ..HistoryLimits::default()
+        };
         let (backend, raft): (Arc<dyn Backend>, _) = match config.storage {
-            StorageKind::Memory => (Arc::new(InMemBackend::new()), None),
+            StorageKind::Memory => (Arc::new(InMemBackend::with_history(history)), None),
             StorageKind::Raft => {
                 let Some(data_dir) = config.data_dir.clone() else {
                     return Err(AgentError::Config(
@@ -176,6 +190,8 @@ impl Agent {
                 };
                 let mut options = RaftOptions::new(config.node_id, data_dir, node);
                 options.snapshot_every = config.snapshot_every.max(1);
+                options.max_snapshot_bytes = config.max_snapshot_bytes;
+                options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 let backend = RaftBackend::open(options).await?;
                 (
@@ -258,8 +274,10 @@ impl Agent {
 
         let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
             .with_controllers(controllers)
-            .with_cluster_name(config.cluster_name.clone());
-        let served = serve::serve(api_listener, service, tokens, cluster, shutdown.clone()).await;
+            .with_cluster_name(config.cluster_name.clone())
+            .with_limits(config.max_resource_bytes, config.max_snapshot_bytes);
+        let served =
+            serve::serve_api(api_listener, service, tokens, cluster, shutdown.clone()).await;
         shutdown.cancel();
         for task in tasks {
             let _ = task.await;
@@ -283,11 +301,12 @@ async fn start_raft(
     tasks: &mut Vec<JoinHandle<()>>,
 ) {
     {
-        let (raft, token) = (raft.clone(), shutdown.clone());
-        let handle = raft.raft().clone();
+        let token = shutdown.clone();
+        let admission = Arc::new(service::ForwardAdmission::new(service.clone()));
+        let grpc = RaftGrpc::new(raft.clone(), admission);
         tasks.push(tokio::spawn(
             async move {
-                if let Err(error) = network::serve(listener, handle, raft, token.clone()).await {
+                if let Err(error) = serve::serve_raft(listener, grpc, token.clone()).await {
                     tracing::error!(%error, "the raft service stopped; shutting down");
                     token.cancel();
                 }

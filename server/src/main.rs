@@ -82,6 +82,16 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_RESOURCE_BYTES")]
     max_resource_bytes: Option<usize>,
 
+    /// Largest raft snapshot accepted from a leader and largest operator snapshot a restore
+    /// accepts, in bytes [default: 8589934592].
+    #[arg(long, env = "RESD_MAX_SNAPSHOT_BYTES")]
+    max_snapshot_bytes: Option<u64>,
+
+    /// Bytes of recent changes kept for resuming watches (and for watchers that fall behind),
+    /// at most; the history also keeps at most 16384 changes [default: 67108864].
+    #[arg(long, env = "RESD_WATCH_HISTORY_BYTES")]
+    watch_history_bytes: Option<usize>,
+
     /// Threads serving requests [default: one per CPU]. Lower it when several nodes share a
     /// machine.
     #[arg(long, env = "RESD_WORKER_THREADS")]
@@ -182,6 +192,12 @@ fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {
     }
     if let Some(bytes) = args.max_resource_bytes {
         config.max_resource_bytes = bytes;
+    }
+    if let Some(bytes) = args.max_snapshot_bytes {
+        config.max_snapshot_bytes = bytes;
+    }
+    if let Some(bytes) = args.watch_history_bytes {
+        config.watch_history_bytes = bytes;
     }
     Ok(config)
 }

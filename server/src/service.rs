@@ -1,11 +1,13 @@
 //! The resource service (CRUD, status, watch over every registered type) and the cluster
-//! service, as a plain async API ([`ResourceService`]) plus their gRPC handlers ([`grpc`]) and
-//! the server that hosts them ([`serve`]).
+//! service, as a plain async API ([`ResourceService`]) plus their gRPC handlers ([`grpc`],
+//! [`cluster`]); [`admission`] checks what reaches storage by other ways (forwarded changes,
+//! restored snapshots). The agent hosts them.
 //!
 //! The request handler chooses every non-deterministic value (uids, generations, timestamps)
 //! before storage sees the write, so a replicated backend applies it deterministically. Values
 //! read from storage are copied before they are changed.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,19 +20,20 @@ use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
 use validate::{Violations, Wildcards};
 
+mod admission;
 pub mod cluster;
 mod delete;
 mod error;
 pub mod grpc;
 mod read;
 pub use read::WatchStream;
-pub mod serve;
 mod validate;
 mod write;
 
 #[cfg(test)]
 mod tests;
 
+pub use admission::ForwardAdmission;
 pub use error::Error;
 
 /// Largest encoded resource accepted by default.
@@ -42,6 +45,32 @@ const BLIND_ATTEMPTS: u32 = 5;
 /// Pause before the retry after `attempt` (0-based) lost a CAS race.
 fn blind_backoff(attempt: u32) -> Duration {
     Duration::from_millis(5 << attempt.min(6))
+}
+
+/// The one retry loop of blind operations (no version given: the server retries lost races).
+/// Runs `attempt` with its index (0-based) until it does not fail with a lost CAS race, at most
+/// [`BLIND_ATTEMPTS`] times with [`blind_backoff`] between tries. Without `blind`, one try.
+async fn retry_blind<T, F, Fut>(blind: bool, mut attempt: F) -> Result<T, Error>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let attempts = if blind { BLIND_ATTEMPTS } else { 1 };
+    let mut index = 0;
+    loop {
+        match attempt(index).await {
+            Err(Error::CasFailed(_)) if index + 1 < attempts => {
+                tokio::time::sleep(blind_backoff(index)).await;
+                index += 1;
+            }
+            Err(Error::CasFailed(why)) if blind => {
+                return Err(Error::CasFailed(format!(
+                    "{why} (a blind write gave up after {BLIND_ATTEMPTS} attempts under contention)"
+                )));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The resource service over one backend and one registry. Callers pass the authorizer of the

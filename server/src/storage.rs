@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use futures::Stream;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
+pub mod check;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod deadline;
@@ -155,6 +156,10 @@ pub enum StorageError {
     /// ahead of this node); the client must list again.
     #[error("cannot resume the watch: {0}")]
     ResumeUnavailable(String),
+    /// The change cannot be stored (an invalid name or tenancy, a key longer than the store
+    /// allows, a resource over the size limit); nothing changed.
+    #[error("{0}")]
+    Rejected(String),
     #[error("storage failure: {0}")]
     Internal(String),
 }
@@ -250,6 +255,17 @@ pub trait Backend: Send + Sync + 'static {
         name_prefix: &str,
         since: Option<Version>,
     ) -> Result<Watch, StorageError>;
+}
+
+/// Checks a finished resource that reaches storage without passing through the node's own
+/// resource service — a change a peer forwarded — as that service checks its writes: a
+/// registered type and data, the scope's tenancy rules, the type's validation, a tenancy that
+/// exists, and [`check::check_storable`]. Implemented by the resource service; the raft network
+/// calls it before it proposes anything.
+#[async_trait]
+pub trait Admission: Send + Sync + 'static {
+    /// `Err(StorageError::Rejected)` with what is wrong; `Inconsistent` when it cannot tell now.
+    async fn admit(&self, resource: &Resource) -> Result<(), StorageError>;
 }
 
 /// The read rules every backend applies to what it found under an id's name: another uid is

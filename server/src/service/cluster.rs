@@ -24,15 +24,17 @@ use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
 
-/// Largest snapshot file a restore accepts (it is verified in memory before anything changes).
-pub const MAX_RESTORE_BYTES: usize = 1 << 30;
-
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
+
+mod restore;
 
 #[derive(Debug, Clone)]
 pub struct ClusterGrpc {
     registry: Arc<Registry>,
+    /// Limits restored records and snapshots are checked against.
+    max_resource_bytes: usize,
+    max_snapshot_bytes: u64,
     raft: Option<Arc<RaftBackend>>,
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
@@ -44,11 +46,21 @@ impl ClusterGrpc {
     pub fn new(registry: Arc<Registry>, raft: Option<Arc<RaftBackend>>, api_addr: String) -> Self {
         ClusterGrpc {
             registry,
+            max_resource_bytes: super::DEFAULT_MAX_RESOURCE_BYTES,
+            max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
             raft,
             api_addr,
             cluster_name: String::new(),
             controllers: BTreeMap::new(),
         }
+    }
+
+    /// Checks restores against these limits (the node's `--max-resource-bytes` and
+    /// `--max-snapshot-bytes`).
+    pub fn with_limits(mut self, max_resource_bytes: usize, max_snapshot_bytes: u64) -> Self {
+        self.max_resource_bytes = max_resource_bytes;
+        self.max_snapshot_bytes = max_snapshot_bytes;
+        self
     }
 
     /// Reports this name in `Status`.
@@ -365,36 +377,24 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<SnapshotRestoreResponse>, Status> {
         let raft = self.raft()?;
         let mut chunks = request.into_inner();
-        let mut file = Vec::new();
-        while let Some(chunk) = chunks.message().await? {
-            if file.len() + chunk.data.len() > MAX_RESTORE_BYTES {
-                return Err(Status::resource_exhausted(format!(
-                    "the snapshot is larger than the {MAX_RESTORE_BYTES}-byte restore limit"
-                )));
-            }
-            file.extend_from_slice(&chunk.data);
-        }
-        // Verify everything before anything changes.
-        let (header, resources) = proto::snapshot::read(&file).map_err(|error| {
-            Status::invalid_argument(format!("snapshot rejected, nothing was changed: {error}"))
-        })?;
-        if let Some(position) = resources.iter().position(|r| {
-            r.id.as_ref()
-                .is_none_or(|id| id.uid.is_empty() || id.name.is_empty() || id.r#type.is_none())
-        }) {
-            return Err(Status::invalid_argument(format!(
-                "snapshot rejected, nothing was changed: record {position} has no complete id"
-            )));
-        }
+        let spooled =
+            restore::receive(&mut chunks, &raft.spool_dir(), self.max_snapshot_bytes).await?;
+        let spooled = {
+            let registry = self.registry.clone();
+            let max_resource_bytes = self.max_resource_bytes;
+            tokio::task::spawn_blocking(move || {
+                spooled
+                    .check(&registry, max_resource_bytes)
+                    .map(|()| spooled)
+            })
+            .await
+            .map_err(|error| {
+                Status::from(Error::Internal(format!("checking the snapshot: {error}")))
+            })??
+        };
+        let header = spooled.header.clone();
         if let Some(leader) = self.leader_elsewhere(raft)? {
-            let upload = futures::stream::iter(
-                file.chunks(1 << 20)
-                    .map(|piece| SnapshotData {
-                        data: piece.to_vec(),
-                    })
-                    .collect::<Vec<_>>(),
-            );
-            let mut request = Request::new(upload);
+            let mut request = Request::new(spooled.upload()?);
             request.set_timeout(MEMBERSHIP_TIMEOUT);
             return self
                 .leader_client(&leader)
@@ -408,7 +408,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             "restoring the cluster state from an operator snapshot"
         );
         let restored_index = raft
-            .restore(resources)
+            .restore(spooled.chunks()?)
             .await
             .map_err(|error| Status::from(Error::from(error)))?;
         Ok(Response::new(SnapshotRestoreResponse {

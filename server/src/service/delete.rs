@@ -3,7 +3,7 @@
 use proto::internal::v1::Tombstone;
 use proto::resource::v1::{DeleteRequest, DeleteResponse, Resource};
 
-use super::{BLIND_ATTEMPTS, Error, ResourceService, blind_backoff, new_ulid};
+use super::{BLIND_ATTEMPTS, Error, ResourceService, new_ulid, retry_blind};
 use crate::acl::Authorizer;
 use crate::registry::builtin;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
@@ -33,9 +33,9 @@ impl ResourceService {
         }
 
         let blind = version.is_empty();
-        let mut attempt = 0;
-        loop {
-            let Some(existing) = self.read_stored(&id).await? else {
+        let (id, registration, version) = (&id, &registration, &version);
+        retry_blind(blind, |_| async move {
+            let Some(existing) = self.read_stored(id).await? else {
                 return Ok(DeleteResponse {});
             };
             let existing_id = existing.id.clone().unwrap_or_default();
@@ -44,14 +44,14 @@ impl ResourceService {
                 return Ok(DeleteResponse {});
             }
             (registration.acls.write)(authorizer, &existing)?;
-            if !blind && version != existing.version {
+            if !blind && *version != existing.version {
                 return Err(Error::CasFailed(format!(
                     "{} is at version {}, the delete expected version {version}",
                     DisplayId(&existing_id),
                     existing.version
                 )));
             }
-            let result = if resource::has_finalizers(&existing) {
+            if resource::has_finalizers(&existing) {
                 if resource::is_marked_for_deletion(&existing) {
                     return Ok(DeleteResponse {});
                 }
@@ -60,49 +60,45 @@ impl ResourceService {
                     DELETION_TIMESTAMP_KEY.to_owned(),
                     resource::rfc3339(std::time::SystemTime::now()),
                 );
-                self.backend.write_cas(marked).await.map(|_| ())
+                self.backend.write_cas(marked).await?;
             } else {
-                self.delete_with_tombstone(&existing).await
-            };
-            match result {
-                Ok(()) => return Ok(DeleteResponse {}),
-                Err(StorageError::CasFailure) if blind && attempt + 1 < BLIND_ATTEMPTS => {
-                    tokio::time::sleep(blind_backoff(attempt)).await;
-                    attempt += 1;
-                }
-                Err(error) => return Err(error.into()),
+                self.delete_with_tombstone(&existing).await?;
             }
-        }
+            Ok(DeleteResponse {})
+        })
+        .await
     }
 
     /// Deletes a marked resource whose last finalizer was just removed by `stored`'s write.
     pub(super) async fn finish_delete(&self, stored: &Resource) -> Result<(), Error> {
-        let id = stored.id.clone().unwrap_or_default();
-        let mut current = stored.clone();
-        for attempt in 0..BLIND_ATTEMPTS {
-            match self.delete_with_tombstone(&current).await {
-                Ok(()) => return Ok(()),
-                Err(StorageError::CasFailure) => {
-                    // A status write slipped in; delete the newer version if it is still due.
-                    tokio::time::sleep(blind_backoff(attempt)).await;
-                    match self.read_stored(&id).await? {
-                        Some(latest)
-                            if latest.id.as_ref().map(|i| &i.uid) == Some(&id.uid)
-                                && resource::is_marked_for_deletion(&latest)
-                                && !resource::has_finalizers(&latest) =>
-                        {
-                            current = latest
-                        }
-                        _ => return Ok(()),
+        let id = &stored.id.clone().unwrap_or_default();
+        // The first try deletes what the write stored; a status write may slip in between, so
+        // later tries delete the newest version if it is still due.
+        let result = retry_blind(true, |attempt| async move {
+            let current = if attempt == 0 {
+                stored.clone()
+            } else {
+                match self.read_stored(id).await? {
+                    Some(latest)
+                        if latest.id.as_ref().map(|i| &i.uid) == Some(&id.uid)
+                            && resource::is_marked_for_deletion(&latest)
+                            && !resource::has_finalizers(&latest) =>
+                    {
+                        latest
                     }
+                    _ => return Ok(()),
                 }
-                Err(error) => return Err(error.into()),
-            }
+            };
+            Ok(self.delete_with_tombstone(&current).await?)
+        })
+        .await;
+        match result {
+            Err(Error::CasFailed(_)) => Err(Error::CasFailed(format!(
+                "{} lost its last finalizer but could not be deleted after {BLIND_ATTEMPTS} attempts; delete it again",
+                DisplayId(id)
+            ))),
+            other => other,
         }
-        Err(Error::CasFailed(format!(
-            "{} lost its last finalizer but could not be deleted after {BLIND_ATTEMPTS} attempts; delete it again",
-            DisplayId(&id)
-        )))
     }
 
     /// Writes the tombstone (unless `existing` is one), then deletes `existing` at its version.

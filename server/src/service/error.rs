@@ -29,6 +29,9 @@ pub enum Error {
     /// A stream ended by the server (a watch that fell behind, a snapshot restore).
     #[error("{0}")]
     Aborted(String),
+    /// Over a size limit; the message names the limit.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -62,6 +65,7 @@ impl Error {
             )),
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
+            StorageError::Rejected(why) => Error::InvalidArgument(why),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }
@@ -104,6 +108,7 @@ impl From<Error> for tonic::Status {
             Error::Unavailable(_) => Code::Unavailable,
             Error::Aborted(_) => Code::Aborted,
             Error::OutOfRange(_) => Code::OutOfRange,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Internal(_) => {
                 tracing::error!(error = %error, "internal error");
                 Code::Internal

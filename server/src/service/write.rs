@@ -9,9 +9,7 @@ use proto::resource::v1::{
 };
 
 use super::validate::{self, Violations, Wildcards};
-use super::{
-    BLIND_ATTEMPTS, Error, ResourceService, TenancyState, blind_backoff, new_ulid, now_timestamp,
-};
+use super::{Error, ResourceService, TenancyState, new_ulid, now_timestamp, retry_blind};
 use crate::acl::Authorizer;
 use crate::registry::Registration;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
@@ -41,30 +39,28 @@ impl ResourceService {
         let blind = prepared.resource.version.is_empty();
         // The first attempt reads the stored resource locally: cheap, and safe because the
         // storage CAS only accepts the write if that read was current. A mismatch seen by this
-        // read is re-checked with a strong read before it is reported.
-        let mut consistency = Consistency::Eventual;
-        let mut attempt = 0;
-        loop {
-            match self.write_once(&prepared, consistency).await {
-                Ok(Attempt::Reread) => consistency = Consistency::Strong,
-                Ok(Attempt::Written(stored)) => {
-                    return Ok(WriteResponse {
-                        resource: Some(*stored),
-                    });
-                }
-                Err(Error::CasFailed(_)) if blind && attempt + 1 < BLIND_ATTEMPTS => {
-                    tokio::time::sleep(blind_backoff(attempt)).await;
-                    consistency = Consistency::Strong;
-                    attempt += 1;
-                }
-                Err(Error::CasFailed(why)) if blind => {
-                    return Err(Error::CasFailed(format!(
-                        "{why} (a blind write gave up after {BLIND_ATTEMPTS} attempts under contention)"
-                    )));
-                }
-                Err(error) => return Err(error),
+        // read is re-checked with a strong read before it is reported; retries read strongly.
+        let prepared = &prepared;
+        let stored = retry_blind(blind, |attempt| async move {
+            let consistency = if attempt == 0 {
+                Consistency::Eventual
+            } else {
+                Consistency::Strong
+            };
+            match self.write_once(prepared, consistency).await? {
+                Attempt::Written(stored) => Ok(stored),
+                Attempt::Reread => match self.write_once(prepared, Consistency::Strong).await? {
+                    Attempt::Written(stored) => Ok(stored),
+                    Attempt::Reread => Err(Error::Internal(
+                        "a strong read asked to be read again".into(),
+                    )),
+                },
             }
-        }
+        })
+        .await?;
+        Ok(WriteResponse {
+            resource: Some(*stored),
+        })
     }
 
     /// Runs every check of Write up to and including the hooks, and returns the mutated resource
@@ -364,7 +360,7 @@ impl ResourceService {
             }
         }
         violations.finish()?;
-        let (mut id, mut status) = match (id, status) {
+        let (mut id, status) = match (id, status) {
             (Some(id), Some(status)) => (id, status),
             _ => {
                 return Err(Error::Internal(
@@ -380,25 +376,26 @@ impl ResourceService {
         };
 
         let blind = version.is_empty();
-        let mut attempt = 0;
-        loop {
-            let Some(existing) = self.read_stored(&id).await? else {
+        let (id, registration, key, status) = (&id, &registration, &key, &status);
+        let version = &version;
+        retry_blind(blind, |_| async move {
+            let Some(existing) = self.read_stored(id).await? else {
                 return Err(Error::NotFound(format!(
                     "resource not found: {}",
-                    DisplayId(&id)
+                    DisplayId(id)
                 )));
             };
             let existing_id = existing.id.clone().unwrap_or_default();
             if !id.uid.is_empty() && id.uid != existing_id.uid {
                 return Err(Error::NotFound(format!(
                     "resource not found: {} with uid {} (the stored one has uid {})",
-                    DisplayId(&id),
+                    DisplayId(id),
                     id.uid,
                     existing_id.uid
                 )));
             }
             (registration.acls.write)(authorizer, &existing)?;
-            if !blind && version != existing.version {
+            if !blind && *version != existing.version {
                 return Err(Error::CasFailed(format!(
                     "{} is at version {}, the status write expected version {version}",
                     DisplayId(&existing_id),
@@ -406,21 +403,15 @@ impl ResourceService {
                 )));
             }
             let mut updated = existing.clone();
+            let mut status = status.clone();
             status.updated_at = Some(now_timestamp());
-            updated.status.insert(key.clone(), status.clone());
-            match self.backend.write_cas(updated).await {
-                Ok(stored) => {
-                    return Ok(WriteStatusResponse {
-                        resource: Some(stored),
-                    });
-                }
-                Err(StorageError::CasFailure) if blind && attempt + 1 < BLIND_ATTEMPTS => {
-                    tokio::time::sleep(blind_backoff(attempt)).await;
-                    attempt += 1;
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
+            updated.status.insert(key.clone(), status);
+            let stored = self.backend.write_cas(updated).await?;
+            Ok(WriteStatusResponse {
+                resource: Some(stored),
+            })
+        })
+        .await
     }
 }
 

@@ -2,25 +2,94 @@
 //! them for resuming watches, and the streams watchers read.
 //!
 //! A backend owns one `EventLog` under the same lock it commits with: it publishes after each
-//! commit, and a new watcher takes its snapshot (or replay) and subscribes under that lock, so
-//! it sees every later change exactly once.
+//! commit, and a new watcher takes its snapshot (or replay) and its place in the history under
+//! that lock, so it sees every later change exactly once. The history is one ring, bounded by
+//! count and by bytes; each watcher is a cursor into it, woken when something is published. A
+//! watcher whose next change has left the ring (it fell behind) gets an error, never a gap, and
+//! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{Stream, StreamExt};
 use proto::resource::v1::{Resource, Tenancy};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
 use super::{Operation, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent};
 
-/// Changes kept for resuming watches.
+/// Changes kept for resuming watches (and for watchers that fall behind).
 pub const DEFAULT_HISTORY: usize = 16 * 1024;
-/// How far a watcher may fall behind before its watch is closed.
-pub const DEFAULT_WATCH_BUFFER: usize = 16 * 1024;
+/// Bytes of changes kept at most, whatever their count.
+pub const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
+/// Changes a watcher takes from the ring at a time.
+const READ_BATCH: usize = 256;
+/// What an item costs beyond its resource's encoded size.
+const ITEM_OVERHEAD: usize = 192;
 
-/// One published item.
-// Items live behind an `Arc`; the size difference between variants costs nothing.
+/// How much history an [`EventLog`] keeps: whichever bound is reached first evicts the oldest
+/// change. The newest change is always kept, however large.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryLimits {
+    pub changes: usize,
+    pub bytes: usize,
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        HistoryLimits {
+            changes: DEFAULT_HISTORY,
+            bytes: DEFAULT_HISTORY_BYTES,
+        }
+    }
+}
+
+/// One published change.
+#[derive(Debug)]
+struct Item {
+    /// Position in the ring's sequence (contiguous, unlike versions).
+    seq: u64,
+    key: StorageKey,
+    event: WatchEvent,
+    version: Version,
+    bytes: usize,
+}
+
+/// The shared history every watcher reads.
+#[derive(Debug)]
+struct Ring {
+    items: VecDeque<Arc<Item>>,
+    /// The sequence number the next item gets.
+    next_seq: u64,
+    bytes: usize,
+    limits: HistoryLimits,
+    /// Every change after this version is in `items`.
+    floor: Version,
+    /// The newest change published (or the floor).
+    latest: Version,
+    /// The last reset: watchers that started before this sequence number end with the reason.
+    reset: Option<(u64, String)>,
+}
+
+impl Ring {
+    fn first_seq(&self) -> u64 {
+        self.items.front().map_or(self.next_seq, |item| item.seq)
+    }
+
+    fn evict_to_limits(&mut self) {
+        while self.items.len() > 1
+            && (self.items.len() > self.limits.changes || self.bytes > self.limits.bytes)
+        {
+            let Some(evicted) = self.items.pop_front() else {
+                break;
+            };
+            self.bytes -= evicted.bytes;
+            self.floor = evicted.version;
+        }
+    }
+}
+
+/// A change (or a reset) a backend collected while applying, to publish after its commit.
+// Short-lived, one per change; the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Published {
@@ -55,54 +124,110 @@ impl WatchFilter {
     }
 }
 
+/// The published changes of one backend, their bounded history and the watches that follow them.
 #[derive(Debug)]
 pub struct EventLog {
-    history: VecDeque<Arc<Published>>,
-    capacity: usize,
-    /// Every change after this version is in `history`.
-    floor: Version,
-    /// The newest change published (or the floor).
-    latest: Version,
-    sender: broadcast::Sender<Arc<Published>>,
+    ring: Arc<Mutex<Ring>>,
+    /// The ring's `next_seq`, sent after each publish: wakes waiting watchers.
+    published: watch::Sender<u64>,
+}
+
+fn lock(ring: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
+    // Updates below cannot leave the ring half-changed on a panic; a poisoned lock is consistent.
+    ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What a change costs the history.
+fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
+    let resource = match &event.operation {
+        Operation::Upsert(resource) | Operation::Delete(resource) => {
+            prost::Message::encoded_len(resource)
+        }
+        Operation::EndOfSnapshot => 0,
+    };
+    resource
+        + ITEM_OVERHEAD
+        + key.group.len()
+        + key.kind.len()
+        + key.partition.len()
+        + key.namespace.len()
+        + key.name.len()
 }
 
 impl EventLog {
     /// A log whose history starts at version `floor` (what was applied when it was created).
-    pub fn new(capacity: usize, watch_buffer: usize, floor: Version) -> Self {
-        let (sender, _) = broadcast::channel(watch_buffer.max(1));
+    pub fn new(limits: HistoryLimits, floor: Version) -> Self {
+        let (published, _) = watch::channel(0);
         EventLog {
-            history: VecDeque::new(),
-            capacity: capacity.max(1),
-            floor,
-            latest: floor,
-            sender,
+            ring: Arc::new(Mutex::new(Ring {
+                items: VecDeque::new(),
+                next_seq: 0,
+                bytes: 0,
+                limits: HistoryLimits {
+                    changes: limits.changes.max(1),
+                    bytes: limits.bytes,
+                },
+                floor,
+                latest: floor,
+                reset: None,
+            })),
+            published,
+        }
+    }
+
+    /// Bytes and changes the history holds now.
+    pub fn history_size(&self) -> (usize, usize) {
+        let ring = lock(&self.ring);
+        (ring.bytes, ring.items.len())
+    }
+
+    /// Publishes what a commit collected, in order; a reset is at `applied`.
+    pub fn publish(&mut self, item: Published, applied: Version) {
+        match item {
+            Published::Change {
+                key,
+                event,
+                version,
+            } => self.publish_change(key, event, version),
+            Published::Reset { reason } => self.reset(reason, applied),
         }
     }
 
     pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
-        self.latest = self.latest.max(version);
-        let published = Arc::new(Published::Change {
-            key,
-            event,
-            version,
-        });
-        if self.history.len() >= self.capacity
-            && let Some(evicted) = self.history.pop_front()
-            && let Published::Change { version, .. } = evicted.as_ref()
-        {
-            self.floor = *version;
-        }
-        self.history.push_back(published.clone());
-        // No receivers is fine: nobody is watching.
-        let _ = self.sender.send(published);
+        let next_seq = {
+            let mut ring = lock(&self.ring);
+            ring.latest = ring.latest.max(version);
+            let bytes = event_bytes(&key, &event);
+            let seq = ring.next_seq;
+            ring.items.push_back(Arc::new(Item {
+                seq,
+                key,
+                event,
+                version,
+                bytes,
+            }));
+            ring.bytes += bytes;
+            ring.next_seq += 1;
+            ring.evict_to_limits();
+            ring.next_seq
+        };
+        self.published.send_replace(next_seq);
     }
 
-    /// Ends every watch; resumes from before `index` are no longer possible.
+    /// Ends every watch; resumes from before `version` are no longer possible.
     pub fn reset(&mut self, reason: String, version: Version) {
-        self.history.clear();
-        self.floor = version;
-        self.latest = version;
-        let _ = self.sender.send(Arc::new(Published::Reset { reason }));
+        let next_seq = {
+            let mut ring = lock(&self.ring);
+            ring.items.clear();
+            ring.bytes = 0;
+            ring.floor = version;
+            ring.latest = version;
+            let seq = ring.next_seq;
+            ring.reset = Some((seq, reason));
+            ring.next_seq += 1;
+            ring.next_seq
+        };
+        self.published.send_replace(next_seq);
     }
 
     /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `applied` is the
@@ -115,7 +240,8 @@ impl EventLog {
         applied: Version,
         since: Option<Version>,
     ) -> Result<Watch, StorageError> {
-        let current = self.latest.max(applied);
+        let ring = lock(&self.ring);
+        let current = ring.latest.max(applied);
         let initial: Vec<WatchEvent> = match since {
             None => snapshot
                 .into_iter()
@@ -129,26 +255,26 @@ impl EventLog {
                     "version {since} is ahead of this server, which has applied up to {current} (it may lag behind the leader); retry shortly or list again"
                 )));
             }
-            Some(since) if since < self.floor => {
+            Some(since) if since < ring.floor => {
                 return Err(StorageError::ResumeUnavailable(format!(
                     "version {since} is older than the history this server keeps (it can resume from {} on); list again and watch from scratch",
-                    self.floor
+                    ring.floor
                 )));
             }
-            Some(since) => self
-                .history
+            Some(since) => ring
+                .items
                 .iter()
-                .filter_map(|published| match published.as_ref() {
-                    Published::Change {
-                        key,
-                        event,
-                        version,
-                    } if *version > since && filter.matches(key) => Some(event.clone()),
-                    _ => None,
-                })
+                .filter(|item| item.version > since && filter.matches(&item.key))
+                .map(|item| item.event.clone())
                 .collect(),
         };
-        let receiver = self.sender.subscribe();
+        let cursor = Cursor {
+            ring: self.ring.clone(),
+            published: self.published.subscribe(),
+            next_seq: ring.next_seq,
+            filter,
+        };
+        drop(ring);
         let caught_up = WatchEvent {
             version: current.to_string(),
             operation: Operation::EndOfSnapshot,
@@ -157,39 +283,84 @@ impl EventLog {
             .into_iter()
             .chain(std::iter::once(caught_up))
             .map(Ok);
-        Ok(futures::stream::iter(initial)
-            .chain(follow(receiver, filter))
-            .boxed())
+        Ok(futures::stream::iter(initial).chain(follow(cursor)).boxed())
     }
 }
 
-/// The changes after the start of a watch, filtered; a reset or a lag ends it with an error.
-fn follow(
-    receiver: broadcast::Receiver<Arc<Published>>,
+/// A watcher's place in the ring.
+struct Cursor {
+    ring: Arc<Mutex<Ring>>,
+    published: watch::Receiver<u64>,
+    /// The sequence number of the next change this watcher has not seen.
+    next_seq: u64,
     filter: WatchFilter,
-) -> impl Stream<Item = Result<WatchEvent, StorageError>> + Send {
-    futures::stream::unfold(Some((receiver, filter)), |state| async move {
-        let (mut receiver, filter) = state?;
+}
+
+/// What one look at the ring found.
+enum Step {
+    Events(Vec<WatchEvent>),
+    Wait,
+    End(StorageError),
+}
+
+impl Cursor {
+    /// Takes the next matching changes, or says why the watch ends, or that there is nothing yet
+    /// (having marked the wake-up signal seen under the ring's lock, so no publish is missed).
+    fn step(&mut self) -> Step {
+        let ring = lock(&self.ring);
+        if let Some((reset_seq, reason)) = &ring.reset
+            && *reset_seq >= self.next_seq
+        {
+            return Step::End(StorageError::WatchClosed(reason.clone()));
+        }
+        let first_seq = ring.first_seq();
+        if self.next_seq < first_seq {
+            return Step::End(StorageError::WatchClosed(format!(
+                "the watcher fell {} events behind (the server keeps the last {} changes, at most {} bytes); resume from its last version or list again",
+                first_seq - self.next_seq,
+                ring.limits.changes,
+                ring.limits.bytes
+            )));
+        }
+        let start = usize::try_from(self.next_seq - first_seq).unwrap_or(usize::MAX);
+        let mut events = Vec::new();
+        for item in ring.items.iter().skip(start).take(READ_BATCH) {
+            self.next_seq = item.seq + 1;
+            if self.filter.matches(&item.key) {
+                events.push(item.event.clone());
+            }
+        }
+        if events.is_empty() && self.next_seq >= ring.next_seq {
+            self.published.borrow_and_update();
+            return Step::Wait;
+        }
+        Step::Events(events)
+    }
+}
+
+/// The changes after the start of a watch, filtered; a reset or falling behind ends it with an
+/// error.
+fn follow(cursor: Cursor) -> impl Stream<Item = Result<WatchEvent, StorageError>> + Send {
+    let state = Some((cursor, VecDeque::<WatchEvent>::new()));
+    futures::stream::unfold(state, |state| async move {
+        let (mut cursor, mut pending) = state?;
         loop {
-            match receiver.recv().await {
-                Ok(published) => match published.as_ref() {
-                    Published::Change { key, event, .. } => {
-                        if filter.matches(key) {
-                            return Some((Ok(event.clone()), Some((receiver, filter))));
-                        }
+            if let Some(event) = pending.pop_front() {
+                return Some((Ok(event), Some((cursor, pending))));
+            }
+            match cursor.step() {
+                Step::Events(events) => pending.extend(events),
+                Step::End(error) => return Some((Err(error), None)),
+                Step::Wait => {
+                    if cursor.published.changed().await.is_err() {
+                        // The log is gone: its backend shut down.
+                        return None;
                     }
-                    Published::Reset { reason } => {
-                        return Some((Err(StorageError::WatchClosed(reason.clone())), None));
-                    }
-                },
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    let error = StorageError::WatchClosed(format!(
-                        "the watcher fell {missed} events behind; resume from its last version or list again"
-                    ));
-                    return Some((Err(error), None));
                 }
-                Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
     })
 }
+
+#[cfg(test)]
+mod tests;

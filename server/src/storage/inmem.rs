@@ -7,7 +7,8 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
-use super::events::{self, EventLog, WatchFilter};
+use super::check::{self, DeleteCheck};
+use super::events::{EventLog, HistoryLimits, WatchFilter};
 use super::{
     Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
     WatchEvent,
@@ -37,18 +38,17 @@ impl Default for InMemBackend {
 
 impl InMemBackend {
     pub fn new() -> Self {
-        Self::with_limits(events::DEFAULT_HISTORY, events::DEFAULT_WATCH_BUFFER)
+        Self::with_history(HistoryLimits::default())
     }
 
-    /// `history`: changes kept for resuming watches; `watch_buffer`: how far a watcher may fall
-    /// behind before its watch is closed.
-    pub fn with_limits(history: usize, watch_buffer: usize) -> Self {
+    /// `history`: the changes kept for resuming watches and for watchers that fall behind.
+    pub fn with_history(history: HistoryLimits) -> Self {
         InMemBackend {
             state: Mutex::new(State {
                 resources: BTreeMap::new(),
                 children: HashMap::new(),
                 version: 0,
-                events: EventLog::new(history, watch_buffer, Version::new(0)),
+                events: EventLog::new(history, Version::new(0)),
             }),
         }
     }
@@ -89,25 +89,10 @@ impl Backend for InMemBackend {
                 resource::DisplayId(&id)
             )));
         }
+        check::check_storable(&resource, usize::MAX)?;
         let key = StorageKey::of(&id);
         let mut state = self.lock();
-        match state.resources.get(&key) {
-            Some(existing) => {
-                let existing_uid = existing
-                    .id
-                    .as_ref()
-                    .map(|i| i.uid.as_str())
-                    .unwrap_or_default();
-                if existing_uid != id.uid {
-                    return Err(StorageError::WrongUid);
-                }
-                if existing.version != resource.version {
-                    return Err(StorageError::CasFailure);
-                }
-            }
-            None if !resource.version.is_empty() => return Err(StorageError::CasFailure),
-            None => {}
-        }
+        check::check_write(state.resources.get(&key), &resource)?;
         state.version += 1;
         let version = state.version.to_string();
         let mut stored = resource;
@@ -141,19 +126,8 @@ impl Backend for InMemBackend {
     async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
         let key = StorageKey::of(id);
         let mut state = self.lock();
-        let Some(existing) = state.resources.get(&key) else {
+        if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
             return Ok(());
-        };
-        let existing_uid = existing
-            .id
-            .as_ref()
-            .map(|i| i.uid.as_str())
-            .unwrap_or_default();
-        if !id.uid.is_empty() && existing_uid != id.uid {
-            return Ok(());
-        }
-        if existing.version != version {
-            return Err(StorageError::CasFailure);
         }
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());
@@ -276,7 +250,10 @@ mod tests {
     async fn a_watcher_that_falls_behind_gets_an_error_not_a_gap() {
         use super::super::Backend;
 
-        let backend = InMemBackend::with_limits(16, 2);
+        let backend = InMemBackend::with_history(super::HistoryLimits {
+            changes: 2,
+            bytes: 1 << 20,
+        });
         let helpers = super::super::conformance::Fixture::new();
         let mut watch = backend
             .watch_list(&helpers.artist_type(), &helpers.wildcard(), "", None)
@@ -318,7 +295,10 @@ mod history_tests {
 
     #[tokio::test]
     async fn a_resume_older_than_the_history_is_refused_with_a_relist_error() {
-        let backend = InMemBackend::with_limits(3, 64);
+        let backend = InMemBackend::with_history(super::super::events::HistoryLimits {
+            changes: 3,
+            bytes: 1 << 20,
+        });
         let fixture = Fixture::new();
         for index in 0..10 {
             backend

@@ -1,18 +1,26 @@
 //! The Raft storage backend: openraft with its log and state machine in LMDB.
 //!
+//! - [`op`]: the vocabulary — [`op::Op`] (a log entry's payload), [`op::Outcome`] (what applying
+//!   it produced), [`op::Request`]/[`op::Reply`] (what a follower forwards to the leader);
+//! - [`codec`]: the one conversion between that vocabulary and protobuf (the log entry format,
+//!   the Forward RPC, storage errors on the wire);
 //! - [`types`]: the openraft type configuration and the values it carries;
-//! - [`schema`]: every LMDB environment, database name and key encoding;
+//! - [`schema`]: every LMDB environment, database name, key encoding, file name and the on-disk
+//!   format version;
 //! - [`log_store`]: the Raft log, with group commit;
-//! - [`state_machine`]: applied state, watch events, snapshots;
-//! - [`network`]: the internal gRPC service between nodes (raft RPCs, snapshots, forwarding);
-//! - [`backend`]: [`backend::RaftBackend`], the storage contract over the Raft group.
+//! - [`state_machine`]: apply, recovery, raft snapshots, operator export, local reads;
+//! - [`network`]: the internal gRPC service between nodes (client and server sides);
+//! - [`backend`]: [`backend::RaftBackend`], the storage contract over the Raft group (proposer,
+//!   forwarding, status and membership).
 
 // openraft's storage traits fix the error type, and it is large.
 #![allow(clippy::result_large_err)]
 
 pub mod backend;
+pub mod codec;
 pub mod log_store;
 pub mod network;
+pub mod op;
 pub mod schema;
 pub mod state_machine;
 pub mod types;

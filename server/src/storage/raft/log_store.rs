@@ -273,13 +273,8 @@ impl Writer {
 
 /// Resource writes and deletes an entry carries.
 fn operations_in(entry: &Entry) -> u64 {
-    use proto::raft::v1::command::Command;
     match &entry.payload {
-        openraft::EntryPayload::Normal(command) => match &command.get().command {
-            Some(Command::Batch(batch)) => batch.operations.len() as u64,
-            Some(Command::WriteCas(_) | Command::DeleteCas(_)) => 1,
-            _ => 0,
-        },
+        openraft::EntryPayload::Normal(command) => command.op().change_count() as u64,
         _ => 0,
     }
 }

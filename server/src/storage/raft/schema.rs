@@ -5,16 +5,22 @@
 //! ```text
 //! raft/log/            log environment
 //!   entries            u64 big-endian index -> encoded Entry
-//!   meta               "vote" | "last_purged" -> encoded value
+//!   meta               "format" | "vote" | "last_purged" -> encoded value
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
 //!   resources          storage key -> encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
-//!   meta               "last_applied" | "membership" | "restore_id" -> encoded value
+//!   meta               "format" | "last_applied" | "membership" | "restore_id" -> encoded value
 //!   restore            storage key -> encoded Resource (staging area of an operator restore)
 //! raft/sm/CURRENT      the generation in use
 //! raft/sm/CLEAN        marker: the last shutdown synced the state machine
-//! raft/snapshots/      snapshot files: <id>.mdb and <id>.meta
+//! raft/restore-spool/  operator snapshots being uploaded and checked (temporary files)
+//! raft/snapshots/<id>/ a raft snapshot: data.mdb (a compacted state machine) and meta
+//! raft/snapshots/building-<pid>-<n>/, incoming-<pid>-<n>/   snapshots being built or received
 //! ```
+//!
+//! Every environment records the on-disk format it was written in (`meta` key `format`, a u32
+//! big-endian). A build opens formats up to [`FORMAT_VERSION`] and refuses newer ones, naming
+//! both. Environments written before the key existed are format 1.
 
 use std::path::{Path, PathBuf};
 
@@ -33,7 +39,14 @@ pub const SM_CURRENT: &str = "raft/sm/CURRENT";
 /// shutdown, removed at start).
 pub const SM_CLEAN: &str = "raft/sm/CLEAN";
 pub const SNAPSHOT_DIR: &str = "raft/snapshots";
+/// Uploaded operator snapshots, while they are checked (temporary files).
+pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
 
+/// The on-disk format this build writes: the layout above and the log entry encoding of
+/// `codec`. Bump it (and teach `open_*` to read the old one) when either changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub const META_FORMAT: &str = "format";
 pub const META_VOTE: &str = "vote";
 pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
@@ -71,6 +84,53 @@ pub fn open_env(dir: &Path, max_dbs: u32, durability: Durability) -> heed::Resul
     Ok(env)
 }
 
+/// A data directory written by a newer build.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{dir} holds on-disk format version {found}, but this build of resd reads versions up to {supported}: run a newer resd on it (downgrades are not supported)"
+)]
+pub struct FormatError {
+    pub dir: PathBuf,
+    pub found: u32,
+    pub supported: u32,
+}
+
+/// Checks (and on a new environment records) the format version of an environment.
+fn check_format(
+    env: &LmdbEnv,
+    meta: Database<'static, Str, Bytes>,
+    dir: &Path,
+) -> heed::Result<()> {
+    let mut wtxn = env.write_txn()?;
+    let found = match meta.get(&wtxn, META_FORMAT)? {
+        Some(bytes) => match <[u8; 4]>::try_from(bytes) {
+            Ok(raw) => u32::from_be_bytes(raw),
+            Err(_) => u32::MAX,
+        },
+        None => {
+            meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+            FORMAT_VERSION
+        }
+    };
+    if found > FORMAT_VERSION {
+        wtxn.abort();
+        return Err(heed::Error::Io(std::io::Error::other(FormatError {
+            dir: dir.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        })));
+    }
+    wtxn.commit()
+}
+
+/// The format version an environment's meta database records, if any.
+pub fn format_of(env: &LmdbEnv, meta: Database<'static, Str, Bytes>) -> heed::Result<Option<u32>> {
+    let rtxn = env.read_txn()?;
+    Ok(meta
+        .get(&rtxn, META_FORMAT)?
+        .map(|bytes| <[u8; 4]>::try_from(bytes).map_or(u32::MAX, u32::from_be_bytes)))
+}
+
 /// Flushes a file (and so its contents) to disk.
 pub fn sync_file(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()
@@ -100,6 +160,7 @@ pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
         .commit();
     let (entries, meta) = dbs
         .ok_or_else(|| heed::Error::Io(std::io::Error::other("log databases were not created")))?;
+    check_format(&env, meta, &data_dir.join(LOG_DIR))?;
     Ok((env, LogDbs { entries, meta }))
 }
 
@@ -131,6 +192,7 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
             "state machine databases were not created",
         ))
     })?;
+    check_format(&env, meta, dir)?;
     Ok((
         env,
         SmDbs {
@@ -140,6 +202,53 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
             meta,
         },
     ))
+}
+
+/// The file of a snapshot (or state machine generation) that holds the LMDB data.
+pub const SNAPSHOT_DATA: &str = "data.mdb";
+/// The file of a snapshot that holds its encoded `SnapshotMeta`.
+pub const SNAPSHOT_META: &str = "meta";
+
+/// The directory of a complete raft snapshot.
+pub fn snapshot_dir(data_dir: &Path, snapshot_id: &str) -> PathBuf {
+    data_dir.join(SNAPSHOT_DIR).join(snapshot_id)
+}
+
+/// Where this process builds its `sequence`th snapshot before renaming it into place.
+pub fn building_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
+    data_dir
+        .join(SNAPSHOT_DIR)
+        .join(format!("building-{}-{sequence}", std::process::id()))
+}
+
+/// Where this process receives its `sequence`th snapshot from a leader.
+pub fn incoming_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
+    data_dir
+        .join(SNAPSHOT_DIR)
+        .join(format!("incoming-{}-{sequence}", std::process::id()))
+}
+
+/// The id of a snapshot of the state at `last` (term, index), unique per `sequence`.
+pub fn snapshot_id(last: Option<(u64, u64)>, sequence: u64) -> String {
+    let (term, index) = last.unwrap_or((0, 0));
+    format!("{term}-{index}-{sequence}")
+}
+
+/// Whether a snapshot id (which names a directory) is one this build makes: `term-index-n`.
+pub fn check_snapshot_id(snapshot_id: &str) -> Result<(), String> {
+    let parts: Vec<&str> = snapshot_id.split('-').collect();
+    let valid = snapshot_id.len() <= 64
+        && parts.len() == 3
+        && parts
+            .iter()
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "snapshot id {snapshot_id:?} is not of the form term-index-sequence"
+        ))
+    }
 }
 
 /// The directory of a state machine generation.

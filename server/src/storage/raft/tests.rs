@@ -13,6 +13,19 @@ use super::network;
 use super::state_machine::StateMachineStore;
 use super::types::{NodeAddr, RaftStorageError, TypeConfig};
 
+/// Admits what storage can store; these tests have no registry.
+struct StorableOnly;
+
+#[async_trait::async_trait]
+impl crate::storage::Admission for StorableOnly {
+    async fn admit(
+        &self,
+        resource: &proto::resource::v1::Resource,
+    ) -> Result<(), crate::storage::StorageError> {
+        crate::storage::check::check_storable(resource, usize::MAX)
+    }
+}
+
 struct LmdbBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for LmdbBuilder {
@@ -21,8 +34,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
     ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), RaftStorageError> {
         let dir = tempfile::tempdir().map_err(|e| openraft::StorageIOError::read(&e))?;
         let log = LogStore::open(dir.path()).map_err(|e| openraft::StorageIOError::read(&e))?;
-        let sm =
-            StateMachineStore::open(dir.path()).map_err(|e| openraft::StorageIOError::read(&e))?;
+        let sm = StateMachineStore::open(dir.path(), Default::default())
+            .map_err(|e| openraft::StorageIOError::read(&e))?;
         Ok((dir, log, sm))
     }
 }
@@ -69,11 +82,17 @@ impl TestCluster {
             options.forward_timeout = forward_timeout;
             options.election_timeout = (Duration::from_millis(300), Duration::from_millis(600));
             let backend = RaftBackend::open(options).await.expect("open raft backend");
-            let raft = backend.raft().clone();
-            let server_backend = backend.clone();
+            let grpc = network::RaftGrpc::new(backend.clone(), Arc::new(StorableOnly));
             let token = shutdown.clone();
             servers.push(tokio::spawn(async move {
-                if let Err(error) = network::serve(listener, raft, server_backend, token).await {
+                let served = tonic::transport::Server::builder()
+                    .add_service(grpc.into_server())
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        token.cancelled_owned(),
+                    )
+                    .await;
+                if let Err(error) = served {
                     tracing::warn!(%error, "test raft server failed");
                 }
             }));
@@ -408,13 +427,9 @@ mod restart {
 
     fn write_entry(index: u64, name: &str) -> Entry {
         let fixture = crate::storage::conformance::Fixture::new();
-        let command = proto::raft::v1::Command {
-            command: Some(proto::raft::v1::command::Command::WriteCas(
-                proto::raft::v1::WriteCas {
-                    resource: Some(fixture.artist(name)),
-                },
-            )),
-        };
+        let command = super::super::op::Op::Changes(vec![super::super::op::Change::Write(
+            fixture.artist(name),
+        )]);
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
             payload: openraft::EntryPayload::Normal(Command::new(command)),
@@ -438,7 +453,7 @@ mod restart {
     async fn an_unclean_stop_rebuilds_the_state_machine_from_the_latest_snapshot() {
         let dir = tempfile::tempdir().expect("dir");
         {
-            let mut sm = StateMachineStore::open(dir.path()).expect("open");
+            let mut sm = StateMachineStore::open(dir.path(), Default::default()).expect("open");
             sm.apply(vec![write_entry(1, "in-snapshot")])
                 .await
                 .expect("apply");
@@ -453,7 +468,7 @@ mod restart {
             assert_eq!(names(&sm), ["after-snapshot", "in-snapshot"]);
             // Dropped without close_cleanly: a crash.
         }
-        let mut reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        let mut reopened = StateMachineStore::open(dir.path(), Default::default()).expect("reopen");
         assert_eq!(
             names(&reopened),
             ["in-snapshot"],
@@ -467,7 +482,7 @@ mod restart {
     async fn a_clean_stop_keeps_the_state_machine_as_it_was() {
         let dir = tempfile::tempdir().expect("dir");
         {
-            let mut sm = StateMachineStore::open(dir.path()).expect("open");
+            let mut sm = StateMachineStore::open(dir.path(), Default::default()).expect("open");
             sm.apply(vec![write_entry(1, "kept")]).await.expect("apply");
             sm.shared.close_cleanly().expect("close");
             assert!(
@@ -475,13 +490,13 @@ mod restart {
                 "no apply after closing"
             );
         }
-        let mut reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        let mut reopened = StateMachineStore::open(dir.path(), Default::default()).expect("reopen");
         assert_eq!(names(&reopened), ["kept"]);
         let (applied, _) = reopened.applied_state().await.expect("applied");
         assert_eq!(applied.map(|l| l.index), Some(1), "nothing to replay");
         drop(reopened);
         // The marker is consumed: a crash after this start rebuilds again.
-        let again = StateMachineStore::open(dir.path()).expect("third open");
+        let again = StateMachineStore::open(dir.path(), Default::default()).expect("third open");
         assert!(
             names(&again).is_empty(),
             "no snapshot existed, so the rebuild starts empty"

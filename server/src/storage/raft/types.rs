@@ -1,5 +1,5 @@
-//! The openraft type configuration and the values it carries: commands (protobuf, carried as
-//! bytes through serde), node addresses and snapshot files.
+//! The openraft type configuration and the values it carries: commands (typed [`Op`]s, carried
+//! through serde as their [`codec`] bytes), node addresses and snapshot files.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,7 +8,8 @@ use std::sync::{Arc, OnceLock};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use proto::raft::v1 as pb;
+use super::codec;
+use super::op::{Op, Outcome};
 
 openraft::declare_raft_types!(
     /// Types of resd's Raft group.
@@ -31,25 +32,6 @@ pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, NodeAddr>;
 pub type Snapshot = openraft::Snapshot<TypeConfig>;
 pub type RaftStorageError = openraft::StorageError<NodeId>;
 pub type Raft = openraft::Raft<TypeConfig>;
-
-/// A protobuf message carried through serde as its encoded bytes.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct Wire<M>(pub M);
-
-impl<M: prost::Message> Serialize for Wire<M> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(&self.0.encode_to_vec())
-    }
-}
-
-impl<'de, M: prost::Message + Default> Deserialize<'de> for Wire<M> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let bytes = deserialize_bytes(deserializer)?;
-        M::decode(bytes.as_slice())
-            .map(Wire)
-            .map_err(de::Error::custom)
-    }
-}
 
 /// Reads serde bytes (or, from formats without bytes, a sequence of u8).
 fn deserialize_bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
@@ -76,88 +58,88 @@ fn deserialize_bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u
     deserializer.deserialize_byte_buf(BytesVisitor)
 }
 
-/// A protobuf message shared by the log, replication and apply without copying, and encoded at
-/// most once (the bytes are reused for the LMDB log and for every follower).
-pub struct Shared<M> {
-    message: Arc<M>,
+/// The payload of a normal log entry: an [`Op`] shared by the log, replication and apply without
+/// copying, and encoded (by [`codec`]) at most once — the bytes are reused for the LMDB log and
+/// for every follower.
+#[derive(Clone)]
+pub struct Command {
+    op: Arc<Op>,
     encoded: Arc<OnceLock<Vec<u8>>>,
 }
 
-impl<M> Shared<M> {
-    pub fn new(message: M) -> Self {
-        Shared {
-            message: Arc::new(message),
+impl Command {
+    pub fn new(op: Op) -> Self {
+        Command {
+            op: Arc::new(op),
             encoded: Arc::new(OnceLock::new()),
         }
     }
 
-    pub fn get(&self) -> &M {
-        &self.message
+    pub fn op(&self) -> &Op {
+        &self.op
     }
 
-    /// The message itself, copied only if someone else still shares it.
-    pub fn into_inner(self) -> M
-    where
-        M: Clone,
-    {
-        Arc::try_unwrap(self.message).unwrap_or_else(|shared| (*shared).clone())
+    /// The op itself, copied only if someone else still shares it.
+    pub fn into_op(self) -> Op {
+        Arc::try_unwrap(self.op).unwrap_or_else(|shared| (*shared).clone())
     }
-}
 
-impl<M: prost::Message> Shared<M> {
     pub fn encoded(&self) -> &[u8] {
-        self.encoded.get_or_init(|| self.message.encode_to_vec())
+        self.encoded.get_or_init(|| codec::encode_op(&self.op))
     }
 }
 
-impl<M> Clone for Shared<M> {
-    fn clone(&self) -> Self {
-        Shared {
-            message: self.message.clone(),
-            encoded: self.encoded.clone(),
-        }
-    }
-}
-
-impl<M: fmt::Debug> fmt::Debug for Shared<M> {
+impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.message.fmt(f)
+        self.op.fmt(f)
     }
 }
 
-impl<M: PartialEq> PartialEq for Shared<M> {
+impl PartialEq for Command {
     fn eq(&self, other: &Self) -> bool {
-        self.message == other.message
+        self.op == other.op
     }
 }
 
-impl<M: Default> Default for Shared<M> {
+impl Default for Command {
     fn default() -> Self {
-        Shared::new(M::default())
+        Command::new(Op::Changes(Vec::new()))
     }
 }
 
-impl<M: prost::Message> Serialize for Shared<M> {
+impl Serialize for Command {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_bytes(self.encoded())
     }
 }
 
-impl<'de, M: prost::Message + Default> Deserialize<'de> for Shared<M> {
+impl<'de> Deserialize<'de> for Command {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let bytes = deserialize_bytes(deserializer)?;
-        let message = M::decode(bytes.as_slice()).map_err(de::Error::custom)?;
-        Ok(Shared {
-            message: Arc::new(message),
+        let op = codec::decode_op(&bytes).map_err(de::Error::custom)?;
+        Ok(Command {
+            op: Arc::new(op),
             encoded: Arc::new(OnceLock::from(bytes)),
         })
     }
 }
 
-/// The payload of a normal log entry.
-pub type Command = Shared<pb::Command>;
-/// What applying a command produced, handed back to the proposer.
-pub type CommandResult = Wire<pb::CommandResult>;
+/// What applying a command produced, handed back to the proposer. It never leaves the node that
+/// applied it; openraft still wants it serializable.
+pub type CommandResult = Outcome;
+
+impl Serialize for Outcome {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&codec::encode_outcome(self))
+    }
+}
+
+impl<'de> Deserialize<'de> for Outcome {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let bytes = deserialize_bytes(deserializer)?;
+        codec::decode_outcome(&bytes).map_err(de::Error::custom)
+    }
+}
 
 /// Where a node listens: its public API and its Raft (internal) address.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,7 @@
-//! Hosts the gRPC services on a listener: resource and cluster services, gRPC health, and server
-//! reflection (v1 and v1alpha, so old and new grpcurl both work), until shutdown.
+//! Hosts a node's gRPC servers until shutdown: the public API (resource and cluster services,
+//! gRPC health, server reflection v1 and v1alpha so old and new grpcurl both work) and the
+//! internal raft service. Both get accepted sockets with `TCP_NODELAY` and the same
+//! refinement of the status codes tonic gives broken requests.
 
 use std::sync::Arc;
 
@@ -8,11 +10,13 @@ use proto::resource::v1::resource_service_server::ResourceServiceServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::Code;
 
-use super::ResourceService;
-use super::cluster::ClusterGrpc;
-use super::grpc::ResourceGrpc;
 use crate::acl::TokenResolver;
+use crate::service::ResourceService;
+use crate::service::cluster::ClusterGrpc;
+use crate::service::grpc::ResourceGrpc;
+use crate::storage::raft::network::RaftGrpc;
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
 /// service and gets its clear message rather than a transport error.
@@ -29,7 +33,7 @@ pub enum ServeError {
 /// Accepted connections with `TCP_NODELAY` set: without it, small gRPC frames wait on Nagle's
 /// algorithm and the peer's delayed ACK (tens of milliseconds per request). tonic only sets it
 /// on listeners it binds itself.
-pub fn nodelay_incoming(
+fn nodelay_incoming(
     listener: TcpListener,
 ) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
     use futures::StreamExt;
@@ -40,9 +44,53 @@ pub fn nodelay_incoming(
     })
 }
 
-/// Serves until `shutdown` is cancelled, then stops accepting, lets open watches end (they are
-/// tied to the same token) and returns once in-flight requests have finished.
-pub async fn serve(
+/// What tonic answers a request it cannot decode, refined: a message that is not valid protobuf
+/// (or holds invalid UTF-8) is the client's mistake, `InvalidArgument` rather than `Internal`;
+/// one over the size limit is `ResourceExhausted` naming the limit rather than `OutOfRange`.
+/// Only answers that are nothing but a status (the header form) are rewritten: that is how
+/// tonic refuses a request before any handler runs.
+pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    let refined = match status.code() {
+        Code::Internal
+            if status
+                .message()
+                .starts_with("failed to decode Protobuf message") =>
+        {
+            tonic::Status::invalid_argument(format!(
+                "the request is not a valid message of this method: {}",
+                status.message()
+            ))
+        }
+        Code::OutOfRange
+            if status
+                .message()
+                .contains("decoded message length too large") =>
+        {
+            let detail = status
+                .message()
+                .strip_prefix("Error, decoded message length too large: ")
+                .unwrap_or(status.message());
+            tonic::Status::resource_exhausted(format!(
+                "the request is larger than this server accepts ({detail}); resources are limited by --max-resource-bytes"
+            ))
+        }
+        _ => return response,
+    };
+    let fresh = refined.into_http::<()>();
+    for (name, value) in fresh.headers() {
+        if name.as_str().starts_with("grpc-") {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    response
+}
+
+/// Serves the public API until `shutdown` is cancelled, then stops accepting, lets open watches
+/// end (they are tied to the same token) and returns once in-flight requests have finished.
+pub async fn serve_api(
     listener: TcpListener,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
@@ -75,6 +123,9 @@ pub async fn serve(
     let stopping = shutdown.clone();
     let reporter = health_reporter.clone();
     tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            refine_status::<tonic::body::Body>,
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -91,4 +142,20 @@ pub async fn serve(
         })
         .await?;
     Ok(())
+}
+
+/// Serves the raft service on `listener` until `shutdown` is cancelled.
+pub async fn serve_raft(
+    listener: TcpListener,
+    raft: RaftGrpc,
+    shutdown: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .layer(tower::util::MapResponseLayer::new(
+            refine_status::<tonic::body::Body>,
+        ))
+        .add_service(raft.into_server())
+        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown.cancelled_owned())
+        .await
 }

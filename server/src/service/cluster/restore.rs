@@ -1,0 +1,292 @@
+//! Operator restores (`ClusterService.SnapshotRestore`): the upload is spooled to a file under
+//! the node's data directory and checked completely before anything is proposed.
+//!
+//! - The header is read as soon as it has arrived: a file that is not a snapshot is refused
+//!   after its first chunk, one that declares (or sends) more than `--max-snapshot-bytes` as
+//!   soon as that is known.
+//! - The body's length and checksum are checked as it streams to disk.
+//! - Every record is then read back and checked as a Write would check it ([`check_record`]),
+//!   with no duplicates, every partition and namespace a record lives in present in the snapshot
+//!   itself, the `default` partition and namespace present, and the header's counts exact.
+//!
+//! Only then are the records handed to raft, chunk by chunk, from the file.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::{BufReader, Seek, SeekFrom};
+use std::path::Path;
+
+use proto::cluster::v1::{SnapshotData, SnapshotHeader};
+use proto::resource::v1::{Resource, Tenancy};
+use proto::snapshot::{self, BodyVerifier};
+use tokio::io::AsyncWriteExt;
+use tonic::Streaming;
+
+use crate::registry::{Registry, Scope, builtin};
+use crate::resource::{self, DisplayId};
+use crate::service::Error;
+use crate::service::admission::check_record;
+use crate::storage::raft::backend::RestoreChunks;
+use crate::storage::{StorageError, StorageKey};
+
+/// Longest preamble accepted before the header must have arrived.
+const MAX_PREAMBLE_BYTES: usize = (1 << 20) + 16;
+/// Encoded bytes of records per raft entry.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// An uploaded snapshot on disk, its body verified. The file goes when this is dropped.
+#[derive(Debug)]
+pub struct Spooled {
+    file: tempfile::NamedTempFile,
+    pub header: SnapshotHeader,
+    body_offset: u64,
+}
+
+fn rejected(why: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("snapshot rejected, nothing was changed: {why}"))
+}
+
+fn spool_error(error: std::io::Error) -> Error {
+    Error::Internal(format!(
+        "cannot spool the uploaded snapshot to disk: {error}"
+    ))
+}
+
+fn too_large(limit: u64) -> Error {
+    Error::ResourceExhausted(format!(
+        "snapshot rejected, nothing was changed: it is larger than this node's --max-snapshot-bytes limit of {limit} bytes"
+    ))
+}
+
+/// Receives an upload into a file under `dir`, checking the header, the size and the body's
+/// checksum as it arrives.
+pub async fn receive(
+    chunks: &mut Streaming<SnapshotData>,
+    dir: &Path,
+    max_bytes: u64,
+) -> Result<Spooled, tonic::Status> {
+    tokio::fs::create_dir_all(dir).await.map_err(spool_error)?;
+    let file = tempfile::NamedTempFile::new_in(dir).map_err(spool_error)?;
+    let mut writer = tokio::fs::File::from_std(file.reopen().map_err(spool_error)?);
+    let mut head = Vec::new();
+    let mut body: Option<(SnapshotHeader, u64, BodyVerifier)> = None;
+    let mut received = 0u64;
+    while let Some(chunk) = chunks.message().await? {
+        received += chunk.data.len() as u64;
+        if received > max_bytes {
+            return Err(too_large(max_bytes).into());
+        }
+        match body.as_mut() {
+            Some((_, _, verifier)) => {
+                verifier.update(&chunk.data).map_err(rejected)?;
+                writer.write_all(&chunk.data).await.map_err(spool_error)?;
+            }
+            None => {
+                head.extend_from_slice(&chunk.data);
+                let Some((header, offset)) = snapshot::parse_preamble(&head).map_err(rejected)?
+                else {
+                    if head.len() > MAX_PREAMBLE_BYTES {
+                        return Err(rejected("no complete header in its first megabyte").into());
+                    }
+                    continue;
+                };
+                if (offset as u64).saturating_add(header.body_bytes) > max_bytes {
+                    return Err(too_large(max_bytes).into());
+                }
+                let mut verifier = BodyVerifier::new(&header);
+                verifier.update(&head[offset..]).map_err(rejected)?;
+                writer.write_all(&head).await.map_err(spool_error)?;
+                body = Some((header, offset as u64, verifier));
+                head = Vec::new();
+            }
+        }
+    }
+    let Some((header, body_offset, verifier)) = body else {
+        return Err(rejected(snapshot::SnapshotError::Truncated("in the header")).into());
+    };
+    verifier.finish().map_err(rejected)?;
+    writer.flush().await.map_err(spool_error)?;
+    Ok(Spooled {
+        file,
+        header,
+        body_offset,
+    })
+}
+
+/// Which tenancy units a record needs, by its type's scope.
+fn needed_units(scope: Scope, tenancy: &Tenancy) -> (Option<String>, Option<(String, String)>) {
+    let partition = || Some(tenancy.partition.clone());
+    let namespace = || Some((tenancy.partition.clone(), tenancy.namespace.clone()));
+    match scope {
+        Scope::Cluster => (None, None),
+        Scope::Partition => (partition(), None),
+        Scope::Namespace => (partition(), namespace()),
+        Scope::Any => (
+            partition().filter(|p| !p.is_empty()),
+            namespace().filter(|(_, n)| !n.is_empty()),
+        ),
+    }
+}
+
+impl Spooled {
+    fn body(&self) -> Result<BufReader<std::fs::File>, Error> {
+        let mut file = self.file.reopen().map_err(spool_error)?;
+        file.seek(SeekFrom::Start(self.body_offset))
+            .map_err(spool_error)?;
+        Ok(BufReader::with_capacity(1 << 20, file))
+    }
+
+    /// Reads every record back and checks it; blocking (run it on a blocking thread).
+    pub fn check(&self, registry: &Registry, max_resource_bytes: usize) -> Result<(), Error> {
+        let mut body = self.body()?;
+        let mut seen: HashSet<StorageKey> = HashSet::new();
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        let mut partitions: BTreeSet<String> = BTreeSet::new();
+        let mut namespaces: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut needed_partitions: BTreeMap<String, String> = BTreeMap::new();
+        let mut needed_namespaces: BTreeMap<(String, String), String> = BTreeMap::new();
+        let partition_type = builtin::partition_id("x").r#type.unwrap_or_default();
+        let namespace_type = builtin::namespace_id("x", "x").r#type.unwrap_or_default();
+        let mut index = 0u64;
+        while let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? {
+            let id = record.id.clone().unwrap_or_default();
+            let registration =
+                check_record(registry, max_resource_bytes, &record).map_err(|error| {
+                    rejected(format!("record {index} ({}): {error}", DisplayId(&id)))
+                })?;
+            if !seen.insert(StorageKey::of(&id)) {
+                return Err(rejected(format!(
+                    "record {index} ({}) is a duplicate: another record has the same type, tenancy and name",
+                    DisplayId(&id)
+                )));
+            }
+            *counts.entry(snapshot::gvk_of(&record)).or_default() += 1;
+            let tenancy = id.tenancy.clone().unwrap_or_default();
+            let resource_type = id.r#type.clone().unwrap_or_default();
+            let same_kind = |t: &proto::resource::v1::Type| {
+                t.group == resource_type.group && t.kind == resource_type.kind
+            };
+            if same_kind(&partition_type) {
+                partitions.insert(id.name.clone());
+            } else if same_kind(&namespace_type) {
+                namespaces.insert((tenancy.partition.clone(), id.name.clone()));
+            }
+            let (partition, namespace) = needed_units(registration.scope, &tenancy);
+            if let Some(partition) = partition {
+                needed_partitions
+                    .entry(partition)
+                    .or_insert_with(|| DisplayId(&id).to_string());
+            }
+            if let Some(namespace) = namespace {
+                needed_namespaces
+                    .entry(namespace)
+                    .or_insert_with(|| DisplayId(&id).to_string());
+            }
+            index += 1;
+        }
+        if index != self.header.resource_count {
+            return Err(rejected(format!(
+                "{index} records, the header says {}",
+                self.header.resource_count
+            )));
+        }
+        let header_counts: BTreeMap<String, u64> = self.header.counts.clone().into_iter().collect();
+        if counts != header_counts {
+            return Err(rejected("per-type counts differ from the header"));
+        }
+        let default_partition = resource::DEFAULT_PARTITION.to_owned();
+        let default_namespace = (
+            resource::DEFAULT_PARTITION.to_owned(),
+            resource::DEFAULT_NAMESPACE.to_owned(),
+        );
+        if !partitions.contains(&default_partition) || !namespaces.contains(&default_namespace) {
+            return Err(rejected(
+                "it has no default partition and default/default namespace, which every cluster needs",
+            ));
+        }
+        if let Some((partition, user)) = needed_partitions
+            .iter()
+            .find(|(partition, _)| !partitions.contains(*partition))
+        {
+            return Err(rejected(format!(
+                "{user} lives in partition {partition:?}, which the snapshot does not hold"
+            )));
+        }
+        if let Some(((partition, namespace), user)) = needed_namespaces
+            .iter()
+            .find(|(unit, _)| !namespaces.contains(*unit))
+        {
+            return Err(rejected(format!(
+                "{user} lives in namespace {namespace:?} of partition {partition:?}, which the snapshot does not hold"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The records, read from the file in chunks of about [`CHUNK_BYTES`] on a blocking thread.
+    pub fn chunks(&self) -> Result<RestoreChunks, Error> {
+        let mut body = self.body()?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(2);
+        // Detached on purpose: it ends at the end of the file or when the receiver goes.
+        tokio::task::spawn_blocking(move || {
+            let mut chunk: Vec<Resource> = Vec::new();
+            let mut bytes = 0;
+            let mut index = 0u64;
+            loop {
+                match snapshot::read_record(&mut body, index) {
+                    Ok(Some(record)) => {
+                        index += 1;
+                        bytes += prost::Message::encoded_len(&record);
+                        chunk.push(record);
+                        if bytes >= CHUNK_BYTES {
+                            bytes = 0;
+                            if sender
+                                .blocking_send(Ok(std::mem::take(&mut chunk)))
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        let _ = sender.blocking_send(Err(StorageError::Internal(format!(
+                            "the spooled snapshot changed after it was checked: {error}"
+                        ))));
+                        return;
+                    }
+                }
+            }
+            if !chunk.is_empty() {
+                let _ = sender.blocking_send(Ok(chunk));
+            }
+        });
+        Ok(receiver)
+    }
+
+    /// The whole file again, in 1 MiB pieces, for forwarding it to the leader.
+    pub fn upload(
+        &self,
+    ) -> Result<impl futures::Stream<Item = SnapshotData> + Send + 'static, Error> {
+        let file = tokio::fs::File::from_std(self.file.reopen().map_err(spool_error)?);
+        Ok(futures::stream::unfold(file, |mut file| async move {
+            use tokio::io::AsyncReadExt;
+            let mut data = vec![0u8; 1 << 20];
+            let mut filled = 0;
+            while filled < data.len() {
+                match file.read(&mut data[filled..]).await {
+                    Ok(0) => break,
+                    Ok(read) => filled += read,
+                    Err(error) => {
+                        tracing::warn!(%error, "reading the spooled snapshot failed");
+                        return None;
+                    }
+                }
+            }
+            if filled == 0 {
+                return None;
+            }
+            data.truncate(filled);
+            Some((SnapshotData { data }, file))
+        }))
+    }
+}

@@ -1,0 +1,157 @@
+//! The history's bounds, and watchers as cursors into it.
+
+use futures::StreamExt;
+
+use super::*;
+use crate::storage::conformance::Fixture;
+
+fn change(log: &mut EventLog, name: &str, index: u64, payload: usize) {
+    let mut resource = Fixture::new().artist(name);
+    resource.version = index.to_string();
+    resource
+        .metadata
+        .insert("payload".into(), "x".repeat(payload));
+    let key = StorageKey::of(resource.id.as_ref().expect("id"));
+    log.publish_change(
+        key,
+        WatchEvent {
+            version: index.to_string(),
+            operation: Operation::Upsert(resource),
+        },
+        Version::new(index),
+    );
+}
+
+fn everything() -> WatchFilter {
+    let fixture = Fixture::new();
+    WatchFilter::new(&fixture.artist_type(), &fixture.wildcard(), "")
+}
+
+#[test]
+fn the_history_is_bounded_by_bytes_as_well_as_count() {
+    let mut log = EventLog::new(
+        HistoryLimits {
+            changes: 1000,
+            bytes: 10 << 20,
+        },
+        Version::new(0),
+    );
+    for index in 1..=120 {
+        change(&mut log, "big", index, 1 << 20);
+    }
+    let (bytes, changes) = log.history_size();
+    assert!(bytes <= 10 << 20, "{bytes} bytes kept");
+    assert!((8..=10).contains(&changes), "{changes} changes kept");
+}
+
+#[test]
+fn the_newest_change_is_kept_even_when_it_alone_exceeds_the_bytes() {
+    let mut log = EventLog::new(
+        HistoryLimits {
+            changes: 10,
+            bytes: 100,
+        },
+        Version::new(0),
+    );
+    change(&mut log, "a", 1, 1000);
+    change(&mut log, "b", 2, 1000);
+    assert_eq!(log.history_size().1, 1);
+}
+
+#[tokio::test]
+async fn a_resume_past_the_byte_bound_gets_the_relist_error() {
+    let mut log = EventLog::new(
+        HistoryLimits {
+            changes: 1000,
+            bytes: 3 << 20,
+        },
+        Version::new(0),
+    );
+    for index in 1..=10 {
+        change(&mut log, "big", index, 1 << 20);
+    }
+    let error = log
+        .watch(
+            everything(),
+            Vec::new(),
+            Version::new(10),
+            Some(Version::new(2)),
+        )
+        .err()
+        .expect("too old");
+    assert!(
+        matches!(&error, StorageError::ResumeUnavailable(why) if why.contains("list again")),
+        "{error:?}"
+    );
+    let mut resumed = log
+        .watch(
+            everything(),
+            Vec::new(),
+            Version::new(10),
+            Some(Version::new(9)),
+        )
+        .expect("within the history");
+    let first = resumed.next().await.expect("event").expect("ok");
+    assert_eq!(first.version, "10");
+}
+
+#[tokio::test]
+async fn many_watchers_follow_the_same_changes_in_order() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let mut watches: Vec<_> = (0..50)
+        .map(|_| {
+            log.watch(everything(), Vec::new(), Version::new(0), None)
+                .expect("watch")
+        })
+        .collect();
+    for index in 1..=5 {
+        change(&mut log, &format!("a{index}"), index, 10);
+    }
+    for watch in &mut watches {
+        let end = watch.next().await.expect("end").expect("ok");
+        assert_eq!(end.operation, Operation::EndOfSnapshot);
+        for index in 1..=5 {
+            let event = watch.next().await.expect("event").expect("ok");
+            assert_eq!(event.version, index.to_string());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_watcher_is_woken_by_a_publish() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let mut watch = log
+        .watch(everything(), Vec::new(), Version::new(0), None)
+        .expect("watch");
+    watch.next().await.expect("end").expect("ok");
+    let waiter = tokio::spawn(async move { watch.next().await });
+    tokio::task::yield_now().await;
+    change(&mut log, "late", 1, 10);
+    let event = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .expect("joined")
+        .expect("event")
+        .expect("ok");
+    assert_eq!(event.version, "1");
+}
+
+#[tokio::test]
+async fn a_reset_ends_every_open_watch_with_its_reason() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let mut watch = log
+        .watch(everything(), Vec::new(), Version::new(0), None)
+        .expect("watch");
+    watch.next().await.expect("end").expect("ok");
+    log.reset("restored".into(), Version::new(7));
+    match watch.next().await {
+        Some(Err(StorageError::WatchClosed(why))) => assert_eq!(why, "restored"),
+        other => panic!("expected the reset, got {other:?}"),
+    }
+    assert!(watch.next().await.is_none());
+    let mut fresh = log
+        .watch(everything(), Vec::new(), Version::new(7), None)
+        .expect("watch after the reset");
+    let end = fresh.next().await.expect("end").expect("ok");
+    assert_eq!(end.version, "7");
+}

@@ -1,0 +1,210 @@
+//! Running a request on the leader: served here when this node leads, forwarded over
+//! `resd.raft.v1.RaftService/Forward` when it does not, waiting through elections up to the
+//! forward timeout.
+
+use std::time::{Duration, Instant};
+
+use openraft::error::RaftError;
+
+use super::super::codec;
+use super::super::network;
+use super::super::op::{ListQuery, Reply, ReplyResult, Request};
+use super::super::types::{NodeAddr, NodeId};
+use super::RaftBackend;
+use super::proposer::{Proposal, Proposed};
+use crate::storage::StorageError;
+
+/// One try at serving a request: done (either way), or worth retrying (no or another leader).
+#[derive(Clone, Debug)]
+pub(super) enum Attempt {
+    Done(ReplyResult),
+    Retry(String),
+}
+
+impl From<Proposed> for Attempt {
+    fn from(proposed: Proposed) -> Self {
+        match proposed {
+            Proposed::Applied(result) => Attempt::Done(result.map(Reply::from)),
+            Proposed::Retry(why) => Attempt::Retry(why),
+        }
+    }
+}
+
+fn shutting_down() -> Attempt {
+    Attempt::Done(Err(StorageError::Inconsistent(
+        "this node is shutting down".into(),
+    )))
+}
+
+impl RaftBackend {
+    /// Waits until some node is leader; `Inconsistent` once the deadline passes.
+    async fn wait_for_leader(
+        &self,
+        deadline: Instant,
+    ) -> Result<(NodeId, Option<NodeAddr>), StorageError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let (leader, node) = {
+                let current = metrics.borrow();
+                let leader = current.current_leader;
+                let node = leader.and_then(|id| {
+                    current
+                        .membership_config
+                        .membership()
+                        .get_node(&id)
+                        .cloned()
+                });
+                (leader, node)
+            };
+            if let Some(leader) = leader {
+                return Ok((leader, node));
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(StorageError::Inconsistent(
+                    "no raft leader was elected before the request's deadline".into(),
+                ));
+            }
+            let _ = tokio::time::timeout(remaining, metrics.changed()).await;
+        }
+    }
+
+    /// Runs a request on the leader, forwarding it when this node is not the leader, and waiting
+    /// through elections up to the forward timeout.
+    pub(super) async fn submit(&self, request: Request) -> ReplyResult {
+        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
+        let mut last_reason = String::new();
+        loop {
+            let attempt = match self.wait_for_leader(deadline).await {
+                Err(error) => {
+                    let why = if last_reason.is_empty() {
+                        error.to_string()
+                    } else {
+                        format!("{error} (last: {last_reason})")
+                    };
+                    return Err(StorageError::Inconsistent(why));
+                }
+                Ok((leader, _)) if leader == self.id => self.serve_locally(request.clone()).await,
+                Ok((leader, Some(node))) => self.forward(leader, &node, &request).await,
+                Ok((leader, None)) => {
+                    Attempt::Retry(format!("leader {leader} has no known address"))
+                }
+            };
+            match attempt {
+                Attempt::Done(reply) => return reply,
+                Attempt::Retry(reason) => {
+                    if Instant::now() >= deadline {
+                        return Err(StorageError::Inconsistent(format!(
+                            "could not reach a raft leader before the request's deadline: {reason}"
+                        )));
+                    }
+                    last_reason = reason;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn forward(&self, leader: NodeId, node: &NodeAddr, request: &Request) -> Attempt {
+        let client = {
+            let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+            match peers.get(&node.raft_addr) {
+                Some(client) => client.clone(),
+                None => match network::raft_client(&node.raft_addr) {
+                    Ok(client) => {
+                        peers.insert(node.raft_addr.clone(), client.clone());
+                        client
+                    }
+                    Err(why) => return Attempt::Retry(why),
+                },
+            }
+        };
+        let mut client = client;
+        let mut call = tonic::Request::new(codec::forward_request_of(request));
+        call.set_timeout(
+            crate::storage::deadline::bounded(self.forward_timeout)
+                .saturating_duration_since(Instant::now()),
+        );
+        match client.forward(call).await {
+            // The node we asked was not (or no longer) the leader: ask again.
+            Ok(reply) => match codec::reply_of(reply.into_inner()) {
+                Err(StorageError::Inconsistent(why)) => {
+                    Attempt::Retry(format!("node {leader}: {why}"))
+                }
+                reply => Attempt::Done(reply),
+            },
+            Err(status) => Attempt::Retry(format!(
+                "forwarding to leader {leader} at {}: {}",
+                node.raft_addr,
+                status.message()
+            )),
+        }
+    }
+
+    /// Serves a request forwarded by a follower (already checked by the raft service).
+    pub async fn serve_forwarded(&self, request: Request) -> ReplyResult {
+        match self.serve_locally(request).await {
+            Attempt::Done(reply) => reply,
+            Attempt::Retry(reason) => Err(StorageError::Inconsistent(reason)),
+        }
+    }
+
+    async fn serve_locally(&self, request: Request) -> Attempt {
+        match request {
+            Request::Change(change) => {
+                let (reply, outcome) = tokio::sync::oneshot::channel();
+                if self
+                    .proposals
+                    .send(Proposal { change, reply })
+                    .await
+                    .is_err()
+                {
+                    return shutting_down();
+                }
+                outcome
+                    .await
+                    .map_or_else(|_| shutting_down(), Attempt::from)
+            }
+            Request::Read(id) => match self.linearize().await {
+                Err(attempt) => attempt,
+                Ok(()) => Attempt::Done(self.sm.read(&id).map(Reply::Resource)),
+            },
+            Request::ReadIndex => match self.raft.ensure_linearizable().await {
+                Ok(read_log_id) => Attempt::Done(Ok(Reply::ReadIndex(
+                    read_log_id.map(|log_id| log_id.index).unwrap_or(0),
+                ))),
+                Err(error) => not_leader(error),
+            },
+            Request::List(ListQuery {
+                resource_type,
+                tenancy,
+                name_prefix,
+            }) => match self.linearize().await {
+                Err(attempt) => attempt,
+                Ok(()) => Attempt::Done(
+                    self.sm
+                        .list(&resource_type, &tenancy, &name_prefix)
+                        .map(Reply::Resources),
+                ),
+            },
+        }
+    }
+
+    /// Confirms leadership with a quorum and waits until this node has applied everything
+    /// committed before the call.
+    async fn linearize(&self) -> Result<(), Attempt> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(not_leader(error)),
+        }
+    }
+}
+
+fn not_leader<E: std::fmt::Display>(error: RaftError<NodeId, E>) -> Attempt {
+    match error {
+        RaftError::APIError(error) => Attempt::Retry(format!("not the leader: {error}")),
+        RaftError::Fatal(fatal) => Attempt::Done(Err(StorageError::Inconsistent(format!(
+            "raft stopped: {fatal}"
+        )))),
+    }
+}

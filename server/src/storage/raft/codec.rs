@@ -1,0 +1,335 @@
+//! The one place the raft layer's typed values meet protobuf: log entry payloads ([`Op`] ↔
+//! `resd.raft.v1.Command`), apply results ([`Outcome`] ↔ `CommandResult`), forwarded requests
+//! and replies ([`Request`] ↔ `ForwardRequest`, [`ReplyResult`] ↔ `ForwardResponse`) and storage
+//! errors on the wire. Changing the log format is a change in this file (and `schema`'s format
+//! version).
+//!
+//! Decoding is total over what the wire can hold: a message that decodes but has the wrong shape
+//! (an empty command, a write without a resource) is an error, never a panic or a default.
+
+use prost::Message;
+use proto::raft::v1::{
+    self as pb, batch_operation::Operation as PbOperation, command::Command as PbCommand,
+    command_result::Result as PbResult, forward_request::Request as PbRequest,
+    forward_response::Response as PbResponse, storage_failure::Code,
+};
+use proto::resource::v1::Resource;
+
+use super::op::{
+    Applied, Change, ChangeResult, ListQuery, Op, Outcome, Reply, ReplyResult, Request,
+};
+use crate::storage::{StorageError, UnversionedType};
+
+/// A message from the wire that decodes as protobuf but is not a valid raft value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("undecodable {what}: {source}")]
+    Protobuf {
+        what: &'static str,
+        source: prost::DecodeError,
+    },
+    #[error("malformed {what}: {why}")]
+    Shape {
+        what: &'static str,
+        why: &'static str,
+    },
+}
+
+fn shape(what: &'static str, why: &'static str) -> CodecError {
+    CodecError::Shape { what, why }
+}
+
+// Log entries.
+
+/// The encoded payload of a log entry.
+pub fn encode_op(op: &Op) -> Vec<u8> {
+    command_of(op).encode_to_vec()
+}
+
+/// Decodes a log entry payload.
+pub fn decode_op(bytes: &[u8]) -> Result<Op, CodecError> {
+    let command = pb::Command::decode(bytes).map_err(|source| CodecError::Protobuf {
+        what: "log entry",
+        source,
+    })?;
+    op_of(command)
+}
+
+fn write_cas(resource: &Resource) -> pb::WriteCas {
+    pb::WriteCas {
+        resource: Some(resource.clone()),
+    }
+}
+
+fn delete_cas(id: &proto::resource::v1::Id, version: &str) -> pb::DeleteCas {
+    pb::DeleteCas {
+        id: Some(id.clone()),
+        version: version.to_owned(),
+    }
+}
+
+fn command_of(op: &Op) -> pb::Command {
+    let command = match op {
+        // One change travels as a plain command: the format older entries already use.
+        Op::Changes(changes) if changes.len() == 1 => match &changes[0] {
+            Change::Write(resource) => PbCommand::WriteCas(write_cas(resource)),
+            Change::Delete { id, version } => PbCommand::DeleteCas(delete_cas(id, version)),
+        },
+        Op::Changes(changes) => PbCommand::Batch(pb::Batch {
+            operations: changes
+                .iter()
+                .map(|change| pb::BatchOperation {
+                    operation: Some(match change {
+                        Change::Write(resource) => PbOperation::WriteCas(write_cas(resource)),
+                        Change::Delete { id, version } => {
+                            PbOperation::DeleteCas(delete_cas(id, version))
+                        }
+                    }),
+                })
+                .collect(),
+        }),
+        Op::RestoreBegin { restore_id } => PbCommand::RestoreBegin(pb::RestoreBegin {
+            restore_id: restore_id.clone(),
+        }),
+        Op::RestoreChunk {
+            restore_id,
+            resources,
+        } => PbCommand::RestoreChunk(pb::RestoreChunk {
+            restore_id: restore_id.clone(),
+            resources: resources.clone(),
+        }),
+        Op::RestoreCommit { restore_id } => PbCommand::RestoreCommit(pb::RestoreCommit {
+            restore_id: restore_id.clone(),
+        }),
+    };
+    pb::Command {
+        command: Some(command),
+    }
+}
+
+fn change_of_write(write: pb::WriteCas) -> Result<Change, CodecError> {
+    write
+        .resource
+        .map(Change::Write)
+        .ok_or_else(|| shape("write", "no resource"))
+}
+
+fn change_of_delete(delete: pb::DeleteCas) -> Result<Change, CodecError> {
+    let id = delete.id.ok_or_else(|| shape("delete", "no id"))?;
+    Ok(Change::Delete {
+        id,
+        version: delete.version,
+    })
+}
+
+fn op_of(command: pb::Command) -> Result<Op, CodecError> {
+    const WHAT: &str = "log entry";
+    Ok(
+        match command
+            .command
+            .ok_or_else(|| shape(WHAT, "empty command"))?
+        {
+            PbCommand::WriteCas(write) => Op::Changes(vec![change_of_write(write)?]),
+            PbCommand::DeleteCas(delete) => Op::Changes(vec![change_of_delete(delete)?]),
+            PbCommand::Batch(batch) => {
+                if batch.operations.is_empty() {
+                    return Err(shape(WHAT, "empty batch"));
+                }
+                let changes = batch
+                    .operations
+                    .into_iter()
+                    .map(|operation| match operation.operation {
+                        Some(PbOperation::WriteCas(write)) => change_of_write(write),
+                        Some(PbOperation::DeleteCas(delete)) => change_of_delete(delete),
+                        None => Err(shape(WHAT, "empty batch operation")),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Op::Changes(changes)
+            }
+            PbCommand::RestoreBegin(begin) => Op::RestoreBegin {
+                restore_id: begin.restore_id,
+            },
+            PbCommand::RestoreChunk(chunk) => Op::RestoreChunk {
+                restore_id: chunk.restore_id,
+                resources: chunk.resources,
+            },
+            PbCommand::RestoreCommit(commit) => Op::RestoreCommit {
+                restore_id: commit.restore_id,
+            },
+        },
+    )
+}
+
+// Apply results (they stay on the node that applied the entry; openraft still wants them
+// serializable).
+
+fn result_of(result: &ChangeResult) -> pb::CommandResult {
+    let result = match result {
+        Ok(Applied::Written(resource)) => PbResult::Written(resource.clone()),
+        Ok(Applied::Done) => PbResult::Done(pb::Done {}),
+        Err(error) => PbResult::Failure(failure_of(error)),
+    };
+    pb::CommandResult {
+        result: Some(result),
+    }
+}
+
+fn change_result_of(result: pb::CommandResult) -> ChangeResult {
+    match result.result {
+        Some(PbResult::Written(resource)) => Ok(Applied::Written(resource)),
+        Some(PbResult::Done(_)) => Ok(Applied::Done),
+        Some(PbResult::Failure(failure)) => Err(error_of(failure)),
+        Some(PbResult::Batch(_)) | None => Err(StorageError::Internal(
+            "a nested or empty apply result".into(),
+        )),
+    }
+}
+
+/// The encoded form of an apply outcome.
+pub fn encode_outcome(outcome: &Outcome) -> Vec<u8> {
+    pb::CommandResult {
+        result: Some(PbResult::Batch(pb::BatchResults {
+            results: outcome.0.iter().map(result_of).collect(),
+        })),
+    }
+    .encode_to_vec()
+}
+
+pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
+    let result = pb::CommandResult::decode(bytes).map_err(|source| CodecError::Protobuf {
+        what: "apply result",
+        source,
+    })?;
+    match result.result {
+        Some(PbResult::Batch(batch)) => Ok(Outcome(
+            batch.results.into_iter().map(change_result_of).collect(),
+        )),
+        _ => Err(shape("apply result", "not a list of results")),
+    }
+}
+
+// Forwarding.
+
+pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
+    let request = match request {
+        Request::Change(Change::Write(resource)) => PbRequest::WriteCas(write_cas(resource)),
+        Request::Change(Change::Delete { id, version }) => {
+            PbRequest::DeleteCas(delete_cas(id, version))
+        }
+        Request::Read(id) => PbRequest::Read(id.clone()),
+        Request::List(query) => PbRequest::List(pb::ListQuery {
+            group: query.resource_type.group.clone(),
+            kind: query.resource_type.kind.clone(),
+            tenancy: Some(query.tenancy.clone()),
+            name_prefix: query.name_prefix.clone(),
+        }),
+        Request::ReadIndex => PbRequest::ReadIndex(pb::ReadIndex {}),
+    };
+    pb::ForwardRequest {
+        request: Some(request),
+    }
+}
+
+pub fn request_of(request: pb::ForwardRequest) -> Result<Request, CodecError> {
+    const WHAT: &str = "forwarded request";
+    Ok(
+        match request
+            .request
+            .ok_or_else(|| shape(WHAT, "empty request"))?
+        {
+            PbRequest::WriteCas(write) => Request::Change(change_of_write(write)?),
+            PbRequest::DeleteCas(delete) => Request::Change(change_of_delete(delete)?),
+            PbRequest::Read(id) => Request::Read(id),
+            PbRequest::List(query) => Request::List(ListQuery {
+                resource_type: UnversionedType {
+                    group: query.group,
+                    kind: query.kind,
+                },
+                tenancy: query
+                    .tenancy
+                    .ok_or_else(|| shape(WHAT, "list without a tenancy"))?,
+                name_prefix: query.name_prefix,
+            }),
+            PbRequest::ReadIndex(_) => Request::ReadIndex,
+        },
+    )
+}
+
+pub fn forward_response_of(reply: &ReplyResult) -> pb::ForwardResponse {
+    let response = match reply {
+        Ok(Reply::Resource(resource)) => PbResponse::Resource(resource.clone()),
+        Ok(Reply::Resources(resources)) => PbResponse::Resources(pb::Resources {
+            resources: resources.clone(),
+        }),
+        Ok(Reply::Done) => PbResponse::Done(pb::Done {}),
+        Ok(Reply::ReadIndex(index)) => PbResponse::ReadIndex(*index),
+        Err(error) => PbResponse::Failure(failure_of(error)),
+    };
+    pb::ForwardResponse {
+        response: Some(response),
+    }
+}
+
+/// The reply carried by a `ForwardResponse`; a malformed one is an internal error.
+pub fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
+    match response.response {
+        Some(PbResponse::Resource(resource)) => Ok(Reply::Resource(resource)),
+        Some(PbResponse::Resources(list)) => Ok(Reply::Resources(list.resources)),
+        Some(PbResponse::Done(_)) => Ok(Reply::Done),
+        Some(PbResponse::ReadIndex(index)) => Ok(Reply::ReadIndex(index)),
+        Some(PbResponse::Failure(failure)) => Err(error_of(failure)),
+        None => Err(StorageError::Internal(
+            "the leader sent an empty forward response".into(),
+        )),
+    }
+}
+
+// Storage errors on the wire.
+
+pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
+    let (code, stored) = match error {
+        StorageError::NotFound => (Code::NotFound, None),
+        StorageError::CasFailure => (Code::CasFailure, None),
+        StorageError::WrongUid => (Code::WrongUid, None),
+        StorageError::GroupVersionMismatch { stored } => {
+            (Code::GroupVersionMismatch, Some((**stored).clone()))
+        }
+        StorageError::Inconsistent(_) => (Code::Inconsistent, None),
+        StorageError::WatchClosed(_) => (Code::WatchClosed, None),
+        StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
+        StorageError::Rejected(_) => (Code::Rejected, None),
+        StorageError::Internal(_) => (Code::Internal, None),
+    };
+    let message = match error {
+        StorageError::Inconsistent(why)
+        | StorageError::WatchClosed(why)
+        | StorageError::ResumeUnavailable(why)
+        | StorageError::Rejected(why)
+        | StorageError::Internal(why) => why.clone(),
+        other => other.to_string(),
+    };
+    pb::StorageFailure {
+        code: code as i32,
+        message,
+        stored,
+    }
+}
+
+pub fn error_of(failure: pb::StorageFailure) -> StorageError {
+    match Code::try_from(failure.code).unwrap_or(Code::Internal) {
+        Code::NotFound => StorageError::NotFound,
+        Code::CasFailure => StorageError::CasFailure,
+        Code::WrongUid => StorageError::WrongUid,
+        Code::GroupVersionMismatch => StorageError::GroupVersionMismatch {
+            stored: Box::new(failure.stored.unwrap_or_default()),
+        },
+        Code::Inconsistent => StorageError::Inconsistent(failure.message),
+        Code::WatchClosed => StorageError::WatchClosed(failure.message),
+        Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
+        Code::Rejected => StorageError::Rejected(failure.message),
+        Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+//! Round trips of every raft value through its protobuf form, and malformed messages refused.
+
+use prost::Message;
+use proto::raft::v1 as pb;
+use proto::resource::v1::{Id, Resource, Tenancy};
+
+use super::*;
+use crate::storage::conformance::Fixture;
+
+fn artist(name: &str) -> Resource {
+    Fixture::new().artist(name)
+}
+
+fn id(name: &str) -> Id {
+    artist(name).id.expect("fixture id")
+}
+
+#[test]
+fn every_op_round_trips_through_the_log_encoding() {
+    let ops = [
+        Op::Changes(vec![Change::Write(artist("a"))]),
+        Op::Changes(vec![Change::Delete {
+            id: id("a"),
+            version: "7".into(),
+        }]),
+        Op::Changes(vec![
+            Change::Write(artist("a")),
+            Change::Delete {
+                id: id("b"),
+                version: "9.1".into(),
+            },
+        ]),
+        Op::RestoreBegin {
+            restore_id: "r1".into(),
+        },
+        Op::RestoreChunk {
+            restore_id: "r1".into(),
+            resources: vec![artist("a"), artist("b")],
+        },
+        Op::RestoreCommit {
+            restore_id: "r1".into(),
+        },
+    ];
+    for op in ops {
+        assert_eq!(decode_op(&encode_op(&op)), Ok(op.clone()), "{op:?}");
+    }
+}
+
+#[test]
+fn malformed_log_entries_are_errors_not_defaults() {
+    let cases = [
+        pb::Command { command: None },
+        pb::Command {
+            command: Some(pb::command::Command::WriteCas(pb::WriteCas {
+                resource: None,
+            })),
+        },
+        pb::Command {
+            command: Some(pb::command::Command::DeleteCas(pb::DeleteCas {
+                id: None,
+                version: "1".into(),
+            })),
+        },
+        pb::Command {
+            command: Some(pb::command::Command::Batch(pb::Batch {
+                operations: vec![],
+            })),
+        },
+        pb::Command {
+            command: Some(pb::command::Command::Batch(pb::Batch {
+                operations: vec![pb::BatchOperation { operation: None }],
+            })),
+        },
+    ];
+    for command in cases {
+        let error = decode_op(&command.encode_to_vec()).expect_err("malformed");
+        assert!(matches!(error, CodecError::Shape { .. }), "{error}");
+    }
+    assert!(matches!(
+        decode_op(&[0xff, 0xff, 0xff]),
+        Err(CodecError::Protobuf { .. })
+    ));
+}
+
+#[test]
+fn every_storage_error_survives_the_wire() {
+    let errors = [
+        StorageError::NotFound,
+        StorageError::CasFailure,
+        StorageError::WrongUid,
+        StorageError::GroupVersionMismatch {
+            stored: Box::new(artist("a")),
+        },
+        StorageError::Inconsistent("no leader".into()),
+        StorageError::WatchClosed("reset".into()),
+        StorageError::ResumeUnavailable("too old".into()),
+        StorageError::Rejected("name too long".into()),
+        StorageError::Internal("disk".into()),
+    ];
+    for error in errors {
+        let back = error_of(failure_of(&error));
+        assert_eq!(format!("{back:?}"), format!("{error:?}"));
+    }
+}
+
+#[test]
+fn outcomes_and_forwarded_values_round_trip() {
+    let outcome = Outcome(vec![
+        Ok(Applied::Written(artist("a"))),
+        Ok(Applied::Done),
+        Err(StorageError::CasFailure),
+    ]);
+    assert_eq!(
+        format!("{:?}", decode_outcome(&encode_outcome(&outcome))),
+        format!("{:?}", Ok::<_, CodecError>(outcome))
+    );
+    let requests = [
+        Request::Change(Change::Write(artist("a"))),
+        Request::Change(Change::Delete {
+            id: id("a"),
+            version: "3".into(),
+        }),
+        Request::Read(id("a")),
+        Request::List(ListQuery {
+            resource_type: UnversionedType {
+                group: "demo".into(),
+                kind: "Artist".into(),
+            },
+            tenancy: Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            },
+            name_prefix: "a".into(),
+        }),
+        Request::ReadIndex,
+    ];
+    for request in requests {
+        assert_eq!(request_of(forward_request_of(&request)), Ok(request));
+    }
+    let replies: [ReplyResult; 5] = [
+        Ok(Reply::Resource(artist("a"))),
+        Ok(Reply::Resources(vec![artist("a")])),
+        Ok(Reply::Done),
+        Ok(Reply::ReadIndex(42)),
+        Err(StorageError::WrongUid),
+    ];
+    for reply in replies {
+        let back = reply_of(forward_response_of(&reply));
+        assert_eq!(format!("{back:?}"), format!("{reply:?}"));
+    }
+    assert!(request_of(pb::ForwardRequest { request: None }).is_err());
+    assert!(reply_of(pb::ForwardResponse { response: None }).is_err());
+}

@@ -1,0 +1,187 @@
+//! The client side openraft uses to reach peers: AppendEntries cut to a byte budget and
+//! reported as partial success, votes, and snapshots streamed in chunks.
+
+use futures::Stream;
+use openraft::error::{
+    Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
+    Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use proto::raft::v1::raft_service_client::RaftServiceClient;
+use proto::raft::v1::{self as pb};
+use tokio::io::AsyncReadExt;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
+use super::{MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
+
+/// Creates [`NetworkClient`]s for openraft.
+#[derive(Debug, Clone, Default)]
+pub struct NetworkFactory;
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = NetworkClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeAddr) -> NetworkClient {
+        NetworkClient {
+            target,
+            addr: node.raft_addr.clone(),
+            client: raft_client(&node.raft_addr),
+        }
+    }
+}
+
+pub struct NetworkClient {
+    target: NodeId,
+    addr: String,
+    client: Result<RaftServiceClient<Channel>, String>,
+}
+
+type RpcResult<T> = Result<T, RPCError<NodeId, NodeAddr, RaftError<NodeId>>>;
+
+impl NetworkClient {
+    fn client(&self) -> Result<RaftServiceClient<Channel>, Unreachable> {
+        self.client
+            .clone()
+            .map_err(|why| Unreachable::new(&std::io::Error::other(why)))
+    }
+
+    fn unreachable(&self, status: &Status) -> Unreachable {
+        Unreachable::new(&std::io::Error::other(format!(
+            "raft peer {} at {}: {status}",
+            self.target, self.addr
+        )))
+    }
+
+    fn decode_reply<T: serde::de::DeserializeOwned>(&self, payload: &[u8]) -> RpcResult<T> {
+        let reply: Result<T, RaftError<NodeId>> =
+            decode(payload).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        reply.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for NetworkClient {
+    async fn append_entries(
+        &mut self,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        // Cut the batch to the byte budget; what is cut is sent next time.
+        let mut budget = MAX_APPEND_BYTES;
+        let mut keep = 0;
+        for entry in &rpc.entries {
+            let size = approximate_size(entry);
+            if keep > 0 && size > budget {
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            keep += 1;
+        }
+        let cut = keep < rpc.entries.len();
+        rpc.entries.truncate(keep);
+        let last_sent = rpc.entries.last().map(|entry| entry.log_id);
+
+        let payload = encode(&rpc).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        let mut request = Request::new(pb::RaftMessage { payload });
+        request.set_timeout(option.hard_ttl());
+        let reply = self
+            .client()?
+            .append_entries(request)
+            .await
+            .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
+        let response: AppendEntriesResponse<NodeId> =
+            self.decode_reply(&reply.into_inner().payload)?;
+        Ok(match response {
+            AppendEntriesResponse::Success if cut => {
+                AppendEntriesResponse::PartialSuccess(last_sent)
+            }
+            other => other,
+        })
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>> {
+        let payload = encode(&rpc).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        let mut request = Request::new(pb::RaftMessage { payload });
+        request.set_timeout(option.hard_ttl());
+        let reply = self
+            .client()?
+            .vote(request)
+            .await
+            .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
+        self.decode_reply(&reply.into_inner().payload)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let header = encode(&(vote, snapshot.meta.clone()))
+            .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
+        let file = tokio::fs::File::open(&snapshot.snapshot.path)
+            .await
+            .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
+        let chunks = snapshot_chunks(header, file);
+        let mut client = self.client().map_err(StreamingError::Unreachable)?;
+        let send = client.install_snapshot(Request::new(chunks));
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            reply = send => reply.map_err(|status| StreamingError::Unreachable(self.unreachable(&status)))?,
+        };
+        let result: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
+            decode(&reply.into_inner().payload)
+                .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
+        result.map_err(|fatal| StreamingError::RemoteError(RemoteError::new(self.target, fatal)))
+    }
+}
+
+/// An entry's encoded size, near enough for the byte budget, without encoding it.
+fn approximate_size(entry: &super::super::types::Entry) -> usize {
+    const OVERHEAD: usize = 64;
+    match &entry.payload {
+        openraft::EntryPayload::Normal(command) => command.encoded().len() + OVERHEAD,
+        openraft::EntryPayload::Membership(_) => 4096,
+        openraft::EntryPayload::Blank => OVERHEAD,
+    }
+}
+
+/// The snapshot file as a stream of chunks, the header in the first.
+fn snapshot_chunks(
+    header: Vec<u8>,
+    file: tokio::fs::File,
+) -> impl Stream<Item = pb::SnapshotChunk> + Send + 'static {
+    futures::stream::unfold(Some((Some(header), file)), |state| async move {
+        let (header, mut file) = state?;
+        let mut data = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+        let mut filled = 0;
+        while filled < data.len() {
+            match file.read(&mut data[filled..]).await {
+                Ok(0) => break,
+                Ok(read) => filled += read,
+                Err(error) => {
+                    tracing::warn!(%error, "reading a snapshot to send failed");
+                    return None;
+                }
+            }
+        }
+        data.truncate(filled);
+        if filled == 0 && header.is_none() {
+            return None;
+        }
+        let chunk = pb::SnapshotChunk {
+            header: header.unwrap_or_default(),
+            data,
+        };
+        Some((chunk, Some((None, file))))
+    })
+}

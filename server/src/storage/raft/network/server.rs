@@ -1,0 +1,187 @@
+//! `resd.raft.v1.RaftService`, the server side: peers' raft RPCs into the local `Raft`, received
+//! snapshots (bounded, checked before raft sees them), and forwarded requests (checked by the
+//! node's [`Admission`] as the resource service checks its own writes) into the local backend.
+//!
+//! Whatever a peer sends is decoded and checked here; a malformed or unacceptable message is
+//! refused with `InvalidArgument` (or `ResourceExhausted` past a limit) and never reaches raft.
+
+use std::sync::Arc;
+
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use proto::raft::v1::raft_service_server::{RaftService, RaftServiceServer};
+use proto::raft::v1::{self as pb};
+use tokio::io::AsyncWriteExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::super::backend::RaftBackend;
+use super::super::codec;
+use super::super::op::{Change, Request as Forwarded};
+use super::super::schema;
+use super::super::state_machine;
+use super::super::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote, decode, encode};
+use super::MAX_MESSAGE_BYTES;
+use crate::storage::{Admission, StorageError, check};
+
+/// The raft service of one node.
+#[derive(Clone)]
+pub struct RaftGrpc {
+    raft: Raft,
+    backend: Arc<RaftBackend>,
+    admission: Arc<dyn Admission>,
+}
+
+impl RaftGrpc {
+    pub fn new(backend: Arc<RaftBackend>, admission: Arc<dyn Admission>) -> Self {
+        RaftGrpc {
+            raft: backend.raft().clone(),
+            backend,
+            admission,
+        }
+    }
+
+    pub fn into_server(self) -> RaftServiceServer<RaftGrpc> {
+        RaftServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// Checks a forwarded request as this node would check it had it come from its own API.
+    async fn admit(&self, request: &Forwarded) -> Result<(), StorageError> {
+        match request {
+            Forwarded::Change(Change::Write(resource)) => self.admission.admit(resource).await,
+            Forwarded::Change(Change::Delete { id, .. }) | Forwarded::Read(id) => {
+                check::check_key(id)
+            }
+            Forwarded::List(_) | Forwarded::ReadIndex => Ok(()),
+        }
+    }
+}
+
+fn bad_payload(error: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("undecodable raft payload: {error}"))
+}
+
+fn reply<T: serde::Serialize>(value: &T) -> Result<Response<pb::RaftMessage>, Status> {
+    let payload = encode(value)
+        .map_err(|error| Status::internal(format!("cannot encode a raft reply: {error}")))?;
+    Ok(Response::new(pb::RaftMessage { payload }))
+}
+
+/// A received snapshot's directory, removed unless it is handed to raft.
+struct Incoming {
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftGrpc {
+    async fn append_entries(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> =
+            decode(&request.into_inner().payload).map_err(bad_payload)?;
+        reply(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let rpc: VoteRequest<NodeId> =
+            decode(&request.into_inner().payload).map_err(bad_payload)?;
+        reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<pb::SnapshotChunk>>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
+        let (vote, meta): (Vote, SnapshotMeta) = decode(&first.header).map_err(bad_payload)?;
+        schema::check_snapshot_id(&meta.snapshot_id).map_err(Status::invalid_argument)?;
+        let receiving = self
+            .raft
+            .begin_receiving_snapshot()
+            .await
+            .map_err(|error| Status::unavailable(format!("cannot receive a snapshot: {error}")))?;
+        let mut incoming = Incoming {
+            dir: receiving.path.parent().map(std::path::Path::to_path_buf),
+        };
+        let mut file = tokio::fs::File::create(&receiving.path)
+            .await
+            .map_err(|error| {
+                Status::internal(format!(
+                    "cannot create {}: {error}",
+                    receiving.path.display()
+                ))
+            })?;
+        let write_error =
+            |error: std::io::Error| Status::internal(format!("cannot write the snapshot: {error}"));
+        let limit = self.backend.max_snapshot_bytes();
+        let mut received = 0u64;
+        let mut data = first.data;
+        loop {
+            received += data.len() as u64;
+            if received > limit {
+                return Err(Status::resource_exhausted(format!(
+                    "the snapshot is larger than this node's --max-snapshot-bytes limit of {limit} bytes"
+                )));
+            }
+            file.write_all(&data).await.map_err(write_error)?;
+            match chunks.message().await? {
+                Some(chunk) => data = chunk.data,
+                None => break,
+            }
+        }
+        file.sync_all().await.map_err(write_error)?;
+        drop(file);
+        if let Some(dir) = incoming.dir.clone() {
+            let records = tokio::task::spawn_blocking(move || state_machine::check_received(&dir))
+                .await
+                .map_err(|error| Status::internal(format!("checking the snapshot: {error}")))?
+                .map_err(|why| {
+                    Status::invalid_argument(format!(
+                        "snapshot {} refused, nothing changed: {why}",
+                        meta.snapshot_id
+                    ))
+                })?;
+            tracing::debug!(
+                records,
+                snapshot_id = meta.snapshot_id,
+                "received a snapshot"
+            );
+        }
+        // Raft owns the file from here.
+        incoming.dir = None;
+        let snapshot = Snapshot {
+            meta,
+            snapshot: receiving,
+        };
+        reply(&self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+
+    async fn forward(
+        &self,
+        request: Request<pb::ForwardRequest>,
+    ) -> Result<Response<pb::ForwardResponse>, Status> {
+        let request = codec::request_of(request.into_inner())
+            .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        let reply = match self.admit(&request).await {
+            Ok(()) => self.backend.serve_forwarded(request).await,
+            Err(refused) => Err(refused),
+        };
+        Ok(Response::new(codec::forward_response_of(&reply)))
+    }
+}

@@ -1,0 +1,187 @@
+//! The raft layer's vocabulary: what a log entry asks the state machine to do ([`Op`]), what
+//! applying it produced ([`Outcome`]), and what a follower asks the leader over `Forward`
+//! ([`Request`], [`Reply`]). Typed values only; [`super::codec`] is the one place that turns them
+//! into protobuf and back.
+
+use proto::resource::v1::{Id, Resource, Tenancy};
+
+use crate::storage::{StorageError, UnversionedType};
+
+/// One resource change, checked against the stored resource when it is applied.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Store `resource` if its `version` is the stored one (empty: it must not exist yet).
+    Write(Resource),
+    /// Delete the resource stored under `id` if its version is `version` (another uid, or
+    /// nothing stored: a no-op).
+    Delete { id: Id, version: String },
+}
+
+impl Change {
+    /// The resource or id the change is about.
+    pub fn id(&self) -> Option<&Id> {
+        match self {
+            Change::Write(resource) => resource.id.as_ref(),
+            Change::Delete { id, .. } => Some(id),
+        }
+    }
+
+    /// Encoded bytes of what the change carries, for batch budgets.
+    pub fn size(&self) -> usize {
+        match self {
+            Change::Write(resource) => prost::Message::encoded_len(resource),
+            Change::Delete { id, version } => prost::Message::encoded_len(id) + version.len(),
+        }
+    }
+}
+
+/// The payload of a normal log entry.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Changes applied in order; the `n`th (0-based) is stamped with version `index.n` (`index`
+    /// for the first), so one unbatched change's version is exactly its log index.
+    Changes(Vec<Change>),
+    /// An operator restore, in several entries so none is large: begin clears a staging area,
+    /// chunks fill it, commit replaces the whole state with it in one transaction.
+    RestoreBegin {
+        restore_id: String,
+    },
+    RestoreChunk {
+        restore_id: String,
+        resources: Vec<Resource>,
+    },
+    RestoreCommit {
+        restore_id: String,
+    },
+}
+
+impl Op {
+    /// Resource writes and deletes the entry carries (for log statistics).
+    pub fn change_count(&self) -> usize {
+        match self {
+            Op::Changes(changes) => changes.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// What applying one change (or one restore step) came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// The stored copy, with its new version.
+    Written(Resource),
+    /// Deleted, nothing to delete, or a restore step done.
+    Done,
+}
+
+/// The result of one change: applied, or refused (CAS and uid conflicts, changes that cannot be
+/// stored). A refusal is part of the replicated outcome, never a failure of the state machine.
+pub type ChangeResult = Result<Applied, StorageError>;
+
+/// What applying an entry produced: one result per change of [`Op::Changes`], one for a restore
+/// step, none for blank and membership entries.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome(pub Vec<ChangeResult>);
+
+impl Outcome {
+    pub fn one(result: ChangeResult) -> Self {
+        Outcome(vec![result])
+    }
+
+    /// The only result of an entry that carried one change or restore step.
+    pub fn single(self) -> ChangeResult {
+        let mut results = self.0;
+        match (results.pop(), results.is_empty()) {
+            (Some(result), true) => result,
+            (found, _) => Err(StorageError::Internal(format!(
+                "expected one result from the state machine, got {}",
+                results.len() + usize::from(found.is_some())
+            ))),
+        }
+    }
+}
+
+/// A list query served on the leader.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ListQuery {
+    pub resource_type: UnversionedType,
+    pub tenancy: Tenancy,
+    pub name_prefix: String,
+}
+
+/// What a follower asks the leader to do for it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Change(Change),
+    /// A linearizable read.
+    Read(Id),
+    /// A linearizable list.
+    List(ListQuery),
+    /// Confirm leadership and return the index every linearizable read must wait for.
+    ReadIndex,
+}
+
+/// The leader's answer to a [`Request`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Resource(Resource),
+    Resources(Vec<Resource>),
+    Done,
+    ReadIndex(u64),
+}
+
+/// What a forwarded request came to.
+pub type ReplyResult = Result<Reply, StorageError>;
+
+impl From<Applied> for Reply {
+    fn from(applied: Applied) -> Self {
+        match applied {
+            Applied::Written(resource) => Reply::Resource(resource),
+            Applied::Done => Reply::Done,
+        }
+    }
+}
+
+/// Reads the reply a request for one resource expects.
+pub fn expect_resource(reply: ReplyResult) -> Result<Resource, StorageError> {
+    match reply? {
+        Reply::Resource(resource) => Ok(resource),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Reads the reply a request for a list expects.
+pub fn expect_resources(reply: ReplyResult) -> Result<Vec<Resource>, StorageError> {
+    match reply? {
+        Reply::Resources(resources) => Ok(resources),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Reads the reply a delete expects.
+pub fn expect_done(reply: ReplyResult) -> Result<(), StorageError> {
+    match reply? {
+        Reply::Done => Ok(()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Reads the reply a read-index request expects.
+pub fn expect_read_index(reply: ReplyResult) -> Result<u64, StorageError> {
+    match reply? {
+        Reply::ReadIndex(index) => Ok(index),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(reply: &Reply) -> StorageError {
+    let what = match reply {
+        Reply::Resource(_) => "a resource",
+        Reply::Resources(_) => "a list",
+        Reply::Done => "done",
+        Reply::ReadIndex(_) => "a read index",
+    };
+    StorageError::Internal(format!(
+        "the leader answered with {what}, which the request did not ask for"
+    ))
+}

@@ -1,0 +1,260 @@
+//! Applying one [`Op`] inside the batch's LMDB write transaction.
+//!
+//! Apply is deterministic and cannot fail on data: every change is checked first (what can be
+//! stored, then compare-and-swap), and whatever cannot be applied becomes a refused
+//! [`ChangeResult`] for that change's proposer. Only the environment itself failing (I/O, a full
+//! disk) is an error, and that stops the state machine as it must.
+
+use prost::Message;
+use proto::resource::v1::Resource;
+
+use super::super::op::{Applied, Change, ChangeResult, Op, Outcome};
+use super::super::schema::{self, SmDbs};
+use crate::storage::check::{self, DeleteCheck};
+use crate::storage::events::Published;
+use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent};
+
+type Txn<'t> = heed::RwTxn<'t>;
+
+/// Applies `op`, the payload of the entry at `index`, collecting the events to publish after
+/// the commit.
+pub(super) fn apply_op(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    index: u64,
+    op: Op,
+    published: &mut Vec<Published>,
+) -> Result<Outcome, heed::Error> {
+    match op {
+        Op::Changes(changes) => {
+            let mut results = Vec::with_capacity(changes.len());
+            for (position, change) in changes.into_iter().enumerate() {
+                let position = u32::try_from(position).unwrap_or(u32::MAX);
+                let version = Version::at(index, position);
+                results.push(apply_change(dbs, wtxn, version, change, published)?);
+            }
+            Ok(Outcome(results))
+        }
+        Op::RestoreBegin { restore_id } => {
+            dbs.restore.clear(wtxn)?;
+            dbs.meta
+                .put(wtxn, schema::META_RESTORE_ID, restore_id.as_bytes())?;
+            Ok(Outcome::one(Ok(Applied::Done)))
+        }
+        Op::RestoreChunk {
+            restore_id,
+            resources,
+        } => Ok(Outcome::one(stage_restore_chunk(
+            dbs,
+            wtxn,
+            &restore_id,
+            &resources,
+        )?)),
+        Op::RestoreCommit { restore_id } => Ok(Outcome::one(commit_restore(
+            dbs,
+            wtxn,
+            Version::new(index),
+            &restore_id,
+            published,
+        )?)),
+    }
+}
+
+fn owner_uid(resource: &Resource) -> Option<&str> {
+    resource
+        .owner
+        .as_ref()
+        .map(|owner| owner.uid.as_str())
+        .filter(|uid| !uid.is_empty())
+}
+
+/// Reads what is stored under `key`. A record that does not decode is refused for this change
+/// (the store is damaged there), not an error that stops every later entry.
+fn stored(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    key: &[u8],
+    what: &StorageKey,
+) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
+    Ok(match dbs.resources.get(wtxn, key)? {
+        None => Ok(None),
+        Some(bytes) => Resource::decode(bytes).map(Some).map_err(|error| {
+            StorageError::Internal(format!(
+                "the stored record of {}/{} {:?} does not decode: {error}",
+                what.group, what.kind, what.name
+            ))
+        }),
+    })
+}
+
+fn apply_change(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    change: Change,
+    published: &mut Vec<Published>,
+) -> Result<ChangeResult, heed::Error> {
+    match change {
+        Change::Write(resource) => write(dbs, wtxn, version, resource, published),
+        Change::Delete {
+            id,
+            version: expected,
+        } => {
+            if let Err(refused) = check::check_key(&id) {
+                return Ok(Err(refused));
+            }
+            let storage_key = StorageKey::of(&id);
+            let key = schema::resource_key(&storage_key);
+            let existing = match stored(dbs, wtxn, &key, &storage_key)? {
+                Ok(existing) => existing,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            match check::check_delete(existing.as_ref(), &id, &expected) {
+                Err(refused) => return Ok(Err(refused)),
+                Ok(DeleteCheck::Nothing) => return Ok(Ok(Applied::Done)),
+                Ok(DeleteCheck::Remove) => {}
+            }
+            let Some(existing) = existing else {
+                return Ok(Ok(Applied::Done));
+            };
+            dbs.resources.delete(wtxn, &key)?;
+            if let Some(owner) = owner_uid(&existing) {
+                dbs.owners
+                    .delete(wtxn, &schema::owner_key(owner, &storage_key))?;
+            }
+            published.push(Published::Change {
+                key: storage_key,
+                event: WatchEvent {
+                    version: version.to_string(),
+                    operation: Operation::Delete(existing),
+                },
+                version,
+            });
+            Ok(Ok(Applied::Done))
+        }
+    }
+}
+
+fn write(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    mut resource: Resource,
+    published: &mut Vec<Published>,
+) -> Result<ChangeResult, heed::Error> {
+    // Sizes are the proposer's business (limits are configuration, and apply must not depend
+    // on it); names and keys are not.
+    if let Err(refused) = check::check_storable(&resource, usize::MAX) {
+        return Ok(Err(refused));
+    }
+    let id = resource.id.clone().unwrap_or_default();
+    let storage_key = StorageKey::of(&id);
+    let key = schema::resource_key(&storage_key);
+    let existing = match stored(dbs, wtxn, &key, &storage_key)? {
+        Ok(existing) => existing,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    if let Err(refused) = check::check_write(existing.as_ref(), &resource) {
+        return Ok(Err(refused));
+    }
+    resource.version = version.to_string();
+    if let Some(previous_owner) = existing.as_ref().and_then(owner_uid)
+        && owner_uid(&resource) != Some(previous_owner)
+    {
+        dbs.owners
+            .delete(wtxn, &schema::owner_key(previous_owner, &storage_key))?;
+    }
+    if let Some(owner) = owner_uid(&resource) {
+        dbs.owners
+            .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
+    }
+    dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
+    published.push(Published::Change {
+        key: storage_key,
+        event: WatchEvent {
+            version: version.to_string(),
+            operation: Operation::Upsert(resource.clone()),
+        },
+        version,
+    });
+    Ok(Ok(Applied::Written(resource)))
+}
+
+fn another_restore() -> StorageError {
+    StorageError::Rejected(
+        "another restore started since this one began; this one changed nothing".into(),
+    )
+}
+
+fn stage_restore_chunk(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    restore_id: &str,
+    resources: &[Resource],
+) -> Result<ChangeResult, heed::Error> {
+    if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+        return Ok(Err(another_restore()));
+    }
+    // The whole chunk or nothing: a record that cannot be stored fails the restore before its
+    // commit changes anything.
+    for resource in resources {
+        if let Err(refused) = check::check_storable(resource, usize::MAX) {
+            return Ok(Err(refused));
+        }
+    }
+    for resource in resources {
+        let storage_key = StorageKey::of(&resource.id.clone().unwrap_or_default());
+        dbs.restore.put(
+            wtxn,
+            &schema::resource_key(&storage_key),
+            &resource.encode_to_vec(),
+        )?;
+    }
+    Ok(Ok(Applied::Done))
+}
+
+fn commit_restore(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    restore_id: &str,
+    published: &mut Vec<Published>,
+) -> Result<ChangeResult, heed::Error> {
+    if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+        return Ok(Err(another_restore()));
+    }
+    // Staged records were checked when they were staged; one that no longer decodes means the
+    // staging area is damaged: refuse the commit before anything is cleared.
+    let mut staged = Vec::new();
+    for item in dbs.restore.iter(wtxn)? {
+        let (key, bytes) = item?;
+        match Resource::decode(bytes) {
+            Ok(resource) => staged.push((key.to_vec(), resource)),
+            Err(error) => {
+                return Ok(Err(StorageError::Internal(format!(
+                    "a staged restore record does not decode ({error}); nothing was restored"
+                ))));
+            }
+        }
+    }
+    dbs.resources.clear(wtxn)?;
+    dbs.owners.clear(wtxn)?;
+    for (key, mut resource) in staged {
+        // Restored resources are new writes: versions keep increasing.
+        resource.version = version.to_string();
+        if let (Some(owner), Some(storage_key)) =
+            (owner_uid(&resource), schema::parse_resource_key(&key))
+        {
+            dbs.owners
+                .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
+        }
+        dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
+    }
+    dbs.restore.clear(wtxn)?;
+    dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
+    published.push(Published::Reset {
+        reason: "the cluster state was restored from a snapshot; list again and start a new watch"
+            .into(),
+    });
+    Ok(Ok(Applied::Done))
+}
