@@ -4,6 +4,7 @@
 mod cluster;
 mod controllers;
 mod dev;
+mod hostile;
 mod process;
 mod reflection;
 mod resource_api;

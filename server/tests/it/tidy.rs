@@ -86,3 +86,40 @@ fn libraries_hold_no_debugging_leftovers_or_stdout_printing() {
         .collect();
     assert!(offenders.is_empty(), "{offenders:?}");
 }
+
+/// Files of one server module (its `NAME.rs` and everything under `NAME/`).
+fn module_files(name: &str) -> Vec<PathBuf> {
+    let src = workspace_root().join("server/src");
+    let mut files = vec![src.join(format!("{name}.rs"))];
+    rust_files(&src.join(name), &mut files);
+    files
+}
+
+#[test]
+fn lower_layers_never_import_upper_ones() {
+    // resource < registry < storage < service < agent (the composition root). `controller` acts
+    // through `service`; `service::cluster` still reads the controllers' placement report.
+    let rules: [(&str, &[&str]); 3] = [
+        (
+            "storage",
+            &["crate::service", "crate::agent", "crate::controller"],
+        ),
+        ("service", &["crate::agent"]),
+        (
+            "registry",
+            &["crate::service", "crate::storage", "crate::agent"],
+        ),
+    ];
+    let mut offenders = Vec::new();
+    for (module, upper) in rules {
+        for path in module_files(module) {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for pattern in upper {
+                if text.contains(pattern) {
+                    offenders.push(format!("{} uses {pattern}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:?}");
+}

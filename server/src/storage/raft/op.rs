@@ -3,6 +3,10 @@
 //! ([`Request`], [`Reply`]). Typed values only; [`super::codec`] is the one place that turns them
 //! into protobuf and back.
 
+// A resource is a few hundred bytes inline; these values are moved a handful of times per
+// request, so boxing the large variants would only add allocations.
+#![allow(clippy::large_enum_variant)]
+
 use proto::resource::v1::{Id, Resource, Tenancy};
 
 use crate::storage::{StorageError, UnversionedType};

@@ -503,3 +503,158 @@ mod restart {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on() {
+    use super::op::{Change, Request};
+    use crate::storage::{Backend, Consistency, StorageError};
+
+    let cluster = TestCluster::start(3).await;
+    let fixture = crate::storage::conformance::Fixture::new();
+    // Past every admission check, straight to the proposer: apply is the last line.
+    let mut long_name = fixture.artist("x");
+    long_name.id.as_mut().expect("id").name = "a".repeat(600);
+    let mut huge_owner = fixture.artist("child");
+    let mut owner = fixture.artist("owner").id.expect("id");
+    owner.uid = "0".repeat(480);
+    huge_owner.owner = Some(owner);
+    for resource in [long_name, huge_owner] {
+        let reply = cluster.nodes[0]
+            .serve_forwarded(Request::Change(Change::Write(resource)))
+            .await;
+        assert!(
+            matches!(&reply, Err(StorageError::Rejected(_))),
+            "expected a refusal, got {reply:?}"
+        );
+    }
+    let delete = cluster.nodes[0]
+        .serve_forwarded(Request::Change(Change::Delete {
+            id: {
+                let mut id = fixture.artist("x").id.expect("id");
+                id.name = "b".repeat(700);
+                id
+            },
+            version: "1".into(),
+        }))
+        .await;
+    assert!(
+        matches!(delete, Err(StorageError::Rejected(_))),
+        "{delete:?}"
+    );
+    // Every node applied (and refused) those entries and goes on applying.
+    let written = cluster.nodes[1]
+        .write_cas(fixture.artist("fine"))
+        .await
+        .expect("a later write");
+    let index: u64 = written.version.parse().expect("an unbatched version");
+    for node in &cluster.nodes {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while node.state_machine().last_applied_index() < index && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let read = node
+            .read(Consistency::Eventual, written.id.as_ref().expect("id"))
+            .await
+            .expect("applied everywhere");
+        assert_eq!(read.version, written.version);
+    }
+}
+
+#[test]
+fn a_data_directory_of_a_newer_format_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let (env, dbs) = super::schema::open_log(dir.path()).expect("open");
+        let mut wtxn = env.write_txn().expect("txn");
+        dbs.meta
+            .put(&mut wtxn, super::schema::META_FORMAT, &7u32.to_be_bytes())
+            .expect("put");
+        wtxn.commit().expect("commit");
+        env.prepare_for_closing().wait();
+    }
+    let message = match LogStore::open(dir.path()) {
+        Ok(_) => panic!("a newer format was opened"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        message.contains("format version 7") && message.contains("up to 1"),
+        "{message}"
+    );
+}
+
+#[test]
+fn new_environments_record_the_format_they_were_written_in() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (env, dbs) = super::schema::open_log(dir.path()).expect("open");
+    assert_eq!(
+        super::schema::format_of(&env, dbs.meta).expect("read"),
+        Some(super::schema::FORMAT_VERSION)
+    );
+}
+
+#[test]
+fn snapshot_ids_that_are_not_ours_are_refused() {
+    for bad in ["../../etc", "1-2", "a-b-c", "1-2-3-4", ""] {
+        assert!(super::schema::check_snapshot_id(bad).is_err(), "{bad:?}");
+    }
+    super::schema::check_snapshot_id("3-1200-0").expect("ours");
+}
+
+#[test]
+fn received_snapshots_are_checked_before_raft_sees_them() {
+    use prost::Message;
+
+    // Not an LMDB file at all.
+    let garbage = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        garbage.path().join(super::schema::SNAPSHOT_DATA),
+        vec![0x5a; 64 << 10],
+    )
+    .expect("write");
+    assert!(super::state_machine::check_received(garbage.path()).is_err());
+
+    // A state machine holding a record under the wrong key, and one with a 600-byte name.
+    let fixture = crate::storage::conformance::Fixture::new();
+    for (key_name, mut resource) in [
+        ("elsewhere", fixture.artist("here")),
+        ("x", fixture.artist("x")),
+    ] {
+        if key_name == "x" {
+            resource.id.as_mut().expect("id").name = "a".repeat(600);
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
+        let mut wtxn = env.write_txn().expect("txn");
+        let mut key_id = resource.id.clone().expect("id");
+        key_id.name = key_name.into();
+        dbs.resources
+            .put(
+                &mut wtxn,
+                &super::schema::resource_key(&crate::storage::StorageKey::of(&key_id)),
+                &resource.encode_to_vec(),
+            )
+            .expect("put");
+        wtxn.commit().expect("commit");
+        env.prepare_for_closing().wait();
+        let why = super::state_machine::check_received(dir.path()).expect_err("refused");
+        assert!(why.contains("record 0"), "{why}");
+    }
+
+    // A good one passes.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
+    let mut wtxn = env.write_txn().expect("txn");
+    let resource = fixture.artist("fine");
+    dbs.resources
+        .put(
+            &mut wtxn,
+            &super::schema::resource_key(&crate::storage::StorageKey::of(
+                resource.id.as_ref().expect("id"),
+            )),
+            &resource.encode_to_vec(),
+        )
+        .expect("put");
+    wtxn.commit().expect("commit");
+    env.prepare_for_closing().wait();
+    assert_eq!(super::state_machine::check_received(dir.path()), Ok(1));
+}

@@ -15,6 +15,7 @@ use super::proposer::{Proposal, Proposed};
 use crate::storage::StorageError;
 
 /// One try at serving a request: done (either way), or worth retrying (no or another leader).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub(super) enum Attempt {
     Done(ReplyResult),

@@ -19,6 +19,7 @@ const MAX_PROPOSALS_IN_FLIGHT: usize = 1;
 
 /// One try at proposing: applied (either way), or worth retrying elsewhere (no or another
 /// leader).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub(super) enum Proposed {
     Applied(ChangeResult),
