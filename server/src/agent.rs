@@ -276,8 +276,15 @@ impl Agent {
             .with_controllers(controllers)
             .with_cluster_name(config.cluster_name.clone())
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes);
-        let served =
-            serve::serve_api(api_listener, service, tokens, cluster, shutdown.clone()).await;
+        let served = serve::serve_api(
+            api_listener,
+            service,
+            tokens,
+            cluster,
+            raft.clone(),
+            shutdown.clone(),
+        )
+        .await;
         shutdown.cancel();
         for task in tasks {
             let _ = task.await;

@@ -16,6 +16,7 @@ use crate::acl::TokenResolver;
 use crate::service::ResourceService;
 use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
+use crate::storage::raft::backend::RaftBackend;
 use crate::storage::raft::network::RaftGrpc;
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
@@ -95,6 +96,7 @@ pub async fn serve_api(
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     cluster: ClusterGrpc,
+    raft: Option<Arc<RaftBackend>>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
@@ -106,6 +108,21 @@ pub async fn serve_api(
     health_reporter
         .set_serving::<ClusterServiceServer<ClusterGrpc>>()
         .await;
+    // A node whose raft stopped says so on its health service instead of claiming to serve.
+    let health_watch = raft.map(|raft| {
+        let reporter = health_reporter.clone();
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            let reason = tokio::select! {
+                () = stopping.cancelled() => return,
+                reason = raft.halted() => reason,
+            };
+            if let Some(reason) = reason {
+                tracing::error!(%reason, "raft stopped on this node; reporting NOT_SERVING");
+                set_not_serving(&reporter).await;
+            }
+        })
+    });
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
@@ -122,7 +139,7 @@ pub async fn serve_api(
 
     let stopping = shutdown.clone();
     let reporter = health_reporter.clone();
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))
@@ -133,15 +150,24 @@ pub async fn serve_api(
         .add_service(cluster_service)
         .serve_with_incoming_shutdown(nodelay_incoming(listener), async move {
             stopping.cancelled().await;
-            reporter
-                .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()
-                .await;
-            reporter
-                .set_not_serving::<ClusterServiceServer<ClusterGrpc>>()
-                .await;
+            set_not_serving(&reporter).await;
         })
-        .await?;
+        .await;
+    if let Some(task) = health_watch {
+        task.abort();
+        let _ = task.await;
+    }
+    served?;
     Ok(())
+}
+
+async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {
+    reporter
+        .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()
+        .await;
+    reporter
+        .set_not_serving::<ClusterServiceServer<ClusterGrpc>>()
+        .await;
 }
 
 /// Serves the raft service on `listener` until `shutdown` is cancelled.

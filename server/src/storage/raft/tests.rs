@@ -658,3 +658,27 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
     env.prepare_for_closing().wait();
     assert_eq!(super::state_machine::check_received(dir.path()), Ok(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_raft_stopped_says_so() {
+    use crate::storage::Backend;
+
+    let cluster = TestCluster::start(1).await;
+    let node = cluster.nodes[0].clone();
+    let halted = tokio::spawn({
+        let node = node.clone();
+        async move { node.halted().await }
+    });
+    // A state machine that refuses to apply (closed under raft's feet) stops raft for good.
+    node.state_machine().close_cleanly().expect("close");
+    let fixture = crate::storage::conformance::Fixture::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), node.write_cas(fixture.artist("x"))).await;
+    let reason = tokio::time::timeout(Duration::from_secs(10), halted)
+        .await
+        .expect("halted in time")
+        .expect("joined");
+    assert!(
+        reason.as_deref().is_some_and(|why| why.contains("closed")),
+        "{reason:?}"
+    );
+}

@@ -136,6 +136,20 @@ impl RaftBackend {
             .collect()
     }
 
+    /// Waits until raft on this node stops on a fatal error and returns it; `None` when raft
+    /// shuts down normally. A node whose raft stopped can serve nothing that needs it.
+    pub async fn halted(&self) -> Option<String> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return Some(fatal.to_string());
+            }
+            if metrics.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
     /// Whether a node is already a voter with these addresses.
     pub fn is_voter(&self, id: NodeId) -> bool {
         self.metrics()
