@@ -26,7 +26,7 @@ use crate::controller::Runtime;
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
 use crate::registry::{Registry, RegistryError};
-use crate::service::cluster::ClusterGrpc;
+use crate::service::cluster::{ClusterGrpc, ControllerReport};
 use crate::service::{self, ResourceService};
 use crate::storage::Backend;
 use crate::storage::events::HistoryLimits;
@@ -273,7 +273,9 @@ impl Agent {
         ));
 
         let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
-            .with_controllers(controllers)
+            .with_controllers(ControllerReport(Arc::new(move || {
+                crate::controller::manager::report(&controllers)
+            })))
             .with_cluster_name(config.cluster_name.clone())
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes);
         let served = serve::serve_api(

@@ -18,6 +18,36 @@ pub struct Registered {
     pub stats: Arc<ControllerStats>,
 }
 
+/// What `ClusterService.ListControllers` reports for these controllers now.
+pub fn report(
+    controllers: &BTreeMap<String, Registered>,
+) -> Vec<proto::cluster::v1::ControllerInfo> {
+    use proto::cluster::v1 as pb;
+    use std::sync::atomic::Ordering;
+    controllers
+        .values()
+        .map(|registered| {
+            let controller = &registered.controller;
+            let stats = &registered.stats;
+            pb::ControllerInfo {
+                name: controller.name.clone(),
+                managed_type: Some(controller.managed_type.clone()),
+                watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
+                placement: match controller.placement {
+                    Placement::Singleton => pb::Placement::Singleton,
+                    Placement::EachServer => pb::Placement::EachServer,
+                } as i32,
+                running: stats.running.load(Ordering::Relaxed),
+                queue_depth: stats.queue_depth.load(Ordering::Relaxed),
+                reconciles_ok: stats.reconciles_ok.load(Ordering::Relaxed),
+                reconciles_failed: stats.reconciles_failed.load(Ordering::Relaxed),
+                last_error: stats.last_error().unwrap_or_default(),
+                last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
+            }
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 pub struct Manager {
     runtime: Runtime,

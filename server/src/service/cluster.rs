@@ -15,11 +15,7 @@ use proto::cluster::v1::{
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Error;
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
-use crate::controller::Placement;
-use crate::controller::manager::Registered;
 use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
@@ -39,7 +35,18 @@ pub struct ClusterGrpc {
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
     cluster_name: String,
-    controllers: BTreeMap<String, Registered>,
+    controllers: Option<ControllerReport>,
+}
+
+/// What this node's controllers report for `ListControllers`, asked at each call (the
+/// controller runtime provides it; the service only serves it).
+#[derive(Clone)]
+pub struct ControllerReport(pub Arc<dyn Fn() -> Vec<pb::ControllerInfo> + Send + Sync>);
+
+impl std::fmt::Debug for ControllerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControllerReport")
+    }
 }
 
 impl ClusterGrpc {
@@ -51,7 +58,7 @@ impl ClusterGrpc {
             raft,
             api_addr,
             cluster_name: String::new(),
-            controllers: BTreeMap::new(),
+            controllers: None,
         }
     }
 
@@ -70,8 +77,8 @@ impl ClusterGrpc {
     }
 
     /// Reports these controllers in `ListControllers`.
-    pub fn with_controllers(mut self, controllers: BTreeMap<String, Registered>) -> Self {
-        self.controllers = controllers;
+    pub fn with_controllers(mut self, controllers: ControllerReport) -> Self {
+        self.controllers = Some(controllers);
         self
     }
 
@@ -79,27 +86,9 @@ impl ClusterGrpc {
         let status = self.raft.as_ref().map(|raft| raft.status());
         let controllers = self
             .controllers
-            .values()
-            .map(|registered| {
-                let controller = &registered.controller;
-                let stats = &registered.stats;
-                pb::ControllerInfo {
-                    name: controller.name.clone(),
-                    managed_type: Some(controller.managed_type.clone()),
-                    watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
-                    placement: match controller.placement {
-                        Placement::Singleton => pb::Placement::Singleton,
-                        Placement::EachServer => pb::Placement::EachServer,
-                    } as i32,
-                    running: stats.running.load(Ordering::Relaxed),
-                    queue_depth: stats.queue_depth.load(Ordering::Relaxed),
-                    reconciles_ok: stats.reconciles_ok.load(Ordering::Relaxed),
-                    reconciles_failed: stats.reconciles_failed.load(Ordering::Relaxed),
-                    last_error: stats.last_error().unwrap_or_default(),
-                    last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
-                }
-            })
-            .collect();
+            .as_ref()
+            .map(|report| (report.0)())
+            .unwrap_or_default();
         pb::NodeControllers {
             node_id: status.as_ref().map(|s| s.node_id).unwrap_or(0),
             api_addr: status

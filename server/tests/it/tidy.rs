@@ -97,14 +97,13 @@ fn module_files(name: &str) -> Vec<PathBuf> {
 
 #[test]
 fn lower_layers_never_import_upper_ones() {
-    // resource < registry < storage < service < agent (the composition root). `controller` acts
-    // through `service`; `service::cluster` still reads the controllers' placement report.
+    // resource < registry < storage < service < controller < agent (the composition root).
     let rules: [(&str, &[&str]); 3] = [
         (
             "storage",
             &["crate::service", "crate::agent", "crate::controller"],
         ),
-        ("service", &["crate::agent"]),
+        ("service", &["crate::agent", "crate::controller"]),
         (
             "registry",
             &["crate::service", "crate::storage", "crate::agent"],
