@@ -174,7 +174,7 @@ async fn restore(node: &Resd, file: Vec<u8>) -> Result<(), tonic::Status> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_invalid_restore_is_refused_and_changes_nothing() {
-    let node = Resd::start();
+    let mut node = Resd::start();
     still_serves_writes(&node, "before").await;
     let saved = save_snapshot(&node).await;
     let (_, good) = proto::snapshot::read(&saved).expect("a valid snapshot");
@@ -237,6 +237,9 @@ async fn every_invalid_restore_is_refused_and_changes_nothing() {
         .collect();
     assert_eq!(names, ["before"]);
     still_serves_writes(&node, "after").await;
+    assert_eq!(node.terminate().code(), Some(0));
+    node.restart();
+    still_serves_writes(&node, "after-restart").await;
     // The good snapshot still restores.
     restore(&node, saved)
         .await

@@ -28,7 +28,7 @@ use super::op::{self, Change, ListQuery, Op, Request};
 use super::state_machine::{SmShared, StateMachineStore};
 use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::events::HistoryLimits;
-use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch};
+use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch, check};
 
 mod forward;
 mod proposer;
@@ -332,10 +332,13 @@ impl Backend for RaftBackend {
     }
 
     async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        // Apply refuses it too; refusing here keeps it out of the log.
+        check::check_storable(&resource, usize::MAX)?;
         op::expect_resource(self.submit(Request::Change(Change::Write(resource))).await)
     }
 
     async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        check::check_key(id)?;
         let change = Change::Delete {
             id: id.clone(),
             version: version.into(),
