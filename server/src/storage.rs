@@ -156,6 +156,9 @@ pub enum StorageError {
     /// ahead of this node); the client must list again.
     #[error("cannot resume the watch: {0}")]
     ResumeUnavailable(String),
+    /// This node serves no reads yet: it is catching up after an unclean stop.
+    #[error("{0}")]
+    CatchingUp(String),
     /// The change cannot be stored (an invalid name or tenancy, a key longer than the store
     /// allows, a resource over the size limit); nothing changed.
     #[error("{0}")]

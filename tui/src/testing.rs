@@ -300,6 +300,8 @@ fn status(node_id: u64, role: Role, commit: u64) -> StatusResponse {
         log_entries: 120,
         log_operations: 130,
         cluster_name: "dev".into(),
+        ready: true,
+        not_ready_reason: String::new(),
     }
 }
 

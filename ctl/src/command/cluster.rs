@@ -23,6 +23,10 @@ pub struct StatusView {
     pub last_log_index: u64,
     pub snapshot_index: u64,
     pub storage: String,
+    /// Whether the node serves reads now, and why not.
+    pub ready: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub not_ready_reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -52,6 +56,8 @@ pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
         last_log_index: status.last_log_index,
         snapshot_index: status.snapshot_index,
         storage: status.storage,
+        ready: status.ready,
+        not_ready_reason: status.not_ready_reason,
     })
 }
 
@@ -97,6 +103,14 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                     for (field, value) in [
                         ("cluster", view.cluster_name.clone()),
                         ("node", format!("{} ({})", view.node_id, view.role)),
+                        (
+                            "serving",
+                            if view.ready {
+                                "yes".to_owned()
+                            } else {
+                                format!("no: {}", view.not_ready_reason)
+                            },
+                        ),
                         ("api address", view.api_addr.clone()),
                         ("raft address", view.raft_addr.clone()),
                         ("leader", leader),

@@ -102,24 +102,33 @@ pub async fn serve_api(
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<ResourceServiceServer<ResourceGrpc>>()
-        .await;
-    health_reporter
-        .set_serving::<ClusterServiceServer<ClusterGrpc>>()
-        .await;
-    // A node whose raft stopped says so on its health service instead of claiming to serve.
+    set_serving(&health_reporter).await;
+    // Health follows the node: NOT_SERVING while it catches up after an unclean stop, and for
+    // good once its raft has stopped.
     let health_watch = raft.map(|raft| {
         let reporter = health_reporter.clone();
         let stopping = shutdown.clone();
         tokio::spawn(async move {
-            let reason = tokio::select! {
-                () = stopping.cancelled() => return,
-                reason = raft.halted() => reason,
-            };
-            if let Some(reason) = reason {
-                tracing::error!(%reason, "raft stopped on this node; reporting NOT_SERVING");
-                set_not_serving(&reporter).await;
+            let mut readiness = raft.readiness();
+            let halted = raft.halted();
+            tokio::pin!(halted);
+            loop {
+                if readiness.borrow_and_update().is_ready() {
+                    set_serving(&reporter).await;
+                } else {
+                    set_not_serving(&reporter).await;
+                }
+                tokio::select! {
+                    () = stopping.cancelled() => return,
+                    reason = &mut halted => {
+                        if let Some(reason) = reason {
+                            tracing::error!(%reason, "raft stopped on this node; reporting NOT_SERVING");
+                            set_not_serving(&reporter).await;
+                        }
+                        return;
+                    }
+                    changed = readiness.changed() => if changed.is_err() { return },
+                }
             }
         })
     });
@@ -159,6 +168,15 @@ pub async fn serve_api(
     }
     served?;
     Ok(())
+}
+
+async fn set_serving(reporter: &tonic_health::server::HealthReporter) {
+    reporter
+        .set_serving::<ResourceServiceServer<ResourceGrpc>>()
+        .await;
+    reporter
+        .set_serving::<ClusterServiceServer<ClusterGrpc>>()
+        .await;
 }
 
 async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {

@@ -195,10 +195,12 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 role: pb::Role::Standalone as i32,
                 storage: "memory".into(),
                 cluster_name: self.cluster_name.clone(),
+                ready: true,
                 ..Default::default()
             }));
         };
         let status = raft.status();
+        let not_ready = raft.readiness().borrow().reason();
         let (leader_id, leader_api_addr) = status
             .leader
             .map(|(id, node)| (id, node.api_addr))
@@ -220,6 +222,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             log_entries: status.log_entries,
             log_operations: status.log_operations,
             cluster_name: self.cluster_name.clone(),
+            ready: not_ready.is_none(),
+            not_ready_reason: not_ready.unwrap_or_default(),
         }))
     }
 

@@ -66,6 +66,9 @@ impl Error {
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
+            StorageError::CatchingUp(why) => Error::Unavailable(format!(
+                "this node is {why}; retry shortly or ask another member"
+            )),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

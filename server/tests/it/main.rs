@@ -3,6 +3,7 @@
 
 mod cluster;
 mod controllers;
+mod crash;
 mod dev;
 mod hostile;
 mod process;

@@ -127,6 +127,16 @@ impl Resd {
             .expect("resd exits after SIGTERM")
     }
 
+    /// Sends a signal by PID (`STOP`, `CONT`, …).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// SIGKILL: the process gets no chance to clean up.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -32,9 +32,21 @@ use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch,
 
 mod forward;
 mod proposer;
+mod readiness;
 mod status;
 
+pub use readiness::Readiness;
 pub use status::{MemberStatus, NodeStatus, Role};
+
+/// A node that led before it stopped resumes leading the same term at once, without a new
+/// no-op entry, and without knowing what had been committed (the commit index is not
+/// persisted). While it leads that term, a linearizable read must wait for everything its log
+/// held at start: whatever was acknowledged before the stop is in there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaderFloor {
+    term: u64,
+    index: u64,
+}
 
 /// Largest raft snapshot (and operator restore) accepted by default.
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
@@ -108,6 +120,9 @@ pub struct RaftBackend {
     /// Changes waiting to be proposed.
     proposals: tokio::sync::mpsc::Sender<proposer::Proposal>,
     proposer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    leader_floor: Option<LeaderFloor>,
+    readiness: tokio::sync::watch::Sender<Readiness>,
+    catch_up: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -124,10 +139,11 @@ pub type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, Stora
 
 impl RaftBackend {
     pub async fn open(options: RaftOptions) -> Result<Arc<RaftBackend>, RaftStartError> {
-        let log = LogStore::open(&options.data_dir).map_err(|source| RaftStartError::Log {
+        let mut log = LogStore::open(&options.data_dir).map_err(|source| RaftStartError::Log {
             dir: options.data_dir.clone(),
             source,
         })?;
+        let leader_floor = leader_floor(&mut log, options.node_id).await?;
         let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|source| {
             RaftStartError::StateMachine {
                 dir: options.data_dir.clone(),
@@ -147,6 +163,7 @@ impl RaftBackend {
         .map_err(|error| RaftStartError::Config(error.to_string()))?;
         let log_stats = log.stats();
         let shared = sm.shared.clone();
+        let ready = shared.opened_cleanly();
         let raft = Raft::new(options.node_id, Arc::new(config), NetworkFactory, log, sm)
             .await
             .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
@@ -154,7 +171,15 @@ impl RaftBackend {
         let leadership_task = tokio::spawn(status::follow_leadership(raft.clone(), leading));
         let (proposals, queue) = tokio::sync::mpsc::channel(4 * proposer::MAX_BATCH_CHANGES);
         let proposer = tokio::spawn(proposer::run_proposer(raft.clone(), queue));
-        Ok(Arc::new(RaftBackend {
+        let (readiness, _) = tokio::sync::watch::channel(if ready {
+            Readiness::Ready
+        } else {
+            Readiness::CatchingUp {
+                applied: 0,
+                target: None,
+            }
+        });
+        let backend = Arc::new(RaftBackend {
             id: options.node_id,
             data_dir: options.data_dir.clone(),
             node: options.node,
@@ -169,7 +194,16 @@ impl RaftBackend {
             leadership_task: Mutex::new(Some(leadership_task)),
             proposals,
             proposer: Mutex::new(Some(proposer)),
-        }))
+            leader_floor,
+            readiness,
+            catch_up: Mutex::new(None),
+        });
+        if !ready {
+            tracing::warn!("serving no reads until this node has caught up with the leader");
+            let task = tokio::spawn(readiness::catch_up(Arc::downgrade(&backend)));
+            *backend.catch_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        }
+        Ok(backend)
     }
 
     pub fn id(&self) -> NodeId {
@@ -287,6 +321,15 @@ impl RaftBackend {
 
     /// Stops raft on this node.
     pub async fn shutdown(&self) {
+        let catch_up = self
+            .catch_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(catch_up) = catch_up {
+            catch_up.abort();
+            let _ = catch_up.await;
+        }
         let follower = self
             .leadership_task
             .lock()
@@ -320,9 +363,27 @@ impl RaftBackend {
     }
 }
 
+/// The floor of linearizable reads while this node leads the term it led before it stopped.
+async fn leader_floor(
+    log: &mut LogStore,
+    node_id: NodeId,
+) -> Result<Option<LeaderFloor>, RaftStartError> {
+    use openraft::storage::RaftLogStorage;
+    let fatal = |error: super::types::RaftStorageError| RaftStartError::Fatal(error.to_string());
+    let vote = log.read_vote().await.map_err(fatal)?;
+    let last_log = log.get_log_state().await.map_err(fatal)?.last_log_id;
+    Ok(vote
+        .filter(|vote| vote.is_committed() && vote.leader_id().voted_for() == Some(node_id))
+        .map(|vote| LeaderFloor {
+            term: vote.leader_id().get_term(),
+            index: last_log.map(|log_id| log_id.index).unwrap_or(0),
+        }))
+}
+
 #[async_trait]
 impl Backend for RaftBackend {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        self.check_ready()?;
         match consistency {
             Consistency::Eventual => self.sm.read(id),
             Consistency::Strong => {
@@ -353,6 +414,7 @@ impl Backend for RaftBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError> {
+        self.check_ready()?;
         match consistency {
             Consistency::Eventual => self.sm.list(resource_type, tenancy, name_prefix),
             Consistency::Strong => op::expect_resources(
@@ -367,6 +429,7 @@ impl Backend for RaftBackend {
     }
 
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
+        self.check_ready()?;
         self.sm.list_by_owner(owner)
     }
 
@@ -377,6 +440,7 @@ impl Backend for RaftBackend {
         name_prefix: &str,
         since: Option<crate::storage::Version>,
     ) -> Result<Watch, StorageError> {
+        self.check_ready()?;
         self.sm
             .watch_list(resource_type, tenancy, name_prefix, since)
     }

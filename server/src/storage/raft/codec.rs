@@ -298,6 +298,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::WatchClosed(_) => (Code::WatchClosed, None),
         StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
         StorageError::Rejected(_) => (Code::Rejected, None),
+        StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };
     let message = match error {
@@ -305,6 +306,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::WatchClosed(why)
         | StorageError::ResumeUnavailable(why)
         | StorageError::Rejected(why)
+        | StorageError::CatchingUp(why)
         | StorageError::Internal(why) => why.clone(),
         other => other.to_string(),
     };
@@ -327,6 +329,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::WatchClosed => StorageError::WatchClosed(failure.message),
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected => StorageError::Rejected(failure.message),
+        Code::CatchingUp => StorageError::CatchingUp(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }
 }

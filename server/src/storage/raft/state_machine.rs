@@ -51,6 +51,9 @@ pub struct SmShared {
     sequence: AtomicU64,
     /// Set by `close_cleanly`: nothing may be applied after the final sync.
     closed: std::sync::atomic::AtomicBool,
+    /// Whether the state at open is what this node last applied (a clean stop, or a new node);
+    /// after an unclean stop it was rebuilt from an older snapshot.
+    opened_cleanly: bool,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -125,6 +128,11 @@ impl SmShared {
         std::fs::write(&marker, b"clean")?;
         schema::sync_file(&marker)?;
         schema::sync_dir(&self.data_dir.join(schema::SM_DIR))
+    }
+
+    /// Whether the state at open was what this node had applied before it stopped.
+    pub fn opened_cleanly(&self) -> bool {
+        self.opened_cleanly
     }
 
     /// The last applied log index (0 before anything was applied).

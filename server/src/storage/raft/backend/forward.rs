@@ -168,13 +168,11 @@ impl RaftBackend {
             }
             Request::Read(id) => match self.linearize().await {
                 Err(attempt) => attempt,
-                Ok(()) => Attempt::Done(self.sm.read(&id).map(Reply::Resource)),
+                Ok(_) => Attempt::Done(self.sm.read(&id).map(Reply::Resource)),
             },
-            Request::ReadIndex => match self.raft.ensure_linearizable().await {
-                Ok(read_log_id) => Attempt::Done(Ok(Reply::ReadIndex(
-                    read_log_id.map(|log_id| log_id.index).unwrap_or(0),
-                ))),
-                Err(error) => not_leader(error),
+            Request::ReadIndex => match self.linearize().await {
+                Ok(index) => Attempt::Done(Ok(Reply::ReadIndex(index))),
+                Err(attempt) => attempt,
             },
             Request::List(ListQuery {
                 resource_type,
@@ -182,7 +180,7 @@ impl RaftBackend {
                 name_prefix,
             }) => match self.linearize().await {
                 Err(attempt) => attempt,
-                Ok(()) => Attempt::Done(
+                Ok(_) => Attempt::Done(
                     self.sm
                         .list(&resource_type, &tenancy, &name_prefix)
                         .map(Reply::Resources),
@@ -192,11 +190,49 @@ impl RaftBackend {
     }
 
     /// Confirms leadership with a quorum and waits until this node has applied everything
-    /// committed before the call.
-    async fn linearize(&self) -> Result<(), Attempt> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(error) => Err(not_leader(error)),
+    /// committed before the call; returns that read index.
+    async fn linearize(&self) -> Result<u64, Attempt> {
+        let read_log_id = self.raft.ensure_linearizable().await.map_err(not_leader)?;
+        let mut index = read_log_id.map(|log_id| log_id.index).unwrap_or(0);
+        // Resuming the term it led before a stop, openraft knows neither a new no-op nor the
+        // commit index: everything in the log at start may have been acknowledged.
+        if let Some(floor) = self.leader_floor
+            && floor.index > index
+            && self.raft.metrics().borrow().current_term == floor.term
+        {
+            index = floor.index;
+            self.wait_applied(index).await?;
+        }
+        Ok(index)
+    }
+
+    /// Waits until this node has applied `index`, up to the request's deadline.
+    async fn wait_applied(&self, index: u64) -> Result<(), Attempt> {
+        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
+        let mut metrics = self.raft.metrics();
+        loop {
+            let applied = metrics
+                .borrow_and_update()
+                .last_applied
+                .map(|log_id| log_id.index)
+                .unwrap_or(0);
+            if applied >= index {
+                return Ok(());
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Attempt::Retry(format!(
+                    "the leader has applied {applied} of the {index} entries a linearizable read needs"
+                )));
+            }
+            if tokio::time::timeout(remaining, metrics.changed())
+                .await
+                .is_ok_and(|r| r.is_err())
+            {
+                return Err(Attempt::Done(Err(StorageError::Inconsistent(
+                    "raft stopped".into(),
+                ))));
+            }
         }
     }
 }

@@ -33,6 +33,8 @@ impl StateMachineStore {
         }
         let snapshot = load_latest_snapshot(data_dir);
         let existing = schema::sm_generation_dir(data_dir, generation).join(schema::SNAPSHOT_DATA);
+        // A new node has served nothing; a clean stop left exactly what it had applied.
+        let opened_cleanly = clean || !existing.exists();
         if !clean && existing.exists() {
             // Commits are not synced: after an unclean stop the file may be torn. Start again from
             // the latest snapshot; raft applies the log after it again.
@@ -69,6 +71,7 @@ impl StateMachineStore {
                 snapshot: Mutex::new(snapshot),
                 sequence: AtomicU64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
+                opened_cleanly,
             }),
         })
     }

@@ -1,0 +1,166 @@
+//! Promises across crashes (DESIGN §14): a node restarted after an unclean stop serves no read
+//! older than what it served before, and a restarted leader's strong reads are linearizable.
+
+use std::time::{Duration, Instant};
+
+use proto::cluster::v1::StatusRequest;
+use proto::resource::v1::{ReadRequest, WriteRequest};
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::process::{Cluster, Resd};
+use crate::support::{artist, artist_id, artist_type};
+
+async fn count_artists(node: &Resd) -> Result<usize, tonic::Status> {
+    node.resources()
+        .await
+        .list(proto::resource::v1::ListRequest {
+            r#type: Some(artist_type()),
+            tenancy: Some(proto::resource::v1::Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            }),
+            name_prefix: String::new(),
+        })
+        .await
+        .map(|reply| reply.into_inner().resources.len())
+}
+
+async fn health(node: &Resd) -> i32 {
+    HealthClient::new(node.channel().await)
+        .check(HealthCheckRequest {
+            service: "resd.resource.v1.ResourceService".into(),
+        })
+        .await
+        .map(|reply| reply.into_inner().status)
+        .unwrap_or(ServingStatus::Unknown as i32)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_after_an_unclean_stop_serves_nothing_older_until_caught_up() {
+    let mut cluster = Cluster::start(3, &["--snapshot-every", "20"]).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    for index in 0..30 {
+        cluster.nodes[leader]
+            .resources()
+            .await
+            .write(WriteRequest {
+                resource: Some(artist(&format!("a{index}"))),
+            })
+            .await
+            .expect("write");
+    }
+    let applied = cluster.nodes[leader]
+        .status()
+        .await
+        .expect("status")
+        .applied_index;
+    cluster.wait_for_applied(applied).await;
+    assert_eq!(
+        count_artists(&cluster.nodes[follower]).await.expect("list"),
+        30
+    );
+
+    // The follower dies without a clean stop while nobody it could learn from is running.
+    cluster.nodes[follower].kill9();
+    cluster.nodes[leader].signal("STOP");
+    cluster.nodes[other].signal("STOP");
+    cluster.nodes[follower].restart();
+    let refused = count_artists(&cluster.nodes[follower])
+        .await
+        .expect_err("no reads while catching up");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused}");
+    assert!(refused.message().contains("catching up"), "{refused}");
+    assert_eq!(
+        health(&cluster.nodes[follower]).await,
+        ServingStatus::NotServing as i32
+    );
+    let status = cluster.nodes[follower]
+        .cluster()
+        .await
+        .status(StatusRequest {})
+        .await
+        .expect("status is always served")
+        .into_inner();
+    assert!(!status.ready);
+    assert!(
+        status.not_ready_reason.contains("catching up"),
+        "{status:?}"
+    );
+
+    cluster.nodes[leader].signal("CONT");
+    cluster.nodes[other].signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match count_artists(&cluster.nodes[follower]).await {
+            Ok(count) => {
+                assert_eq!(count, 30, "a read after the restart went back in time");
+                break;
+            }
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("the follower never caught up: {status}"),
+        }
+    }
+    assert_eq!(
+        health(&cluster.nodes[follower]).await,
+        ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_answers_strong_reads_with_the_latest_write() {
+    let mut node = Resd::start_with(&["--snapshot-every", "5"]);
+    let mut client = node.resources().await;
+    let mut last = client
+        .write(WriteRequest {
+            resource: Some(artist("register")),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .resource
+        .expect("stored");
+    for _ in 0..22 {
+        last = client
+            .write(WriteRequest {
+                resource: Some(last.clone()),
+            })
+            .await
+            .expect("cas")
+            .into_inner()
+            .resource
+            .expect("stored");
+    }
+    node.kill9();
+    node.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut read = tonic::Request::new(ReadRequest {
+            id: Some(artist_id("register")),
+        });
+        read.metadata_mut().insert(
+            "x-resd-consistency-mode",
+            "consistent".parse().expect("ascii"),
+        );
+        match node.resources().await.read(read).await {
+            Ok(reply) => {
+                let read = reply.into_inner().resource.expect("resource");
+                assert_eq!(
+                    read.version, last.version,
+                    "a strong read went back in time"
+                );
+                break;
+            }
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("no strong read after the restart: {status}"),
+        }
+    }
+}
