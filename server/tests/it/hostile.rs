@@ -49,10 +49,19 @@ async fn forward_write(
     client: &mut RaftServiceClient<tonic::transport::Channel>,
     resource: Resource,
 ) -> raft_pb::ForwardResponse {
+    forward_write_as(client, resource, &ulid::Ulid::new().to_string()).await
+}
+
+async fn forward_write_as(
+    client: &mut RaftServiceClient<tonic::transport::Channel>,
+    resource: Resource,
+    request_id: &str,
+) -> raft_pb::ForwardResponse {
     client
         .forward(raft_pb::ForwardRequest {
             request: Some(forward_request::Request::WriteCas(raft_pb::WriteCas {
                 resource: Some(resource),
+                request_id: request_id.to_owned(),
             })),
         })
         .await
@@ -441,4 +450,33 @@ async fn memory_stays_bounded_under_rewrites_of_a_large_resource() {
         .await
         .expect("read");
     assert!(read.into_inner().resource.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_retried_after_the_leader_committed_is_answered_with_its_first_outcome() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let mut client = raft_client(&cluster.nodes[leader]).await;
+    let created = match forward_write(&mut client, stored_artist("register"))
+        .await
+        .response
+    {
+        Some(forward_response::Response::Resource(resource)) => resource,
+        other => panic!("create: {other:?}"),
+    };
+    // The same CAS forwarded twice under one request id, as a follower does when it lost the
+    // leader's first answer: both get the first attempt's result, and it is applied once.
+    let mut update = created.clone();
+    update.metadata.insert("attempt".into(), "1".into());
+    let request_id = ulid::Ulid::new().to_string();
+    let first = forward_write_as(&mut client, update.clone(), &request_id).await;
+    let retry = forward_write_as(&mut client, update, &request_id).await;
+    assert_eq!(first, retry, "the retry is answered like the first attempt");
+    let Some(forward_response::Response::Resource(stored)) = first.response else {
+        panic!("the CAS succeeded: {first:?}");
+    };
+    assert_ne!(stored.version, created.version);
+    let now = list_artists(&cluster.nodes[leader]).await;
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].version, stored.version, "applied exactly once");
 }

@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use super::log_store::{LogStats, LogStore};
 use super::network::NetworkFactory;
-use super::op::{self, Change, ListQuery, Op, Request};
+use super::op::{self, Change, ListQuery, Op, Request, Tagged};
 use super::state_machine::{SmShared, StateMachineStore};
 use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::events::HistoryLimits;
@@ -395,15 +395,17 @@ impl Backend for RaftBackend {
     async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
-        op::expect_resource(self.submit(Request::Change(Change::Write(resource))).await)
+        // One request id for every forward and proposal of this change: applied at most once.
+        let change = Tagged::new(Change::Write(resource));
+        op::expect_resource(self.submit(Request::Change(change)).await)
     }
 
     async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
         check::check_key(id)?;
-        let change = Change::Delete {
+        let change = Tagged::new(Change::Delete {
             id: id.clone(),
             version: version.into(),
-        };
+        });
         op::expect_done(self.submit(Request::Change(change)).await)
     }
 

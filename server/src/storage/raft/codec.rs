@@ -16,7 +16,8 @@ use proto::raft::v1::{
 use proto::resource::v1::Resource;
 
 use super::op::{
-    Applied, Change, ChangeResult, ListQuery, Op, Outcome, Reply, ReplyResult, Request,
+    Applied, Change, ChangeResult, ListQuery, Op, Outcome, Reply, ReplyResult, Request, RequestId,
+    Tagged,
 };
 use crate::storage::{StorageError, UnversionedType};
 
@@ -55,16 +56,35 @@ pub fn decode_op(bytes: &[u8]) -> Result<Op, CodecError> {
     op_of(command)
 }
 
-fn write_cas(resource: &Resource) -> pb::WriteCas {
+fn request_id_text(request_id: Option<RequestId>) -> String {
+    request_id.map(|id| id.0.to_string()).unwrap_or_default()
+}
+
+fn request_id_of(text: &str) -> Result<Option<RequestId>, CodecError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    ulid::Ulid::from_string(text)
+        .map(|id| Some(RequestId(id)))
+        .map_err(|_| shape("change", "a request id that is not a ULID"))
+}
+
+fn write_cas(resource: &Resource, request_id: Option<RequestId>) -> pb::WriteCas {
     pb::WriteCas {
         resource: Some(resource.clone()),
+        request_id: request_id_text(request_id),
     }
 }
 
-fn delete_cas(id: &proto::resource::v1::Id, version: &str) -> pb::DeleteCas {
+fn delete_cas(
+    id: &proto::resource::v1::Id,
+    version: &str,
+    request_id: Option<RequestId>,
+) -> pb::DeleteCas {
     pb::DeleteCas {
         id: Some(id.clone()),
         version: version.to_owned(),
+        request_id: request_id_text(request_id),
     }
 }
 
@@ -72,17 +92,25 @@ fn command_of(op: &Op) -> pb::Command {
     let command = match op {
         // One change travels as a plain command: the format older entries already use.
         Op::Changes(changes) if changes.len() == 1 => match &changes[0] {
-            Change::Write(resource) => PbCommand::WriteCas(write_cas(resource)),
-            Change::Delete { id, version } => PbCommand::DeleteCas(delete_cas(id, version)),
+            Tagged {
+                request_id,
+                change: Change::Write(resource),
+            } => PbCommand::WriteCas(write_cas(resource, *request_id)),
+            Tagged {
+                request_id,
+                change: Change::Delete { id, version },
+            } => PbCommand::DeleteCas(delete_cas(id, version, *request_id)),
         },
         Op::Changes(changes) => PbCommand::Batch(pb::Batch {
             operations: changes
                 .iter()
-                .map(|change| pb::BatchOperation {
-                    operation: Some(match change {
-                        Change::Write(resource) => PbOperation::WriteCas(write_cas(resource)),
+                .map(|tagged| pb::BatchOperation {
+                    operation: Some(match &tagged.change {
+                        Change::Write(resource) => {
+                            PbOperation::WriteCas(write_cas(resource, tagged.request_id))
+                        }
                         Change::Delete { id, version } => {
-                            PbOperation::DeleteCas(delete_cas(id, version))
+                            PbOperation::DeleteCas(delete_cas(id, version, tagged.request_id))
                         }
                     }),
                 })
@@ -107,18 +135,26 @@ fn command_of(op: &Op) -> pb::Command {
     }
 }
 
-fn change_of_write(write: pb::WriteCas) -> Result<Change, CodecError> {
-    write
+fn change_of_write(write: pb::WriteCas) -> Result<Tagged, CodecError> {
+    let request_id = request_id_of(&write.request_id)?;
+    let resource = write
         .resource
-        .map(Change::Write)
-        .ok_or_else(|| shape("write", "no resource"))
+        .ok_or_else(|| shape("write", "no resource"))?;
+    Ok(Tagged {
+        request_id,
+        change: Change::Write(resource),
+    })
 }
 
-fn change_of_delete(delete: pb::DeleteCas) -> Result<Change, CodecError> {
+fn change_of_delete(delete: pb::DeleteCas) -> Result<Tagged, CodecError> {
+    let request_id = request_id_of(&delete.request_id)?;
     let id = delete.id.ok_or_else(|| shape("delete", "no id"))?;
-    Ok(Change::Delete {
-        id,
-        version: delete.version,
+    Ok(Tagged {
+        request_id,
+        change: Change::Delete {
+            id,
+            version: delete.version,
+        },
     })
 }
 
@@ -208,14 +244,58 @@ pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
     }
 }
 
+// The deduplication table.
+
+/// What the state machine remembers of an applied change (small: a write's version, not its
+/// resource).
+pub fn encode_remembered(result: &ChangeResult) -> Vec<u8> {
+    use pb::remembered::Outcome as Remembered;
+    let outcome = match result {
+        Ok(Applied::Written(resource)) => Remembered::WrittenVersion(resource.version.clone()),
+        Ok(Applied::Done) => Remembered::Done(pb::Done {}),
+        Err(error) => {
+            let mut failure = failure_of(error);
+            failure.stored = None;
+            Remembered::Failure(failure)
+        }
+    };
+    pb::Remembered {
+        outcome: Some(outcome),
+    }
+    .encode_to_vec()
+}
+
+/// The outcome of the first application of `change`, from what was remembered of it: a write is
+/// the resource the retry carries, at the version it was stored with.
+pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
+    use pb::remembered::Outcome as Remembered;
+    let remembered = pb::Remembered::decode(bytes).map_err(|error| {
+        StorageError::Internal(format!("a remembered outcome does not decode: {error}"))
+    })?;
+    match (remembered.outcome, change) {
+        (Some(Remembered::WrittenVersion(version)), Change::Write(resource)) => {
+            let mut stored = resource.clone();
+            stored.version = version;
+            Ok(Applied::Written(stored))
+        }
+        (Some(Remembered::Done(_)), _) => Ok(Applied::Done),
+        (Some(Remembered::Failure(failure)), _) => Err(error_of(failure)),
+        _ => Err(StorageError::Internal(
+            "a request id was reused for another kind of change".into(),
+        )),
+    }
+}
+
 // Forwarding.
 
 pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
     let request = match request {
-        Request::Change(Change::Write(resource)) => PbRequest::WriteCas(write_cas(resource)),
-        Request::Change(Change::Delete { id, version }) => {
-            PbRequest::DeleteCas(delete_cas(id, version))
-        }
+        Request::Change(tagged) => match &tagged.change {
+            Change::Write(resource) => PbRequest::WriteCas(write_cas(resource, tagged.request_id)),
+            Change::Delete { id, version } => {
+                PbRequest::DeleteCas(delete_cas(id, version, tagged.request_id))
+            }
+        },
         Request::Read(id) => PbRequest::Read(id.clone()),
         Request::List(query) => PbRequest::List(pb::ListQuery {
             group: query.resource_type.group.clone(),

@@ -39,12 +39,50 @@ impl Change {
     }
 }
 
+/// Identifies a change across retries: chosen once where the request arrives at storage, sent
+/// with every forward and proposal of it, remembered by the state machine after it is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(pub ulid::Ulid);
+
+impl RequestId {
+    pub fn new() -> Self {
+        RequestId(ulid::Ulid::new())
+    }
+
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_bytes()
+    }
+}
+
+impl Default for RequestId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A change and the request it belongs to (none for entries written before request ids).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tagged {
+    pub request_id: Option<RequestId>,
+    pub change: Change,
+}
+
+impl Tagged {
+    /// A change of a new request.
+    pub fn new(change: Change) -> Self {
+        Tagged {
+            request_id: Some(RequestId::new()),
+            change,
+        }
+    }
+}
+
 /// The payload of a normal log entry.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// Changes applied in order; the `n`th (0-based) is stamped with version `index.n` (`index`
     /// for the first), so one unbatched change's version is exactly its log index.
-    Changes(Vec<Change>),
+    Changes(Vec<Tagged>),
     /// An operator restore, in several entries so none is large: begin clears a staging area,
     /// chunks fill it, commit replaces the whole state with it in one transaction.
     RestoreBegin {
@@ -116,7 +154,7 @@ pub struct ListQuery {
 /// What a follower asks the leader to do for it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
-    Change(Change),
+    Change(Tagged),
     /// A linearizable read.
     Read(Id),
     /// A linearizable list.

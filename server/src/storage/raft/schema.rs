@@ -11,6 +11,8 @@
 //!   owners             owner uid 0x00 storage key -> ()
 //!   meta               "format" | "last_applied" | "membership" | "restore_id" -> encoded value
 //!   restore            storage key -> encoded Resource (staging area of an operator restore)
+//!   requests           request id (16 bytes) -> remembered outcome (exactly-once changes)
+//!   request_order      applied index, position (big-endian) -> request id (oldest forgotten first)
 //! raft/sm/CURRENT      the generation in use
 //! raft/sm/CLEAN        marker: the last shutdown synced the state machine
 //! raft/restore-spool/  operator snapshots being uploaded and checked (temporary files)
@@ -171,6 +173,10 @@ pub struct SmDbs {
     pub restore: Database<'static, Bytes, Bytes>,
     pub owners: Database<'static, Bytes, Unit>,
     pub meta: Database<'static, Str, Bytes>,
+    /// Request id (16 bytes) → what applying it came to (`codec::encode_remembered`).
+    pub requests: Database<'static, Bytes, Bytes>,
+    /// Applied position (`request_order_key`) → request id: the order requests are forgotten in.
+    pub request_order: Database<'static, Bytes, Bytes>,
 }
 
 pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
@@ -182,12 +188,19 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
             let restore = opener.create_database(wtxn, Some("restore"))?;
             let owners = opener.create_database(wtxn, Some("owners"))?;
             let meta = opener.create_database(wtxn, Some("meta"))?;
+            let requests = opener.create_database(wtxn, Some("requests"))?;
+            let request_order = opener.create_database(wtxn, Some("request_order"))?;
             Ok(CommitOrAbort::<_, ()>::Commit((
-                resources, restore, owners, meta,
+                resources,
+                restore,
+                owners,
+                meta,
+                requests,
+                request_order,
             )))
         })?
         .commit();
-    let (resources, restore, owners, meta) = dbs.ok_or_else(|| {
+    let (resources, restore, owners, meta, requests, request_order) = dbs.ok_or_else(|| {
         heed::Error::Io(std::io::Error::other(
             "state machine databases were not created",
         ))
@@ -200,8 +213,22 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
             restore,
             owners,
             meta,
+            requests,
+            request_order,
         },
     ))
+}
+
+/// Requests the state machine remembers at most; older ones are forgotten first. A retry comes
+/// within a forward timeout, long after which this many changes have rarely been applied.
+pub const REMEMBERED_REQUESTS: u64 = 1 << 17;
+
+/// `index (u64 big-endian) position (u32 big-endian)`: request order keys sort as applied.
+pub fn request_order_key(index: u64, position: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&index.to_be_bytes());
+    key[8..].copy_from_slice(&position.to_be_bytes());
+    key
 }
 
 /// The file of a snapshot (or state machine generation) that holds the LMDB data.

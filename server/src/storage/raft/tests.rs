@@ -11,7 +11,7 @@ use super::backend::{RaftBackend, RaftOptions};
 use super::log_store::LogStore;
 use super::network;
 use super::state_machine::StateMachineStore;
-use super::types::{NodeAddr, RaftStorageError, TypeConfig};
+use super::types::{Entry, LogId, NodeAddr, RaftStorageError, TypeConfig};
 
 /// Admits what storage can store; these tests have no registry.
 struct StorableOnly;
@@ -427,8 +427,8 @@ mod restart {
 
     fn write_entry(index: u64, name: &str) -> Entry {
         let fixture = crate::storage::conformance::Fixture::new();
-        let command = super::super::op::Op::Changes(vec![super::super::op::Change::Write(
-            fixture.artist(name),
+        let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::new(
+            super::super::op::Change::Write(fixture.artist(name)),
         )]);
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
@@ -506,7 +506,7 @@ mod restart {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on() {
-    use super::op::{Change, Request};
+    use super::op::{Change, Request, Tagged};
     use crate::storage::{Backend, Consistency, StorageError};
 
     let cluster = TestCluster::start(3).await;
@@ -520,7 +520,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
     huge_owner.owner = Some(owner);
     for resource in [long_name, huge_owner] {
         let reply = cluster.nodes[0]
-            .serve_forwarded(Request::Change(Change::Write(resource)))
+            .serve_forwarded(Request::Change(Tagged::new(Change::Write(resource))))
             .await;
         assert!(
             matches!(&reply, Err(StorageError::Rejected(_))),
@@ -528,14 +528,14 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
         );
     }
     let delete = cluster.nodes[0]
-        .serve_forwarded(Request::Change(Change::Delete {
+        .serve_forwarded(Request::Change(Tagged::new(Change::Delete {
             id: {
                 let mut id = fixture.artist("x").id.expect("id");
                 id.name = "b".repeat(700);
                 id
             },
             version: "1".into(),
-        }))
+        })))
         .await;
     assert!(
         matches!(delete, Err(StorageError::Rejected(_))),
@@ -680,5 +680,121 @@ async fn a_node_whose_raft_stopped_says_so() {
     assert!(
         reason.as_deref().is_some_and(|why| why.contains("closed")),
         "{reason:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() {
+    use futures::StreamExt;
+
+    use super::op::{self, Change, Request, Tagged};
+    use crate::storage::{Backend, Operation};
+
+    let cluster = TestCluster::start(3).await;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let created = cluster.nodes[1]
+        .write_cas(fixture.artist("register"))
+        .await
+        .expect("create");
+    let mut watch = cluster.nodes[2]
+        .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", None)
+        .await
+        .expect("watch");
+    // A CAS forwarded twice with one request id, as a follower retries after losing the
+    // leader's answer: the second attempt must not fail its version check against the first.
+    let mut update = created.clone();
+    update.metadata.insert("n".into(), "1".into());
+    let cas = Request::Change(Tagged::new(Change::Write(update)));
+    let first = op::expect_resource(cluster.nodes[0].serve_forwarded(cas.clone()).await)
+        .expect("the first attempt");
+    let retry = op::expect_resource(cluster.nodes[0].serve_forwarded(cas).await)
+        .expect("the retry is not ABORTED");
+    assert_eq!(retry, first);
+    // A blind create retried the same way is stored once.
+    let blind = Request::Change(Tagged::new(Change::Write(fixture.artist("once"))));
+    let a =
+        op::expect_resource(cluster.nodes[0].serve_forwarded(blind.clone()).await).expect("create");
+    let b = op::expect_resource(cluster.nodes[0].serve_forwarded(blind).await).expect("retry");
+    assert_eq!(a.version, b.version);
+
+    let mut upserts = Vec::new();
+    while upserts.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("an event in time")
+            .expect("open")
+            .expect("ok");
+        if let Operation::Upsert(resource) = event.operation {
+            upserts.push((resource.id.expect("id").name, resource.version));
+        }
+    }
+    // The snapshot's create, one update, one create: nothing twice.
+    assert_eq!(
+        upserts,
+        [
+            ("register".to_owned(), created.version.clone()),
+            ("register".to_owned(), first.version.clone()),
+            ("once".to_owned(), a.version.clone()),
+        ]
+    );
+    let extra = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
+    assert!(
+        extra.is_err(),
+        "no second upsert for a retried change: {extra:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
+    use super::op::{Change, Op, Outcome, Tagged};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shared = StateMachineStore::open(dir.path(), Default::default())
+        .expect("open")
+        .shared;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let first = Tagged::new(Change::Write(fixture.artist("first")));
+    let entry = |index: u64, changes: Vec<Tagged>| Entry {
+        log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(super::types::Command::new(Op::Changes(changes))),
+    };
+    let mut sm = StateMachineStore { shared };
+    let mut applied =
+        openraft::storage::RaftStateMachine::apply(&mut sm, vec![entry(1, vec![first.clone()])])
+            .await
+            .expect("apply");
+    assert!(matches!(applied.pop(), Some(Outcome(ref results)) if results[0].is_ok()));
+    // Enough later requests (deletes of nothing, in large batches) to push the first out.
+    let total = super::schema::REMEMBERED_REQUESTS + 1;
+    let mut index = 2;
+    let mut sent = 0;
+    while sent < total {
+        let batch: Vec<Tagged> = (0..4096.min(total - sent))
+            .map(|n| {
+                Tagged::new(Change::Delete {
+                    id: fixture.artist(&format!("gone-{index}-{n}")).id.expect("id"),
+                    version: "1".into(),
+                })
+            })
+            .collect();
+        sent += batch.len() as u64;
+        openraft::storage::RaftStateMachine::apply(&mut sm, vec![entry(index, batch)])
+            .await
+            .expect("apply");
+        index += 1;
+    }
+    // Forgotten: the same request applies again (a CAS failure now, the name exists).
+    let again =
+        openraft::storage::RaftStateMachine::apply(&mut sm, vec![entry(index, vec![first])])
+            .await
+            .expect("apply")
+            .pop()
+            .expect("outcome");
+    assert!(
+        matches!(
+            again.0.first(),
+            Some(Err(crate::storage::StorageError::CasFailure))
+        ),
+        "{again:?}"
     );
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use openraft::error::{ClientWriteError, RaftError};
 
-use super::super::op::{Change, ChangeResult, Op, Outcome};
+use super::super::op::{ChangeResult, Op, Outcome, Tagged};
 use super::super::types::{Command, NodeAddr, NodeId, Raft};
 use crate::storage::StorageError;
 
@@ -28,7 +28,7 @@ pub(super) enum Proposed {
 
 /// A change waiting for the proposer, and where its outcome goes.
 pub(super) struct Proposal {
-    pub change: Change,
+    pub change: Tagged,
     pub reply: tokio::sync::oneshot::Sender<Proposed>,
 }
 
@@ -44,12 +44,12 @@ pub(super) async fn run_proposer(raft: Raft, mut queue: tokio::sync::mpsc::Recei
         let Some(first) = queue.recv().await else {
             break;
         };
-        let mut bytes = first.change.size();
+        let mut bytes = first.change.change.size();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_CHANGES && bytes < MAX_BATCH_BYTES {
             match queue.try_recv() {
                 Ok(proposal) => {
-                    bytes += proposal.change.size();
+                    bytes += proposal.change.change.size();
                     batch.push(proposal);
                 }
                 Err(_) => break,

@@ -15,19 +15,26 @@ fn id(name: &str) -> Id {
     artist(name).id.expect("fixture id")
 }
 
+fn tagged(change: Change) -> Tagged {
+    Tagged::new(change)
+}
+
 #[test]
 fn every_op_round_trips_through_the_log_encoding() {
     let ops = [
-        Op::Changes(vec![Change::Write(artist("a"))]),
-        Op::Changes(vec![Change::Delete {
+        Op::Changes(vec![tagged(Change::Write(artist("a")))]),
+        Op::Changes(vec![tagged(Change::Delete {
             id: id("a"),
             version: "7".into(),
-        }]),
+        })]),
         Op::Changes(vec![
-            Change::Write(artist("a")),
-            Change::Delete {
-                id: id("b"),
-                version: "9.1".into(),
+            tagged(Change::Write(artist("a"))),
+            Tagged {
+                request_id: None,
+                change: Change::Delete {
+                    id: id("b"),
+                    version: "9.1".into(),
+                },
             },
         ]),
         Op::RestoreBegin {
@@ -53,12 +60,14 @@ fn malformed_log_entries_are_errors_not_defaults() {
         pb::Command {
             command: Some(pb::command::Command::WriteCas(pb::WriteCas {
                 resource: None,
+                request_id: String::new(),
             })),
         },
         pb::Command {
             command: Some(pb::command::Command::DeleteCas(pb::DeleteCas {
                 id: None,
                 version: "1".into(),
+                request_id: String::new(),
             })),
         },
         pb::Command {
@@ -116,11 +125,11 @@ fn outcomes_and_forwarded_values_round_trip() {
         format!("{:?}", Ok::<_, CodecError>(outcome))
     );
     let requests = [
-        Request::Change(Change::Write(artist("a"))),
-        Request::Change(Change::Delete {
+        Request::Change(tagged(Change::Write(artist("a")))),
+        Request::Change(tagged(Change::Delete {
             id: id("a"),
             version: "3".into(),
-        }),
+        })),
         Request::Read(id("a")),
         Request::List(ListQuery {
             resource_type: UnversionedType {
@@ -151,4 +160,45 @@ fn outcomes_and_forwarded_values_round_trip() {
     }
     assert!(request_of(pb::ForwardRequest { request: None }).is_err());
     assert!(reply_of(pb::ForwardResponse { response: None }).is_err());
+}
+
+#[test]
+fn a_request_id_that_is_not_a_ulid_is_malformed() {
+    let command = pb::Command {
+        command: Some(pb::command::Command::WriteCas(pb::WriteCas {
+            resource: Some(artist("a")),
+            request_id: "not-a-ulid".into(),
+        })),
+    };
+    assert!(matches!(
+        decode_op(&command.encode_to_vec()),
+        Err(CodecError::Shape { .. })
+    ));
+}
+
+#[test]
+fn a_remembered_outcome_answers_a_retry_as_the_first_attempt_was_answered() {
+    let sent = artist("a");
+    let mut stored = sent.clone();
+    stored.version = "42".into();
+    let retry = Change::Write(sent);
+    let remembered = encode_remembered(&Ok(Applied::Written(stored.clone())));
+    assert!(
+        remembered.len() < 16,
+        "a write is remembered by its version only"
+    );
+    match remembered_result(&remembered, &retry) {
+        Ok(Applied::Written(resource)) => assert_eq!(resource, stored),
+        other => panic!("{other:?}"),
+    }
+    let failed = encode_remembered(&Err(StorageError::CasFailure));
+    assert!(matches!(
+        remembered_result(&failed, &retry),
+        Err(StorageError::CasFailure)
+    ));
+    let done = encode_remembered(&Ok(Applied::Done));
+    assert!(matches!(
+        remembered_result(&done, &retry),
+        Ok(Applied::Done)
+    ));
 }

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::super::backend::RaftBackend;
 use super::super::codec;
-use super::super::op::{Change, Request as Forwarded};
+use super::super::op::{Change, Request as Forwarded, Tagged};
 use super::super::schema;
 use super::super::state_machine;
 use super::super::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote, decode, encode};
@@ -48,10 +48,15 @@ impl RaftGrpc {
     /// Checks a forwarded request as this node would check it had it come from its own API.
     async fn admit(&self, request: &Forwarded) -> Result<(), StorageError> {
         match request {
-            Forwarded::Change(Change::Write(resource)) => self.admission.admit(resource).await,
-            Forwarded::Change(Change::Delete { id, .. }) | Forwarded::Read(id) => {
-                check::check_key(id)
-            }
+            Forwarded::Change(Tagged {
+                change: Change::Write(resource),
+                ..
+            }) => self.admission.admit(resource).await,
+            Forwarded::Change(Tagged {
+                change: Change::Delete { id, .. },
+                ..
+            })
+            | Forwarded::Read(id) => check::check_key(id),
             Forwarded::List(_) | Forwarded::ReadIndex => Ok(()),
         }
     }

@@ -4,11 +4,17 @@
 //! stored, then compare-and-swap), and whatever cannot be applied becomes a refused
 //! [`ChangeResult`] for that change's proposer. Only the environment itself failing (I/O, a full
 //! disk) is an error, and that stops the state machine as it must.
+//!
+//! Changes are applied exactly once: a change whose request id the state machine remembers (a
+//! retry of a forward whose first attempt committed) is answered with the first outcome and not
+//! applied again. The table of remembered requests is bounded and forgets the oldest first, in
+//! apply order, so every replica remembers the same ones.
 
 use prost::Message;
 use proto::resource::v1::Resource;
 
-use super::super::op::{Applied, Change, ChangeResult, Op, Outcome};
+use super::super::codec;
+use super::super::op::{Applied, Change, ChangeResult, Op, Outcome, RequestId, Tagged};
 use super::super::schema::{self, SmDbs};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
@@ -28,10 +34,10 @@ pub(super) fn apply_op(
     match op {
         Op::Changes(changes) => {
             let mut results = Vec::with_capacity(changes.len());
-            for (position, change) in changes.into_iter().enumerate() {
+            for (position, tagged) in changes.into_iter().enumerate() {
                 let position = u32::try_from(position).unwrap_or(u32::MAX);
                 let version = Version::at(index, position);
-                results.push(apply_change(dbs, wtxn, version, change, published)?);
+                results.push(apply_once(dbs, wtxn, version, tagged, published)?);
             }
             Ok(Outcome(results))
         }
@@ -58,6 +64,55 @@ pub(super) fn apply_op(
             published,
         )?)),
     }
+}
+
+/// Applies a change unless its request was applied before, and remembers it.
+fn apply_once(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    tagged: Tagged,
+    published: &mut Vec<Published>,
+) -> Result<ChangeResult, heed::Error> {
+    let Tagged { request_id, change } = tagged;
+    let Some(request_id) = request_id else {
+        return apply_change(dbs, wtxn, version, change, published);
+    };
+    let key = request_id.to_bytes();
+    if let Some(remembered) = dbs.requests.get(wtxn, &key)? {
+        return Ok(codec::remembered_result(remembered, &change));
+    }
+    let result = apply_change(dbs, wtxn, version, change, published)?;
+    remember(dbs, wtxn, version, request_id, &result)?;
+    Ok(result)
+}
+
+/// Records a request's outcome and forgets the oldest beyond [`schema::REMEMBERED_REQUESTS`].
+fn remember(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    request_id: RequestId,
+    result: &ChangeResult,
+) -> Result<(), heed::Error> {
+    let key = request_id.to_bytes();
+    dbs.requests
+        .put(wtxn, &key, &codec::encode_remembered(result))?;
+    dbs.request_order.put(
+        wtxn,
+        &schema::request_order_key(version.index, version.position),
+        &key,
+    )?;
+    if dbs.request_order.len(wtxn)? > schema::REMEMBERED_REQUESTS
+        && let Some((oldest, forgotten)) = dbs
+            .request_order
+            .first(wtxn)?
+            .map(|(order, id)| (order.to_vec(), id.to_vec()))
+    {
+        dbs.requests.delete(wtxn, &forgotten)?;
+        dbs.request_order.delete(wtxn, &oldest)?;
+    }
+    Ok(())
 }
 
 fn owner_uid(resource: &Resource) -> Option<&str> {
