@@ -164,3 +164,28 @@ async fn a_restarted_leader_answers_strong_reads_with_the_latest_write() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_a_follower_moves_on_when_the_leader_stops_answering() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = (leader + 1) % 3;
+    let mut client = cluster.nodes[follower].resources().await;
+    client
+        .write(WriteRequest {
+            resource: Some(artist("before")),
+        })
+        .await
+        .expect("write while the leader answers");
+    // The leader's process stops answering but keeps its connections: a forward in flight to it
+    // hangs. Two of three nodes still form a majority and elect another leader.
+    cluster.nodes[leader].signal("STOP");
+    let mut write = tonic::Request::new(WriteRequest {
+        resource: Some(artist("during")),
+    });
+    write.set_timeout(Duration::from_secs(6));
+    let result = client.write(write).await;
+    cluster.nodes[leader].signal("CONT");
+    let stored = result.expect("the write reaches the new leader within its deadline");
+    assert!(stored.into_inner().resource.is_some());
+}

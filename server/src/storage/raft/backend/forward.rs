@@ -126,7 +126,18 @@ impl RaftBackend {
             crate::storage::deadline::bounded(self.forward_timeout)
                 .saturating_duration_since(Instant::now()),
         );
-        match client.forward(call).await {
+        // A leader that stops answering (paused, partitioned) holds the call until its deadline;
+        // once another leader is known, ask that one instead. Safe to abandon: the change keeps
+        // its request id, so if the first attempt committed, the retry gets its outcome.
+        let reply = tokio::select! {
+            reply = client.forward(call) => reply,
+            new_leader = self.leader_other_than(leader) => {
+                return Attempt::Retry(format!(
+                    "leader {leader} stopped answering; node {new_leader} leads now"
+                ));
+            }
+        };
+        match reply {
             // The node we asked was not (or no longer) the leader: ask again.
             Ok(reply) => match codec::reply_of(reply.into_inner()) {
                 Err(StorageError::Inconsistent(why)) => {
@@ -139,6 +150,21 @@ impl RaftBackend {
                 node.raft_addr,
                 status.message()
             )),
+        }
+    }
+
+    /// Resolves once this node knows of a leader other than `leader` (never, while it does not).
+    async fn leader_other_than(&self, leader: NodeId) -> NodeId {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Some(current) = metrics.borrow_and_update().current_leader
+                && current != leader
+            {
+                return current;
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
         }
     }
 
