@@ -2,6 +2,7 @@
 //! `ctl` library functions over `proto::client`) and through the real `resctl` binary, with one
 //! scenario body for both drivers.
 
+mod chaos;
 mod client;
 mod drivers;
 mod scenario;

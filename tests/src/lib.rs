@@ -127,6 +127,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(size: usize) -> Cluster {
+        Self::start_with(size, &[]).await
+    }
+
+    /// A cluster whose nodes all get `extra_args` as well.
+    pub async fn start_with(size: usize, extra_args: &[&str]) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let mut nodes: Vec<Node> = Vec::new();
         for node_id in 1..=size {
@@ -147,6 +152,7 @@ impl Cluster {
                 None => args.push("--bootstrap".to_owned()),
                 Some(first) => args.extend(["--join".to_owned(), first.api_addr.clone()]),
             }
+            args.extend(extra_args.iter().map(|arg| arg.to_string()));
             nodes.push(Node::spawn(&args));
         }
         let cluster = Cluster { nodes, _data: data };
