@@ -520,8 +520,11 @@ async fn nemesis(
     faults
 }
 
+/// The upserts the observer saw: (name, register value) of each.
+type Observed = Arc<Mutex<Vec<(String, Option<u64>)>>>;
+
 /// Every change the observer node saw: (name, value) of each upsert.
-async fn observe(addr: String, events: Arc<Mutex<Vec<(String, Option<u64>)>>>) -> String {
+async fn observe(addr: String, events: Observed) -> String {
     let mut client = ResourceServiceClient::new(channel(&addr).await);
     let request = WatchListRequest {
         r#type: Some(artist_type()),
