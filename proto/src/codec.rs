@@ -144,7 +144,7 @@ impl Codec {
                     } else {
                         format!("did you mean {}?", similar.join(" or "))
                     };
-                    CodecError::new(format!("{name} is not a registered type ({hint})"))
+                    CodecError::new(format!("{name} is not registered ({hint})"))
                 });
         }
         let matches: Vec<&TypeInfo> = self

@@ -140,7 +140,7 @@ impl ResourceService {
                 format!("did you mean {}?", similar.join(" or "))
             };
             Error::invalid(format!(
-                "{field} {} is not a registered type ({hint})",
+                "{field} {} is not registered ({hint})",
                 resource::gvk(resource_type)
             ))
         })
@@ -156,15 +156,15 @@ impl ResourceService {
     ) -> Result<Arc<Registration>, Error> {
         let resource_type = id.r#type.clone().unwrap_or_default();
         let registration = self.resolve_type(&resource_type, &format!("{field}.type"))?;
-        if let Some(tenancy) = id.tenancy.as_mut() {
-            validate::apply_scope(
-                &format!("{field}.tenancy"),
-                &registration.gvk(),
-                registration.scope,
-                tenancy,
-                wildcards,
-            )?;
-        }
+        // An absent tenancy is an empty one: the defaults of the type's scope.
+        let tenancy = id.tenancy.get_or_insert_with(Tenancy::default);
+        validate::apply_scope(
+            &format!("{field}.tenancy"),
+            &registration.gvk(),
+            registration.scope,
+            tenancy,
+            wildcards,
+        )?;
         Ok(registration)
     }
 

@@ -9,11 +9,11 @@ use proto::resource::v1::{
     ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchListRequest,
 };
 
-use super::validate::{self, Violations, Wildcards};
+use super::validate::{self, Absent, Violations, Wildcards};
 use super::{Error, ResourceService};
 use crate::acl::{AclError, Authorizer};
 use crate::registry::{ReadAcl, Registration};
-use crate::resource::DisplayId;
+use crate::resource::{self, DisplayId};
 use crate::storage::{Consistency, Operation, StorageError, UnversionedType};
 
 /// The stream WatchList answers with.
@@ -72,11 +72,14 @@ impl ResourceService {
         })
     }
 
+    /// Checks a List (`absent: Required`) or WatchList (`absent: Defaults`: every tenancy of
+    /// the type's scope) query.
     fn query(
         &self,
         resource_type: Option<Type>,
         tenancy: Option<Tenancy>,
         name_prefix: String,
+        absent: Absent,
     ) -> Result<Query, Error> {
         let mut violations = Violations::default();
         validate::check_type(&mut violations, "type", resource_type.as_ref());
@@ -85,8 +88,16 @@ impl ResourceService {
             "tenancy",
             tenancy.as_ref(),
             Wildcards::Allowed,
+            absent,
         );
+        validate::check_name_prefix(&mut violations, &name_prefix);
         violations.finish()?;
+        let tenancy = tenancy.or_else(|| {
+            (absent == Absent::Defaults).then(|| Tenancy {
+                partition: resource::WILDCARD.into(),
+                namespace: resource::WILDCARD.into(),
+            })
+        });
         let (Some(resource_type), Some(mut tenancy)) = (resource_type, tenancy) else {
             return Err(Error::invalid("type and tenancy are required"));
         };
@@ -112,7 +123,12 @@ impl ResourceService {
         consistency: Consistency,
         request: ListRequest,
     ) -> Result<ListResponse, Error> {
-        let query = self.query(request.r#type, request.tenancy, request.name_prefix)?;
+        let query = self.query(
+            request.r#type,
+            request.tenancy,
+            request.name_prefix,
+            Absent::Required,
+        )?;
         (query.registration.acls.list)(authorizer, &query.tenancy)?;
         let resources = self
             .backend
@@ -190,7 +206,12 @@ impl ResourceService {
                 ))
             })?),
         };
-        let query = self.query(request.r#type, request.tenancy, request.name_prefix)?;
+        let query = self.query(
+            request.r#type,
+            request.tenancy,
+            request.name_prefix,
+            Absent::Defaults,
+        )?;
         (query.registration.acls.list)(authorizer.as_ref(), &query.tenancy)?;
         let watch = self
             .backend

@@ -17,6 +17,7 @@ use crate::resource;
 use crate::storage::inmem::InMemBackend;
 use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch};
 
+mod absent_tenancy;
 mod acl;
 mod delete;
 mod grpc;

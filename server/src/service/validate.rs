@@ -43,16 +43,28 @@ pub(super) fn check_type(violations: &mut Violations, field: &str, resource_type
     }
 }
 
+/// Whether a tenancy may be left out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Absent {
+    /// Left out means empty: the defaults of the type's scope (ids, as in Consul 1.18).
+    Defaults,
+    /// It must be there (List, condition references).
+    Required,
+}
+
 pub(super) fn check_tenancy(
     violations: &mut Violations,
     field: &str,
     tenancy: Option<&Tenancy>,
     wildcards: Wildcards,
+    absent: Absent,
 ) {
     let Some(tenancy) = tenancy else {
-        violations.push(format!(
-            "{field} is required (send an empty tenancy for the defaults of the type's scope)"
-        ));
+        if absent == Absent::Required {
+            violations.push(format!(
+                "{field} is required (send an empty tenancy for the defaults of the type's scope)"
+            ));
+        }
         return;
     };
     for (part, value) in [
@@ -100,6 +112,7 @@ pub(super) fn check_id(
         &format!("{field}.tenancy"),
         id.tenancy.as_ref(),
         wildcards,
+        Absent::Defaults,
     );
 }
 
@@ -117,7 +130,21 @@ pub(super) fn check_reference(violations: &mut Violations, field: &str, referenc
         &format!("{field}.tenancy"),
         reference.tenancy.as_ref(),
         Wildcards::Forbidden,
+        Absent::Required,
     );
+}
+
+/// Checks a List or WatchList name prefix: the start of a name, so lowercase letters, digits
+/// and '-' only.
+pub(super) fn check_name_prefix(violations: &mut Violations, prefix: &str) {
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        violations.push(format!(
+            "name_prefix invalid: {prefix:?} contains {c:?}: names are lowercase RFC 1123 labels (a-z, 0-9 and '-'), so no name starts with it"
+        ));
+    }
 }
 
 /// Applies the defaults of a scope to a tenancy and rejects the parts the scope does not have.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use proto::demo::v2 as demo_v2;
 use proto::resource::v1::watch_event::Event;
 use proto::resource::v1::{
-    DeleteRequest, ReadRequest, Resource, Tenancy, WatchListRequest, WriteRequest,
+    DeleteRequest, Id, ReadRequest, Resource, Tenancy, WatchListRequest, WriteRequest,
     WriteStatusRequest,
 };
 use tokio_stream::StreamExt;
@@ -274,4 +274,88 @@ async fn list_types_publishes_the_registry_and_descriptors() {
         prost::Message::decode(response.file_descriptor_set.as_slice())
             .expect("descriptor set decodes");
     assert!(set.file.iter().any(|f| f.package() == "resd.demo.v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_grpc_examples_work_without_a_tenancy() {
+    let node = Resd::start();
+    let mut client = node.resources().await;
+    let artist_v2 = || proto::resource::v1::Type {
+        group: "demo".into(),
+        group_version: "v2".into(),
+        kind: "Artist".into(),
+    };
+    let mut watch = client
+        .watch_list(WatchListRequest {
+            r#type: Some(artist_v2()),
+            ..Default::default()
+        })
+        .await
+        .expect("a watch without a tenancy")
+        .into_inner();
+    let written = client
+        .write(WriteRequest {
+            resource: Some(Resource {
+                id: Some(Id {
+                    name: "miles-davis".into(),
+                    r#type: Some(artist_v2()),
+                    ..Default::default()
+                }),
+                data: Some(proto::to_any(&demo_v2::Artist {
+                    name: "Miles Davis".into(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("a write without a tenancy")
+        .into_inner()
+        .resource
+        .expect("stored");
+    let tenancy = written.id.as_ref().and_then(|id| id.tenancy.clone());
+    assert_eq!(
+        tenancy
+            .as_ref()
+            .map(|t| (t.partition.as_str(), t.namespace.as_str())),
+        Some(("default", "default"))
+    );
+    let mut read = tonic::Request::new(ReadRequest {
+        id: Some(Id {
+            name: "miles-davis".into(),
+            r#type: Some(artist_v2()),
+            ..Default::default()
+        }),
+    });
+    read.metadata_mut().insert(
+        "x-resd-consistency-mode",
+        "consistent".parse().expect("ascii"),
+    );
+    let read = client
+        .read(read)
+        .await
+        .expect("a read without a tenancy")
+        .into_inner()
+        .resource
+        .expect("resource");
+    // The demo controller may have written its status since: the same resource, no older.
+    assert_eq!(
+        read.id.map(|id| id.uid),
+        written.id.as_ref().map(|id| id.uid.clone())
+    );
+    let version = |text: &str| text.parse::<u64>().unwrap_or(0);
+    assert!(version(&read.version) >= version(&written.version));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("an event")
+            .expect("open")
+            .expect("ok");
+        if let Some(Event::Upsert(upsert)) = event.event {
+            assert_eq!(upsert.resource.map(|r| r.version), Some(written.version));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no upsert");
+    }
 }

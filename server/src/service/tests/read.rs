@@ -111,7 +111,7 @@ async fn read_of_an_unregistered_type_is_invalid() {
     expect_error(
         h.read(&id("demo.v3.Artist", default_ns(), "miles")).await,
         Code::InvalidArgument,
-        "id.type demo.v3.Artist is not a registered type",
+        "id.type demo.v3.Artist is not registered",
     );
 }
 
