@@ -261,6 +261,10 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     "unreachable from the leader",
                     Style::default().fg(Color::Red),
                 ),
+                Some(Ok(status)) if !status.ready => Span::styled(
+                    format!("not serving: {}", status.not_ready_reason),
+                    Style::default().fg(Color::Yellow),
+                ),
                 _ if lag > 100 => Span::styled(
                     format!("catching up ({lag} behind)"),
                     Style::default().fg(Color::Yellow),

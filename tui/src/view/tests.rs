@@ -188,6 +188,18 @@ fn cluster_screen() {
 }
 
 #[test]
+fn a_member_catching_up_after_an_unclean_stop_says_it_serves_nothing() {
+    let mut state = demo_state();
+    if let Some(Ok(status)) = state.cluster.nodes.get_mut(&2) {
+        status.ready = false;
+        status.not_ready_reason = "catching up after an unclean stop: applied 10 of 42".into();
+    }
+    key(&mut state, KeyCode::Char('3'));
+    let shown = screen(&mut state);
+    assert!(shown.contains("not serving: catching up"), "{shown}");
+}
+
+#[test]
 fn cluster_screen_with_an_unreachable_member() {
     let mut state = demo_state();
     state.cluster.nodes.insert(
