@@ -5,8 +5,9 @@
 //! - [`registry`]: registered types, their scopes and hooks, and the built-in types;
 //! - [`acl`]: authorizers, policies and token resolution;
 //! - [`storage`]: the [`storage::Backend`] contract, its backends and the conformance suite;
-//! - [`service`]: the resource and cluster services, their gRPC handlers and the server setup;
+//! - [`service`]: the resource and cluster services and their gRPC handlers;
 //! - [`controller`]: the controller runtime (controllers, reconcile loop, work queue);
+//! - [`tls`]: certificates for a cluster (`resd tls`): CA, node and client certificates;
 //! - [`agent`]: one running node, assembled from the above.
 
 pub mod acl;
@@ -16,3 +17,4 @@ pub mod registry;
 pub mod resource;
 pub mod service;
 pub mod storage;
+pub mod tls;

@@ -25,6 +25,59 @@ enum Command {
     Agent(Box<AgentArgs>),
     /// Run a three-node cluster on loopback with temporary data directories.
     Dev(DevArgs),
+    /// Make certificates for a cluster: a CA, node certificates, client certificates.
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TlsCommand {
+    /// The certificate authority every node and client certificate is signed by.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// Node and client certificates, signed by the CA in --dir.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCommand {
+    /// Write resd-ca.pem and resd-ca-key.pem (never overwrites).
+    Create {
+        /// Directory for the files [default: the current directory].
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CertCommand {
+    /// Write node-N.pem and node-N-key.pem (SANs node-N.CLUSTER.resd, localhost, 127.0.0.1 and
+    /// the given ones), or with --client NAME, client-NAME.pem and client-NAME-key.pem.
+    Create(CertCreateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("whom").required(true).args(["node_id", "client"])))]
+struct CertCreateArgs {
+    /// The node the certificate is for.
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// A client certificate for resctl or the dashboard, with this name.
+    #[arg(long, conflicts_with_all = ["cluster_name", "ip", "dns"])]
+    client: Option<String>,
+    /// The cluster the node belongs to (its certificate names node-N.CLUSTER.resd).
+    #[arg(long, default_value = "resd")]
+    cluster_name: String,
+    /// Another IP address the node is reached at (repeatable).
+    #[arg(long)]
+    ip: Vec<std::net::IpAddr>,
+    /// Another DNS name the node is reached at (repeatable).
+    #[arg(long)]
+    dns: Vec<String>,
+    /// Directory holding the CA and receiving the files [default: the current directory].
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -137,6 +190,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Agent(args) => run_agent(*args).await,
             Command::Dev(args) => run_dev(args).await,
+            Command::Tls(command) => run_tls(command),
         }
     });
     match result {
@@ -146,6 +200,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+#[allow(clippy::print_stdout)]
+fn run_tls(command: TlsCommand) -> anyhow::Result<()> {
+    use server::tls;
+    let written = match command {
+        TlsCommand::Ca(CaCommand::Create { dir }) => tls::create_ca(&dir)?,
+        TlsCommand::Cert(CertCommand::Create(args)) => match (args.node_id, args.client) {
+            (_, Some(name)) => tls::create_client_cert(&args.dir, &name)?,
+            (Some(node_id), None) => {
+                let written = tls::create_node_cert(
+                    &args.dir,
+                    node_id,
+                    &args.cluster_name,
+                    &args.ip,
+                    &args.dns,
+                )?;
+                let extra: String = args
+                    .dns
+                    .iter()
+                    .cloned()
+                    .chain(args.ip.iter().map(ToString::to_string))
+                    .map(|name| format!(", {name}"))
+                    .collect();
+                println!(
+                    "node {node_id}'s certificate names {}, localhost, 127.0.0.1{extra}",
+                    tls::node_name(node_id, &args.cluster_name),
+                );
+                written
+            }
+            (None, None) => anyhow::bail!("give --node-id N or --client NAME"),
+        },
+    };
+    println!("wrote {}", written.cert.display());
+    println!(
+        "wrote {} (private key: readable by you only)",
+        written.key.display()
+    );
+    Ok(())
 }
 
 fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {

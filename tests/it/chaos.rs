@@ -168,6 +168,22 @@ impl Run {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// A default read of register `key` on `node`, invoked at `invoked` and returning now.
+    fn record_default_read(&self, node: usize, key: usize, invoked: u64, seen: Option<(u64, u32)>) {
+        let returned = self.now();
+        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        history.operations += 1;
+        history
+            .default_reads
+            .entry((node, key))
+            .or_default()
+            .push(DefaultRead {
+                invoked,
+                returned,
+                version: seen,
+            });
+    }
+
     fn record(&self, key: usize, call: Call, invoked: u64, returned: Option<u64>) {
         let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
         history.operations += 1;
@@ -326,18 +342,7 @@ async fn client(run: Arc<Run>, node: usize, addr: String, worker: usize, stop: I
                     Err(status) if status.code() == Code::NotFound => None,
                     Err(_) => continue,
                 };
-                let returned = run.now();
-                let mut history = run.history.lock().unwrap_or_else(|p| p.into_inner());
-                history.operations += 1;
-                history
-                    .default_reads
-                    .entry((node, key))
-                    .or_default()
-                    .push(DefaultRead {
-                        invoked,
-                        returned,
-                        version: seen,
-                    });
+                run.record_default_read(node, key, invoked, seen);
             }
             // A unique create.
             _ => {
@@ -414,18 +419,7 @@ fn probe(run: Arc<Run>, node: usize, addr: String) -> tokio::task::JoinHandle<()
                     Err(status) if status.code() == Code::NotFound => None,
                     Err(_) => continue,
                 };
-                let returned = run.now();
-                let mut history = run.history.lock().unwrap_or_else(|p| p.into_inner());
-                history.operations += 1;
-                history
-                    .default_reads
-                    .entry((node, key))
-                    .or_default()
-                    .push(DefaultRead {
-                        invoked,
-                        returned,
-                        version: seen,
-                    });
+                run.record_default_read(node, key, invoked, seen);
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -13,3 +13,4 @@ mod shutdown;
 mod snapshot;
 mod support;
 mod tidy;
+mod tls;
