@@ -209,6 +209,26 @@ impl Agent {
                 .await
                 .map_err(AgentError::Bootstrap)?;
         }
+        let exposed: Vec<String> = std::iter::once(("API", api_addr))
+            .chain(
+                raft.as_ref()
+                    .and_then(|(_, listener)| listener.local_addr().ok())
+                    .map(|addr| ("raft service", addr)),
+            )
+            .filter(|(_, addr)| !addr.ip().is_loopback())
+            .map(|(what, addr)| format!("the {what} on {addr}"))
+            .collect();
+        if !exposed.is_empty() {
+            let (is, it) = if exposed.len() == 1 {
+                ("is not on a loopback address and speaks", "it")
+            } else {
+                ("are not on loopback addresses and speak", "them")
+            };
+            tracing::warn!(
+                "{} {is} plaintext: anyone who can reach {it} can read and change everything; bind {it} to a trusted network only",
+                exposed.join(" and ")
+            );
+        }
         Ok(Agent {
             config,
             api_listener,
