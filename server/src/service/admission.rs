@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use proto::resource::v1::Resource;
 
-use super::validate::{self, Violations, Wildcards};
+use super::validate::{self, Wildcards};
 use super::{Error, ResourceService};
 use crate::registry::{Registration, Registry};
 use crate::storage::{Admission, StorageError, check};
@@ -23,24 +23,7 @@ pub fn check_record(
     resource: &Resource,
 ) -> Result<Arc<Registration>, Error> {
     check::check_storable(resource, max_resource_bytes)?;
-    let mut violations = Violations::default();
-    validate::check_id(
-        &mut violations,
-        "resource.id",
-        resource.id.as_ref(),
-        Wildcards::Forbidden,
-        registry,
-    );
-    if let Some(owner) = &resource.owner {
-        validate::check_id(
-            &mut violations,
-            "resource.owner",
-            Some(owner),
-            Wildcards::Forbidden,
-            registry,
-        );
-    }
-    violations.finish()?;
+    validate::check_resource_ids(resource, registry)?;
     let id = resource.id.clone().unwrap_or_default();
     let resource_type = id.r#type.clone().unwrap_or_default();
     let registration = registry.resolve(&resource_type).ok_or_else(|| {

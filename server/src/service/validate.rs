@@ -116,6 +116,32 @@ pub(super) fn check_id(
     );
 }
 
+/// Checks a resource's id and, if it has one, its owner's id (no wildcards), reporting every
+/// violation of both.
+pub(super) fn check_resource_ids(
+    resource: &proto::resource::v1::Resource,
+    registry: &Registry,
+) -> Result<(), Error> {
+    let mut violations = Violations::default();
+    check_id(
+        &mut violations,
+        "resource.id",
+        resource.id.as_ref(),
+        Wildcards::Forbidden,
+        registry,
+    );
+    if let Some(owner) = &resource.owner {
+        check_id(
+            &mut violations,
+            "resource.owner",
+            Some(owner),
+            Wildcards::Forbidden,
+            registry,
+        );
+    }
+    violations.finish()
+}
+
 pub(super) fn check_reference(violations: &mut Violations, field: &str, reference: &Reference) {
     check_type(
         violations,

@@ -92,24 +92,7 @@ impl ResourceService {
             )));
         }
 
-        let mut violations = Violations::default();
-        validate::check_id(
-            &mut violations,
-            "resource.id",
-            resource.id.as_ref(),
-            Wildcards::Forbidden,
-            &self.registry,
-        );
-        if let Some(owner) = &resource.owner {
-            validate::check_id(
-                &mut violations,
-                "resource.owner",
-                Some(owner),
-                Wildcards::Forbidden,
-                &self.registry,
-            );
-        }
-        violations.finish()?;
+        validate::check_resource_ids(&resource, &self.registry)?;
 
         let mut id = resource.id.take().unwrap_or_default();
         let registration = self.scope_id(&mut id, "resource.id", Wildcards::Forbidden)?;

@@ -16,7 +16,7 @@ use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use crate::process::{Cluster, Resd};
-use crate::support::{artist, list_artists, save_snapshot};
+use crate::support::{artist, list_artists, restore, save_snapshot};
 
 /// A complete artist as a leader would store it: uid, generation, default tenancy.
 fn stored_artist(name: &str) -> Resource {
@@ -169,18 +169,6 @@ fn snapshot_of(records: &[Resource]) -> Vec<u8> {
     file
 }
 
-async fn restore(node: &Resd, file: Vec<u8>) -> Result<(), tonic::Status> {
-    let chunks: Vec<SnapshotData> = file
-        .chunks(64 * 1024)
-        .map(|c| SnapshotData { data: c.to_vec() })
-        .collect();
-    node.cluster()
-        .await
-        .snapshot_restore(tokio_stream::iter(chunks))
-        .await
-        .map(|_| ())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_invalid_restore_is_refused_and_changes_nothing() {
     let mut node = Resd::start();
@@ -231,7 +219,9 @@ async fn every_invalid_restore_is_refused_and_changes_nothing() {
         ("no default partition", without_default, "default partition"),
     ];
     for (what, records, expected) in cases {
-        let error = restore(&node, snapshot_of(&records)).await.expect_err(what);
+        let error = restore(&node, &snapshot_of(&records))
+            .await
+            .expect_err(what);
         assert_eq!(error.code(), Code::InvalidArgument, "{what}: {error}");
         assert!(
             error.message().contains(expected) && error.message().contains("nothing was changed"),
@@ -250,7 +240,7 @@ async fn every_invalid_restore_is_refused_and_changes_nothing() {
     node.restart();
     still_serves_writes(&node, "after-restart").await;
     // The good snapshot still restores.
-    restore(&node, saved)
+    restore(&node, &saved)
         .await
         .expect("the saved snapshot restores");
 }
@@ -295,7 +285,7 @@ async fn a_restore_larger_than_the_limit_is_refused_as_resource_exhausted() {
         big.metadata.insert("payload".into(), "x".repeat(4000));
         records.push(big);
     }
-    let error = restore(&node, snapshot_of(&records))
+    let error = restore(&node, &snapshot_of(&records))
         .await
         .expect_err("too large");
     assert_eq!(error.code(), Code::ResourceExhausted, "{error}");

@@ -3,13 +3,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use proto::cluster::v1::SnapshotData;
 use proto::resource::v1::{DeleteRequest, Tenancy, WatchListRequest, WriteRequest};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::process::{Cluster, Resd};
-use crate::support::{artist, artist_type, list_artists, save_snapshot};
+use crate::support::{artist, artist_type, list_artists, restore, save_snapshot};
 
 /// name → (uid, data) of every artist on a node (local read).
 async fn artists(node: &Resd) -> BTreeMap<String, (String, Vec<u8>, u64)> {
@@ -25,21 +24,6 @@ async fn artists(node: &Resd) -> BTreeMap<String, (String, Vec<u8>, u64)> {
             )
         })
         .collect()
-}
-
-async fn restore(
-    node: &Resd,
-    file: &[u8],
-) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
-    let chunks: Vec<SnapshotData> = file
-        .chunks(64 * 1024)
-        .map(|c| SnapshotData { data: c.to_vec() })
-        .collect();
-    node.cluster()
-        .await
-        .snapshot_restore(tokio_stream::iter(chunks))
-        .await
-        .map(|reply| reply.into_inner())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

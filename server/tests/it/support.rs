@@ -1,6 +1,6 @@
 //! Helpers the integration tests share: resources to write and snapshot plumbing.
 
-use proto::cluster::v1::SnapshotSaveRequest;
+use proto::cluster::v1::{SnapshotData, SnapshotSaveRequest};
 use proto::resource::v1::{Id, ListRequest, Resource, Tenancy, Type};
 use tokio_stream::StreamExt;
 
@@ -68,4 +68,20 @@ pub async fn save_snapshot(node: &Resd) -> Vec<u8> {
         file.extend_from_slice(&chunk.expect("chunk").data);
     }
     file
+}
+
+/// Uploads a snapshot file to `node` in 64 KiB chunks (`SnapshotRestore`).
+pub async fn restore(
+    node: &Resd,
+    file: &[u8],
+) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
+    let chunks: Vec<SnapshotData> = file
+        .chunks(64 * 1024)
+        .map(|c| SnapshotData { data: c.to_vec() })
+        .collect();
+    node.cluster()
+        .await
+        .snapshot_restore(tokio_stream::iter(chunks))
+        .await
+        .map(|reply| reply.into_inner())
 }

@@ -240,21 +240,29 @@ impl RaftBackend {
     /// "read index"): afterwards, local reads are linearizable. Returns the index.
     pub async fn read_barrier(&self) -> Result<u64, StorageError> {
         let index = op::expect_read_index(self.submit(Request::ReadIndex).await)?;
-        let deadline = Instant::now() + self.forward_timeout;
+        self.wait_applied(index).await?;
+        Ok(index)
+    }
+
+    /// Waits until this node has applied `index`, up to the request's deadline (bounded by the
+    /// forward timeout); `Inconsistent` past it or when raft stops.
+    async fn wait_applied(&self, index: u64) -> Result<(), StorageError> {
+        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
         let mut metrics = self.raft.metrics();
         loop {
-            let applied = metrics.borrow().last_applied.map(|l| l.index).unwrap_or(0);
+            let applied = applied_index(&metrics.borrow_and_update());
             if applied >= index {
-                return Ok(index);
+                return Ok(());
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(StorageError::Inconsistent(format!(
-                    "this node did not apply index {index} within {:?}",
-                    self.forward_timeout
+                    "this node has applied {applied} of the {index} entries it must apply first"
                 )));
             }
-            let _ = tokio::time::timeout(remaining, metrics.changed()).await;
+            if let Ok(Err(_)) = tokio::time::timeout(remaining, metrics.changed()).await {
+                return Err(StorageError::Inconsistent("raft stopped".into()));
+            }
         }
     }
 
@@ -361,6 +369,11 @@ impl RaftBackend {
     pub fn state_machine(&self) -> &Arc<SmShared> {
         &self.sm
     }
+}
+
+/// The index of the last entry the state machine applied (0 before any).
+fn applied_index(metrics: &RaftMetrics<NodeId, NodeAddr>) -> u64 {
+    metrics.last_applied.map(|log_id| log_id.index).unwrap_or(0)
 }
 
 /// The floor of linearizable reads while this node leads the term it led before it stopped.

@@ -227,39 +227,16 @@ impl RaftBackend {
             && self.raft.metrics().borrow().current_term == floor.term
         {
             index = floor.index;
-            self.wait_applied(index).await?;
+            // Not applied within the deadline: let the caller retry (or give up) like any
+            // request that found no usable leader.
+            self.wait_applied(index)
+                .await
+                .map_err(|error| match error {
+                    StorageError::Inconsistent(why) => Attempt::Retry(why),
+                    other => Attempt::Done(Err(other)),
+                })?;
         }
         Ok(index)
-    }
-
-    /// Waits until this node has applied `index`, up to the request's deadline.
-    async fn wait_applied(&self, index: u64) -> Result<(), Attempt> {
-        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
-        let mut metrics = self.raft.metrics();
-        loop {
-            let applied = metrics
-                .borrow_and_update()
-                .last_applied
-                .map(|log_id| log_id.index)
-                .unwrap_or(0);
-            if applied >= index {
-                return Ok(());
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return Err(Attempt::Retry(format!(
-                    "the leader has applied {applied} of the {index} entries a linearizable read needs"
-                )));
-            }
-            if tokio::time::timeout(remaining, metrics.changed())
-                .await
-                .is_ok_and(|r| r.is_err())
-            {
-                return Err(Attempt::Done(Err(StorageError::Inconsistent(
-                    "raft stopped".into(),
-                ))));
-            }
-        }
     }
 }
 

@@ -65,12 +65,7 @@ impl RaftBackend {
     }
 
     fn applied_index(&self) -> u64 {
-        self.raft
-            .metrics()
-            .borrow()
-            .last_applied
-            .map(|log_id| log_id.index)
-            .unwrap_or(0)
+        super::applied_index(&self.raft.metrics().borrow())
     }
 }
 
@@ -90,11 +85,7 @@ pub(super) async fn catch_up(backend: Weak<RaftBackend>) {
                 });
                 let mut metrics = node.raft.metrics();
                 loop {
-                    let applied = metrics
-                        .borrow_and_update()
-                        .last_applied
-                        .map(|log_id| log_id.index)
-                        .unwrap_or(0);
+                    let applied = super::applied_index(&metrics.borrow_and_update());
                     if applied >= target {
                         tracing::info!(applied, "caught up after an unclean stop; serving reads");
                         node.readiness.send_replace(Readiness::Ready);

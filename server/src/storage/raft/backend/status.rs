@@ -75,7 +75,7 @@ impl RaftBackend {
         let leader = metrics
             .current_leader
             .map(|id| (id, membership.get_node(&id).cloned().unwrap_or_default()));
-        let applied_index = metrics.last_applied.map(|l| l.index).unwrap_or(0);
+        let applied_index = super::applied_index(&metrics);
         NodeStatus {
             node_id: self.id,
             node: self.node.clone(),
