@@ -56,6 +56,15 @@ pub struct GlobalArgs {
     /// ACL token sent with every request
     #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) the server's certificate must chain to; turns TLS on
+    #[arg(long, global = true, env = "RESD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that verify clients (`resd tls cert create --client NAME`)
+    #[arg(long, global = true, env = "RESD_CLIENT_CERT", value_name = "FILE")]
+    pub client_cert: Option<PathBuf>,
+    /// Private key (PEM) of the client certificate
+    #[arg(long, global = true, env = "RESD_CLIENT_KEY", value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
     /// Named server and token from the contexts file (see `resctl context`)
     #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]
     pub context: Option<String>,
@@ -303,6 +312,15 @@ pub struct SetContextArgs {
     pub partition: Option<String>,
     #[arg(long = "to-namespace")]
     pub namespace: Option<String>,
+    /// CA certificate the context's servers are checked against (turns TLS on)
+    #[arg(long = "to-ca-cert", value_name = "FILE")]
+    pub ca_cert: Option<String>,
+    /// Client certificate to present to the context's servers
+    #[arg(long = "to-client-cert", value_name = "FILE")]
+    pub client_cert: Option<String>,
+    /// Private key of that client certificate
+    #[arg(long = "to-client-key", value_name = "FILE")]
+    pub client_key: Option<String>,
 }
 
 #[derive(Debug, Args)]

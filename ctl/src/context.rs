@@ -7,7 +7,8 @@
 //! ```yaml
 //! current: prod
 //! contexts:
-//!   prod: {server: 10.0.0.5:8502, token: s3cret, namespace: default}
+//!   prod: {server: 10.0.0.5:8502, token: s3cret, namespace: default,
+//!          ca_cert: /etc/resd/resd-ca.pem, client_cert: ~/ops.pem, client_key: ~/ops-key.pem}
 //! ```
 
 use std::collections::BTreeMap;
@@ -27,6 +28,13 @@ pub struct ContextEntry {
     pub partition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// TLS: the CA certificate file (turns TLS on), and the client certificate and key files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

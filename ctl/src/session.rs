@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
-use proto::client::{Client, ClientConfig, DEFAULT_SERVER};
+use proto::client::{Client, ClientConfig, ClientTls, DEFAULT_SERVER};
 use proto::cluster::v1::{Scope, TypeInfo};
 use proto::codec::Codec;
 use proto::resource::v1::{Id, Tenancy};
@@ -46,7 +46,17 @@ impl Session {
             .clone()
             .or(entry.server)
             .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
+        let path = |flag: &Option<std::path::PathBuf>, stored: Option<String>| {
+            flag.clone()
+                .or_else(|| stored.map(|stored| expand_home(&stored)))
+        };
+        let tls = ClientTls::from_paths(
+            path(&global.ca_cert, entry.ca_cert),
+            path(&global.client_cert, entry.client_cert),
+            path(&global.client_key, entry.client_key),
+        )?;
         let config = ClientConfig::new(server)
+            .with_tls(tls)
             .with_token(global.token.clone().or(entry.token))
             .with_consistent(global.consistent);
         Ok(Session {
@@ -162,6 +172,14 @@ impl Session {
         };
         bar.set_message(message.to_owned());
         bar
+    }
+}
+
+/// A stored path with a leading `~/` expanded to the home directory.
+fn expand_home(path: &str) -> std::path::PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
+        _ => std::path::PathBuf::from(path),
     }
 }
 

@@ -13,11 +13,12 @@ mod watcher;
 mod tests;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::cluster::v1::cluster_service_client::ClusterServiceClient;
 use crate::cluster::v1::{
@@ -37,11 +38,71 @@ pub use watcher::{WatchUpdate, Watcher};
 /// The address `resd dev` and `resd agent` serve on unless told otherwise.
 pub const DEFAULT_SERVER: &str = "127.0.0.1:8502";
 
+/// TLS for a client (DESIGN §12.2): the CA the server's certificate must chain to and,
+/// for servers that verify clients, the client's certificate and key. PEM files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    pub ca_cert: PathBuf,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// The settings from the three optional paths: TLS is on whenever a CA is given; a client
+    /// certificate needs its key and a CA.
+    pub fn from_paths(
+        ca_cert: Option<PathBuf>,
+        client_cert: Option<PathBuf>,
+        client_key: Option<PathBuf>,
+    ) -> Result<Option<ClientTls>, ClientError> {
+        let tls_error = |message: &str| ClientError::Settings(message.to_owned());
+        match (ca_cert, client_cert, client_key) {
+            (None, None, None) => Ok(None),
+            (None, _, _) => Err(tls_error(
+                "a client certificate needs --ca-cert too (the cluster's resd-ca.pem)",
+            )),
+            (Some(_), Some(_), None) => Err(tls_error("--client-cert needs --client-key")),
+            (Some(_), None, Some(_)) => Err(tls_error("--client-key needs --client-cert")),
+            (Some(ca_cert), client_cert, client_key) => Ok(Some(ClientTls {
+                ca_cert,
+                client_cert,
+                client_key,
+            })),
+        }
+    }
+
+    fn config(&self, server: &str) -> Result<ClientTlsConfig, ClientError> {
+        let read = |path: &Path, what: &str| {
+            std::fs::read(path).map_err(|error| {
+                ClientError::Settings(format!(
+                    "cannot read the {what} {} for {server}: {error}",
+                    path.display()
+                ))
+            })
+        };
+        let mut config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(
+                &self.ca_cert,
+                "CA certificate",
+            )?))
+            .timeout(Duration::from_secs(10));
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            config = config.identity(Identity::from_pem(
+                read(cert, "client certificate")?,
+                read(key, "client key")?,
+            ));
+        }
+        Ok(config)
+    }
+}
+
 /// How a [`Client`] talks to the cluster.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `host:port` or an `http://` URL.
+    /// `host:port`, or an `http://` or `https://` URL.
     pub server: String,
+    /// TLS settings; `None` speaks plaintext.
+    pub tls: Option<ClientTls>,
     pub token: Option<String>,
     /// Ask for linearizable reads (`x-resd-consistency-mode: consistent`).
     pub consistent: bool,
@@ -59,6 +120,7 @@ impl ClientConfig {
     pub fn new(server: impl Into<String>) -> Self {
         ClientConfig {
             server: server.into(),
+            tls: None,
             token: None,
             consistent: false,
             connect_timeout: Duration::from_secs(3),
@@ -70,6 +132,11 @@ impl ClientConfig {
 
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token.filter(|token| !token.is_empty());
+        self
+    }
+
+    pub fn with_tls(mut self, tls: Option<ClientTls>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -88,6 +155,12 @@ pub enum ClientError {
         "server {server} unreachable: {message} (is `resd dev` or `resd agent` running there?)"
     )]
     Unreachable { server: String, message: String },
+    /// The client's own settings cannot be used (a TLS file missing, a flag without its pair).
+    #[error("{0}")]
+    Settings(String),
+    /// The connection's TLS failed (or the server wants TLS and got plaintext).
+    #[error("TLS with server {server}: {message}")]
+    Tls { server: String, message: String },
     #[error("{0}")]
     InvalidArgument(String),
     #[error("{0}")]
@@ -115,6 +188,12 @@ impl ClientError {
     /// The one decode of a wire status (the server's counterpart is `service::error`).
     pub fn from_status(server: &str, status: &tonic::Status) -> ClientError {
         let message = status.message().to_owned();
+        if let Some(problem) = tls_problem(status) {
+            return ClientError::Tls {
+                server: server.to_owned(),
+                message: problem.advice(),
+            };
+        }
         match status.code() {
             // A status built by the transport (connect refused, reset) carries its cause; one
             // sent by a server does not.
@@ -142,6 +221,26 @@ impl ClientError {
             ClientError::Unavailable(_) | ClientError::Unreachable { .. }
         )
     }
+}
+
+fn tls_problem(status: &tonic::Status) -> Option<crate::tls::TlsProblem> {
+    use std::error::Error as _;
+    status.source().and_then(crate::tls::TlsProblem::find)
+}
+
+/// A plaintext client's view of a TLS-only server: the server drops the connection during the
+/// HTTP/2 preface, which hyper reports as a protocol error or a closed connection.
+fn looks_like_tls_required(status: &tonic::Status) -> bool {
+    if !matches!(
+        status.code(),
+        Code::Unknown | Code::Internal | Code::Unavailable
+    ) {
+        return false;
+    }
+    let message = format!("{} {}", status.message(), transport_message(status));
+    message.contains("h2 protocol error")
+        || message.contains("connection closed before message completed")
+        || message.contains("Connection reset by peer")
 }
 
 fn is_transport_failure(status: &tonic::Status) -> bool {
@@ -180,10 +279,12 @@ impl Client {
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
         let url = if config.server.contains("://") {
             config.server.clone()
+        } else if config.tls.is_some() {
+            format!("https://{}", config.server)
         } else {
             format!("http://{}", config.server)
         };
-        let endpoint = Endpoint::from_shared(url)
+        let mut endpoint = Endpoint::from_shared(url)
             .map_err(|error| ClientError::InvalidServer {
                 server: config.server.clone(),
                 message: format!("{error}; expected HOST:PORT such as {DEFAULT_SERVER}"),
@@ -193,6 +294,14 @@ impl Client {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
+        if let Some(tls) = &config.tls {
+            endpoint = endpoint
+                .tls_config(tls.config(&config.server)?)
+                .map_err(|error| ClientError::Tls {
+                    server: config.server.clone(),
+                    message: error.to_string(),
+                })?;
+        }
         let channel = endpoint.connect_lazy();
         Ok(Client {
             resources: ResourceServiceClient::new(channel.clone())
@@ -203,6 +312,17 @@ impl Client {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             config,
         })
+    }
+
+    /// A failed call's error, with the hint a plaintext client of a TLS server needs.
+    pub fn decode(&self, status: &tonic::Status) -> ClientError {
+        if self.config.tls.is_none() && looks_like_tls_required(status) {
+            return ClientError::Tls {
+                server: self.config.server.clone(),
+                message: "the server closed the connection at once: it probably speaks TLS only; pass --ca-cert with the cluster's resd-ca.pem (or set RESD_CA_CERT)".into(),
+            };
+        }
+        ClientError::from_status(&self.config.server, status)
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -246,7 +366,7 @@ impl Client {
         loop {
             let error = match call().await {
                 Ok(response) => return Ok(response),
-                Err(status) => ClientError::from_status(&self.config.server, &status),
+                Err(status) => self.decode(&status),
             };
             let budget = match &error {
                 ClientError::Unavailable(_) => self.config.election_retry,
@@ -500,7 +620,7 @@ impl Client {
             .snapshot_restore(request)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| ClientError::from_status(&self.config.server, &status))
+            .map_err(|status| self.decode(&status))
     }
 
     /// A watch that reconnects and resumes after restarts and leader changes.

@@ -9,6 +9,7 @@
 //!   types;
 //! - [`meta`]: metadata conventions (finalizers, the deletion mark);
 //! - [`snapshot`]: the operator snapshot file format;
+//! - [`tls`]: what a failed TLS connection means and what to do about it;
 //! - `client` (feature `client`): the typed client (token and consistency metadata, retries
 //!   during elections, resumable watches);
 //! - `codec` (feature `client`): YAML/JSON ↔ `Resource` for any type the server publishes.
@@ -19,6 +20,7 @@ pub mod client;
 pub mod codec;
 pub mod meta;
 pub mod snapshot;
+pub mod tls;
 
 /// Encoded `google.protobuf.FileDescriptorSet` of every resd `.proto` file and its imports.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

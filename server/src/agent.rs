@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::cluster::v1::JoinRequest;
 use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+use proto::cluster::v1::{JoinRequest, MembersRequest};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -34,6 +34,7 @@ use crate::storage::inmem::InMemBackend;
 use crate::storage::raft::backend::{RaftBackend, RaftOptions, RaftStartError};
 use crate::storage::raft::network::RaftGrpc;
 use crate::storage::raft::types::NodeAddr;
+use crate::tls::{Dialer, NodeTls, Refusals, TlsError, TlsSettings};
 
 /// Where a node keeps its resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -76,6 +77,46 @@ pub struct AgentConfig {
     pub forward_timeout_ms: u64,
     /// Delay of the reaper's second pass over a tombstone (catches late children), in ms.
     pub reaper_second_pass_ms: u64,
+    /// The CA certificate peers and clients must chain to; with `tls_cert` and `tls_key`, both
+    /// ports speak TLS only (DESIGN §12.2).
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate (naming `node-<id>.<cluster>.resd`).
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key.
+    pub tls_key: Option<PathBuf>,
+    /// Require API clients to present a certificate from the CA.
+    pub tls_verify_clients: bool,
+}
+
+impl AgentConfig {
+    /// The TLS settings, when all three files are given; an error naming what is missing when
+    /// only some are.
+    pub fn tls_settings(&self) -> Result<Option<TlsSettings>, AgentError> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (None, None, None) if self.tls_verify_clients => Err(AgentError::Config(
+                "--tls-verify-clients needs TLS: give --tls-ca, --tls-cert and --tls-key".into(),
+            )),
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsSettings {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+                verify_clients: self.tls_verify_clients,
+            })),
+            (ca, cert, key) => {
+                let missing: Vec<&str> =
+                    [("--tls-ca", ca), ("--tls-cert", cert), ("--tls-key", key)]
+                        .into_iter()
+                        .filter(|(_, path)| path.is_none())
+                        .map(|(flag, _)| flag)
+                        .collect();
+                Err(AgentError::Config(format!(
+                    "TLS needs --tls-ca, --tls-cert and --tls-key together; missing {}",
+                    missing.join(" and ")
+                )))
+            }
+        }
+    }
 }
 
 impl Default for AgentConfig {
@@ -95,6 +136,10 @@ impl Default for AgentConfig {
             watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_verify_clients: false,
         }
     }
 }
@@ -120,6 +165,19 @@ pub enum AgentError {
     Bootstrap(#[source] service::Error),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("cannot use TLS: {0}")]
+    Tls(#[from] TlsError),
+}
+
+impl AgentError {
+    /// Whether the node could not start because of how it was configured (flags, config file,
+    /// certificate files), rather than something that happened while running.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            AgentError::Config(_) | AgentError::Tls(_) | AgentError::Registry(_)
+        )
+    }
 }
 
 /// A node that has bound its listeners and is ready to serve.
@@ -130,6 +188,7 @@ pub struct Agent {
     raft: Option<(Arc<RaftBackend>, TcpListener)>,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
+    tls: Option<Arc<NodeTls>>,
     shutdown: CancellationToken,
 }
 
@@ -146,6 +205,21 @@ impl Agent {
         shutdown: CancellationToken,
     ) -> Result<Agent, AgentError> {
         let registry = Arc::new(Registry::builtin()?);
+        let tls = match config.tls_settings()? {
+            Some(settings) => {
+                let tls = NodeTls::load(&settings, &config.cluster_name, config.node_id)?;
+                if tls.expires_soon() {
+                    tracing::warn!(
+                        certificate = %settings.cert.display(),
+                        days_left = tls.expires_in().as_secs() / 86_400,
+                        "this node's certificate expires soon; make a new one with `resd tls cert create` and restart the node"
+                    );
+                }
+                Some(Arc::new(tls))
+            }
+            None => None,
+        };
+        let dialer = Dialer::new(tls.clone());
         let api_listener = bind("API", config.api_addr).await?;
         let api_addr = api_listener
             .local_addr()
@@ -193,6 +267,7 @@ impl Agent {
                 options.max_snapshot_bytes = config.max_snapshot_bytes;
                 options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
+                options.dialer = dialer.clone();
                 let backend = RaftBackend::open(options).await?;
                 (
                     backend.clone() as Arc<dyn Backend>,
@@ -218,7 +293,7 @@ impl Agent {
             .filter(|(_, addr)| !addr.ip().is_loopback())
             .map(|(what, addr)| format!("the {what} on {addr}"))
             .collect();
-        if !exposed.is_empty() {
+        if tls.is_none() && !exposed.is_empty() {
             let (is, it) = if exposed.len() == 1 {
                 ("is not on a loopback address and speaks", "it")
             } else {
@@ -235,6 +310,7 @@ impl Agent {
             raft,
             service: Arc::new(service),
             tokens: Arc::new(AclsDisabled),
+            tls,
             shutdown,
         })
     }
@@ -274,15 +350,24 @@ impl Agent {
             raft,
             service,
             tokens,
+            tls,
             shutdown,
         } = self;
+        let net = Network {
+            dialer: Dialer::new(tls.clone()),
+            refusals: Arc::new(Refusals::default()),
+            cluster_name: config.cluster_name.clone(),
+        };
 
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
         // A node without raft always leads; the sender lives as long as this function.
         let (_always_leader, standalone) = tokio::sync::watch::channel(true);
         let (raft, leadership) = match raft {
             Some((raft, listener)) => {
-                start_raft(&config, &raft, listener, &service, &shutdown, &mut tasks).await;
+                start_raft(
+                    &config, &net, &raft, listener, &service, &shutdown, &mut tasks,
+                )
+                .await;
                 let leadership = raft.leadership();
                 (Some(raft), leadership)
             }
@@ -297,9 +382,11 @@ impl Agent {
                 crate::controller::manager::report(&controllers)
             })))
             .with_cluster_name(config.cluster_name.clone())
-            .with_limits(config.max_resource_bytes, config.max_snapshot_bytes);
+            .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
+            .with_dialer(net.dialer.clone());
         let served = serve::serve_api(
             api_listener,
+            net.listening(tls.as_ref().map(|tls| tls.api_server_config())),
             service,
             tokens,
             cluster,
@@ -319,10 +406,29 @@ impl Agent {
     }
 }
 
+/// How a node connects and accepts connections.
+struct Network {
+    dialer: Dialer,
+    /// Refused handshakes, peers and joins, logged once per peer.
+    refusals: Arc<Refusals>,
+    cluster_name: String,
+}
+
+impl Network {
+    fn listening(&self, tls: Option<Arc<rustls::ServerConfig>>) -> serve::Listening {
+        serve::Listening {
+            tls,
+            cluster_name: self.cluster_name.clone(),
+            refusals: self.refusals.clone(),
+        }
+    }
+}
+
 /// Starts this node's part in the raft group: the raft service, bootstrap or join, and the
 /// default tenancy (before serving on the bootstrap node, so no early write misses it).
 async fn start_raft(
     config: &AgentConfig,
+    net: &Network,
     raft: &Arc<RaftBackend>,
     listener: TcpListener,
     service: &Arc<ResourceService>,
@@ -332,10 +438,17 @@ async fn start_raft(
     {
         let token = shutdown.clone();
         let admission = Arc::new(service::ForwardAdmission::new(service.clone()));
-        let grpc = RaftGrpc::new(raft.clone(), admission);
+        let mut grpc = RaftGrpc::new(raft.clone(), admission);
+        let tls = net.dialer.tls().map(|tls| tls.raft_server_config());
+        if tls.is_some() {
+            grpc = grpc.with_verified_peers(net.refusals.clone());
+        }
+        let listening = net.listening(tls);
         tasks.push(tokio::spawn(
             async move {
-                if let Err(error) = serve::serve_raft(listener, grpc, token.clone()).await {
+                if let Err(error) =
+                    serve::serve_raft(listener, listening, grpc, token.clone()).await
+                {
                     tracing::error!(%error, "the raft service stopped; shutting down");
                     token.cancel();
                 }
@@ -359,7 +472,8 @@ async fn start_raft(
     }
     if let Some(target) = config.join.clone() {
         tasks.push(tokio::spawn(
-            join_until_member(raft.clone(), target, shutdown.clone()).in_current_span(),
+            join_until_member(raft.clone(), net.dialer.clone(), target, shutdown.clone())
+                .in_current_span(),
         ));
     }
 }
@@ -393,11 +507,19 @@ async fn retry_until_done<F, Fut>(
     }
 }
 
-/// Asks `target` to add this node until it is a voter or the node shuts down.
-async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: CancellationToken) {
+/// Asks `target` to add this node until it is a voter or the node shuts down. First learns the
+/// cluster's members from `target`, so that their raft RPCs are accepted before this node's own
+/// log names them (with TLS, the raft port admits members only).
+async fn join_until_member(
+    raft: Arc<RaftBackend>,
+    dialer: Dialer,
+    target: String,
+    shutdown: CancellationToken,
+) {
     retry_until_done("joining the cluster", true, shutdown, || {
         let raft = raft.clone();
         let target = target.clone();
+        let dialer = dialer.clone();
         async move {
             if raft.is_voter(raft.id()) {
                 tracing::info!("this node is a voter of the cluster");
@@ -408,9 +530,26 @@ async fn join_until_member(raft: Arc<RaftBackend>, target: String, shutdown: Can
                 api_addr: raft.node().api_addr.clone(),
                 raft_addr: raft.node().raft_addr.clone(),
             };
-            let mut client = ClusterServiceClient::connect(format!("http://{target}"))
+            let channel = dialer
+                .endpoint(&target, None)?
+                .connect()
                 .await
-                .map_err(|error| format!("cannot reach {target}: {error}"))?;
+                .map_err(|error| {
+                    format!(
+                        "cannot reach {target}: {}",
+                        crate::tls::describe_connect_error(&error)
+                    )
+                })?;
+            let mut client = ClusterServiceClient::new(channel);
+            let members = client
+                .members(MembersRequest {})
+                .await
+                .map_err(|status| {
+                    format!("{target} cannot list its members: {}", status.message())
+                })?
+                .into_inner()
+                .members;
+            raft.expect_peers(members.iter().map(|member| member.node_id));
             let leader = client
                 .join(request)
                 .await

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use server::agent::{Agent, AgentConfig, StorageKind};
+use server::agent::{Agent, AgentConfig, AgentError, StorageKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -145,6 +145,23 @@ struct AgentArgs {
     #[arg(long, env = "RESD_WATCH_HISTORY_BYTES")]
     watch_history_bytes: Option<usize>,
 
+    /// CA certificate (PEM) that peer and client certificates must chain to. With --tls-cert
+    /// and --tls-key, both ports speak TLS only and the raft port admits members only.
+    #[arg(long, env = "RESD_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+
+    /// This node's certificate (PEM), naming node-<id>.<cluster>.resd (`resd tls cert create`).
+    #[arg(long, env = "RESD_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+
+    /// This node's private key (PEM).
+    #[arg(long, env = "RESD_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+
+    /// Require API clients to present a certificate signed by the CA.
+    #[arg(long)]
+    tls_verify_clients: bool,
+
     /// Threads serving requests [default: one per CPU]. Lower it when several nodes share a
     /// machine.
     #[arg(long, env = "RESD_WORKER_THREADS")]
@@ -164,6 +181,11 @@ struct DevArgs {
     /// Keep the data directories instead of deleting them on exit.
     #[arg(long)]
     keep: bool,
+
+    /// Speak TLS only: make a throwaway CA, node certificates and a client certificate in the
+    /// temporary directory, require client certificates, and print the resctl flags to use.
+    #[arg(long)]
+    tls: bool,
 }
 
 fn main() -> ExitCode {
@@ -176,10 +198,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Agent(args) = &cli.command
+        && let Some(threads) = args.worker_threads
     {
+        runtime.worker_threads(threads.max(1));
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("resd: cannot start the async runtime: {error}");
@@ -197,7 +222,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("resd: {error:#}");
-            ExitCode::FAILURE
+            // Like a bad flag: the node could not start as configured (exit 2).
+            if error
+                .downcast_ref::<AgentError>()
+                .is_some_and(AgentError::is_configuration)
+            {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -241,13 +274,15 @@ fn run_tls(command: TlsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {
+fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     let mut config = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            serde_yaml_ng::from_str::<AgentConfig>(&text)
-                .with_context(|| format!("invalid config file {}", path.display()))?
+            let text = std::fs::read_to_string(path).map_err(|error| {
+                AgentError::Config(format!("cannot read {}: {error}", path.display()))
+            })?;
+            serde_yaml_ng::from_str::<AgentConfig>(&text).map_err(|error| {
+                AgentError::Config(format!("invalid config file {}: {error}", path.display()))
+            })?
         }
         None => AgentConfig::default(),
     };
@@ -292,6 +327,18 @@ fn agent_config(args: AgentArgs) -> anyhow::Result<AgentConfig> {
     if let Some(bytes) = args.watch_history_bytes {
         config.watch_history_bytes = bytes;
     }
+    if args.tls_ca.is_some() {
+        config.tls_ca = args.tls_ca;
+    }
+    if args.tls_cert.is_some() {
+        config.tls_cert = args.tls_cert;
+    }
+    if args.tls_key.is_some() {
+        config.tls_key = args.tls_key;
+    }
+    if args.tls_verify_clients {
+        config.tls_verify_clients = true;
+    }
     Ok(config)
 }
 
@@ -329,6 +376,42 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         .context("cannot create a temporary data directory")?;
     let shutdown = CancellationToken::new();
     let mut configs = server::agent::dev_cluster(base.path(), 3, args.api_port, args.raft_port);
+    let mut connect_flags = String::new();
+    let mut grpcurl_flags = "-plaintext".to_owned();
+    if args.tls {
+        let dir = base.path().join("tls");
+        let ca = server::tls::create_ca(&dir)?;
+        for config in configs.iter_mut() {
+            let node = server::tls::create_node_cert(
+                &dir,
+                config.node_id,
+                &config.cluster_name,
+                &[],
+                &[],
+            )?;
+            config.tls_ca = Some(ca.cert.clone());
+            config.tls_cert = Some(node.cert);
+            config.tls_key = Some(node.key);
+            config.tls_verify_clients = true;
+        }
+        let client = server::tls::create_client_cert(&dir, "dev")?;
+        connect_flags = format!(
+            " --ca-cert {} --client-cert {} --client-key {}",
+            ca.cert.display(),
+            client.cert.display(),
+            client.key.display()
+        );
+        grpcurl_flags = format!(
+            "-cacert {} -cert {} -key {}",
+            ca.cert.display(),
+            client.cert.display(),
+            client.key.display()
+        );
+        println!(
+            "resd: TLS on both ports; a throwaway CA and certificates are in {}",
+            dir.display()
+        );
+    }
     let mut agents = Vec::new();
     let mut first_api = None;
     for config in configs.iter_mut() {
@@ -355,7 +438,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     }
     let first_api = first_api.unwrap_or_default();
     println!(
-        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api} apply -f fixtures/demo\n  resctl --server {first_api} get demo.v2.Artist -A\n  grpcurl -plaintext {first_api} list\nCtrl-C stops it."
+        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api}{connect_flags} apply -f fixtures/demo\n  resctl --server {first_api}{connect_flags} get demo.v2.Artist -A\n  grpcurl {grpcurl_flags} {first_api} list\nCtrl-C stops it."
     );
 
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));

@@ -34,6 +34,7 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
                             "PARTITION",
                             "NAMESPACE",
                             "TOKEN",
+                            "TLS",
                         ]);
                         for (name, entry) in &file.contexts {
                             let current = file.current.as_deref() == Some(name.as_str());
@@ -44,6 +45,12 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
                                 entry.partition.clone().unwrap_or_else(|| "-".into()),
                                 entry.namespace.clone().unwrap_or_else(|| "-".into()),
                                 if entry.token.is_some() { "set" } else { "-" }.to_owned(),
+                                match (&entry.ca_cert, &entry.client_cert) {
+                                    (Some(_), Some(_)) => "mutual",
+                                    (Some(_), None) => "on",
+                                    _ => "-",
+                                }
+                                .to_owned(),
                             ]);
                         }
                         table.render()
@@ -68,6 +75,9 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
                 (&mut entry.token, args.token),
                 (&mut entry.partition, args.partition),
                 (&mut entry.namespace, args.namespace),
+                (&mut entry.ca_cert, args.ca_cert.map(absolute)),
+                (&mut entry.client_cert, args.client_cert.map(absolute)),
+                (&mut entry.client_key, args.client_key.map(absolute)),
             ] {
                 if let Some(value) = value {
                     *field = Some(value).filter(|v| !v.is_empty());
@@ -95,4 +105,20 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
         }
     }
     Ok(0)
+}
+
+/// A file path as given, made absolute against the current directory (a context is used from
+/// anywhere); `~/` is expanded. An empty value (which clears the field) stays empty.
+fn absolute(path: String) -> String {
+    if path.is_empty() {
+        return path;
+    }
+    let expanded = match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
+        _ => std::path::PathBuf::from(&path),
+    };
+    std::path::absolute(&expanded)
+        .unwrap_or(expanded)
+        .display()
+        .to_string()
 }

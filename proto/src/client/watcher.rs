@@ -125,7 +125,7 @@ impl Watcher {
                         return Some(self.disconnected("the server ended the stream".into()));
                     }
                     Err(status) => {
-                        let error = ClientError::from_status(self.client.server(), &status);
+                        let error = self.client.decode(&status);
                         return Some(self.on_error(error));
                     }
                 },

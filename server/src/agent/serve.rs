@@ -1,14 +1,13 @@
 //! Hosts a node's gRPC servers until shutdown: the public API (resource and cluster services,
 //! gRPC health, server reflection v1 and v1alpha so old and new grpcurl both work) and the
-//! internal raft service. Both get accepted sockets with `TCP_NODELAY` and the same
-//! refinement of the status codes tonic gives broken requests.
+//! internal raft service. Both accept through [`crate::tls::accept`] (plain or TLS, with
+//! `TCP_NODELAY`) and share the refinement of the status codes tonic gives broken requests.
 
 use std::sync::Arc;
 
 use proto::cluster::v1::cluster_service_server::ClusterServiceServer;
 use proto::resource::v1::resource_service_server::ResourceServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -18,6 +17,7 @@ use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
 use crate::storage::raft::backend::RaftBackend;
 use crate::storage::raft::network::RaftGrpc;
+use crate::tls::accept::{self, Conn, Refusals};
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
 /// service and gets its clear message rather than a transport error.
@@ -31,18 +31,25 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Accepted connections with `TCP_NODELAY` set: without it, small gRPC frames wait on Nagle's
-/// algorithm and the peer's delayed ACK (tens of milliseconds per request). tonic only sets it
-/// on listeners it binds itself.
-fn nodelay_incoming(
-    listener: TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
-    use futures::StreamExt;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
+/// How a port accepts connections: plain, or TLS with this configuration.
+#[derive(Clone)]
+pub struct Listening {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub cluster_name: String,
+    /// Refused handshakes and peers, logged once per peer.
+    pub refusals: Arc<Refusals>,
+}
+
+impl Listening {
+    /// Accepted connections, with `TCP_NODELAY` set (without it, small gRPC frames wait on
+    /// Nagle's algorithm and the peer's delayed ACK) and, with TLS, handshaken.
+    fn incoming(
+        self,
+        listener: TcpListener,
+        what: &'static str,
+    ) -> futures::stream::BoxStream<'static, std::io::Result<Conn>> {
+        accept::incoming(listener, self.tls, self.cluster_name, what, self.refusals)
+    }
 }
 
 /// What tonic answers a request it cannot decode, refined: a message that is not valid protobuf
@@ -93,6 +100,7 @@ pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
 /// end (they are tied to the same token) and returns once in-flight requests have finished.
 pub async fn serve_api(
     listener: TcpListener,
+    listening: Listening,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     cluster: ClusterGrpc,
@@ -157,7 +165,7 @@ pub async fn serve_api(
         .add_service(reflection_v1alpha)
         .add_service(resource_service)
         .add_service(cluster_service)
-        .serve_with_incoming_shutdown(nodelay_incoming(listener), async move {
+        .serve_with_incoming_shutdown(listening.incoming(listener, "API"), async move {
             stopping.cancelled().await;
             set_not_serving(&reporter).await;
         })
@@ -191,6 +199,7 @@ async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {
 /// Serves the raft service on `listener` until `shutdown` is cancelled.
 pub async fn serve_raft(
     listener: TcpListener,
+    listening: Listening,
     raft: RaftGrpc,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
@@ -200,6 +209,9 @@ pub async fn serve_raft(
             refine_status::<tonic::body::Body>,
         ))
         .add_service(raft.into_server())
-        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(
+            listening.incoming(listener, "raft service"),
+            shutdown.cancelled_owned(),
+        )
         .await
 }

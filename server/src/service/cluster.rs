@@ -19,11 +19,18 @@ use super::Error;
 use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
+use crate::tls::{ConnInfo, Dialer, Refusals};
 
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 
 mod restore;
+
+/// Another member, to forward a call to.
+struct Peer {
+    id: u64,
+    api_addr: String,
+}
 
 #[derive(Debug, Clone)]
 pub struct ClusterGrpc {
@@ -36,6 +43,10 @@ pub struct ClusterGrpc {
     api_addr: String,
     cluster_name: String,
     controllers: Option<ControllerReport>,
+    /// How this node reaches the others' APIs.
+    dialer: Dialer,
+    /// Refused joins, logged once per peer.
+    refusals: Arc<Refusals>,
 }
 
 /// What this node's controllers report for `ListControllers`, asked at each call (the
@@ -59,7 +70,16 @@ impl ClusterGrpc {
             api_addr,
             cluster_name: String::new(),
             controllers: None,
+            dialer: Dialer::default(),
+            refusals: Arc::default(),
         }
+    }
+
+    /// Reaches other members (forwarding to the leader, asking for their controllers) through
+    /// `dialer`; with TLS, also requires a joining node to present its node certificate.
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
     }
 
     /// Checks restores against these limits (the node's `--max-resource-bytes` and
@@ -108,15 +128,17 @@ impl ClusterGrpc {
     }
 
     /// The leader's API address when another node leads; `None` when this node leads.
-    fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<String>, Status> {
+    fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<Peer>, Status> {
         let status = raft.status();
         match status.leader {
             Some((id, _)) if id == status.node_id => Ok(None),
-            Some((id, node)) if !node.api_addr.is_empty() => {
-                Ok(Some(node.api_addr)).inspect(|_| {
-                    tracing::debug!(leader = id, "forwarding a membership call to the leader");
-                })
-            }
+            Some((id, node)) if !node.api_addr.is_empty() => Ok(Some(Peer {
+                id,
+                api_addr: node.api_addr,
+            }))
+            .inspect(|_| {
+                tracing::debug!(leader = id, "forwarding a membership call to the leader");
+            }),
             Some((id, _)) => Err(Status::unavailable(format!(
                 "leader {id} has no known API address"
             ))),
@@ -126,19 +148,59 @@ impl ClusterGrpc {
         }
     }
 
-    async fn leader_client(
+    /// A client of another member's API (with TLS, presenting this node's certificate and
+    /// expecting that member's).
+    async fn member_client(
         &self,
-        api_addr: &str,
+        peer: &Peer,
     ) -> Result<ClusterServiceClient<tonic::transport::Channel>, Status> {
-        let endpoint = tonic::transport::Channel::from_shared(format!("http://{api_addr}"))
-            .map_err(|error| {
-                Status::internal(format!("invalid leader address {api_addr:?}: {error}"))
-            })?
+        let Peer { id, api_addr } = peer;
+        let endpoint = self
+            .dialer
+            .endpoint(api_addr, Some(*id))
+            .map_err(|why| Status::internal(format!("API address of node {id}: {why}")))?
             .connect_timeout(Duration::from_secs(5));
         let channel = endpoint.connect().await.map_err(|error| {
-            Status::unavailable(format!("cannot reach the leader at {api_addr}: {error}"))
+            Status::unavailable(format!(
+                "cannot reach node {id} at {api_addr}: {}",
+                crate::tls::describe_connect_error(&error)
+            ))
         })?;
         Ok(ClusterServiceClient::new(channel))
+    }
+}
+
+impl ClusterGrpc {
+    /// With TLS, a node joins by proving who it is (DESIGN §12.2): the connection must present
+    /// the certificate of the node it joins as, or of a member forwarding the join to the
+    /// leader.
+    fn check_joiner(
+        &self,
+        raft: &RaftBackend,
+        caller: &ConnInfo,
+        joining: u64,
+    ) -> Result<(), Status> {
+        if self.dialer.tls().is_none() {
+            return Ok(());
+        }
+        let refused = match caller.peer.as_deref() {
+            Some(peer) => match peer.node_id {
+                Some(id) if id == joining || raft.admits_peer(id) => return Ok(()),
+                Some(id) => {
+                    format!("node {id}'s certificate cannot join the cluster as node {joining}")
+                }
+                None => format!(
+                    "{} cannot join the cluster: a node joins with its own node certificate",
+                    peer.describe()
+                ),
+            },
+            None => format!(
+                "joining as node {joining} needs node {joining}'s certificate ({}); start the agent with --tls-cert and --tls-key",
+                crate::tls::node_name(joining, &self.cluster_name)
+            ),
+        };
+        self.refusals.warn("join", caller.remote_ip(), &refused);
+        Err(Status::permission_denied(refused))
     }
 }
 
@@ -234,7 +296,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let raft = self.raft()?;
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
-                .leader_client(&leader)
+                .member_client(&leader)
                 .await?
                 .members(request.into_inner())
                 .await;
@@ -263,19 +325,21 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let raft = self.raft()?;
+        let caller = ConnInfo::of(&request);
         let join = request.into_inner();
         if join.node_id == 0 {
             return Err(Status::invalid_argument(
                 "node_id is required and must not be 0",
             ));
         }
+        self.check_joiner(raft, &caller, join.node_id)?;
         if join.raft_addr.is_empty() || join.api_addr.is_empty() {
             return Err(Status::invalid_argument(
                 "api_addr and raft_addr are required",
             ));
         }
         if let Some(leader) = self.leader_elsewhere(raft)? {
-            return self.leader_client(&leader).await?.join(timed(join)).await;
+            return self.member_client(&leader).await?.join(timed(join)).await;
         }
         if raft.is_voter(join.node_id) {
             let known = raft
@@ -323,7 +387,12 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 continue;
             }
             let asked = async {
-                let mut client = self.leader_client(&member.node.api_addr).await?;
+                let mut client = self
+                    .member_client(&Peer {
+                        id: member.node_id,
+                        api_addr: member.node.api_addr.clone(),
+                    })
+                    .await?;
                 let mut call = Request::new(pb::ListControllersRequest { all_nodes: false });
                 call.set_timeout(Duration::from_secs(5));
                 client.list_controllers(call).await
@@ -390,7 +459,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             let mut request = Request::new(spooled.upload()?);
             request.set_timeout(MEMBERSHIP_TIMEOUT);
             return self
-                .leader_client(&leader)
+                .member_client(&leader)
                 .await?
                 .snapshot_restore(request)
                 .await;
@@ -418,7 +487,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let remove = request.into_inner();
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
-                .leader_client(&leader)
+                .member_client(&leader)
                 .await?
                 .remove(timed(remove))
                 .await;

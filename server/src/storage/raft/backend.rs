@@ -29,6 +29,7 @@ use super::state_machine::{SmShared, StateMachineStore};
 use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::events::HistoryLimits;
 use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch, check};
+use crate::tls::Dialer;
 
 mod forward;
 mod proposer;
@@ -68,6 +69,8 @@ pub struct RaftOptions {
     pub history: HistoryLimits,
     /// Largest raft snapshot this node accepts from a leader.
     pub max_snapshot_bytes: u64,
+    /// How this node connects to its peers (plain, or TLS with its node certificate).
+    pub dialer: Dialer,
 }
 
 impl RaftOptions {
@@ -82,6 +85,7 @@ impl RaftOptions {
             election_timeout: (Duration::from_millis(750), Duration::from_millis(1500)),
             history: HistoryLimits::default(),
             max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
+            dialer: Dialer::default(),
         }
     }
 }
@@ -110,8 +114,13 @@ pub struct RaftBackend {
     log_stats: Arc<LogStats>,
     forward_timeout: Duration,
     max_snapshot_bytes: u64,
-    /// Clients of peers' raft services, by raft address.
-    peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
+    /// How this node connects to peers.
+    dialer: Dialer,
+    /// Clients of peers' raft services, by node and raft address.
+    peers: Mutex<HashMap<(NodeId, String), RaftServiceClient<Channel>>>,
+    /// Members of the cluster this node is joining, told by the member it joins through: they
+    /// may speak to this node's raft service before its own log names them (DESIGN §12.2).
+    joining_through: Mutex<std::collections::BTreeSet<NodeId>>,
     /// One membership change at a time: raft refuses a change while another is in flight.
     membership: tokio::sync::Mutex<()>,
     /// Whether this node leads, for placing singleton controllers.
@@ -164,9 +173,15 @@ impl RaftBackend {
         let log_stats = log.stats();
         let shared = sm.shared.clone();
         let ready = shared.opened_cleanly();
-        let raft = Raft::new(options.node_id, Arc::new(config), NetworkFactory, log, sm)
-            .await
-            .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
+        let raft = Raft::new(
+            options.node_id,
+            Arc::new(config),
+            NetworkFactory::new(options.dialer.clone()),
+            log,
+            sm,
+        )
+        .await
+        .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
         let (leading, leadership) = tokio::sync::watch::channel(false);
         let leadership_task = tokio::spawn(status::follow_leadership(raft.clone(), leading));
         let (proposals, queue) = tokio::sync::mpsc::channel(4 * proposer::MAX_BATCH_CHANGES);
@@ -188,7 +203,9 @@ impl RaftBackend {
             log_stats,
             forward_timeout: options.forward_timeout,
             max_snapshot_bytes: options.max_snapshot_bytes,
+            dialer: options.dialer,
             peers: Mutex::new(HashMap::new()),
+            joining_through: Mutex::new(std::collections::BTreeSet::new()),
             membership: tokio::sync::Mutex::new(()),
             leadership,
             leadership_task: Mutex::new(Some(leadership_task)),

@@ -3,10 +3,11 @@
 //! forwarded requests ([`server`]). Values cross the wire through [`super::codec`] (requests,
 //! replies, errors) and bincode (openraft's own messages).
 
-use std::time::Duration;
-
 use proto::raft::v1::raft_service_client::RaftServiceClient;
 use tonic::transport::Channel;
+
+use super::types::NodeId;
+use crate::tls::Dialer;
 
 mod client;
 mod server;
@@ -21,12 +22,16 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Size of the chunks a snapshot is streamed in.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
-/// A lazily connecting client of one peer's raft service.
-pub fn raft_client(addr: &str) -> Result<RaftServiceClient<Channel>, String> {
-    let endpoint = Channel::from_shared(format!("http://{addr}"))
-        .map_err(|error| format!("invalid raft address {addr:?}: {error}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true);
+/// A lazily connecting client of the raft service of peer `node` at `addr` (with TLS, the
+/// peer must present node `node`'s certificate).
+pub fn raft_client(
+    dialer: &Dialer,
+    addr: &str,
+    node: NodeId,
+) -> Result<RaftServiceClient<Channel>, String> {
+    let endpoint = dialer
+        .endpoint(addr, Some(node))
+        .map_err(|why| format!("raft address of node {node}: {why}"))?;
     Ok(RaftServiceClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

@@ -109,11 +109,12 @@ impl RaftBackend {
     async fn forward(&self, leader: NodeId, node: &NodeAddr, request: &Request) -> Attempt {
         let client = {
             let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-            match peers.get(&node.raft_addr) {
+            let key = (leader, node.raft_addr.clone());
+            match peers.get(&key) {
                 Some(client) => client.clone(),
-                None => match network::raft_client(&node.raft_addr) {
+                None => match network::raft_client(&self.dialer, &node.raft_addr, leader) {
                     Ok(client) => {
-                        peers.insert(node.raft_addr.clone(), client.clone());
+                        peers.insert(key, client.clone());
                         client
                     }
                     Err(why) => return Attempt::Retry(why),

@@ -151,6 +151,37 @@ impl RaftBackend {
     }
 
     /// Whether a node is already a voter with these addresses.
+    /// Whether node `id` may speak to this node's raft service (DESIGN §12.2): a voter or
+    /// learner of the latest membership this node knows, or a member of the cluster it is
+    /// joining (see [`RaftBackend::expect_peers`]).
+    pub fn admits_peer(&self, id: NodeId) -> bool {
+        let known = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some();
+        known
+            || self
+                .joining_through
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&id)
+    }
+
+    /// Admits the members of the cluster this node is joining, as told by the member it joins
+    /// through, before this node's own log names them.
+    pub fn expect_peers(&self, ids: impl IntoIterator<Item = NodeId>) {
+        let mut joining = self
+            .joining_through
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        joining.clear();
+        joining.extend(ids);
+    }
+
     pub fn is_voter(&self, id: NodeId) -> bool {
         self.metrics()
             .membership_config

@@ -17,11 +17,21 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
+use crate::tls::Dialer;
+
 use super::{MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
 
 /// Creates [`NetworkClient`]s for openraft.
 #[derive(Debug, Clone, Default)]
-pub struct NetworkFactory;
+pub struct NetworkFactory {
+    dialer: Dialer,
+}
+
+impl NetworkFactory {
+    pub fn new(dialer: Dialer) -> Self {
+        NetworkFactory { dialer }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = NetworkClient;
@@ -30,7 +40,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         NetworkClient {
             target,
             addr: node.raft_addr.clone(),
-            client: raft_client(&node.raft_addr),
+            client: raft_client(&self.dialer, &node.raft_addr, target),
         }
     }
 }

@@ -21,6 +21,7 @@ use super::super::state_machine;
 use super::super::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote, decode, encode};
 use super::MAX_MESSAGE_BYTES;
 use crate::storage::{Admission, StorageError, check};
+use crate::tls::{ConnInfo, Refusals};
 
 /// The raft service of one node.
 #[derive(Clone)]
@@ -28,6 +29,9 @@ pub struct RaftGrpc {
     raft: Raft,
     backend: Arc<RaftBackend>,
     admission: Arc<dyn Admission>,
+    /// With TLS: callers must be members, known by their node certificates.
+    verify_peers: bool,
+    refusals: Arc<Refusals>,
 }
 
 impl RaftGrpc {
@@ -36,7 +40,60 @@ impl RaftGrpc {
             raft: backend.raft().clone(),
             backend,
             admission,
+            verify_peers: false,
+            refusals: Arc::default(),
         }
+    }
+
+    /// Accepts RPCs only from current members, identified by their node certificates (the
+    /// port must be served with TLS that requires client certificates). Refusals are logged
+    /// through `refusals`, once per peer.
+    pub fn with_verified_peers(mut self, refusals: Arc<Refusals>) -> Self {
+        self.verify_peers = true;
+        self.refusals = refusals;
+        self
+    }
+
+    /// The member behind a request (DESIGN §12.2): its certificate must name a node of this
+    /// cluster that this node counts as a member. `None` without peer verification.
+    fn caller(&self, info: &ConnInfo) -> Result<Option<NodeId>, Status> {
+        if !self.verify_peers {
+            return Ok(None);
+        }
+        let node = match &info.peer {
+            None => Err("no certificate presented".to_owned()),
+            Some(peer) => match peer.node_id {
+                None => Err(format!("{} is not a node of this cluster", peer.describe())),
+                Some(node) if !self.backend.admits_peer(node) => {
+                    Err(format!("node {node} is not a member of this cluster"))
+                }
+                Some(node) => Ok(node),
+            },
+        };
+        node.map(Some).map_err(|reason| self.refuse(info, reason))
+    }
+
+    /// Refuses a vote, append or snapshot whose leader or candidate is not the caller.
+    fn check_claim(
+        &self,
+        info: &ConnInfo,
+        caller: Option<NodeId>,
+        claimed: Option<NodeId>,
+        rpc: &str,
+    ) -> Result<(), Status> {
+        match (caller, claimed) {
+            (Some(caller), Some(claimed)) if caller != claimed => Err(self.refuse(
+                info,
+                format!("node {caller} sent {rpc} in the name of node {claimed}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn refuse(&self, info: &ConnInfo, reason: String) -> Status {
+        self.refusals
+            .warn("raft service", info.remote_ip(), &reason);
+        Status::permission_denied(format!("raft service: {reason}"))
     }
 
     pub fn into_server(self) -> RaftServiceServer<RaftGrpc> {
@@ -91,8 +148,11 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let info = ConnInfo::of(&request);
+        let caller = self.caller(&info)?;
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode(&request.into_inner().payload).map_err(bad_payload)?;
+        self.check_claim(&info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
         reply(&self.raft.append_entries(rpc).await)
     }
 
@@ -100,8 +160,16 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let info = ConnInfo::of(&request);
+        let caller = self.caller(&info)?;
         let rpc: VoteRequest<NodeId> =
             decode(&request.into_inner().payload).map_err(bad_payload)?;
+        self.check_claim(
+            &info,
+            caller,
+            rpc.vote.leader_id().voted_for(),
+            "a vote request",
+        )?;
         reply(&self.raft.vote(rpc).await)
     }
 
@@ -109,12 +177,15 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let info = ConnInfo::of(&request);
+        let caller = self.caller(&info)?;
         let mut chunks = request.into_inner();
         let first = chunks
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
         let (vote, meta): (Vote, SnapshotMeta) = decode(&first.header).map_err(bad_payload)?;
+        self.check_claim(&info, caller, vote.leader_id().voted_for(), "a snapshot")?;
         schema::check_snapshot_id(&meta.snapshot_id).map_err(Status::invalid_argument)?;
         let receiving = self
             .raft
@@ -181,6 +252,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<pb::ForwardRequest>,
     ) -> Result<Response<pb::ForwardResponse>, Status> {
+        self.caller(&ConnInfo::of(&request))?;
         let request = codec::request_of(request.into_inner())
             .map_err(|error| Status::invalid_argument(error.to_string()))?;
         let reply = match self.admit(&request).await {

@@ -1,0 +1,341 @@
+//! Accepting connections for tonic: TCP with `TCP_NODELAY`, and with TLS, handshakes run
+//! concurrently (each bounded in time, at most [`MAX_HANDSHAKES`] at once) so a slow or silent
+//! client cannot stall the listener. A refused handshake (plaintext, another CA, an expired
+//! certificate, no certificate where one is required) is logged once per peer address and
+//! reason, never per attempt. Each accepted connection carries a [`ConnInfo`]: the peer's
+//! address and, with TLS, the identity its certificate names.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+
+use super::PeerCert;
+
+/// Handshakes in progress at once; the listener waits past this.
+pub const MAX_HANDSHAKES: usize = 256;
+/// How long a client has to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A refusal for the same peer address and reason is logged again after this long.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(600);
+/// Distinct (address, reason) pairs remembered; past it the oldest half is forgotten.
+const REFUSALS_REMEMBERED: usize = 4096;
+
+/// What tonic learns about an accepted connection (`Request::extensions`).
+#[derive(Debug, Clone, Default)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// With TLS, who the peer's certificate names (`None`: no certificate presented).
+    pub peer: Option<Arc<PeerCert>>,
+}
+
+impl ConnInfo {
+    /// The connection info of a request, if it came through [`incoming`].
+    pub fn of<T>(request: &tonic::Request<T>) -> ConnInfo {
+        request
+            .extensions()
+            .get::<ConnInfo>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The peer's address for logs.
+    pub fn remote_ip(&self) -> Option<IpAddr> {
+        self.remote.map(|addr| addr.ip())
+    }
+}
+
+/// An accepted connection, plain or TLS.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>, ConnInfo),
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Conn::Plain(stream) => ConnInfo {
+                remote: stream.peer_addr().ok(),
+                peer: None,
+            },
+            Conn::Tls(_, info) => info.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(stream) => stream.is_write_vectored(),
+            Conn::Tls(stream, _) => stream.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Remembers which refusals were logged, so each peer and reason is logged once (again after
+/// [`REFUSAL_LOG_INTERVAL`]), with the number of refusals in between. Bounded in memory.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    logged: Mutex<HashMap<(Option<IpAddr>, String), (Instant, u64)>>,
+}
+
+impl Refusals {
+    /// Whether a refusal of `peer` for `reason` should be logged now, and how many were not
+    /// logged since the last time.
+    pub fn should_log(&self, peer: Option<IpAddr>, reason: &str) -> Option<u64> {
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if logged.len() >= REFUSALS_REMEMBERED {
+            let mut ages: Vec<Instant> = logged.values().map(|(at, _)| *at).collect();
+            ages.sort_unstable();
+            let cutoff = ages[ages.len() / 2];
+            logged.retain(|_, (at, _)| *at > cutoff);
+        }
+        match logged.get_mut(&(peer, reason.to_owned())) {
+            Some((at, suppressed)) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => {
+                *suppressed += 1;
+                None
+            }
+            Some((at, suppressed)) => {
+                let since = std::mem::take(suppressed);
+                *at = now;
+                Some(since)
+            }
+            None => {
+                logged.insert((peer, reason.to_owned()), (now, 0));
+                Some(0)
+            }
+        }
+    }
+
+    /// Logs a refusal of `peer` (once per peer and reason, see [`Refusals::should_log`]).
+    pub fn warn(&self, what: &str, peer: Option<IpAddr>, reason: &str) {
+        if let Some(suppressed) = self.should_log(peer, reason) {
+            let peer = peer.map(|ip| ip.to_string()).unwrap_or_else(|| "?".into());
+            if suppressed > 0 {
+                tracing::warn!(%peer, repeated = suppressed, "{what}: refused {peer}: {reason}");
+            } else {
+                tracing::warn!(%peer, "{what}: refused {peer}: {reason} (logged once per peer)");
+            }
+        }
+    }
+}
+
+/// What a failed handshake means, in words an operator can act on.
+fn explain_handshake_error(error: &io::Error) -> String {
+    use rustls::{AlertDescription, CertificateError, Error};
+    let Some(tls) = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Error>())
+    else {
+        return match error.kind() {
+            io::ErrorKind::UnexpectedEof => {
+                "the client closed the connection during the TLS handshake".into()
+            }
+            _ => format!("TLS handshake failed: {error}"),
+        };
+    };
+    match tls {
+        Error::InvalidMessage(_) | Error::InappropriateMessage { .. } => {
+            "not a TLS client (plaintext to a TLS port?)".into()
+        }
+        Error::NoCertificatesPresented => {
+            "no client certificate (this port requires one signed by the cluster CA)".into()
+        }
+        Error::InvalidCertificate(CertificateError::UnknownIssuer)
+        | Error::InvalidCertificate(CertificateError::BadSignature) => {
+            "certificate not signed by the cluster CA".into()
+        }
+        Error::InvalidCertificate(CertificateError::Expired)
+        | Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
+            "certificate expired".into()
+        }
+        Error::InvalidCertificate(CertificateError::NotValidYet)
+        | Error::InvalidCertificate(CertificateError::NotValidYetContext { .. }) => {
+            "certificate not valid yet".into()
+        }
+        Error::AlertReceived(AlertDescription::UnknownCA | AlertDescription::BadCertificate) => {
+            "the client does not trust this node's certificate (is its CA the cluster's?)".into()
+        }
+        Error::AlertReceived(alert) => format!("the client ended the handshake: {alert:?}"),
+        other => format!("TLS handshake failed: {other}"),
+    }
+}
+
+/// The connections of `listener` for tonic: plain, or TLS with `config`, each identified for
+/// `cluster_name`. `what` names the port in logs. Ends when the listener fails for good or
+/// the stream is dropped.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    cluster_name: String,
+    what: &'static str,
+    refusals: Arc<Refusals>,
+) -> BoxStream<'static, io::Result<Conn>> {
+    let Some(config) = tls else {
+        return TcpListenerStream::new(listener)
+            .map(|accepted| {
+                let stream = accepted?;
+                stream.set_nodelay(true)?;
+                Ok(Conn::Plain(stream))
+            })
+            .boxed();
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let (sender, receiver) = tokio::sync::mpsc::channel::<io::Result<Conn>>(64);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let cluster_name: Arc<str> = cluster_name.into();
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                () = sender.closed() => return,
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
+            let accepted = tokio::select! {
+                () = sender.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, remote) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::warn!(%error, "{what}: cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let sender = sender.clone();
+            let refusals = refusals.clone();
+            let cluster_name = cluster_name.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let stream = match handshake.await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        refusals.warn(what, Some(remote.ip()), &explain_handshake_error(&error));
+                        return;
+                    }
+                    Err(_) => {
+                        refusals.warn(
+                            what,
+                            Some(remote.ip()),
+                            "TLS handshake not finished in time",
+                        );
+                        return;
+                    }
+                };
+                let peer = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| PeerCert::of(leaf, &cluster_name))
+                    .map(Arc::new);
+                let info = ConnInfo {
+                    remote: Some(remote),
+                    peer,
+                };
+                let _ = sender.send(Ok(Conn::Tls(Box::new(stream), info))).await;
+            });
+        }
+    });
+    ReceiverStream::new(receiver).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_logged_once_per_peer_and_reason() {
+        let refusals = Refusals::default();
+        let a = Some(IpAddr::from([10, 0, 0, 1]));
+        let b = Some(IpAddr::from([10, 0, 0, 2]));
+        assert_eq!(refusals.should_log(a, "plaintext"), Some(0));
+        assert_eq!(refusals.should_log(a, "plaintext"), None);
+        assert_eq!(refusals.should_log(a, "plaintext"), None);
+        assert_eq!(refusals.should_log(a, "expired"), Some(0));
+        assert_eq!(refusals.should_log(b, "plaintext"), Some(0));
+    }
+
+    #[test]
+    fn remembered_refusals_stay_bounded() {
+        let refusals = Refusals::default();
+        for i in 0..(REFUSALS_REMEMBERED as u32 * 3) {
+            refusals.should_log(Some(IpAddr::from(i.to_be_bytes())), "plaintext");
+        }
+        let remembered = refusals
+            .logged
+            .lock()
+            .map(|m| m.len())
+            .unwrap_or(usize::MAX);
+        assert!(remembered <= REFUSALS_REMEMBERED, "{remembered} remembered");
+    }
+}
