@@ -57,13 +57,31 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// CA certificate (PEM) the server's certificate must chain to; turns TLS on
-    #[arg(long, global = true, env = "RESD_CA_CERT", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_CA_CERT",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     pub ca_cert: Option<PathBuf>,
     /// Client certificate (PEM) for servers that verify clients (`resd tls cert create --client NAME`)
-    #[arg(long, global = true, env = "RESD_CLIENT_CERT", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_CLIENT_CERT",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     pub client_cert: Option<PathBuf>,
     /// Private key (PEM) of the client certificate
-    #[arg(long, global = true, env = "RESD_CLIENT_KEY", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_CLIENT_KEY",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     pub client_key: Option<PathBuf>,
     /// Named server and token from the contexts file (see `resctl context`)
     #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]

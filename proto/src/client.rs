@@ -229,18 +229,14 @@ fn tls_problem(status: &tonic::Status) -> Option<crate::tls::TlsProblem> {
 }
 
 /// A plaintext client's view of a TLS-only server: the server drops the connection during the
-/// HTTP/2 preface, which hyper reports as a protocol error or a closed connection.
-fn looks_like_tls_required(status: &tonic::Status) -> bool {
-    if !matches!(
-        status.code(),
-        Code::Unknown | Code::Internal | Code::Unavailable
-    ) {
-        return false;
+/// HTTP/2 preface, which hyper reports as an HTTP/2 protocol error.
+fn looks_like_tls_required(error: &ClientError) -> bool {
+    match error {
+        ClientError::Unreachable { message, .. } | ClientError::Other { message, .. } => {
+            message.contains("h2 protocol error")
+        }
+        _ => false,
     }
-    let message = format!("{} {}", status.message(), transport_message(status));
-    message.contains("h2 protocol error")
-        || message.contains("connection closed before message completed")
-        || message.contains("Connection reset by peer")
 }
 
 fn is_transport_failure(status: &tonic::Status) -> bool {
@@ -314,15 +310,27 @@ impl Client {
         })
     }
 
-    /// A failed call's error, with the hint a plaintext client of a TLS server needs.
+    /// A failed call's error.
     pub fn decode(&self, status: &tonic::Status) -> ClientError {
-        if self.config.tls.is_none() && looks_like_tls_required(status) {
-            return ClientError::Tls {
-                server: self.config.server.clone(),
-                message: "the server closed the connection at once: it probably speaks TLS only; pass --ca-cert with the cluster's resd-ca.pem (or set RESD_CA_CERT)".into(),
-            };
-        }
         ClientError::from_status(&self.config.server, status)
+    }
+
+    /// A call's final error, with the hint a plaintext client of a TLS-only server needs (it
+    /// only sees the connection dropped during the HTTP/2 preface).
+    pub fn explain(&self, error: ClientError) -> ClientError {
+        match &error {
+            ClientError::Unreachable { message, .. } | ClientError::Other { message, .. }
+                if self.config.tls.is_none() && looks_like_tls_required(&error) =>
+            {
+                ClientError::Tls {
+                    server: self.config.server.clone(),
+                    message: format!(
+                        "the server's answer is not plaintext HTTP/2 ({message}); if it speaks TLS only, pass --ca-cert with the cluster's resd-ca.pem (or set RESD_CA_CERT)"
+                    ),
+                }
+            }
+            _ => error,
+        }
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -371,10 +379,10 @@ impl Client {
             let budget = match &error {
                 ClientError::Unavailable(_) => self.config.election_retry,
                 ClientError::Unreachable { .. } => self.config.unreachable_retry,
-                _ => return Err(error),
+                _ => return Err(self.explain(error)),
             };
             if started.elapsed() + backoff > budget {
-                return Err(error);
+                return Err(self.explain(error));
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -620,7 +628,7 @@ impl Client {
             .snapshot_restore(request)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| self.decode(&status))
+            .map_err(|status| self.explain(self.decode(&status)))
     }
 
     /// A watch that reconnects and resumes after restarts and leader changes.

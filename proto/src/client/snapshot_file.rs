@@ -83,7 +83,7 @@ pub async fn save(
     while let Some(chunk) = stream
         .message()
         .await
-        .map_err(|status| client.decode(&status))?
+        .map_err(|status| client.explain(client.decode(&status)))?
     {
         temp.write_all(&chunk.data)
             .map_err(io("write", temp.path()))?;

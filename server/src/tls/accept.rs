@@ -137,8 +137,13 @@ impl AsyncWrite for Conn {
 /// [`REFUSAL_LOG_INTERVAL`]), with the number of refusals in between. Bounded in memory.
 #[derive(Debug, Default)]
 pub struct Refusals {
-    logged: Mutex<HashMap<(Option<IpAddr>, String), (Instant, u64)>>,
+    logged: Mutex<HashMap<RefusalKey, LoggedAt>>,
 }
+
+/// A peer address and a reason.
+type RefusalKey = (Option<IpAddr>, String);
+/// When a refusal was last logged, and how many happened since.
+type LoggedAt = (Instant, u64);
 
 impl Refusals {
     /// Whether a refusal of `peer` for `reason` should be logged now, and how many were not
@@ -171,7 +176,7 @@ impl Refusals {
 
     /// Logs a refusal of `peer` (once per peer and reason, see [`Refusals::should_log`]).
     pub fn warn(&self, what: &str, peer: Option<IpAddr>, reason: &str) {
-        if let Some(suppressed) = self.should_log(peer, reason) {
+        if let Some(suppressed) = self.should_log(peer, &format!("{what}: {reason}")) {
             let peer = peer.map(|ip| ip.to_string()).unwrap_or_else(|| "?".into());
             if suppressed > 0 {
                 tracing::warn!(%peer, repeated = suppressed, "{what}: refused {peer}: {reason}");
@@ -215,9 +220,11 @@ fn explain_handshake_error(error: &io::Error) -> String {
         | Error::InvalidCertificate(CertificateError::NotValidYetContext { .. }) => {
             "certificate not valid yet".into()
         }
-        Error::AlertReceived(AlertDescription::UnknownCA | AlertDescription::BadCertificate) => {
-            "the client does not trust this node's certificate (is its CA the cluster's?)".into()
-        }
+        Error::AlertReceived(
+            AlertDescription::UnknownCA
+            | AlertDescription::BadCertificate
+            | AlertDescription::DecryptError,
+        ) => "the client does not trust this node's certificate (is its CA the cluster's?)".into(),
         Error::AlertReceived(alert) => format!("the client ended the handshake: {alert:?}"),
         other => format!("TLS handshake failed: {other}"),
     }

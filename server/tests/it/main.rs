@@ -6,6 +6,7 @@ mod controllers;
 mod crash;
 mod dev;
 mod hostile;
+mod mtls;
 mod process;
 mod reflection;
 mod resource_api;

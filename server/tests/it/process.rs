@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
 use proto::cluster::v1::{Role, StatusRequest, StatusResponse};
 use proto::resource::v1::resource_service_client::ResourceServiceClient;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// How long a stopping resd may take to exit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -20,6 +20,59 @@ pub struct Resd {
     args: Vec<String>,
     pub api_addr: SocketAddr,
     _data: Option<tempfile::TempDir>,
+    /// How the test connects when the node speaks TLS.
+    pub client_tls: Option<ClientTlsConfig>,
+}
+
+/// A CA with certificates for nodes 1..=`nodes` of cluster `resd` and a client `test`, made by
+/// the library `resd tls` uses.
+pub struct TestCa {
+    pub dir: tempfile::TempDir,
+}
+
+impl TestCa {
+    pub fn new(nodes: u64) -> TestCa {
+        let dir = tempfile::tempdir().expect("temp dir");
+        server::tls::create_ca(dir.path()).expect("CA");
+        for node_id in 1..=nodes {
+            server::tls::create_node_cert(dir.path(), node_id, "resd", &[], &[])
+                .expect("node cert");
+        }
+        server::tls::create_client_cert(dir.path(), "test").expect("client cert");
+        TestCa { dir }
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).display().to_string()
+    }
+
+    pub fn read(&self, file: &str) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(file)).expect("read a certificate file")
+    }
+
+    /// The agent flags of node `node_id`.
+    pub fn node_flags(&self, node_id: u64) -> Vec<String> {
+        vec![
+            "--tls-ca".into(),
+            self.path("resd-ca.pem"),
+            "--tls-cert".into(),
+            self.path(&format!("node-{node_id}.pem")),
+            "--tls-key".into(),
+            self.path(&format!("node-{node_id}-key.pem")),
+        ]
+    }
+
+    /// A client configuration trusting this CA, presenting `cert`/`key` when given.
+    pub fn client(&self, identity: Option<(&str, &str)>) -> ClientTlsConfig {
+        let config =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.read("resd-ca.pem")));
+        match identity {
+            Some((cert, key)) => {
+                config.identity(Identity::from_pem(self.read(cert), self.read(key)))
+            }
+            None => config,
+        }
+    }
 }
 
 /// A free loopback port (bound and released; good enough for tests on one machine).
@@ -75,7 +128,13 @@ impl Resd {
             args,
             api_addr,
             _data: None,
+            client_tls: None,
         }
+    }
+
+    /// An endpoint of this node's API, with TLS when the node speaks it.
+    pub fn endpoint(&self) -> tonic::transport::Endpoint {
+        endpoint_of(&self.api_addr.to_string(), self.client_tls.clone())
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -83,8 +142,7 @@ impl Resd {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.api_addr))
-            .expect("valid uri")
+        self.endpoint()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .connect()
@@ -101,8 +159,8 @@ impl Resd {
     }
 
     pub async fn status(&self) -> Option<StatusResponse> {
-        let channel = Channel::from_shared(format!("http://{}", self.api_addr))
-            .ok()?
+        let channel = self
+            .endpoint()
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(2))
             .connect()
@@ -168,6 +226,16 @@ impl Resd {
     }
 }
 
+/// An endpoint of `addr`: plain, or TLS with `tls`.
+pub fn endpoint_of(addr: &str, tls: Option<ClientTlsConfig>) -> tonic::transport::Endpoint {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Channel::from_shared(format!("{scheme}://{addr}")).expect("valid uri");
+    match tls {
+        Some(tls) => endpoint.tls_config(tls).expect("TLS configuration"),
+        None => endpoint,
+    }
+}
+
 fn launch(args: &[String]) -> (Child, SocketAddr) {
     let (child, address) = tests::launch(Path::new(env!("CARGO_BIN_EXE_resd")), args);
     (
@@ -188,16 +256,37 @@ pub struct Cluster {
     pub nodes: Vec<Resd>,
     base: tempfile::TempDir,
     first_api: SocketAddr,
+    /// With TLS: the certificates, and the client identity tests use.
+    tls: Option<(std::sync::Arc<TestCa>, ClientTlsConfig)>,
 }
 
 impl Cluster {
     /// Node 1 bootstraps; the others join it.
     pub async fn start(size: usize, extra_args: &[&str]) -> Cluster {
+        Self::start_inner(size, extra_args, None).await
+    }
+
+    /// A cluster speaking TLS with the certificates of `ca`; the test connects as `client`.
+    pub async fn start_tls(
+        size: usize,
+        extra_args: &[&str],
+        ca: std::sync::Arc<TestCa>,
+        client: ClientTlsConfig,
+    ) -> Cluster {
+        Self::start_inner(size, extra_args, Some((ca, client))).await
+    }
+
+    async fn start_inner(
+        size: usize,
+        extra_args: &[&str],
+        tls: Option<(std::sync::Arc<TestCa>, ClientTlsConfig)>,
+    ) -> Cluster {
         let base = tempfile::tempdir().expect("temp dir");
         let mut cluster = Cluster {
             nodes: Vec::new(),
             first_api: SocketAddr::from(([127, 0, 0, 1], 0)),
             base,
+            tls,
         };
         for _ in 0..size {
             cluster.add_node(extra_args).await;
@@ -234,7 +323,12 @@ impl Cluster {
     pub async fn add_node(&mut self, extra_args: &[&str]) -> usize {
         let node_id = self.nodes.len() + 1;
         let join = (node_id > 1).then_some(self.first_api);
-        let node = Resd::spawn(Self::node_args(self.base.path(), node_id, join, extra_args));
+        let mut args = Self::node_args(self.base.path(), node_id, join, extra_args);
+        if let Some((ca, _)) = &self.tls {
+            args.extend(ca.node_flags(node_id as u64));
+        }
+        let mut node = Resd::spawn(args);
+        node.client_tls = self.tls.as_ref().map(|(_, client)| client.clone());
         if node_id == 1 {
             self.first_api = node.api_addr;
         }
