@@ -322,22 +322,22 @@ pub enum ContextCommand {
 #[derive(Debug, Args)]
 pub struct SetContextArgs {
     pub name: String,
-    #[arg(long = "to-server", value_name = "HOST:PORT")]
+    #[arg(id = "to_server", long = "to-server", value_name = "HOST:PORT")]
     pub server: Option<String>,
-    #[arg(long = "to-token")]
+    #[arg(id = "to_token", long = "to-token")]
     pub token: Option<String>,
-    #[arg(long = "to-partition")]
+    #[arg(id = "to_partition", long = "to-partition")]
     pub partition: Option<String>,
-    #[arg(long = "to-namespace")]
+    #[arg(id = "to_namespace", long = "to-namespace")]
     pub namespace: Option<String>,
     /// CA certificate the context's servers are checked against (turns TLS on)
-    #[arg(long = "to-ca-cert", value_name = "FILE")]
+    #[arg(id = "to_ca_cert", long = "to-ca-cert", value_name = "FILE")]
     pub ca_cert: Option<String>,
     /// Client certificate to present to the context's servers
-    #[arg(long = "to-client-cert", value_name = "FILE")]
+    #[arg(id = "to_client_cert", long = "to-client-cert", value_name = "FILE")]
     pub client_cert: Option<String>,
     /// Private key of that client certificate
-    #[arg(long = "to-client-key", value_name = "FILE")]
+    #[arg(id = "to_client_key", long = "to-client-key", value_name = "FILE")]
     pub client_key: Option<String>,
 }
 

@@ -239,6 +239,29 @@ fn looks_like_tls_required(error: &ClientError) -> bool {
     }
 }
 
+/// A TLS client without a certificate talking to a server that requires one: TLS 1.3 finishes
+/// the client's side of the handshake before the server refuses, so the client usually sees
+/// the connection break (broken pipe, reset, cancelled) rather than the server's alert.
+fn looks_like_dropped_after_handshake(error: &ClientError) -> bool {
+    let message = match error {
+        ClientError::Unreachable { message, .. } => message.as_str(),
+        ClientError::Other {
+            code: Code::Unknown | Code::Cancelled,
+            message,
+        } => message.as_str(),
+        _ => return false,
+    };
+    [
+        "broken pipe",
+        "reset by peer",
+        "operation was canceled",
+        "transport error",
+        "connection closed",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
+}
+
 fn is_transport_failure(status: &tonic::Status) -> bool {
     use std::error::Error as _;
     status.source().is_some() || status.message().contains("transport error")
@@ -326,6 +349,21 @@ impl Client {
                     server: self.config.server.clone(),
                     message: format!(
                         "the server's answer is not plaintext HTTP/2 ({message}); if it speaks TLS only, pass --ca-cert with the cluster's resd-ca.pem (or set RESD_CA_CERT)"
+                    ),
+                }
+            }
+            ClientError::Unreachable { .. } | ClientError::Other { .. }
+                if self
+                    .config
+                    .tls
+                    .as_ref()
+                    .is_some_and(|tls| tls.client_cert.is_none())
+                    && looks_like_dropped_after_handshake(&error) =>
+            {
+                ClientError::Tls {
+                    server: self.config.server.clone(),
+                    message: format!(
+                        "the server dropped the connection after the TLS handshake ({error}); it probably requires a client certificate: pass --client-cert and --client-key (make one with `resd tls cert create --client NAME`)"
                     ),
                 }
             }

@@ -6,4 +6,5 @@ mod chaos;
 mod client;
 mod drivers;
 mod scenario;
+mod tls;
 mod tui;

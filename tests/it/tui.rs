@@ -13,19 +13,19 @@ use proto::resource::v1::{Id, Tenancy, Type};
 
 /// A tmux server of our own (`-L`), so the test never touches the user's sessions; it is
 /// killed when dropped.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
 impl Tmux {
-    fn available() -> bool {
+    pub(crate) fn available() -> bool {
         Command::new("tmux")
             .arg("-V")
             .output()
             .is_ok_and(|output| output.status.success())
     }
 
-    fn new(tag: &str) -> Tmux {
+    pub(crate) fn new(tag: &str) -> Tmux {
         Tmux {
             socket: format!("resd-it-{tag}-{}", std::process::id()),
         }
@@ -41,7 +41,7 @@ impl Tmux {
     }
 
     /// Starts `command` in a 160×45 window running `sh`.
-    fn start(&self, command: &str) {
+    pub(crate) fn start(&self, command: &str) {
         let output = self.run(&[
             "new-session",
             "-d",
@@ -62,7 +62,7 @@ impl Tmux {
         );
     }
 
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys", "-t", "dash"];
         args.extend_from_slice(keys);
         let output = self.run(&args);
@@ -78,13 +78,13 @@ impl Tmux {
         std::thread::sleep(Duration::from_millis(150));
     }
 
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "dash"]).stdout)
             .into_owned()
     }
 
     /// Waits (bounded) until the screen shows every one of `needles`.
-    async fn wait_for(&self, what: &str, needles: &[&str]) -> String {
+    pub(crate) async fn wait_for(&self, what: &str, needles: &[&str]) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut screen = String::new();
         while Instant::now() < deadline {
