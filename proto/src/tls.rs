@@ -86,3 +86,35 @@ impl TlsProblem {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rustls_errors_are_found_through_io_errors_and_read_as_advice() {
+        let expired = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+        let wrapped = std::io::Error::new(std::io::ErrorKind::InvalidData, expired);
+        assert_eq!(TlsProblem::find(&wrapped), Some(TlsProblem::Expired));
+        assert!(TlsProblem::Expired.advice().contains("expired"));
+
+        let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        assert_eq!(TlsProblem::of(&unknown), TlsProblem::UnknownCa);
+        assert!(TlsProblem::UnknownCa.advice().contains("--ca-cert"));
+        let required = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        assert_eq!(
+            TlsProblem::of(&required),
+            TlsProblem::ClientCertificateRequired
+        );
+        assert!(
+            TlsProblem::ClientCertificateRequired
+                .advice()
+                .contains("--client-cert")
+        );
+        let name = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        assert_eq!(TlsProblem::of(&name), TlsProblem::NameMismatch);
+
+        let plain = std::io::Error::other("connection refused");
+        assert_eq!(TlsProblem::find(&plain), None);
+    }
+}

@@ -602,3 +602,40 @@ pub fn dev_cluster(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_file_takes_the_tls_keys_and_all_three_files_go_together() {
+        let config: AgentConfig = serde_yaml_ng::from_str(
+            "node_id: 2\ntls_ca: /etc/resd/ca.pem\ntls_cert: /etc/resd/node-2.pem\ntls_key: /etc/resd/node-2-key.pem\ntls_verify_clients: true\n",
+        )
+        .expect("a config with TLS keys");
+        let settings = config
+            .tls_settings()
+            .expect("complete")
+            .expect("TLS is on");
+        assert_eq!(settings.cert, PathBuf::from("/etc/resd/node-2.pem"));
+        assert!(settings.verify_clients);
+
+        let partial = AgentConfig {
+            tls_ca: Some("/etc/resd/ca.pem".into()),
+            ..AgentConfig::default()
+        };
+        let error = partial.tls_settings().expect_err("partial").to_string();
+        assert!(error.contains("missing --tls-cert and --tls-key"), "{error}");
+        assert!(matches!(
+            partial.tls_settings(),
+            Err(ref error) if error.is_configuration()
+        ));
+
+        let verify_alone = AgentConfig {
+            tls_verify_clients: true,
+            ..AgentConfig::default()
+        };
+        assert!(verify_alone.tls_settings().is_err());
+        assert!(AgentConfig::default().tls_settings().expect("plain").is_none());
+    }
+}

@@ -293,3 +293,92 @@ impl Dialer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::{create_ca, create_node_cert};
+
+    fn settings(dir: &Path, node_id: u64) -> TlsSettings {
+        TlsSettings {
+            ca: dir.join("resd-ca.pem"),
+            cert: dir.join(format!("node-{node_id}.pem")),
+            key: dir.join(format!("node-{node_id}-key.pem")),
+            verify_clients: false,
+        }
+    }
+
+    #[test]
+    fn a_node_loads_its_own_certificate_and_refuses_anothers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        create_ca(dir.path()).expect("CA");
+        create_node_cert(dir.path(), 1, "prod", &[], &[]).expect("node 1");
+        create_node_cert(dir.path(), 2, "prod", &[], &[]).expect("node 2");
+
+        let tls = NodeTls::load(&settings(dir.path(), 1), "prod", 1).expect("node 1 loads");
+        assert_eq!(tls.node_id(), 1);
+        assert!(
+            !tls.expires_soon(),
+            "a fresh certificate is good for two years"
+        );
+
+        let error = NodeTls::load(&settings(dir.path(), 2), "prod", 1)
+            .expect_err("node 2's certificate is not node 1's")
+            .to_string();
+        assert!(error.contains("does not name node-1.prod.resd"), "{error}");
+        let error = NodeTls::load(&settings(dir.path(), 1), "staging", 1)
+            .expect_err("another cluster")
+            .to_string();
+        assert!(error.contains("node-1.staging.resd"), "{error}");
+
+        let mut mismatched = settings(dir.path(), 1);
+        mismatched.key = dir.path().join("node-2-key.pem");
+        let error = NodeTls::load(&mismatched, "prod", 1)
+            .expect_err("a key that is not the certificate's")
+            .to_string();
+        assert!(error.contains("node-2-key.pem"), "{error}");
+    }
+
+    #[test]
+    fn files_that_are_missing_or_not_pem_are_named() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        create_ca(dir.path()).expect("CA");
+        create_node_cert(dir.path(), 1, "resd", &[], &[]).expect("node 1");
+        let mut missing = settings(dir.path(), 1);
+        missing.cert = dir.path().join("absent.pem");
+        let error = NodeTls::load(&missing, "resd", 1)
+            .expect_err("missing")
+            .to_string();
+        assert!(
+            error.contains("absent.pem") && error.contains("cannot read"),
+            "{error}"
+        );
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").expect("write");
+        let mut not_pem = settings(dir.path(), 1);
+        not_pem.ca = garbage;
+        let error = NodeTls::load(&not_pem, "resd", 1)
+            .expect_err("not PEM")
+            .to_string();
+        assert!(
+            error.contains("garbage.pem") && error.contains("holds no"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_from_another_ca_is_refused() {
+        let ours = tempfile::tempdir().expect("temp dir");
+        let theirs = tempfile::tempdir().expect("temp dir");
+        create_ca(ours.path()).expect("CA");
+        create_ca(theirs.path()).expect("CA");
+        create_node_cert(theirs.path(), 1, "resd", &[], &[]).expect("node 1");
+        let mut foreign = settings(theirs.path(), 1);
+        foreign.ca = ours.path().join("resd-ca.pem");
+        let error = NodeTls::load(&foreign, "resd", 1)
+            .expect_err("another CA")
+            .to_string();
+        assert!(error.contains("not signed by the CA"), "{error}");
+    }
+}
