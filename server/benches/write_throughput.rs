@@ -6,7 +6,9 @@
 //! `cargo bench -p server --bench write_throughput`; `RESD_BENCH_SECONDS` sets each run's
 //! length (default 5), `RESD_BENCH_NODES` the cluster sizes (default "1,3") and
 //! `RESD_BENCH_CONCURRENCY` the concurrency levels (default "1,16,64"), `RESD_BENCH_AGENT_ARGS`
-//! extra `resd agent` flags for every node (e.g. "--worker-threads 1").
+//! extra `resd agent` flags for every node (e.g. "--worker-threads 1"), `RESD_BENCH_TRANSPORT`
+//! the transports (default "plain"; "plain,tls" also runs every cluster with mutual TLS on both
+//! ports and client certificates verified, to measure what TLS costs).
 
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
@@ -127,15 +129,41 @@ async fn main() {
         "resd write throughput: 1 KiB resources, {seconds}s per run, writes sent to the leader"
     );
     println!(
-        "{:>5} {:>11} {:>8} {:>10} {:>9} {:>9} {:>15} {:>7}",
-        "nodes", "concurrency", "writes", "writes/s", "p50 ms", "p99 ms", "writes/commit", "errors"
+        "{:>9} {:>5} {:>11} {:>8} {:>10} {:>9} {:>9} {:>15} {:>7}",
+        "transport",
+        "nodes",
+        "concurrency",
+        "writes",
+        "writes/s",
+        "p50 ms",
+        "p99 ms",
+        "writes/commit",
+        "errors"
     );
-    for &size in &sizes {
+    let transports: Vec<String> = std::env::var("RESD_BENCH_TRANSPORT")
+        .unwrap_or_else(|_| "plain".into())
+        .split(',')
+        .map(|t| t.trim().to_owned())
+        .collect();
+    let runs: Vec<(usize, &str)> = sizes
+        .iter()
+        .flat_map(|&size| transports.iter().map(move |t| (size, t.as_str())))
+        .collect();
+    for (size, transport) in runs {
         let extra: Vec<String> = std::env::var("RESD_BENCH_AGENT_ARGS")
             .map(|args| args.split_whitespace().map(str::to_owned).collect())
             .unwrap_or_default();
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let cluster = Cluster::start(size, &extra).await;
+        let cluster = match transport {
+            "tls" => {
+                let ca = Arc::new(process::TestCa::new(size as u64));
+                let client = ca.client(Some(("client-test.pem", "client-test-key.pem")));
+                let mut extra = extra.clone();
+                extra.push("--tls-verify-clients");
+                Cluster::start_tls(size, &extra, ca, client).await
+            }
+            _ => Cluster::start(size, &extra).await,
+        };
         let leader = cluster.wait_for_leader().await;
         let channels: Vec<Channel> = {
             let mut channels = Vec::new();
@@ -157,7 +185,8 @@ async fn main() {
             let commits = after.log_commits.saturating_sub(before.log_commits).max(1);
             let writes = after.log_operations.saturating_sub(before.log_operations);
             println!(
-                "{:>5} {:>11} {:>8} {:>10.0} {:>9.2} {:>9.2} {:>15.1} {:>7}",
+                "{:>9} {:>5} {:>11} {:>8} {:>10.0} {:>9.2} {:>9.2} {:>15.1} {:>7}",
+                transport,
                 size,
                 concurrency,
                 run.writes,

@@ -613,10 +613,7 @@ mod tests {
             "node_id: 2\ntls_ca: /etc/resd/ca.pem\ntls_cert: /etc/resd/node-2.pem\ntls_key: /etc/resd/node-2-key.pem\ntls_verify_clients: true\n",
         )
         .expect("a config with TLS keys");
-        let settings = config
-            .tls_settings()
-            .expect("complete")
-            .expect("TLS is on");
+        let settings = config.tls_settings().expect("complete").expect("TLS is on");
         assert_eq!(settings.cert, PathBuf::from("/etc/resd/node-2.pem"));
         assert!(settings.verify_clients);
 
@@ -625,7 +622,10 @@ mod tests {
             ..AgentConfig::default()
         };
         let error = partial.tls_settings().expect_err("partial").to_string();
-        assert!(error.contains("missing --tls-cert and --tls-key"), "{error}");
+        assert!(
+            error.contains("missing --tls-cert and --tls-key"),
+            "{error}"
+        );
         assert!(matches!(
             partial.tls_settings(),
             Err(ref error) if error.is_configuration()
@@ -636,6 +636,11 @@ mod tests {
             ..AgentConfig::default()
         };
         assert!(verify_alone.tls_settings().is_err());
-        assert!(AgentConfig::default().tls_settings().expect("plain").is_none());
+        assert!(
+            AgentConfig::default()
+                .tls_settings()
+                .expect("plain")
+                .is_none()
+        );
     }
 }

@@ -88,7 +88,9 @@ async fn term_of(node: &Resd) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_forms_replicates_fails_over_and_restores() {
-    let (_ca, mut cluster) = tls_cluster(3, &["--tls-verify-clients"]).await;
+    // Snapshots every 5 entries: the restarted node is sent a snapshot over the raft port.
+    let (_ca, mut cluster) =
+        tls_cluster(3, &["--tls-verify-clients", "--snapshot-every", "5"]).await;
     let leader = cluster.wait_for_leader().await;
     let follower = (leader + 1) % 3;
 
@@ -125,6 +127,16 @@ async fn a_tls_cluster_forms_replicates_fails_over_and_restores() {
         })
         .await
         .expect("write after failover");
+    for i in 0..20 {
+        cluster.nodes[new_leader]
+            .resources()
+            .await
+            .write(WriteRequest {
+                resource: Some(artist(&format!("tls-filler-{i}"))),
+            })
+            .await
+            .expect("write after failover");
+    }
 
     // Save and restore through the new leader.
     let file = save_snapshot(&cluster.nodes[new_leader]).await;
@@ -381,6 +393,14 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
         .await
         .expect_err("a client certificate joining");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    // Without --tls-verify-clients, a client that only trusts the CA is served on the API.
+    api_status(
+        &cluster.nodes[leader].api_addr.to_string(),
+        Some(ca.client(None)),
+    )
+    .await
+    .expect("a client with the CA only");
 
     // Nothing changed: same term, same two voters, still serving.
     assert_eq!(term_of(&cluster.nodes[leader]).await, term);
