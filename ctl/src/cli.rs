@@ -322,13 +322,17 @@ pub enum ContextCommand {
 #[derive(Debug, Args)]
 pub struct SetContextArgs {
     pub name: String,
+    /// Server of the context
     #[arg(id = "to_server", long = "to-server", value_name = "HOST:PORT")]
     pub server: Option<String>,
-    #[arg(id = "to_token", long = "to-token")]
+    /// ACL token of the context (stored in the file, readable by you only)
+    #[arg(id = "to_token", long = "to-token", value_name = "TOKEN")]
     pub token: Option<String>,
-    #[arg(id = "to_partition", long = "to-partition")]
+    /// Default partition of the context
+    #[arg(id = "to_partition", long = "to-partition", value_name = "PARTITION")]
     pub partition: Option<String>,
-    #[arg(id = "to_namespace", long = "to-namespace")]
+    /// Default namespace of the context
+    #[arg(id = "to_namespace", long = "to-namespace", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
     /// CA certificate the context's servers are checked against (turns TLS on)
     #[arg(id = "to_ca_cert", long = "to-ca-cert", value_name = "FILE")]

@@ -5,6 +5,7 @@
 //! - [`resource::v1`]: the resource model and `ResourceService`;
 //! - [`cluster::v1`]: `ClusterService` (type registry publication);
 //! - [`raft::v1`]: internal replication and forwarding between servers;
+//! - [`acl::v1`]: ACL policies and tokens (data of the `acl.v1` types);
 //! - [`tenancy::v1`], [`internal::v1`], [`demo::v1`], [`demo::v2`]: data messages of the built-in
 //!   types;
 //! - [`meta`]: metadata conventions (finalizers, the deletion mark);
@@ -52,6 +53,13 @@ pub mod cluster {
 pub mod tenancy {
     pub mod v1 {
         tonic::include_proto!("resd.tenancy.v1");
+    }
+}
+
+#[allow(clippy::all, unused_qualifications)]
+pub mod acl {
+    pub mod v1 {
+        tonic::include_proto!("resd.acl.v1");
     }
 }
 

@@ -1,12 +1,23 @@
-//! Access control: the [`Authorizer`] that ACL hooks consult, the [`Policy`] it is usually backed
-//! by, and the [`TokenResolver`] that turns the `x-resd-token` of a request into an authorizer.
+//! Access control (DESIGN §12.3): the [`Authorizer`] that ACL hooks consult, the rules of
+//! `acl.v1.Policy` resources compiled into one ([`rules`]), and the [`TokenResolver`] that turns
+//! the `x-resd-token` of a request into an authorizer — [`TokenStore`], a cache of the
+//! `acl.v1` resources every node keeps up to date from a watch.
 //!
-//! The hooks always run. With ACLs disabled every token resolves to [`AllowAll`], so the hooks
-//! allow everything; controllers and bootstrap run with [`AllowAll`] as their privileged identity.
+//! The hooks always run. With ACLs disabled every request resolves to [`Anonymous`], which
+//! allows everything; controllers act as a [`ControllerIdentity`] no client can present.
 
+#[cfg(test)]
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+use proto::resource::v1::Id;
+
+pub mod rules;
+pub mod store;
+
+pub use rules::{MANAGEMENT_POLICY, check_policy, check_token};
+pub use store::TokenStore;
 
 #[cfg(test)]
 mod tests;
@@ -24,9 +35,15 @@ pub enum Access {
 /// Answers the questions ACL hooks ask. Implementations must be cheap: hooks call them per item
 /// when filtering lists and watches.
 pub trait Authorizer: Send + Sync + fmt::Debug {
+    /// Access to cluster operations (status, membership, snapshots).
     fn operator(&self) -> Access;
-    /// Access to a key; hooks build keys like `resource/demo.v2.Artist/miles`.
-    fn key(&self, key: &str) -> Access;
+    /// Access to the resource `id` (its type, tenancy and name).
+    fn resource(&self, id: &Id) -> Access;
+    /// Who is asking, for refusals and the record of who changed what: a token's accessor,
+    /// `controller/<name>`, or `anonymous` with ACLs off.
+    fn identity(&self) -> &str {
+        "anonymous"
+    }
 }
 
 /// What an ACL hook answers besides "allowed".
@@ -49,24 +66,45 @@ pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(
         Ok(())
     } else {
         Err(AclError::PermissionDenied(format!(
-            "token lacks operator:{}",
+            "token lacks operator {}",
             access_name(access)
         )))
     }
 }
 
-pub fn require_key(authorizer: &dyn Authorizer, key: &str, access: Access) -> Result<(), AclError> {
-    if authorizer.key(key) >= access {
-        Ok(())
-    } else {
-        Err(AclError::PermissionDenied(format!(
-            "token lacks key:{} on {key:?}",
-            access_name(access)
-        )))
+/// Requires `access` to the resource `id`: `token lacks write on demo.v2.Artist
+/// default/jazz/miles-davis` otherwise.
+pub fn require_resource(
+    authorizer: &dyn Authorizer,
+    id: &Id,
+    access: Access,
+) -> Result<(), AclError> {
+    if authorizer.resource(id) >= access {
+        return Ok(());
     }
+    let gvk = id
+        .r#type
+        .as_ref()
+        .map(crate::resource::gvk)
+        .unwrap_or_default();
+    let tenancy = id.tenancy.clone().unwrap_or_default();
+    let place: String = [
+        tenancy.partition.as_str(),
+        tenancy.namespace.as_str(),
+        id.name.as_str(),
+    ]
+    .iter()
+    .filter(|part| !part.is_empty())
+    .copied()
+    .collect::<Vec<_>>()
+    .join("/");
+    Err(AclError::PermissionDenied(format!(
+        "token lacks {} on {gvk} {place}",
+        access_name(access)
+    )))
 }
 
-fn access_name(access: Access) -> &'static str {
+pub fn access_name(access: Access) -> &'static str {
     match access {
         Access::Deny => "deny",
         Access::List => "list",
@@ -75,28 +113,74 @@ fn access_name(access: Access) -> &'static str {
     }
 }
 
-/// Allows everything: ACLs disabled, and the privileged identity of in-process callers.
+/// Allows everything: ACLs disabled, and the privileged identity of in-process callers (bootstrap
+/// steps). Not reachable from outside the crate: no client can present it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AllowAll;
+pub(crate) struct AllowAll;
 
 impl Authorizer for AllowAll {
     fn operator(&self) -> Access {
         Access::Write
     }
-    fn key(&self, _key: &str) -> Access {
+    fn resource(&self, _id: &Id) -> Access {
+        Access::Write
+    }
+    fn identity(&self) -> &str {
+        "server"
+    }
+}
+
+/// The identity a controller acts with: everything allowed, recorded as `controller/<name>`.
+/// Only the controller runtime makes one; no token resolves to it.
+#[derive(Debug, Clone)]
+pub(crate) struct ControllerIdentity {
+    identity: String,
+}
+
+impl ControllerIdentity {
+    pub(crate) fn new(controller: &str) -> Self {
+        ControllerIdentity {
+            identity: format!("controller/{controller}"),
+        }
+    }
+}
+
+impl Authorizer for ControllerIdentity {
+    fn operator(&self) -> Access {
+        Access::Write
+    }
+    fn resource(&self, _id: &Id) -> Access {
+        Access::Write
+    }
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+}
+
+/// ACLs disabled: everything allowed, without a token.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Anonymous;
+
+impl Authorizer for Anonymous {
+    fn operator(&self) -> Access {
+        Access::Write
+    }
+    fn resource(&self, _id: &Id) -> Access {
         Access::Write
     }
 }
 
-/// A set of rules: an operator level and key-prefix rules, where the longest matching prefix
-/// wins (as in Consul's `key_prefix` rules).
+/// Key-prefix rules for tests: an operator level and rules over `resource/<gvk>/<name>` keys,
+/// where the longest matching prefix wins (as in Consul's `key_prefix` rules).
+#[cfg(test)]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Policy {
+pub struct KeyRules {
     pub operator: Access,
     pub key_prefixes: Vec<(String, Access)>,
 }
 
-impl Policy {
+#[cfg(test)]
+impl KeyRules {
     pub fn operator(mut self, access: Access) -> Self {
         self.operator = access;
         self
@@ -108,12 +192,25 @@ impl Policy {
     }
 }
 
-impl Authorizer for Policy {
+#[cfg(test)]
+impl Authorizer for KeyRules {
     fn operator(&self) -> Access {
         self.operator
     }
 
-    fn key(&self, key: &str) -> Access {
+    fn resource(&self, id: &Id) -> Access {
+        let gvk = id
+            .r#type
+            .as_ref()
+            .map(crate::resource::gvk)
+            .unwrap_or_default();
+        self.key(&format!("resource/{gvk}/{}", id.name))
+    }
+}
+
+#[cfg(test)]
+impl KeyRules {
+    pub fn key(&self, key: &str) -> Access {
         self.key_prefixes
             .iter()
             .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
@@ -126,6 +223,22 @@ impl Authorizer for Policy {
 /// Turns a request's token into the authorizer its hooks consult.
 pub trait TokenResolver: Send + Sync + fmt::Debug {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated>;
+
+    /// Whether ACLs are enforced (a token is required).
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    /// Ticks whenever tokens or policies change, so open watches re-check their token; `None`
+    /// when they never change.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
+    /// The accessor, policies and expiry of a token; `None` with ACLs off.
+    fn describe(&self, _token: Option<&str>) -> Option<Result<store::TokenInfo, Unauthenticated>> {
+        None
+    }
 }
 
 /// ACLs disabled: every request, with or without a token, is allowed everything.
@@ -134,27 +247,30 @@ pub struct AclsDisabled;
 
 impl TokenResolver for AclsDisabled {
     fn resolve(&self, _token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
-        Ok(Arc::new(AllowAll))
+        Ok(Arc::new(Anonymous))
     }
 }
 
-/// ACLs enabled with a fixed table of tokens.
+/// ACLs enabled with a fixed table of tokens (tests).
+#[cfg(test)]
 #[derive(Debug, Clone, Default)]
 pub struct StaticTokens {
-    tokens: HashMap<String, Arc<Policy>>,
+    tokens: HashMap<String, Arc<KeyRules>>,
 }
 
+#[cfg(test)]
 impl StaticTokens {
     pub fn new() -> Self {
         Self::default()
     }
 
-    pub fn with_token(mut self, token: impl Into<String>, policy: Policy) -> Self {
+    pub fn with_token(mut self, token: impl Into<String>, policy: KeyRules) -> Self {
         self.tokens.insert(token.into(), Arc::new(policy));
         self
     }
 }
 
+#[cfg(test)]
 impl TokenResolver for StaticTokens {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
         let Some(token) = token.filter(|token| !token.is_empty()) else {

@@ -17,11 +17,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+mod acl_feed;
 mod serve;
 
 pub use serve::ServeError;
 
-use crate::acl::{AclsDisabled, TokenResolver};
+use crate::acl::{AclsDisabled, TokenResolver, TokenStore};
 use crate::controller::Runtime;
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
@@ -86,6 +87,21 @@ pub struct AgentConfig {
     pub tls_key: Option<PathBuf>,
     /// Require API clients to present a certificate from the CA.
     pub tls_verify_clients: bool,
+    /// Enforce ACLs: every request needs a valid token (DESIGN §12.3).
+    pub acl_enabled: bool,
+    /// What rules grant where none speaks.
+    pub acl_default_policy: DefaultPolicy,
+    /// Token a joining node presents without TLS (needs operator write).
+    pub join_token: Option<String>,
+}
+
+/// What ACL rules grant where no rule speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultPolicy {
+    #[default]
+    Deny,
+    Allow,
 }
 
 impl AgentConfig {
@@ -140,6 +156,9 @@ impl Default for AgentConfig {
             tls_cert: None,
             tls_key: None,
             tls_verify_clients: false,
+            acl_enabled: false,
+            acl_default_policy: DefaultPolicy::Deny,
+            join_token: None,
         }
     }
 }
@@ -188,6 +207,8 @@ pub struct Agent {
     raft: Option<(Arc<RaftBackend>, TcpListener)>,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
+    /// With ACLs on, the token cache the agent keeps current.
+    acl_store: Option<Arc<TokenStore>>,
     tls: Option<Arc<NodeTls>>,
     shutdown: CancellationToken,
 }
@@ -293,6 +314,16 @@ impl Agent {
             .filter(|(_, addr)| !addr.ip().is_loopback())
             .map(|(what, addr)| format!("the {what} on {addr}"))
             .collect();
+        let acl_store = config.acl_enabled.then(|| {
+            Arc::new(TokenStore::new(match config.acl_default_policy {
+                DefaultPolicy::Deny => crate::acl::Access::Deny,
+                DefaultPolicy::Allow => crate::acl::Access::Write,
+            }))
+        });
+        let tokens: Arc<dyn TokenResolver> = match &acl_store {
+            Some(store) => store.clone(),
+            None => Arc::new(AclsDisabled),
+        };
         if tls.is_none() && !exposed.is_empty() {
             let (is, it) = if exposed.len() == 1 {
                 ("is not on a loopback address and speaks", "it")
@@ -309,7 +340,8 @@ impl Agent {
             api_listener,
             raft,
             service: Arc::new(service),
-            tokens: Arc::new(AclsDisabled),
+            tokens,
+            acl_store,
             tls,
             shutdown,
         })
@@ -350,6 +382,7 @@ impl Agent {
             raft,
             service,
             tokens,
+            acl_store,
             tls,
             shutdown,
         } = self;
@@ -376,6 +409,11 @@ impl Agent {
         tasks.push(tokio::spawn(
             manager.run(leadership, shutdown.clone()).in_current_span(),
         ));
+        if let Some(store) = acl_store {
+            tasks.push(tokio::spawn(
+                acl_feed::run(service.clone(), store, shutdown.clone()).in_current_span(),
+            ));
+        }
 
         let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
             .with_controllers(ControllerReport(Arc::new(move || {
@@ -383,7 +421,8 @@ impl Agent {
             })))
             .with_cluster_name(config.cluster_name.clone())
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
-            .with_dialer(net.dialer.clone());
+            .with_dialer(net.dialer.clone())
+            .with_acls(tokens.clone(), service.clone());
         let served = serve::serve_api(
             api_listener,
             net.listening(tls.as_ref().map(|tls| tls.api_server_config())),
@@ -472,8 +511,14 @@ async fn start_raft(
     }
     if let Some(target) = config.join.clone() {
         tasks.push(tokio::spawn(
-            join_until_member(raft.clone(), net.dialer.clone(), target, shutdown.clone())
-                .in_current_span(),
+            join_until_member(
+                raft.clone(),
+                net.dialer.clone(),
+                config.join_token.clone(),
+                target,
+                shutdown.clone(),
+            )
+            .in_current_span(),
         ));
     }
 }
@@ -513,13 +558,24 @@ async fn retry_until_done<F, Fut>(
 async fn join_until_member(
     raft: Arc<RaftBackend>,
     dialer: Dialer,
+    token: Option<String>,
     target: String,
     shutdown: CancellationToken,
 ) {
+    fn with_token<T>(token: Option<&str>, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = token
+            && let Ok(value) = tonic::metadata::MetadataValue::try_from(token)
+        {
+            request.metadata_mut().insert(proto::TOKEN_HEADER, value);
+        }
+        request
+    }
     retry_until_done("joining the cluster", true, shutdown, || {
         let raft = raft.clone();
         let target = target.clone();
         let dialer = dialer.clone();
+        let token = token.clone();
         async move {
             if raft.is_voter(raft.id()) {
                 tracing::info!("this node is a voter of the cluster");
@@ -542,7 +598,7 @@ async fn join_until_member(
                 })?;
             let mut client = ClusterServiceClient::new(channel);
             let members = client
-                .members(MembersRequest {})
+                .members(with_token(token.as_deref(), MembersRequest {}))
                 .await
                 .map_err(|status| {
                     format!("{target} cannot list its members: {}", status.message())
@@ -551,7 +607,7 @@ async fn join_until_member(
                 .members;
             raft.expect_peers(members.iter().map(|member| member.node_id));
             let leader = client
-                .join(request)
+                .join(with_token(token.as_deref(), request))
                 .await
                 .map_err(|status| format!("{target} refused the join: {}", status.message()))?
                 .into_inner()

@@ -23,7 +23,7 @@ use futures::{FutureExt, StreamExt};
 use proto::resource::v1::{Id, Resource, Tenancy, Type, WatchListRequest, watch_event};
 use tokio_util::sync::CancellationToken;
 
-use crate::acl::AllowAll;
+use crate::acl::{AllowAll, Authorizer, ControllerIdentity};
 use crate::resource::{self, DisplayId};
 use crate::service::{self, ResourceService};
 
@@ -319,12 +319,14 @@ impl Cache {
     }
 }
 
-/// What reconcilers act through: the resource service, as the privileged identity, and the
-/// running controller's cache.
+/// What reconcilers act through: the resource service, as the controller's own identity
+/// (`controller/<name>`: allowed everything, presentable by no client), and the running
+/// controller's cache.
 #[derive(Clone, Debug)]
 pub struct Runtime {
     pub service: Arc<ResourceService>,
     cache: Arc<Cache>,
+    identity: Arc<dyn Authorizer>,
 }
 
 impl Runtime {
@@ -332,14 +334,16 @@ impl Runtime {
         Runtime {
             service,
             cache: Arc::new(Cache::default()),
+            identity: Arc::new(AllowAll),
         }
     }
 
-    /// The same runtime with a fresh cache, for one life of one controller.
-    fn with_fresh_cache(&self) -> Runtime {
+    /// The runtime of one life of controller `name`: its identity and a fresh cache.
+    fn for_controller(&self, name: &str) -> Runtime {
         Runtime {
             service: self.service.clone(),
             cache: Arc::new(Cache::default()),
+            identity: Arc::new(ControllerIdentity::new(name)),
         }
     }
 
@@ -355,7 +359,11 @@ impl Runtime {
         };
         match self
             .service
-            .read(&AllowAll, crate::storage::Consistency::Eventual, request)
+            .read(
+                self.identity.as_ref(),
+                crate::storage::Consistency::Eventual,
+                request,
+            )
             .await
         {
             Ok(response) => Ok(response.resource),
@@ -368,7 +376,7 @@ impl Runtime {
         let request = proto::resource::v1::WriteRequest {
             resource: Some(resource),
         };
-        let response = self.service.write(&AllowAll, request).await?;
+        let response = self.service.write(self.identity.as_ref(), request).await?;
         response
             .resource
             .ok_or_else(|| ReconcileError("write returned no resource".into()))
@@ -379,7 +387,7 @@ impl Runtime {
             id: Some(id.clone()),
             version: String::new(),
         };
-        self.service.delete(&AllowAll, request).await?;
+        self.service.delete(self.identity.as_ref(), request).await?;
         Ok(())
     }
 
@@ -389,7 +397,7 @@ impl Runtime {
         };
         Ok(self
             .service
-            .list_by_owner(&AllowAll, request)
+            .list_by_owner(self.identity.as_ref(), request)
             .await?
             .resources)
     }
@@ -415,7 +423,9 @@ impl Runtime {
             key: key.to_owned(),
             status: Some(status),
         };
-        self.service.write_status(&AllowAll, request).await?;
+        self.service
+            .write_status(self.identity.as_ref(), request)
+            .await?;
         Ok(true)
     }
 }
@@ -510,6 +520,7 @@ async fn run_once(
     let Some(reconciler) = controller.reconciler.clone() else {
         return "no reconciler".into();
     };
+    let runtime = &runtime.for_controller(&controller.name);
     if let Some(initializer) = &controller.initializer {
         let mut failures = 0;
         loop {
@@ -531,7 +542,6 @@ async fn run_once(
         }
     }
 
-    let runtime = &runtime.with_fresh_cache();
     let queue = Arc::new(queue::WorkQueue::<Request>::new(controller.backoff));
     let life = shutdown.child_token();
     let (primed, mut primed_count) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -555,7 +565,7 @@ async fn run_once(
         };
         let stream = match runtime
             .service
-            .watch_list(Arc::new(AllowAll), request)
+            .watch_list(runtime.identity.clone(), request)
             .await
         {
             Ok(stream) => stream,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use server::agent::{Agent, AgentConfig, AgentError, StorageKind};
+use server::agent::{Agent, AgentConfig, AgentError, DefaultPolicy, StorageKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -78,6 +78,14 @@ struct CertCreateArgs {
     /// Directory holding the CA and receiving the files [default: the current directory].
     #[arg(long, default_value = ".")]
     dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DefaultPolicyArg {
+    /// Nothing a rule does not grant.
+    Deny,
+    /// Everything a rule does not deny.
+    Allow,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -162,6 +170,19 @@ struct AgentArgs {
     #[arg(long)]
     tls_verify_clients: bool,
 
+    /// Enforce ACLs: every request needs a token (bootstrap the first with `resctl acl
+    /// bootstrap`).
+    #[arg(long, env = "RESD_ACL_ENABLED")]
+    acl_enabled: bool,
+
+    /// What ACL rules grant where none speaks [default: deny].
+    #[arg(long, value_enum, env = "RESD_ACL_DEFAULT_POLICY")]
+    acl_default_policy: Option<DefaultPolicyArg>,
+
+    /// Token this node presents when it joins without TLS (needs operator write).
+    #[arg(long, env = "RESD_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+
     /// Threads serving requests [default: one per CPU]. Lower it when several nodes share a
     /// machine.
     #[arg(long, env = "RESD_WORKER_THREADS")]
@@ -181,6 +202,10 @@ struct DevArgs {
     /// Keep the data directories instead of deleting them on exit.
     #[arg(long)]
     keep: bool,
+
+    /// Turn ACLs on, bootstrap them, and print the management token.
+    #[arg(long)]
+    acl: bool,
 
     /// Speak TLS only: make a throwaway CA, node certificates and a client certificate in the
     /// temporary directory, require client certificates, and print the resctl flags to use.
@@ -339,6 +364,18 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     if args.tls_verify_clients {
         config.tls_verify_clients = true;
     }
+    if args.acl_enabled {
+        config.acl_enabled = true;
+    }
+    if let Some(policy) = args.acl_default_policy {
+        config.acl_default_policy = match policy {
+            DefaultPolicyArg::Deny => DefaultPolicy::Deny,
+            DefaultPolicyArg::Allow => DefaultPolicy::Allow,
+        };
+    }
+    if args.join_token.is_some() {
+        config.join_token = args.join_token;
+    }
     Ok(config)
 }
 
@@ -412,17 +449,36 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let mut agents = Vec::new();
-    let mut first_api = None;
-    for config in configs.iter_mut() {
+    if args.acl {
+        for config in configs.iter_mut() {
+            config.acl_enabled = true;
+        }
+    }
+    let client_tls = configs[0].tls_ca.as_ref().map(|ca| {
+        let dir = ca
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default();
+        (
+            ca.clone(),
+            dir.join("client-dev.pem"),
+            dir.join("client-dev-key.pem"),
+        )
+    });
+    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    let mut running = Vec::new();
+    let mut first_api: Option<String> = None;
+    let mut management_token = None;
+    for config in &configs {
+        let mut config = config.clone();
         config.join = first_api.clone();
+        config.join_token = management_token.clone();
         let agent = Agent::start(config.clone(), shutdown.clone())
             .await
             .with_context(|| format!("cannot start node {}", config.node_id))?;
         let api_addr = agent
             .api_addr()
             .context("cannot read the bound API address")?;
-        first_api.get_or_insert_with(|| api_addr.to_string());
         println!(
             "node {}  api {}  raft {}  data {}",
             config.node_id,
@@ -434,22 +490,30 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
                 .map(|d| d.display().to_string())
                 .unwrap_or_default()
         );
-        agents.push((config.node_id, agent));
+        running.push(tokio::spawn(
+            agent
+                .run()
+                .instrument(tracing::info_span!("node", id = config.node_id)),
+        ));
+        if first_api.is_none() {
+            first_api = Some(api_addr.to_string());
+            if args.acl {
+                // The first node bootstraps ACLs; the others join with the management token.
+                let secret = bootstrap_acls(&api_addr.to_string(), client_tls.as_ref()).await?;
+                management_token = Some(secret);
+            }
+        }
     }
     let first_api = first_api.unwrap_or_default();
+    if let Some(secret) = &management_token {
+        connect_flags.push_str(&format!(" --token {secret}"));
+        grpcurl_flags.push_str(&format!(" -H 'x-resd-token: {secret}'"));
+        println!("resd: ACLs on; the management token (initial-management) is {secret}");
+    }
     println!(
         "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api}{connect_flags} apply -f fixtures/demo\n  resctl --server {first_api}{connect_flags} get demo.v2.Artist -A\n  grpcurl {grpcurl_flags} {first_api} list\nCtrl-C stops it."
     );
 
-    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
-    let mut running = Vec::new();
-    for (node_id, agent) in agents {
-        running.push(tokio::spawn(
-            agent
-                .run()
-                .instrument(tracing::info_span!("node", id = node_id)),
-        ));
-    }
     let mut failure = None;
     for task in running {
         match task.await {
@@ -467,6 +531,45 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     match failure {
         Some(error) => Err(error),
         None => Ok(()),
+    }
+}
+
+/// Bootstraps ACLs through the dev cluster's first node once it leads, and returns the secret.
+async fn bootstrap_acls(
+    api_addr: &str,
+    tls: Option<&(PathBuf, PathBuf, PathBuf)>,
+) -> anyhow::Result<String> {
+    use proto::cluster::v1::AclBootstrapRequest;
+    use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let endpoint = match tls {
+        None => Endpoint::from_shared(format!("http://{api_addr}"))?,
+        Some((ca, cert, key)) => Endpoint::from_shared(format!("https://{api_addr}"))?.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(ca)?))
+                .identity(Identity::from_pem(
+                    std::fs::read(cert)?,
+                    std::fs::read(key)?,
+                )),
+        )?,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let attempt = async {
+            let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+            ClusterServiceClient::new(channel)
+                .acl_bootstrap(AclBootstrapRequest {})
+                .await
+                .map(|reply| reply.into_inner().secret)
+                .map_err(|status| status.message().to_owned())
+        };
+        match attempt.await {
+            Ok(secret) => return Ok(secret),
+            Err(why) if std::time::Instant::now() > deadline => {
+                anyhow::bail!("cannot bootstrap ACLs on {api_addr}: {why}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
     }
 }
 

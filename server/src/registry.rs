@@ -45,13 +45,17 @@ impl Scope {
 pub type ValidateHook = Arc<dyn Fn(&Resource) -> Result<(), String> + Send + Sync>;
 /// Mutate hook: fills defaults into the resource before validation.
 pub type MutateHook = Arc<dyn Fn(&mut Resource) -> Result<(), String> + Send + Sync>;
+/// References hook: the ids a resource names that must exist, with the field naming each.
+pub type ReferencesHook = Arc<dyn Fn(&Resource) -> Vec<(String, Id)> + Send + Sync>;
 /// Read ACL hook. Gets the stored resource only after it answered [`AclError::NeedResource`].
 pub type ReadAcl =
     Arc<dyn Fn(&dyn Authorizer, &Id, Option<&Resource>) -> Result<(), AclError> + Send + Sync>;
 pub type WriteAcl = Arc<dyn Fn(&dyn Authorizer, &Resource) -> Result<(), AclError> + Send + Sync>;
 pub type ListAcl = Arc<dyn Fn(&dyn Authorizer, &Tenancy) -> Result<(), AclError> + Send + Sync>;
 
-/// ACL hooks of a type. The defaults require operator read (Read, List) and operator write (Write).
+/// ACL hooks of a type (DESIGN §12.3). The defaults: Read needs READ on the resource (type,
+/// tenancy, name), Write (and Delete, WriteStatus) WRITE; List and watches are open and return
+/// only what the read hook lets the caller see.
 #[derive(Clone)]
 pub struct Acls {
     pub read: ReadAcl,
@@ -62,9 +66,27 @@ pub struct Acls {
 impl Default for Acls {
     fn default() -> Self {
         Acls {
-            read: Arc::new(|authorizer, _, _| acl::require_operator(authorizer, acl::Access::Read)),
+            read: Arc::new(|authorizer, id, _| {
+                acl::require_resource(authorizer, id, acl::Access::Read)
+            }),
+            write: Arc::new(|authorizer, resource| {
+                let id = resource.id.clone().unwrap_or_default();
+                acl::require_resource(authorizer, &id, acl::Access::Write)
+            }),
+            list: Arc::new(|_, _| Ok(())),
+        }
+    }
+}
+
+impl Acls {
+    /// Every access needs operator write: the ACL types themselves.
+    pub fn operator_only() -> Acls {
+        Acls {
+            read: Arc::new(|authorizer, _, _| {
+                acl::require_operator(authorizer, acl::Access::Write)
+            }),
             write: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Write)),
-            list: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Read)),
+            list: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Write)),
         }
     }
 }
@@ -83,6 +105,9 @@ pub struct Registration {
     pub scope: Scope,
     pub validate: Option<ValidateHook>,
     pub mutate: Option<MutateHook>,
+    /// Resources a valid one refers to, which must exist when it is written (a token's
+    /// policies), each with the field that names it.
+    pub references: Option<ReferencesHook>,
     pub acls: Acls,
     /// Longest allowed name: tombstone names embed the deleted resource's name and uid.
     pub max_name_len: usize,
@@ -119,6 +144,7 @@ impl Registration {
             message_name: M::full_name(),
             scope,
             validate: None,
+            references: None,
             mutate: None,
             acls: Acls::default(),
             max_name_len: resource::MAX_NAME_LEN,
@@ -128,6 +154,14 @@ impl Registration {
                 a == b || matches!((M::decode(a), M::decode(b)), (Ok(a), Ok(b)) if a == b)
             },
         }
+    }
+
+    pub fn with_references(
+        mut self,
+        hook: impl Fn(&Resource) -> Vec<(String, Id)> + Send + Sync + 'static,
+    ) -> Self {
+        self.references = Some(Arc::new(hook));
+        self
     }
 
     pub fn with_validate(

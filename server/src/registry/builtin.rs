@@ -1,6 +1,7 @@
 //! The built-in types: tombstones, tenancy (partitions and namespaces) and the demo types that
 //! mirror Consul's demo package.
 
+use proto::acl::v1 as acl_v1;
 use proto::demo::{v1 as demo_v1, v2 as demo_v2};
 use proto::internal::v1 as internal_v1;
 use proto::resource::v1::{Id, Resource};
@@ -15,6 +16,8 @@ use crate::resource;
 pub const TOMBSTONE: &str = "internal.v1.Tombstone";
 pub const PARTITION: &str = "tenancy.v1.Partition";
 pub const NAMESPACE: &str = "tenancy.v1.Namespace";
+pub const ACL_POLICY: &str = "acl.v1.Policy";
+pub const ACL_TOKEN: &str = "acl.v1.Token";
 
 /// Longest tombstone name: `tombstone-` + a resource name + `-` + a 26-character uid.
 pub const MAX_TOMBSTONE_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
@@ -33,6 +36,19 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         NAMESPACE,
         Scope::Partition,
     ))?;
+
+    registry.register(
+        Registration::new::<acl_v1::Policy>(ACL_POLICY, Scope::Cluster)
+            .with_acls(Acls::operator_only())
+            .with_validate(validate_policy),
+    )?;
+    registry.register(
+        Registration::new::<acl_v1::Token>(ACL_TOKEN, Scope::Cluster)
+            .with_acls(Acls::operator_only())
+            .with_mutate(mutate_token)
+            .with_validate(validate_token)
+            .with_references(token_policies),
+    )?;
 
     registry.register(
         Registration::new::<demo_v2::Artist>("demo.v2.Artist", Scope::Namespace)
@@ -98,31 +114,23 @@ pub fn namespace_id(partition: &str, name: &str) -> Id {
     }
 }
 
-/// The ACL key of a demo resource: `resource/<gvk>/<name>`, as in Consul's demo package.
-fn demo_key(id: &Id) -> String {
-    let gvk = id.r#type.as_ref().map(resource::gvk).unwrap_or_default();
-    format!("resource/{gvk}/{}", id.name)
-}
-
-/// Demo ACLs use key rules. With `read_needs_data` (RecordLabel) the Read hook asks for the
+/// Demo ACLs are the defaults; with `read_needs_data` (RecordLabel) the Read hook asks for the
 /// stored resource before it decides, to exercise that path of the service.
 fn demo_acls(read_needs_data: bool) -> Acls {
+    let defaults = Acls::default();
+    if !read_needs_data {
+        return defaults;
+    }
     Acls {
         read: Arc::new(
             move |authorizer: &dyn Authorizer, id: &Id, stored: Option<&Resource>| {
-                if read_needs_data && stored.is_none() {
+                if stored.is_none() {
                     return Err(AclError::NeedResource);
                 }
-                acl::require_key(authorizer, &demo_key(id), Access::Read)
+                acl::require_resource(authorizer, id, Access::Read)
             },
         ),
-        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
-            let id = resource.id.clone().unwrap_or_default();
-            acl::require_key(authorizer, &demo_key(&id), Access::Write)
-        }),
-        list: Arc::new(|authorizer: &dyn Authorizer, _tenancy| {
-            acl::require_key(authorizer, "resource/", Access::List)
-        }),
+        ..defaults
     }
 }
 
@@ -159,4 +167,59 @@ fn mutate_artist_v2(resource: &mut Resource) -> Result<(), String> {
         });
     }
     Ok(())
+}
+
+fn validate_policy(resource: &Resource) -> Result<(), String> {
+    let policy: acl_v1::Policy = decode_data(resource)?;
+    let name = resource
+        .id
+        .as_ref()
+        .map(|id| id.name.as_str())
+        .unwrap_or_default();
+    if name == acl::MANAGEMENT_POLICY {
+        return Err(format!(
+            "resource.id.name: {name} is built in and cannot be written"
+        ));
+    }
+    acl::check_policy(&policy).map_err(|why| format!("resource.{why}"))
+}
+
+/// Replaces a token's clear secret by its hash before anything else sees it.
+fn mutate_token(resource: &mut Resource) -> Result<(), String> {
+    let mut token: acl_v1::Token = decode_data(resource)?;
+    if token.secret.is_empty() {
+        return Ok(());
+    }
+    acl::rules::hash_token_secret(&mut token).map_err(|why| format!("resource.{why}"))?;
+    resource.data = Some(proto::to_any(&token));
+    Ok(())
+}
+
+fn validate_token(resource: &Resource) -> Result<(), String> {
+    let token: acl_v1::Token = decode_data(resource)?;
+    acl::check_token(&token).map_err(|why| format!("resource.{why}"))
+}
+
+/// The stored policies a token names (the built-in one is not stored).
+fn token_policies(resource: &Resource) -> Vec<(String, Id)> {
+    let Ok(token) = decode_data::<acl_v1::Token>(resource) else {
+        return Vec::new();
+    };
+    token
+        .policies
+        .iter()
+        .enumerate()
+        .filter(|(_, name)| name.as_str() != acl::MANAGEMENT_POLICY)
+        .map(|(index, name)| {
+            (
+                format!("resource.data.policies[{index}]"),
+                Id {
+                    uid: String::new(),
+                    name: name.clone(),
+                    r#type: Some(resource::new_type("acl", "v1", "Policy")),
+                    tenancy: Some(Default::default()),
+                },
+            )
+        })
+        .collect()
 }

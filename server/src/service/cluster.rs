@@ -16,10 +16,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::Error;
 
+use crate::acl::{self, Access, AclsDisabled, TokenResolver};
 use crate::registry::{Registry, Scope};
 use crate::storage::raft::backend::{RaftBackend, Role};
 use crate::storage::raft::types::NodeAddr;
 use crate::tls::{ConnInfo, Dialer, Refusals};
+
+/// The token `AclBootstrap` creates.
+pub const BOOTSTRAP_TOKEN: &str = "initial-management";
 
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -47,6 +51,10 @@ pub struct ClusterGrpc {
     dialer: Dialer,
     /// Refused joins, logged once per peer.
     refusals: Arc<Refusals>,
+    /// Resolves the callers' tokens (ACLs off: everyone may do everything).
+    tokens: Arc<dyn TokenResolver>,
+    /// The resource service, for bootstrapping ACLs.
+    service: Option<Arc<super::ResourceService>>,
 }
 
 /// What this node's controllers report for `ListControllers`, asked at each call (the
@@ -72,6 +80,8 @@ impl ClusterGrpc {
             controllers: None,
             dialer: Dialer::default(),
             refusals: Arc::default(),
+            tokens: Arc::new(AclsDisabled),
+            service: None,
         }
     }
 
@@ -87,6 +97,18 @@ impl ClusterGrpc {
     pub fn with_limits(mut self, max_resource_bytes: usize, max_snapshot_bytes: u64) -> Self {
         self.max_resource_bytes = max_resource_bytes;
         self.max_snapshot_bytes = max_snapshot_bytes;
+        self
+    }
+
+    /// Authorizes every call with `tokens` (DESIGN §12.3) and bootstraps ACLs through
+    /// `service`.
+    pub fn with_acls(
+        mut self,
+        tokens: Arc<dyn TokenResolver>,
+        service: Arc<super::ResourceService>,
+    ) -> Self {
+        self.tokens = tokens;
+        self.service = Some(service);
         self
     }
 
@@ -170,7 +192,69 @@ impl ClusterGrpc {
     }
 }
 
+/// What a cluster call needs of its caller (DESIGN §12.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Any valid token.
+    Token,
+    /// Operator access at least this.
+    Operator(Access),
+}
+
+/// An authorized caller: its token (forwarded with calls to other members) and connection.
+struct Caller {
+    token: Option<String>,
+    conn: ConnInfo,
+}
+
 impl ClusterGrpc {
+    /// Authorizes a call: with ACLs on, the token must be valid and grant `need`. A node
+    /// certificate of this cluster (TLS) stands for the node itself, which may ask for the
+    /// members and join (`node_may`).
+    fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        need: Need,
+        node_may: bool,
+    ) -> Result<Caller, Status> {
+        let conn = ConnInfo::of(request);
+        let token = super::grpc::token_of(request).map_err(Status::from)?;
+        let caller = Caller { token, conn };
+        if node_may
+            && self.dialer.tls().is_some()
+            && caller
+                .conn
+                .peer
+                .as_ref()
+                .is_some_and(|peer| peer.node_id.is_some())
+        {
+            return Ok(caller);
+        }
+        let authorizer = self
+            .tokens
+            .resolve(caller.token.as_deref())
+            .map_err(|error| Status::from(Error::from(error)))?;
+        if let Need::Operator(access) = need {
+            acl::require_operator(authorizer.as_ref(), access)
+                .map_err(|error| Status::from(Error::from(error)))?;
+        }
+        Ok(caller)
+    }
+
+    /// A request to another member on behalf of `caller` (its token travels along).
+    fn on_behalf<T>(caller: &Caller, message: T, timeout: Duration) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(timeout);
+        if let Some(token) = &caller.token
+            && let Ok(value) = tonic::metadata::MetadataValue::try_from(token.as_str())
+        {
+            request
+                .metadata_mut()
+                .insert(super::grpc::TOKEN_HEADER, value);
+        }
+        request
+    }
+
     /// With TLS, a node joins by proving who it is (DESIGN §12.2): the connection must present
     /// the certificate of the node it joins as, or of a member forwarding the join to the
     /// leader.
@@ -214,18 +298,13 @@ fn role(role: Role) -> pb::Role {
     }
 }
 
-fn timed<T>(message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request.set_timeout(MEMBERSHIP_TIMEOUT);
-    request
-}
-
 #[tonic::async_trait]
 impl cluster_service_server::ClusterService for ClusterGrpc {
     async fn list_types(
         &self,
-        _request: Request<ListTypesRequest>,
+        request: Request<ListTypesRequest>,
     ) -> Result<Response<ListTypesResponse>, Status> {
+        self.authorize(&request, Need::Token, false)?;
         let types = self
             .registry
             .types()
@@ -248,8 +327,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
 
     async fn status(
         &self,
-        _request: Request<StatusRequest>,
+        request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
+        self.authorize(&request, Need::Operator(Access::Read), true)?;
         let Some(raft) = &self.raft else {
             return Ok(Response::new(StatusResponse {
                 node_id: 0,
@@ -293,12 +373,17 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<MembersRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
+        let caller = self.authorize(&request, Need::Operator(Access::Read), true)?;
         let raft = self.raft()?;
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
                 .member_client(&leader)
                 .await?
-                .members(request.into_inner())
+                .members(Self::on_behalf(
+                    &caller,
+                    request.into_inner(),
+                    MEMBERSHIP_TIMEOUT,
+                ))
                 .await;
         }
         let status = raft.status();
@@ -324,8 +409,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let authorized = self.authorize(&request, Need::Operator(Access::Write), true)?;
         let raft = self.raft()?;
-        let caller = ConnInfo::of(&request);
+        let caller = authorized.conn.clone();
         let join = request.into_inner();
         if join.node_id == 0 {
             return Err(Status::invalid_argument(
@@ -339,7 +425,11 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             ));
         }
         if let Some(leader) = self.leader_elsewhere(raft)? {
-            return self.member_client(&leader).await?.join(timed(join)).await;
+            return self
+                .member_client(&leader)
+                .await?
+                .join(Self::on_behalf(&authorized, join, MEMBERSHIP_TIMEOUT))
+                .await;
         }
         if raft.is_voter(join.node_id) {
             let known = raft
@@ -374,6 +464,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<pb::ListControllersRequest>,
     ) -> Result<Response<pb::ListControllersResponse>, Status> {
+        let caller = self.authorize(&request, Need::Operator(Access::Read), false)?;
         let local = self.local_controllers();
         let Some(raft) = self.raft.as_ref().filter(|_| request.get_ref().all_nodes) else {
             return Ok(Response::new(pb::ListControllersResponse {
@@ -393,8 +484,11 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                         api_addr: member.node.api_addr.clone(),
                     })
                     .await?;
-                let mut call = Request::new(pb::ListControllersRequest { all_nodes: false });
-                call.set_timeout(Duration::from_secs(5));
+                let call = Self::on_behalf(
+                    &caller,
+                    pb::ListControllersRequest { all_nodes: false },
+                    Duration::from_secs(5),
+                );
                 client.list_controllers(call).await
             };
             match asked.await {
@@ -415,8 +509,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
 
     async fn snapshot_save(
         &self,
-        _request: Request<SnapshotSaveRequest>,
+        request: Request<SnapshotSaveRequest>,
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
+        self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
         let chunks = raft
             .export()
@@ -437,6 +532,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<Streaming<SnapshotData>>,
     ) -> Result<Response<SnapshotRestoreResponse>, Status> {
+        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
         let mut chunks = request.into_inner();
         let spooled =
@@ -456,8 +552,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         };
         let header = spooled.header.clone();
         if let Some(leader) = self.leader_elsewhere(raft)? {
-            let mut request = Request::new(spooled.upload()?);
-            request.set_timeout(MEMBERSHIP_TIMEOUT);
+            let request = Self::on_behalf(&caller, spooled.upload()?, MEMBERSHIP_TIMEOUT);
             return self
                 .member_client(&leader)
                 .await?
@@ -483,13 +578,14 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<RemoveRequest>,
     ) -> Result<Response<RemoveResponse>, Status> {
+        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
         let remove = request.into_inner();
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
                 .member_client(&leader)
                 .await?
-                .remove(timed(remove))
+                .remove(Self::on_behalf(&caller, remove, MEMBERSHIP_TIMEOUT))
                 .await;
         }
         if !raft
@@ -507,5 +603,50 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .await
             .map_err(Status::unavailable)?;
         Ok(Response::new(RemoveResponse {}))
+    }
+
+    async fn acl_bootstrap(
+        &self,
+        _request: Request<pb::AclBootstrapRequest>,
+    ) -> Result<Response<pb::AclBootstrapResponse>, Status> {
+        let (Some(service), true) = (&self.service, self.tokens.enabled()) else {
+            return Err(Status::from(Error::FailedPrecondition(
+                "ACLs are disabled on this server: start every agent with --acl-enabled".into(),
+            )));
+        };
+        let secret = acl::rules::generate_secret()
+            .map_err(|why| Status::from(Error::Internal(format!("cannot make a secret: {why}"))))?;
+        service
+            .bootstrap_acl_token(BOOTSTRAP_TOKEN, &secret)
+            .await
+            .map_err(Status::from)?;
+        tracing::warn!(
+            accessor = BOOTSTRAP_TOKEN,
+            "ACLs bootstrapped: the management token was handed to the caller"
+        );
+        Ok(Response::new(pb::AclBootstrapResponse {
+            accessor: BOOTSTRAP_TOKEN.into(),
+            secret,
+        }))
+    }
+
+    async fn acl_who_am_i(
+        &self,
+        request: Request<pb::AclWhoAmIRequest>,
+    ) -> Result<Response<pb::AclWhoAmIResponse>, Status> {
+        let token = super::grpc::token_of(&request).map_err(Status::from)?;
+        match self.tokens.describe(token.as_deref()) {
+            None => Ok(Response::new(pb::AclWhoAmIResponse {
+                acls_enabled: false,
+                ..Default::default()
+            })),
+            Some(Err(error)) => Err(Status::from(Error::from(error))),
+            Some(Ok(info)) => Ok(Response::new(pb::AclWhoAmIResponse {
+                acls_enabled: true,
+                accessor: info.accessor,
+                policies: info.policies,
+                expires_at: info.expires_at,
+            })),
+        }
     }
 }

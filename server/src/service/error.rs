@@ -17,6 +17,9 @@ pub enum Error {
     CasFailed(String),
     #[error("uid doesn't match: {0}")]
     UidMismatch(String),
+    /// The system is not in the state the call needs (ACLs off, already bootstrapped).
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("{0}")]
     PermissionDenied(String),
     #[error("{0}")]
@@ -105,7 +108,7 @@ impl From<Error> for tonic::Status {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::NotFound(_) => Code::NotFound,
             Error::CasFailed(_) => Code::Aborted,
-            Error::UidMismatch(_) => Code::FailedPrecondition,
+            Error::UidMismatch(_) | Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Unavailable(_) => Code::Unavailable,

@@ -31,18 +31,78 @@ impl ResourceGrpc {
     }
 
     fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
-        let token = match request.metadata().get(TOKEN_HEADER) {
-            None => None,
-            Some(value) => Some(value.to_str().map_err(|_| {
-                Status::from(Error::Unauthenticated(format!(
-                    "{TOKEN_HEADER} is not valid ASCII"
-                )))
-            })?),
-        };
-        self.tokens
-            .resolve(token)
-            .map_err(|error| Status::from(Error::from(error)))
+        resolve(self.tokens.as_ref(), request).map_err(Status::from)
     }
+}
+
+/// How often an open watch re-checks its token when nothing changed (it may expire).
+const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Ends a watch with `Unauthenticated` once its token is deleted or expires: re-checked on
+/// every change of the ACL resources and every second.
+fn while_token_valid(
+    events: WatchStream,
+    tokens: Arc<dyn TokenResolver>,
+    token: Option<String>,
+    changes: tokio::sync::watch::Receiver<u64>,
+) -> WatchStream {
+    use futures::StreamExt;
+    let mut recheck = tokio::time::interval(TOKEN_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    futures::stream::unfold(
+        Some((events, tokens, token, changes, recheck)),
+        |state| async move {
+            let (mut events, tokens, token, mut changes, mut recheck) = state?;
+            loop {
+                tokio::select! {
+                    item = events.next() => {
+                        let item = item?;
+                        return Some((item, Some((events, tokens, token, changes, recheck))));
+                    }
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            // The store is gone (shutting down): keep streaming until the end.
+                            let item = events.next().await?;
+                            return Some((item, Some((events, tokens, token, changes, recheck))));
+                        }
+                    }
+                    _ = recheck.tick() => {}
+                }
+                if let Err(error) = tokens.resolve(token.as_deref()) {
+                    return Some((
+                        Err(Error::Unauthenticated(format!("watch ended: {error}"))),
+                        None,
+                    ));
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+/// The token a request carries (`x-resd-token`, or `authorization: Bearer …`).
+pub fn token_of<T>(request: &Request<T>) -> Result<Option<String>, Error> {
+    let value = match request.metadata().get(TOKEN_HEADER) {
+        Some(value) => value,
+        None => match request.metadata().get("authorization") {
+            Some(value) => value,
+            None => return Ok(None),
+        },
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| Error::Unauthenticated(format!("{TOKEN_HEADER} is not valid ASCII")))?;
+    let text = text.strip_prefix("Bearer ").unwrap_or(text).trim();
+    Ok(Some(text.to_owned()))
+}
+
+/// The authorizer of a request's token.
+pub fn resolve<T>(
+    tokens: &dyn TokenResolver,
+    request: &Request<T>,
+) -> Result<Arc<dyn Authorizer>, Error> {
+    let token = token_of(request)?;
+    tokens.resolve(token.as_deref()).map_err(Error::from)
 }
 
 /// When the caller stops waiting, from the `grpc-timeout` header.
@@ -166,12 +226,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     ) -> Result<Response<Self::WatchListStream>, Status> {
         use futures::StreamExt;
         let authorizer = self.authorizer(&request)?;
+        let token = token_of(&request)?;
         let deadline = deadline(&request);
         let events: WatchStream = crate::storage::deadline::scope(
             deadline,
             self.service.watch_list(authorizer, request.into_inner()),
         )
         .await?;
+        let events = match self.tokens.changes() {
+            Some(changes) => while_token_valid(events, self.tokens.clone(), token, changes).boxed(),
+            None => events,
+        };
         Ok(Response::new(
             events.map(|item| item.map_err(Status::from)).boxed(),
         ))

@@ -119,6 +119,20 @@ impl ResourceService {
             validate(&resource).map_err(Error::InvalidArgument)?;
         }
         (registration.acls.write)(authorizer, &resource)?;
+        if let Some(references) = &registration.references {
+            for (field, id) in references(&resource) {
+                match self.backend.read(Consistency::Eventual, &id).await {
+                    Ok(_) | Err(StorageError::GroupVersionMismatch { .. }) => {}
+                    Err(StorageError::NotFound) => {
+                        return Err(Error::invalid(format!(
+                            "{field}: {} does not exist",
+                            DisplayId(&id)
+                        )));
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
 
         let tenancy = resource
             .id
@@ -292,6 +306,43 @@ impl ResourceService {
                 DisplayId(&id)
             ))),
             result => Ok(result?),
+        }
+    }
+
+    /// Creates the management token `name` with `secret` unless it exists (ACL bootstrap):
+    /// `FailedPrecondition` once any node has done it.
+    pub async fn bootstrap_acl_token(&self, name: &str, secret: &str) -> Result<(), Error> {
+        let already = || Error::FailedPrecondition("ACLs are already bootstrapped".into());
+        let id = proto::resource::v1::Id {
+            uid: String::new(),
+            name: name.to_owned(),
+            r#type: Some(resource::new_type("acl", "v1", "Token")),
+            tenancy: Some(Default::default()),
+        };
+        match self.backend.read(Consistency::Strong, &id).await {
+            Ok(_) | Err(StorageError::GroupVersionMismatch { .. }) => return Err(already()),
+            Err(StorageError::NotFound) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let token = proto::acl::v1::Token {
+            description: "Created by AclBootstrap: manages everything".into(),
+            policies: vec![crate::acl::MANAGEMENT_POLICY.into()],
+            expires_at: String::new(),
+            secret: secret.to_owned(),
+            secret_hash: String::new(),
+        };
+        let resource = Resource {
+            id: Some(id),
+            data: Some(proto::to_any(&token)),
+            ..Default::default()
+        };
+        let prepared = self
+            .prepare_write(&crate::acl::AllowAll, Some(resource))
+            .await?;
+        match self.create(prepared.resource.clone(), &prepared).await {
+            Ok(_) => Ok(()),
+            Err(Error::CasFailed(_)) => Err(already()),
+            Err(error) => Err(error),
         }
     }
 

@@ -8,7 +8,8 @@ use proto::resource::v1::watch_event::Event;
 use tonic::Code;
 
 use super::*;
-use crate::acl::{Access, Policy};
+use crate::acl::{Access, KeyRules};
+use proto::resource::v1::Tenancy;
 
 fn record_label(name: &str) -> Resource {
     Resource {
@@ -21,8 +22,8 @@ fn record_label(name: &str) -> Resource {
     }
 }
 
-fn reader_of(prefix: &str) -> Policy {
-    Policy::default()
+fn reader_of(prefix: &str) -> KeyRules {
+    KeyRules::default()
         .key_prefix("resource/", Access::List)
         .key_prefix(prefix, Access::Read)
 }
@@ -34,14 +35,14 @@ async fn write_denied_by_the_acl_hook_is_permission_denied() {
     expect_error(
         h.write_as(&policy, artist("miles")).await,
         Code::PermissionDenied,
-        "key:write",
+        "lacks write on demo.v2.Artist default/default/miles",
     );
 }
 
 #[tokio::test]
 async fn write_allowed_by_the_acl_hook_succeeds() {
     let h = harness().await;
-    let policy = Policy::default().key_prefix("resource/demo.v2.Artist/", Access::Write);
+    let policy = KeyRules::default().key_prefix("resource/demo.v2.Artist/", Access::Write);
     h.write_as(&policy, artist("miles")).await.expect("allowed");
 }
 
@@ -53,14 +54,14 @@ async fn read_denied_is_permission_denied() {
     expect_error(
         h.read_as(&policy, &id_of(&stored)).await,
         Code::PermissionDenied,
-        "key:read",
+        "lacks read on demo.v2.Artist default/default/miles",
     );
 }
 
 #[tokio::test]
 async fn read_hook_needing_the_resource_gives_not_found_when_missing() {
     let h = harness().await;
-    let nobody = Policy::default();
+    let nobody = KeyRules::default();
     expect_error(
         h.read_as(&nobody, &id("demo.v1.RecordLabel", default_ns(), "missing"))
             .await,
@@ -73,7 +74,7 @@ async fn read_hook_needing_the_resource_gives_not_found_when_missing() {
 async fn read_hook_needing_the_resource_gives_permission_denied_when_present() {
     let h = harness().await;
     let stored = h.write(record_label("blue-note")).await.expect("create");
-    let nobody = Policy::default();
+    let nobody = KeyRules::default();
     expect_error(
         h.read_as(&nobody, &id_of(&stored)).await,
         Code::PermissionDenied,
@@ -87,14 +88,15 @@ async fn read_hook_needing_the_resource_gives_permission_denied_when_present() {
 }
 
 #[tokio::test]
-async fn list_denied_is_permission_denied() {
+async fn a_list_without_read_access_returns_nothing() {
     let h = harness().await;
-    let nobody = Policy::default();
-    expect_error(
-        h.list_as(&nobody, "demo.v2.Artist", default_ns(), "").await,
-        Code::PermissionDenied,
-        "key:list",
-    );
+    h.write(artist("miles")).await.expect("create");
+    let nobody = KeyRules::default();
+    let listed = h
+        .list_as(&nobody, "demo.v2.Artist", default_ns(), "")
+        .await
+        .expect("a list is never refused, only filtered");
+    assert!(listed.is_empty(), "{listed:?}");
 }
 
 #[tokio::test]
@@ -144,21 +146,25 @@ async fn watch_filters_items_the_caller_cannot_read() {
 }
 
 #[tokio::test]
-async fn watch_denied_is_permission_denied_before_the_stream() {
+async fn the_acl_types_need_operator_write_even_to_watch() {
     let h = harness().await;
     let result = h
         .service
         .watch_list(
-            Arc::new(Policy::default()),
+            Arc::new(KeyRules::default().operator(Access::Read)),
             WatchListRequest {
-                r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
-                tenancy: Some(default_ns()),
+                r#type: Some(resource::parse_gvk("acl.v1.Token").expect("gvk")),
+                tenancy: Some(Tenancy::default()),
                 name_prefix: String::new(),
                 since_version: String::new(),
             },
         )
         .await;
-    expect_error(result.map(|_| ()), Code::PermissionDenied, "key:list");
+    expect_error(
+        result.map(|_| ()),
+        Code::PermissionDenied,
+        "token lacks operator write",
+    );
 }
 
 #[tokio::test]
@@ -169,10 +175,10 @@ async fn delete_uses_the_write_hook_on_the_stored_resource() {
     expect_error(
         h.delete_as(&reader, &id_of(&stored), "").await,
         Code::PermissionDenied,
-        "key:write",
+        "lacks write on demo.v2.Artist default/default/miles",
     );
     h.read(&id_of(&stored)).await.expect("not deleted");
-    let writer = Policy::default().key_prefix("resource/demo.v2.Artist/miles", Access::Write);
+    let writer = KeyRules::default().key_prefix("resource/demo.v2.Artist/miles", Access::Write);
     h.delete_as(&writer, &id_of(&stored), "")
         .await
         .expect("allowed");
@@ -193,35 +199,35 @@ async fn write_status_uses_the_write_hook() {
         )
         .await,
         Code::PermissionDenied,
-        "key:write",
+        "lacks write on demo.v2.Artist default/default/miles",
     );
 }
 
 #[tokio::test]
-async fn default_hooks_require_operator_permissions() {
+async fn default_hooks_require_access_to_the_resource() {
     let h = harness().await;
     let namespace = Resource {
         id: Some(id("tenancy.v1.Namespace", tenancy("default", ""), "jazz")),
         ..Default::default()
     };
-    let reader = Policy::default().operator(Access::Read);
+    let reader = KeyRules::default().key_prefix("resource/tenancy.v1.Namespace/", Access::Read);
     expect_error(
         h.write_as(&reader, namespace.clone()).await,
         Code::PermissionDenied,
-        "operator:write",
+        "lacks write on tenancy.v1.Namespace default/jazz",
     );
-    let operator = Policy::default().operator(Access::Write);
+    let writer = KeyRules::default().key_prefix("resource/tenancy.v1.", Access::Write);
     let stored = h
-        .write_as(&operator, namespace)
+        .write_as(&writer, namespace)
         .await
-        .expect("operator write");
+        .expect("write access to the namespace");
     h.read_as(&reader, &id_of(&stored))
         .await
-        .expect("operator read");
+        .expect("read access");
     expect_error(
-        h.read_as(&Policy::default(), &id_of(&stored)).await,
+        h.read_as(&KeyRules::default(), &id_of(&stored)).await,
         Code::PermissionDenied,
-        "operator:read",
+        "lacks read on tenancy.v1.Namespace default/jazz",
     );
 }
 
@@ -231,11 +237,15 @@ async fn mutate_and_validate_runs_the_write_hook() {
     let result = h
         .service
         .mutate_and_validate(
-            &Policy::default(),
+            &KeyRules::default(),
             proto::resource::v1::MutateAndValidateRequest {
                 resource: Some(artist("miles")),
             },
         )
         .await;
-    expect_error(result, Code::PermissionDenied, "key:write");
+    expect_error(
+        result,
+        Code::PermissionDenied,
+        "lacks write on demo.v2.Artist default/default/miles",
+    );
 }

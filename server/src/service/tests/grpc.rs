@@ -6,7 +6,7 @@ use proto::resource::v1::resource_service_server::ResourceService as _;
 use tonic::{Code, Request};
 
 use super::*;
-use crate::acl::{AclsDisabled, Policy, StaticTokens, TokenResolver};
+use crate::acl::{AclsDisabled, KeyRules, StaticTokens, TokenResolver};
 use crate::service::grpc::{CONSISTENCY_HEADER, ResourceGrpc, TOKEN_HEADER};
 
 async fn grpc(tokens: Arc<dyn TokenResolver>) -> ResourceGrpc {
@@ -30,7 +30,9 @@ fn read_request(metadata: &[(&'static str, &str)]) -> Request<ReadRequest> {
 async fn a_request_without_a_token_is_unauthenticated_when_acls_are_on() {
     let tokens = StaticTokens::new().with_token(
         "operator",
-        Policy::default().operator(crate::acl::Access::Write),
+        KeyRules::default()
+            .operator(crate::acl::Access::Write)
+            .key_prefix("resource/", crate::acl::Access::Write),
     );
     let grpc = grpc(Arc::new(tokens)).await;
     let status = grpc.read(read_request(&[])).await.expect_err("no token");

@@ -1,0 +1,314 @@
+//! The token cache every node keeps (DESIGN §12.3): the stored `acl.v1.Policy` and
+//! `acl.v1.Token` resources, indexed by secret hash, kept current by a watch (the agent feeds
+//! it) and answering each request's token without touching storage. A change ticks
+//! [`TokenResolver::changes`], so open watches re-check their token and end when it was deleted
+//! or has expired.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use proto::acl::v1 as pb;
+use proto::resource::v1::Id;
+
+use super::rules::{self, CompiledPolicy, Grants, MANAGEMENT_POLICY};
+use super::{Access, Authorizer, TokenResolver, Unauthenticated};
+
+/// A resolved token: its accessor (the resource's name) and what its policies grant.
+#[derive(Debug)]
+pub struct TokenAuthorizer {
+    accessor: String,
+    grants: Grants,
+}
+
+impl Authorizer for TokenAuthorizer {
+    fn operator(&self) -> Access {
+        self.grants.operator()
+    }
+    fn resource(&self, id: &Id) -> Access {
+        self.grants.resource(id)
+    }
+    fn identity(&self) -> &str {
+        &self.accessor
+    }
+}
+
+/// What `AclWhoAmI` reports of a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub accessor: String,
+    pub policies: Vec<String>,
+    pub expires_at: String,
+}
+
+#[derive(Debug)]
+struct Entry {
+    info: TokenInfo,
+    /// Seconds since the epoch.
+    expires_at: Option<i64>,
+    authorizer: Arc<TokenAuthorizer>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    policies: BTreeMap<String, pb::Policy>,
+    tokens: BTreeMap<String, pb::Token>,
+    by_hash: HashMap<String, Arc<Entry>>,
+}
+
+/// The token cache of one node.
+#[derive(Debug)]
+pub struct TokenStore {
+    default: Access,
+    /// Whether the tokens were listed once (before, every token is "still loading").
+    loaded: std::sync::atomic::AtomicBool,
+    index: RwLock<Index>,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl TokenStore {
+    /// An empty store; `default` is what rules grant where none speaks (`deny` → Deny, `allow`
+    /// → Write).
+    pub fn new(default: Access) -> TokenStore {
+        TokenStore {
+            default,
+            loaded: std::sync::atomic::AtomicBool::new(false),
+            index: RwLock::new(Index::default()),
+            changes: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Records a stored policy (a new one or a change).
+    pub fn put_policy(&self, name: &str, policy: pb::Policy) {
+        self.update(|index| {
+            index.policies.insert(name.to_owned(), policy);
+        });
+    }
+
+    pub fn remove_policy(&self, name: &str) {
+        self.update(|index| {
+            index.policies.remove(name);
+        });
+    }
+
+    /// Records a stored token (a new one or a change).
+    pub fn put_token(&self, name: &str, token: pb::Token) {
+        self.update(|index| {
+            index.tokens.insert(name.to_owned(), token);
+        });
+    }
+
+    pub fn remove_token(&self, name: &str) {
+        self.update(|index| {
+            index.tokens.remove(name);
+        });
+    }
+
+    /// Replaces every policy (a fresh list from a watch's snapshot).
+    pub fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
+        self.update(|index| index.policies = policies.into_iter().collect());
+    }
+
+    /// Replaces every token (a fresh list from a watch's snapshot).
+    pub fn replace_tokens(&self, tokens: Vec<(String, pb::Token)>) {
+        self.update(|index| index.tokens = tokens.into_iter().collect());
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether a policy of this name exists (the built-in one always does).
+    pub fn has_policy(&self, name: &str) -> bool {
+        name == MANAGEMENT_POLICY || self.read().policies.contains_key(name)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Index)) {
+        {
+            let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+            change(&mut index);
+            let compiled: HashMap<&str, Arc<CompiledPolicy>> = index
+                .policies
+                .iter()
+                .map(|(name, policy)| (name.as_str(), Arc::new(CompiledPolicy::new(policy))))
+                .collect();
+            let mut by_hash = HashMap::new();
+            // Accessors in order: of two tokens with the same secret, the first name wins.
+            for (accessor, token) in &index.tokens {
+                if !rules::is_secret_hash(&token.secret_hash) {
+                    continue;
+                }
+                let management = token.policies.iter().any(|p| p == MANAGEMENT_POLICY);
+                let policies = token
+                    .policies
+                    .iter()
+                    .filter_map(|name| compiled.get(name.as_str()).cloned())
+                    .collect();
+                let entry = Entry {
+                    info: TokenInfo {
+                        accessor: accessor.clone(),
+                        policies: token.policies.clone(),
+                        expires_at: token.expires_at.clone(),
+                    },
+                    expires_at: (!token.expires_at.is_empty())
+                        .then(|| rules::parse_expiry(&token.expires_at).unwrap_or(i64::MIN)),
+                    authorizer: Arc::new(TokenAuthorizer {
+                        accessor: accessor.clone(),
+                        grants: Grants::new(management, policies, self.default),
+                    }),
+                };
+                by_hash
+                    .entry(token.secret_hash.clone())
+                    .or_insert_with(|| Arc::new(entry));
+            }
+            index.by_hash = by_hash;
+        }
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
+    fn entry(&self, token: Option<&str>) -> Result<Arc<Entry>, Unauthenticated> {
+        let Some(token) = token.filter(|token| !token.is_empty()) else {
+            return Err(Unauthenticated(
+                "ACLs are enabled and the request has no token (send it in the x-resd-token metadata)".into(),
+            ));
+        };
+        if token.len() > rules::MAX_SECRET_LEN {
+            return Err(Unauthenticated(format!(
+                "the token is {} characters long; tokens are at most {}",
+                token.len(),
+                rules::MAX_SECRET_LEN
+            )));
+        }
+        let hash = rules::hash_secret(token);
+        let entry = self.read().by_hash.get(&hash).cloned().ok_or_else(|| {
+            if self.loaded.load(std::sync::atomic::Ordering::Acquire) {
+                Unauthenticated("ACL token not found (deleted, or mistyped?)".into())
+            } else {
+                Unauthenticated(
+                    "this server is still loading its ACL tokens; retry in a moment".into(),
+                )
+            }
+        })?;
+        if let Some(expires_at) = entry.expires_at
+            && expires_at <= time::OffsetDateTime::now_utc().unix_timestamp()
+        {
+            return Err(Unauthenticated(format!(
+                "ACL token {} expired at {}",
+                entry.info.accessor, entry.info.expires_at
+            )));
+        }
+        Ok(entry)
+    }
+
+    /// The accessor, policies and expiry of a valid token.
+    pub fn describe(&self, token: Option<&str>) -> Result<TokenInfo, Unauthenticated> {
+        self.entry(token).map(|entry| entry.info.clone())
+    }
+}
+
+impl TokenResolver for TokenStore {
+    fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
+        self.entry(token)
+            .map(|entry| entry.authorizer.clone() as Arc<dyn Authorizer>)
+    }
+
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+
+    fn describe(&self, token: Option<&str>) -> Option<Result<TokenInfo, Unauthenticated>> {
+        Some(TokenStore::describe(self, token))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(secret: &str, policies: &[&str], expires_at: &str) -> pb::Token {
+        pb::Token {
+            description: String::new(),
+            policies: policies.iter().map(|p| p.to_string()).collect(),
+            expires_at: expires_at.into(),
+            secret: String::new(),
+            secret_hash: rules::hash_secret(secret),
+        }
+    }
+
+    #[test]
+    fn tokens_resolve_by_secret_until_deleted_or_expired() {
+        let store = TokenStore::new(Access::Deny);
+        let mut changes = TokenResolver::changes(&store).expect("changes");
+        store.put_policy(
+            "ops",
+            pb::Policy {
+                operator: pb::Access::Read as i32,
+                ..Default::default()
+            },
+        );
+        store.replace_tokens(Vec::new());
+        store.put_token("alice", token("alice-secret-0123456789", &["ops"], ""));
+        store.put_token(
+            "root",
+            token("root-secret-0123456789", &[MANAGEMENT_POLICY], ""),
+        );
+        store.put_token(
+            "old",
+            token("old-secret-0123456789", &["ops"], "2001-01-01T00:00:00Z"),
+        );
+        assert!(changes.has_changed().unwrap_or(false));
+
+        let alice = store
+            .resolve(Some("alice-secret-0123456789"))
+            .expect("alice");
+        assert_eq!(alice.identity(), "alice");
+        assert_eq!(alice.operator(), Access::Read);
+        let root = store.resolve(Some("root-secret-0123456789")).expect("root");
+        assert_eq!(root.operator(), Access::Write);
+
+        let error = store
+            .resolve(Some("old-secret-0123456789"))
+            .expect_err("expired");
+        assert!(error.0.contains("expired"), "{error}");
+        assert!(
+            store
+                .resolve(None)
+                .expect_err("none")
+                .0
+                .contains("no token")
+        );
+        assert!(
+            store
+                .resolve(Some("nope"))
+                .expect_err("unknown")
+                .0
+                .contains("not found")
+        );
+        let long = "x".repeat(10_000);
+        assert!(
+            store
+                .resolve(Some(&long))
+                .expect_err("long")
+                .0
+                .contains("at most")
+        );
+
+        changes.mark_unchanged();
+        store.remove_token("alice");
+        assert!(changes.has_changed().unwrap_or(false));
+        assert!(store.resolve(Some("alice-secret-0123456789")).is_err());
+
+        // Deleting a policy takes its grants away from the tokens that name it.
+        store.put_token("bob", token("bob-secret-0123456789", &["ops"], ""));
+        store.remove_policy("ops");
+        let bob = store.resolve(Some("bob-secret-0123456789")).expect("bob");
+        assert_eq!(bob.operator(), Access::Deny);
+        assert!(store.has_policy(MANAGEMENT_POLICY));
+        assert!(!store.has_policy("ops"));
+    }
+}
