@@ -137,6 +137,9 @@ pub enum Command {
     /// Open the live dashboard: resources, statuses, owner trees, nodes, controllers, snapshots
     #[command(after_help = TUI_HELP)]
     Tui(TuiArgs),
+    /// ACLs: bootstrap, tokens, and who you are
+    #[command(subcommand)]
+    Acl(AclCommand),
     /// Manage named servers and tokens in the contexts file
     #[command(subcommand)]
     Context(ContextCommand),
@@ -199,6 +202,47 @@ pub struct NamedArgs {
     #[arg(value_name = "TYPE")]
     pub resource_type: String,
     pub name: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AclCommand {
+    /// Create the management token (once per cluster) and print its secret
+    Bootstrap,
+    /// The accessor, policies and expiry of the token in use
+    Whoami,
+    /// Create, list and delete tokens (policies are YAML applied with `resctl apply`)
+    #[command(subcommand)]
+    Token(AclTokenCommand),
+    /// List the policies
+    Policies,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AclTokenCommand {
+    /// Create a token bound to policies and print its secret (shown only now)
+    Create(TokenCreateArgs),
+    /// Every token: accessor, policies, expiry (never secrets)
+    List,
+    /// Delete a token: requests and watches using it are refused from then on
+    Delete {
+        /// The token's accessor (its name)
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TokenCreateArgs {
+    /// The token's accessor: its resource name, shown in `acl whoami` and in audit records
+    pub name: String,
+    /// A policy the token gets (repeatable; `global-management` allows everything)
+    #[arg(long = "policy", required = true, value_name = "POLICY")]
+    pub policies: Vec<String>,
+    /// Expire the token after this long (e.g. 30m, 12h, 7d)
+    #[arg(long, value_name = "DURATION")]
+    pub expires_in: Option<String>,
+    /// What the token is for
+    #[arg(long, default_value = "")]
+    pub description: String,
 }
 
 #[derive(Debug, Args)]

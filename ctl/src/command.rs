@@ -1,6 +1,7 @@
 //! Dispatch: one module per command. Each module exposes its operation as a function returning
 //! data, and a `run` that renders it for the session's output format.
 
+pub mod acl;
 pub mod apply;
 pub mod bench;
 pub mod cluster;
@@ -38,6 +39,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Types => types::run(&session).await,
                 Command::Watch(args) => watch::run(&session, &args).await,
                 Command::Cluster(command) => cluster::run(&session, command).await,
+                Command::Acl(command) => acl::run(&session, command).await,
                 Command::Controllers => controllers::run(&session).await,
                 Command::Snapshot(command) => snapshot::run(&session, command).await,
                 Command::Bench(args) => bench::run(&session, &args).await,

@@ -596,6 +596,30 @@ impl Client {
         .map(tonic::Response::into_inner)
     }
 
+    /// Bootstraps ACLs: the management token's secret, once per cluster.
+    pub async fn acl_bootstrap(
+        &self,
+    ) -> Result<crate::cluster::v1::AclBootstrapResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(crate::cluster::v1::AclBootstrapRequest {}, true);
+            async move { cluster.acl_bootstrap(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// The identity of this client's token.
+    pub async fn acl_who_am_i(&self) -> Result<crate::cluster::v1::AclWhoAmIResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster.clone();
+            let request = self.request(crate::cluster::v1::AclWhoAmIRequest {}, true);
+            async move { cluster.acl_who_am_i(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     pub async fn members(&self) -> Result<MembersResponse, ClientError> {
         self.retrying(|| {
             let mut cluster = self.cluster.clone();

@@ -1,8 +1,18 @@
-//! What a failed TLS connection means, for everything that dials a resd port (resctl, the
-//! dashboard, servers reaching their peers): one reading of the rustls error inside a transport
-//! failure, turned into what went wrong and what to do about it.
+//! TLS for everything that dials a resd port (resctl, the dashboard, servers reaching their
+//! peers): one reading of the rustls error inside a transport failure, turned into what went
+//! wrong and what to do about it; and new token secrets from the same crypto provider.
 
 use std::error::Error;
+
+/// A new random token secret: 32 bytes of the system's random source, hex (64 characters).
+pub fn new_secret() -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .map_err(|_| "the system random source failed".to_owned())?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
 
 /// Why a TLS connection to a server failed.
 #[derive(Debug, Clone, PartialEq, Eq)]

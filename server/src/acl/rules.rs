@@ -222,12 +222,7 @@ pub fn hash_secret(secret: &str) -> String {
 
 /// A new random secret: 32 bytes from the operating system's random source, hex.
 pub fn generate_secret() -> Result<String, String> {
-    let mut bytes = [0u8; 32];
-    rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(&mut bytes)
-        .map_err(|_| "the system random source failed".to_owned())?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    proto::tls::new_secret()
 }
 
 /// Shortest secret a writer may choose.

@@ -86,7 +86,7 @@ impl From<StorageError> for Error {
 impl From<AclError> for Error {
     fn from(error: AclError) -> Self {
         match error {
-            AclError::PermissionDenied(_) => Error::PermissionDenied(error.to_string()),
+            AclError::PermissionDenied(missing) => Error::PermissionDenied(missing),
             // A hook that still needs the resource after getting it is a bug in the hook.
             AclError::NeedResource => {
                 Error::Internal("an ACL read hook asked for the resource it was given".into())

@@ -1,6 +1,7 @@
 //! Integration tests against real `resd` processes on loopback: the binary is started on a free
 //! port, driven over gRPC, and stopped by its PID.
 
+mod acl;
 mod cluster;
 mod controllers;
 mod crash;

@@ -78,7 +78,7 @@ async fn read_hook_needing_the_resource_gives_permission_denied_when_present() {
     expect_error(
         h.read_as(&nobody, &id_of(&stored)).await,
         Code::PermissionDenied,
-        "permission denied",
+        "lacks read on demo.v1.RecordLabel",
     );
     let reader = reader_of("resource/demo.v1.RecordLabel/");
     assert_eq!(
