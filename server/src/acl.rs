@@ -56,10 +56,16 @@ pub enum AclError {
     NeedResource,
 }
 
-/// The request carried no token, or one that is not known, while ACLs are enabled.
+/// Why a request's token does not resolve while ACLs are enabled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Unauthenticated(pub String);
+pub enum Unauthenticated {
+    /// No token, an unknown one, or an expired one.
+    #[error("{0}")]
+    Refused(String),
+    /// This server has not loaded its tokens yet: the caller should retry shortly.
+    #[error("{0}")]
+    NotReady(String),
+}
 
 pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {
     if authorizer.operator() >= access {
@@ -274,13 +280,13 @@ impl StaticTokens {
 impl TokenResolver for StaticTokens {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
         let Some(token) = token.filter(|token| !token.is_empty()) else {
-            return Err(Unauthenticated(
+            return Err(Unauthenticated::Refused(
                 "ACLs are enabled and the request has no token: pass one in the x-resd-token metadata".to_owned(),
             ));
         };
         match self.tokens.get(token) {
             Some(policy) => Ok(policy.clone() as Arc<dyn Authorizer>),
-            None => Err(Unauthenticated(
+            None => Err(Unauthenticated::Refused(
                 "ACL token not found: check the x-resd-token metadata".to_owned(),
             )),
         }

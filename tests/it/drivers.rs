@@ -298,6 +298,8 @@ pub struct Binary {
     pub server: String,
     /// An empty config directory, so no user context leaks in.
     pub config: PathBuf,
+    /// With ACLs on: the token every command sends (through RESD_TOKEN).
+    pub token: Option<String>,
 }
 
 impl Binary {
@@ -316,6 +318,9 @@ impl Binary {
             .env_remove("RESD_PARTITION")
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
+        if let Some(token) = &self.token {
+            command.env("RESD_TOKEN", token);
+        }
         for (key, value) in env {
             command.env(key, value);
         }

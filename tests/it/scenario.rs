@@ -352,13 +352,27 @@ async fn the_cli_scenario_passes_through_the_client_library() {
     scenario(&driver).await;
 }
 
+/// The binary runs the scenario against a cluster with ACLs on, with the management token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_scenario_passes_through_the_resctl_binary() {
-    let cluster = tests::Cluster::start(3).await;
+async fn the_cli_scenario_passes_through_the_resctl_binary_with_acls_on() {
+    let cluster = tests::Cluster::start_with_acls(3).await;
     let config = tempfile::tempdir().expect("temp dir");
     let driver = Binary {
         server: cluster.nodes[2].api_addr.clone(),
         config: config.path().join("contexts.yaml"),
+        token: cluster.token.clone(),
     };
     scenario(&driver).await;
+    // Without the token, the same binary is refused.
+    let anonymous = Binary {
+        token: None,
+        ..driver
+    };
+    let refused = anonymous.get("default", "demo.v2.Artist", None).await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("unauthenticated"),
+        "{}",
+        refused.stderr
+    );
 }

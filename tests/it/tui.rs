@@ -104,12 +104,13 @@ impl Drop for Tmux {
     }
 }
 
-fn resctl(server: &str, args: &[&str]) -> Output {
+fn resctl(server: &str, token: &str, args: &[&str]) -> Output {
     let output = Command::new(tests::binary("resctl"))
         .arg("--server")
         .arg(server)
         .args(args)
         .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+        .env("RESD_TOKEN", token)
         .output()
         .expect("resctl runs");
     assert!(
@@ -130,9 +131,9 @@ fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
 }
 
 /// The shell line tmux runs: the dashboard, then what the terminal looks like after it.
-fn dashboard(server: &str, scratch: &Path, editor: &Path, extra: &str) -> String {
+fn dashboard(server: &str, token: &str, scratch: &Path, editor: &Path, extra: &str) -> String {
     format!(
-        "RESCTL_CONFIG=/nonexistent EDITOR={editor} {resctl} --server {server} tui {extra}; \
+        "RESCTL_CONFIG=/nonexistent RESD_TOKEN={token} EDITOR={editor} {resctl} --server {server} tui {extra}; \
          echo RESCTL-EXITED $?; stty -a > {stty}; echo STTY-SAVED; sleep 600",
         editor = editor.display(),
         resctl = tests::binary("resctl").display(),
@@ -160,11 +161,14 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         );
         return;
     }
-    let mut cluster = tests::Cluster::start(3).await;
+    // ACLs on: the dashboard and resctl act with the management token.
+    let mut cluster = tests::Cluster::start_with_acls(3).await;
+    let token = cluster.token.clone().expect("a management token");
     let leader = cluster.nodes[0].api_addr.clone();
     let follower = cluster.nodes[2].api_addr.clone();
     resctl(
         &leader,
+        &token,
         &[
             "apply",
             "-f",
@@ -181,6 +185,7 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     let tmux = Tmux::new("dash");
     tmux.start(&dashboard(
         &follower,
+        &token,
         scratch.path(),
         &editor,
         "demo.v2.Album",
@@ -195,6 +200,7 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
             "a-love-supreme",
             "● live",
             "cluster resd",
+            "as initial-management",
         ],
     )
     .await;
@@ -211,7 +217,11 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         "type: demo.v1.Executive\nname: walter-yetnikoff\ndata: {name: Walter Yetnikoff, position: President}\n",
     )
     .expect("write walter");
-    resctl(&leader, &["apply", "-f", &walter.display().to_string()]);
+    resctl(
+        &leader,
+        &token,
+        &["apply", "-f", &walter.display().to_string()],
+    );
     tmux.wait_for("a write from outside", &["walter-yetnikoff"])
         .await;
     tmux.keys(&["5"]);
@@ -289,7 +299,11 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     .await;
     cluster.nodes[2].restart();
     tmux.wait_for("the reconnection", &["● live"]).await;
-    resctl(&leader, &["delete", "Executive", "walter-yetnikoff"]);
+    resctl(
+        &leader,
+        &token,
+        &["delete", "Executive", "walter-yetnikoff"],
+    );
     tmux.keys(&["5"]);
     tmux.wait_for(
         "an event after the reconnection",
@@ -306,7 +320,7 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     // ctrl-c from the middle of a dialog quits cleanly too.
     let tmux = Tmux::new("ctrlc");
     std::fs::remove_file(scratch.path().join("stty.txt")).expect("remove stty output");
-    tmux.start(&dashboard(&follower, scratch.path(), &editor, ""));
+    tmux.start(&dashboard(&follower, &token, scratch.path(), &editor, ""));
     tmux.wait_for("the types", &["demo.v2.Album", "● live"])
         .await;
     tmux.keys(&["?"]);

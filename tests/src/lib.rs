@@ -122,6 +122,8 @@ pub fn launch(resd: &Path, args: &[String]) -> (Child, String) {
 /// A cluster of `resd agent` processes: node 1 bootstraps, the others join it.
 pub struct Cluster {
     pub nodes: Vec<Node>,
+    /// With ACLs on: the management token (from AclBootstrap) every client sends.
+    pub token: Option<String>,
     _data: tempfile::TempDir,
 }
 
@@ -132,8 +134,19 @@ impl Cluster {
 
     /// A cluster whose nodes all get `extra_args` as well.
     pub async fn start_with(size: usize, extra_args: &[&str]) -> Cluster {
+        Self::start_inner(size, extra_args, false).await
+    }
+
+    /// A cluster with ACLs on: node 1 bootstraps the cluster and its ACLs, the others join
+    /// with the management token, which every client of the cluster then sends.
+    pub async fn start_with_acls(size: usize) -> Cluster {
+        Self::start_inner(size, &["--acl-enabled"], true).await
+    }
+
+    async fn start_inner(size: usize, extra_args: &[&str], acls: bool) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let mut nodes: Vec<Node> = Vec::new();
+        let mut token: Option<String> = None;
         for node_id in 1..=size {
             let mut args = vec![
                 "--node-id".to_owned(),
@@ -152,17 +165,30 @@ impl Cluster {
                 None => args.push("--bootstrap".to_owned()),
                 Some(first) => args.extend(["--join".to_owned(), first.api_addr.clone()]),
             }
+            if let Some(token) = &token {
+                args.extend(["--join-token".to_owned(), token.clone()]);
+            }
             args.extend(extra_args.iter().map(|arg| arg.to_string()));
             nodes.push(Node::spawn(&args));
+            if acls && token.is_none() {
+                token = Some(bootstrap_acls(&nodes[0].api_addr).await);
+            }
         }
-        let cluster = Cluster { nodes, _data: data };
+        let cluster = Cluster {
+            nodes,
+            token,
+            _data: data,
+        };
         cluster.wait_for_voters(size).await;
         cluster
     }
 
     /// A client of node `index` (0-based).
     pub fn client(&self, index: usize) -> Client {
-        Client::new(ClientConfig::new(self.nodes[index].api_addr.clone())).expect("client")
+        Client::new(
+            ClientConfig::new(self.nodes[index].api_addr.clone()).with_token(self.token.clone()),
+        )
+        .expect("client")
     }
 
     async fn wait_for_voters(&self, size: usize) {
@@ -178,6 +204,19 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("the cluster did not reach {size} voters within 60s");
+    }
+}
+
+/// Bootstraps ACLs through `api_addr` (once a leader is elected) and returns the secret.
+async fn bootstrap_acls(api_addr: &str) -> String {
+    let client = Client::new(ClientConfig::new(api_addr.to_owned())).expect("client");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.acl_bootstrap().await {
+            Ok(reply) => return reply.secret,
+            Err(error) if Instant::now() > deadline => panic!("cannot bootstrap ACLs: {error}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
 }
 

@@ -388,7 +388,19 @@ pub fn verify_rows(
 async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duration) {
     let mut node_clients: BTreeMap<String, Result<Client, String>> = BTreeMap::new();
     loop {
-        let status = client.status().await.map_err(|error| error.to_string());
+        let status = client.status().await;
+        let denied = match &status {
+            Err(proto::client::ClientError::PermissionDenied(missing)) => Some(format!(
+                "your token cannot see the cluster's status, members or controllers ({missing}; it needs operator read)"
+            )),
+            _ => None,
+        };
+        let status = status.map_err(|error| error.to_string());
+        let identity = match client.acl_who_am_i().await {
+            Ok(me) if me.acls_enabled => Some(Ok(Some(me.accessor))),
+            Ok(_) => Some(Ok(None)),
+            Err(error) => Some(Err(error.to_string())),
+        };
         let (members, controllers) = if status.is_ok() {
             let (members, controllers) =
                 tokio::join!(client.members(), client.list_controllers(true));
@@ -427,6 +439,8 @@ async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duratio
             members,
             nodes,
             controllers,
+            denied,
+            identity,
         };
         if tx.send(Msg::Cluster(Box::new(report))).is_err() {
             return;

@@ -24,6 +24,10 @@ pub struct ClusterReport {
     /// Each member's own status.
     pub nodes: BTreeMap<u64, Result<StatusResponse, String>>,
     pub controllers: Option<Result<ListControllersResponse, String>>,
+    /// The status was refused to this token (the server is reachable): what the token cannot do.
+    pub denied: Option<String>,
+    /// Who the dashboard acts as: the token's accessor, or `None` with ACLs off.
+    pub identity: Option<Result<Option<String>, String>>,
 }
 
 #[derive(Debug, Clone)]

@@ -87,6 +87,10 @@ pub struct ClusterInfo {
     pub placement: Option<PlacementMap>,
     /// Why the last refresh of the controllers failed, if it did.
     pub placement_error: Option<String>,
+    /// What the token cannot see of the cluster (its status was refused), if anything.
+    pub denied: Option<String>,
+    /// Who the dashboard acts as: `Some(accessor)` with ACLs on.
+    pub identity: Option<String>,
 }
 
 /// A scrolled list: the selected row and the first row shown.

@@ -166,9 +166,18 @@ fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
             );
         }
         WatchUpdate::Failed(error) => {
-            let text = format!("{gvk}: the watch stopped: {error}");
+            let reason = match &error {
+                proto::client::ClientError::PermissionDenied(missing) => {
+                    format!("your token cannot read {gvk} ({missing})")
+                }
+                proto::client::ClientError::Unauthenticated(why) => format!(
+                    "your token was refused ({why}); start the dashboard with another --token"
+                ),
+                other => other.to_string(),
+            };
+            let text = format!("{gvk}: the watch stopped: {reason}");
             if let Some(data) = state.store.get_mut(gvk) {
-                data.failed = Some(error.to_string());
+                data.failed = Some(reason);
             }
             state.push_event(EventKind::Notice, text);
         }
@@ -203,6 +212,23 @@ pub fn event_text(resource: &proto::resource::v1::Resource) -> String {
 }
 
 fn on_cluster(state: &mut State, report: ClusterReport) {
+    if let Some(Ok(identity)) = report.identity {
+        state.cluster.identity = identity;
+    }
+    if report.denied.is_some() {
+        // The server answers; this token may not see the cluster. Not a broken link.
+        if state.cluster.denied != report.denied
+            && let Some(denied) = &report.denied
+        {
+            state.push_event(EventKind::Notice, denied.clone());
+        }
+        state.cluster.denied = report.denied;
+        if state.link != Link::Live {
+            state.link = Link::Live;
+        }
+        return;
+    }
+    state.cluster.denied = None;
     match report.status {
         Ok(status) => {
             state.cluster.status = Some(status);

@@ -107,6 +107,14 @@ fn render_header(state: &State, frame: &mut Frame, area: Rect) {
         Span::raw(" "),
         link,
     ];
+    if let Some(accessor) = &state.cluster.identity {
+        spans.push(sep());
+        spans.push(Span::raw("as "));
+        spans.push(Span::styled(
+            accessor.clone(),
+            Style::default().add_modifier(Modifier::BOLD),
+        ));
+    }
     if let Some(status) = &state.cluster.status {
         if !status.cluster_name.is_empty() {
             spans.push(sep());

@@ -59,8 +59,10 @@ struct Index {
 #[derive(Debug)]
 pub struct TokenStore {
     default: Access,
-    /// Whether the tokens were listed once (before, every token is "still loading").
-    loaded: std::sync::atomic::AtomicBool,
+    /// Whether the policies and the tokens were each listed once (before, every request is
+    /// told to retry: the node is still loading).
+    policies_loaded: std::sync::atomic::AtomicBool,
+    tokens_loaded: std::sync::atomic::AtomicBool,
     index: RwLock<Index>,
     changes: tokio::sync::watch::Sender<u64>,
 }
@@ -71,7 +73,8 @@ impl TokenStore {
     pub fn new(default: Access) -> TokenStore {
         TokenStore {
             default,
-            loaded: std::sync::atomic::AtomicBool::new(false),
+            policies_loaded: std::sync::atomic::AtomicBool::new(false),
+            tokens_loaded: std::sync::atomic::AtomicBool::new(false),
             index: RwLock::new(Index::default()),
             changes: tokio::sync::watch::Sender::new(0),
         }
@@ -106,12 +109,14 @@ impl TokenStore {
     /// Replaces every policy (a fresh list from a watch's snapshot).
     pub fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
         self.update(|index| index.policies = policies.into_iter().collect());
+        self.policies_loaded
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Replaces every token (a fresh list from a watch's snapshot).
     pub fn replace_tokens(&self, tokens: Vec<(String, pb::Token)>) {
         self.update(|index| index.tokens = tokens.into_iter().collect());
-        self.loaded
+        self.tokens_loaded
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
@@ -169,31 +174,36 @@ impl TokenStore {
 
     fn entry(&self, token: Option<&str>) -> Result<Arc<Entry>, Unauthenticated> {
         let Some(token) = token.filter(|token| !token.is_empty()) else {
-            return Err(Unauthenticated(
+            return Err(Unauthenticated::Refused(
                 "ACLs are enabled and the request has no token (send it in the x-resd-token metadata)".into(),
             ));
         };
         if token.len() > rules::MAX_SECRET_LEN {
-            return Err(Unauthenticated(format!(
+            return Err(Unauthenticated::Refused(format!(
                 "the token is {} characters long; tokens are at most {}",
                 token.len(),
                 rules::MAX_SECRET_LEN
             )));
         }
+        let loaded = self
+            .policies_loaded
+            .load(std::sync::atomic::Ordering::Acquire)
+            && self
+                .tokens_loaded
+                .load(std::sync::atomic::Ordering::Acquire);
+        if !loaded {
+            return Err(Unauthenticated::NotReady(
+                "this server is still loading its ACL tokens; retry in a moment".into(),
+            ));
+        }
         let hash = rules::hash_secret(token);
         let entry = self.read().by_hash.get(&hash).cloned().ok_or_else(|| {
-            if self.loaded.load(std::sync::atomic::Ordering::Acquire) {
-                Unauthenticated("ACL token not found (deleted, or mistyped?)".into())
-            } else {
-                Unauthenticated(
-                    "this server is still loading its ACL tokens; retry in a moment".into(),
-                )
-            }
+            Unauthenticated::Refused("ACL token not found (deleted, or mistyped?)".into())
         })?;
         if let Some(expires_at) = entry.expires_at
             && expires_at <= time::OffsetDateTime::now_utc().unix_timestamp()
         {
-            return Err(Unauthenticated(format!(
+            return Err(Unauthenticated::Refused(format!(
                 "ACL token {} expired at {}",
                 entry.info.accessor, entry.info.expires_at
             )));
@@ -244,6 +254,12 @@ mod tests {
     fn tokens_resolve_by_secret_until_deleted_or_expired() {
         let store = TokenStore::new(Access::Deny);
         let mut changes = TokenResolver::changes(&store).expect("changes");
+        assert!(matches!(
+            store.resolve(Some("anything")),
+            Err(Unauthenticated::NotReady(_))
+        ));
+        store.replace_policies(Vec::new());
+        store.replace_tokens(Vec::new());
         store.put_policy(
             "ops",
             pb::Policy {
@@ -251,7 +267,6 @@ mod tests {
                 ..Default::default()
             },
         );
-        store.replace_tokens(Vec::new());
         store.put_token("alice", token("alice-secret-0123456789", &["ops"], ""));
         store.put_token(
             "root",
@@ -274,19 +289,19 @@ mod tests {
         let error = store
             .resolve(Some("old-secret-0123456789"))
             .expect_err("expired");
-        assert!(error.0.contains("expired"), "{error}");
+        assert!(error.to_string().contains("expired"), "{error}");
         assert!(
             store
                 .resolve(None)
                 .expect_err("none")
-                .0
+                .to_string()
                 .contains("no token")
         );
         assert!(
             store
                 .resolve(Some("nope"))
                 .expect_err("unknown")
-                .0
+                .to_string()
                 .contains("not found")
         );
         let long = "x".repeat(10_000);
@@ -294,7 +309,7 @@ mod tests {
             store
                 .resolve(Some(&long))
                 .expect_err("long")
-                .0
+                .to_string()
                 .contains("at most")
         );
 

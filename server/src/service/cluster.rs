@@ -143,9 +143,9 @@ impl ClusterGrpc {
 
     fn raft(&self) -> Result<&Arc<RaftBackend>, Status> {
         self.raft.as_ref().ok_or_else(|| {
-            Status::failed_precondition(
-                "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one",
-            )
+            Status::from(Error::FailedPrecondition(
+                "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one".into(),
+            ))
         })
     }
 
@@ -161,12 +161,12 @@ impl ClusterGrpc {
             .inspect(|_| {
                 tracing::debug!(leader = id, "forwarding a membership call to the leader");
             }),
-            Some((id, _)) => Err(Status::unavailable(format!(
+            Some((id, _)) => Err(Status::from(Error::Unavailable(format!(
                 "leader {id} has no known API address"
+            )))),
+            None => Err(Status::from(Error::Unavailable(
+                "no raft leader is elected right now; retry shortly".into(),
             ))),
-            None => Err(Status::unavailable(
-                "no raft leader is elected right now; retry shortly",
-            )),
         }
     }
 
@@ -180,13 +180,15 @@ impl ClusterGrpc {
         let endpoint = self
             .dialer
             .endpoint(api_addr, Some(*id))
-            .map_err(|why| Status::internal(format!("API address of node {id}: {why}")))?
+            .map_err(|why| {
+                Status::from(Error::Internal(format!("API address of node {id}: {why}")))
+            })?
             .connect_timeout(Duration::from_secs(5));
         let channel = endpoint.connect().await.map_err(|error| {
-            Status::unavailable(format!(
+            Status::from(Error::Unavailable(format!(
                 "cannot reach node {id} at {api_addr}: {}",
                 crate::tls::describe_connect_error(&error)
-            ))
+            )))
         })?;
         Ok(ClusterServiceClient::new(channel))
     }
@@ -284,7 +286,7 @@ impl ClusterGrpc {
             ),
         };
         self.refusals.warn("join", caller.remote_ip(), &refused);
-        Err(Status::permission_denied(refused))
+        Err(Status::from(Error::PermissionDenied(refused)))
     }
 }
 
@@ -414,15 +416,15 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let caller = authorized.conn.clone();
         let join = request.into_inner();
         if join.node_id == 0 {
-            return Err(Status::invalid_argument(
-                "node_id is required and must not be 0",
-            ));
+            return Err(Status::from(Error::InvalidArgument(
+                "node_id is required and must not be 0".into(),
+            )));
         }
         self.check_joiner(raft, &caller, join.node_id)?;
         if join.raft_addr.is_empty() || join.api_addr.is_empty() {
-            return Err(Status::invalid_argument(
-                "api_addr and raft_addr are required",
-            ));
+            return Err(Status::from(Error::InvalidArgument(
+                "api_addr and raft_addr are required".into(),
+            )));
         }
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
@@ -440,10 +442,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 && (member.node.raft_addr != join.raft_addr
                     || member.node.api_addr != join.api_addr)
             {
-                return Err(Status::already_exists(format!(
+                return Err(Status::from(Error::AlreadyExists(format!(
                     "node {} is already a member with other addresses ({}); remove it first",
                     join.node_id, member.node
-                )));
+                ))));
             }
         } else {
             let node = NodeAddr {
@@ -453,7 +455,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
             raft.add_voter(join.node_id, node)
                 .await
-                .map_err(Status::unavailable)?;
+                .map_err(|why| Status::from(Error::Unavailable(why)))?;
         }
         Ok(Response::new(JoinResponse {
             leader_id: raft.id(),
@@ -593,15 +595,15 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .iter()
             .any(|member| member.node_id == remove.node_id)
         {
-            return Err(Status::not_found(format!(
+            return Err(Status::from(Error::NotFound(format!(
                 "node {} is not a member",
                 remove.node_id
-            )));
+            ))));
         }
         tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
         raft.remove_member(remove.node_id)
             .await
-            .map_err(Status::unavailable)?;
+            .map_err(|why| Status::from(Error::Unavailable(why)))?;
         Ok(Response::new(RemoveResponse {}))
     }
 

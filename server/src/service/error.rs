@@ -17,6 +17,9 @@ pub enum Error {
     CasFailed(String),
     #[error("uid doesn't match: {0}")]
     UidMismatch(String),
+    /// What the call would create exists already (a member with other addresses).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The system is not in the state the call needs (ACLs off, already bootstrapped).
     #[error("{0}")]
     FailedPrecondition(String),
@@ -97,7 +100,10 @@ impl From<AclError> for Error {
 
 impl From<Unauthenticated> for Error {
     fn from(error: Unauthenticated) -> Self {
-        Error::Unauthenticated(error.0)
+        match error {
+            Unauthenticated::Refused(why) => Error::Unauthenticated(why),
+            Unauthenticated::NotReady(why) => Error::Unavailable(why),
+        }
     }
 }
 
@@ -109,6 +115,7 @@ impl From<Error> for tonic::Status {
             Error::NotFound(_) => Code::NotFound,
             Error::CasFailed(_) => Code::Aborted,
             Error::UidMismatch(_) | Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::Unavailable(_) => Code::Unavailable,

@@ -236,6 +236,31 @@ fn a_disconnect_keeps_the_data_and_a_relist_replaces_it_at_its_end() {
 }
 
 #[test]
+fn a_token_that_cannot_see_the_cluster_keeps_the_link_live_and_says_why() {
+    let mut state = demo_state();
+    update(
+        &mut state,
+        Msg::Cluster(Box::new(ClusterReport {
+            status: Err("permission denied: token lacks operator read".into()),
+            members: None,
+            nodes: Default::default(),
+            controllers: None,
+            denied: Some("your token cannot see the cluster's status".into()),
+            identity: Some(Ok(Some("jazzer".into()))),
+        })),
+    );
+    assert_eq!(state.link, Link::Live);
+    assert_eq!(state.cluster.identity.as_deref(), Some("jazzer"));
+    assert!(
+        state
+            .cluster
+            .denied
+            .as_deref()
+            .is_some_and(|d| d.contains("your token cannot"))
+    );
+}
+
+#[test]
 fn a_failed_watch_is_recorded_on_its_type() {
     let mut state = demo_state();
     update(
@@ -249,7 +274,10 @@ fn a_failed_watch_is_recorded_on_its_type() {
         .store
         .get("demo.v1.Executive")
         .and_then(|d| d.failed.clone());
-    assert!(failed.is_some_and(|f| f.contains("token lacks read")));
+    assert!(
+        failed.is_some_and(|f| f.contains("your token cannot read demo.v1.Executive")
+            && f.contains("token lacks read"))
+    );
 }
 
 #[test]
@@ -863,6 +891,8 @@ fn the_cluster_report_updates_placement_and_keeps_data_when_unreachable() {
             members: None,
             nodes: Default::default(),
             controllers: None,
+            denied: None,
+            identity: None,
         })),
     );
     assert!(matches!(state.link, Link::Disconnected { .. }));
@@ -879,6 +909,8 @@ fn the_cluster_report_updates_placement_and_keeps_data_when_unreachable() {
             members: None,
             nodes: Default::default(),
             controllers: Some(Err("node 3: deadline exceeded".into())),
+            denied: None,
+            identity: Some(Ok(Some("jazzer".into()))),
         })),
     );
     assert_eq!(state.link, Link::Live);

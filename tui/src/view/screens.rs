@@ -141,12 +141,16 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         Constraint::Length(9),
         Constraint::Min(4),
     ]));
-    let status_lines: Vec<Line> = match &state.cluster.status {
-        None => vec![Line::from(format!(
+    let status_lines: Vec<Line> = match (&state.cluster.denied, &state.cluster.status) {
+        (Some(denied), _) => vec![Line::from(Span::styled(
+            denied.clone(),
+            Style::default().fg(Color::Yellow),
+        ))],
+        (None, None) => vec![Line::from(format!(
             "Asking {} for its status…",
             state.server
         ))],
-        Some(status) => {
+        (None, Some(status)) => {
             let field = |name: &str, value: String| {
                 Line::from(vec![
                     Span::styled(format!("  {name:<16}"), dim()),
