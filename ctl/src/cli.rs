@@ -261,6 +261,9 @@ pub struct WatchArgs {
     /// Stop after this many events (the initial listing counts)
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
+    /// Show who made each change: a token's accessor, or controller/<name>
+    #[arg(long)]
+    pub show_actor: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -182,6 +182,8 @@ pub struct WatchEvent {
     /// The storage version at which the event happened.
     pub version: String,
     pub operation: Operation,
+    /// Who made the change (empty for a watch's snapshot, and for changes before actors).
+    pub actor: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -226,12 +228,24 @@ pub trait Backend: Send + Sync + 'static {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError>;
 
     /// Writes `resource` if its `version` equals the stored version (empty: must not exist).
-    /// The uid must be set. Returns the stored copy with its new version.
-    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError>;
+    /// The uid must be set. Returns the stored copy with its new version. `actor` (who made the
+    /// change) is recorded with it and reported by watches.
+    async fn write_cas_as(&self, resource: Resource, actor: &str)
+    -> Result<Resource, StorageError>;
 
     /// Deletes the resource if `version` matches. Missing resource or other uid: `Ok`, nothing
-    /// deleted.
-    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError>;
+    /// deleted. `actor` as for [`Backend::write_cas_as`].
+    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError>;
+
+    /// [`Backend::write_cas_as`] by nobody in particular (tests, tools).
+    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+        self.write_cas_as(resource, "").await
+    }
+
+    /// [`Backend::delete_cas_as`] by nobody in particular (tests, tools).
+    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+        self.delete_cas_as(id, version, "").await
+    }
 
     /// Every resource of the type (all group versions) whose tenancy matches (fields may be
     /// `*`) and whose name starts with `name_prefix`, ordered by tenancy and name.
@@ -294,11 +308,15 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
         (**self).read(consistency, id).await
     }
-    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
-        (**self).write_cas(resource).await
+    async fn write_cas_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        (**self).write_cas_as(resource, actor).await
     }
-    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
-        (**self).delete_cas(id, version).await
+    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
+        (**self).delete_cas_as(id, version, actor).await
     }
     async fn list(
         &self,

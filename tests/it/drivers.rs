@@ -48,6 +48,8 @@ impl Reply {
 #[allow(async_fn_in_trait)]
 pub trait Driver {
     fn name(&self) -> &'static str;
+    /// Who the server records as the author of this driver's changes.
+    fn actor(&self) -> &'static str;
     async fn apply(&self, path: &Path) -> Reply;
     /// `get TYPE [NAME]` in a namespace, as JSON.
     async fn get(&self, namespace: &str, resource_type: &str, name: Option<&str>) -> Reply;
@@ -108,6 +110,10 @@ fn to_json<T: serde::Serialize>(value: &T) -> Value {
 impl Driver for Library {
     fn name(&self) -> &'static str {
         "library"
+    }
+
+    fn actor(&self) -> &'static str {
+        "anonymous"
     }
 
     async fn apply(&self, path: &Path) -> Reply {
@@ -222,6 +228,7 @@ impl Driver for Library {
                     &event,
                     OutputFormat::Json,
                     SystemTime::now(),
+                    false,
                 )
                 .expect("render")
                 .expect("a line");
@@ -361,6 +368,14 @@ impl Binary {
 impl Driver for Binary {
     fn name(&self) -> &'static str {
         "binary"
+    }
+
+    fn actor(&self) -> &'static str {
+        if self.token.is_some() {
+            "initial-management"
+        } else {
+            "anonymous"
+        }
     }
 
     async fn apply(&self, path: &Path) -> Reply {

@@ -208,6 +208,13 @@ async fn scenario<D: Driver>(driver: &D) {
         events[0]["resource"]["data"]["name"], "Bebop (hard)",
         "{who}"
     );
+    // Who made each change: the driver's identity wrote bebop.
+    assert_eq!(events[0]["actor"], driver.actor(), "{who}: {:?}", events[0]);
+    assert!(
+        events[1]["actor"].as_str().is_some_and(|a| !a.is_empty()),
+        "{who}: {:?}",
+        events[1]
+    );
 
     // The owner tree shows the albums under their artist.
     let tree = driver

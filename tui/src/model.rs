@@ -298,6 +298,7 @@ mod tests {
                 resource: Some(jazz),
             })),
             version: "11".into(),
+            actor: String::new(),
         };
         assert_eq!(data.apply(delete.clone()), Change::Deleted);
         assert_eq!(data.apply(delete), Change::Nothing);

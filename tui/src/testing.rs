@@ -119,6 +119,7 @@ pub fn resource(gvk: &str, tenancy: &str, name: &str, version: u64) -> Resource 
 
 pub fn upsert(resource: Resource) -> WatchEvent {
     WatchEvent {
+        actor: String::new(),
         version: resource.version.clone(),
         event: Some(Event::Upsert(Upsert {
             resource: Some(resource),
@@ -128,6 +129,7 @@ pub fn upsert(resource: Resource) -> WatchEvent {
 
 pub fn end_of_snapshot(version: &str) -> WatchEvent {
     WatchEvent {
+        actor: String::new(),
         version: version.into(),
         event: Some(Event::EndOfSnapshot(EndOfSnapshot {})),
     }

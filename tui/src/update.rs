@@ -114,11 +114,16 @@ fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
             // Only changes after the initial snapshot (or a relist) go to the tail; its line is
             // written before the event moves into the store (no copy of the resource).
             let text = if data.synced && !relisted {
-                match &event.event {
+                let text = match &event.event {
                     Some(Event::Upsert(upsert)) => upsert.resource.as_ref().map(event_text),
                     Some(Event::Delete(delete)) => delete.resource.as_ref().map(event_text),
                     _ => None,
-                }
+                };
+                // Who changed it, when the server recorded it.
+                text.map(|text| match event.actor.as_str() {
+                    "" => text,
+                    actor => format!("{text}  by {actor}"),
+                })
             } else {
                 None
             };

@@ -22,6 +22,10 @@ pub struct WatchLine {
     pub event: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// Who made the change (a token's accessor, `controller/<name>`, `anonymous` with ACLs
+    /// off); absent for the listing and for changes recorded without one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub actor: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resource: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,12 +60,14 @@ fn summary(resource: &Resource) -> String {
     parts.join("  ")
 }
 
-/// Renders an event as a human line or a JSON object line.
+/// Renders an event as a human line (with who made the change when `show_actor`) or a JSON
+/// object line (which always carries the actor).
 pub fn render_event(
     codec: &Codec,
     event: &WatchEvent,
     format: OutputFormat,
     now: SystemTime,
+    show_actor: bool,
 ) -> anyhow::Result<Option<String>> {
     let (kind, resource) = match &event.event {
         Some(Event::Upsert(upsert)) => ("upsert", upsert.resource.as_ref()),
@@ -75,6 +81,7 @@ pub fn render_event(
                 time: prost_types::Timestamp::from(now).to_string(),
                 event: kind.to_owned(),
                 version: event.version.clone(),
+                actor: event.actor.clone(),
                 resource: resource.map(|r| codec.to_value(r)).transpose()?,
                 message: None,
             };
@@ -91,15 +98,26 @@ pub fn render_event(
             };
             let id = resource.id.clone().unwrap_or_default();
             let mut line = format!(
-                "{}  {:<8}  {:<8}  {}",
+                "{}  {:<8}  {:<8}  ",
                 clock(now),
                 kind.to_uppercase(),
                 event.version,
-                describe::id_label(&id)
             );
+            if show_actor {
+                let actor = if event.actor.is_empty() {
+                    "-"
+                } else {
+                    event.actor.as_str()
+                };
+                line.push_str(&format!("{actor:<24}  "));
+            }
+            line.push_str(&describe::id_label(&id));
             if kind == "upsert" {
-                line.push_str("  ");
-                line.push_str(&summary(resource));
+                let summary = summary(resource);
+                if !summary.is_empty() {
+                    line.push_str("  ");
+                    line.push_str(&summary);
+                }
             }
             if format == OutputFormat::Yaml {
                 line.push('\n');
@@ -119,6 +137,7 @@ fn notice(format: OutputFormat, event: &str, message: String) -> anyhow::Result<
             time: prost_types::Timestamp::from(SystemTime::now()).to_string(),
             event: event.to_owned(),
             version: String::new(),
+            actor: String::new(),
             resource: None,
             message: Some(message),
         };
@@ -150,8 +169,13 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
             None => return Ok(1),
             Some(WatchUpdate::Event(event)) => {
                 let counts = !matches!(event.event, Some(Event::EndOfSnapshot(_)));
-                if let Some(line) = render_event(codec, &event, session.output, SystemTime::now())?
-                {
+                if let Some(line) = render_event(
+                    codec,
+                    &event,
+                    session.output,
+                    SystemTime::now(),
+                    args.show_actor,
+                )? {
                     output::print(&line)?;
                 }
                 if counts {

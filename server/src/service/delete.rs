@@ -60,17 +60,21 @@ impl ResourceService {
                     DELETION_TIMESTAMP_KEY.to_owned(),
                     resource::rfc3339(std::time::SystemTime::now()),
                 );
-                self.backend.write_cas(marked).await?;
+                self.backend
+                    .write_cas_as(marked, authorizer.identity())
+                    .await?;
             } else {
-                self.delete_with_tombstone(&existing).await?;
+                self.delete_with_tombstone(&existing, authorizer.identity())
+                    .await?;
             }
             Ok(DeleteResponse {})
         })
         .await
     }
 
-    /// Deletes a marked resource whose last finalizer was just removed by `stored`'s write.
-    pub(super) async fn finish_delete(&self, stored: &Resource) -> Result<(), Error> {
+    /// Deletes a marked resource whose last finalizer was just removed by `stored`'s write
+    /// (made by `actor`, who is recorded as the deleter).
+    pub(super) async fn finish_delete(&self, stored: &Resource, actor: &str) -> Result<(), Error> {
         let id = &stored.id.clone().unwrap_or_default();
         // The first try deletes what the write stored; a status write may slip in between, so
         // later tries delete the newest version if it is still due.
@@ -89,7 +93,7 @@ impl ResourceService {
                     _ => return Ok(()),
                 }
             };
-            Ok(self.delete_with_tombstone(&current).await?)
+            Ok(self.delete_with_tombstone(&current, actor).await?)
         })
         .await;
         match result {
@@ -106,7 +110,11 @@ impl ResourceService {
     /// The tombstone goes first: a crash in between leaves a tombstone for a live resource, which
     /// the reaper recognises by the uid, rather than a deleted resource whose children are never
     /// reaped.
-    async fn delete_with_tombstone(&self, existing: &Resource) -> Result<(), StorageError> {
+    async fn delete_with_tombstone(
+        &self,
+        existing: &Resource,
+        actor: &str,
+    ) -> Result<(), StorageError> {
         let existing_id = existing.id.clone().unwrap_or_default();
         let is_tombstone = existing_id
             .r#type
@@ -133,7 +141,7 @@ impl ResourceService {
                     })),
                     ..Default::default()
                 };
-                match self.backend.write_cas(tombstone).await {
+                match self.backend.write_cas_as(tombstone, actor).await {
                     // Another delete of the same incarnation wrote it first.
                     Ok(_) | Err(StorageError::CasFailure) | Err(StorageError::WrongUid) => {}
                     Err(error) => return Err(error),
@@ -141,7 +149,7 @@ impl ResourceService {
             }
         }
         self.backend
-            .delete_cas(&existing_id, &existing.version)
+            .delete_cas_as(&existing_id, &existing.version, actor)
             .await
     }
 }

@@ -251,6 +251,7 @@ impl ResourceService {
                         Ok(pb::WatchEvent {
                             event: Some(event_body),
                             version: event.version,
+                            actor: event.actor,
                         })
                     })
                 }

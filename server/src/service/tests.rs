@@ -318,18 +318,22 @@ impl Backend for LosingBackend {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
         self.inner.read(consistency, id).await
     }
-    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+    async fn write_cas_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
         self.writes.fetch_add(1, Ordering::SeqCst);
         if self.lose() {
             return Err(StorageError::CasFailure);
         }
-        self.inner.write_cas(resource).await
+        self.inner.write_cas_as(resource, actor).await
     }
-    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
         if self.lose() {
             return Err(StorageError::CasFailure);
         }
-        self.inner.delete_cas(id, version).await
+        self.inner.delete_cas_as(id, version, actor).await
     }
     async fn list(
         &self,

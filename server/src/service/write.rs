@@ -27,6 +27,8 @@ struct PreparedWrite {
     resource: Resource,
     registration: Arc<Registration>,
     tenancy: TenancyState,
+    /// Who writes: recorded with the change.
+    actor: String,
 }
 
 impl ResourceService {
@@ -147,6 +149,7 @@ impl ResourceService {
             resource,
             registration,
             tenancy,
+            actor: authorizer.identity().to_owned(),
         })
     }
 
@@ -226,7 +229,7 @@ impl ResourceService {
                     input_id.uid = existing_id.uid.clone();
                 }
                 input.generation = new_ulid();
-                let stored = match self.backend.write_cas(input).await {
+                let stored = match self.backend.write_cas_as(input, &prepared.actor).await {
                     // Deleted and recreated since the read: a lost race, not the client's uid.
                     Err(StorageError::WrongUid) if id.uid.is_empty() => {
                         return Err(Error::CasFailed(format!(
@@ -238,7 +241,7 @@ impl ResourceService {
                 };
                 if marked && !resource::has_finalizers(&stored) {
                     // The last finalizer is gone: finish the delete that was waiting for it.
-                    self.finish_delete(&stored).await?;
+                    self.finish_delete(&stored, &prepared.actor).await?;
                 }
                 Ok(Attempt::Written(Box::new(stored)))
             }
@@ -299,7 +302,7 @@ impl ResourceService {
             input_id.uid = new_ulid();
         }
         input.generation = new_ulid();
-        match self.backend.write_cas(input).await {
+        match self.backend.write_cas_as(input, &prepared.actor).await {
             // Another writer created it since the read: a lost race.
             Err(StorageError::WrongUid) => Err(Error::CasFailed(format!(
                 "{} was created concurrently",
@@ -440,7 +443,10 @@ impl ResourceService {
             let mut status = status.clone();
             status.updated_at = Some(now_timestamp());
             updated.status.insert(key.clone(), status);
-            let stored = self.backend.write_cas(updated).await?;
+            let stored = self
+                .backend
+                .write_cas_as(updated, authorizer.identity())
+                .await?;
             Ok(WriteStatusResponse {
                 resource: Some(stored),
             })

@@ -248,6 +248,7 @@ impl EventLog {
                 .map(|resource| WatchEvent {
                     version: resource.version.clone(),
                     operation: Operation::Upsert(resource),
+                    actor: String::new(),
                 })
                 .collect(),
             Some(since) if since > current => {
@@ -278,6 +279,7 @@ impl EventLog {
         let caught_up = WatchEvent {
             version: current.to_string(),
             operation: Operation::EndOfSnapshot,
+            actor: String::new(),
         };
         let initial = initial
             .into_iter()

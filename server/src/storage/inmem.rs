@@ -81,7 +81,11 @@ impl Backend for InMemBackend {
         super::check_read(id, stored.clone())
     }
 
-    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+    async fn write_cas_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
         let id = resource.id.clone().unwrap_or_default();
         if id.uid.is_empty() {
             return Err(StorageError::Internal(format!(
@@ -117,13 +121,14 @@ impl Backend for InMemBackend {
             WatchEvent {
                 version,
                 operation: Operation::Upsert(stored.clone()),
+                actor: actor.to_owned(),
             },
             index,
         );
         Ok(stored)
     }
 
-    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
         let key = StorageKey::of(id);
         let mut state = self.lock();
         if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
@@ -144,6 +149,7 @@ impl Backend for InMemBackend {
             WatchEvent {
                 version,
                 operation: Operation::Delete(removed),
+                actor: actor.to_owned(),
             },
             index,
         );

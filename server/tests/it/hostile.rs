@@ -62,6 +62,7 @@ async fn forward_write_as(
             request: Some(forward_request::Request::WriteCas(raft_pb::WriteCas {
                 resource: Some(resource),
                 request_id: request_id.to_owned(),
+                actor: "hostile-test".into(),
             })),
         })
         .await

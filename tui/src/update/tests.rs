@@ -118,6 +118,7 @@ fn the_event_tail_shows_live_changes_not_the_initial_snapshot() {
         &mut state,
         gvk,
         WatchEvent {
+            actor: String::new(),
             version: "6".into(),
             event: Some(Event::Delete(Delete {
                 resource: Some(resource(gvk, "default/jazz", "modal", 3)),
@@ -261,6 +262,27 @@ fn a_token_that_cannot_see_the_cluster_keeps_the_link_live_and_says_why() {
 }
 
 #[test]
+fn the_event_tail_says_who_made_each_change() {
+    let mut state = demo_state();
+    let gvk = "demo.v1.Concept";
+    let mut event = upsert(resource(gvk, "default/jazz", "bebop", 40));
+    event.actor = "jazz-editor".into();
+    update(
+        &mut state,
+        Msg::Watch {
+            gvk: gvk.into(),
+            update: WatchUpdate::Event(event),
+        },
+    );
+    let last = state
+        .events
+        .back()
+        .map(|e| e.text.clone())
+        .unwrap_or_default();
+    assert!(last.ends_with("by jazz-editor"), "{last}");
+}
+
+#[test]
 fn a_failed_watch_is_recorded_on_its_type() {
     let mut state = demo_state();
     update(
@@ -303,6 +325,7 @@ fn the_selection_follows_its_resource_across_updates() {
         &mut state,
         "demo.v2.Album",
         WatchEvent {
+            actor: String::new(),
             version: "41".into(),
             event: Some(Event::Delete(Delete {
                 resource: Some(resource("demo.v2.Album", "default/rock", "abbey-road", 20)),

@@ -17,6 +17,7 @@ fn change(log: &mut EventLog, name: &str, index: u64, payload: usize) {
         WatchEvent {
             version: index.to_string(),
             operation: Operation::Upsert(resource),
+            actor: String::new(),
         },
         Version::new(index),
     );

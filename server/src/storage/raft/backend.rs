@@ -422,20 +422,27 @@ impl Backend for RaftBackend {
         }
     }
 
-    async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
+    async fn write_cas_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
-        let change = Tagged::new(Change::Write(resource));
+        let change = Tagged::new(Change::Write(resource), actor);
         op::expect_resource(self.submit(Request::Change(change)).await)
     }
 
-    async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
         check::check_key(id)?;
-        let change = Tagged::new(Change::Delete {
-            id: id.clone(),
-            version: version.into(),
-        });
+        let change = Tagged::new(
+            Change::Delete {
+                id: id.clone(),
+                version: version.into(),
+            },
+            actor,
+        );
         op::expect_done(self.submit(Request::Change(change)).await)
     }
 

@@ -69,48 +69,55 @@ fn request_id_of(text: &str) -> Result<Option<RequestId>, CodecError> {
         .map_err(|_| shape("change", "a request id that is not a ULID"))
 }
 
-fn write_cas(resource: &Resource, request_id: Option<RequestId>) -> pb::WriteCas {
+fn write_cas(resource: &Resource, tagged: &Tagged) -> pb::WriteCas {
     pb::WriteCas {
         resource: Some(resource.clone()),
-        request_id: request_id_text(request_id),
+        request_id: request_id_text(tagged.request_id),
+        actor: tagged.actor.clone(),
     }
 }
 
-fn delete_cas(
-    id: &proto::resource::v1::Id,
-    version: &str,
-    request_id: Option<RequestId>,
-) -> pb::DeleteCas {
+fn delete_cas(id: &proto::resource::v1::Id, version: &str, tagged: &Tagged) -> pb::DeleteCas {
     pb::DeleteCas {
         id: Some(id.clone()),
         version: version.to_owned(),
-        request_id: request_id_text(request_id),
+        request_id: request_id_text(tagged.request_id),
+        actor: tagged.actor.clone(),
     }
+}
+
+/// Longest actor a change may carry (an accessor or `controller/<name>`).
+const MAX_ACTOR_LEN: usize = 256;
+
+fn actor_of(actor: String) -> Result<String, CodecError> {
+    if actor.len() > MAX_ACTOR_LEN {
+        return Err(shape("change", "an actor longer than 256 bytes"));
+    }
+    Ok(actor)
 }
 
 fn command_of(op: &Op) -> pb::Command {
     let command = match op {
         // One change travels as a plain command: the format older entries already use.
-        Op::Changes(changes) if changes.len() == 1 => match &changes[0] {
-            Tagged {
-                request_id,
-                change: Change::Write(resource),
-            } => PbCommand::WriteCas(write_cas(resource, *request_id)),
-            Tagged {
-                request_id,
-                change: Change::Delete { id, version },
-            } => PbCommand::DeleteCas(delete_cas(id, version, *request_id)),
-        },
+        Op::Changes(changes) if changes.len() == 1 => {
+            let tagged = &changes[0];
+            match &tagged.change {
+                Change::Write(resource) => PbCommand::WriteCas(write_cas(resource, tagged)),
+                Change::Delete { id, version } => {
+                    PbCommand::DeleteCas(delete_cas(id, version, tagged))
+                }
+            }
+        }
         Op::Changes(changes) => PbCommand::Batch(pb::Batch {
             operations: changes
                 .iter()
                 .map(|tagged| pb::BatchOperation {
                     operation: Some(match &tagged.change {
                         Change::Write(resource) => {
-                            PbOperation::WriteCas(write_cas(resource, tagged.request_id))
+                            PbOperation::WriteCas(write_cas(resource, tagged))
                         }
                         Change::Delete { id, version } => {
-                            PbOperation::DeleteCas(delete_cas(id, version, tagged.request_id))
+                            PbOperation::DeleteCas(delete_cas(id, version, tagged))
                         }
                     }),
                 })
@@ -143,6 +150,7 @@ fn change_of_write(write: pb::WriteCas) -> Result<Tagged, CodecError> {
     Ok(Tagged {
         request_id,
         change: Change::Write(resource),
+        actor: actor_of(write.actor)?,
     })
 }
 
@@ -155,6 +163,7 @@ fn change_of_delete(delete: pb::DeleteCas) -> Result<Tagged, CodecError> {
             id,
             version: delete.version,
         },
+        actor: actor_of(delete.actor)?,
     })
 }
 
@@ -291,10 +300,8 @@ pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
 pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
     let request = match request {
         Request::Change(tagged) => match &tagged.change {
-            Change::Write(resource) => PbRequest::WriteCas(write_cas(resource, tagged.request_id)),
-            Change::Delete { id, version } => {
-                PbRequest::DeleteCas(delete_cas(id, version, tagged.request_id))
-            }
+            Change::Write(resource) => PbRequest::WriteCas(write_cas(resource, tagged)),
+            Change::Delete { id, version } => PbRequest::DeleteCas(delete_cas(id, version, tagged)),
         },
         Request::Read(id) => PbRequest::Read(id.clone()),
         Request::List(query) => PbRequest::List(pb::ListQuery {

@@ -60,20 +60,29 @@ impl Default for RequestId {
     }
 }
 
-/// A change and the request it belongs to (none for entries written before request ids).
+/// A change, the request it belongs to (none for entries written before request ids) and who
+/// made it (empty for entries written before actors).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tagged {
     pub request_id: Option<RequestId>,
     pub change: Change,
+    pub actor: String,
 }
 
 impl Tagged {
-    /// A change of a new request.
-    pub fn new(change: Change) -> Self {
+    /// A change of a new request, made by `actor`.
+    pub fn new(change: Change, actor: &str) -> Self {
         Tagged {
             request_id: Some(RequestId::new()),
             change,
+            actor: actor.to_owned(),
         }
+    }
+
+    /// A change of a new request, made by a test.
+    #[cfg(test)]
+    pub fn by_test(change: Change) -> Self {
+        Self::new(change, "test")
     }
 }
 

@@ -184,18 +184,20 @@ impl crate::storage::Backend for Member {
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
         (**self).read(consistency, id).await
     }
-    async fn write_cas(
+    async fn write_cas_as(
         &self,
         resource: proto::resource::v1::Resource,
+        actor: &str,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        (**self).write_cas(resource).await
+        (**self).write_cas_as(resource, actor).await
     }
-    async fn delete_cas(
+    async fn delete_cas_as(
         &self,
         id: &proto::resource::v1::Id,
         version: &str,
+        actor: &str,
     ) -> Result<(), crate::storage::StorageError> {
-        (**self).delete_cas(id, version).await
+        (**self).delete_cas_as(id, version, actor).await
     }
     async fn list(
         &self,
@@ -427,7 +429,7 @@ mod restart {
 
     fn write_entry(index: u64, name: &str) -> Entry {
         let fixture = crate::storage::conformance::Fixture::new();
-        let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::new(
+        let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::by_test(
             super::super::op::Change::Write(fixture.artist(name)),
         )]);
         Entry {
@@ -520,7 +522,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
     huge_owner.owner = Some(owner);
     for resource in [long_name, huge_owner] {
         let reply = cluster.nodes[0]
-            .serve_forwarded(Request::Change(Tagged::new(Change::Write(resource))))
+            .serve_forwarded(Request::Change(Tagged::by_test(Change::Write(resource))))
             .await;
         assert!(
             matches!(&reply, Err(StorageError::Rejected(_))),
@@ -528,7 +530,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
         );
     }
     let delete = cluster.nodes[0]
-        .serve_forwarded(Request::Change(Tagged::new(Change::Delete {
+        .serve_forwarded(Request::Change(Tagged::by_test(Change::Delete {
             id: {
                 let mut id = fixture.artist("x").id.expect("id");
                 id.name = "b".repeat(700);
@@ -704,14 +706,14 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
     // leader's answer: the second attempt must not fail its version check against the first.
     let mut update = created.clone();
     update.metadata.insert("n".into(), "1".into());
-    let cas = Request::Change(Tagged::new(Change::Write(update)));
+    let cas = Request::Change(Tagged::by_test(Change::Write(update)));
     let first = op::expect_resource(cluster.nodes[0].serve_forwarded(cas.clone()).await)
         .expect("the first attempt");
     let retry = op::expect_resource(cluster.nodes[0].serve_forwarded(cas).await)
         .expect("the retry is not ABORTED");
     assert_eq!(retry, first);
     // A blind create retried the same way is stored once.
-    let blind = Request::Change(Tagged::new(Change::Write(fixture.artist("once"))));
+    let blind = Request::Change(Tagged::by_test(Change::Write(fixture.artist("once"))));
     let a =
         op::expect_resource(cluster.nodes[0].serve_forwarded(blind.clone()).await).expect("create");
     let b = op::expect_resource(cluster.nodes[0].serve_forwarded(blind).await).expect("retry");
@@ -753,7 +755,7 @@ async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
         .expect("open")
         .shared;
     let fixture = crate::storage::conformance::Fixture::new();
-    let first = Tagged::new(Change::Write(fixture.artist("first")));
+    let first = Tagged::by_test(Change::Write(fixture.artist("first")));
     let entry = |index: u64, changes: Vec<Tagged>| Entry {
         log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
         payload: openraft::EntryPayload::Normal(super::types::Command::new(Op::Changes(changes))),
@@ -771,7 +773,7 @@ async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
     while sent < total {
         let batch: Vec<Tagged> = (0..4096.min(total - sent))
             .map(|n| {
-                Tagged::new(Change::Delete {
+                Tagged::by_test(Change::Delete {
                     id: fixture.artist(&format!("gone-{index}-{n}")).id.expect("id"),
                     version: "1".into(),
                 })

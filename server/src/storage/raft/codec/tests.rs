@@ -16,7 +16,7 @@ fn id(name: &str) -> Id {
 }
 
 fn tagged(change: Change) -> Tagged {
-    Tagged::new(change)
+    Tagged::new(change, "controller/demo-artist")
 }
 
 #[test]
@@ -35,6 +35,7 @@ fn every_op_round_trips_through_the_log_encoding() {
                     id: id("b"),
                     version: "9.1".into(),
                 },
+                actor: String::new(),
             },
         ]),
         Op::RestoreBegin {
@@ -61,6 +62,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
             command: Some(pb::command::Command::WriteCas(pb::WriteCas {
                 resource: None,
                 request_id: String::new(),
+                actor: String::new(),
             })),
         },
         pb::Command {
@@ -68,6 +70,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 id: None,
                 version: "1".into(),
                 request_id: String::new(),
+                actor: String::new(),
             })),
         },
         pb::Command {
@@ -168,6 +171,7 @@ fn a_request_id_that_is_not_a_ulid_is_malformed() {
         command: Some(pb::command::Command::WriteCas(pb::WriteCas {
             resource: Some(artist("a")),
             request_id: "not-a-ulid".into(),
+            actor: String::new(),
         })),
     };
     assert!(matches!(

@@ -74,15 +74,19 @@ fn apply_once(
     tagged: Tagged,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
-    let Tagged { request_id, change } = tagged;
+    let Tagged {
+        request_id,
+        change,
+        actor,
+    } = tagged;
     let Some(request_id) = request_id else {
-        return apply_change(dbs, wtxn, version, change, published);
+        return apply_change(dbs, wtxn, version, change, &actor, published);
     };
     let key = request_id.to_bytes();
     if let Some(remembered) = dbs.requests.get(wtxn, &key)? {
         return Ok(codec::remembered_result(remembered, &change));
     }
-    let result = apply_change(dbs, wtxn, version, change, published)?;
+    let result = apply_change(dbs, wtxn, version, change, &actor, published)?;
     remember(dbs, wtxn, version, request_id, &result)?;
     Ok(result)
 }
@@ -147,10 +151,11 @@ fn apply_change(
     wtxn: &mut Txn<'_>,
     version: Version,
     change: Change,
+    actor: &str,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     match change {
-        Change::Write(resource) => write(dbs, wtxn, version, resource, published),
+        Change::Write(resource) => write(dbs, wtxn, version, resource, actor, published),
         Change::Delete {
             id,
             version: expected,
@@ -182,6 +187,7 @@ fn apply_change(
                 event: WatchEvent {
                     version: version.to_string(),
                     operation: Operation::Delete(existing),
+                    actor: actor.to_owned(),
                 },
                 version,
             });
@@ -195,6 +201,7 @@ fn write(
     wtxn: &mut Txn<'_>,
     version: Version,
     mut resource: Resource,
+    actor: &str,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     // Sizes are the proposer's business (limits are configuration, and apply must not depend
@@ -229,6 +236,7 @@ fn write(
         event: WatchEvent {
             version: version.to_string(),
             operation: Operation::Upsert(resource.clone()),
+            actor: actor.to_owned(),
         },
         version,
     });
