@@ -48,6 +48,7 @@ fn entries(count: usize, with_ids: bool) -> Vec<Entry> {
                 .map(|n| Tagged {
                     request_id: with_ids.then(RequestId::new),
                     change: Change::Write(resource(format!("a-{index}-{n}"))),
+                    actor: "controller/bench".into(),
                 })
                 .collect();
             Entry {
