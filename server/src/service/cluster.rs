@@ -331,7 +331,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.authorize(&request, Need::Operator(Access::Read), true)?;
+        self.authorize(&request, Need::Operator(Access::Read), false)?;
         let Some(raft) = &self.raft else {
             return Ok(Response::new(StatusResponse {
                 node_id: 0,
