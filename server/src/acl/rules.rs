@@ -211,11 +211,13 @@ pub fn is_secret_hash(value: &str) -> bool {
 /// The stored form of a secret.
 pub fn hash_secret(secret: &str) -> String {
     use sha2::Digest;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha2::Sha256::digest(secret.as_bytes());
     let mut hex = String::with_capacity(64 + 7);
     hex.push_str("sha256:");
     for byte in digest {
-        hex.push_str(&format!("{byte:02x}"));
+        hex.push(char::from(HEX[usize::from(byte >> 4)]));
+        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
     hex
 }
@@ -391,6 +393,14 @@ mod tests {
                 namespace: namespace.into(),
             }),
         }
+    }
+
+    #[test]
+    fn a_secret_hashes_to_its_sha256_in_hex() {
+        assert_eq!(
+            hash_secret("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]
