@@ -699,4 +699,19 @@ mod tests {
                 .is_none()
         );
     }
+
+    #[test]
+    fn the_config_file_takes_the_acl_keys() {
+        let config: AgentConfig = serde_yaml_ng::from_str(
+            "acl_enabled: true\nacl_default_policy: allow\njoin_token: s3cret\n",
+        )
+        .expect("a config with ACL keys");
+        assert!(config.acl_enabled);
+        assert_eq!(config.acl_default_policy, DefaultPolicy::Allow);
+        assert_eq!(config.join_token.as_deref(), Some("s3cret"));
+        let error = serde_yaml_ng::from_str::<AgentConfig>("acl_default_policy: maybe\n")
+            .expect_err("unknown policy")
+            .to_string();
+        assert!(error.contains("deny") && error.contains("allow"), "{error}");
+    }
 }

@@ -147,6 +147,7 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
     };
     resource
         + ITEM_OVERHEAD
+        + event.actor.len()
         + key.group.len()
         + key.kind.len()
         + key.partition.len()

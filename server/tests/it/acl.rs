@@ -897,6 +897,59 @@ async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
         "{:?}",
         deleted_at.elapsed()
     );
+    // A token that expires ends its watch too, with nothing else changing.
+    write_as(
+        &channel,
+        &management,
+        token(
+            "brief",
+            "brief-secret-0123456789",
+            &["ns-read"],
+            &rfc3339_in(2),
+        ),
+    )
+    .await
+    .expect("a brief token");
+    let opening = Instant::now();
+    let mut brief = loop {
+        assert!(
+            opening.elapsed() < Duration::from_secs(5),
+            "the brief token never worked"
+        );
+        let opened = ResourceServiceClient::new(follower_channel.clone())
+            .watch_list(with_token(
+                WatchListRequest {
+                    r#type: Some(artist_type_v2()),
+                    tenancy: None,
+                    name_prefix: String::new(),
+                    since_version: String::new(),
+                },
+                Some("brief-secret-0123456789"),
+            ))
+            .await;
+        match opened {
+            Ok(stream) => break stream.into_inner(),
+            // The follower may not have the new token yet.
+            Err(status) if status.code() == Unauthenticated => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("cannot watch with the brief token: {status:?}"),
+        }
+    };
+    let expired = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match brief.next().await {
+                Some(Ok(_)) => continue,
+                Some(Err(status)) => return status,
+                None => panic!("the watch ended without a status"),
+            }
+        }
+    })
+    .await
+    .expect("the watch ends when its token expires");
+    assert_eq!(expired.code(), Unauthenticated, "{expired:?}");
+    assert!(expired.message().contains("expired"), "{expired:?}");
+
     // Old artists list still works for management, and the cluster serves.
     assert!(
         !list_artists_as(&nodes[leader], &management)
