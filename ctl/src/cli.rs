@@ -293,6 +293,10 @@ pub struct JoinArgs {
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
     pub node_id: u64,
+    /// Remove even if fewer reachable voters than a quorum would remain (the cluster may stop
+    /// taking writes until the members come back)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Subcommand)]

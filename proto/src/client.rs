@@ -640,10 +640,11 @@ impl Client {
         .map(tonic::Response::into_inner)
     }
 
-    pub async fn remove(&self, node_id: u64) -> Result<(), ClientError> {
+    /// Removes a member; `force` allows leaving fewer reachable voters than a quorum.
+    pub async fn remove(&self, node_id: u64, force: bool) -> Result<(), ClientError> {
         self.retrying(|| {
             let mut cluster = self.cluster.clone();
-            let request = self.request(RemoveRequest { node_id }, true);
+            let request = self.request(RemoveRequest { node_id, force }, true);
             async move { cluster.remove(request).await }
         })
         .await

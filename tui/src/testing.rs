@@ -384,7 +384,7 @@ pub fn demo_state() -> State {
                 voter: true,
                 leader: node_id == 1,
                 match_index: 120,
-                lag: 0,
+                lag: Some(0),
                 reachable: true,
             })
             .collect(),

@@ -36,7 +36,8 @@ pub struct MemberView {
     pub raft_addr: String,
     pub role: String,
     pub match_index: u64,
-    pub lag: u64,
+    /// Entries behind the leader; `None` when the leader has not heard from it recently.
+    pub lag: Option<u64>,
     pub reachable: bool,
 }
 
@@ -146,7 +147,9 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                             member.api_addr.clone(),
                             member.raft_addr.clone(),
                             member.match_index.to_string(),
-                            member.lag.to_string(),
+                            member
+                                .lag
+                                .map_or_else(|| "unknown".to_owned(), |lag| lag.to_string()),
                             if member.reachable { "yes" } else { "NO" }.to_owned(),
                         ]);
                     }
@@ -169,7 +172,7 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
             )
         }
         ClusterCommand::Remove(args) => {
-            session.client.remove(args.node_id).await?;
+            session.client.remove(args.node_id, args.force).await?;
             format!("node {} removed\n", args.node_id)
         }
     };

@@ -399,8 +399,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 voter: member.voter,
                 leader: member.leader,
                 match_index: member.match_index.unwrap_or(0),
-                lag: member.lag.unwrap_or(0),
-                reachable: member.match_index.is_some(),
+                lag: member.lag,
+                reachable: member.reachable,
             })
             .collect();
         Ok(Response::new(MembersResponse {
@@ -414,6 +414,11 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let authorized = self.authorize(&request, Need::Operator(Access::Write), true)?;
         let raft = self.raft()?;
         let caller = authorized.conn.clone();
+        // Catching up may take until the caller's deadline (less a moment to answer), 30 s at
+        // most when it set none.
+        let join_deadline = super::grpc::deadline(&request)
+            .map(|at| at - Duration::from_millis(500))
+            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
         let join = request.into_inner();
         if join.node_id == 0 {
             return Err(Status::from(Error::InvalidArgument(
@@ -453,7 +458,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 raft_addr: join.raft_addr.clone(),
             };
             tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
-            raft.add_voter(join.node_id, node)
+            raft.add_voter(join.node_id, node, join_deadline)
                 .await
                 .map_err(|why| Status::from(Error::Unavailable(why)))?;
         }
@@ -600,6 +605,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 remove.node_id
             ))));
         }
+        raft.check_removal(remove.node_id, remove.force)
+            .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
         tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
         raft.remove_member(remove.node_id)
             .await

@@ -106,7 +106,7 @@ pub fn resolve<T>(
 }
 
 /// When the caller stops waiting, from the `grpc-timeout` header.
-fn deadline<T>(request: &Request<T>) -> Option<std::time::Instant> {
+pub(crate) fn deadline<T>(request: &Request<T>) -> Option<std::time::Instant> {
     let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
     let timeout = crate::storage::deadline::parse_grpc_timeout(value)?;
     Some(std::time::Instant::now() + timeout)

@@ -486,7 +486,13 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
         ),
         "ClusterService/Remove" => code(
             cluster
-                .remove(with_token(cluster_pb::RemoveRequest { node_id: 99 }, token))
+                .remove(with_token(
+                    cluster_pb::RemoveRequest {
+                        node_id: 99,
+                        force: false,
+                    },
+                    token,
+                ))
                 .await
                 .map(drop),
         ),

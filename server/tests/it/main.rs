@@ -7,6 +7,7 @@ mod controllers;
 mod crash;
 mod dev;
 mod hostile;
+mod membership;
 mod mtls;
 mod process;
 mod reflection;

@@ -253,7 +253,9 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 ),
             };
             let lag = match (node, leader_commit) {
-                (Some(Ok(status)), Some(commit)) => commit.saturating_sub(status.applied_index),
+                (Some(Ok(status)), Some(commit)) => {
+                    Some(commit.saturating_sub(status.applied_index))
+                }
                 _ => member.lag,
             };
             let health = match node {
@@ -269,8 +271,8 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     format!("not serving: {}", status.not_ready_reason),
                     Style::default().fg(Color::Yellow),
                 ),
-                _ if lag > 100 => Span::styled(
-                    format!("catching up ({lag} behind)"),
+                _ if lag.is_some_and(|lag| lag > 100) => Span::styled(
+                    format!("catching up ({} behind)", lag.unwrap_or_default()),
                     Style::default().fg(Color::Yellow),
                 ),
                 _ => Span::styled("healthy", Style::default().fg(Color::Green)),
@@ -292,7 +294,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(commit),
                 Line::from(applied),
                 Line::from(member.match_index.to_string()),
-                Line::from(lag.to_string()),
+                Line::from(lag.map_or_else(|| "?".to_owned(), |lag| lag.to_string())),
                 Line::from(health),
             ])
         })

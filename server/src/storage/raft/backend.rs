@@ -116,6 +116,8 @@ pub struct RaftBackend {
     max_snapshot_bytes: u64,
     /// How this node connects to peers.
     dialer: Dialer,
+    /// When each peer last answered a raft RPC of this node.
+    contacts: Arc<super::network::Contacts>,
     /// Clients of peers' raft services, by node and raft address.
     peers: Mutex<HashMap<(NodeId, String), RaftServiceClient<Channel>>>,
     /// Members of the cluster this node is joining, told by the member it joins through: they
@@ -171,12 +173,13 @@ impl RaftBackend {
         .validate()
         .map_err(|error| RaftStartError::Config(error.to_string()))?;
         let log_stats = log.stats();
+        let contacts = Arc::new(super::network::Contacts::default());
         let shared = sm.shared.clone();
         let ready = shared.opened_cleanly();
         let raft = Raft::new(
             options.node_id,
             Arc::new(config),
-            NetworkFactory::new(options.dialer.clone()),
+            NetworkFactory::new(options.dialer.clone(), contacts.clone()),
             log,
             sm,
         )
@@ -204,6 +207,7 @@ impl RaftBackend {
             forward_timeout: options.forward_timeout,
             max_snapshot_bytes: options.max_snapshot_bytes,
             dialer: options.dialer,
+            contacts,
             peers: Mutex::new(HashMap::new()),
             joining_through: Mutex::new(std::collections::BTreeSet::new()),
             membership: tokio::sync::Mutex::new(()),

@@ -15,6 +15,31 @@ mod server;
 pub use client::{NetworkClient, NetworkFactory};
 pub use server::RaftGrpc;
 
+/// When this node last heard from each peer (a successful raft RPC), so membership can tell a
+/// member that answers from one that does not (openraft 0.9 keeps only match indexes).
+#[derive(Debug, Default)]
+pub struct Contacts {
+    last: std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>,
+}
+
+impl Contacts {
+    pub fn heard(&self, node: NodeId) {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, std::time::Instant::now());
+    }
+
+    /// How long ago `node` last answered; `None` if it never did.
+    pub fn since(&self, node: NodeId) -> Option<std::time::Duration> {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)
+            .map(std::time::Instant::elapsed)
+    }
+}
+
 /// Largest AppendEntries message sent; larger batches are cut and reported as partial success.
 pub const MAX_APPEND_BYTES: usize = 32 << 20;
 /// Largest message the raft server accepts (a single entry may hold a 4 MiB resource).

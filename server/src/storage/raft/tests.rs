@@ -109,7 +109,11 @@ impl TestCluster {
         cluster.wait_for_leader(1, 1).await;
         for node in &cluster.nodes[1..] {
             cluster.nodes[0]
-                .add_voter(node.id(), node.node().clone())
+                .add_voter(
+                    node.id(),
+                    node.node().clone(),
+                    std::time::Instant::now() + std::time::Duration::from_secs(30),
+                )
                 .await
                 .expect("add voter");
         }

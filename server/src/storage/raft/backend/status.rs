@@ -58,8 +58,17 @@ pub struct MemberStatus {
     pub leader: bool,
     /// Highest index the leader knows the member holds; `None` if it has not heard from it.
     pub match_index: Option<u64>,
+    /// Entries behind the leader's log; `None` (unknown) unless the member answered recently.
     pub lag: Option<u64>,
+    /// The leader heard from it within [`REACHABLE_WITHIN`] (always true for the leader itself).
+    pub reachable: bool,
 }
+
+/// A learner that has not answered for this long is given up on by Join.
+pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A member the leader has not heard from for this long counts as unreachable.
+pub const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RaftBackend {
     pub fn status(&self) -> NodeStatus {
@@ -124,13 +133,22 @@ impl RaftBackend {
                         .flatten()
                         .map(|log_id| log_id.index),
                 };
+                let reachable = *id == self.id
+                    || (metrics.replication.is_some()
+                        && self
+                            .contacts
+                            .since(*id)
+                            .is_some_and(|since| since < REACHABLE_WITHIN));
                 MemberStatus {
                     node_id: *id,
                     node: node.clone(),
                     voter: voters.contains(id),
                     leader: metrics.current_leader == Some(*id),
                     match_index,
-                    lag: match_index.map(|index| last_log.saturating_sub(index)),
+                    lag: match_index
+                        .filter(|_| reachable)
+                        .map(|index| last_log.saturating_sub(index)),
+                    reachable,
                 }
             })
             .collect()
@@ -150,7 +168,6 @@ impl RaftBackend {
         }
     }
 
-    /// Whether a node is already a voter with these addresses.
     /// Whether node `id` may speak to this node's raft service (DESIGN §12.2): a voter or
     /// learner of the latest membership this node knows, or a member of the cluster it is
     /// joining (see [`RaftBackend::expect_peers`]).
@@ -210,16 +227,107 @@ impl RaftBackend {
 
     /// Adds a node as a learner, waits for it to catch up, then makes it a voter. Must run on
     /// the leader.
-    pub async fn add_voter(&self, id: NodeId, node: NodeAddr) -> Result<(), String> {
+    pub async fn add_voter(
+        &self,
+        id: NodeId,
+        node: NodeAddr,
+        deadline: std::time::Instant,
+    ) -> Result<(), String> {
         let _one_at_a_time = self.membership.lock().await;
+        let raft_addr = node.raft_addr.clone();
         self.raft
-            .add_learner(id, node, true)
+            .add_learner(id, node, false)
             .await
             .map_err(|error| format!("cannot add node {id} as a learner: {error}"))?;
+        if let Err(why) = self.wait_caught_up(id, deadline).await {
+            // Never leave a learner (let alone a voter) that cannot follow behind.
+            let removed = self
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await;
+            let cleanup = match removed {
+                Ok(_) => "it was removed again".to_owned(),
+                Err(error) => format!("removing it again failed too: {error}"),
+            };
+            return Err(format!(
+                "node {id} at {raft_addr} {why}; {cleanup} and membership is unchanged"
+            ));
+        }
         self.raft
             .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
             .map_err(|error| format!("cannot make node {id} a voter: {error}"))?;
+        Ok(())
+    }
+
+    /// Waits until learner `id` answers and holds the leader's log as it was when the wait
+    /// began: unreachable for [`UNREACHABLE_GIVE_UP`], or not caught up by `deadline`, fails.
+    async fn wait_caught_up(&self, id: NodeId, deadline: std::time::Instant) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        let target = self.metrics().last_log_index.unwrap_or(0);
+        let mut metrics = self.raft.metrics();
+        loop {
+            let matched = metrics
+                .borrow_and_update()
+                .replication
+                .as_ref()
+                .and_then(|replication| replication.get(&id).copied().flatten())
+                .map(|log_id| log_id.index);
+            // Heard from since the wait began (not a stale contact of an earlier incarnation).
+            let answered = self
+                .contacts
+                .since(id)
+                .is_some_and(|since| since <= started.elapsed());
+            if answered && matched.is_some_and(|index| index >= target) {
+                return Ok(());
+            }
+            let now = std::time::Instant::now();
+            if !answered && now.duration_since(started) > UNREACHABLE_GIVE_UP {
+                return Err(format!(
+                    "did not answer within {}s (is it running, and is its raft address reachable from here?)",
+                    UNREACHABLE_GIVE_UP.as_secs()
+                ));
+            }
+            if now >= deadline {
+                return Err(format!(
+                    "did not catch up before the deadline (it holds up to index {}, the leader had {target})",
+                    matched.unwrap_or(0)
+                ));
+            }
+            let wait = deadline
+                .saturating_duration_since(now)
+                .min(std::time::Duration::from_millis(200));
+            let _ = tokio::time::timeout(wait, metrics.changed()).await;
+        }
+    }
+
+    /// Whether removing `id` keeps the cluster safe (DESIGN §8): never the last voter, and
+    /// (unless `force`) never below a quorum of reachable voters. Must run on the leader.
+    pub fn check_removal(&self, id: NodeId, force: bool) -> Result<(), String> {
+        let members = self.members();
+        let Some(removed) = members.iter().find(|m| m.node_id == id) else {
+            return Err(format!("node {id} is not a member"));
+        };
+        if !removed.voter {
+            return Ok(());
+        }
+        let remaining: Vec<&MemberStatus> = members
+            .iter()
+            .filter(|m| m.voter && m.node_id != id)
+            .collect();
+        if remaining.is_empty() {
+            return Err(format!(
+                "node {id} is the last voter: removing it would leave no cluster"
+            ));
+        }
+        let reachable = remaining.iter().filter(|m| m.reachable).count();
+        let quorum = remaining.len() / 2 + 1;
+        if reachable < quorum && !force {
+            return Err(format!(
+                "removing node {id} would leave {reachable} reachable of {} voters, less than a quorum of {quorum}; bring members back first, or remove with force",
+                remaining.len()
+            ));
+        }
         Ok(())
     }
 

@@ -19,17 +19,20 @@ use tonic::{Request, Status};
 use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
 use crate::tls::Dialer;
 
-use super::{MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
+use std::sync::Arc;
+
+use super::{Contacts, MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
 
 /// Creates [`NetworkClient`]s for openraft.
 #[derive(Debug, Clone, Default)]
 pub struct NetworkFactory {
     dialer: Dialer,
+    contacts: Arc<Contacts>,
 }
 
 impl NetworkFactory {
-    pub fn new(dialer: Dialer) -> Self {
-        NetworkFactory { dialer }
+    pub fn new(dialer: Dialer, contacts: Arc<Contacts>) -> Self {
+        NetworkFactory { dialer, contacts }
     }
 }
 
@@ -41,6 +44,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.raft_addr.clone(),
             client: raft_client(&self.dialer, &node.raft_addr, target),
+            contacts: self.contacts.clone(),
         }
     }
 }
@@ -49,6 +53,7 @@ pub struct NetworkClient {
     target: NodeId,
     addr: String,
     client: Result<RaftServiceClient<Channel>, String>,
+    contacts: Arc<Contacts>,
 }
 
 type RpcResult<T> = Result<T, RPCError<NodeId, NodeAddr, RaftError<NodeId>>>;
@@ -68,6 +73,7 @@ impl NetworkClient {
     }
 
     fn decode_reply<T: serde::de::DeserializeOwned>(&self, payload: &[u8]) -> RpcResult<T> {
+        self.contacts.heard(self.target);
         let reply: Result<T, RaftError<NodeId>> =
             decode(payload).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
         reply.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
@@ -148,6 +154,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             reply = send => reply.map_err(|status| StreamingError::Unreachable(self.unreachable(&status)))?,
         };
+        self.contacts.heard(self.target);
         let result: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
             decode(&reply.into_inner().payload)
                 .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;

@@ -1,0 +1,179 @@
+//! Membership an operator can trust (DESIGN §8), with real processes: a join to an address where
+//! nothing listens fails and changes nothing; a join under write load promotes only a caught-up
+//! learner; removals never take the last voter or (without force) a quorum of reachable voters;
+//! a member that is down can be removed, and its lag is unknown rather than 0.
+
+use std::time::{Duration, Instant};
+
+use proto::cluster::v1::{JoinRequest, MembersRequest, MembersResponse, RemoveRequest};
+use proto::resource::v1::WriteRequest;
+use tonic::Code;
+
+use crate::process::{Cluster, free_port};
+use crate::support::artist;
+
+async fn members(cluster: &Cluster) -> MembersResponse {
+    let leader = cluster.wait_for_leader().await;
+    cluster.nodes[leader]
+        .cluster()
+        .await
+        .members(MembersRequest {})
+        .await
+        .expect("members")
+        .into_inner()
+}
+
+async fn remove(cluster: &Cluster, node_id: u64, force: bool) -> Result<(), tonic::Status> {
+    let leader = cluster.wait_for_leader().await;
+    let mut request = tonic::Request::new(RemoveRequest { node_id, force });
+    request.set_timeout(Duration::from_secs(30));
+    cluster.nodes[leader]
+        .cluster()
+        .await
+        .remove(request)
+        .await
+        .map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_an_address_where_nothing_listens_fails_and_changes_nothing() {
+    let cluster = Cluster::start(1, &[]).await;
+    let dead_raft = format!("127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let refused = cluster.nodes[0]
+        .cluster()
+        .await
+        .join(JoinRequest {
+            node_id: 4,
+            api_addr: format!("127.0.0.1:{}", free_port()),
+            raft_addr: dead_raft.clone(),
+        })
+        .await
+        .expect_err("nothing listens there");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains(&dead_raft), "{refused:?}");
+    assert!(
+        refused.message().contains("membership is unchanged"),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let after = members(&cluster).await;
+    assert_eq!(after.members.len(), 1, "{after:?}");
+    // And the cluster still takes writes: quorum is still 1 of 1.
+    cluster.nodes[0]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("after-the-failed-join")),
+        })
+        .await
+        .expect("still writable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_under_write_load_promotes_only_a_caught_up_learner() {
+    let mut cluster = Cluster::start(2, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let channel = cluster.nodes[leader].channel().await;
+    let writer = tokio::spawn(async move {
+        let mut client =
+            proto::resource::v1::resource_service_client::ResourceServiceClient::new(channel);
+        for index in 0..600 {
+            let _ = client
+                .write(WriteRequest {
+                    resource: Some(artist(&format!("load-{index}"))),
+                })
+                .await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joined = cluster.add_node(&[]).await;
+    let node_id = joined as u64 + 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = members(&cluster).await;
+        if let Some(member) = view.members.iter().find(|m| m.node_id == node_id)
+            && member.voter
+        {
+            // Promoted: it answers and holds (nearly) the leader's log.
+            assert!(member.reachable, "{member:?}");
+            assert!(member.match_index > 0, "{member:?}");
+            assert!(member.lag.is_some_and(|lag| lag < 500), "{member:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {node_id} never became a voter: {view:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writer.await.expect("the writer finished");
+    cluster.wait_for_members(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_keep_a_quorum_and_never_take_the_last_voter() {
+    let mut cluster = Cluster::start(3, &[]).await;
+
+    // Node 3 goes down: the leader reports it unreachable, its lag unknown.
+    cluster.nodes[2].kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = members(&cluster).await;
+        let third = view.members.iter().find(|m| m.node_id == 3).cloned();
+        if third
+            .as_ref()
+            .is_some_and(|m| !m.reachable && m.lag.is_none())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 still looks reachable: {third:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Removing a live voter now would leave 1 reachable of 2: refused without force.
+    let leader = cluster.wait_for_leader().await;
+    let other = if leader == 0 { 2 } else { 1 };
+    let refused = remove(&cluster, other, false)
+        .await
+        .expect_err("below quorum");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("quorum"), "{refused:?}");
+
+    // The member that is down can be removed.
+    remove(&cluster, 3, false)
+        .await
+        .expect("remove the dead member");
+    assert_eq!(members(&cluster).await.members.len(), 2);
+
+    // Down to one voter, then never the last.
+    let leader = cluster.wait_for_leader().await;
+    let follower = if leader == 0 { 2 } else { 1 };
+    remove(&cluster, follower, false)
+        .await
+        .expect("remove down to one voter");
+    let view = members(&cluster).await;
+    assert_eq!(view.members.len(), 1, "{view:?}");
+    let last = view.members[0].node_id;
+    let refused = remove(&cluster, last, true)
+        .await
+        .expect_err("the last voter stays");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("last voter"), "{refused:?}");
+    // The single remaining voter still takes writes.
+    cluster.nodes[leader]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("one-voter-left")),
+        })
+        .await
+        .expect("writable with one voter");
+}
