@@ -112,7 +112,7 @@ impl TestCluster {
                 .add_voter(
                     node.id(),
                     node.node().clone(),
-                    std::time::Instant::now() + std::time::Duration::from_secs(30),
+                    Instant::now() + Duration::from_secs(30),
                 )
                 .await
                 .expect("add voter");
