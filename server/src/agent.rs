@@ -194,7 +194,10 @@ impl AgentError {
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
-            AgentError::Config(_) | AgentError::Tls(_) | AgentError::Registry(_)
+            AgentError::Config(_)
+                | AgentError::Tls(_)
+                | AgentError::Registry(_)
+                | AgentError::Raft(RaftStartError::Identity(_))
         )
     }
 }
@@ -289,6 +292,7 @@ impl Agent {
                 options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 options.dialer = dialer.clone();
+                options.cluster_name = config.cluster_name.clone();
                 let backend = RaftBackend::open(options).await?;
                 (
                     backend.clone() as Arc<dyn Backend>,

@@ -177,3 +177,57 @@ async fn removals_keep_a_quorum_and_never_take_the_last_voter() {
         .await
         .expect("writable with one voter");
 }
+
+#[test]
+fn a_data_directory_of_another_node_or_cluster_is_refused_at_start() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let run = |node_id: &str, cluster: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_resd"))
+            .args([
+                "agent",
+                "--node-id",
+                node_id,
+                "--cluster-name",
+                cluster,
+                "--data-dir",
+                &data.path().display().to_string(),
+                "--api-addr",
+                "127.0.0.1:0",
+                "--raft-addr",
+                "127.0.0.1:0",
+                "--bootstrap",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn resd")
+    };
+    // Node 1 of cluster prod takes the directory, and stops.
+    let mut first = run("1", "prod");
+    let stdout = first.stdout.take().expect("stdout");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let serving = lines
+        .find(|line| {
+            line.as_ref()
+                .is_ok_and(|l| l.starts_with("resd: serving gRPC on"))
+        })
+        .is_some();
+    assert!(serving, "node 1 started");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status();
+    let _ = first.wait();
+
+    for (node_id, cluster, needle) in [
+        ("2", "prod", "belongs to node 1"),
+        ("1", "dev", "cluster \"prod\""),
+    ] {
+        let output = run(node_id, cluster)
+            .wait_with_output()
+            .expect("resd exits");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(needle), "{needle:?} in {stderr}");
+    }
+}

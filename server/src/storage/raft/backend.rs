@@ -71,6 +71,8 @@ pub struct RaftOptions {
     pub max_snapshot_bytes: u64,
     /// How this node connects to its peers (plain, or TLS with its node certificate).
     pub dialer: Dialer,
+    /// The cluster's name, recorded in the data directory with the node id.
+    pub cluster_name: String,
 }
 
 impl RaftOptions {
@@ -86,6 +88,7 @@ impl RaftOptions {
             history: HistoryLimits::default(),
             max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
             dialer: Dialer::default(),
+            cluster_name: "resd".into(),
         }
     }
 }
@@ -101,6 +104,9 @@ pub enum RaftStartError {
     },
     #[error("invalid raft configuration: {0}")]
     Config(String),
+    /// The data directory belongs to another node or cluster.
+    #[error("{0}")]
+    Identity(String),
     #[error("raft failed to start: {0}")]
     Fatal(String),
 }
@@ -150,6 +156,14 @@ pub type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, Stora
 
 impl RaftBackend {
     pub async fn open(options: RaftOptions) -> Result<Arc<RaftBackend>, RaftStartError> {
+        super::schema::check_identity(
+            &options.data_dir,
+            &super::schema::Identity {
+                cluster: options.cluster_name.clone(),
+                node_id: options.node_id,
+            },
+        )
+        .map_err(RaftStartError::Identity)?;
         let mut log = LogStore::open(&options.data_dir).map_err(|source| RaftStartError::Log {
             dir: options.data_dir.clone(),
             source,

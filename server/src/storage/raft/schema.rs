@@ -43,6 +43,93 @@ pub const SM_CLEAN: &str = "raft/sm/CLEAN";
 pub const SNAPSHOT_DIR: &str = "raft/snapshots";
 /// Uploaded operator snapshots, while they are checked (temporary files).
 pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
+/// Which node of which cluster the data directory belongs to: `cluster=NAME` and `node=ID`
+/// lines, written at the first start and checked at every later one.
+pub const IDENTITY_FILE: &str = "raft/IDENTITY";
+
+/// The identity a data directory records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub cluster: String,
+    pub node_id: u64,
+}
+
+impl Identity {
+    pub fn render(&self) -> String {
+        format!("cluster={}\nnode={}\n", self.cluster, self.node_id)
+    }
+
+    pub fn parse(text: &str) -> Result<Identity, String> {
+        let mut cluster = None;
+        let mut node_id = None;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match line.split_once('=') {
+                Some(("cluster", value)) => cluster = Some(value.to_owned()),
+                Some(("node", value)) => {
+                    node_id = Some(
+                        value
+                            .parse()
+                            .map_err(|_| format!("node {value:?} is not a number"))?,
+                    )
+                }
+                _ => return Err(format!("unexpected line {line:?}")),
+            }
+        }
+        Ok(Identity {
+            cluster: cluster.ok_or("no cluster line")?,
+            node_id: node_id.ok_or("no node line")?,
+        })
+    }
+}
+
+/// Checks that `data_dir` belongs to `expected` (recording it on first use): a data directory
+/// of another node or cluster would join this node's raft with someone else's log.
+pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String> {
+    let path = data_dir.join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found = Identity::parse(&text).map_err(|why| {
+                format!(
+                    "{} is damaged ({why}); it records which node the directory belongs to",
+                    path.display()
+                )
+            })?;
+            if &found != expected {
+                return Err(format!(
+                    "the data directory {} belongs to node {} of cluster {:?}, but this is node {} of cluster {:?}: give the right --data-dir, --node-id and --cluster-name (or an empty directory for a new node)",
+                    data_dir.display(),
+                    found.node_id,
+                    found.cluster,
+                    expected.node_id,
+                    expected.cluster
+                ));
+            }
+            Ok(())
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let write = || -> std::io::Result<()> {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let temporary = path.with_extension("tmp");
+                std::fs::write(&temporary, expected.render())?;
+                sync_file(&temporary)?;
+                std::fs::rename(&temporary, &path)?;
+                if let Some(parent) = path.parent() {
+                    sync_dir(parent)?;
+                }
+                Ok(())
+            };
+            write().map_err(|error| {
+                format!(
+                    "cannot record the data directory's owner in {}: {error}",
+                    path.display()
+                )
+            })
+        }
+        Err(error) => Err(format!("cannot read {}: {error}", path.display())),
+    }
+}
 
 /// The on-disk format this build writes: the layout above and the log entry encoding of
 /// `codec`. Bump it (and teach `open_*` to read the old one) when either changes.
@@ -374,6 +461,25 @@ mod tests {
             namespace: namespace.into(),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn a_data_directory_is_claimed_once_and_then_checked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let me = Identity {
+            cluster: "prod".into(),
+            node_id: 1,
+        };
+        check_identity(dir.path(), &me).expect("claimed");
+        check_identity(dir.path(), &me).expect("the same node again");
+        let other = Identity {
+            cluster: "prod".into(),
+            node_id: 2,
+        };
+        let error = check_identity(dir.path(), &other).expect_err("another node");
+        assert!(error.contains("belongs to node 1"), "{error}");
+        assert_eq!(Identity::parse(&me.render()), Ok(me));
+        assert!(Identity::parse("cluster=x\nnode=y\n").is_err());
     }
 
     #[test]
