@@ -14,6 +14,8 @@ mod tests;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
@@ -223,6 +225,18 @@ impl ClientError {
     }
 }
 
+/// Whether another member may serve what this one could not: it cannot be reached, is shutting
+/// down, or is catching up after an unclean stop.
+fn moves_on(error: &ClientError) -> bool {
+    match error {
+        ClientError::Unreachable { .. } => true,
+        ClientError::Unavailable(message) => {
+            message.contains("shutting down") || message.contains("catching up")
+        }
+        _ => false,
+    }
+}
+
 fn tls_problem(status: &tonic::Status) -> Option<crate::tls::TlsProblem> {
     use std::error::Error as _;
     status.source().and_then(crate::tls::TlsProblem::find)
@@ -280,13 +294,24 @@ fn transport_message(status: &tonic::Status) -> String {
     message
 }
 
-/// A connection to one resd server (any member: followers forward what needs the leader).
-/// Cheap to clone; clones share the connection.
+/// A connection to one server of a cluster (any member: followers forward what needs the
+/// leader), or to the first that answers of several (`--server a,b,c`): a call that finds its
+/// server unreachable, shutting down or catching up moves to the next one. Cheap to clone;
+/// clones share the connections and which server is current.
 #[derive(Debug, Clone)]
 pub struct Client {
+    servers: Arc<Vec<Connection>>,
+    /// Index of the server calls go to now.
+    current: Arc<AtomicUsize>,
+    config: ClientConfig,
+}
+
+/// The clients of one server.
+#[derive(Debug)]
+struct Connection {
+    server: String,
     resources: ResourceServiceClient<Channel>,
     cluster: ClusterServiceClient<Channel>,
-    config: ClientConfig,
 }
 
 /// The largest message a client accepts (a list of many resources).
@@ -294,18 +319,43 @@ const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 
 impl Client {
     /// Builds a client without connecting; the first call connects (and reports
-    /// [`ClientError::Unreachable`] if it cannot).
+    /// [`ClientError::Unreachable`] if it cannot). `config.server` may list several servers,
+    /// separated by commas.
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
-        let url = if config.server.contains("://") {
-            config.server.clone()
+        let servers: Vec<&str> = config
+            .server
+            .split(',')
+            .map(str::trim)
+            .filter(|server| !server.is_empty())
+            .collect();
+        if servers.is_empty() {
+            return Err(ClientError::InvalidServer {
+                server: config.server.clone(),
+                message: format!("no server given; expected HOST:PORT such as {DEFAULT_SERVER}"),
+            });
+        }
+        let connections = servers
+            .iter()
+            .map(|server| Self::connect(server, &config))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Client {
+            servers: Arc::new(connections),
+            current: Arc::new(AtomicUsize::new(0)),
+            config,
+        })
+    }
+
+    fn connect(server: &str, config: &ClientConfig) -> Result<Connection, ClientError> {
+        let url = if server.contains("://") {
+            server.to_owned()
         } else if config.tls.is_some() {
-            format!("https://{}", config.server)
+            format!("https://{server}")
         } else {
-            format!("http://{}", config.server)
+            format!("http://{server}")
         };
         let mut endpoint = Endpoint::from_shared(url)
             .map_err(|error| ClientError::InvalidServer {
-                server: config.server.clone(),
+                server: server.to_owned(),
                 message: format!("{error}; expected HOST:PORT such as {DEFAULT_SERVER}"),
             })?
             .connect_timeout(config.connect_timeout)
@@ -314,28 +364,74 @@ impl Client {
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
         if let Some(tls) = &config.tls {
-            endpoint = endpoint
-                .tls_config(tls.config(&config.server)?)
-                .map_err(|error| ClientError::Tls {
-                    server: config.server.clone(),
-                    message: error.to_string(),
-                })?;
+            endpoint =
+                endpoint
+                    .tls_config(tls.config(server)?)
+                    .map_err(|error| ClientError::Tls {
+                        server: server.to_owned(),
+                        message: error.to_string(),
+                    })?;
         }
         let channel = endpoint.connect_lazy();
-        Ok(Client {
+        Ok(Connection {
+            server: server.to_owned(),
             resources: ResourceServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             cluster: ClusterServiceClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            config,
         })
+    }
+
+    fn connection(&self) -> &Connection {
+        &self.servers[self.current.load(Ordering::Relaxed) % self.servers.len()]
+    }
+
+    /// The resource service of the current server.
+    fn resources(&self) -> ResourceServiceClient<Channel> {
+        self.connection().resources.clone()
+    }
+
+    /// The cluster service of the current server.
+    fn cluster(&self) -> ClusterServiceClient<Channel> {
+        self.connection().cluster.clone()
+    }
+
+    /// How many servers this client knows.
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Moves to the next server (after `from`, the index the failed call used, so concurrent
+    /// failures move once); returns whether there is another one to try.
+    fn fail_over(&self, from: usize) -> bool {
+        if self.servers.len() < 2 {
+            return false;
+        }
+        let next = (from + 1) % self.servers.len();
+        let _ = self
+            .current
+            .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed);
+        true
+    }
+
+    /// Moves to the next server now (a watch whose stream broke); returns whether there is one.
+    pub fn fail_over_now(&self) -> bool {
+        let current = self.current.load(Ordering::Relaxed) % self.servers.len();
+        self.fail_over(current)
+    }
+
+    /// Moves to the next server if the current one failed with `error` in a way another member
+    /// may not (unreachable, shutting down, catching up); returns whether it moved.
+    pub fn fail_over_after(&self, error: &ClientError) -> bool {
+        let current = self.current.load(Ordering::Relaxed) % self.servers.len();
+        moves_on(error) && self.fail_over(current)
     }
 
     /// A failed call's error.
     pub fn decode(&self, status: &tonic::Status) -> ClientError {
-        ClientError::from_status(&self.config.server, status)
+        ClientError::from_status(self.server(), status)
     }
 
     /// A call's final error, with the hint a plaintext client of a TLS-only server needs (it
@@ -346,7 +442,7 @@ impl Client {
                 if self.config.tls.is_none() && looks_like_tls_required(&error) =>
             {
                 ClientError::Tls {
-                    server: self.config.server.clone(),
+                    server: self.server().to_owned(),
                     message: format!(
                         "the server's answer is not plaintext HTTP/2 ({message}); if it speaks TLS only, pass --ca-cert with the cluster's resd-ca.pem (or set RESD_CA_CERT)"
                     ),
@@ -361,7 +457,7 @@ impl Client {
                     && looks_like_dropped_after_handshake(&error) =>
             {
                 ClientError::Tls {
-                    server: self.config.server.clone(),
+                    server: self.server().to_owned(),
                     message: format!(
                         "the server dropped the connection after the TLS handshake ({error}); it probably requires a client certificate: pass --client-cert and --client-key (make one with `resd tls cert create --client NAME`)"
                     ),
@@ -375,9 +471,9 @@ impl Client {
         &self.config
     }
 
-    /// The server this client talks to, as given.
+    /// The server calls go to now (one of those given).
     pub fn server(&self) -> &str {
-        &self.config.server
+        &self.connection().server
     }
 
     /// A request carrying the token, the consistency mode and (for unary calls) the deadline.
@@ -409,11 +505,18 @@ impl Client {
     {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(50);
+        // Each server gets a try before the first pause.
+        let mut fresh_servers = self.servers.len().saturating_sub(1);
         loop {
+            let used = self.current.load(Ordering::Relaxed) % self.servers.len();
             let error = match call().await {
                 Ok(response) => return Ok(response),
                 Err(status) => self.decode(&status),
             };
+            if moves_on(&error) && self.fail_over(used) && fresh_servers > 0 {
+                fresh_servers -= 1;
+                continue;
+            }
             let budget = match &error {
                 ClientError::Unavailable(_) => self.config.election_retry,
                 ClientError::Unreachable { .. } => self.config.unreachable_retry,
@@ -429,7 +532,7 @@ impl Client {
 
     pub async fn list_types(&self) -> Result<ListTypesResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(ListTypesRequest {}, true);
             async move { cluster.list_types(request).await }
         })
@@ -441,7 +544,7 @@ impl Client {
     pub async fn read(&self, id: &Id) -> Result<Option<Resource>, ClientError> {
         let result = self
             .retrying(|| {
-                let mut resources = self.resources.clone();
+                let mut resources = self.resources();
                 let request = self.request(
                     ReadRequest {
                         id: Some(id.clone()),
@@ -462,7 +565,7 @@ impl Client {
     /// and returns it as stored.
     pub async fn write(&self, resource: &Resource) -> Result<Resource, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 WriteRequest {
                     resource: Some(resource.clone()),
@@ -483,7 +586,7 @@ impl Client {
         status: &Status,
     ) -> Result<Resource, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 WriteStatusRequest {
                     id: Some(id.clone()),
@@ -502,7 +605,7 @@ impl Client {
     /// Runs the type's mutate and validate hooks without storing anything.
     pub async fn mutate_and_validate(&self, resource: &Resource) -> Result<Resource, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 MutateAndValidateRequest {
                     resource: Some(resource.clone()),
@@ -523,7 +626,7 @@ impl Client {
         name_prefix: &str,
     ) -> Result<Vec<Resource>, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 ListRequest {
                     r#type: Some(resource_type.clone()),
@@ -541,7 +644,7 @@ impl Client {
     /// The resources whose owner is `owner` (which must carry its uid).
     pub async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 ListByOwnerRequest {
                     owner: Some(owner.clone()),
@@ -558,7 +661,7 @@ impl Client {
     /// not exist succeeds.
     pub async fn delete(&self, id: &Id, version: &str) -> Result<(), ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(
                 DeleteRequest {
                     id: Some(id.clone()),
@@ -578,7 +681,7 @@ impl Client {
         request: WatchListRequest,
     ) -> Result<tonic::Streaming<WatchEvent>, ClientError> {
         self.retrying(|| {
-            let mut resources = self.resources.clone();
+            let mut resources = self.resources();
             let request = self.request(request.clone(), false);
             async move { resources.watch_list(request).await }
         })
@@ -588,7 +691,7 @@ impl Client {
 
     pub async fn status(&self) -> Result<StatusResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(StatusRequest {}, true);
             async move { cluster.status(request).await }
         })
@@ -601,7 +704,7 @@ impl Client {
         &self,
     ) -> Result<crate::cluster::v1::AclBootstrapResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(crate::cluster::v1::AclBootstrapRequest {}, true);
             async move { cluster.acl_bootstrap(request).await }
         })
@@ -612,7 +715,7 @@ impl Client {
     /// The identity of this client's token.
     pub async fn acl_who_am_i(&self) -> Result<crate::cluster::v1::AclWhoAmIResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(crate::cluster::v1::AclWhoAmIRequest {}, true);
             async move { cluster.acl_who_am_i(request).await }
         })
@@ -622,7 +725,7 @@ impl Client {
 
     pub async fn members(&self) -> Result<MembersResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(MembersRequest {}, true);
             async move { cluster.members(request).await }
         })
@@ -632,7 +735,7 @@ impl Client {
 
     pub async fn join(&self, join: JoinRequest) -> Result<JoinResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(join.clone(), true);
             async move { cluster.join(request).await }
         })
@@ -643,7 +746,7 @@ impl Client {
     /// Removes a member; `force` allows leaving fewer reachable voters than a quorum.
     pub async fn remove(&self, node_id: u64, force: bool) -> Result<(), ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(RemoveRequest { node_id, force }, true);
             async move { cluster.remove(request).await }
         })
@@ -657,7 +760,7 @@ impl Client {
         all_nodes: bool,
     ) -> Result<ListControllersResponse, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(ListControllersRequest { all_nodes }, true);
             async move { cluster.list_controllers(request).await }
         })
@@ -668,7 +771,7 @@ impl Client {
     /// Streams an operator snapshot (the bytes of a snapshot file, see [`crate::snapshot`]).
     pub async fn snapshot_save(&self) -> Result<tonic::Streaming<SnapshotData>, ClientError> {
         self.retrying(|| {
-            let mut cluster = self.cluster.clone();
+            let mut cluster = self.cluster();
             let request = self.request(SnapshotSaveRequest {}, false);
             async move { cluster.snapshot_save(request).await }
         })
@@ -685,7 +788,7 @@ impl Client {
     where
         S: tokio_stream::Stream<Item = SnapshotData> + Send + 'static,
     {
-        let mut cluster = self.cluster.clone();
+        let mut cluster = self.cluster();
         let request = self.request(chunks, false);
         cluster
             .snapshot_restore(request)

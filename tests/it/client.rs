@@ -167,3 +167,82 @@ async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge()
         "the editor's change is saved"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_several_servers_skips_a_dead_one_and_its_watch_moves_when_its_server_dies() {
+    let mut cluster = tests::Cluster::start(3).await;
+    let writer = cluster.client(0);
+    // A dead address first, then nodes 3 and 2: calls go past the dead one.
+    let dead = format!("127.0.0.1:{}", tests::free_port());
+    let servers = format!(
+        "{dead},{},{}",
+        cluster.nodes[2].api_addr, cluster.nodes[1].api_addr
+    );
+    let client = Client::new(proto::client::ClientConfig::new(servers)).expect("client");
+    client
+        .list_types()
+        .await
+        .expect("answered by a live server");
+    assert_eq!(client.server(), cluster.nodes[2].api_addr);
+
+    let mut watcher = client.watcher(WatchListRequest {
+        r#type: Some(concept_type()),
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
+        name_prefix: String::new(),
+        since_version: String::new(),
+    });
+    let mut seen: Vec<String> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for index in 0..5 {
+        write_document(&writer, &concept(&format!("before-{index}"))).await;
+    }
+    while seen.len() < 5 {
+        seen.push(next_upsert(&mut watcher, deadline).await);
+    }
+
+    // The node the watch streams from dies; writes go on through node 1.
+    cluster.nodes[2].kill();
+    for index in 0..5 {
+        write_document(&writer, &concept(&format!("after-{index}"))).await;
+    }
+    while seen.len() < 10 {
+        seen.push(next_upsert(&mut watcher, deadline).await);
+    }
+    let expected: Vec<String> = (0..5)
+        .map(|i| format!("before-{i}"))
+        .chain((0..5).map(|i| format!("after-{i}")))
+        .collect();
+    assert_eq!(seen, expected, "every change once, in order");
+    assert_eq!(
+        client.server(),
+        cluster.nodes[1].api_addr,
+        "moved to node 2"
+    );
+    // Calls follow too.
+    client
+        .list_types()
+        .await
+        .expect("answered after the failover");
+}
+
+/// The name of the next upsert the watcher delivers (bounded by `deadline`).
+async fn next_upsert(
+    watcher: &mut proto::client::Watcher,
+    deadline: tokio::time::Instant,
+) -> String {
+    loop {
+        let update = tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .expect("events in time")
+            .expect("watching");
+        if let WatchUpdate::Failed(error) = &update {
+            panic!("the watch gave up: {error}");
+        }
+        if let Some(name) = upserted_name(&update) {
+            return name;
+        }
+    }
+}

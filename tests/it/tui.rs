@@ -329,4 +329,37 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     tmux.wait_for("the exit", &["RESCTL-EXITED 0", "STTY-SAVED"])
         .await;
     assert_cooked(scratch.path());
+
+    // Given two servers, the dashboard moves to the other when its node dies.
+    let tmux = Tmux::new("failover");
+    let both = format!("{follower},{leader}");
+    tmux.start(&dashboard(
+        &both,
+        &token,
+        scratch.path(),
+        &editor,
+        "demo.v2.Album",
+    ));
+    tmux.wait_for(
+        "the albums from the first server",
+        &["kind-of-blue", "● live", &format!("node 3 {follower}")],
+    )
+    .await;
+    cluster.nodes[2].kill();
+    tmux.wait_for(
+        "the albums from the second server",
+        &["kind-of-blue", "● live", &format!("node 1 {leader}")],
+    )
+    .await;
+    resctl(
+        &leader,
+        &token,
+        &["apply", "-f", &walter.display().to_string()],
+    );
+    tmux.keys(&[":"]);
+    tmux.text("Executive");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("a write after the failover", &["walter-yetnikoff"])
+        .await;
+    tmux.keys(&["q"]);
 }

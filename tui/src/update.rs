@@ -154,11 +154,14 @@ fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
             state.link = Link::Disconnected { error };
             push_notice_once(state, text);
         }
-        WatchUpdate::Resumed { since_version } => {
+        WatchUpdate::Resumed {
+            since_version,
+            server,
+        } => {
             state.link = Link::Live;
             state.push_event(
                 EventKind::Notice,
-                format!("{gvk}: watch resumed after version {since_version}"),
+                format!("{gvk}: watch resumed after version {since_version} on {server}"),
             );
         }
         WatchUpdate::Relisting { reason } => {

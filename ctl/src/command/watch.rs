@@ -187,10 +187,15 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
                 "disconnected",
                 format!("watch disconnected ({error}); retrying in {retry_in:?}"),
             )?,
-            Some(WatchUpdate::Resumed { since_version }) => notice(
+            Some(WatchUpdate::Resumed {
+                since_version,
+                server,
+            }) => notice(
                 session.output,
                 "resumed",
-                format!("watch resumed after version {since_version}; nothing was missed"),
+                format!(
+                    "watch resumed after version {since_version} on {server}; nothing was missed"
+                ),
             )?,
             Some(WatchUpdate::Relisting { reason }) => notice(
                 session.output,

@@ -17,8 +17,12 @@ pub enum WatchUpdate {
     Event(WatchEvent),
     /// The stream broke; the watcher waits `retry_in` and resumes.
     Disconnected { error: String, retry_in: Duration },
-    /// The stream is back, resumed after `since_version` with nothing missed.
-    Resumed { since_version: String },
+    /// The stream is back, resumed after `since_version` with nothing missed, from `server`
+    /// (another member than before when the client knows several).
+    Resumed {
+        since_version: String,
+        server: String,
+    },
     /// The server could not resume (`reason`); a fresh snapshot follows (upserts for every
     /// current match, then `EndOfSnapshot`). Consumers must drop what they hold and rebuild.
     Relisting { reason: String },
@@ -100,6 +104,7 @@ impl Watcher {
                             }
                             return Some(WatchUpdate::Resumed {
                                 since_version: self.last_version.clone(),
+                                server: self.client.server().to_owned(),
                             });
                         }
                         Err(error) => return Some(self.on_error(error)),
@@ -162,6 +167,15 @@ impl Watcher {
     }
 
     fn disconnected(&mut self, error: String) -> WatchUpdate {
+        // With other members to go to, resume there at once: the version is the same
+        // everywhere, so nothing is missed or repeated.
+        if self.client.fail_over_now() {
+            self.state = State::Backoff(Duration::ZERO);
+            return WatchUpdate::Disconnected {
+                error,
+                retry_in: Duration::ZERO,
+            };
+        }
         let retry_in = self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         self.state = State::Backoff(retry_in);
