@@ -44,13 +44,15 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
-    /// Server to talk to, HOST:PORT (any member; followers forward) [default: 127.0.0.1:8502]
+    /// Server to talk to, HOST:PORT (any member; followers forward), or several separated by
+    /// commas: the first that answers is used, and calls and watches move on when it fails
+    /// [default: 127.0.0.1:8502]
     #[arg(
         long,
         global = true,
         env = "RESD_SERVER",
         hide_env_values = true,
-        value_name = "HOST:PORT"
+        value_name = "HOST:PORT[,…]"
     )]
     pub server: Option<String>,
     /// ACL token sent with every request
