@@ -278,6 +278,15 @@ pub enum ClusterCommand {
     Join(JoinArgs),
     /// Remove a server from the cluster
     Remove(RemoveArgs),
+    /// Hand leadership to another voter (once it holds the whole log); singleton controllers follow
+    TransferLeader(TransferLeaderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TransferLeaderArgs {
+    /// The voter to lead [default: the reachable voter holding the most of the log]
+    #[arg(long, value_name = "NODE_ID")]
+    pub to: Option<u64>,
 }
 
 #[derive(Debug, Args)]

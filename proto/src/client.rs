@@ -743,6 +743,24 @@ impl Client {
         .map(tonic::Response::into_inner)
     }
 
+    /// Makes node `to` (0: the best caught-up voter) the leader; returns the new leader's id.
+    pub async fn transfer_leader(&self, to: u64) -> Result<u64, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster();
+            let mut request = self.request(
+                crate::cluster::v1::TransferLeaderRequest {
+                    to_node_id: to,
+                    campaign: false,
+                },
+                true,
+            );
+            request.set_timeout(self.config.request_timeout.max(Duration::from_secs(30)));
+            async move { cluster.transfer_leader(request).await }
+        })
+        .await
+        .map(|response| response.into_inner().leader_id)
+    }
+
     /// Removes a member; `force` allows leaving fewer reachable voters than a quorum.
     pub async fn remove(&self, node_id: u64, force: bool) -> Result<(), ClientError> {
         self.retrying(|| {

@@ -171,6 +171,10 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                 args.node_id, response.leader_id
             )
         }
+        ClusterCommand::TransferLeader(args) => {
+            let leader = session.client.transfer_leader(args.to.unwrap_or(0)).await?;
+            format!("node {leader} leads now\n")
+        }
         ClusterCommand::Remove(args) => {
             session.client.remove(args.node_id, args.force).await?;
             format!("node {} removed\n", args.node_id)

@@ -614,6 +614,81 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         Ok(Response::new(RemoveResponse {}))
     }
 
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
+        let raft = self.raft()?;
+        let deadline = super::grpc::deadline(&request)
+            .map(|at| at - Duration::from_millis(500))
+            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
+        let transfer = request.into_inner();
+        let answer = |leader_id| Ok(Response::new(pb::TransferLeaderResponse { leader_id }));
+        if transfer.campaign {
+            if transfer.to_node_id != raft.id() {
+                return Err(Status::from(Error::InvalidArgument(format!(
+                    "node {} cannot campaign for node {}",
+                    raft.id(),
+                    transfer.to_node_id
+                ))));
+            }
+            raft.campaign(deadline)
+                .await
+                .map_err(|why| Status::from(Error::Unavailable(why)))?;
+            tracing::info!(node_id = raft.id(), "took over leadership on request");
+            return answer(raft.id());
+        }
+        if let Some(leader) = self.leader_elsewhere(raft)? {
+            return self
+                .member_client(&leader)
+                .await?
+                .transfer_leader(Self::on_behalf(&caller, transfer, MEMBERSHIP_TIMEOUT))
+                .await;
+        }
+        let target = match transfer.to_node_id {
+            0 => raft.transfer_candidate().ok_or_else(|| {
+                Status::from(Error::FailedPrecondition(
+                    "no other reachable voter to hand leadership to".into(),
+                ))
+            })?,
+            id => id,
+        };
+        if target == raft.id() {
+            return answer(target);
+        }
+        let Some(member) = raft.members().into_iter().find(|m| m.node_id == target) else {
+            return Err(Status::from(Error::NotFound(format!(
+                "node {target} is not a member"
+            ))));
+        };
+        let pause = raft
+            .pause_for_transfer(target, deadline)
+            .await
+            .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
+        tracing::info!(from = raft.id(), to = target, "handing leadership over");
+        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+        let result = async {
+            self.member_client(&Peer {
+                id: target,
+                api_addr: member.node.api_addr.clone(),
+            })
+            .await?
+            .transfer_leader(Self::on_behalf(
+                &caller,
+                pb::TransferLeaderRequest {
+                    to_node_id: target,
+                    campaign: true,
+                },
+                remaining.max(Duration::from_secs(1)),
+            ))
+            .await
+        }
+        .await;
+        drop(pause);
+        result
+    }
+
     async fn acl_bootstrap(
         &self,
         _request: Request<pb::AclBootstrapRequest>,

@@ -286,6 +286,11 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
         // Past authorization, node 0 is refused as an argument: nothing joins.
         ("ClusterService/Join", [U, U, U, P, P, P, InvalidArgument]),
         ("ClusterService/Remove", [U, U, U, P, P, P, NotFound]),
+        // Past authorization: a single node has no one to hand leadership to.
+        (
+            "ClusterService/TransferLeader",
+            [U, U, U, P, P, P, FailedPrecondition],
+        ),
         ("ClusterService/SnapshotSave", [U, U, U, P, P, P, Served]),
         // Past authorization, a garbage upload is refused: nothing is restored.
         (
@@ -490,6 +495,18 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                     cluster_pb::RemoveRequest {
                         node_id: 99,
                         force: false,
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+        ),
+        "ClusterService/TransferLeader" => code(
+            cluster
+                .transfer_leader(with_token(
+                    cluster_pb::TransferLeaderRequest {
+                        to_node_id: 0,
+                        campaign: false,
                     },
                     token,
                 ))

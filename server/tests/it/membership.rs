@@ -231,3 +231,109 @@ fn a_data_directory_of_another_node_or_cluster_is_refused_at_start() {
         assert!(stderr.contains(needle), "{needle:?} in {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_to_each_node_in_turn_while_writes_go_on() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use proto::cluster::v1::{ListControllersRequest, TransferLeaderRequest};
+
+    let cluster = Cluster::start(3, &[]).await;
+    // Writers through every node; each acknowledged name is remembered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for (index, node) in cluster.nodes.iter().enumerate() {
+        let channel = node.channel().await;
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            let mut client =
+                proto::resource::v1::resource_service_client::ResourceServiceClient::new(channel);
+            let mut acknowledged = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) && n < 10_000 {
+                let name = format!("w{index}-{n}");
+                n += 1;
+                if client
+                    .write(WriteRequest {
+                        resource: Some(artist(&name)),
+                    })
+                    .await
+                    .is_ok()
+                {
+                    acknowledged.push(name);
+                }
+            }
+            acknowledged
+        }));
+    }
+
+    for target in [2u64, 3, 1] {
+        let mut request = tonic::Request::new(TransferLeaderRequest {
+            to_node_id: target,
+            campaign: false,
+        });
+        request.set_timeout(Duration::from_secs(30));
+        // Asked through a node that is not the target, leader or not.
+        let via = (target as usize) % 3;
+        let reply = cluster.nodes[via]
+            .cluster()
+            .await
+            .transfer_leader(request)
+            .await
+            .unwrap_or_else(|status| panic!("transfer to node {target}: {status:?}"))
+            .into_inner();
+        assert_eq!(reply.leader_id, target);
+        let leader = cluster.wait_for_leader().await;
+        assert_eq!(leader as u64 + 1, target, "node {target} leads");
+        // The singleton controllers run on the new leader.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let listing = cluster.nodes[leader]
+                .cluster()
+                .await
+                .list_controllers(ListControllersRequest { all_nodes: false })
+                .await
+                .expect("controllers")
+                .into_inner();
+            let running = listing.nodes.iter().any(|node| {
+                node.controllers
+                    .iter()
+                    .any(|c| c.name == "demo-artist" && c.running)
+            });
+            if running {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the controllers did not follow: {listing:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.extend(writer.await.expect("writer"));
+    }
+    assert!(
+        acknowledged.len() > 30,
+        "writes went on: {}",
+        acknowledged.len()
+    );
+    // No acknowledged write is lost.
+    let leader = cluster.wait_for_leader().await;
+    let stored: std::collections::BTreeSet<String> =
+        crate::support::list_artists(&cluster.nodes[leader])
+            .await
+            .into_iter()
+            .filter_map(|r| r.id.map(|id| id.name))
+            .collect();
+    let lost: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !stored.contains(*n))
+        .collect();
+    assert!(lost.is_empty(), "lost acknowledged writes: {lost:?}");
+}

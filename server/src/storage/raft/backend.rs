@@ -124,13 +124,18 @@ pub struct RaftBackend {
     dialer: Dialer,
     /// When each peer last answered a raft RPC of this node.
     contacts: Arc<super::network::Contacts>,
+    /// The proposer's permits: holding them all pauses proposing (leadership transfer).
+    proposal_permits: Arc<tokio::sync::Semaphore>,
+    /// How long followers refuse votes after hearing from the leader (openraft's leader lease:
+    /// the longest election timeout).
+    leader_lease: Duration,
     /// Clients of peers' raft services, by node and raft address.
     peers: Mutex<HashMap<(NodeId, String), RaftServiceClient<Channel>>>,
     /// Members of the cluster this node is joining, told by the member it joins through: they
     /// may speak to this node's raft service before its own log names them (DESIGN §12.2).
     joining_through: Mutex<std::collections::BTreeSet<NodeId>>,
     /// One membership change at a time: raft refuses a change while another is in flight.
-    membership: tokio::sync::Mutex<()>,
+    membership: Arc<tokio::sync::Mutex<()>>,
     /// Whether this node leads, for placing singleton controllers.
     leadership: tokio::sync::watch::Receiver<bool>,
     leadership_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -202,7 +207,14 @@ impl RaftBackend {
         let (leading, leadership) = tokio::sync::watch::channel(false);
         let leadership_task = tokio::spawn(status::follow_leadership(raft.clone(), leading));
         let (proposals, queue) = tokio::sync::mpsc::channel(4 * proposer::MAX_BATCH_CHANGES);
-        let proposer = tokio::spawn(proposer::run_proposer(raft.clone(), queue));
+        let proposal_permits = Arc::new(tokio::sync::Semaphore::new(
+            proposer::MAX_PROPOSALS_IN_FLIGHT,
+        ));
+        let proposer = tokio::spawn(proposer::run_proposer(
+            raft.clone(),
+            queue,
+            proposal_permits.clone(),
+        ));
         let (readiness, _) = tokio::sync::watch::channel(if ready {
             Readiness::Ready
         } else {
@@ -222,9 +234,11 @@ impl RaftBackend {
             max_snapshot_bytes: options.max_snapshot_bytes,
             dialer: options.dialer,
             contacts,
+            proposal_permits,
+            leader_lease: options.election_timeout.1,
             peers: Mutex::new(HashMap::new()),
             joining_through: Mutex::new(std::collections::BTreeSet::new()),
-            membership: tokio::sync::Mutex::new(()),
+            membership: Arc::new(tokio::sync::Mutex::new(())),
             leadership,
             leadership_task: Mutex::new(Some(leadership_task)),
             proposals,

@@ -13,9 +13,9 @@ use crate::storage::StorageError;
 pub(super) const MAX_BATCH_CHANGES: usize = 1024;
 /// Most encoded bytes of changes in one entry.
 const MAX_BATCH_BYTES: usize = 8 << 20;
-/// Batches proposed at once. One measured best on loopback (openraft 0.9 appends entries one at
+/// Batches proposed at once (the permits of the proposer's semaphore). One measured best on loopback (openraft 0.9 appends entries one at
 /// a time anyway, so more in flight only splits the queue into smaller batches).
-const MAX_PROPOSALS_IN_FLIGHT: usize = 1;
+pub(super) const MAX_PROPOSALS_IN_FLIGHT: usize = 1;
 
 /// One try at proposing: applied (either way), or worth retrying elsewhere (no or another
 /// leader).
@@ -34,8 +34,13 @@ pub(super) struct Proposal {
 
 /// Gathers queued changes into batches and proposes them, up to `MAX_PROPOSALS_IN_FLIGHT` at a
 /// time, until every sender is gone.
-pub(super) async fn run_proposer(raft: Raft, mut queue: tokio::sync::mpsc::Receiver<Proposal>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PROPOSALS_IN_FLIGHT));
+/// `permits` bounds the proposals in flight; whoever holds them all (a leadership transfer)
+/// pauses proposing.
+pub(super) async fn run_proposer(
+    raft: Raft,
+    mut queue: tokio::sync::mpsc::Receiver<Proposal>,
+    permits: Arc<tokio::sync::Semaphore>,
+) {
     let mut in_flight = tokio::task::JoinSet::new();
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {

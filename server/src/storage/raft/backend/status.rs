@@ -64,6 +64,19 @@ pub struct MemberStatus {
     pub reachable: bool,
 }
 
+/// A leader paused for a leadership transfer; dropping it resumes proposing and heartbeats.
+pub struct TransferPause {
+    raft: Raft,
+    _permits: tokio::sync::OwnedSemaphorePermit,
+    _membership: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for TransferPause {
+    fn drop(&mut self) {
+        self.raft.runtime_config().heartbeat(true);
+    }
+}
+
 /// A learner that has not answered for this long is given up on by Join.
 pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -299,6 +312,110 @@ impl RaftBackend {
                 .min(std::time::Duration::from_millis(200));
             let _ = tokio::time::timeout(wait, metrics.changed()).await;
         }
+    }
+
+    /// Prepares moving leadership to `target` (DESIGN §8): it must be a reachable voter; this
+    /// leader stops proposing, waits until `target` holds its whole log, stops heartbeats and
+    /// waits out the followers' leader lease, so `target`'s campaign can win. Dropping the
+    /// returned pause resumes proposing and heartbeats (harmless once another node leads).
+    pub async fn pause_for_transfer(
+        &self,
+        target: NodeId,
+        deadline: std::time::Instant,
+    ) -> Result<TransferPause, String> {
+        let membership = self.membership.clone().lock_owned().await;
+        let member = self
+            .members()
+            .into_iter()
+            .find(|m| m.node_id == target)
+            .ok_or_else(|| format!("node {target} is not a member"))?;
+        if !member.voter {
+            return Err(format!("node {target} is a learner, not a voter"));
+        }
+        if !member.reachable {
+            return Err(format!("node {target} is not reachable from the leader"));
+        }
+        let permits = self
+            .proposal_permits
+            .clone()
+            .acquire_many_owned(super::proposer::MAX_PROPOSALS_IN_FLIGHT as u32)
+            .await
+            .map_err(|_| "this node is shutting down".to_owned())?;
+        let pause = TransferPause {
+            raft: self.raft.clone(),
+            _permits: permits,
+            _membership: membership,
+        };
+        // Nothing new is proposed now: wait for the target to hold everything there is.
+        let mut metrics = self.raft.metrics();
+        loop {
+            let (last, matched) = {
+                let current = metrics.borrow_and_update();
+                let matched = current
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&target).copied().flatten())
+                    .map(|log_id| log_id.index);
+                (current.last_log_index, matched)
+            };
+            if matched.is_some() && matched == last {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "node {target} did not catch up before the deadline (holds {}, the leader {})",
+                    matched.unwrap_or(0),
+                    last.unwrap_or(0)
+                ));
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(100), metrics.changed())
+                .await;
+        }
+        self.raft.runtime_config().heartbeat(false);
+        tokio::time::sleep(self.leader_lease + std::time::Duration::from_millis(100)).await;
+        Ok(pause)
+    }
+
+    /// Campaigns for leadership (this node was chosen by a transfer) and waits until it leads.
+    pub async fn campaign(&self, deadline: std::time::Instant) -> Result<(), String> {
+        if !self.is_voter(self.id) {
+            return Err(format!("node {} is not a voter", self.id));
+        }
+        let mut metrics = self.raft.metrics();
+        let mut next_try = std::time::Instant::now();
+        loop {
+            if metrics.borrow_and_update().current_leader == Some(self.id) {
+                return Ok(());
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                let leader = self.metrics().current_leader;
+                return Err(match leader {
+                    Some(other) => format!("node {other} leads instead; try again"),
+                    None => "the election did not finish before the deadline".to_owned(),
+                });
+            }
+            if now >= next_try {
+                self.raft
+                    .trigger()
+                    .elect()
+                    .await
+                    .map_err(|error| format!("cannot start an election: {error}"))?;
+                next_try = now + self.leader_lease;
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(100), metrics.changed())
+                .await;
+        }
+    }
+
+    /// The voter a transfer with no target goes to: reachable, other than this node, holding
+    /// the most of the log.
+    pub fn transfer_candidate(&self) -> Option<NodeId> {
+        self.members()
+            .into_iter()
+            .filter(|m| m.voter && m.reachable && m.node_id != self.id)
+            .max_by_key(|m| m.match_index.unwrap_or(0))
+            .map(|m| m.node_id)
     }
 
     /// Whether removing `id` keeps the cluster safe (DESIGN §8): never the last voter, and
