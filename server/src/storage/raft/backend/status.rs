@@ -212,6 +212,55 @@ impl RaftBackend {
         joining.extend(ids);
     }
 
+    /// Admits `id` too: a member this node's log does not name yet (it missed the join) but
+    /// another member vouched for.
+    pub fn vouched_peer(&self, id: NodeId) {
+        self.joining_through
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+    }
+
+    /// Asks the other members this node knows whether `id` is a member now (this node's log may
+    /// be behind a membership change); admits it when one says so.
+    pub async fn ask_members_about(&self, id: NodeId) -> bool {
+        use proto::cluster::v1::MembersRequest;
+        use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+        let known: Vec<(NodeId, NodeAddr)> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(node, _)| **node != self.id && **node != id)
+            .map(|(node, addr)| (*node, addr.clone()))
+            .collect();
+        for (node, addr) in known {
+            let Ok(endpoint) = self.dialer.endpoint(&addr.api_addr, Some(node)) else {
+                continue;
+            };
+            let Ok(channel) = endpoint.connect().await else {
+                continue;
+            };
+            let mut request = tonic::Request::new(MembersRequest {});
+            request.set_timeout(std::time::Duration::from_secs(2));
+            let Ok(reply) = ClusterServiceClient::new(channel).members(request).await else {
+                continue;
+            };
+            if reply.get_ref().members.iter().any(|m| m.node_id == id) {
+                tracing::info!(
+                    node = id,
+                    vouched_by = node,
+                    "a member this node's log does not name yet is one now"
+                );
+                self.vouched_peer(id);
+                return true;
+            }
+        }
+        false
+    }
+
     pub fn is_voter(&self, id: NodeId) -> bool {
         self.metrics()
             .membership_config

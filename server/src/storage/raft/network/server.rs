@@ -32,7 +32,12 @@ pub struct RaftGrpc {
     /// With TLS: callers must be members, known by their node certificates.
     verify_peers: bool,
     refusals: Arc<Refusals>,
+    /// When the members were last asked about a caller this node does not know.
+    asked: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>>,
 }
+
+/// How often the members are asked about the same unknown caller.
+const ASK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RaftGrpc {
     pub fn new(backend: Arc<RaftBackend>, admission: Arc<dyn Admission>) -> Self {
@@ -42,6 +47,7 @@ impl RaftGrpc {
             admission,
             verify_peers: false,
             refusals: Arc::default(),
+            asked: Arc::default(),
         }
     }
 
@@ -65,12 +71,38 @@ impl RaftGrpc {
             Some(peer) => match peer.node_id {
                 None => Err(format!("{} is not a node of this cluster", peer.describe())),
                 Some(node) if !self.backend.admits_peer(node) => {
+                    // This node's log may be behind a membership change that added the
+                    // caller (it was down during the join): ask the members it knows, so the
+                    // caller's next try gets through if they vouch for it.
+                    self.ask_about(node);
                     Err(format!("node {node} is not a member of this cluster"))
                 }
                 Some(node) => Ok(node),
             },
         };
         node.map(Some).map_err(|reason| self.refuse(info, reason))
+    }
+
+    /// Asks the known members about `node` in the background, at most once per
+    /// [`ASK_INTERVAL`] per node.
+    fn ask_about(&self, node: NodeId) {
+        {
+            let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            if asked.len() > 1024 {
+                asked.clear();
+            }
+            if asked
+                .get(&node)
+                .is_some_and(|at| at.elapsed() < ASK_INTERVAL)
+            {
+                return;
+            }
+            asked.insert(node, std::time::Instant::now());
+        }
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            backend.ask_members_about(node).await;
+        });
     }
 
     /// Refuses a vote, append or snapshot whose leader or candidate is not the caller.
