@@ -226,13 +226,14 @@ impl ClientError {
 }
 
 /// Whether another member may serve what this one could not: it cannot be reached, is shutting
-/// down, or is catching up after an unclean stop.
+/// down, is catching up after an unclean stop, or was removed from the cluster.
 fn moves_on(error: &ClientError) -> bool {
     match error {
         ClientError::Unreachable { .. } => true,
         ClientError::Unavailable(message) => {
             message.contains("shutting down") || message.contains("catching up")
         }
+        ClientError::FailedPrecondition(message) => message.contains("was removed from cluster"),
         _ => false,
     }
 }
@@ -246,8 +247,16 @@ fn tls_problem(status: &tonic::Status) -> Option<crate::tls::TlsProblem> {
 /// HTTP/2 preface, which hyper reports as an HTTP/2 protocol error.
 fn looks_like_tls_required(error: &ClientError) -> bool {
     match error {
-        ClientError::Unreachable { message, .. } | ClientError::Other { message, .. } => {
+        ClientError::Unreachable { message, .. } => message.contains("h2 protocol error"),
+        // Depending on timing hyper reports the dropped preface as a protocol error, a
+        // cancelled operation or a bare transport error.
+        ClientError::Other {
+            code: Code::Internal | Code::Unknown | Code::Cancelled,
+            message,
+        } => {
             message.contains("h2 protocol error")
+                || message.contains("operation was canceled")
+                || message == "transport error"
         }
         _ => false,
     }

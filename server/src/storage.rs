@@ -159,6 +159,9 @@ pub enum StorageError {
     /// This node serves no reads yet: it is catching up after an unclean stop.
     #[error("{0}")]
     CatchingUp(String),
+    /// This node was removed from the cluster and serves nothing.
+    #[error("{0}")]
+    Removed(String),
     /// The change cannot be stored (an invalid name or tenancy, a key longer than the store
     /// allows, a resource over the size limit); nothing changed.
     #[error("{0}")]

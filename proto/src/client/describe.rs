@@ -140,6 +140,7 @@ pub fn role_label(role: i32) -> &'static str {
         Ok(Role::Learner) => "learner",
         Ok(Role::Shutdown) => "shutdown",
         Ok(Role::Standalone) => "standalone",
+        Ok(Role::Removed) => "removed",
         Ok(Role::Unspecified) | Err(_) => "unknown",
     }
 }

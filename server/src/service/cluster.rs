@@ -141,7 +141,17 @@ impl ClusterGrpc {
         }
     }
 
+    /// The raft backend, for calls a removed node cannot serve.
     fn raft(&self) -> Result<&Arc<RaftBackend>, Status> {
+        let raft = self.any_raft()?;
+        match raft.removed() {
+            Some(why) => Err(Status::from(Error::FailedPrecondition(why))),
+            None => Ok(raft),
+        }
+    }
+
+    /// The raft backend, also of a removed node (its status).
+    fn any_raft(&self) -> Result<&Arc<RaftBackend>, Status> {
         self.raft.as_ref().ok_or_else(|| {
             Status::from(Error::FailedPrecondition(
                 "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one".into(),
@@ -345,6 +355,20 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         };
         let status = raft.status();
         let not_ready = raft.readiness().borrow().reason();
+        if raft.removed().is_some() {
+            return Ok(Response::new(StatusResponse {
+                node_id: status.node_id,
+                api_addr: status.node.api_addr,
+                raft_addr: status.node.raft_addr,
+                role: pb::Role::Removed as i32,
+                term: status.term,
+                storage: "raft".into(),
+                cluster_name: self.cluster_name.clone(),
+                ready: false,
+                not_ready_reason: not_ready.unwrap_or_default(),
+                ..Default::default()
+            }));
+        }
         let (leader_id, leader_api_addr) = status
             .leader
             .map(|(id, node)| (id, node.api_addr))
@@ -608,9 +632,19 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         raft.check_removal(remove.node_id, remove.force)
             .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
         tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
+        let removed_addr = raft
+            .members()
+            .into_iter()
+            .find(|m| m.node_id == remove.node_id)
+            .map(|m| m.node.raft_addr);
         raft.remove_member(remove.node_id)
             .await
             .map_err(|why| Status::from(Error::Unavailable(why)))?;
+        if let Some(raft_addr) = removed_addr
+            && remove.node_id != raft.id()
+        {
+            raft.notify_removed(remove.node_id, raft_addr, self.cluster_name.clone());
+        }
         Ok(Response::new(RemoveResponse {}))
     }
 

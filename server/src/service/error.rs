@@ -75,6 +75,7 @@ impl Error {
             StorageError::CatchingUp(why) => Error::Unavailable(format!(
                 "this node is {why}; retry shortly or ask another member"
             )),
+            StorageError::Removed(why) => Error::FailedPrecondition(why),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

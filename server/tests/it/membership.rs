@@ -337,3 +337,86 @@ async fn leadership_moves_to_each_node_in_turn_while_writes_go_on() {
         .collect();
     assert!(lost.is_empty(), "lost acknowledged writes: {lost:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
+    use proto::cluster::v1::{Role, StatusRequest};
+    use proto::resource::v1::ReadRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let mut cluster = Cluster::start(3, &[]).await;
+    remove(&cluster, 3, false).await.expect("remove node 3");
+    let removed = &cluster.nodes[2];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let read = removed
+            .resources()
+            .await
+            .read(ReadRequest {
+                id: Some(crate::support::artist_id("anything")),
+            })
+            .await;
+        match read {
+            Err(status) if status.code() == Code::FailedPrecondition => break status,
+            other => {
+                assert!(Instant::now() < deadline, "node 3 still serves: {other:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(
+        refused
+            .message()
+            .contains("node 3 was removed from cluster resd"),
+        "{refused:?}"
+    );
+
+    let check = |node: &crate::process::Resd| {
+        let endpoint = node.endpoint();
+        async move {
+            let channel = endpoint.connect().await.expect("connect");
+            let health = HealthClient::new(channel.clone())
+                .check(HealthCheckRequest {
+                    service: "resd.resource.v1.ResourceService".into(),
+                })
+                .await
+                .expect("health")
+                .into_inner()
+                .status;
+            let status =
+                proto::cluster::v1::cluster_service_client::ClusterServiceClient::new(channel)
+                    .status(StatusRequest {})
+                    .await
+                    .expect("status")
+                    .into_inner();
+            (health, status)
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (health, status) = check(removed).await;
+        if health == ServingStatus::NotServing as i32 {
+            assert_eq!(status.role, Role::Removed as i32, "{status:?}");
+            assert_eq!(
+                status.leader_id, 0,
+                "a removed node claims no leader: {status:?}"
+            );
+            assert!(!status.ready, "{status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "health stayed {health}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // After a restart it still knows, and never campaigns.
+    cluster.nodes[2].kill9();
+    cluster.nodes[2].restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (health, status) = check(&cluster.nodes[2]).await;
+    assert_eq!(health, ServingStatus::NotServing as i32);
+    assert_eq!(status.role, Role::Removed as i32, "{status:?}");
+    // The two remaining members serve on, with a stable leader.
+    let view = members(&cluster).await;
+    assert_eq!(view.members.len(), 2, "{view:?}");
+}

@@ -215,6 +215,8 @@ impl RaftBackend {
             queue,
             proposal_permits.clone(),
         ));
+        let removed_marker =
+            std::fs::read_to_string(options.data_dir.join(super::schema::REMOVED_FILE)).ok();
         let (readiness, _) = tokio::sync::watch::channel(if ready {
             Readiness::Ready
         } else {
@@ -247,7 +249,10 @@ impl RaftBackend {
             readiness,
             catch_up: Mutex::new(None),
         });
-        if !ready {
+        if let Some(why) = removed_marker {
+            tracing::warn!("{}; serving nothing", why.trim());
+            backend.stop_for_removal(why.trim().to_owned());
+        } else if !ready {
             tracing::warn!("serving no reads until this node has caught up with the leader");
             let task = tokio::spawn(readiness::catch_up(Arc::downgrade(&backend)));
             *backend.catch_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);

@@ -386,6 +386,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
         StorageError::Rejected(_) => (Code::Rejected, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
+        StorageError::Removed(_) => (Code::Removed, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };
     let message = match error {
@@ -394,6 +395,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::ResumeUnavailable(why)
         | StorageError::Rejected(why)
         | StorageError::CatchingUp(why)
+        | StorageError::Removed(why)
         | StorageError::Internal(why) => why.clone(),
         other => other.to_string(),
     };
@@ -417,6 +419,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected => StorageError::Rejected(failure.message),
         Code::CatchingUp => StorageError::CatchingUp(failure.message),
+        Code::Removed => StorageError::Removed(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }
 }

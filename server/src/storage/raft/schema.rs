@@ -46,6 +46,8 @@ pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
 /// Which node of which cluster the data directory belongs to: `cluster=NAME` and `node=ID`
 /// lines, written at the first start and checked at every later one.
 pub const IDENTITY_FILE: &str = "raft/IDENTITY";
+/// Present once the node was removed from its cluster; holds why, for people.
+pub const REMOVED_FILE: &str = "raft/REMOVED";
 
 /// The identity a data directory records.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -73,6 +73,9 @@ impl RaftBackend {
     /// Runs a request on the leader, forwarding it when this node is not the leader, and waiting
     /// through elections up to the forward timeout.
     pub(super) async fn submit(&self, request: Request) -> ReplyResult {
+        if let Some(why) = self.removed() {
+            return Err(StorageError::Removed(why));
+        }
         let deadline = crate::storage::deadline::bounded(self.forward_timeout);
         let mut last_reason = String::new();
         loop {

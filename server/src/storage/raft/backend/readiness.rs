@@ -20,6 +20,8 @@ pub enum Readiness {
         applied: u64,
         target: Option<u64>,
     },
+    /// Removed from the cluster (why, for people): serves nothing, for good.
+    Removed(String),
 }
 
 impl Readiness {
@@ -43,6 +45,7 @@ impl Readiness {
             } => Some(format!(
                 "catching up after an unclean stop: applied {applied}, waiting to learn the leader's commit index"
             )),
+            Readiness::Removed(why) => Some(why.clone()),
         }
     }
 }
@@ -53,10 +56,44 @@ const RETRY: Duration = Duration::from_millis(200);
 impl RaftBackend {
     /// `Ok` when this node may serve reads, else why not (`CatchingUp`: Unavailable).
     pub(super) fn check_ready(&self) -> Result<(), StorageError> {
-        match self.readiness.borrow().reason() {
-            None => Ok(()),
-            Some(reason) => Err(StorageError::CatchingUp(reason)),
+        match &*self.readiness.borrow() {
+            Readiness::Ready => Ok(()),
+            Readiness::Removed(why) => Err(StorageError::Removed(why.clone())),
+            catching_up => Err(StorageError::CatchingUp(
+                catching_up.reason().unwrap_or_default(),
+            )),
         }
+    }
+
+    /// Why this node serves nothing any more, if it was removed from the cluster.
+    pub fn removed(&self) -> Option<String> {
+        match &*self.readiness.borrow() {
+            Readiness::Removed(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Records that this node was removed from the cluster (`why`, for people): it serves
+    /// nothing from now on, also after a restart, and never campaigns.
+    pub fn mark_removed(&self, why: String) {
+        if self.removed().is_some() {
+            return;
+        }
+        let marker = self.data_dir.join(super::super::schema::REMOVED_FILE);
+        if let Err(error) = std::fs::write(&marker, &why) {
+            tracing::error!(%error, path = %marker.display(), "cannot record the removal");
+        }
+        tracing::warn!("{why}; serving nothing from now on");
+        self.stop_for_removal(why);
+    }
+
+    /// Stops campaigning and serving (a removed node).
+    pub(super) fn stop_for_removal(&self, why: String) {
+        let runtime = self.raft.runtime_config();
+        runtime.elect(false);
+        runtime.heartbeat(false);
+        runtime.tick(false);
+        self.readiness.send_replace(Readiness::Removed(why));
     }
 
     /// Whether this node may serve reads, as it changes.

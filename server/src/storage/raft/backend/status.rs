@@ -467,6 +467,35 @@ impl RaftBackend {
             .map(|m| m.node_id)
     }
 
+    /// Tells node `id` (at `raft_addr`) that it was removed, so it stops serving (best effort,
+    /// a few tries over ~10 s: a node that is down learns it... never from us, and keeps
+    /// failing to be elected).
+    pub fn notify_removed(&self, id: NodeId, raft_addr: String, cluster_name: String) {
+        let dialer = self.dialer.clone();
+        let by = self.id;
+        tokio::spawn(async move {
+            let Ok(mut client) = super::super::network::raft_client(&dialer, &raft_addr, id) else {
+                return;
+            };
+            for attempt in 0..5u32 {
+                let notice = proto::raft::v1::RemovedNotice {
+                    node_id: id,
+                    by_node_id: by,
+                    cluster_name: cluster_name.clone(),
+                };
+                let mut request = tonic::Request::new(notice);
+                request.set_timeout(std::time::Duration::from_secs(2));
+                match client.removed(request).await {
+                    Ok(_) => return,
+                    Err(status) => {
+                        tracing::debug!(node = id, %status, attempt, "telling a removed node failed")
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        });
+    }
+
     /// Whether removing `id` keeps the cluster safe (DESIGN §8): never the last voter, and
     /// (unless `force`) never below a quorum of reachable voters. Must run on the leader.
     pub fn check_removal(&self, id: NodeId, force: bool) -> Result<(), String> {

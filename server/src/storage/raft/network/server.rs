@@ -280,6 +280,38 @@ impl RaftService for RaftGrpc {
         reply(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
 
+    async fn removed(
+        &self,
+        request: Request<pb::RemovedNotice>,
+    ) -> Result<Response<pb::RemovedAck>, Status> {
+        let info = ConnInfo::of(&request);
+        let caller = self.caller(&info)?;
+        let notice = request.into_inner();
+        if notice.node_id != self.backend.id() {
+            return Err(Status::invalid_argument(format!(
+                "this is node {}, not node {}",
+                self.backend.id(),
+                notice.node_id
+            )));
+        }
+        if let Some(caller) = caller
+            && caller != notice.by_node_id
+        {
+            return Err(self.refuse(
+                &info,
+                format!(
+                    "node {caller} sent a removal in the name of node {}",
+                    notice.by_node_id
+                ),
+            ));
+        }
+        self.backend.mark_removed(format!(
+            "node {} was removed from cluster {} (by node {})",
+            notice.node_id, notice.cluster_name, notice.by_node_id
+        ));
+        Ok(Response::new(pb::RemovedAck {}))
+    }
+
     async fn forward(
         &self,
         request: Request<pb::ForwardRequest>,
