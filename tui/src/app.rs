@@ -242,6 +242,17 @@ impl Tasks {
                     });
                 });
             }
+            Effect::TransferLeader(node) => {
+                let client = self.client.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let result = client
+                        .transfer_leader(node)
+                        .await
+                        .map_err(|error| error.to_string());
+                    let _ = tx.send(Msg::Transferred(result));
+                });
+            }
             Effect::SnapshotSave(path) => {
                 let client = self.client.clone();
                 let tx = self.tx.clone();

@@ -33,6 +33,8 @@ pub enum Action {
     SnapshotSave,
     SnapshotOpen,
     SnapshotRestore,
+    /// Hand leadership to the selected member (asks first).
+    TransferLeader,
     /// Dialogs: switch between Cancel and the action.
     Toggle,
     /// Dialogs: do it (the same as choosing the action and pressing enter).
@@ -53,6 +55,8 @@ pub enum Scope {
     Resource,
     /// The resource table.
     Table,
+    /// The cluster screen.
+    Cluster,
     Snapshot,
     /// Confirmation dialogs.
     Dialog,
@@ -67,6 +71,7 @@ impl Scope {
             Scope::List => "Lists",
             Scope::Resource => "Resources (table, detail, tree)",
             Scope::Table => "Resource table",
+            Scope::Cluster => "Cluster",
             Scope::Snapshot => "Snapshot",
             Scope::Dialog => "Dialogs",
             Scope::EditProblem => "After an edit that did not save",
@@ -80,6 +85,7 @@ impl Scope {
             Scope::List => !matches!(screen, Screen::Snapshot),
             Scope::Resource => matches!(screen, Screen::Resources | Screen::Detail | Screen::Tree),
             Scope::Table => screen == Screen::Resources,
+            Scope::Cluster => screen == Screen::Cluster,
             Scope::Snapshot => screen == Screen::Snapshot,
             Scope::Dialog | Scope::EditProblem => false,
         }
@@ -253,6 +259,13 @@ pub const KEYMAP: &[Binding] = &[
         A::Filter,
         "filter by name as you type",
     ),
+    key(
+        Char('L'),
+        "L",
+        S::Cluster,
+        A::TransferLeader,
+        "make the selected member the leader (asks first)",
+    ),
     key(Char('s'), "s", S::Table, A::Sort, "sort by the next column"),
     key(Char('S'), "S", S::Table, A::ReverseSort, "reverse the sort"),
     key(
@@ -393,6 +406,7 @@ pub fn screen_scopes(screen: Screen) -> Vec<Scope> {
         Scope::Snapshot,
         Scope::Resource,
         Scope::Table,
+        Scope::Cluster,
         Scope::List,
         Scope::Global,
     ]
@@ -408,6 +422,7 @@ pub fn help_sections() -> Vec<(&'static str, Vec<(String, &'static str)>)> {
         Scope::List,
         Scope::Table,
         Scope::Resource,
+        Scope::Cluster,
         Scope::Snapshot,
         Scope::Dialog,
         Scope::EditProblem,

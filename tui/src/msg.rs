@@ -67,6 +67,8 @@ pub enum Msg {
         result: Result<(), String>,
     },
     Snapshot(SnapshotMsg),
+    /// A leadership transfer ended: the new leader, or why not.
+    Transferred(Result<u64, String>),
 }
 
 /// Work for the runtime.
@@ -90,4 +92,6 @@ pub enum Effect {
     SnapshotVerify(BTreeMap<String, u64>),
     /// Stop the save or restore under way.
     SnapshotCancel,
+    /// Make `node` the leader.
+    TransferLeader(u64),
 }

@@ -278,6 +278,12 @@ pub enum Dialog {
         scroll: u16,
     },
     ConfirmDelete(Box<DeletePlan>),
+    /// Hand leadership to `node` (at `api_addr`)?
+    ConfirmTransfer {
+        node: u64,
+        api_addr: String,
+        choice: Choice,
+    },
     /// Why a resource marked for deletion is still there (recomputed live from the store).
     WhyStuck {
         at: ResRef,

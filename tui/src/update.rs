@@ -97,8 +97,39 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
             Err(error) => state.flash_error(format!("cannot delete {label}: {error}")),
         },
         Msg::Snapshot(msg) => on_snapshot(state, msg, &mut effects),
+        Msg::Transferred(result) => match result {
+            Ok(leader) => state.flash(format!("node {leader} leads now")),
+            Err(error) => state.flash_error(format!("leadership did not move: {error}")),
+        },
     }
     effects
+}
+
+/// Asks before making the selected member the leader.
+fn plan_transfer(state: &mut State) {
+    let selected = state
+        .cluster
+        .members
+        .as_ref()
+        .and_then(|m| m.members.get(state.cluster_cursor.selected))
+        .cloned();
+    match selected {
+        None => state.flash_error("select a member first"),
+        Some(member) if member.leader => {
+            state.flash(format!("node {} leads already", member.node_id))
+        }
+        Some(member) if !member.voter => state.flash_error(format!(
+            "node {} is a learner; only voters can lead",
+            member.node_id
+        )),
+        Some(member) => {
+            state.dialog = Some(Dialog::ConfirmTransfer {
+                node: member.node_id,
+                api_addr: member.api_addr,
+                choice: Choice::Cancel,
+            })
+        }
+    }
 }
 
 fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
@@ -332,6 +363,7 @@ fn perform(state: &mut State, action: Action, effects: &mut Vec<Effect>) {
         Action::Tab(screen) => switch_to(state, screen),
         Action::Edit => start_edit(state, effects),
         Action::Delete => plan_delete(state),
+        Action::TransferLeader => plan_transfer(state),
         Action::Tree => {
             let Some(at) = state.focused() else {
                 state.flash_error("select a resource first");
@@ -841,6 +873,32 @@ fn on_dialog_key(state: &mut State, key: KeyEvent, effects: &mut Vec<Effect>) {
             }
             Some(Action::Cancel) => state.flash("not deleted"),
             _ => state.dialog = Some(Dialog::ConfirmDelete(plan)),
+        },
+        Dialog::ConfirmTransfer {
+            node,
+            api_addr,
+            choice,
+        } => match keymap::lookup(&key, &[Scope::Dialog]) {
+            Some(Action::Toggle) => {
+                state.dialog = Some(Dialog::ConfirmTransfer {
+                    node,
+                    api_addr,
+                    choice: choice.toggled(),
+                });
+            }
+            Some(Action::Choose) if choice == Choice::Cancel => state.flash("leadership unchanged"),
+            Some(Action::Choose | Action::Yes) => {
+                state.flash(format!("handing leadership to node {node}…"));
+                effects.push(Effect::TransferLeader(node));
+            }
+            Some(Action::Cancel) => state.flash("leadership unchanged"),
+            _ => {
+                state.dialog = Some(Dialog::ConfirmTransfer {
+                    node,
+                    api_addr,
+                    choice,
+                })
+            }
         },
         Dialog::WhyStuck { at } => match key.code {
             // Removing a finalizer by hand is an edit.

@@ -229,7 +229,8 @@ fn render_footer(state: &State, frame: &mut Frame, area: Rect) {
                 ("d", "delete"),
                 ("esc", "back"),
             ],
-            Screen::Cluster | Screen::Controllers => &[("↑↓", "select")],
+            Screen::Cluster => &[("↑↓", "select"), ("L", "make leader")],
+            Screen::Controllers => &[("↑↓", "select")],
             Screen::Events => &[("↑↓", "scroll"), ("G", "follow")],
             Screen::Snapshot => &[
                 ("s", "save"),

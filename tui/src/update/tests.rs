@@ -967,3 +967,30 @@ fn conditions_drive_the_attention_sort() {
         Some("zz-failing")
     );
 }
+
+#[test]
+fn l_on_the_cluster_screen_asks_before_moving_leadership() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('3'));
+    assert_eq!(state.screen, Screen::Cluster);
+    // The leader (node 1) is selected first: nothing to do.
+    assert!(key(&mut state, KeyCode::Char('L')).is_empty());
+    assert!(state.dialog.is_none());
+    key(&mut state, KeyCode::Char('j'));
+    assert!(key(&mut state, KeyCode::Char('L')).is_empty(), "asks first");
+    assert!(matches!(
+        state.dialog,
+        Some(Dialog::ConfirmTransfer { node: 2, .. })
+    ));
+    let effects = key(&mut state, KeyCode::Char('y'));
+    assert!(
+        matches!(effects.as_slice(), [Effect::TransferLeader(2)]),
+        "{effects:?}"
+    );
+    update(&mut state, Msg::Transferred(Ok(2)));
+    // And esc leaves leadership alone.
+    key(&mut state, KeyCode::Char('L'));
+    assert!(state.dialog.is_some());
+    assert!(key(&mut state, KeyCode::Esc).is_empty());
+    assert!(state.dialog.is_none());
+}

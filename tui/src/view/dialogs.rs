@@ -71,6 +71,38 @@ pub fn render(state: &State, dialog: &Dialog, frame: &mut Frame) {
         Dialog::ConfirmDelete(plan) => {
             popup(frame, " Delete? ".into(), delete_lines(plan), 84, 0);
         }
+        Dialog::ConfirmTransfer {
+            node,
+            api_addr,
+            choice,
+        } => {
+            let button = |label: &str, chosen: bool| {
+                if chosen {
+                    Span::styled(
+                        format!("[ {label} ]"),
+                        Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD),
+                    )
+                } else {
+                    Span::raw(format!("  {label}  "))
+                }
+            };
+            let lines = vec![
+                Line::from(format!(
+                    "Make node {node} ({api_addr}) the leader? Writes pause for about two seconds"
+                )),
+                Line::from(
+                    "while the leader waits for it to hold the whole log; singleton controllers move with it.",
+                ),
+                Line::default(),
+                Line::from(vec![
+                    button("Cancel", *choice == crate::state::Choice::Cancel),
+                    Span::raw("   "),
+                    button("Transfer", *choice == crate::state::Choice::Confirm),
+                    Span::styled("    tab switches · y transfers · esc cancels", dim()),
+                ]),
+            ];
+            popup(frame, " Transfer leadership? ".into(), lines, 100, 0);
+        }
         Dialog::WhyStuck { at } => {
             popup(
                 frame,
