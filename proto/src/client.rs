@@ -176,7 +176,7 @@ pub enum ClientError {
     PermissionDenied(String),
     #[error("unauthenticated: {0} (pass a token with --token or RESD_TOKEN)")]
     Unauthenticated(String),
-    #[error("cluster unavailable: {0} (is a majority of servers up?)")]
+    #[error("cluster unavailable: {0}{hint}", hint = quorum_hint(.0))]
     Unavailable(String),
     #[error("{0}")]
     OutOfRange(String),
@@ -223,6 +223,25 @@ impl ClientError {
             ClientError::Unavailable(_) | ClientError::Unreachable { .. }
         )
     }
+}
+
+/// The hint an unavailable cluster gets when the server's message is about leaders or quorums.
+fn quorum_hint(message: &str) -> &'static str {
+    if message.contains("leader") || message.contains("quorum") {
+        " (is a majority of servers up?)"
+    } else {
+        ""
+    }
+}
+
+/// An unavailable answer that retrying cannot change (a join that gave up, and undid itself).
+fn is_final(error: &ClientError) -> bool {
+    matches!(
+        error,
+        ClientError::Unavailable(message)
+            if message.contains("membership is unchanged")
+                || message.contains("not committed")
+    )
 }
 
 /// Whether another member may serve what this one could not: it cannot be reached, is shutting
@@ -527,6 +546,7 @@ impl Client {
                 continue;
             }
             let budget = match &error {
+                _ if is_final(&error) => return Err(error),
                 ClientError::Unavailable(_) => self.config.election_retry,
                 ClientError::Unreachable { .. } => self.config.unreachable_retry,
                 _ => return Err(self.explain(error)),

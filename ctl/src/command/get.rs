@@ -70,7 +70,7 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         }
     };
     output::print(&text)?;
-    if session.output == crate::output::OutputFormat::Wide {
+    if session.output == output::OutputFormat::Wide {
         // Which member answered (with several --server addresses it may not be the first).
         eprintln!("served by {}", session.client.server());
     }

@@ -611,6 +611,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<RemoveResponse>, Status> {
         let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
+        let deadline = super::grpc::deadline(&request)
+            .map(|at| at - Duration::from_millis(500))
+            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
         let remove = request.into_inner();
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
@@ -637,9 +640,18 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .into_iter()
             .find(|m| m.node_id == remove.node_id)
             .map(|m| m.node.raft_addr);
-        raft.remove_member(remove.node_id)
-            .await
-            .map_err(|why| Status::from(Error::Unavailable(why)))?;
+        // A forced removal below quorum cannot commit until enough voters are back: answer
+        // before the caller's deadline instead of hanging to it.
+        let answer_by = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(answer_by, raft.remove_member(remove.node_id)).await {
+            Ok(result) => result.map_err(|why| Status::from(Error::Unavailable(why)))?,
+            Err(_) => {
+                return Err(Status::from(Error::Unavailable(format!(
+                    "the removal of node {} is proposed but not committed: too few voters of the new configuration answer; it completes once enough of them are back",
+                    remove.node_id
+                ))));
+            }
+        }
         if let Some(raft_addr) = removed_addr
             && remove.node_id != raft.id()
         {

@@ -77,6 +77,16 @@ impl Drop for TransferPause {
     }
 }
 
+/// A membership error in words: a change still pending (it needs a quorum of the new
+/// configuration) blocks every later one until it commits.
+fn explain_membership_error(error: String) -> String {
+    if error.contains("undergoing a configuration change") {
+        "an earlier membership change is still waiting for a quorum of its new configuration, and no other change can start before it commits; bring the missing voters back (changes of membership: not committed)".to_owned()
+    } else {
+        error
+    }
+}
+
 /// A learner that has not answered for this long is given up on by Join.
 pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -300,7 +310,9 @@ impl RaftBackend {
         self.raft
             .add_learner(id, node, false)
             .await
-            .map_err(|error| format!("cannot add node {id} as a learner: {error}"))?;
+            .map_err(|error| {
+                explain_membership_error(format!("cannot add node {id} as a learner: {error}"))
+            })?;
         if let Err(why) = self.wait_caught_up(id, deadline).await {
             // Never leave a learner (let alone a voter) that cannot follow behind.
             let removed = self
@@ -528,6 +540,12 @@ impl RaftBackend {
 
     /// Removes a node from the voters and the cluster. Must run on the leader.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), String> {
+        self.remove_member_inner(id)
+            .await
+            .map_err(explain_membership_error)
+    }
+
+    async fn remove_member_inner(&self, id: NodeId) -> Result<(), String> {
         let _one_at_a_time = self.membership.lock().await;
         self.raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
