@@ -109,6 +109,29 @@ pub fn gvk(resource_type: &Type) -> String {
     )
 }
 
+/// How new a version name is, kubernetes-style: `v2` > `v1` > `v1beta2` > `v1beta1` >
+/// `v1alpha1`; a name that is not of that shape ranks below all of them.
+pub fn version_rank(version: &str) -> (u32, u8, u32) {
+    let Some(rest) = version.strip_prefix('v') else {
+        return (0, 0, 0);
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let Ok(major) = rest[..digits].parse::<u32>() else {
+        return (0, 0, 0);
+    };
+    let suffix = &rest[digits..];
+    let (stage, number) = if suffix.is_empty() {
+        (3, 0)
+    } else if let Some(n) = suffix.strip_prefix("beta") {
+        (2, n.parse().unwrap_or(0))
+    } else if let Some(n) = suffix.strip_prefix("alpha") {
+        (1, n.parse().unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+    (major, stage, number)
+}
+
 impl Codec {
     pub fn new(types: ListTypesResponse) -> Result<Codec, CodecError> {
         let pool =
@@ -130,6 +153,9 @@ impl Codec {
 
     /// The registered type a name means: a GVK (`demo.v2.Artist`) or a kind registered once
     /// (`Album` when only one version exists). Ambiguous kinds list their candidates.
+    /// A type by `group.version.Kind`, or by a kind: the one type with that kind, or — when
+    /// every type with it is a version of one group — the newest version (`v2` over `v1`,
+    /// stable over `beta` over `alpha`); a kind in several groups lists the candidates.
     pub fn resolve_type(&self, name: &str) -> Result<&TypeInfo, CodecError> {
         if name.contains('.') {
             return self
@@ -156,11 +182,30 @@ impl Codec {
                     .is_some_and(|t| t.kind.eq_ignore_ascii_case(name))
             })
             .collect();
+        let one_group = matches
+            .iter()
+            .filter_map(|info| info.r#type.as_ref().map(|t| t.group.as_str()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            == 1;
         match matches.as_slice() {
             [only] => Ok(only),
             [] => Err(CodecError::new(format!(
                 "no registered type has the kind {name:?}: `resctl types` lists them"
             ))),
+            // Versions of one group: the newest, as kubectl picks the preferred version.
+            many if one_group => Ok(many
+                .iter()
+                .copied()
+                .max_by_key(|info| {
+                    version_rank(
+                        info.r#type
+                            .as_ref()
+                            .map(|t| t.group_version.as_str())
+                            .unwrap_or_default(),
+                    )
+                })
+                .unwrap_or(many[0])),
             many => Err(CodecError::new(format!(
                 "the kind {name:?} is ambiguous: use one of {}",
                 many.iter()

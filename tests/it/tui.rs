@@ -317,7 +317,7 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         .await;
     assert_cooked(scratch.path());
 
-    // ctrl-c from the middle of a dialog quits cleanly too.
+    // ctrl-c in a dialog closes it; a second ctrl-c quits cleanly.
     let tmux = Tmux::new("ctrlc");
     std::fs::remove_file(scratch.path().join("stty.txt")).expect("remove stty output");
     tmux.start(&dashboard(&follower, &token, scratch.path(), &editor, ""));
@@ -325,6 +325,23 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         .await;
     tmux.keys(&["?"]);
     tmux.wait_for("help", &["Keys · ↑↓ scroll"]).await;
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("the help closed", &["demo.v2.Album", "● live"])
+        .await;
+    assert!(
+        !tmux.screen().contains("Keys · ↑↓ scroll"),
+        "the first ctrl-c closes the help"
+    );
+    // The command bar is a prompt: ctrl-c closes it, the dashboard stays.
+    tmux.text(":");
+    tmux.text("Alb");
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("the prompt closed", &["● live", "demo.v2.Album"])
+        .await;
+    assert!(
+        !tmux.screen().contains("RESCTL-EXITED"),
+        "the first ctrl-c closes the prompt"
+    );
     tmux.keys(&["C-c"]);
     tmux.wait_for("the exit", &["RESCTL-EXITED 0", "STTY-SAVED"])
         .await;

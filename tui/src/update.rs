@@ -307,7 +307,15 @@ fn on_key(state: &mut State, key: KeyEvent, effects: &mut Vec<Effect>) {
         return;
     }
     if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
-        state.quit = true;
+        // Like esc, ctrl-c first closes the prompt or dialog that is open; then it quits.
+        let esc = KeyEvent::new(KeyCode::Esc, KeyModifiers::NONE);
+        if state.input.is_some() {
+            on_input_key(state, esc, effects);
+        } else if state.dialog.is_some() {
+            on_dialog_key(state, esc, effects);
+        } else {
+            state.quit = true;
+        }
         return;
     }
     if state.input.is_some() {

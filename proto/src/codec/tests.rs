@@ -116,10 +116,13 @@ fn kinds_resolve_when_unique_and_list_candidates_when_not() {
             .message_name,
         "resd.demo.v2.Album"
     );
-    let ambiguous = codec.resolve_type("Artist").expect_err("two versions");
-    assert!(
-        ambiguous.message.contains("demo.v1.Artist, demo.v2.Artist"),
-        "{ambiguous}"
+    // Two versions of one group: the newest, as kubectl picks the preferred version.
+    assert_eq!(
+        codec
+            .resolve_type("Artist")
+            .expect("the preferred version")
+            .message_name,
+        "resd.demo.v2.Artist"
     );
     let typo = codec
         .resolve_type("demo.v3.Artist")
@@ -181,4 +184,18 @@ fn a_yaml_syntax_error_ends_the_stream_with_one_error() {
     assert_eq!(results.len(), 1);
     let error = results[0].as_ref().expect_err("syntax error");
     assert!(error.message.starts_with("not valid YAML"), "{error}");
+}
+
+#[test]
+fn versions_rank_stable_over_beta_over_alpha_and_higher_numbers_first() {
+    let mut versions = vec![
+        "v1alpha1", "v2", "v1", "v1beta2", "v1beta1", "v10", "latest",
+    ];
+    versions.sort_by_key(|v| super::version_rank(v));
+    assert_eq!(
+        versions,
+        [
+            "latest", "v1alpha1", "v1beta1", "v1beta2", "v1", "v2", "v10"
+        ]
+    );
 }

@@ -437,20 +437,19 @@ fn n_cycles_through_every_tenancy_and_back_to_all() {
 }
 
 #[test]
-fn the_command_bar_opens_types_and_screens_and_explains_ambiguity() {
+fn the_command_bar_opens_types_and_screens_and_explains_unknown_kinds() {
     let mut state = demo_state();
     open(&mut state, "Executive");
     assert_eq!(state.current_type.as_deref(), Some("demo.v1.Executive"));
     assert_eq!(state.screen, Screen::Resources);
+    // A kind in two versions of one group opens the newest.
     open(&mut state, "Artist");
+    assert_eq!(state.current_type.as_deref(), Some("demo.v2.Artist"));
+    open(&mut state, "Nonesuch");
     let flash = state.flash.clone().expect("an error");
     assert!(flash.error);
-    assert!(
-        flash.text.contains("demo.v1.Artist") && flash.text.contains("demo.v2.Artist"),
-        "{}",
-        flash.text
-    );
-    assert_eq!(state.current_type.as_deref(), Some("demo.v1.Executive"));
+    assert!(flash.text.contains("Nonesuch"), "{}", flash.text);
+    assert_eq!(state.current_type.as_deref(), Some("demo.v2.Artist"));
     open(&mut state, "controllers");
     assert_eq!(state.screen, Screen::Controllers);
     keys(&mut state, ":nope");
@@ -815,7 +814,7 @@ fn a_failed_save_says_what_and_why() {
 }
 
 #[test]
-fn ctrl_c_quits_from_anywhere_and_q_outside_input() {
+fn ctrl_c_closes_the_open_prompt_or_dialog_first_then_quits() {
     for setup in [
         |s: &mut State| {
             keys(s, ":");
@@ -823,13 +822,22 @@ fn ctrl_c_quits_from_anywhere_and_q_outside_input() {
         |s: &mut State| {
             key(s, KeyCode::Char('?'));
         },
-        |_: &mut State| {},
+        |s: &mut State| {
+            open(s, "Executive");
+            keys(s, "/cl");
+        },
     ] {
         let mut state = demo_state();
         setup(&mut state);
         ctrl(&mut state, 'c');
-        assert!(state.quit);
+        assert!(!state.quit, "the first ctrl-c closes what is open");
+        assert!(state.input.is_none() && state.dialog.is_none());
+        ctrl(&mut state, 'c');
+        assert!(state.quit, "the second quits");
     }
+    let mut state = demo_state();
+    ctrl(&mut state, 'c');
+    assert!(state.quit, "with nothing open, ctrl-c quits at once");
     let mut state = demo_state();
     open(&mut state, "Executive");
     keys(&mut state, "/q");
