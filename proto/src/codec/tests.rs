@@ -191,7 +191,7 @@ fn versions_rank_stable_over_beta_over_alpha_and_higher_numbers_first() {
     let mut versions = vec![
         "v1alpha1", "v2", "v1", "v1beta2", "v1beta1", "v10", "latest",
     ];
-    versions.sort_by_key(|v| super::version_rank(v));
+    versions.sort_by_key(|v| version_rank(v));
     assert_eq!(
         versions,
         [
