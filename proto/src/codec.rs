@@ -243,10 +243,32 @@ impl Codec {
                     break;
                 }
             };
-            results.push(
-                self.read_value(value)
-                    .map_err(|error| error.in_document(number)),
-            );
+            // `get -o json|yaml` of several resources prints a list (or `{items: [...]}`):
+            // each element is a document of its own.
+            let items = match value {
+                serde_json::Value::Array(items) => items,
+                serde_json::Value::Object(mut map)
+                    if !map.contains_key("type")
+                        && map.get("items").is_some_and(|i| i.is_array()) =>
+                {
+                    match map.remove("items") {
+                        Some(serde_json::Value::Array(items)) => items,
+                        _ => Vec::new(),
+                    }
+                }
+                value => vec![value],
+            };
+            let several = items.len() > 1;
+            for (position, item) in items.into_iter().enumerate() {
+                results.push(self.read_value(item).map_err(|error| {
+                    let error = if several {
+                        CodecError::new(format!("item {}: {}", position + 1, error.message))
+                    } else {
+                        error
+                    };
+                    error.in_document(number)
+                }));
+            }
         }
         results
     }

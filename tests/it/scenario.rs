@@ -126,6 +126,22 @@ async fn scenario<D: Driver>(driver: &D) {
         reapplied.iter().all(|(outcome, _)| outcome == "unchanged"),
         "{who}: {reapplied:?}"
     );
+    // So does `get -o json` of many (a JSON list).
+    let json_list = driver
+        .get_formatted("jazz", "demo.v2.Album", OutputFormat::Json)
+        .await;
+    let json_file = write_file(scratch.path(), "albums.json", &json_list);
+    let reapplied = outcomes(
+        &driver
+            .apply(&json_file)
+            .await
+            .success("re-apply get -o json"),
+    );
+    assert_eq!(reapplied.len(), listed.len(), "{who}: {reapplied:?}");
+    assert!(
+        reapplied.iter().all(|(outcome, _)| outcome == "unchanged"),
+        "{who}: {reapplied:?}"
+    );
 
     // Edit one album with a scripted editor; the change is stored with a new generation.
     let before = driver

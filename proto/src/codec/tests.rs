@@ -199,3 +199,26 @@ fn versions_rank_stable_over_beta_over_alpha_and_higher_numbers_first() {
         ]
     );
 }
+
+#[test]
+fn a_list_of_resources_reads_as_one_document_per_item() {
+    let codec = codec();
+    let one = "{\"type\": \"demo.v1.Executive\", \"name\": \"a\", \"data\": {\"name\": \"A\"}}";
+    let two = "{\"type\": \"demo.v1.Executive\", \"name\": \"b\", \"data\": {\"name\": \"B\"}}";
+    for text in [
+        format!("[{one}, {two}]"),
+        format!("{{\"items\": [{one}, {two}]}}"),
+    ] {
+        let read: Vec<_> = codec.read_yaml(&text);
+        assert_eq!(read.len(), 2, "{text}");
+        let names: Vec<String> = read
+            .into_iter()
+            .map(|r| r.expect("valid").id.expect("id").name)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+    let broken = format!("[{one}, {{\"type\": \"demo.v1.Executive\"}}]");
+    let read = codec.read_yaml(&broken);
+    let error = read[1].as_ref().expect_err("no name");
+    assert!(error.message.starts_with("item 2:"), "{error:?}");
+}
