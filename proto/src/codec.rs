@@ -109,6 +109,69 @@ pub fn gvk(resource_type: &Type) -> String {
     )
 }
 
+/// Which field of `value` (a JSON object for `descriptor`) does not decode, and why, in words:
+/// `data.yearOfRelease: invalid digit found in string (expected an integer)`, or for an enum
+/// the values it takes. `None` when no single field is to blame.
+fn explain_data_error(
+    descriptor: &prost_reflect::MessageDescriptor,
+    value: &serde_json::Value,
+    path: &str,
+) -> Option<String> {
+    use prost_reflect::Kind;
+    let object = value.as_object()?;
+    for (key, field_value) in object {
+        let field = descriptor
+            .get_field_by_json_name(key)
+            .or_else(|| descriptor.get_field_by_name(key))?;
+        let alone =
+            serde_json::Value::Object([(key.clone(), field_value.clone())].into_iter().collect());
+        let Err(error) = DynamicMessage::deserialize_with_options(
+            descriptor.clone(),
+            alone,
+            &DeserializeOptions::new().deny_unknown_fields(true),
+        ) else {
+            continue;
+        };
+        let here = format!("{path}.{key}");
+        let expected = match field.kind() {
+            Kind::Message(inner) => {
+                let nested = match field_value {
+                    serde_json::Value::Array(items) if field.is_list() => {
+                        items.iter().enumerate().find_map(|(i, item)| {
+                            explain_data_error(&inner, item, &format!("{here}[{i}]"))
+                        })
+                    }
+                    _ => explain_data_error(&inner, field_value, &here),
+                };
+                if let Some(nested) = nested {
+                    return Some(nested);
+                }
+                format!("an object ({})", inner.full_name())
+            }
+            Kind::Enum(values) => format!(
+                "one of {}",
+                values
+                    .values()
+                    .map(|v| v.name().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Kind::Bool => "true or false".to_owned(),
+            Kind::String => "a string".to_owned(),
+            Kind::Bytes => "base64 bytes".to_owned(),
+            Kind::Float | Kind::Double => "a number".to_owned(),
+            _ => "an integer".to_owned(),
+        };
+        let expected = if field.is_list() {
+            format!("a list of {expected}")
+        } else {
+            expected
+        };
+        return Some(format!("{here}: {error} (expected {expected})"));
+    }
+    None
+}
+
 /// How new a version name is, kubernetes-style: `v2` > `v1` > `v1beta2` > `v1beta1` >
 /// `v1alpha1`; a name that is not of that shape ranks below all of them.
 pub fn version_rank(version: &str) -> (u32, u8, u32) {
@@ -292,12 +355,14 @@ impl Codec {
                         ))
                     })?;
                 let message = DynamicMessage::deserialize_with_options(
-                    descriptor,
-                    value,
+                    descriptor.clone(),
+                    value.clone(),
                     &DeserializeOptions::new().deny_unknown_fields(true),
                 )
                 .map_err(|error| {
-                    CodecError::new(format!("data: {error} (as {})", info.message_name))
+                    let detail = explain_data_error(&descriptor, &value, "data")
+                        .unwrap_or_else(|| format!("data: {error}"));
+                    CodecError::new(format!("{detail} (as {})", info.message_name))
                 })?;
                 Some(prost_types::Any {
                     type_url: format!("{}{}", crate::TYPE_URL_PREFIX, info.message_name),

@@ -22,7 +22,10 @@ const MAX_RECORD_BYTES: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SnapshotError {
-    #[error("not a resd snapshot: the file does not start with {MAGIC:?}")]
+    #[error(
+        "not a resd snapshot (snapshot files start with {:?}; this one does not)",
+        String::from_utf8_lossy(MAGIC)
+    )]
     NotASnapshot,
     #[error(
         "snapshot format version {0} is not supported (this build reads version {FORMAT_VERSION})"

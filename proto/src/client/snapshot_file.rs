@@ -23,33 +23,26 @@ const CHUNK: usize = 1 << 20;
 pub enum SnapshotFileError {
     #[error(transparent)]
     Client(#[from] ClientError),
-    #[error("cannot {action} {path}: {source}")]
+    // The cause is part of each message (not a `source`), so a report that prints the chain
+    // (anyhow's `{:#}`) says it once.
+    #[error("cannot {action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{path} is not a usable snapshot: {source}")]
-    Invalid {
-        path: PathBuf,
-        #[source]
-        source: SnapshotError,
-    },
-    #[error("the snapshot received is not valid ({source}); nothing was saved to {path}")]
-    Received {
-        path: PathBuf,
-        #[source]
-        source: SnapshotError,
-    },
+    #[error("{path} is not a usable snapshot: {cause}")]
+    Invalid { path: PathBuf, cause: SnapshotError },
+    #[error("the snapshot received is not valid ({cause}); nothing was saved to {path}")]
+    Received { path: PathBuf, cause: SnapshotError },
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotFileError {
     let path = path.to_owned();
-    move |source| SnapshotFileError::Io {
+    move |cause| SnapshotFileError::Io {
         action,
         path,
-        source,
+        cause,
     }
 }
 
@@ -102,14 +95,14 @@ pub async fn save(
         .sync_all()
         .map_err(io("flush", temp.path()))?;
     let bytes = std::fs::read(temp.path()).map_err(io("read back", temp.path()))?;
-    let (header, _) = snapshot::read(&bytes).map_err(|source| SnapshotFileError::Received {
+    let (header, _) = snapshot::read(&bytes).map_err(|cause| SnapshotFileError::Received {
         path: path.to_owned(),
-        source,
+        cause,
     })?;
     temp.persist(path).map_err(|error| SnapshotFileError::Io {
         action: "rename the snapshot to",
         path: path.to_owned(),
-        source: error.error,
+        cause: error.error,
     })?;
     Ok(SnapshotFile {
         path: path.to_owned(),
@@ -124,9 +117,9 @@ pub fn read_verified(
 ) -> Result<(Vec<u8>, SnapshotHeader, Vec<Resource>), SnapshotFileError> {
     let bytes = std::fs::read(path).map_err(io("read", path))?;
     let (header, resources) =
-        snapshot::read(&bytes).map_err(|source| SnapshotFileError::Invalid {
+        snapshot::read(&bytes).map_err(|cause| SnapshotFileError::Invalid {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
     Ok((bytes, header, resources))
 }
@@ -200,4 +193,23 @@ pub async fn cluster_counts(
         }
     }
     Ok(counts)
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_is_not_a_snapshot_is_said_so_once_in_words() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("notes.txt");
+        std::fs::write(&path, "hello").expect("write");
+        let error = read_verified(&path).expect_err("not a snapshot");
+        let text = error.to_string();
+        assert!(text.contains("not a resd snapshot"), "{text}");
+        assert!(text.contains("\"RESDSNAP\""), "{text}");
+        assert_eq!(text.matches("not a resd snapshot").count(), 1, "{text}");
+        // The cause is in the message, not repeated as a source.
+        assert!(std::error::Error::source(&error).is_none());
+    }
 }

@@ -222,3 +222,29 @@ fn a_list_of_resources_reads_as_one_document_per_item() {
     let error = read[1].as_ref().expect_err("no name");
     assert!(error.message.starts_with("item 2:"), "{error:?}");
 }
+
+#[test]
+fn a_data_field_that_does_not_decode_is_named_with_what_it_takes() {
+    let codec = codec();
+    let read = codec.read_yaml(
+        "type: demo.v2.Artist\nname: m\ntenancy: {partition: default, namespace: jazz}\ndata: {name: M, genre: GENRE_BEBOP}\n",
+    );
+    let error = read[0].as_ref().expect_err("unknown enum value");
+    assert!(error.message.contains("data.genre:"), "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("one of GENRE_UNSPECIFIED, GENRE_JAZZ"),
+        "{error:?}"
+    );
+    let read = codec.read_yaml(
+        "type: demo.v2.Album\nname: a\ntenancy: {partition: default, namespace: jazz}\ndata: {name: A, yearOfRelease: nineteen}\n",
+    );
+    let error = read[0].as_ref().expect_err("not a number");
+    assert!(
+        error
+            .message
+            .contains("data.yearOfRelease: invalid digit found in string (expected an integer)"),
+        "{error:?}"
+    );
+}
