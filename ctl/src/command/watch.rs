@@ -157,6 +157,9 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
     };
     let mut watcher = session.client.watcher(request);
     let mut seen: u64 = 0;
+    // Whether the next EndOfSnapshot ends a listing (a fresh watch or a relist), rather than a
+    // resume, which lists nothing and was already announced.
+    let mut listing = args.from_version.is_none();
     loop {
         if args.count.is_some_and(|count| seen >= count) {
             return Ok(0);
@@ -168,7 +171,18 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
         match update {
             None => return Ok(1),
             Some(WatchUpdate::Event(event)) => {
-                let counts = !matches!(event.event, Some(Event::EndOfSnapshot(_)));
+                let end_of_snapshot = matches!(event.event, Some(Event::EndOfSnapshot(_)));
+                let counts = !end_of_snapshot;
+                let human = !matches!(session.output, OutputFormat::Json | OutputFormat::Name);
+                if end_of_snapshot && !std::mem::replace(&mut listing, false) && human {
+                    // A resume (or --from-version) lists nothing: say it caught up instead.
+                    output::print(&format!(
+                        "{}  --------  {:<8}  (caught up; watching for changes)\n",
+                        clock(SystemTime::now()),
+                        event.version
+                    ))?;
+                    continue;
+                }
                 if let Some(line) = render_event(
                     codec,
                     &event,
@@ -197,11 +211,14 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
                     "watch resumed after version {since_version} on {server}; nothing was missed"
                 ),
             )?,
-            Some(WatchUpdate::Relisting { reason }) => notice(
-                session.output,
-                "relisting",
-                format!("watch could not resume ({reason}); listing everything again"),
-            )?,
+            Some(WatchUpdate::Relisting { reason }) => {
+                listing = true;
+                notice(
+                    session.output,
+                    "relisting",
+                    format!("watch could not resume ({reason}); listing everything again"),
+                )?
+            }
             Some(WatchUpdate::Failed(error)) => {
                 return Err(anyhow::Error::new(error).context("watch failed"));
             }
