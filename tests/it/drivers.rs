@@ -51,6 +51,8 @@ pub trait Driver {
     /// Who the server records as the author of this driver's changes.
     fn actor(&self) -> &'static str;
     async fn apply(&self, path: &Path) -> Reply;
+    /// `apply --dry-run`: validated on the server, nothing stored.
+    async fn apply_dry_run(&self, path: &Path) -> Reply;
     /// `get TYPE [NAME]` in a namespace, as JSON.
     async fn get(&self, namespace: &str, resource_type: &str, name: Option<&str>) -> Reply;
     /// `get TYPE` rendered in a format (`table`, `wide`, `yaml`, `json`, `name`).
@@ -96,6 +98,25 @@ pub struct Library {
 }
 
 impl Library {
+    async fn apply_with(&self, path: &Path, dry_run: bool) -> Reply {
+        let session = self.session("default");
+        let result = async {
+            let sources = command::apply::read_sources(&[path.to_owned()])?;
+            let codec = session.codec().await?;
+            let documents = command::apply::decode(&session, codec, &sources);
+            command::apply::apply(&session, &documents, dry_run, |_| {}).await
+        }
+        .await;
+        match result {
+            Ok(report) => Reply {
+                code: if report.failed() > 0 { 1 } else { 0 },
+                stderr: command::apply::failures(&report),
+                value: to_json(&report),
+            },
+            Err(error) => Reply::failed(error),
+        }
+    }
+
     fn session(&self, namespace: &str) -> Session {
         let mut session = Session::new(self.client.clone(), OutputFormat::Json);
         session.namespace = namespace.to_owned();
@@ -117,22 +138,11 @@ impl Driver for Library {
     }
 
     async fn apply(&self, path: &Path) -> Reply {
-        let session = self.session("default");
-        let result = async {
-            let sources = command::apply::read_sources(&[path.to_owned()])?;
-            let codec = session.codec().await?;
-            let documents = command::apply::decode(&session, codec, &sources);
-            command::apply::apply(&session, &documents, false, |_| {}).await
-        }
-        .await;
-        match result {
-            Ok(report) => Reply {
-                code: if report.failed() > 0 { 1 } else { 0 },
-                stderr: command::apply::failures(&report),
-                value: to_json(&report),
-            },
-            Err(error) => Reply::failed(error),
-        }
+        self.apply_with(path, false).await
+    }
+
+    async fn apply_dry_run(&self, path: &Path) -> Reply {
+        self.apply_with(path, true).await
     }
 
     async fn get(&self, namespace: &str, resource_type: &str, name: Option<&str>) -> Reply {
@@ -380,6 +390,11 @@ impl Driver for Binary {
 
     async fn apply(&self, path: &Path) -> Reply {
         self.json(&["apply", "-f", &path.display().to_string()])
+            .await
+    }
+
+    async fn apply_dry_run(&self, path: &Path) -> Reply {
+        self.json(&["apply", "--dry-run", "-f", &path.display().to_string()])
             .await
     }
 

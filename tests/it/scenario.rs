@@ -49,6 +49,19 @@ async fn scenario<D: Driver>(driver: &D) {
     let fixtures = tests::fixtures();
     let scratch = tempfile::tempdir().expect("temp dir");
 
+    // A dry run on the fresh cluster predicts the whole apply (namespaces it creates count for
+    // the documents after them) and stores nothing.
+    let predicted = driver
+        .apply_dry_run(&fixtures.join("demo"))
+        .await
+        .success("apply --dry-run demo");
+    let predicted = outcomes(&predicted);
+    assert_eq!(predicted.len(), 14, "{who}: {predicted:?}");
+    assert!(
+        predicted.iter().all(|(outcome, _)| outcome == "created"),
+        "{who}: {predicted:?}"
+    );
+
     // Apply the demo fixtures: every object created; again: every object unchanged.
     let first = driver
         .apply(&fixtures.join("demo"))

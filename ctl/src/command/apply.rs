@@ -341,15 +341,35 @@ pub async fn apply(
 ) -> anyhow::Result<ApplyReport> {
     let codec = session.codec().await?;
     let mut results: Vec<Option<Applied>> = vec![None; documents.len()];
+    // A dry run simulates the whole apply: partitions and namespaces it would create count as
+    // existing for the documents after them.
+    let mut planned_tenancy: std::collections::BTreeSet<(String, String)> = Default::default();
     for group in order(documents) {
+        let planned = &planned_tenancy;
         let mut stream = futures::stream::iter(group.into_iter().map(|index| {
             let document = &documents[index];
-            async move { (index, apply_one(session, codec, document, dry_run).await) }
+            async move {
+                (
+                    index,
+                    apply_one(session, codec, document, dry_run, planned).await,
+                )
+            }
         }))
         .buffered(PARALLEL_WRITES);
+        let mut done = Vec::new();
         while let Some((index, applied)) = stream.next().await {
             on_result(&applied);
+            done.push(index);
             results[index] = Some(applied);
+        }
+        drop(stream);
+        for index in done {
+            if let (Some(applied), Ok(resource)) = (&results[index], &documents[index].resource)
+                && applied.outcome != Outcome::Failed
+                && let Some(unit) = tenancy_unit(resource)
+            {
+                planned_tenancy.insert(unit);
+            }
         }
     }
     Ok(ApplyReport {
@@ -358,11 +378,46 @@ pub async fn apply(
     })
 }
 
+/// The tenancy a partition or namespace resource makes: `("p", "")` or `("p", "n")`.
+fn tenancy_unit(resource: &Resource) -> Option<(String, String)> {
+    let id = resource.id.as_ref()?;
+    let kind = id.r#type.as_ref().map(gvk)?;
+    match kind.as_str() {
+        "tenancy.v1.Partition" => Some((id.name.clone(), String::new())),
+        "tenancy.v1.Namespace" => Some((
+            id.tenancy
+                .as_ref()
+                .map(|t| t.partition.clone())
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| "default".into()),
+            id.name.clone(),
+        )),
+        _ => None,
+    }
+}
+
+/// Whether a dry run may count `resource`'s missing tenancy as created: every partition and
+/// namespace it needs is one this run creates (or exists, and was not the one missing).
+fn tenancy_planned(
+    resource: &Resource,
+    planned: &std::collections::BTreeSet<(String, String)>,
+) -> bool {
+    let tenancy = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.tenancy.clone())
+        .unwrap_or_default();
+    let partition = (tenancy.partition.clone(), String::new());
+    let namespace = (tenancy.partition.clone(), tenancy.namespace.clone());
+    planned.contains(&partition) || (!tenancy.namespace.is_empty() && planned.contains(&namespace))
+}
+
 async fn apply_one(
     session: &Session,
     codec: &Codec,
     document: &Document,
     dry_run: bool,
+    planned: &std::collections::BTreeSet<(String, String)>,
 ) -> Applied {
     let mut applied = Applied {
         file: document.file.clone(),
@@ -389,6 +444,28 @@ async fn apply_one(
         Ok((outcome, version)) => {
             applied.outcome = outcome;
             applied.version = version;
+        }
+        // The partition or namespace is one this dry run creates: it would be created too.
+        Err(ClientError::InvalidArgument(message))
+            if dry_run
+                && (message.contains("namespace not found")
+                    || message.contains("partition not found"))
+                && tenancy_planned(resource, planned) =>
+        {
+            // Validate the rest against the default tenancy of the same scope.
+            let mut stand_in = resource.clone();
+            if let Some(tenancy) = stand_in.id.as_mut().and_then(|id| id.tenancy.as_mut()) {
+                if !tenancy.partition.is_empty() {
+                    tenancy.partition = "default".into();
+                }
+                if !tenancy.namespace.is_empty() {
+                    tenancy.namespace = "default".into();
+                }
+            }
+            match session.client.mutate_and_validate(&stand_in).await {
+                Ok(_) => applied.outcome = Outcome::Created,
+                Err(error) => applied.error = Some(error.to_string()),
+            }
         }
         Err(error) => applied.error = Some(error.to_string()),
     }
