@@ -149,6 +149,9 @@ pub struct Controller {
     pub backoff: Backoff,
     /// Reconciles running at once (never two for the same key).
     pub concurrency: usize,
+    /// The finalizers it adds and releases (reported, so "what holds this?" is answered by
+    /// finalizer name, not by type).
+    pub finalizers: Vec<String>,
 }
 
 impl fmt::Debug for Controller {
@@ -183,7 +186,14 @@ impl Controller {
             placement: Placement::Singleton,
             backoff: Backoff::default(),
             concurrency: 4,
+            finalizers: Vec::new(),
         }
+    }
+
+    /// Declares a finalizer this controller adds and releases.
+    pub fn with_finalizer(mut self, finalizer: impl Into<String>) -> Self {
+        self.finalizers.push(finalizer.into());
+        self
     }
 
     pub fn with_reconciler(mut self, reconciler: impl Reconciler) -> Self {

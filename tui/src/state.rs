@@ -266,8 +266,10 @@ pub struct DeletePlan {
     pub finalizers: Vec<String>,
     /// `Kind/name` of each direct child (deleted with it, after their own finalizers).
     pub children: Vec<String>,
-    /// Controllers of the type, where they run (what releases the finalizers).
+    /// The controllers that release its finalizers, where they run.
     pub controllers: Vec<String>,
+    /// Finalizers no controller releases.
+    pub unowned: Vec<String>,
     pub choice: Choice,
 }
 

@@ -323,6 +323,11 @@ pub fn demo_controllers() -> ListControllersResponse {
             seconds: (CREATED_MS / 1000 + 300) as i64,
             nanos: 0,
         }),
+        finalizers: match name {
+            "demo-album" => vec!["demo.resd.io/album-cleanup".into()],
+            "namespace" => vec!["tenancy.resd.io/namespace-cleanup".into()],
+            _ => Vec::new(),
+        },
     };
     let nodes = (1..=3)
         .map(|node_id| {

@@ -675,15 +675,15 @@ fn plan_delete(state: &mut State) {
         .iter()
         .map(|child| state.label_of(child))
         .collect();
-    let finalizers = meta::finalizers(resource)
+    let finalizers: Vec<String> = meta::finalizers(resource)
         .into_iter()
         .map(str::to_owned)
         .collect();
-    let controllers = state
+    let (controllers, unowned) = state
         .cluster
         .placement
         .as_ref()
-        .map(|map| map.running_labels(&at.gvk))
+        .map(|map| map.release_labels(&finalizers))
         .unwrap_or_default();
     let plan = DeletePlan {
         label: describe::id_label(&id),
@@ -693,6 +693,7 @@ fn plan_delete(state: &mut State) {
         finalizers,
         children,
         controllers,
+        unowned,
         choice: Choice::Cancel,
     };
     state.dialog = Some(Dialog::ConfirmDelete(Box::new(plan)));

@@ -35,8 +35,11 @@ pub struct Blocker {
     pub resource_type: String,
     pub finalizers: Vec<String>,
     pub deleting: bool,
-    /// Controllers managing this type, with where they run.
+    /// The controllers that release its finalizers, with where they run.
     pub controllers: Vec<String>,
+    /// Finalizers no controller releases: only a person can remove them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unowned: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -162,10 +165,10 @@ async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Bloc
     remaining
         .into_iter()
         .map(|(_, node)| {
-            // Only where it runs: a singleton's standbys hold nothing up.
-            let running = placement
+            // By finalizer, and only where they run (a singleton's standbys hold nothing up).
+            let (running, unowned) = placement
                 .as_ref()
-                .map(|map| map.running_labels(&node.resource_type))
+                .map(|map| map.release_labels(&node.finalizers))
                 .unwrap_or_default();
             let kind = node.resource_type.rsplit('.').next().unwrap_or_default();
             Blocker {
@@ -174,6 +177,7 @@ async fn blockers(session: &Session, remaining: Vec<(Id, TreeNode)>) -> Vec<Bloc
                 finalizers: node.finalizers.clone(),
                 deleting: node.deleting,
                 controllers: running,
+                unowned,
             }
         })
         .collect()
@@ -199,9 +203,9 @@ pub fn explain_blockers(report: &DeleteReport) -> String {
                 blocker.finalizers.join(", ")
             ));
         }
-        if blocker.controllers.is_empty() && !blocker.finalizers.is_empty() {
+        for finalizer in &blocker.unowned {
             text.push_str(&format!(
-                "    no running controller manages {}: remove the finalizer by hand (`resctl edit`)\n",
+                "    no controller releases {finalizer}: remove it by hand (`resctl edit {} …`, delete it from metadata.finalizers)\n",
                 blocker.resource_type
             ));
         }
@@ -302,14 +306,19 @@ mod tests {
                     resource_type: "demo.v2.Album".into(),
                     finalizers: vec!["demo.resd.io/album-cleanup".into()],
                     deleting: true,
-                    controllers: vec!["demo-album on node 1 (running, queue 0)".into()],
+                    controllers: vec![
+                        "demo-album releases demo.resd.io/album-cleanup, on node 1 (running, queue 0)"
+                            .into(),
+                    ],
+                    unowned: Vec::new(),
                 },
                 Blocker {
-                    resource: "Widget/w".into(),
-                    resource_type: "x.v1.Widget".into(),
-                    finalizers: vec!["x.io/hold".into()],
+                    resource: "Album/abbey-road".into(),
+                    resource_type: "demo.v2.Album".into(),
+                    finalizers: vec!["ops.example.com/hold".into()],
                     deleting: true,
                     controllers: Vec::new(),
+                    unowned: vec!["ops.example.com/hold".into()],
                 },
             ],
         };
@@ -317,9 +326,9 @@ mod tests {
             explain_blockers(&report),
             "timed out after 60.0s; still present:\n  \
              Album/kind-of-blue waits for finalizers: demo.resd.io/album-cleanup\n    \
-             controller demo-album on node 1 (running, queue 0)\n  \
-             Widget/w waits for finalizers: x.io/hold\n    \
-             no running controller manages x.v1.Widget: remove the finalizer by hand (`resctl edit`)\n"
+             controller demo-album releases demo.resd.io/album-cleanup, on node 1 (running, queue 0)\n  \
+             Album/abbey-road waits for finalizers: ops.example.com/hold\n    \
+             no controller releases ops.example.com/hold: remove it by hand (`resctl edit demo.v2.Album …`, delete it from metadata.finalizers)\n"
         );
     }
 }

@@ -31,6 +31,9 @@ pub struct ControllerPlacement {
     /// `group.version.kind` of the type it reconciles.
     pub managed_type: String,
     pub placement: String,
+    /// The finalizers it adds and releases.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub finalizers: Vec<String>,
     pub nodes: Vec<ControllerOnNode>,
 }
 
@@ -62,6 +65,50 @@ impl PlacementMap {
         self.controllers
             .iter()
             .filter(move |controller| controller.managed_type == gvk)
+    }
+
+    /// The controllers that release `finalizer` (they declared it).
+    pub fn releasing<'a>(
+        &'a self,
+        finalizer: &'a str,
+    ) -> impl Iterator<Item = &'a ControllerPlacement> {
+        self.controllers
+            .iter()
+            .filter(move |controller| controller.finalizers.iter().any(|f| f == finalizer))
+    }
+
+    /// For pending `finalizers`: one line per node where a controller that releases one runs
+    /// ("demo-album releases demo.resd.io/album-cleanup, on node 1 (running, queue 0)"), and
+    /// the finalizers no controller releases (only a person can remove those).
+    pub fn release_labels(&self, finalizers: &[String]) -> (Vec<String>, Vec<String>) {
+        let mut labels = Vec::new();
+        let mut unowned = Vec::new();
+        for finalizer in finalizers {
+            let mut owners = self.releasing(finalizer).peekable();
+            if owners.peek().is_none() {
+                unowned.push(finalizer.clone());
+            }
+            for controller in owners {
+                let running: Vec<&ControllerOnNode> = controller.running().collect();
+                if running.is_empty() {
+                    labels.push(format!(
+                        "{} releases {finalizer}, but runs on no node right now (no leader?)",
+                        controller.name
+                    ));
+                }
+                for node in running {
+                    let mut line = format!(
+                        "{} releases {finalizer}, on node {} (running, queue {})",
+                        controller.name, node.node_id, node.queue_depth
+                    );
+                    if !node.last_error.is_empty() {
+                        line.push_str(&format!(", last error: {}", node.last_error));
+                    }
+                    labels.push(line);
+                }
+            }
+        }
+        (labels, unowned)
     }
 
     /// One line per node where a controller of type `gvk` runs: "name on node N (running,
@@ -112,6 +159,7 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
                         .map(gvk)
                         .unwrap_or_default(),
                     placement: placement_label(controller.placement).to_owned(),
+                    finalizers: controller.finalizers.clone(),
                     nodes: Vec::new(),
                 });
             entry.nodes.push(ControllerOnNode {
@@ -209,5 +257,48 @@ mod tests {
             ["album on node 1 (running, queue 3)"]
         );
         assert!(map.running_labels("demo.v1.Album").is_empty());
+    }
+}
+
+#[cfg(test)]
+mod finalizer_tests {
+    use super::*;
+    use crate::cluster::v1::{ControllerInfo, NodeControllers};
+
+    #[test]
+    fn blame_goes_by_finalizer_not_by_type() {
+        let album = |running| ControllerInfo {
+            name: "demo-album".into(),
+            placement: Placement::Singleton as i32,
+            running,
+            finalizers: vec!["demo.resd.io/album-cleanup".into()],
+            ..Default::default()
+        };
+        let map = placement_map(&ListControllersResponse {
+            nodes: vec![
+                NodeControllers {
+                    node_id: 1,
+                    api_addr: "a".into(),
+                    controllers: vec![album(true)],
+                    error: String::new(),
+                },
+                NodeControllers {
+                    node_id: 2,
+                    api_addr: "b".into(),
+                    controllers: vec![album(false)],
+                    error: String::new(),
+                },
+            ],
+        });
+        let (labels, unowned) = map.release_labels(&[
+            "demo.resd.io/album-cleanup".into(),
+            "ops.example.com/hold".into(),
+        ]);
+        assert_eq!(
+            labels,
+            ["demo-album releases demo.resd.io/album-cleanup, on node 1 (running, queue 0)"]
+        );
+        assert_eq!(unowned, ["ops.example.com/hold"]);
+        assert_eq!(map.releasing("ops.example.com/hold").count(), 0);
     }
 }

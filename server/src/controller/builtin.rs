@@ -45,7 +45,8 @@ pub fn register(
             "namespace",
             resource::new_type("tenancy", "v1", "Namespace"),
         )
-        .with_reconciler(NamespaceController { registry }),
+        .with_reconciler(NamespaceController { registry })
+        .with_finalizer(NAMESPACE_FINALIZER),
     )?;
     manager.register(
         Controller::new(
@@ -60,7 +61,8 @@ pub fn register(
     )?;
     manager.register(
         Controller::new("demo-album", resource::new_type("demo", "v2", "Album"))
-            .with_reconciler(AlbumController),
+            .with_reconciler(AlbumController)
+            .with_finalizer(ALBUM_FINALIZER),
     )?;
     manager.register(
         Controller::new(

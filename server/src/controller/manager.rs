@@ -43,6 +43,7 @@ pub fn report(
                 reconciles_failed: stats.reconciles_failed.load(Ordering::Relaxed),
                 last_error: stats.last_error().unwrap_or_default(),
                 last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
+                finalizers: controller.finalizers.clone(),
             }
         })
         .collect()

@@ -210,17 +210,20 @@ fn delete_lines(plan: &DeletePlan) -> Vec<Line<'static>> {
         for finalizer in &plan.finalizers {
             lines.push(Line::from(format!("  - {finalizer}")));
         }
-        if plan.controllers.is_empty() {
-            lines.push(Line::from(Span::styled(
-                "No running controller manages this type: nothing will remove them; remove them \
-                 by hand with e (edit).",
-                Style::default().fg(Color::Red),
-            )));
-        } else {
+        if !plan.controllers.is_empty() {
             lines.push(Line::from("Released by:"));
             for controller in &plan.controllers {
                 lines.push(Line::from(format!("  {controller}")));
             }
+        }
+        for finalizer in &plan.unowned {
+            lines.push(Line::from(Span::styled(
+                format!(
+                    "No controller releases {finalizer}: nothing will remove it; remove it by hand \
+                     with e (edit)."
+                ),
+                Style::default().fg(Color::Red),
+            )));
         }
     }
     if !plan.children.is_empty() {
@@ -291,7 +294,7 @@ pub fn why_stuck_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
                     Style::default().add_modifier(Modifier::BOLD),
                 )));
                 let managing: Vec<_> = placement
-                    .map(|map| map.managing(&at.gvk).collect())
+                    .map(|map| map.releasing(finalizer).collect())
                     .unwrap_or_default();
                 if placement.is_none() {
                     lines.push(Line::from(Span::styled(
@@ -301,8 +304,7 @@ pub fn why_stuck_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
                 } else if managing.is_empty() {
                     lines.push(Line::from(Span::styled(
                         format!(
-                            "      no controller manages {}: nothing will remove it; e edits the resource to remove it by hand",
-                            at.gvk
+                            "      no controller releases {finalizer}: nothing will remove it; e edits the resource to remove it by hand"
                         ),
                         Style::default().fg(Color::Red),
                     )));
