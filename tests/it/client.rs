@@ -169,6 +169,41 @@ async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_that_does_not_save_keeps_the_users_text_and_says_where() {
+    let cluster = tests::Cluster::start(1).await;
+    let client = cluster.client(0);
+    write_document(
+        &client,
+        "type: demo.v1.Executive\nname: al\ndata: {name: Al, position: CEO}\n",
+    )
+    .await;
+    let session = Session::new(client.clone(), OutputFormat::Json);
+    // The user's edit makes the document invalid, and a script does not retry.
+    let mut editor = |path: &Path| -> Result<(), proto::client::edit::EditError> {
+        let text = std::fs::read_to_string(path).expect("readable");
+        std::fs::write(
+            path,
+            text.replace("position: CEO", "position: CEO\n  salary: lots"),
+        )
+        .expect("writable");
+        Ok(())
+    };
+    let mut never = |_: &Problem| false;
+    let error = edit::edit(&session, "Executive", "al", &mut editor, &mut never)
+        .await
+        .expect_err("the edit is refused")
+        .to_string();
+    let kept = error
+        .split("your edit is kept in ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no kept file named in: {error}"));
+    let text = std::fs::read_to_string(kept).expect("the kept edit is readable");
+    assert!(text.contains("salary: lots"), "{text}");
+    let _ = std::fs::remove_file(kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_of_several_servers_skips_a_dead_one_and_its_watch_moves_when_its_server_dies() {
     let mut cluster = tests::Cluster::start(3).await;
     let writer = cluster.client(0);

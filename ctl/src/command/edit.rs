@@ -28,25 +28,65 @@ pub async fn edit(
     let codec = session.codec().await?;
     let resource = super::get::read(session, type_name, name).await?;
     let mut edit = EditSession::new(codec, &resource)?;
+    let mut last_edit = String::new();
     for _ in 0..MAX_ROUNDS {
         let edited = edit.edit_with(editor)?;
+        last_edit = edited.clone();
         match edit.submit(&session.client, codec, &edited).await? {
             Round::Done(outcome) => return Ok(outcome),
             Round::Problem(problem) => {
                 if !retry(&problem) {
                     anyhow::bail!(
-                        "edit of {} not saved: {}",
+                        "edit of {} not saved: {}{}",
                         edit.label(),
-                        problem.explain("resctl edit")
+                        problem.explain("resctl edit"),
+                        keep_edit(&resource_name(name), &last_edit)
                     );
                 }
             }
         }
     }
     anyhow::bail!(
-        "edit of {} abandoned after {MAX_ROUNDS} rounds",
-        edit.label()
+        "edit of {} abandoned after {MAX_ROUNDS} rounds{}",
+        edit.label(),
+        keep_edit(&resource_name(name), &last_edit)
     )
+}
+
+fn resource_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Keeps the user's text of an edit that did not save, and says where: never throw an edit
+/// away (as kubectl keeps it). Empty when it could not be kept.
+fn keep_edit(name: &str, text: &str) -> String {
+    if text.trim().is_empty() {
+        return String::new();
+    }
+    let kept = tempfile::Builder::new()
+        .prefix(&format!("resctl-edit-{name}-"))
+        .suffix(".yaml")
+        .tempfile()
+        .and_then(|mut file| {
+            std::io::Write::write_all(&mut file, text.as_bytes())?;
+            file.keep().map_err(|error| error.error)
+        });
+    match kept {
+        Ok((_, path)) => format!(
+            "\nyour edit is kept in {}: fix it and `resctl apply -f {}` (or edit again)",
+            path.display(),
+            path.display()
+        ),
+        Err(_) => String::new(),
+    }
 }
 
 pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
