@@ -918,7 +918,16 @@ fn on_dialog_key(state: &mut State, key: KeyEvent, effects: &mut Vec<Effect>) {
         Dialog::EditProblem { session, problem } => {
             match keymap::lookup(&key, &[Scope::EditProblem]) {
                 Some(Action::Edit) => effects.push(Effect::Edit(session)),
-                Some(Action::Cancel) => state.flash("edit abandoned; nothing saved"),
+                Some(Action::Cancel) => {
+                    // Never throw the user's text away: keep it in a file and say where.
+                    match proto::client::edit::keep_edit(session.label(), session.body()) {
+                        Some(path) => state.flash(format!(
+                            "edit abandoned; nothing saved; your text is kept in {}",
+                            path.display()
+                        )),
+                        None => state.flash("edit abandoned; nothing saved"),
+                    }
+                }
                 _ => state.dialog = Some(Dialog::EditProblem { session, problem }),
             }
         }

@@ -40,7 +40,7 @@ pub async fn edit(
                         "edit of {} not saved: {}{}",
                         edit.label(),
                         problem.explain("resctl edit"),
-                        keep_edit(&resource_name(name), &last_edit)
+                        keep_edit(name, &last_edit)
                     );
                 }
             }
@@ -49,43 +49,20 @@ pub async fn edit(
     anyhow::bail!(
         "edit of {} abandoned after {MAX_ROUNDS} rounds{}",
         edit.label(),
-        keep_edit(&resource_name(name), &last_edit)
+        keep_edit(name, &last_edit)
     )
 }
 
-fn resource_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// Keeps the user's text of an edit that did not save, and says where: never throw an edit
-/// away (as kubectl keeps it). Empty when it could not be kept.
+/// Where the user's text of an edit that did not save is kept, as a sentence (empty when it
+/// could not be kept).
 fn keep_edit(name: &str, text: &str) -> String {
-    if text.trim().is_empty() {
-        return String::new();
-    }
-    let kept = tempfile::Builder::new()
-        .prefix(&format!("resctl-edit-{name}-"))
-        .suffix(".yaml")
-        .tempfile()
-        .and_then(|mut file| {
-            std::io::Write::write_all(&mut file, text.as_bytes())?;
-            file.keep().map_err(|error| error.error)
-        });
-    match kept {
-        Ok((_, path)) => format!(
+    match proto::client::edit::keep_edit(name, text) {
+        Some(path) => format!(
             "\nyour edit is kept in {}: fix it and `resctl apply -f {}` (or edit again)",
             path.display(),
             path.display()
         ),
-        Err(_) => String::new(),
+        None => String::new(),
     }
 }
 

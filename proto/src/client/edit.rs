@@ -112,7 +112,28 @@ pub struct EditSession {
     notes: String,
 }
 
+/// Keeps the user's text of an edit that did not save in a file that stays (never throw an
+/// edit away, as kubectl keeps it) and returns its path; `None` for an empty text or when no
+/// file can be written.
+pub fn keep_edit(label: &str, text: &str) -> Option<std::path::PathBuf> {
+    if text.trim().is_empty() {
+        return None;
+    }
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!("resctl-edit-{}-", sanitize(label)))
+        .suffix(".yaml")
+        .tempfile()
+        .ok()?;
+    file.write_all(text.as_bytes()).ok()?;
+    file.keep().ok().map(|(_, path)| path)
+}
+
 impl EditSession {
+    /// The text the next round opens with (the user's last edit, after a problem).
+    pub fn body(&self) -> &str {
+        &self.body
+    }
+
     pub fn new(codec: &Codec, resource: &Resource) -> Result<EditSession, CodecError> {
         let id = resource.id.clone().unwrap_or_default();
         let base = editable_yaml(codec, resource)?;

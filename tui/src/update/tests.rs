@@ -1000,3 +1000,33 @@ fn l_on_the_cluster_screen_asks_before_moving_leadership() {
     assert!(key(&mut state, KeyCode::Esc).is_empty());
     assert!(state.dialog.is_none());
 }
+
+#[test]
+fn giving_up_on_an_edit_keeps_the_users_text() {
+    let mut state = demo_state();
+    let codec = state.codec.clone().expect("codec");
+    let resource = state
+        .store
+        .get("demo.v1.Executive")
+        .and_then(|data| data.resources.values().next().cloned())
+        .expect("an executive");
+    let session = EditSession::new(&codec, &resource).expect("session");
+    state.dialog = Some(Dialog::EditProblem {
+        session: Box::new(session),
+        problem: Problem::Rejected("data.salary: unknown field".into()),
+    });
+    assert!(key(&mut state, KeyCode::Esc).is_empty());
+    let flash = state.flash.clone().expect("a message");
+    let path = flash
+        .text
+        .split("your text is kept in ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no kept file in {:?}", flash.text))
+        .to_owned();
+    let kept = std::fs::read_to_string(&path).expect("the kept text");
+    assert!(
+        kept.contains("clive-davis") || kept.contains("name:"),
+        "{kept}"
+    );
+    let _ = std::fs::remove_file(path);
+}
