@@ -118,6 +118,11 @@ pub enum Command {
     Delete(DeleteArgs),
     /// Show a resource's status conditions and whether they are up to date
     Status(NamedArgs),
+    /// Wait until a resource has a condition, or is gone (exit 0 when met, 1 on timeout)
+    #[command(
+        after_help = "Examples:\n  resctl wait Album kind-of-blue -n jazz --for condition=Accepted\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted=False --timeout 30s\n  resctl wait Album kind-of-blue -n jazz --for delete --timeout 2m"
+    )]
+    Wait(WaitArgs),
     /// Show a resource's owner tree: ancestors up to the root and every descendant
     Tree(NamedArgs),
     /// Edit a resource in $EDITOR and save it with compare-and-swap
@@ -204,6 +209,20 @@ pub struct NamedArgs {
     #[arg(value_name = "TYPE")]
     pub resource_type: String,
     pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Type as group.version.Kind or a kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    pub name: String,
+    /// What to wait for: `condition=TYPE` (True), `condition=TYPE=True|False|Unknown`, or `delete`
+    #[arg(long = "for", value_name = "CONDITION")]
+    pub wait_for: String,
+    /// How long to wait (e.g. 30s, 5m)
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub timeout: String,
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,6 +16,7 @@ pub mod status;
 pub mod tree;
 pub mod tui;
 pub mod types;
+pub mod wait;
 pub mod watch;
 
 use crate::cli::{Cli, Command};
@@ -34,6 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Get(args) => get::run(&session, &args).await,
                 Command::Delete(args) => delete::run(&session, &args).await,
                 Command::Status(args) => status::run(&session, &args).await,
+                Command::Wait(args) => wait::run(&session, &args).await,
                 Command::Tree(args) => tree::run(&session, &args).await,
                 Command::Edit(args) => edit::run(&session, &args).await,
                 Command::Types => types::run(&session).await,

@@ -281,3 +281,107 @@ async fn next_upsert(
         }
     }
 }
+
+/// Runs the real `resctl` against `server`.
+fn resctl(server: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(tests::binary("resctl"))
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+        .env_remove("RESD_SERVER")
+        .env_remove("RESD_TOKEN")
+        .output()
+        .expect("resctl runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resctl_wait_returns_when_a_condition_holds_or_the_resource_is_gone() {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    let artist = write_document(
+        &client,
+        "type: demo.v2.Artist\nname: nina\ntenancy: {partition: default, namespace: default}\ndata: {name: Nina Simone}\n",
+    )
+    .await;
+    // The artist controller sets Accepted.
+    let waited = tokio::task::spawn_blocking({
+        let server = server.clone();
+        move || {
+            resctl(
+                &server,
+                &[
+                    "wait",
+                    "Artist",
+                    "nina",
+                    "--for",
+                    "condition=Accepted",
+                    "--timeout",
+                    "30s",
+                ],
+            )
+        }
+    })
+    .await
+    .expect("resctl wait");
+    assert_eq!(waited.status.code(), Some(0), "{waited:?}");
+    assert!(
+        String::from_utf8_lossy(&waited.stdout).contains("Accepted=True"),
+        "{waited:?}"
+    );
+
+    // Not deleted: a short wait times out with exit 1 and says what it saw.
+    let timed_out = tokio::task::spawn_blocking({
+        let server = server.clone();
+        move || {
+            resctl(
+                &server,
+                &[
+                    "wait",
+                    "Artist",
+                    "nina",
+                    "--for",
+                    "delete",
+                    "--timeout",
+                    "1s",
+                ],
+            )
+        }
+    })
+    .await
+    .expect("resctl wait");
+    assert_eq!(timed_out.status.code(), Some(1), "{timed_out:?}");
+    assert!(
+        String::from_utf8_lossy(&timed_out.stderr).contains("last seen: present"),
+        "{timed_out:?}"
+    );
+
+    // Deleted meanwhile: the wait returns.
+    let id = artist.id.clone().expect("id");
+    let waiter = tokio::task::spawn_blocking({
+        let server = server.clone();
+        move || {
+            resctl(
+                &server,
+                &[
+                    "wait",
+                    "Artist",
+                    "nina",
+                    "--for",
+                    "delete",
+                    "--timeout",
+                    "30s",
+                ],
+            )
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.delete(&id, "").await.expect("delete");
+    let gone = waiter.await.expect("resctl wait");
+    assert_eq!(gone.status.code(), Some(0), "{gone:?}");
+
+    // A bad --for is a usage error.
+    let bad = resctl(&server, &["wait", "Artist", "nina", "--for", "ready"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}
