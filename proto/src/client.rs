@@ -444,10 +444,16 @@ impl Client {
         true
     }
 
-    /// Moves to the next server now (a watch whose stream broke); returns whether there is one.
-    pub fn fail_over_now(&self) -> bool {
-        let current = self.current.load(Ordering::Relaxed) % self.servers.len();
-        self.fail_over(current)
+    /// The index of the server calls go to now (see [`Client::fail_over_from`]).
+    pub fn server_index(&self) -> usize {
+        self.current.load(Ordering::Relaxed) % self.servers.len()
+    }
+
+    /// Moves on from server `from` (the one a broken watch streamed from): if another call
+    /// already moved on, nothing changes, so many watches breaking at once move only once.
+    /// Returns whether there is another server.
+    pub fn fail_over_from(&self, from: usize) -> bool {
+        self.fail_over(from)
     }
 
     /// Moves to the next server if the current one failed with `error` in a way another member

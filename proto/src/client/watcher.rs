@@ -50,6 +50,8 @@ pub struct Watcher {
     in_snapshot: bool,
     state: State,
     backoff: Duration,
+    /// The server the current stream comes from (its index in the client's list).
+    server: usize,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
@@ -66,6 +68,7 @@ impl Watcher {
                 after_disconnect: false,
             },
             backoff: MIN_BACKOFF,
+            server: 0,
         }
     }
 
@@ -90,6 +93,7 @@ impl Watcher {
                     request.since_version = self.last_version.clone();
                     match self.client.watch_list(request).await {
                         Ok(stream) => {
+                            self.server = self.client.server_index();
                             self.state = State::Streaming(stream);
                             if !after_disconnect {
                                 continue;
@@ -169,7 +173,7 @@ impl Watcher {
     fn disconnected(&mut self, error: String) -> WatchUpdate {
         // With other members to go to, resume there at once: the version is the same
         // everywhere, so nothing is missed or repeated.
-        if self.client.fail_over_now() {
+        if self.client.fail_over_from(self.server) {
             self.state = State::Backoff(Duration::ZERO);
             return WatchUpdate::Disconnected {
                 error,

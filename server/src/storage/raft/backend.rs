@@ -156,6 +156,9 @@ impl std::fmt::Debug for RaftBackend {
     }
 }
 
+/// How long a write waits for this node to apply it before answering (read your writes).
+const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(2);
+
 /// Records of an operator restore, in chunks, as the caller reads them from its spooled file.
 pub type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, StorageError>>;
 
@@ -468,7 +471,15 @@ impl Backend for RaftBackend {
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
         let change = Tagged::new(Change::Write(resource), actor);
-        op::expect_resource(self.submit(Request::Change(change)).await)
+        let stored = op::expect_resource(self.submit(Request::Change(change)).await)?;
+        // Read your writes on this node: a write forwarded to the leader answers once this
+        // node has applied it too (at once on the leader). Best effort, briefly: the write is
+        // committed either way, and a lagging node must not turn it into an error.
+        if let Ok(version) = stored.version.parse::<crate::storage::Version>() {
+            let _ =
+                tokio::time::timeout(READ_YOUR_WRITES_WAIT, self.wait_applied(version.index)).await;
+        }
+        Ok(stored)
     }
 
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
