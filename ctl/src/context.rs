@@ -46,6 +46,14 @@ pub struct ContextsFile {
     pub contexts: BTreeMap<String, ContextEntry>,
 }
 
+/// A path with a leading `~/` expanded to the home directory (contexts store such paths).
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(path),
+    }
+}
+
 /// Where the contexts file lives (it need not exist).
 pub fn path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("RESCTL_CONFIG") {

@@ -48,7 +48,7 @@ impl Session {
             .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
         let path = |flag: &Option<std::path::PathBuf>, stored: Option<String>| {
             flag.clone()
-                .or_else(|| stored.map(|stored| expand_home(&stored)))
+                .or_else(|| stored.map(|stored| crate::context::expand_home(&stored)))
         };
         let tls = ClientTls::from_paths(
             path(&global.ca_cert, entry.ca_cert),
@@ -172,14 +172,6 @@ impl Session {
         };
         bar.set_message(message.to_owned());
         bar
-    }
-}
-
-/// A stored path with a leading `~/` expanded to the home directory.
-fn expand_home(path: &str) -> std::path::PathBuf {
-    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
-        _ => std::path::PathBuf::from(path),
     }
 }
 

@@ -113,10 +113,7 @@ fn absolute(path: String) -> String {
     if path.is_empty() {
         return path;
     }
-    let expanded = match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => std::path::PathBuf::from(home).join(rest),
-        _ => std::path::PathBuf::from(&path),
-    };
+    let expanded = crate::context::expand_home(&path);
     std::path::absolute(&expanded)
         .unwrap_or(expanded)
         .display()

@@ -222,11 +222,6 @@ pub fn hash_secret(secret: &str) -> String {
     hex
 }
 
-/// A new random secret: 32 bytes from the operating system's random source, hex.
-pub fn generate_secret() -> Result<String, String> {
-    proto::tls::new_secret()
-}
-
 /// Shortest secret a writer may choose.
 pub const MIN_SECRET_LEN: usize = 16;
 /// Longest secret (and the longest token header the server hashes).

@@ -204,6 +204,14 @@ impl ClusterGrpc {
     }
 }
 
+/// When a long cluster call (join, remove, transfer) must answer: a moment before the caller's
+/// deadline, or in 30 s when it set none.
+fn answer_by<T>(request: &Request<T>) -> std::time::Instant {
+    super::grpc::deadline(request)
+        .and_then(|at| at.checked_sub(Duration::from_millis(500)))
+        .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30))
+}
+
 /// What a cluster call needs of its caller (DESIGN §12.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Need {
@@ -438,11 +446,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let authorized = self.authorize(&request, Need::Operator(Access::Write), true)?;
         let raft = self.raft()?;
         let caller = authorized.conn.clone();
-        // Catching up may take until the caller's deadline (less a moment to answer), 30 s at
-        // most when it set none.
-        let join_deadline = super::grpc::deadline(&request)
-            .map(|at| at - Duration::from_millis(500))
-            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
+        let join_deadline = answer_by(&request);
         let join = request.into_inner();
         if join.node_id == 0 {
             return Err(Status::from(Error::InvalidArgument(
@@ -611,9 +615,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<RemoveResponse>, Status> {
         let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
-        let deadline = super::grpc::deadline(&request)
-            .map(|at| at - Duration::from_millis(500))
-            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
+        let deadline = answer_by(&request);
         let remove = request.into_inner();
         if let Some(leader) = self.leader_elsewhere(raft)? {
             return self
@@ -666,9 +668,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
         let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
         let raft = self.raft()?;
-        let deadline = super::grpc::deadline(&request)
-            .map(|at| at - Duration::from_millis(500))
-            .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30));
+        let deadline = answer_by(&request);
         let transfer = request.into_inner();
         let answer = |leader_id| Ok(Response::new(pb::TransferLeaderResponse { leader_id }));
         if transfer.campaign {
@@ -744,7 +744,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 "ACLs are disabled on this server: start every agent with --acl-enabled".into(),
             )));
         };
-        let secret = acl::rules::generate_secret()
+        let secret = proto::tls::new_secret()
             .map_err(|why| Status::from(Error::Internal(format!("cannot make a secret: {why}"))))?;
         service
             .bootstrap_acl_token(BOOTSTRAP_TOKEN, &secret)

@@ -310,6 +310,39 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
     ])
 }
 
+/// The code of a server stream: its opening's, else its first message's.
+async fn first_message_code<T>(
+    opened: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
+) -> Code {
+    match opened {
+        Err(status) => status.code(),
+        Ok(stream) => match stream.into_inner().next().await {
+            Some(Ok(_)) => Served,
+            Some(Err(status)) => status.code(),
+            None => Aborted,
+        },
+    }
+}
+
+/// Opens a watch of every demo.v2.Artist on `channel` as `token`.
+async fn watch_artists(
+    channel: &Channel,
+    token: &str,
+) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
+    ResourceServiceClient::new(channel.clone())
+        .watch_list(with_token(
+            WatchListRequest {
+                r#type: Some(artist_type_v2()),
+                tenancy: None,
+                name_prefix: String::new(),
+                since_version: String::new(),
+            },
+            Some(token),
+        ))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// Calls `method` as `token` and returns the code.
 async fn call(world: &World, method: &str, token: Option<&str>, round: usize) -> Code {
     let mut resources = ResourceServiceClient::new(world.channel.clone());
@@ -438,14 +471,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                     token,
                 ))
                 .await;
-            match opened {
-                Err(status) => status.code(),
-                Ok(stream) => match stream.into_inner().next().await {
-                    Some(Ok(_)) => Served,
-                    Some(Err(status)) => status.code(),
-                    None => Aborted,
-                },
-            }
+            first_message_code(opened).await
         }
         "ResourceService/MutateAndValidate" => code(
             resources
@@ -517,14 +543,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
             let opened = cluster
                 .snapshot_save(with_token(cluster_pb::SnapshotSaveRequest {}, token))
                 .await;
-            match opened {
-                Err(status) => status.code(),
-                Ok(stream) => match stream.into_inner().next().await {
-                    Some(Ok(_)) => Served,
-                    Some(Err(status)) => status.code(),
-                    None => Aborted,
-                },
-            }
+            first_message_code(opened).await
         }
         "ClusterService/SnapshotRestore" => {
             let chunks = tokio_stream::iter(vec![cluster_pb::SnapshotData {
@@ -850,19 +869,9 @@ async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
     );
 
     // A watch on the follower sees default/default only.
-    let mut events = ResourceServiceClient::new(follower_channel.clone())
-        .watch_list(with_token(
-            WatchListRequest {
-                r#type: Some(artist_type_v2()),
-                tenancy: None,
-                name_prefix: String::new(),
-                since_version: String::new(),
-            },
-            Some("reader-secret-0123456789"),
-        ))
+    let mut events = watch_artists(&follower_channel, "reader-secret-0123456789")
         .await
-        .expect("the reader may watch")
-        .into_inner();
+        .expect("the reader may watch");
     let first = events.next().await.expect("an event").expect("ok");
     assert!(
         matches!(first.event, Some(pb::watch_event::Event::EndOfSnapshot(_))),
@@ -939,19 +948,8 @@ async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
             opening.elapsed() < Duration::from_secs(5),
             "the brief token never worked"
         );
-        let opened = ResourceServiceClient::new(follower_channel.clone())
-            .watch_list(with_token(
-                WatchListRequest {
-                    r#type: Some(artist_type_v2()),
-                    tenancy: None,
-                    name_prefix: String::new(),
-                    since_version: String::new(),
-                },
-                Some("brief-secret-0123456789"),
-            ))
-            .await;
-        match opened {
-            Ok(stream) => break stream.into_inner(),
+        match watch_artists(&follower_channel, "brief-secret-0123456789").await {
+            Ok(stream) => break stream,
             // The follower may not have the new token yet.
             Err(status) if status.code() == Unauthenticated => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
