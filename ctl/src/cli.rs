@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::output::OutputFormat;
+use crate::output::OutputSpec;
 
 const EXIT_STATUS: &str = "\
 Exit status:
@@ -17,8 +17,11 @@ Exit status:
 const EXAMPLES: &str = "\
 Examples:
   resctl apply -f fixtures/demo                    apply every YAML file under a directory
+  resctl diff -f fixtures/demo                     what that apply would change (exit 1 if anything)
   resctl get demo.v2.Artist -n jazz                list the artists of a namespace
   resctl get Executive clive-davis -o yaml         a unique kind needs no group or version
+  resctl get Album -A -o jsonpath='{.items[*].name}'
+                                                   pick fields (kubectl's JSONPath subset)
   resctl watch demo.v2.Album -A                    stream changes, resuming across restarts
   resctl tree demo.v2.Artist miles-davis -n jazz   owner tree with each node's worst condition
   resctl delete demo.v2.Artist miles-davis -n jazz --wait
@@ -88,9 +91,19 @@ pub struct GlobalArgs {
     /// Named server and token from the contexts file (see `resctl context`)
     #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]
     pub context: Option<String>,
-    /// Output format
-    #[arg(short, long, global = true, env = "RESD_OUTPUT", hide_env_values = true, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    /// Output format: table, wide, yaml, json, name, or jsonpath=TEMPLATE (kubectl's subset:
+    /// `{.data.name}`, `{.items[*].name}`, `{.items[0]}`, `{range .items[*]}…{end}`, `{"\n"}`;
+    /// a list is `{.items}`)
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "RESD_OUTPUT",
+        hide_env_values = true,
+        value_name = "FORMAT",
+        default_value = "table"
+    )]
+    pub output: OutputSpec,
     /// Linearizable reads (through the leader) instead of the connected server's local state
     #[arg(long, global = true, env = "RESD_CONSISTENT", hide_env_values = true)]
     pub consistent: bool,
@@ -112,6 +125,11 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Create or update resources from YAML files, directories or stdin
     Apply(ApplyArgs),
+    /// Show what apply would change, as a unified diff (exit 0 no changes, 1 changes, 2 error)
+    #[command(
+        after_help = "Compares the server's current state with what `apply -f` would store (after the type's\nmutate hook; metadata merged as apply merges it): data, metadata and owner. Nothing is written.\n\nExamples:\n  resctl diff -f fixtures/demo\n  resctl get Album kind-of-blue -n jazz -o yaml | sed 's/1959/1960/' | resctl diff -f -\n  resctl diff -f album.yaml -o json          one object per document: change, diff, error\n\nExit status:\n  0  no differences\n  1  differences found\n  2  an error (a document the server rejects, an unreachable server, a usage error)"
+    )]
+    Diff(DiffArgs),
     /// List resources of a type, or show one
     Get(GetArgs),
     /// Delete resources by name or from files, optionally waiting until they are gone
@@ -152,6 +170,13 @@ pub enum Command {
     Context(ContextCommand),
     /// Print a shell completion script
     Completion(CompletionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// YAML file, directory (searched recursively for .yaml/.yml) or `-` for stdin
+    #[arg(short, long = "filename", value_name = "PATH", required = true)]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ pub mod completion;
 pub mod context;
 pub mod controllers;
 pub mod delete;
+pub mod diff;
 pub mod edit;
 pub mod get;
 pub mod snapshot;
@@ -25,13 +26,19 @@ use crate::session::Session;
 /// Runs a parsed command line; the result is the exit code for a command that reports partial
 /// failure itself (apply), errors are printed by the caller.
 pub async fn run(cli: Cli) -> anyhow::Result<u8> {
+    if let Some(template) = &cli.global.output.template {
+        crate::output::use_template(template.clone());
+    }
     match cli.command {
         Command::Completion(args) => completion::run(&args),
-        Command::Context(command) => context::run(command, cli.global.output),
+        Command::Context(command) => context::run(command, cli.global.output.format),
         command => {
-            let session = Session::from_args(&cli.global)?;
+            // A contexts file, certificate path or address that cannot be used is a usage error.
+            let session = Session::from_args(&cli.global)
+                .map_err(|error| crate::UsageError(format!("{error:#}")))?;
             match command {
                 Command::Apply(args) => apply::run(&session, &args).await,
+                Command::Diff(args) => diff::run(&session, &args).await,
                 Command::Get(args) => get::run(&session, &args).await,
                 Command::Delete(args) => delete::run(&session, &args).await,
                 Command::Status(args) => status::run(&session, &args).await,

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod command;
 pub mod context;
+pub mod jsonpath;
 pub mod output;
 pub mod session;
 

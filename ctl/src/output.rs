@@ -2,6 +2,8 @@
 //! `name` for piping into other commands.
 
 use std::io::Write;
+use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use clap::ValueEnum;
@@ -9,6 +11,8 @@ use proto::client::describe;
 use proto::codec::{Codec, gvk};
 use proto::resource::v1::Resource;
 use serde::Serialize;
+
+use crate::jsonpath::JsonPath;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -22,11 +26,70 @@ pub enum OutputFormat {
     Json,
     /// `group.version.Kind/name` per resource
     Name,
+    /// The JSON output through a template (`-o jsonpath=TEMPLATE`)
+    #[value(skip)]
+    JsonPath,
 }
 
 impl OutputFormat {
     pub fn is_structured(self) -> bool {
-        matches!(self, OutputFormat::Yaml | OutputFormat::Json)
+        matches!(
+            self,
+            OutputFormat::Yaml | OutputFormat::Json | OutputFormat::JsonPath
+        )
+    }
+}
+
+/// What `-o` takes: a format, or `jsonpath=TEMPLATE` (kubectl's subset, see [`JsonPath`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputSpec {
+    pub format: OutputFormat,
+    pub template: Option<JsonPath>,
+}
+
+impl FromStr for OutputSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<OutputSpec, String> {
+        if let Some(template) = text
+            .strip_prefix("jsonpath=")
+            .or_else(|| text.strip_prefix("jsonpath:"))
+        {
+            let template = template
+                .parse::<JsonPath>()
+                .map_err(|error| error.to_string())?;
+            return Ok(OutputSpec {
+                format: OutputFormat::JsonPath,
+                template: Some(template),
+            });
+        }
+        let format = OutputFormat::from_str(text, true).map_err(|_| {
+            format!(
+                "unknown output format {text:?}; use table, wide, yaml, json, name or \
+                 jsonpath=TEMPLATE (e.g. -o jsonpath='{{.data.name}}')"
+            )
+        })?;
+        Ok(OutputSpec {
+            format,
+            template: None,
+        })
+    }
+}
+
+/// The template of `-o jsonpath=…`, set once from the command line: every command's JSON goes
+/// through it.
+static TEMPLATE: OnceLock<JsonPath> = OnceLock::new();
+
+pub fn use_template(template: JsonPath) {
+    // A second call (never made by the binary) keeps the first template.
+    let _ = TEMPLATE.set(template);
+}
+
+/// A JSON value as the template renders it; a list is `{"items": [...]}`, as in kubectl.
+fn templated(template: &JsonPath, value: serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Array(items) => template.render(&serde_json::json!({ "items": items })),
+        document => template.render(&document),
     }
 }
 
@@ -100,10 +163,22 @@ pub fn print(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Pretty JSON, or what `-o jsonpath=…` makes of it.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
+    if let Some(template) = TEMPLATE.get() {
+        return Ok(templated(template, serde_json::to_value(value)?));
+    }
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
     Ok(text)
+}
+
+/// One line of NDJSON (watch), or what `-o jsonpath=…` makes of it.
+pub fn json_line<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
+    if let Some(template) = TEMPLATE.get() {
+        return Ok(templated(template, serde_json::to_value(value)?));
+    }
+    Ok(serde_json::to_string(value)? + "\n")
 }
 
 pub fn yaml<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<String> {
@@ -161,7 +236,7 @@ pub fn render_resources(
     single: bool,
 ) -> anyhow::Result<String> {
     match format {
-        OutputFormat::Json => {
+        OutputFormat::Json | OutputFormat::JsonPath => {
             let values = resources
                 .iter()
                 .map(|r| codec.to_value(r))

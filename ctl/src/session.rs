@@ -61,7 +61,7 @@ impl Session {
             .with_consistent(global.consistent);
         Ok(Session {
             client: Client::new(config)?,
-            output: global.output,
+            output: global.output.format,
             partition: global
                 .partition
                 .clone()

@@ -385,3 +385,109 @@ async fn resctl_wait_returns_when_a_condition_holds_or_the_resource_is_gone() {
     let bad = resctl(&server, &["wait", "Artist", "nina", "--for", "ready"]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resctl_diff_shows_what_apply_would_change_and_jsonpath_picks_fields() {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("records.yaml");
+    let documents = |artist_name: &str| {
+        format!(
+            "type: tenancy.v1.Namespace\nname: records\ntenancy: {{partition: default}}\ndata: {{description: Records}}\n---\n\
+             type: demo.v2.Artist\nname: nina\ntenancy: {{partition: default, namespace: records}}\ndata: {{name: {artist_name}}}\n"
+        )
+    };
+    std::fs::write(&file, documents("Nina Simone")).expect("write");
+    let path = file.display().to_string();
+    let run = move |args: Vec<String>| {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            resctl(&server, &args)
+        })
+    };
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    // Nothing stored yet: both documents would be created, the artist in the namespace the
+    // same input creates first.
+    let fresh = run(args(&["diff", "-f", &path, "-o", "json"]))
+        .await
+        .expect("diff");
+    assert_eq!(fresh.status.code(), Some(1), "{fresh:?}");
+    let report: serde_json::Value = serde_json::from_slice(&fresh.stdout).expect("json");
+    let changes: Vec<&str> = report
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|d| d["change"].as_str().expect("change"))
+        .collect();
+    assert_eq!(changes, ["create", "create"], "{report}");
+
+    let applied = run(args(&["apply", "-f", &path])).await.expect("apply");
+    assert_eq!(applied.status.code(), Some(0), "{applied:?}");
+    let same = run(args(&["diff", "-f", &path])).await.expect("diff");
+    assert_eq!(same.status.code(), Some(0), "{same:?}");
+    assert!(same.stdout.is_empty(), "{same:?}");
+
+    std::fs::write(&file, documents("Eunice Waymon")).expect("write");
+    let changed = run(args(&["diff", "-f", &path])).await.expect("diff");
+    assert_eq!(changed.status.code(), Some(1), "{changed:?}");
+    let text = String::from_utf8_lossy(&changed.stdout);
+    assert!(
+        text.contains("--- live/demo.v2.Artist/default/records/nina"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-  name: Nina Simone\n+  name: Eunice Waymon"),
+        "{text}"
+    );
+
+    // A document the server rejects is an error (2), not a difference.
+    std::fs::write(
+        &file,
+        "type: demo.v2.Artist\nname: x\ndata: {genre: POLKA}\n",
+    )
+    .expect("write");
+    let rejected = run(args(&["diff", "-f", &path])).await.expect("diff");
+    assert_eq!(rejected.status.code(), Some(2), "{rejected:?}");
+    assert!(
+        String::from_utf8_lossy(&rejected.stderr).contains("POLKA"),
+        "{rejected:?}"
+    );
+
+    let picked = run(args(&[
+        "get",
+        "Artist",
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.tenancy.namespace}/{.name}={.data.name}{\"\\n\"}{end}",
+    ]))
+    .await
+    .expect("get");
+    assert_eq!(picked.status.code(), Some(0), "{picked:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&picked.stdout),
+        "records/nina=Nina Simone\n"
+    );
+    let one = run(args(&[
+        "get",
+        "Artist",
+        "nina",
+        "-n",
+        "records",
+        "-o",
+        "jsonpath={.data.name}",
+    ]))
+    .await
+    .expect("get");
+    assert_eq!(String::from_utf8_lossy(&one.stdout), "Nina Simone");
+    let bad = run(args(&["get", "Artist", "-o", "jsonpath={.items[0"]))
+        .await
+        .expect("get");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("expected `]`"),
+        "{bad:?}"
+    );
+}

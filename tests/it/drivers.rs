@@ -416,6 +416,7 @@ impl Driver for Binary {
             OutputFormat::Yaml => "yaml",
             OutputFormat::Json => "json",
             OutputFormat::Name => "name",
+            OutputFormat::JsonPath => panic!("get_formatted takes a plain format, not a template"),
         };
         let (code, stdout, stderr) = self
             .run(&["get", "-n", namespace, resource_type, "-o", format], &[])

@@ -145,7 +145,7 @@ pub async fn list_tokens(session: &Session) -> anyhow::Result<Vec<TokenView>> {
 
 fn print_secret(session: &Session, view: &SecretView, what: &str) -> anyhow::Result<String> {
     Ok(match session.output {
-        OutputFormat::Json => output::json(view)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(view)?,
         OutputFormat::Yaml => output::yaml(view)?,
         OutputFormat::Name => format!("{}\n", view.secret),
         _ => format!(
@@ -172,7 +172,7 @@ pub async fn run(session: &Session, command: AclCommand) -> anyhow::Result<u8> {
         AclCommand::Whoami => {
             let me = session.client.acl_who_am_i().await?;
             match session.output {
-                OutputFormat::Json | OutputFormat::Yaml => {
+                OutputFormat::Json | OutputFormat::JsonPath | OutputFormat::Yaml => {
                     #[derive(Serialize)]
                     struct WhoAmI {
                         acls_enabled: bool,
@@ -186,7 +186,7 @@ pub async fn run(session: &Session, command: AclCommand) -> anyhow::Result<u8> {
                         policies: me.policies,
                         expires_at: me.expires_at,
                     };
-                    if session.output == OutputFormat::Json {
+                    if session.output != OutputFormat::Yaml {
                         output::json(&view)?
                     } else {
                         output::yaml(&view)?
@@ -219,7 +219,7 @@ pub async fn run(session: &Session, command: AclCommand) -> anyhow::Result<u8> {
         AclCommand::Token(AclTokenCommand::List) => {
             let tokens = list_tokens(session).await?;
             match session.output {
-                OutputFormat::Json => output::json(&tokens)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&tokens)?,
                 OutputFormat::Yaml => output::yaml(&tokens)?,
                 OutputFormat::Name => tokens.iter().map(|t| format!("{}\n", t.accessor)).collect(),
                 _ => {

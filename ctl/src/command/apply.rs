@@ -379,7 +379,7 @@ pub async fn apply(
 }
 
 /// The tenancy a partition or namespace resource makes: `("p", "")` or `("p", "n")`.
-fn tenancy_unit(resource: &Resource) -> Option<(String, String)> {
+pub fn tenancy_unit(resource: &Resource) -> Option<(String, String)> {
     let id = resource.id.as_ref()?;
     let kind = id.r#type.as_ref().map(gvk)?;
     match kind.as_str() {
@@ -446,23 +446,8 @@ async fn apply_one(
             applied.version = version;
         }
         // The partition or namespace is one this dry run creates: it would be created too.
-        Err(ClientError::InvalidArgument(message))
-            if dry_run
-                && (message.contains("namespace not found")
-                    || message.contains("partition not found"))
-                && tenancy_planned(resource, planned) =>
-        {
-            // Validate the rest against the default tenancy of the same scope.
-            let mut stand_in = resource.clone();
-            if let Some(tenancy) = stand_in.id.as_mut().and_then(|id| id.tenancy.as_mut()) {
-                if !tenancy.partition.is_empty() {
-                    tenancy.partition = "default".into();
-                }
-                if !tenancy.namespace.is_empty() {
-                    tenancy.namespace = "default".into();
-                }
-            }
-            match session.client.mutate_and_validate(&stand_in).await {
+        Err(error) if dry_run && missing_planned_tenancy(&error, resource, planned) => {
+            match plan_as_new(session, resource).await {
                 Ok(_) => applied.outcome = Outcome::Created,
                 Err(error) => applied.error = Some(error.to_string()),
             }
@@ -472,8 +457,88 @@ async fn apply_one(
     applied
 }
 
+/// Whether `error` says that `resource`'s partition or namespace does not exist, and it is one
+/// the same run creates before it.
+pub fn missing_planned_tenancy(
+    error: &ClientError,
+    resource: &Resource,
+    planned: &std::collections::BTreeSet<(String, String)>,
+) -> bool {
+    matches!(error, ClientError::InvalidArgument(message)
+        if (message.contains("namespace not found") || message.contains("partition not found"))
+            && tenancy_planned(resource, planned))
+}
+
+/// The plan for a resource whose tenancy does not exist yet but will: validated against the
+/// default tenancy of the same scope, shown with its own.
+pub async fn plan_as_new(session: &Session, resource: &Resource) -> Result<Plan, ClientError> {
+    let mut stand_in = resource.clone();
+    stand_in.status.clear();
+    stand_in.generation.clear();
+    if let Some(tenancy) = stand_in.id.as_mut().and_then(|id| id.tenancy.as_mut()) {
+        if !tenancy.partition.is_empty() {
+            tenancy.partition = "default".into();
+        }
+        if !tenancy.namespace.is_empty() {
+            tenancy.namespace = "default".into();
+        }
+    }
+    let mut mutated = session.client.mutate_and_validate(&stand_in).await?;
+    mutated.id = resource.id.clone();
+    let mut desired = resource.clone();
+    desired.status.clear();
+    desired.generation.clear();
+    Ok(Plan {
+        desired,
+        mutated,
+        stored: None,
+    })
+}
+
 /// Attempts for an update that loses a compare-and-swap race to a concurrent writer.
 const CAS_ATTEMPTS: usize = 3;
+
+/// What apply would do with one document: the resource as it would be stored (after the type's
+/// mutate hook, metadata merged with what is stored) and what is stored now.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// What apply sends: the document without status and generation, metadata merged.
+    pub desired: Resource,
+    /// What the server would store from it (its mutate hook applied).
+    pub mutated: Resource,
+    pub stored: Option<Resource>,
+}
+
+impl Plan {
+    pub fn changes(&self, codec: &Codec) -> bool {
+        self.stored
+            .as_ref()
+            .is_none_or(|stored| !same_content(codec, &self.mutated, stored))
+    }
+}
+
+/// Validates a document with the server and reads what it would replace.
+pub async fn plan(session: &Session, resource: &Resource) -> Result<Plan, ClientError> {
+    // What the server keeps for itself is not part of what is applied: status is written by
+    // controllers, generation by the server. A version in the document is a precondition.
+    let mut desired = resource.clone();
+    desired.status.clear();
+    desired.generation.clear();
+    // Validate first, so errors read as the write's errors (`resource.id.name …`).
+    let mut mutated = session.client.mutate_and_validate(&desired).await?;
+    let mut lookup = desired.id.clone().unwrap_or_default();
+    lookup.uid.clear();
+    let stored = session.client.read(&lookup).await?;
+    if let Some(stored) = &stored {
+        merge_metadata(&mut desired, stored);
+        mutated.metadata = desired.metadata.clone();
+    }
+    Ok(Plan {
+        desired,
+        mutated,
+        stored,
+    })
+}
 
 async fn write_if_changed(
     session: &Session,
@@ -481,37 +546,22 @@ async fn write_if_changed(
     resource: &Resource,
     dry_run: bool,
 ) -> Result<(Outcome, String), ClientError> {
-    // What the server keeps for itself is not part of what is applied: status is written by
-    // controllers, generation by the server. A version in the document is a precondition.
-    let mut desired = resource.clone();
-    desired.status.clear();
-    desired.generation.clear();
-    let id = desired.id.clone().unwrap_or_default();
     for attempt in 1..=CAS_ATTEMPTS {
-        // Validate first, so errors read as the write's errors (`resource.id.name …`).
-        let mut mutated = session.client.mutate_and_validate(&desired).await?;
-        let mut lookup = id.clone();
-        lookup.uid.clear();
-        let stored = session.client.read(&lookup).await?;
-        let mut desired = desired.clone();
-        if let Some(stored) = &stored {
-            merge_metadata(&mut desired, stored);
-            mutated.metadata = desired.metadata.clone();
-        }
-        let Some(stored) = stored else {
+        let plan = plan(session, resource).await?;
+        let Some(stored) = &plan.stored else {
             if dry_run {
                 return Ok((Outcome::Created, String::new()));
             }
-            let written = session.client.write(&desired).await?;
+            let written = session.client.write(&plan.desired).await?;
             return Ok((Outcome::Created, written.version));
         };
-        if same_content(codec, &mutated, &stored) {
-            return Ok((Outcome::Unchanged, stored.version));
+        if !plan.changes(codec) {
+            return Ok((Outcome::Unchanged, stored.version.clone()));
         }
         if dry_run {
-            return Ok((Outcome::Updated, stored.version));
+            return Ok((Outcome::Updated, stored.version.clone()));
         }
-        let mut update = desired.clone();
+        let mut update = plan.desired.clone();
         if update.version.is_empty() {
             update.version = stored.version.clone();
         }
@@ -520,7 +570,7 @@ async fn write_if_changed(
             // Someone else wrote in between: compare again, unless the document itself named
             // the version it expects.
             Err(ClientError::Conflict(_))
-                if desired.version.is_empty() && attempt < CAS_ATTEMPTS =>
+                if plan.desired.version.is_empty() && attempt < CAS_ATTEMPTS =>
             {
                 continue;
             }
@@ -535,7 +585,7 @@ async fn write_if_changed(
 /// Renders a report: a line per document for people, the results for scripts.
 pub fn render(report: &ApplyReport, format: OutputFormat) -> anyhow::Result<String> {
     match format {
-        OutputFormat::Json => output::json(report),
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(report),
         OutputFormat::Yaml => output::yaml(report),
         OutputFormat::Name => Ok(report
             .results

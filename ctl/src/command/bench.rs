@@ -340,7 +340,7 @@ pub async fn run(session: &Session, args: &BenchArgs) -> anyhow::Result<u8> {
     let report = bench(session, args, &bar).await?;
     bar.finish_and_clear();
     let text = match session.output {
-        OutputFormat::Json => output::json(&report)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&report)?,
         OutputFormat::Yaml => output::yaml(&report)?,
         _ => {
             let mut table = Table::new(["METRIC", "VALUE"]);

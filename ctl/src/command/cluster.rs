@@ -91,7 +91,7 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
         ClusterCommand::Status => {
             let view = status(session).await?;
             match session.output {
-                OutputFormat::Json => output::json(&view)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&view)?,
                 OutputFormat::Yaml => output::yaml(&view)?,
                 OutputFormat::Name => format!("node-{}\n", view.node_id),
                 _ => {
@@ -131,7 +131,7 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
         ClusterCommand::Members => {
             let members = members(session).await?;
             match session.output {
-                OutputFormat::Json => output::json(&members)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&members)?,
                 OutputFormat::Yaml => output::yaml(&members)?,
                 OutputFormat::Name => members
                     .iter()

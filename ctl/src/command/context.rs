@@ -13,7 +13,7 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
     match command {
         ContextCommand::List => {
             let text = match format {
-                OutputFormat::Json => output::json(&file)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&file)?,
                 OutputFormat::Yaml => output::yaml(&file)?,
                 OutputFormat::Name => file
                     .contexts

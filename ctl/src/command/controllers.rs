@@ -64,7 +64,7 @@ pub async fn run(session: &Session) -> anyhow::Result<u8> {
     let response = session.client.list_controllers(true).await?;
     let map = placement_map(&response);
     let text = match session.output {
-        OutputFormat::Json => output::json(&map)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&map)?,
         OutputFormat::Yaml => output::yaml(&map)?,
         OutputFormat::Name => map
             .controllers

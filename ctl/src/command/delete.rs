@@ -259,7 +259,7 @@ pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
     let report = delete(session, &ids, args.wait.then_some(args.timeout)).await?;
     bar.finish_and_clear();
     let text = match session.output {
-        OutputFormat::Json => output::json(&report)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&report)?,
         OutputFormat::Yaml => output::yaml(&report)?,
         OutputFormat::Name => report
             .results

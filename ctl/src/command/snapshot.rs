@@ -163,7 +163,7 @@ pub async fn run(session: &Session, command: SnapshotCommand) -> anyhow::Result<
             let saved = save(session, &args.file, &bar).await?;
             bar.finish_and_clear();
             output::print(&match format {
-                OutputFormat::Json => output::json(&saved)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&saved)?,
                 OutputFormat::Yaml => output::yaml(&saved)?,
                 _ => format!(
                     "saved {} ({} resources at raft index {}, {} bytes, sha256 {})\n",
@@ -178,7 +178,7 @@ pub async fn run(session: &Session, command: SnapshotCommand) -> anyhow::Result<
         SnapshotCommand::Inspect(args) => {
             let inspected = inspect(&args.file)?;
             output::print(&match format {
-                OutputFormat::Json => output::json(&inspected)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&inspected)?,
                 OutputFormat::Yaml => output::yaml(&inspected)?,
                 _ => {
                     let mut text =
@@ -247,7 +247,7 @@ pub async fn run(session: &Session, command: SnapshotCommand) -> anyhow::Result<
             let restored = restore(session, &args.file, &bar).await?;
             bar.finish_and_clear();
             output::print(&match format {
-                OutputFormat::Json => output::json(&restored)?,
+                OutputFormat::Json | OutputFormat::JsonPath => output::json(&restored)?,
                 OutputFormat::Yaml => output::yaml(&restored)?,
                 _ => format!(
                     "restored {} resources from {} (cluster now at index {})\n",

@@ -80,7 +80,7 @@ pub async fn status(
 pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
     let report = status(session, &args.resource_type, &args.name).await?;
     let text = match session.output {
-        OutputFormat::Json => output::json(&report)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&report)?,
         OutputFormat::Yaml => output::yaml(&report)?,
         OutputFormat::Name => format!("{}\n", report.id),
         OutputFormat::Table | OutputFormat::Wide => {

@@ -207,7 +207,7 @@ pub fn render_text(tree: &Tree) -> String {
 pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
     let tree = tree(session, &args.resource_type, &args.name).await?;
     let text = match session.output {
-        OutputFormat::Json => output::json(&tree)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&tree)?,
         OutputFormat::Yaml => output::yaml(&tree)?,
         OutputFormat::Name => tree
             .ancestors

@@ -43,7 +43,7 @@ pub async fn types(session: &Session) -> anyhow::Result<Vec<TypeRow>> {
 pub async fn run(session: &Session) -> anyhow::Result<u8> {
     let rows = types(session).await?;
     let text = match session.output {
-        OutputFormat::Json => output::json(&rows)?,
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&rows)?,
         OutputFormat::Yaml => output::yaml(&rows)?,
         OutputFormat::Name => rows
             .iter()

@@ -76,7 +76,7 @@ pub fn render_event(
         None => return Ok(None),
     };
     match format {
-        OutputFormat::Json => {
+        OutputFormat::Json | OutputFormat::JsonPath => {
             let line = WatchLine {
                 time: prost_types::Timestamp::from(now).to_string(),
                 event: kind.to_owned(),
@@ -85,7 +85,7 @@ pub fn render_event(
                 resource: resource.map(|r| codec.to_value(r)).transpose()?,
                 message: None,
             };
-            Ok(Some(serde_json::to_string(&line)? + "\n"))
+            Ok(Some(output::json_line(&line)?))
         }
         OutputFormat::Name => Ok(resource.map(|r| format!("{}\n", output::resource_name(r)))),
         _ => {
@@ -133,6 +133,7 @@ pub fn render_event(
 fn notice(format: OutputFormat, event: &str, message: String) -> anyhow::Result<()> {
     eprintln!("resctl: {message}");
     if format == OutputFormat::Json {
+        // Not for jsonpath: a template describes events, and a notice is not one.
         let line = WatchLine {
             time: prost_types::Timestamp::from(SystemTime::now()).to_string(),
             event: event.to_owned(),
@@ -173,7 +174,10 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
             Some(WatchUpdate::Event(event)) => {
                 let end_of_snapshot = matches!(event.event, Some(Event::EndOfSnapshot(_)));
                 let counts = !end_of_snapshot;
-                let human = !matches!(session.output, OutputFormat::Json | OutputFormat::Name);
+                let human = !matches!(
+                    session.output,
+                    OutputFormat::Json | OutputFormat::JsonPath | OutputFormat::Name
+                );
                 if end_of_snapshot && !std::mem::replace(&mut listing, false) && human {
                     // A resume (or --from-version) lists nothing: say it caught up instead.
                     output::print(&format!(
