@@ -62,6 +62,13 @@ impl Tmux {
         );
     }
 
+    /// Resizes the window (the dashboard redraws on the resize event).
+    pub(crate) fn resize(&self, width: u16, height: u16) {
+        let (width, height) = (width.to_string(), height.to_string());
+        let output = self.run(&["resize-window", "-t", "dash", "-x", &width, "-y", &height]);
+        assert!(output.status.success(), "resize-window failed");
+    }
+
     pub(crate) fn keys(&self, keys: &[&str]) {
         let mut args = vec!["send-keys", "-t", "dash"];
         args.extend_from_slice(keys);
@@ -362,6 +369,19 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         &["kind-of-blue", "● live", &format!("node 3 {follower}")],
     )
     .await;
+    // At 80 columns NAME keeps its width; the less important columns give way.
+    tmux.resize(80, 24);
+    let narrow = tmux
+        .wait_for(
+            "the albums at 80 columns",
+            &["kind-of-blue", "a-love-supreme", "CONDITION"],
+        )
+        .await;
+    assert!(
+        narrow.lines().all(|line| line.chars().count() <= 80),
+        "{narrow}"
+    );
+    tmux.resize(160, 45);
     cluster.nodes[2].kill();
     tmux.wait_for(
         "the albums from the second server",

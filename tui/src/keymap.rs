@@ -42,11 +42,17 @@ pub enum Action {
     /// Dialogs: the highlighted choice.
     Choose,
     Cancel,
+    /// Close a dialog that only shows something (help, a message, why stuck).
+    Close,
+    /// ctrl-c: close the prompt or dialog that is open, else quit.
+    Interrupt,
 }
 
 /// Where a binding applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
+    /// Everywhere, also in dialogs and the input line.
+    Always,
     /// Everywhere outside dialogs and the input line.
     Global,
     /// Lists and tables.
@@ -62,11 +68,16 @@ pub enum Scope {
     Dialog,
     /// The edit-problem dialog (a conflict or a rejected document).
     EditProblem,
+    /// Dialogs that only show something: help, messages, why stuck.
+    Info,
+    /// The why-stuck dialog.
+    Stuck,
 }
 
 impl Scope {
     pub fn title(self) -> &'static str {
         match self {
+            Scope::Always => "Always (also while typing or in a dialog)",
             Scope::Global => "Everywhere",
             Scope::List => "Lists",
             Scope::Resource => "Resources (table, detail, tree)",
@@ -75,19 +86,21 @@ impl Scope {
             Scope::Snapshot => "Snapshot",
             Scope::Dialog => "Dialogs",
             Scope::EditProblem => "After an edit that did not save",
+            Scope::Info => "Help, messages, why stuck",
+            Scope::Stuck => "Why stuck",
         }
     }
 
     /// Whether bindings of this scope apply on `screen` (outside dialogs).
     pub fn applies_on(self, screen: Screen) -> bool {
         match self {
-            Scope::Global => true,
+            Scope::Always | Scope::Global => true,
             Scope::List => !matches!(screen, Screen::Snapshot),
             Scope::Resource => matches!(screen, Screen::Resources | Screen::Detail | Screen::Tree),
             Scope::Table => screen == Screen::Resources,
             Scope::Cluster => screen == Screen::Cluster,
             Scope::Snapshot => screen == Screen::Snapshot,
-            Scope::Dialog | Scope::EditProblem => false,
+            Scope::Dialog | Scope::EditProblem | Scope::Info | Scope::Stuck => false,
         }
     }
 }
@@ -177,6 +190,19 @@ pub const KEYMAP: &[Binding] = &[
         A::Cancel,
         "give up the edit (nothing saved)",
     ),
+    key(
+        Char('e'),
+        "e",
+        S::Stuck,
+        A::Edit,
+        "edit the resource (remove a finalizer by hand)",
+    ),
+    key(Char('w'), "w/n", S::Stuck, A::Close, "close (as esc does)"),
+    key(Char('n'), "w/n", S::Stuck, A::Close, ""),
+    key(Esc, "esc/enter/q", S::Info, A::Close, "close"),
+    key(Enter, "esc/enter/q", S::Info, A::Close, ""),
+    key(Char('q'), "esc/enter/q", S::Info, A::Close, ""),
+    key(Char('?'), "esc/enter/q", S::Info, A::Close, ""),
     // Snapshot stepper.
     key(
         Char('s'),
@@ -365,9 +391,9 @@ pub const KEYMAP: &[Binding] = &[
     ctrl(
         'c',
         "ctrl-c",
-        S::Global,
-        A::Quit,
-        "quit (from anywhere, also dialogs and input)",
+        S::Always,
+        A::Interrupt,
+        "close the prompt or dialog that is open; quit when none is",
     ),
 ];
 
@@ -418,6 +444,7 @@ pub fn screen_scopes(screen: Screen) -> Vec<Scope> {
 /// The help text: per scope, each action once with all its keys.
 pub fn help_sections() -> Vec<(&'static str, Vec<(String, &'static str)>)> {
     let order = [
+        Scope::Always,
         Scope::Global,
         Scope::List,
         Scope::Table,
@@ -426,6 +453,8 @@ pub fn help_sections() -> Vec<(&'static str, Vec<(String, &'static str)>)> {
         Scope::Snapshot,
         Scope::Dialog,
         Scope::EditProblem,
+        Scope::Info,
+        Scope::Stuck,
     ];
     let mut sections = Vec::new();
     for scope in order {
@@ -479,14 +508,15 @@ mod tests {
         let shifted = KeyEvent::new(Char('G'), KeyModifiers::SHIFT);
         assert_eq!(lookup(&shifted, &[Scope::List]), Some(Action::Bottom));
         let ctrl_c = KeyEvent::new(Char('c'), KeyModifiers::CONTROL);
-        assert_eq!(lookup(&ctrl_c, &[Scope::Global]), Some(Action::Quit));
-        assert_eq!(lookup(&press(Char('c')), &[Scope::Global]), None);
+        assert_eq!(lookup(&ctrl_c, &[Scope::Always]), Some(Action::Interrupt));
+        assert_eq!(lookup(&ctrl_c, &[Scope::Global]), None);
+        assert_eq!(lookup(&press(Char('c')), &[Scope::Always]), None);
     }
 
     #[test]
     fn every_action_with_help_is_listed_once_per_scope() {
         let sections = help_sections();
-        let global = &sections[0];
+        let global = &sections[1];
         assert_eq!(global.0, "Everywhere");
         let quit: Vec<_> = global
             .1

@@ -433,7 +433,7 @@ pub fn large_state(count: usize) -> State {
             data.apply(upsert(concept));
         }
     }
-    state.current_type = Some(gvk.into());
+    state.resources.current_type = Some(gvk.into());
     state.screen = crate::state::Screen::Resources;
     state
 }

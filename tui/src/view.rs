@@ -1,6 +1,7 @@
 //! Drawing: `render(state, frame)` reads the state and changes nothing. Each screen draws only
 //! the rows that fit (a type with 10,000 resources costs one screenful per frame).
 
+mod columns;
 mod dialogs;
 mod resources;
 mod screens;
@@ -148,7 +149,7 @@ fn render_tabs(state: &State, frame: &mut Frame, area: Rect) {
     for (i, screen) in Screen::TABS.iter().enumerate() {
         let mut title = screen.title().to_owned();
         if *screen == Screen::Resources
-            && let Some(gvk) = &state.current_type
+            && let Some(gvk) = &state.resources.current_type
         {
             title = gvk.clone();
         }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use proto::client::edit::{EditOutcome, Problem, Round};
+use proto::client::edit::{EditOutcome, EditSession, Problem, Round};
 use proto::client::{ClientError, WatchUpdate};
 use proto::cluster::v1::{ListTypesResponse, SnapshotHeader};
 use proto::resource::v1::State as ConditionState;
@@ -11,8 +11,11 @@ use proto::resource::v1::WatchEvent;
 use proto::resource::v1::watch_event::{Delete, Event};
 
 use super::*;
-use crate::msg::SnapshotMsg;
-use crate::state::{EVENT_TAIL, SnapshotInfo, SortKey, VerifyRow};
+use crate::msg::{ClusterReport, SnapshotMsg};
+use crate::state::{
+    Choice, Cursor, EVENT_TAIL, EventKind, SnapshotInfo, SnapshotStep, SortKey, TenancyFilter,
+    VerifyRow,
+};
 use crate::testing::{self, demo_state, resource, upsert};
 
 fn key(state: &mut State, code: KeyCode) -> Vec<Effect> {
@@ -45,7 +48,11 @@ fn watch(state: &mut State, gvk: &str, event: WatchEvent) {
 }
 
 fn selected_name(state: &State) -> Option<String> {
-    state.selected.as_ref().map(|key| key.name.clone())
+    state
+        .resources
+        .selected
+        .as_ref()
+        .map(|key| key.name.clone())
 }
 
 fn open(state: &mut State, type_name: &str) {
@@ -72,9 +79,12 @@ fn the_type_registry_starts_one_watch_per_type_and_the_start_commands() {
     }
     assert_eq!(state.store.types.len(), 9);
     assert_eq!(state.screen, Screen::Resources);
-    assert_eq!(state.current_type.as_deref(), Some("demo.v1.Executive"));
     assert_eq!(
-        state.tenancy,
+        state.resources.current_type.as_deref(),
+        Some("demo.v1.Executive")
+    );
+    assert_eq!(
+        state.resources.tenancy,
         TenancyFilter::Namespace {
             partition: "default".into(),
             namespace: "jazz".into()
@@ -102,7 +112,10 @@ fn the_event_tail_shows_live_changes_not_the_initial_snapshot() {
         upsert(resource(gvk, "default/jazz", "modal", 3)),
     );
     watch(&mut state, gvk, testing::end_of_snapshot("3"));
-    assert!(state.events.is_empty(), "snapshot upserts are not events");
+    assert!(
+        state.events.lines.is_empty(),
+        "snapshot upserts are not events"
+    );
     assert_eq!(state.link, Link::Live);
     watch(
         &mut state,
@@ -127,6 +140,7 @@ fn the_event_tail_shows_live_changes_not_the_initial_snapshot() {
     );
     let lines: Vec<(EventKind, &str)> = state
         .events
+        .lines
         .iter()
         .map(|e| (e.kind, e.text.as_str()))
         .collect();
@@ -152,10 +166,11 @@ fn the_event_tail_is_bounded() {
             upsert(resource(gvk, "default/jazz", &format!("c{i}"), i as u64)),
         );
     }
-    assert_eq!(state.events.len(), EVENT_TAIL);
+    assert_eq!(state.events.lines.len(), EVENT_TAIL);
     assert!(
         state
             .events
+            .lines
             .back()
             .is_some_and(|e| e.text.contains(&format!("c{}", EVENT_TAIL + 9)))
     );
@@ -196,7 +211,7 @@ fn a_disconnect_keeps_the_data_and_a_relist_replaces_it_at_its_end() {
             },
         },
     );
-    assert_eq!(state.events.len(), 1);
+    assert_eq!(state.events.lines.len(), 1);
 
     update(
         &mut state,
@@ -231,6 +246,7 @@ fn a_disconnect_keeps_the_data_and_a_relist_replaces_it_at_its_end() {
     assert!(
         state
             .events
+            .lines
             .iter()
             .any(|e| e.text.contains("listed again (1 resources)"))
     );
@@ -276,6 +292,7 @@ fn the_event_tail_says_who_made_each_change() {
     );
     let last = state
         .events
+        .lines
         .back()
         .map(|e| e.text.clone())
         .unwrap_or_default();
@@ -319,7 +336,7 @@ fn the_selection_follows_its_resource_across_updates() {
     }
     state.prepare();
     assert_eq!(selected_name(&state).as_deref(), Some("abbey-road"));
-    assert_eq!(state.resource_cursor.selected, 3);
+    assert_eq!(state.resources.cursor.selected, 3);
     // When it goes away, the cursor stays on the same row.
     watch(
         &mut state,
@@ -333,7 +350,7 @@ fn the_selection_follows_its_resource_across_updates() {
         },
     );
     state.prepare();
-    assert_eq!(state.resource_cursor.selected, 3);
+    assert_eq!(state.resources.cursor.selected, 3);
     assert_eq!(selected_name(&state).as_deref(), Some("ac"));
 }
 
@@ -343,16 +360,22 @@ fn the_filter_narrows_as_you_type_and_esc_clears_it() {
     open(&mut state, "demo.v2.Album");
     keys(&mut state, "/blu");
     state.prepare();
-    assert_eq!(state.filter, "blu");
-    let names: Vec<&str> = state.rows.keys.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(state.resources.filter, "blu");
+    let names: Vec<&str> = state
+        .resources
+        .rows
+        .keys
+        .iter()
+        .map(|k| k.name.as_str())
+        .collect();
     assert_eq!(names, ["kind-of-blue"]);
     key(&mut state, KeyCode::Backspace);
     key(&mut state, KeyCode::Enter);
     assert!(state.input.is_none());
-    assert_eq!(state.filter, "bl");
+    assert_eq!(state.resources.filter, "bl");
     // esc on the table clears a kept filter; a second esc goes back to the types.
     key(&mut state, KeyCode::Esc);
-    assert!(state.filter.is_empty());
+    assert!(state.resources.filter.is_empty());
     key(&mut state, KeyCode::Esc);
     assert_eq!(state.screen, Screen::Types);
 }
@@ -361,8 +384,15 @@ fn the_filter_narrows_as_you_type_and_esc_clears_it() {
 fn sorting_cycles_columns_and_reverses() {
     let mut state = demo_state();
     open(&mut state, "demo.v2.Artist");
-    let names =
-        |state: &State| -> Vec<String> { state.rows.keys.iter().map(|k| k.name.clone()).collect() };
+    let names = |state: &State| -> Vec<String> {
+        state
+            .resources
+            .rows
+            .keys
+            .iter()
+            .map(|k| k.name.clone())
+            .collect()
+    };
     assert_eq!(
         names(&state),
         ["john-coltrane", "miles-davis", "the-beatles"]
@@ -370,7 +400,7 @@ fn sorting_cycles_columns_and_reverses() {
     key(&mut state, KeyCode::Char('s')); // tenancy
     key(&mut state, KeyCode::Char('s')); // version
     state.prepare();
-    assert_eq!(state.sort, SortKey::Version);
+    assert_eq!(state.resources.sort, SortKey::Version);
     assert_eq!(
         names(&state),
         ["the-beatles", "miles-davis", "john-coltrane"]
@@ -378,7 +408,7 @@ fn sorting_cycles_columns_and_reverses() {
     key(&mut state, KeyCode::Char('s')); // age
     key(&mut state, KeyCode::Char('s')); // condition: worst first
     state.prepare();
-    assert_eq!(state.sort, SortKey::Condition);
+    assert_eq!(state.resources.sort, SortKey::Condition);
     assert_eq!(
         names(&state),
         ["the-beatles", "john-coltrane", "miles-davis"]
@@ -401,9 +431,15 @@ fn versions_sort_numerically_including_batched_ones() {
         watch(&mut state, gvk, upsert(concept));
     }
     open(&mut state, gvk);
-    state.sort = SortKey::Version;
+    state.resources.sort = SortKey::Version;
     state.prepare();
-    let names: Vec<&str> = state.rows.keys.iter().map(|k| k.name.as_str()).collect();
+    let names: Vec<&str> = state
+        .resources
+        .rows
+        .keys
+        .iter()
+        .map(|k| k.name.as_str())
+        .collect();
     assert_eq!(names, ["b", "a", "c", "d"]);
 }
 
@@ -414,7 +450,7 @@ fn n_cycles_through_every_tenancy_and_back_to_all() {
     let mut seen = Vec::new();
     for _ in 0..6 {
         key(&mut state, KeyCode::Char('n'));
-        seen.push(state.tenancy.label());
+        seen.push(state.resources.tenancy.label());
     }
     assert_eq!(
         seen,
@@ -427,12 +463,18 @@ fn n_cycles_through_every_tenancy_and_back_to_all() {
             "all tenancies"
         ]
     );
-    state.tenancy = TenancyFilter::Namespace {
+    state.resources.tenancy = TenancyFilter::Namespace {
         partition: "default".into(),
         namespace: "rock".into(),
     };
     state.prepare();
-    let names: Vec<&str> = state.rows.keys.iter().map(|k| k.name.as_str()).collect();
+    let names: Vec<&str> = state
+        .resources
+        .rows
+        .keys
+        .iter()
+        .map(|k| k.name.as_str())
+        .collect();
     assert_eq!(names, ["abbey-road"]);
 }
 
@@ -440,16 +482,25 @@ fn n_cycles_through_every_tenancy_and_back_to_all() {
 fn the_command_bar_opens_types_and_screens_and_explains_unknown_kinds() {
     let mut state = demo_state();
     open(&mut state, "Executive");
-    assert_eq!(state.current_type.as_deref(), Some("demo.v1.Executive"));
+    assert_eq!(
+        state.resources.current_type.as_deref(),
+        Some("demo.v1.Executive")
+    );
     assert_eq!(state.screen, Screen::Resources);
     // A kind in two versions of one group opens the newest.
     open(&mut state, "Artist");
-    assert_eq!(state.current_type.as_deref(), Some("demo.v2.Artist"));
+    assert_eq!(
+        state.resources.current_type.as_deref(),
+        Some("demo.v2.Artist")
+    );
     open(&mut state, "Nonesuch");
     let flash = state.flash.clone().expect("an error");
     assert!(flash.error);
     assert!(flash.text.contains("Nonesuch"), "{}", flash.text);
-    assert_eq!(state.current_type.as_deref(), Some("demo.v2.Artist"));
+    assert_eq!(
+        state.resources.current_type.as_deref(),
+        Some("demo.v2.Artist")
+    );
     open(&mut state, "controllers");
     assert_eq!(state.screen, Screen::Controllers);
     keys(&mut state, ":nope");
@@ -482,11 +533,14 @@ fn enter_drills_down_and_esc_comes_back() {
     key(&mut state, KeyCode::Up);
     key(&mut state, KeyCode::Enter); // demo.v2.Artist
     state.prepare();
-    assert_eq!(state.current_type.as_deref(), Some("demo.v2.Artist"));
+    assert_eq!(
+        state.resources.current_type.as_deref(),
+        Some("demo.v2.Artist")
+    );
     key(&mut state, KeyCode::Enter);
     assert_eq!(state.screen, Screen::Detail);
     assert_eq!(
-        state.detail.as_ref().map(|d| d.key.name.as_str()),
+        state.detail.at.as_ref().map(|d| d.key.name.as_str()),
         Some("john-coltrane")
     );
     key(&mut state, KeyCode::Char('o'));
@@ -507,6 +561,7 @@ fn the_owner_tree_shows_ancestors_and_descendants() {
     key(&mut state, KeyCode::Char('o'));
     let lines: Vec<String> = state
         .tree
+        .lines
         .iter()
         .map(|line| {
             format!(
@@ -525,7 +580,7 @@ fn the_owner_tree_shows_ancestors_and_descendants() {
             "└─ Album/kind-of-blue",
         ]
     );
-    assert_eq!(state.tree_cursor.selected, 1);
+    assert_eq!(state.tree.cursor.selected, 1);
 }
 
 #[test]
@@ -824,12 +879,19 @@ fn ctrl_c_closes_the_open_prompt_or_dialog_first_then_quits() {
             open(s, "Executive");
             keys(s, "/cl");
         },
+        |s: &mut State| {
+            open(s, "Executive");
+            key(s, KeyCode::Char('d'));
+            assert!(matches!(s.dialog, Some(Dialog::ConfirmDelete(_))));
+        },
     ] {
         let mut state = demo_state();
         setup(&mut state);
-        ctrl(&mut state, 'c');
+        let effects = ctrl(&mut state, 'c');
+        assert!(effects.is_empty(), "ctrl-c answers no: {effects:?}");
         assert!(!state.quit, "the first ctrl-c closes what is open");
         assert!(state.input.is_none() && state.dialog.is_none());
+        assert!(state.resources.filter.is_empty(), "as esc, it clears a filter being typed");
         ctrl(&mut state, 'c');
         assert!(state.quit, "the second quits");
     }
@@ -864,17 +926,17 @@ fn paging_moves_a_screenful_and_stays_in_bounds() {
     state.prepare();
     key(&mut state, KeyCode::PageDown);
     state.prepare();
-    assert_eq!(state.resource_cursor.selected, 30);
-    assert_eq!(state.resource_cursor.offset, 1);
+    assert_eq!(state.resources.cursor.selected, 30);
+    assert_eq!(state.resources.cursor.offset, 1);
     key(&mut state, KeyCode::Char('G'));
     state.prepare();
-    assert_eq!(state.resource_cursor.selected, 9_999);
-    assert_eq!(state.resource_cursor.offset, 9_970);
+    assert_eq!(state.resources.cursor.selected, 9_999);
+    assert_eq!(state.resources.cursor.offset, 9_970);
     assert_eq!(selected_name(&state).as_deref(), Some("concept-09999"));
     key(&mut state, KeyCode::PageDown);
     key(&mut state, KeyCode::Char('g'));
     state.prepare();
-    assert_eq!(state.resource_cursor, Cursor::default());
+    assert_eq!(state.resources.cursor, Cursor::default());
 }
 
 #[test]
@@ -886,11 +948,11 @@ fn the_events_screen_scrolls_back_and_follows_again() {
     state.screen = Screen::Events;
     key(&mut state, KeyCode::Up);
     key(&mut state, KeyCode::Up);
-    assert_eq!(state.events_scroll, 2);
+    assert_eq!(state.events.scroll, 2);
     state.push_event(EventKind::Notice, "new".into());
-    assert_eq!(state.events_scroll, 3, "the lines being read stay put");
+    assert_eq!(state.events.scroll, 3, "the lines being read stay put");
     key(&mut state, KeyCode::Char('G'));
-    assert_eq!(state.events_scroll, 0);
+    assert_eq!(state.events.scroll, 0);
 }
 
 #[test]
@@ -966,10 +1028,10 @@ fn conditions_drive_the_attention_sort() {
     );
     watch(&mut state, gvk, upsert(failing));
     open(&mut state, gvk);
-    state.sort = SortKey::Condition;
+    state.resources.sort = SortKey::Condition;
     state.prepare();
     assert_eq!(
-        state.rows.keys.first().map(|k| k.name.as_str()),
+        state.resources.rows.keys.first().map(|k| k.name.as_str()),
         Some("zz-failing")
     );
 }

@@ -9,6 +9,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span, Text};
 use ratatui::widgets::{Block, Paragraph, Row, Table, Wrap};
 
+use super::columns::{self, Column};
 use super::{condition_span, dim, render_window, selected_style, state_color, title_style};
 use crate::model::{ResRef, Store};
 use crate::state::State;
@@ -37,8 +38,57 @@ fn finalizers_cell(resource: &Resource) -> Span<'static> {
     }
 }
 
+/// Blank columns between table columns.
+const COLUMN_SPACING: u16 = 2;
+
+/// The resource table's columns; NAME matters most, then CONDITION and TENANCY.
+const TABLE_COLUMNS: [Column; 7] = [
+    Column {
+        header: "NAME",
+        min: 12,
+        max: 63,
+        priority: 9,
+    },
+    Column {
+        header: "TENANCY",
+        min: 9,
+        max: 40,
+        priority: 6,
+    },
+    Column {
+        header: "VERSION",
+        min: 7,
+        max: 20,
+        priority: 4,
+    },
+    Column {
+        header: "AGE",
+        min: 3,
+        max: 8,
+        priority: 5,
+    },
+    Column {
+        header: "CONDITION",
+        min: 12,
+        max: 40,
+        priority: 7,
+    },
+    Column {
+        header: "FINALIZERS",
+        min: 8,
+        max: 30,
+        priority: 2,
+    },
+    Column {
+        header: "OWNER",
+        min: 8,
+        max: 50,
+        priority: 3,
+    },
+];
+
 pub fn table(state: &State, frame: &mut Frame, area: Rect) {
-    let Some(gvk) = &state.current_type else {
+    let Some(gvk) = &state.resources.current_type else {
         let text = "No type chosen yet.\n\nPress 1 and enter on a type, or : and a kind (for \
                     example :Executive) to list its resources.";
         frame.render_widget(
@@ -61,16 +111,20 @@ pub fn table(state: &State, frame: &mut Frame, area: Rect) {
         Span::styled(format!(" {gvk} "), title_style()),
         Span::raw(format!(
             "· {} · {} of {} · sorted by {} {} ",
-            state.tenancy.label(),
-            state.rows.keys.len(),
+            state.resources.tenancy.label(),
+            state.resources.rows.keys.len(),
             data.resources.len(),
-            state.sort.label(),
-            if state.descending { "↓" } else { "↑" }
+            state.resources.sort.label(),
+            if state.resources.descending {
+                "↓"
+            } else {
+                "↑"
+            }
         )),
     ];
-    if !state.filter.is_empty() {
+    if !state.resources.filter.is_empty() {
         title.push(Span::styled(
-            format!("· filter \"{}\" ", state.filter),
+            format!("· filter \"{}\" ", state.resources.filter),
             Style::default().fg(Color::Yellow),
         ));
     }
@@ -81,35 +135,36 @@ pub fn table(state: &State, frame: &mut Frame, area: Rect) {
         ));
     }
     let block = Block::bordered().title(Line::from(title));
-    if state.rows.keys.is_empty() {
+    if state.resources.rows.keys.is_empty() {
         let text = if let Some(error) = &data.failed {
             format!("The watch of {gvk} stopped: {error}")
         } else if !data.synced {
             format!("Listing {gvk}…")
-        } else if !state.filter.is_empty() {
+        } else if !state.resources.filter.is_empty() {
             format!(
                 "Nothing matches the filter \"{}\" (esc clears it).",
-                state.filter
+                state.resources.filter
             )
         } else {
             format!(
                 "No {} resources in {} (n switches tenancy; resctl apply creates some).",
                 data.kind(),
-                state.tenancy.label()
+                state.resources.tenancy.label()
             )
         };
         frame.render_widget(Paragraph::new(text).block(block), area);
         return;
     }
     let height = usize::from(area.height.saturating_sub(3));
-    let cursor = state.resource_cursor;
+    let cursor = state.resources.cursor;
     let visible = state
+        .resources
         .rows
         .keys
         .iter()
         .skip(cursor.offset)
         .take(height.max(1));
-    let rows: Vec<Row> = visible
+    let cells: Vec<(Style, [Span<'static>; 7])> = visible
         .filter_map(|key| {
             let resource = data.resources.get(key)?;
             let owner = resource
@@ -122,40 +177,59 @@ pub fn table(state: &State, frame: &mut Frame, area: Rect) {
             } else {
                 Style::default()
             };
-            Some(
-                Row::new(vec![
-                    Line::from(key.name.clone()),
-                    Line::from(key.tenancy_label()),
-                    Line::from(resource.version.clone()),
-                    Line::from(describe::age_of(resource, state.now)),
-                    Line::from(condition_span(resource)),
-                    Line::from(finalizers_cell(resource)),
-                    Line::from(owner),
-                ])
-                .style(style),
-            )
+            Some((
+                style,
+                [
+                    Span::raw(key.name.clone()),
+                    Span::raw(key.tenancy_label()),
+                    Span::raw(resource.version.clone()),
+                    Span::raw(describe::age_of(resource, state.now)),
+                    condition_span(resource),
+                    finalizers_cell(resource),
+                    Span::raw(owner),
+                ],
+            ))
         })
         .collect();
-    let widths = [
-        Constraint::Fill(3),
-        Constraint::Length(14),
-        Constraint::Length(8),
-        Constraint::Length(5),
-        Constraint::Length(26),
-        Constraint::Fill(3),
-        Constraint::Fill(3),
-    ];
-    let header = Row::new([
-        "NAME",
-        "TENANCY",
-        "VERSION",
-        "AGE",
-        "CONDITION",
-        "FINALIZERS",
-        "OWNER",
-    ])
+    // Sized to what is on screen; on a narrow terminal NAME keeps its width longest.
+    let mut natural = [0u16; 7];
+    for (_, row) in &cells {
+        for (width, cell) in natural.iter_mut().zip(row) {
+            *width = (*width).max(cell.width() as u16);
+        }
+    }
+    // Borders (2) and the selection marker (2).
+    let available = area.width.saturating_sub(4);
+    let widths = columns::fit(&TABLE_COLUMNS, &natural, available, COLUMN_SPACING);
+    let shown = |index: &usize| widths[*index] > 0;
+    let rows: Vec<Row> = cells
+        .iter()
+        .map(|(style, row)| {
+            Row::new(
+                (0..row.len())
+                    .filter(shown)
+                    .map(|index| Line::from(columns::cut_span(&row[index], widths[index])))
+                    .collect::<Vec<_>>(),
+            )
+            .style(*style)
+        })
+        .collect();
+    let header = Row::new(
+        (0..TABLE_COLUMNS.len())
+            .filter(shown)
+            .map(|index| columns::ellipsize(TABLE_COLUMNS[index].header, widths[index]))
+            .collect::<Vec<_>>(),
+    )
     .style(Style::default().add_modifier(Modifier::BOLD));
-    let table = Table::new(rows, widths).header(header).block(block);
+    let widths: Vec<Constraint> = widths
+        .iter()
+        .filter(|width| **width > 0)
+        .map(|width| Constraint::Length(*width))
+        .collect();
+    let table = Table::new(rows, widths)
+        .header(header)
+        .column_spacing(COLUMN_SPACING)
+        .block(block);
     render_window(frame, area, table, cursor);
 }
 
@@ -343,7 +417,7 @@ fn child_label(store: &Store, at: &ResRef) -> String {
 }
 
 pub fn detail(state: &State, frame: &mut Frame, area: Rect) {
-    let Some(at) = &state.detail else {
+    let Some(at) = &state.detail.at else {
         frame.render_widget(
             Paragraph::new("Nothing selected.").block(Block::bordered().title(" Detail ")),
             area,
@@ -355,20 +429,20 @@ pub fn detail(state: &State, frame: &mut Frame, area: Rect) {
     frame.render_widget(
         Paragraph::new(Text::from(lines))
             .block(Block::bordered().title(Span::styled(title, title_style())))
-            .scroll((state.detail_scroll, 0)),
+            .scroll((state.detail.scroll, 0)),
         area,
     );
 }
 
 pub fn tree(state: &State, frame: &mut Frame, area: Rect) {
-    let Some(focus) = &state.tree_focus else {
+    let Some(focus) = &state.tree.focus else {
         return;
     };
     let block = Block::bordered().title(Span::styled(
         format!(" Owner tree of {} ", state.label_of(focus)),
         title_style(),
     ));
-    if state.tree.is_empty() {
+    if state.tree.lines.is_empty() {
         frame.render_widget(
             Paragraph::new(format!("{} is gone.", state.label_of(focus))).block(block),
             area,
@@ -376,9 +450,10 @@ pub fn tree(state: &State, frame: &mut Frame, area: Rect) {
         return;
     }
     let height = usize::from(area.height.saturating_sub(2)).max(1);
-    let cursor = state.tree_cursor;
+    let cursor = state.tree.cursor;
     let lines: Vec<Line> = state
         .tree
+        .lines
         .iter()
         .enumerate()
         .skip(cursor.offset)

@@ -61,7 +61,7 @@ pub fn types(state: &State, frame: &mut Frame, area: Rect) {
         return;
     }
     let height = usize::from(area.height.saturating_sub(3)).max(1);
-    let cursor = state.types_cursor;
+    let cursor = state.types.cursor;
     let rows: Vec<Row> = state
         .store
         .types
@@ -227,7 +227,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
     let rows: Vec<Row> = members
         .members
         .iter()
-        .skip(state.cluster_cursor.offset)
+        .skip(state.nodes.cursor.offset)
         .take(height)
         .map(|member| {
             let node = state.cluster.nodes.get(&member.node_id);
@@ -320,7 +320,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         "HEALTH",
     ]))
     .block(block);
-    render_window(frame, bottom, table, state.cluster_cursor);
+    render_window(frame, bottom, table, state.nodes.cursor);
 }
 
 pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
@@ -350,7 +350,7 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     ];
     header.extend(map.node_ids.iter().map(|id| format!("NODE {id}")));
     let height = usize::from(top.height.saturating_sub(3)).max(1);
-    let cursor = state.controllers_cursor;
+    let cursor = state.controllers.cursor;
     let rows: Vec<Row> = map
         .controllers
         .iter()
@@ -450,19 +450,22 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
 }
 
 pub fn events(state: &State, frame: &mut Frame, area: Rect) {
-    let following = if state.events_scroll == 0 {
+    let following = if state.events.scroll == 0 {
         Span::styled("· following ", Style::default().fg(Color::Green))
     } else {
         Span::styled(
-            format!("· paused {} back (G follows) ", state.events_scroll),
+            format!("· paused {} back (G follows) ", state.events.scroll),
             Style::default().fg(Color::Yellow),
         )
     };
     let block = Block::bordered().title(Line::from(vec![
-        Span::styled(format!(" Events ({}) ", state.events.len()), title_style()),
+        Span::styled(
+            format!(" Events ({}) ", state.events.lines.len()),
+            title_style(),
+        ),
         following,
     ]));
-    if state.events.is_empty() {
+    if state.events.lines.is_empty() {
         frame.render_widget(
             Paragraph::new(
                 "No changes since the dashboard started. Writes, deletes and status updates \
@@ -475,10 +478,11 @@ pub fn events(state: &State, frame: &mut Frame, area: Rect) {
         return;
     }
     let height = usize::from(area.height.saturating_sub(2)).max(1);
-    let end = state.events.len() - state.events_scroll.min(state.events.len());
+    let end = state.events.lines.len() - state.events.scroll.min(state.events.lines.len());
     let start = end.saturating_sub(height);
     let lines: Vec<Line> = state
         .events
+        .lines
         .range(start..end)
         .map(|event| {
             let color = match event.kind {

@@ -22,8 +22,12 @@ const WIDTH: u16 = 140;
 const HEIGHT: u16 = 30;
 
 fn draw(state: &mut State) -> Buffer {
-    let mut terminal = Terminal::new(TestBackend::new(WIDTH, HEIGHT)).expect("test terminal");
-    state.page = page_rows(HEIGHT);
+    draw_at(state, WIDTH, HEIGHT)
+}
+
+fn draw_at(state: &mut State, width: u16, height: u16) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test terminal");
+    state.page = page_rows(height);
     state.prepare();
     terminal.draw(|frame| render(state, frame)).expect("draws");
     terminal.backend().buffer().clone()
@@ -402,6 +406,24 @@ fn edit_conflict_dialog() {
         },
     });
     snapshot!("edit_conflict", &mut state);
+}
+
+#[test]
+fn at_80_columns_name_keeps_its_width_and_less_important_columns_give_way() {
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Album");
+    let rendered = text(&draw_at(&mut state, 80, 12));
+    insta::assert_snapshot!("resources_albums_80_columns", rendered);
+    // Every album name whole, and the condition column still there.
+    for name in [
+        "a-love-supreme",
+        "abbey-road",
+        "bitches-brew",
+        "kind-of-blue",
+    ] {
+        assert!(rendered.contains(name), "{rendered}");
+    }
+    assert!(rendered.contains("CONDITION"), "{rendered}");
 }
 
 #[test]
