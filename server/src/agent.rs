@@ -20,14 +20,16 @@ use tracing::Instrument;
 mod acl_feed;
 mod serve;
 
-pub use serve::ServeError;
+pub use serve::{Listening, ServeError};
 
 use crate::acl::{AclsDisabled, TokenResolver, TokenStore};
 use crate::controller::Runtime;
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
+use crate::metrics::{ControllerSample, Metrics, RaftSample, Sample};
 use crate::registry::{Registry, RegistryError};
 use crate::service::cluster::{ClusterGrpc, ControllerReport};
+use crate::service::grpc::ResourceGrpc;
 use crate::service::{self, ResourceService};
 use crate::storage::Backend;
 use crate::storage::events::HistoryLimits;
@@ -61,6 +63,9 @@ pub struct AgentConfig {
     pub api_addr: SocketAddr,
     /// Address of the internal raft service; port 0 picks a free port.
     pub raft_addr: SocketAddr,
+    /// Address of the HTTP server (`/metrics`, `/healthz`, `/readyz`, the HTTP+JSON API); off
+    /// unless set.
+    pub http_addr: Option<SocketAddr>,
     /// Initialize a new cluster with this node as its first voter (ignored once initialized).
     pub bootstrap: bool,
     /// API address of a member to join through.
@@ -143,6 +148,7 @@ impl Default for AgentConfig {
             data_dir: None,
             api_addr: SocketAddr::from(([127, 0, 0, 1], 8502)),
             raft_addr: SocketAddr::from(([127, 0, 0, 1], 8302)),
+            http_addr: None,
             bootstrap: false,
             join: None,
             storage: StorageKind::Raft,
@@ -213,6 +219,8 @@ pub struct Agent {
     /// With ACLs on, the token cache the agent keeps current.
     acl_store: Option<Arc<TokenStore>>,
     tls: Option<Arc<NodeTls>>,
+    http_listener: Option<TcpListener>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 }
 
@@ -244,7 +252,12 @@ impl Agent {
             None => None,
         };
         let dialer = Dialer::new(tls.clone());
+        let metrics = Arc::new(Metrics::new());
         let api_listener = bind("API", config.api_addr).await?;
+        let http_listener = match config.http_addr {
+            Some(addr) => Some(bind("HTTP API", addr).await?),
+            None => None,
+        };
         let api_addr = api_listener
             .local_addr()
             .map_err(|source| AgentError::Bind {
@@ -293,6 +306,7 @@ impl Agent {
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 options.dialer = dialer.clone();
                 options.cluster_name = config.cluster_name.clone();
+                options.metrics = metrics.storage.clone();
                 let backend = RaftBackend::open(options).await?;
                 (
                     backend.clone() as Arc<dyn Backend>,
@@ -314,6 +328,12 @@ impl Agent {
                 raft.as_ref()
                     .and_then(|(_, listener)| listener.local_addr().ok())
                     .map(|addr| ("raft service", addr)),
+            )
+            .chain(
+                http_listener
+                    .as_ref()
+                    .and_then(|listener| listener.local_addr().ok())
+                    .map(|addr| ("HTTP API", addr)),
             )
             .filter(|(_, addr)| !addr.ip().is_loopback())
             .map(|(what, addr)| format!("the {what} on {addr}"))
@@ -347,8 +367,17 @@ impl Agent {
             tokens,
             acl_store,
             tls,
+            http_listener,
+            metrics,
             shutdown,
         })
+    }
+
+    /// The address the HTTP server listens on, when one was asked for.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// The address the API listens on (the real port when the config asked for port 0).
@@ -388,12 +417,15 @@ impl Agent {
             tokens,
             acl_store,
             tls,
+            http_listener,
+            metrics,
             shutdown,
         } = self;
         let net = Network {
             dialer: Dialer::new(tls.clone()),
             refusals: Arc::new(Refusals::default()),
             cluster_name: config.cluster_name.clone(),
+            metrics: metrics.clone(),
         };
 
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
@@ -410,6 +442,13 @@ impl Agent {
             }
             None => (None, standalone),
         };
+        metrics.sample_with(sampler(raft.clone(), controllers.clone()));
+        if let Some(raft) = &raft {
+            tasks.push(tokio::spawn(
+                log_cluster_changes(raft.clone(), metrics.clone(), shutdown.clone())
+                    .in_current_span(),
+            ));
+        }
         tasks.push(tokio::spawn(
             manager.run(leadership, shutdown.clone()).in_current_span(),
         ));
@@ -427,12 +466,31 @@ impl Agent {
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
             .with_dialer(net.dialer.clone())
             .with_acls(tokens.clone(), service.clone());
+        let resources =
+            ResourceGrpc::new(service.clone(), tokens).with_watch_metrics(metrics.watch.clone());
+        if let Some(listener) = http_listener {
+            let router = crate::http::router(crate::http::HttpState {
+                resources: resources.clone(),
+                cluster: cluster.clone(),
+                raft: raft.clone(),
+                registry: service.registry().clone(),
+                metrics: metrics.clone(),
+                max_body_bytes: config.max_resource_bytes + serve::REQUEST_ENVELOPE_SLACK,
+            });
+            let listening = net.listening(tls.as_ref().map(|tls| tls.api_server_config()));
+            tasks.push(tokio::spawn(
+                crate::http::serve(listener, listening, router, shutdown.clone()).in_current_span(),
+            ));
+        }
         let served = serve::serve_api(
             api_listener,
             net.listening(tls.as_ref().map(|tls| tls.api_server_config())),
-            service,
-            tokens,
-            cluster,
+            serve::Api {
+                service,
+                resources,
+                cluster,
+                metrics: metrics.clone(),
+            },
             raft.clone(),
             shutdown.clone(),
         )
@@ -455,14 +513,100 @@ struct Network {
     /// Refused handshakes, peers and joins, logged once per peer.
     refusals: Arc<Refusals>,
     cluster_name: String,
+    metrics: Arc<Metrics>,
 }
 
 impl Network {
-    fn listening(&self, tls: Option<Arc<rustls::ServerConfig>>) -> serve::Listening {
-        serve::Listening {
+    fn listening(&self, tls: Option<Arc<rustls::ServerConfig>>) -> Listening {
+        Listening {
             tls,
             cluster_name: self.cluster_name.clone(),
             refusals: self.refusals.clone(),
+        }
+    }
+}
+
+/// What `/metrics` reads at each scrape: raft's indexes, the controllers' counters and queues,
+/// resource counts and LMDB sizes.
+fn sampler(
+    raft: Option<Arc<RaftBackend>>,
+    controllers: std::collections::BTreeMap<String, crate::controller::manager::Registered>,
+) -> crate::metrics::Sampler {
+    use std::sync::atomic::Ordering;
+    Arc::new(move || {
+        let controllers = controllers
+            .values()
+            .map(|registered| ControllerSample {
+                name: registered.controller.name.clone(),
+                reconciles_ok: registered.stats.reconciles_ok.load(Ordering::Relaxed),
+                reconciles_failed: registered.stats.reconciles_failed.load(Ordering::Relaxed),
+                queue_depth: registered.stats.queue_depth.load(Ordering::Relaxed),
+            })
+            .collect();
+        let Some(raft) = &raft else {
+            return Sample {
+                controllers,
+                ..Sample::default()
+            };
+        };
+        let status = raft.status();
+        let storage = raft.storage_sample();
+        Sample {
+            raft: Some(RaftSample {
+                term: status.term,
+                is_leader: status.role == crate::storage::raft::backend::Role::Leader,
+                commit_index: status.commit_index,
+                applied_index: status.applied_index,
+            }),
+            controllers,
+            resources: storage.resources,
+            lmdb_bytes: storage.lmdb_bytes,
+        }
+    })
+}
+
+/// One info line per leadership and membership change this node sees (snapshots and restores
+/// log where they happen), and the leader-change counter.
+async fn log_cluster_changes(
+    raft: Arc<RaftBackend>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let mut watch = raft.raft().metrics();
+    let mut leader: Option<u64> = None;
+    let mut membership: Option<(Vec<u64>, Vec<u64>)> = None;
+    let mut first = true;
+    loop {
+        {
+            let now = watch.borrow_and_update();
+            if now.current_leader != leader {
+                if let Some(new) = now.current_leader {
+                    metrics.leader_changes.inc();
+                    tracing::info!(leader = new, term = now.current_term, "leader changed");
+                } else if leader.is_some() {
+                    tracing::info!(
+                        term = now.current_term,
+                        "no leader: an election is under way"
+                    );
+                }
+                leader = now.current_leader;
+            }
+            // The sets, not the configuration's log id: a joint change passes through several
+            // configurations of the same members.
+            let voters: Vec<u64> = now.membership_config.membership().voter_ids().collect();
+            let learners: Vec<u64> = now.membership_config.membership().learner_ids().collect();
+            let sets = Some((voters, learners));
+            if sets != membership {
+                if !first && let Some((voters, learners)) = &sets {
+                    tracing::info!(?voters, ?learners, "membership changed");
+                }
+                membership = sets;
+            }
+            first = false;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = watch.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -487,10 +631,11 @@ async fn start_raft(
             grpc = grpc.with_verified_peers(net.refusals.clone());
         }
         let listening = net.listening(tls);
+        let metrics = net.metrics.clone();
         tasks.push(tokio::spawn(
             async move {
                 if let Err(error) =
-                    serve::serve_raft(listener, listening, grpc, token.clone()).await
+                    serve::serve_raft(listener, listening, grpc, metrics, token.clone()).await
                 {
                     tracing::error!(%error, "the raft service stopped; shutting down");
                     token.cancel();
@@ -638,12 +783,13 @@ async fn default_tenancy_when_ready(service: Arc<ResourceService>, shutdown: Can
 }
 
 /// Configs of a local cluster of `size` nodes under `base_dir`: node 1 bootstraps, the others
-/// join it. Ports count up from the bases (0 picks free ports).
+/// join it. Ports count up from the bases (0 picks free ports; no HTTP port, no HTTP server).
 pub fn dev_cluster(
     base_dir: &std::path::Path,
     size: u64,
     api_port: u16,
     raft_port: u16,
+    http_port: Option<u16>,
 ) -> Vec<AgentConfig> {
     (1..=size)
         .map(|node_id| {
@@ -655,6 +801,7 @@ pub fn dev_cluster(
                 data_dir: Some(base_dir.join(format!("node{node_id}"))),
                 api_addr: SocketAddr::from(([127, 0, 0, 1], port(api_port))),
                 raft_addr: SocketAddr::from(([127, 0, 0, 1], port(raft_port))),
+                http_addr: http_port.map(|base| SocketAddr::from(([127, 0, 0, 1], port(base)))),
                 bootstrap: node_id == 1,
                 join: None,
                 ..AgentConfig::default()

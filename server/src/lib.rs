@@ -13,6 +13,8 @@
 pub mod acl;
 pub mod agent;
 pub mod controller;
+pub mod http;
+pub mod metrics;
 pub mod registry;
 pub mod resource;
 pub mod service;

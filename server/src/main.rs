@@ -15,8 +15,20 @@ use tracing::Instrument;
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
+    /// How log lines look on stderr: text for people, json for log pipelines (one object per
+    /// line: time, level, target, message, fields). Levels come from RUST_LOG [default: text].
+    #[arg(long, global = true, value_enum, env = "RESD_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines (coloured on a terminal).
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +135,11 @@ struct AgentArgs {
     #[arg(long, env = "RESD_RAFT_ADDR")]
     raft_addr: Option<SocketAddr>,
 
+    /// Address of the HTTP server: /metrics (Prometheus), /healthz, /readyz and the HTTP+JSON
+    /// API under /v1, with the node's TLS and ACL settings [default: off].
+    #[arg(long, env = "RESD_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+
     /// Start a new cluster with this node as its first member (no-op once initialized).
     #[arg(long)]
     bootstrap: bool,
@@ -199,6 +216,11 @@ struct DevArgs {
     #[arg(long, default_value_t = 8302)]
     raft_port: u16,
 
+    /// HTTP port of node 1 (/metrics, /readyz, the HTTP+JSON API); nodes 2 and 3 use the next
+    /// ports (0 picks free ports).
+    #[arg(long, default_value_t = 8512)]
+    http_port: u16,
+
     /// Keep the data directories instead of deleting them on exit.
     #[arg(long)]
     keep: bool,
@@ -215,14 +237,23 @@ struct DevArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
+    match cli.log_format.unwrap_or(LogFormat::Text) {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Command::Agent(args) = &cli.command
         && let Some(threads) = args.worker_threads
@@ -326,6 +357,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     if let Some(addr) = args.raft_addr {
         config.raft_addr = addr;
     }
+    if args.http_addr.is_some() {
+        config.http_addr = args.http_addr;
+    }
     if args.bootstrap {
         config.bootstrap = true;
         config.join = None;
@@ -394,6 +428,10 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(raft_addr) = agent.raft_addr() {
         println!("resd: raft on {raft_addr}");
     }
+    if let Some(http_addr) = agent.http_addr() {
+        tracing::info!(%http_addr, "serving HTTP: /metrics, /healthz, /readyz, /v1");
+        println!("resd: serving HTTP on {http_addr}");
+    }
 
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     let served = agent.run().await;
@@ -412,7 +450,13 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         .tempdir()
         .context("cannot create a temporary data directory")?;
     let shutdown = CancellationToken::new();
-    let mut configs = server::agent::dev_cluster(base.path(), 3, args.api_port, args.raft_port);
+    let mut configs = server::agent::dev_cluster(
+        base.path(),
+        3,
+        args.api_port,
+        args.raft_port,
+        Some(args.http_port),
+    );
     let mut connect_flags = String::new();
     let mut grpcurl_flags = "-plaintext".to_owned();
     if args.tls {
@@ -480,10 +524,11 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             .api_addr()
             .context("cannot read the bound API address")?;
         println!(
-            "node {}  api {}  raft {}  data {}",
+            "node {}  api {}  raft {}  http {}  data {}",
             config.node_id,
             api_addr,
             agent.raft_addr().map(|a| a.to_string()).unwrap_or_default(),
+            agent.http_addr().map(|a| a.to_string()).unwrap_or_default(),
             config
                 .data_dir
                 .as_deref()

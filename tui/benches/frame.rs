@@ -134,7 +134,10 @@ fn main() {
     );
     let samples = (0..100).map(|_| frame(&mut terminal, &mut state)).collect();
     stats(
-        &format!("frame after the events ({} rows)", state.resources.rows.keys.len()),
+        &format!(
+            "frame after the events ({} rows)",
+            state.resources.rows.keys.len()
+        ),
         samples,
         Duration::from_millis(16),
     );

@@ -304,6 +304,9 @@ fn status(node_id: u64, role: Role, commit: u64) -> StatusResponse {
         cluster_name: "dev".into(),
         ready: true,
         not_ready_reason: String::new(),
+        write_rate: 12.5 * node_id as f64,
+        apply_p99_ms: 0.8,
+        writes_per_second: (0..60u64).map(|s| (s * node_id) % 23).collect(),
     }
 }
 

@@ -27,6 +27,12 @@ pub struct StatusView {
     pub ready: bool,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub not_ready_reason: String,
+    /// Resource writes applied per second over the last 10 s.
+    pub write_rate: f64,
+    /// 99th percentile time to apply committed entries over the last 10 s (ms).
+    pub apply_p99_ms: f64,
+    /// Writes applied in each of the last 60 s, oldest first.
+    pub writes_per_second: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,6 +65,9 @@ pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
         storage: status.storage,
         ready: status.ready,
         not_ready_reason: status.not_ready_reason,
+        write_rate: status.write_rate,
+        apply_p99_ms: status.apply_p99_ms,
+        writes_per_second: status.writes_per_second,
     })
 }
 
@@ -121,6 +130,14 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                         ("last log index", view.last_log_index.to_string()),
                         ("snapshot index", view.snapshot_index.to_string()),
                         ("storage", view.storage.clone()),
+                        (
+                            "writes",
+                            describe::activity_label(view.write_rate, view.apply_p99_ms),
+                        ),
+                        (
+                            "writes (60 s)",
+                            describe::sparkline(&view.writes_per_second),
+                        ),
                     ] {
                         table.row([field.to_owned(), value]);
                     }

@@ -132,6 +132,33 @@ pub fn age_of(resource: &Resource, now: SystemTime) -> String {
 }
 
 /// The raft role as a word.
+/// A text sparkline of `values` (`▁▂▃▄▅▆▇█`), scaled to their largest; all zero is a flat `▁`
+/// line.
+pub fn sparkline(values: &[u64]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let top = values.iter().copied().max().unwrap_or(0);
+    values
+        .iter()
+        .map(|value| {
+            if top == 0 || *value == 0 {
+                BARS[0]
+            } else {
+                // 1..=top → bars 1..=7, so any activity shows above the baseline.
+                let level = value.saturating_mul(7).div_ceil(top);
+                BARS[(level as usize).clamp(1, 7)]
+            }
+        })
+        .collect()
+}
+
+/// `1234.5/s · apply p99 1.6 ms`: a node's recent write activity.
+pub fn activity_label(write_rate: f64, apply_p99_ms: f64) -> String {
+    if write_rate == 0.0 {
+        return "idle".to_owned();
+    }
+    format!("{write_rate:.1}/s · apply p99 {apply_p99_ms} ms")
+}
+
 pub fn role_label(role: i32) -> &'static str {
     match Role::try_from(role) {
         Ok(Role::Leader) => "leader",
@@ -147,6 +174,18 @@ pub fn role_label(role: i32) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sparklines_scale_to_their_largest_value() {
+        assert_eq!(sparkline(&[0, 1, 5, 10, 0]), "▁▂▅█▁");
+        assert_eq!(sparkline(&[0, 0]), "▁▁");
+        assert_eq!(sparkline(&[3]), "█");
+        assert_eq!(activity_label(0.0, 0.0), "idle");
+        assert_eq!(
+            activity_label(12.5, 1.6),
+            "12.5/s · apply p99 1.6 ms"
+        );
+    }
+
     use super::*;
 
     #[test]

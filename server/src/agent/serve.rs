@@ -11,7 +11,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::acl::TokenResolver;
+use crate::metrics::Metrics;
+use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::service::ResourceService;
 use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
@@ -21,7 +22,15 @@ use crate::tls::accept::{self, Conn, Refusals};
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
 /// service and gets its clear message rather than a transport error.
-const REQUEST_ENVELOPE_SLACK: usize = 64 * 1024;
+pub(crate) const REQUEST_ENVELOPE_SLACK: usize = 64 * 1024;
+
+/// The public API's services.
+pub struct Api {
+    pub service: Arc<ResourceService>,
+    pub resources: ResourceGrpc,
+    pub cluster: ClusterGrpc,
+    pub metrics: Arc<Metrics>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -43,7 +52,7 @@ pub struct Listening {
 impl Listening {
     /// Accepted connections, with `TCP_NODELAY` set (without it, small gRPC frames wait on
     /// Nagle's algorithm and the peer's delayed ACK) and, with TLS, handshaken.
-    fn incoming(
+    pub(crate) fn incoming(
         self,
         listener: TcpListener,
         what: &'static str,
@@ -101,12 +110,16 @@ pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
 pub async fn serve_api(
     listener: TcpListener,
     listening: Listening,
-    service: Arc<ResourceService>,
-    tokens: Arc<dyn TokenResolver>,
-    cluster: ClusterGrpc,
+    api: Api,
     raft: Option<Arc<RaftBackend>>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    let Api {
+        service,
+        resources,
+        cluster,
+        metrics,
+    } = api;
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -150,13 +163,14 @@ pub async fn serve_api(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let resource_service = ResourceServiceServer::new(ResourceGrpc::new(service, tokens))
-        .max_decoding_message_size(max_message);
+    let resource_service =
+        ResourceServiceServer::new(resources).max_decoding_message_size(max_message);
     let cluster_service = ClusterServiceServer::new(cluster);
 
     let stopping = shutdown.clone();
     let reporter = health_reporter.clone();
     let served = tonic::transport::Server::builder()
+        .layer(GrpcMetricsLayer::new(metrics))
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))
@@ -201,10 +215,12 @@ pub async fn serve_raft(
     listener: TcpListener,
     listening: Listening,
     raft: RaftGrpc,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .layer(GrpcMetricsLayer::new(metrics))
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))

@@ -400,6 +400,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             cluster_name: self.cluster_name.clone(),
             ready: not_ready.is_none(),
             not_ready_reason: not_ready.unwrap_or_default(),
+            write_rate: status.recent.write_rate,
+            apply_p99_ms: status.recent.p99_ms,
+            writes_per_second: status.recent.writes_per_second,
         }))
     }
 
@@ -603,6 +606,11 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .restore(spooled.chunks()?)
             .await
             .map_err(|error| Status::from(Error::from(error)))?;
+        tracing::info!(
+            resources = header.resource_count,
+            restored_index,
+            "restored the cluster state from an operator snapshot"
+        );
         Ok(Response::new(SnapshotRestoreResponse {
             header: Some(header),
             restored_index,

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 use super::read::WatchStream;
 use super::{Error, ResourceService};
 use crate::acl::{Authorizer, TokenResolver};
+use crate::metrics::WatchMetrics;
 use crate::storage::Consistency;
 
 pub use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
@@ -23,11 +24,22 @@ pub use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
 pub struct ResourceGrpc {
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
+    watch_metrics: WatchMetrics,
 }
 
 impl ResourceGrpc {
     pub fn new(service: Arc<ResourceService>, tokens: Arc<dyn TokenResolver>) -> Self {
-        ResourceGrpc { service, tokens }
+        ResourceGrpc {
+            service,
+            tokens,
+            watch_metrics: WatchMetrics::default(),
+        }
+    }
+
+    /// Counts open watch streams and the events they send into `metrics`.
+    pub fn with_watch_metrics(mut self, metrics: WatchMetrics) -> Self {
+        self.watch_metrics = metrics;
+        self
     }
 
     fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
@@ -237,8 +249,19 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             Some(changes) => while_token_valid(events, self.tokens.clone(), token, changes).boxed(),
             None => events,
         };
+        let open = self.watch_metrics.open_stream();
+        let sent = self.watch_metrics.events_sent.clone();
         Ok(Response::new(
-            events.map(|item| item.map_err(Status::from)).boxed(),
+            events
+                .map(move |item| {
+                    // The stream holds the guard: the gauge drops when the client goes away.
+                    let _open = &open;
+                    if item.is_ok() {
+                        sent.inc();
+                    }
+                    item.map_err(Status::from)
+                })
+                .boxed(),
         ))
     }
 

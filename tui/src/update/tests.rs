@@ -891,7 +891,10 @@ fn ctrl_c_closes_the_open_prompt_or_dialog_first_then_quits() {
         assert!(effects.is_empty(), "ctrl-c answers no: {effects:?}");
         assert!(!state.quit, "the first ctrl-c closes what is open");
         assert!(state.input.is_none() && state.dialog.is_none());
-        assert!(state.resources.filter.is_empty(), "as esc, it clears a filter being typed");
+        assert!(
+            state.resources.filter.is_empty(),
+            "as esc, it clears a filter being typed"
+        );
         ctrl(&mut state, 'c');
         assert!(state.quit, "the second quits");
     }

@@ -200,6 +200,17 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                         status.log_entries, status.log_commits, status.log_operations
                     ),
                 ),
+                Line::from(vec![
+                    Span::styled(format!("  {:<16}", "writes (60 s)"), dim()),
+                    Span::styled(
+                        describe::sparkline(&status.writes_per_second),
+                        Style::default().fg(Color::Cyan),
+                    ),
+                    Span::raw(format!(
+                        "  {}",
+                        describe::activity_label(status.write_rate, status.apply_p99_ms)
+                    )),
+                ]),
             ]
         }
     };
@@ -252,6 +263,18 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     "-".to_owned(),
                 ),
             };
+            // Writes per second and apply p99 over the last 10 s, and the last 12 s as a line.
+            let activity = match node {
+                Some(Ok(status)) => (
+                    format!("{:.1}", status.write_rate),
+                    format!("{}", status.apply_p99_ms),
+                    describe::sparkline(
+                        &status.writes_per_second
+                            [status.writes_per_second.len().saturating_sub(12)..],
+                    ),
+                ),
+                _ => ("-".to_owned(), "-".to_owned(), String::new()),
+            };
             let lag = match (node, leader_commit) {
                 (Some(Ok(status)), Some(commit)) => {
                     Some(commit.saturating_sub(status.applied_index))
@@ -287,7 +310,6 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
             Row::new(vec![
                 Line::from(member.node_id.to_string()),
                 Line::from(member.api_addr.clone()),
-                Line::from(member.raft_addr.clone()),
                 Line::from(Span::styled(role, role_style)),
                 Line::from(if member.voter { "yes" } else { "no" }),
                 Line::from(term),
@@ -295,6 +317,9 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(applied),
                 Line::from(member.match_index.to_string()),
                 Line::from(lag.map_or_else(|| "?".to_owned(), |lag| lag.to_string())),
+                Line::from(activity.0),
+                Line::from(activity.1),
+                Line::from(Span::styled(activity.2, Style::default().fg(Color::Cyan))),
                 Line::from(health),
             ])
         })
@@ -304,7 +329,6 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         [
             Constraint::Length(4),
             Constraint::Length(16),
-            Constraint::Length(16),
             Constraint::Length(10),
             Constraint::Length(5),
             Constraint::Length(5),
@@ -312,11 +336,25 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
             Constraint::Length(8),
             Constraint::Length(8),
             Constraint::Length(6),
+            Constraint::Length(8),
+            Constraint::Length(6),
+            Constraint::Length(12),
             Constraint::Fill(1),
         ],
     )
     .header(bold_header(vec![
-        "NODE", "API", "RAFT", "ROLE", "VOTER", "TERM", "COMMIT", "APPLIED", "MATCH", "LAG",
+        "NODE",
+        "API",
+        "ROLE",
+        "VOTER",
+        "TERM",
+        "COMMIT",
+        "APPLIED",
+        "MATCH",
+        "LAG",
+        "WRITES/S",
+        "P99 MS",
+        "LAST 12 S",
         "HEALTH",
     ]))
     .block(block);

@@ -73,6 +73,8 @@ pub struct RaftOptions {
     pub dialer: Dialer,
     /// The cluster's name, recorded in the data directory with the node id.
     pub cluster_name: String,
+    /// Where log commits, applies and batch sizes are recorded.
+    pub metrics: crate::metrics::StorageMetrics,
 }
 
 impl RaftOptions {
@@ -89,6 +91,7 @@ impl RaftOptions {
             max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
             dialer: Dialer::default(),
             cluster_name: "resd".into(),
+            metrics: crate::metrics::StorageMetrics::default(),
         }
     }
 }
@@ -145,6 +148,7 @@ pub struct RaftBackend {
     leader_floor: Option<LeaderFloor>,
     readiness: tokio::sync::watch::Sender<Readiness>,
     catch_up: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    storage_metrics: crate::metrics::StorageMetrics,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -195,6 +199,8 @@ impl RaftBackend {
         .validate()
         .map_err(|error| RaftStartError::Config(error.to_string()))?;
         let log_stats = log.stats();
+        let _ = log_stats.metrics.set(options.metrics.clone());
+        sm.shared.use_metrics(options.metrics.clone());
         let contacts = Arc::new(super::network::Contacts::default());
         let shared = sm.shared.clone();
         let ready = shared.opened_cleanly();
@@ -251,6 +257,7 @@ impl RaftBackend {
             leader_floor,
             readiness,
             catch_up: Mutex::new(None),
+            storage_metrics: options.metrics,
         });
         if let Some(why) = removed_marker {
             tracing::warn!("{}; serving nothing", why.trim());

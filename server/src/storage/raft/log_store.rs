@@ -56,6 +56,8 @@ pub struct LogStats {
     pub operations: AtomicU64,
     /// The last committed index openraft reported.
     pub committed: AtomicU64,
+    /// Where commit durations go, once the node has its metrics.
+    pub metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
 }
 
 /// What readers see beyond the disk: entries queued but not yet committed, and the bounds of the
@@ -220,7 +222,11 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            let started = std::time::Instant::now();
             let result = write_batch(&self.env, &self.dbs, &batch);
+            if let Some(metrics) = self.stats.metrics.get() {
+                metrics.synced("log", started.elapsed().as_secs_f64());
+            }
             if result.is_ok() {
                 self.forget_flushed(&batch);
             }

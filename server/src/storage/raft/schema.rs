@@ -373,7 +373,7 @@ pub fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
 }
 
 /// Separator inside composite keys; no name, group or kind contains it.
-const SEP: u8 = 0;
+pub(crate) const SEP: u8 = 0;
 
 /// `group 0 kind 0 partition 0 namespace 0 name`: resources sort by type, tenancy, name.
 pub fn resource_key(key: &StorageKey) -> Vec<u8> {

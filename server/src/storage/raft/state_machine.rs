@@ -54,6 +54,8 @@ pub struct SmShared {
     /// Whether the state at open is what this node last applied (a clean stop, or a new node);
     /// after an unclean stop it was rebuilt from an older snapshot.
     opened_cleanly: bool,
+    /// Where apply durations and batch sizes go, once the node has its metrics.
+    metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -144,10 +146,60 @@ impl SmShared {
             .unwrap_or(0)
     }
 
+    /// Resources stored per `group.Kind`, from the keys alone (nothing is decoded).
+    pub fn count_by_kind(&self) -> Result<std::collections::BTreeMap<String, u64>, StorageError> {
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        let mut counts = std::collections::BTreeMap::new();
+        let mut last: Option<(Vec<u8>, String)> = None;
+        for item in sm
+            .dbs
+            .resources
+            .lazily_decode_data()
+            .iter(&rtxn)
+            .map_err(storage_internal)?
+        {
+            let (key, _) = item.map_err(storage_internal)?;
+            // `group SEP kind SEP …`: the prefix up to the second separator names the kind.
+            let mut parts = key.splitn(3, |byte| *byte == schema::SEP);
+            let (Some(group), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let prefix_len = group.len() + 1 + kind.len();
+            let prefix = &key[..prefix_len.min(key.len())];
+            let label = match &last {
+                Some((bytes, label)) if bytes.as_slice() == prefix => label.clone(),
+                _ => {
+                    let label = format!(
+                        "{}.{}",
+                        String::from_utf8_lossy(group),
+                        String::from_utf8_lossy(kind)
+                    );
+                    last = Some((prefix.to_vec(), label.clone()));
+                    label
+                }
+            };
+            *counts.entry(label).or_insert(0) += 1;
+        }
+        Ok(counts)
+    }
+
+    /// Bytes on disk of the current state machine environment.
+    pub fn disk_bytes(&self) -> u64 {
+        self.current().env.real_disk_size().unwrap_or(0)
+    }
+
+    /// Records apply durations and batch sizes into `metrics` from now on.
+    pub fn use_metrics(&self, metrics: crate::metrics::StorageMetrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
     fn apply_blocking(&self, entries: Vec<Entry>) -> Result<Vec<CommandResult>, RaftStorageError> {
         let Some(last) = entries.last().map(|entry| entry.log_id) else {
             return Ok(Vec::new());
         };
+        let started = std::time::Instant::now();
+        let mut writes = 0u64;
         let sm = self.current();
         let mut log = lock(&self.events);
         if self.closed.load(Ordering::SeqCst) {
@@ -170,6 +222,11 @@ impl SmShared {
                     Outcome::default()
                 }
                 EntryPayload::Normal(command) => {
+                    let changes = command.op().change_count() as u64;
+                    writes += changes;
+                    if let Some(metrics) = self.metrics.get() {
+                        metrics.batch_entries.observe(changes as f64);
+                    }
                     apply::apply_op(&sm.dbs, &mut wtxn, index, command.into_op(), &mut published)
                         .map_err(sm_write_error)?
                 }
@@ -184,6 +241,11 @@ impl SmShared {
         wtxn.commit().map_err(sm_write_error)?;
         for item in published {
             log.publish(item, Version::new(last.index));
+        }
+        if let Some(metrics) = self.metrics.get() {
+            metrics
+                .apply
+                .record(started.elapsed().as_secs_f64(), writes);
         }
         Ok(results)
     }

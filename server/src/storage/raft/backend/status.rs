@@ -22,6 +22,15 @@ pub(super) async fn follow_leadership(raft: Raft, leading: tokio::sync::watch::S
     }
 }
 
+/// What the storage holds, for the metrics.
+#[derive(Debug, Clone, Default)]
+pub struct StorageSample {
+    /// Resources per `group.Kind`.
+    pub resources: Vec<(String, u64)>,
+    /// Bytes on disk per LMDB environment (`log`, `state`).
+    pub lmdb_bytes: Vec<(&'static str, u64)>,
+}
+
 /// A node's raft role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -47,6 +56,8 @@ pub struct NodeStatus {
     pub log_commits: u64,
     pub log_entries: u64,
     pub log_operations: u64,
+    /// Writes applied and apply durations over the last seconds.
+    pub recent: crate::metrics::RecentSummary,
 }
 
 /// A member as the leader sees it.
@@ -94,6 +105,52 @@ pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_s
 pub const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RaftBackend {
+    /// Resources per `group.Kind` and the size of each LMDB environment, for the metrics.
+    pub fn storage_sample(&self) -> StorageSample {
+        let counts = match self.sm.count_by_kind() {
+            Ok(counts) => counts.into_iter().collect(),
+            Err(error) => {
+                tracing::debug!(%error, "cannot count resources for the metrics");
+                Vec::new()
+            }
+        };
+        let log = std::fs::metadata(
+            self.data_dir
+                .join(super::super::schema::LOG_DIR)
+                .join("data.mdb"),
+        )
+        .map(|m| m.len())
+        .unwrap_or(0);
+        StorageSample {
+            resources: counts,
+            lmdb_bytes: vec![("log", log), ("state", self.sm.disk_bytes())],
+        }
+    }
+
+    /// Whether this node can serve now (DESIGN §13, `/readyz`): it has applied what it had
+    /// before it stopped, is a voter, and knows a leader; else why not.
+    pub fn serving(&self) -> Result<(), String> {
+        if let Some(why) = self.readiness.borrow().reason() {
+            return Err(why);
+        }
+        let metrics = self.metrics();
+        if !metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|id| id == self.id)
+        {
+            return Err(format!(
+                "node {} is not a voter of the cluster (yet): it may still be catching up as a learner",
+                self.id
+            ));
+        }
+        if metrics.current_leader.is_none() {
+            return Err("no leader is known (an election is under way, or no quorum)".into());
+        }
+        Ok(())
+    }
+
     pub fn status(&self) -> NodeStatus {
         let metrics = self.metrics();
         let membership = metrics.membership_config.membership();
@@ -134,6 +191,7 @@ impl RaftBackend {
                 .log_stats
                 .operations
                 .load(std::sync::atomic::Ordering::Relaxed),
+            recent: self.storage_metrics.apply.summary(),
         }
     }
 

@@ -72,6 +72,7 @@ impl StateMachineStore {
                 sequence: AtomicU64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
                 opened_cleanly,
+                metrics: std::sync::OnceLock::new(),
             }),
         })
     }

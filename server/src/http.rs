@@ -1,0 +1,181 @@
+//! The node's HTTP server (`--http-addr`, DESIGN §13): `/metrics`, `/healthz`, `/readyz`, and
+//! the resource service as HTTP+JSON. Served with the node's TLS settings; every resource and
+//! cluster call goes through the same gRPC service implementations (and so the same ACLs,
+//! validation and errors) as a gRPC client's, with the token from `X-Resd-Token` or
+//! `Authorization: Bearer`. Messages are converted with the protobuf JSON mapping through the
+//! published descriptors; errors are `{"code": "ABORTED", "message": "…"}`.
+
+mod api;
+mod json;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{MatchedPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::StreamExt as _;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Listening;
+use crate::metrics::Metrics;
+use crate::service::cluster::ClusterGrpc;
+use crate::service::grpc::ResourceGrpc;
+use crate::storage::raft::backend::RaftBackend;
+
+/// What the handlers need: the two gRPC services they call, the node's raft (for readiness)
+/// and its metrics.
+#[derive(Clone)]
+pub struct HttpState {
+    pub resources: ResourceGrpc,
+    pub cluster: ClusterGrpc,
+    pub raft: Option<Arc<RaftBackend>>,
+    pub registry: Arc<crate::registry::Registry>,
+    pub metrics: Arc<Metrics>,
+    /// Largest request body accepted (a resource at the size limit, and room for its envelope).
+    pub max_body_bytes: usize,
+}
+
+impl std::fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpState").finish_non_exhaustive()
+    }
+}
+
+/// The routes.
+pub fn router(state: HttpState) -> Router {
+    let max_body = state.max_body_bytes;
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .merge(api::routes())
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), record))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<HttpState>) -> Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// 200 only while this node can serve (DESIGN §13/§14); 503 saying why not.
+async fn readyz(State(state): State<HttpState>) -> Response {
+    match state.raft.as_ref().map(|raft| raft.serving()) {
+        None | Some(Ok(())) => (StatusCode::OK, "ready\n").into_response(),
+        Some(Err(why)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn not_found(State(state): State<HttpState>, uri: http::Uri) -> Response {
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&vec![
+            ("route", "other".to_owned()),
+            ("code", "404".to_owned()),
+        ])
+        .inc();
+    api::ApiError::new(
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+        format!(
+            "no route {}: the API is under /v1/resources/{{group}}/{{version}}/{{kind}}, /v1/types and /v1/cluster/{{status,members}}; also /metrics, /healthz, /readyz",
+            uri.path()
+        ),
+    )
+    .into_response()
+}
+
+/// Counts each request by route template and status, and logs it at debug.
+async fn record(
+    State(state): State<HttpState>,
+    matched: Option<MatchedPath>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = matched
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| "other".into());
+    let method = request.method().clone();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let code = response.status().as_u16().to_string();
+    tracing::debug!(
+        %method,
+        route,
+        code,
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "http request"
+    );
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&vec![("route", route), ("code", code)])
+        .inc();
+    response
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled; open connections finish what
+/// they are answering (watches end with the server's shutdown).
+pub async fn serve(
+    listener: TcpListener,
+    listening: Listening,
+    router: Router,
+    shutdown: CancellationToken,
+) {
+    let mut incoming = listening.incoming(listener, "HTTP API");
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let conn = tokio::select! {
+            () = shutdown.cancelled() => break,
+            conn = incoming.next() => conn,
+        };
+        let Some(conn) = conn else { break };
+        let conn = match conn {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::debug!(%error, "HTTP connection not accepted");
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let stopping = shutdown.clone();
+        connections.spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let connection = builder.serve_connection(TokioIo::new(conn), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "HTTP connection ended with an error");
+                    }
+                }
+                () = stopping.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+        // Reap finished connections so the set does not grow.
+        while connections.try_join_next().is_some() {}
+    }
+    while connections.join_next().await.is_some() {}
+}

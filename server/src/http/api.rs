@@ -1,0 +1,535 @@
+//! The resource and cluster services as HTTP+JSON (DESIGN §13). Each handler turns the path,
+//! query and body into the gRPC request message, calls the gRPC service implementation, and
+//! returns its response message as JSON; errors keep their gRPC code.
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use futures::StreamExt as _;
+use proto::cluster::v1::cluster_service_server::ClusterService as _;
+use proto::cluster::v1::{ListTypesRequest, MembersRequest, StatusRequest};
+use proto::resource::v1::resource_service_server::ResourceService as _;
+use proto::resource::v1::{
+    DeleteRequest, Id, ListRequest, ReadRequest, Resource, Status as ResourceStatus, Tenancy, Type,
+    WatchListRequest, WriteRequest, WriteStatusRequest,
+};
+
+use super::HttpState;
+use super::json::{from_json, to_json, type_url};
+use crate::metrics::grpc::code_name;
+use crate::service::grpc::{CONSISTENCY_HEADER, TOKEN_HEADER};
+
+pub fn routes() -> Router<HttpState> {
+    Router::new()
+        .route("/v1/types", get(types))
+        .route("/v1/cluster/status", get(cluster_status))
+        .route("/v1/cluster/members", get(members))
+        .route("/v1/resources/{group}/{version}/{kind}", get(list_or_watch))
+        .route(
+            "/v1/resources/{group}/{version}/{kind}/{name}",
+            get(read).put(write).delete(delete),
+        )
+        .route(
+            "/v1/resources/{group}/{version}/{kind}/{name}/status/{key}",
+            put(write_status),
+        )
+}
+
+/// An error as the API answers it: `{"code": "ABORTED", "message": "…"}` with its HTTP status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+    }
+
+    fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", message)
+    }
+}
+
+/// The HTTP status of a gRPC code (DESIGN §13).
+fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code::*;
+    match code {
+        Ok => StatusCode::OK,
+        InvalidArgument | OutOfRange => StatusCode::BAD_REQUEST,
+        Unauthenticated => StatusCode::UNAUTHORIZED,
+        PermissionDenied => StatusCode::FORBIDDEN,
+        NotFound => StatusCode::NOT_FOUND,
+        Aborted | AlreadyExists => StatusCode::CONFLICT,
+        FailedPrecondition => StatusCode::PRECONDITION_FAILED,
+        ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        ApiError::new(
+            http_status(status.code()),
+            code_name(status.code()),
+            status.message().to_owned(),
+        )
+    }
+}
+
+fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "code": code, "message": message })
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(error_body(self.code, &self.message)),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn json_response<M: prost::Message>(message: &M, name: &str) -> ApiResult {
+    let value = to_json(message, name).map_err(ApiError::internal)?;
+    Ok(axum::Json(value).into_response())
+}
+
+/// Query parameters, each taken once; what is left over is an error naming what is accepted.
+struct Params(BTreeMap<String, String>);
+
+impl Params {
+    fn take(&mut self, name: &str) -> String {
+        self.0.remove(name).unwrap_or_default()
+    }
+
+    fn flag(&mut self, name: &str) -> Result<bool, ApiError> {
+        match self.take(name).as_str() {
+            "" | "false" => Ok(false),
+            "true" => Ok(true),
+            other => Err(ApiError::invalid(format!(
+                "{name} must be true or false, got {other:?}"
+            ))),
+        }
+    }
+
+    /// The tenancy of `?partition=&namespace=` (parts left out are the type's defaults).
+    fn tenancy(&mut self) -> Tenancy {
+        Tenancy {
+            partition: self.take("partition"),
+            namespace: self.take("namespace"),
+        }
+    }
+
+    fn finish(self, accepted: &[&str]) -> Result<(), ApiError> {
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(unknown) => Err(ApiError::invalid(format!(
+                "unknown query parameter {unknown:?}; this route takes {}",
+                if accepted.is_empty() {
+                    "none".to_owned()
+                } else {
+                    accepted.join(", ")
+                }
+            ))),
+        }
+    }
+}
+
+/// A gRPC request carrying the caller's token (and consistency) from the HTTP headers.
+fn grpc_request<T>(
+    headers: &HeaderMap,
+    consistent: bool,
+    message: T,
+) -> Result<tonic::Request<T>, ApiError> {
+    let mut request = tonic::Request::new(message);
+    for name in [TOKEN_HEADER, "authorization"] {
+        if let Some(value) = headers.get(name) {
+            let value = tonic::metadata::MetadataValue::try_from(value.as_bytes())
+                .map_err(|_| ApiError::invalid(format!("the {name} header is not valid")))?;
+            request.metadata_mut().insert(name, value);
+        }
+    }
+    if consistent {
+        request.metadata_mut().insert(
+            CONSISTENCY_HEADER,
+            tonic::metadata::MetadataValue::from_static("consistent"),
+        );
+    }
+    Ok(request)
+}
+
+fn resource_type(group: String, version: String, kind: String) -> Type {
+    Type {
+        group,
+        group_version: version,
+        kind,
+    }
+}
+
+/// The JSON body of a request, parsed; too large is 413, not JSON is 400.
+fn body_json(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Value, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RESOURCE_EXHAUSTED",
+                format!(
+                    "the request body is larger than this server accepts ({}); resources are limited by --max-resource-bytes",
+                    rejection.body_text()
+                ),
+            )
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|error| ApiError::invalid(format!("the request body is not JSON: {error}")))
+}
+
+async fn types(
+    State(state): State<HttpState>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let mut params = Params(query);
+    let descriptors = params.flag("descriptors")?;
+    params.finish(&["descriptors"])?;
+    let mut response = state
+        .cluster
+        .list_types(grpc_request(&headers, false, ListTypesRequest {})?)
+        .await?
+        .into_inner();
+    if !descriptors {
+        // The descriptors are for programs that decode `data`; people reading JSON rarely want
+        // a few hundred KiB of base64 (?descriptors=true includes them).
+        response.file_descriptor_set.clear();
+    }
+    json_response(&response, "resd.cluster.v1.ListTypesResponse")
+}
+
+async fn cluster_status(
+    State(state): State<HttpState>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    Params(query).finish(&[])?;
+    let response = state
+        .cluster
+        .status(grpc_request(&headers, false, StatusRequest {})?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.cluster.v1.StatusResponse")
+}
+
+async fn members(
+    State(state): State<HttpState>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    Params(query).finish(&[])?;
+    let response = state
+        .cluster
+        .members(grpc_request(&headers, false, MembersRequest {})?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.cluster.v1.MembersResponse")
+}
+
+/// `GET …/{kind}`: List, or with `?watch=true` WatchList as NDJSON.
+async fn list_or_watch(
+    State(state): State<HttpState>,
+    Path((group, version, kind)): Path<(String, String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let mut params = Params(query);
+    let tenancy = params.tenancy();
+    let name_prefix = params.take("name_prefix");
+    if params.flag("watch")? {
+        let since_version = params.take("since_version");
+        params.finish(&[
+            "partition",
+            "namespace",
+            "name_prefix",
+            "watch",
+            "since_version",
+        ])?;
+        let request = WatchListRequest {
+            r#type: Some(resource_type(group, version, kind)),
+            tenancy: Some(tenancy),
+            name_prefix,
+            since_version,
+        };
+        let events = state
+            .resources
+            .watch_list(grpc_request(&headers, false, request)?)
+            .await?
+            .into_inner();
+        return Ok(ndjson(events));
+    }
+    let consistent = params.flag("consistent")?;
+    params.finish(&[
+        "partition",
+        "namespace",
+        "name_prefix",
+        "consistent",
+        "watch",
+    ])?;
+    let request = ListRequest {
+        r#type: Some(resource_type(group, version, kind)),
+        tenancy: Some(tenancy),
+        name_prefix,
+    };
+    let response = state
+        .resources
+        .list(grpc_request(&headers, consistent, request)?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.resource.v1.ListResponse")
+}
+
+/// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line
+/// `{"error": {"code": …, "message": …}}` (resume with `since_version` of the last event).
+fn ndjson(
+    events: impl futures::Stream<Item = Result<proto::resource::v1::WatchEvent, tonic::Status>>
+    + Send
+    + 'static,
+) -> Response {
+    let lines = events
+        .map(|item| {
+            let value = match item {
+                Ok(event) => to_json(&event, "resd.resource.v1.WatchEvent").unwrap_or_else(
+                    |error| serde_json::json!({"error": error_body("INTERNAL", &error)}),
+                ),
+                Err(status) => serde_json::json!({
+                    "error": error_body(code_name(status.code()), status.message())
+                }),
+            };
+            let mut line = value.to_string();
+            line.push('\n');
+            Ok::<_, std::convert::Infallible>(Bytes::from(line))
+        })
+        .boxed();
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+fn id_of(
+    group: String,
+    version: String,
+    kind: String,
+    name: String,
+    tenancy: Tenancy,
+    uid: String,
+) -> Id {
+    Id {
+        uid,
+        name,
+        r#type: Some(resource_type(group, version, kind)),
+        tenancy: Some(tenancy),
+    }
+}
+
+async fn read(
+    State(state): State<HttpState>,
+    Path((group, version, kind, name)): Path<(String, String, String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let mut params = Params(query);
+    let tenancy = params.tenancy();
+    let consistent = params.flag("consistent")?;
+    params.finish(&["partition", "namespace", "consistent"])?;
+    let request = ReadRequest {
+        id: Some(id_of(group, version, kind, name, tenancy, String::new())),
+    };
+    let response = state
+        .resources
+        .read(grpc_request(&headers, consistent, request)?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.resource.v1.ReadResponse")
+}
+
+/// `PUT …/{kind}/{name}` with a `Resource` body: the path names the type and the name (the
+/// body may leave them out, not contradict them); `?partition=&namespace=` fill a tenancy the
+/// body leaves out; `data` without `@type` is the type's own message. A `version` makes it a
+/// compare-and-swap.
+async fn write(
+    State(state): State<HttpState>,
+    Path((group, version, kind, name)): Path<(String, String, String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let mut params = Params(query);
+    let tenancy = params.tenancy();
+    params.finish(&["partition", "namespace"])?;
+    let path_type = resource_type(group, version, kind);
+    let mut value = body_json(body)?;
+    if let Some(data) = value.get_mut("data").and_then(|d| d.as_object_mut())
+        && !data.contains_key("@type")
+        && let Some(registration) = state.registry.resolve(&path_type)
+    {
+        data.insert(
+            "@type".into(),
+            serde_json::Value::String(type_url(&registration.message_name)),
+        );
+    }
+    let mut resource: Resource = from_json(value, "resd.resource.v1.Resource")
+        .map_err(|error| ApiError::invalid(format!("the body is not a Resource: {error}")))?;
+    let id = resource.id.get_or_insert_with(Id::default);
+    match &id.r#type {
+        None => id.r#type = Some(path_type.clone()),
+        Some(body_type) if *body_type != path_type => {
+            return Err(ApiError::invalid(format!(
+                "the body's id.type ({}.{}.{}) is not the path's ({}.{}.{})",
+                body_type.group,
+                body_type.group_version,
+                body_type.kind,
+                path_type.group,
+                path_type.group_version,
+                path_type.kind
+            )));
+        }
+        Some(_) => {}
+    }
+    if id.name.is_empty() {
+        id.name = name;
+    } else if id.name != name {
+        return Err(ApiError::invalid(format!(
+            "the body's id.name ({}) is not the path's ({name})",
+            id.name
+        )));
+    }
+    if id.tenancy.is_none() {
+        id.tenancy = Some(tenancy);
+    }
+    let response = state
+        .resources
+        .write(grpc_request(
+            &headers,
+            false,
+            WriteRequest {
+                resource: Some(resource),
+            },
+        )?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.resource.v1.WriteResponse")
+}
+
+/// `PUT …/{kind}/{name}/status/{key}?version=V` with a `Status` body.
+async fn write_status(
+    State(state): State<HttpState>,
+    Path((group, version, kind, name, key)): Path<(String, String, String, String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let mut params = Params(query);
+    let tenancy = params.tenancy();
+    let resource_version = params.take("version");
+    let uid = params.take("uid");
+    params.finish(&["partition", "namespace", "version", "uid"])?;
+    let status: ResourceStatus = from_json(body_json(body)?, "resd.resource.v1.Status")
+        .map_err(|error| ApiError::invalid(format!("the body is not a Status: {error}")))?;
+    let request = WriteStatusRequest {
+        id: Some(id_of(group, version, kind, name, tenancy, uid)),
+        version: resource_version,
+        key,
+        status: Some(status),
+    };
+    let response = state
+        .resources
+        .write_status(grpc_request(&headers, false, request)?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.resource.v1.WriteStatusResponse")
+}
+
+/// `DELETE …/{kind}/{name}?version=&uid=`: both optional preconditions.
+async fn delete(
+    State(state): State<HttpState>,
+    Path((group, version, kind, name)): Path<(String, String, String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    let mut params = Params(query);
+    let tenancy = params.tenancy();
+    let resource_version = params.take("version");
+    let uid = params.take("uid");
+    params.finish(&["partition", "namespace", "version", "uid"])?;
+    let request = DeleteRequest {
+        id: Some(id_of(group, version, kind, name, tenancy, uid)),
+        version: resource_version,
+    };
+    let response = state
+        .resources
+        .delete(grpc_request(&headers, false, request)?)
+        .await?
+        .into_inner();
+    json_response(&response, "resd.resource.v1.DeleteResponse")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_the_statuses_design_names() {
+        for (code, status) in [
+            (tonic::Code::InvalidArgument, 400),
+            (tonic::Code::Unauthenticated, 401),
+            (tonic::Code::PermissionDenied, 403),
+            (tonic::Code::NotFound, 404),
+            (tonic::Code::Aborted, 409),
+            (tonic::Code::FailedPrecondition, 412),
+            (tonic::Code::ResourceExhausted, 413),
+            (tonic::Code::Unavailable, 503),
+            (tonic::Code::Internal, 500),
+            (tonic::Code::DataLoss, 500),
+        ] {
+            assert_eq!(http_status(code).as_u16(), status, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_query_parameters_name_what_the_route_takes() {
+        let mut params = Params(BTreeMap::from([
+            ("namespace".to_owned(), "jazz".to_owned()),
+            ("nmaespace".to_owned(), "x".to_owned()),
+        ]));
+        assert_eq!(params.tenancy().namespace, "jazz");
+        let error = params
+            .finish(&["partition", "namespace"])
+            .expect_err("unknown");
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(error.message.contains("\"nmaespace\""), "{}", error.message);
+        assert!(error.message.contains("partition, namespace"));
+    }
+}
