@@ -20,7 +20,9 @@ use tracing::Instrument;
 mod acl_feed;
 mod serve;
 
-pub use serve::{Listening, ServeError};
+pub use serve::ServeError;
+
+use crate::tls::accept::Listening;
 
 use crate::acl::{AclsDisabled, TokenResolver, TokenStore};
 use crate::controller::Runtime;
@@ -466,18 +468,19 @@ impl Agent {
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
             .with_dialer(net.dialer.clone())
             .with_acls(tokens.clone(), service.clone());
-        let resources =
-            ResourceGrpc::new(service.clone(), tokens).with_watch_metrics(metrics.watch.clone());
+        let resources = ResourceGrpc::new(service.clone(), tokens.clone())
+            .with_watch_metrics(metrics.watch.clone());
         if let Some(listener) = http_listener {
             let router = crate::http::router(crate::http::HttpState {
                 resources: resources.clone(),
                 cluster: cluster.clone(),
                 raft: raft.clone(),
                 registry: service.registry().clone(),
+                tokens,
                 metrics: metrics.clone(),
                 max_body_bytes: config.max_resource_bytes + serve::REQUEST_ENVELOPE_SLACK,
             });
-            let listening = net.listening(tls.as_ref().map(|tls| tls.api_server_config()));
+            let listening = net.listening(tls.as_ref().map(|tls| tls.http_server_config()));
             tasks.push(tokio::spawn(
                 crate::http::serve(listener, listening, router, shutdown.clone()).in_current_span(),
             ));

@@ -22,11 +22,11 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Listening;
 use crate::metrics::Metrics;
 use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
 use crate::storage::raft::backend::RaftBackend;
+use crate::tls::accept::Listening;
 
 /// What the handlers need: the two gRPC services they call, the node's raft (for readiness)
 /// and its metrics.
@@ -36,6 +36,8 @@ pub struct HttpState {
     pub cluster: ClusterGrpc,
     pub raft: Option<Arc<RaftBackend>>,
     pub registry: Arc<crate::registry::Registry>,
+    /// Tokens, for `/metrics` (operator read with ACLs on).
+    pub tokens: Arc<dyn crate::acl::TokenResolver>,
     pub metrics: Arc<Metrics>,
     /// Largest request body accepted (a resource at the size limit, and room for its envelope).
     pub max_body_bytes: usize,
@@ -61,7 +63,14 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-async fn metrics(State(state): State<HttpState>) -> Response {
+/// With ACLs on, the figures need a token with operator read (Prometheus sends it with
+/// `authorization: {credentials: …}`); `/healthz` and `/readyz` are open to load balancers.
+async fn metrics(State(state): State<HttpState>, headers: http::HeaderMap) -> Response {
+    if state.tokens.enabled()
+        && let Err(refused) = api::require_operator_read(state.tokens.as_ref(), &headers)
+    {
+        return refused.into_response();
+    }
     (
         [(
             http::header::CONTENT_TYPE,

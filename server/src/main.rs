@@ -459,6 +459,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     );
     let mut connect_flags = String::new();
     let mut grpcurl_flags = "-plaintext".to_owned();
+    let mut curl_flags = String::new();
     if args.tls {
         let dir = base.path().join("tls");
         let ca = server::tls::create_ca(&dir)?;
@@ -484,6 +485,12 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         );
         grpcurl_flags = format!(
             "-cacert {} -cert {} -key {}",
+            ca.cert.display(),
+            client.cert.display(),
+            client.key.display()
+        );
+        curl_flags = format!(
+            " --cacert {} --cert {} --key {}",
             ca.cert.display(),
             client.cert.display(),
             client.key.display()
@@ -553,10 +560,20 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     if let Some(secret) = &management_token {
         connect_flags.push_str(&format!(" --token {secret}"));
         grpcurl_flags.push_str(&format!(" -H 'x-resd-token: {secret}'"));
+        curl_flags.push_str(&format!(" -H 'X-Resd-Token: {secret}'"));
         println!("resd: ACLs on; the management token (initial-management) is {secret}");
     }
+    let http = match configs.first().and_then(|c| c.http_addr) {
+        Some(addr) if addr.port() != 0 => {
+            let scheme = if args.tls { "https" } else { "http" };
+            format!(
+                "\n  curl{curl_flags} '{scheme}://{addr}/v1/resources/demo/v2/Artist?namespace=*'\n  curl{curl_flags} {scheme}://{addr}/metrics"
+            )
+        }
+        _ => String::new(),
+    };
     println!(
-        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api}{connect_flags} apply -f fixtures/demo\n  resctl --server {first_api}{connect_flags} get demo.v2.Artist -A\n  grpcurl {grpcurl_flags} {first_api} list\nCtrl-C stops it."
+        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api}{connect_flags} apply -f fixtures/demo\n  resctl --server {first_api}{connect_flags} get demo.v2.Artist -A\n  grpcurl {grpcurl_flags} {first_api} list{http}\nCtrl-C stops it."
     );
 
     let mut failure = None;

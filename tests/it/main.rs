@@ -5,6 +5,7 @@
 mod chaos;
 mod client;
 mod drivers;
+mod http;
 mod scenario;
 mod tls;
 mod tui;

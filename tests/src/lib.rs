@@ -45,16 +45,34 @@ pub struct Node {
     child: Option<Child>,
     args: Vec<String>,
     pub api_addr: String,
+    /// `HOST:PORT` of the HTTP server, when the node was started with `--http-addr`.
+    pub http_addr: Option<String>,
 }
 
 impl Node {
     fn spawn(args: &[String]) -> Node {
         let (child, api_addr) = launch(&binary("resd"), args);
+        let http_addr = args
+            .iter()
+            .position(|arg| arg == "--http-addr")
+            .and_then(|at| args.get(at + 1))
+            .cloned();
         Node {
             child: Some(child),
             args: args.to_vec(),
             api_addr,
+            http_addr,
         }
+    }
+
+    /// `http://HOST:PORT` of the node's HTTP server (started with [`Cluster::with_http`]).
+    pub fn http_url(&self) -> String {
+        format!(
+            "http://{}",
+            self.http_addr
+                .as_deref()
+                .expect("the node was started without --http-addr")
+        )
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -134,16 +152,23 @@ impl Cluster {
 
     /// A cluster whose nodes all get `extra_args` as well.
     pub async fn start_with(size: usize, extra_args: &[&str]) -> Cluster {
-        Self::start_inner(size, extra_args, false).await
+        Self::start_inner(size, extra_args, false, false).await
     }
 
     /// A cluster with ACLs on: node 1 bootstraps the cluster and its ACLs, the others join
     /// with the management token, which every client of the cluster then sends.
     pub async fn start_with_acls(size: usize) -> Cluster {
-        Self::start_inner(size, &["--acl-enabled"], true).await
+        Self::start_inner(size, &["--acl-enabled"], true, false).await
     }
 
-    async fn start_inner(size: usize, extra_args: &[&str], acls: bool) -> Cluster {
+    /// A cluster whose nodes also serve HTTP (`--http-addr` on a free port each), with ACLs
+    /// on or off.
+    pub async fn with_http(size: usize, acls: bool) -> Cluster {
+        let extra: &[&str] = if acls { &["--acl-enabled"] } else { &[] };
+        Self::start_inner(size, extra, acls, true).await
+    }
+
+    async fn start_inner(size: usize, extra_args: &[&str], acls: bool, http: bool) -> Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let mut nodes: Vec<Node> = Vec::new();
         let mut token: Option<String> = None;
@@ -167,6 +192,12 @@ impl Cluster {
             }
             if let Some(token) = &token {
                 args.extend(["--join-token".to_owned(), token.clone()]);
+            }
+            if http {
+                args.extend([
+                    "--http-addr".to_owned(),
+                    format!("127.0.0.1:{}", free_port()),
+                ]);
             }
             args.extend(extra_args.iter().map(|arg| arg.to_string()));
             nodes.push(Node::spawn(&args));

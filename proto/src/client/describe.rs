@@ -180,10 +180,7 @@ mod tests {
         assert_eq!(sparkline(&[0, 0]), "▁▁");
         assert_eq!(sparkline(&[3]), "█");
         assert_eq!(activity_label(0.0, 0.0), "idle");
-        assert_eq!(
-            activity_label(12.5, 1.6),
-            "12.5/s · apply p99 1.6 ms"
-        );
+        assert_eq!(activity_label(12.5, 1.6), "12.5/s · apply p99 1.6 ms");
     }
 
     use super::*;

@@ -18,7 +18,7 @@ use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
 use crate::storage::raft::backend::RaftBackend;
 use crate::storage::raft::network::RaftGrpc;
-use crate::tls::accept::{self, Conn, Refusals};
+use crate::tls::accept::Listening;
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
 /// service and gets its clear message rather than a transport error.
@@ -38,27 +38,6 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
-}
-
-/// How a port accepts connections: plain, or TLS with this configuration.
-#[derive(Clone)]
-pub struct Listening {
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    pub cluster_name: String,
-    /// Refused handshakes and peers, logged once per peer.
-    pub refusals: Arc<Refusals>,
-}
-
-impl Listening {
-    /// Accepted connections, with `TCP_NODELAY` set (without it, small gRPC frames wait on
-    /// Nagle's algorithm and the peer's delayed ACK) and, with TLS, handshaken.
-    pub(crate) fn incoming(
-        self,
-        listener: TcpListener,
-        what: &'static str,
-    ) -> futures::stream::BoxStream<'static, std::io::Result<Conn>> {
-        accept::incoming(listener, self.tls, self.cluster_name, what, self.refusals)
-    }
 }
 
 /// What tonic answers a request it cannot decode, refined: a message that is not valid protobuf

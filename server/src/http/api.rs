@@ -156,6 +156,18 @@ impl Params {
     }
 }
 
+/// Refuses a caller whose token (from the headers) cannot read operator data.
+pub fn require_operator_read(
+    tokens: &dyn crate::acl::TokenResolver,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    let request = grpc_request(headers, false, ())?;
+    let authorizer = crate::service::grpc::resolve(tokens, &request)
+        .map_err(|error| ApiError::from(tonic::Status::from(error)))?;
+    crate::acl::require_operator(authorizer.as_ref(), crate::acl::Access::Read)
+        .map_err(|error| ApiError::from(tonic::Status::from(crate::service::Error::from(error))))
+}
+
 /// A gRPC request carrying the caller's token (and consistency) from the HTTP headers.
 fn grpc_request<T>(
     headers: &HeaderMap,

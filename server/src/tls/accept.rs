@@ -233,6 +233,27 @@ fn explain_handshake_error(error: &io::Error) -> String {
 /// The connections of `listener` for tonic: plain, or TLS with `config`, each identified for
 /// `cluster_name`. `what` names the port in logs. Ends when the listener fails for good or
 /// the stream is dropped.
+/// How a port accepts connections: plain, or TLS with this configuration.
+#[derive(Clone)]
+pub struct Listening {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub cluster_name: String,
+    /// Refused handshakes and peers, logged once per peer.
+    pub refusals: Arc<Refusals>,
+}
+
+impl Listening {
+    /// Accepted connections, with `TCP_NODELAY` set (without it, small gRPC frames wait on
+    /// Nagle's algorithm and the peer's delayed ACK) and, with TLS, handshaken.
+    pub(crate) fn incoming(
+        self,
+        listener: TcpListener,
+        what: &'static str,
+    ) -> BoxStream<'static, io::Result<Conn>> {
+        incoming(listener, self.tls, self.cluster_name, what, self.refusals)
+    }
+}
+
 pub fn incoming(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,

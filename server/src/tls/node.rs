@@ -233,6 +233,14 @@ impl NodeTls {
         self.api_server.clone()
     }
 
+    /// The API's settings for the HTTP server: the same certificates and client checks, and
+    /// HTTP/1.1 besides HTTP/2 (curl, browsers, Prometheus).
+    pub fn http_server_config(&self) -> Arc<rustls::ServerConfig> {
+        let mut config = (*self.api_server).clone();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
     /// How long until the node's certificate expires (zero once it has).
     pub fn expires_in(&self) -> Duration {
         let now = std::time::SystemTime::now()

@@ -98,8 +98,20 @@ fn module_files(name: &str) -> Vec<PathBuf> {
 #[test]
 fn lower_layers_never_import_upper_ones() {
     // resource < tls < registry < storage < service < controller < agent (the composition
-    // root); tls (certificates and connections) sits below everything that dials or serves.
-    let rules: [(&str, &[&str]); 4] = [
+    // root); tls (certificates and connections) sits below everything that dials or serves;
+    // metrics (instruments) below storage; http (the HTTP server) between service and agent.
+    let rules: [(&str, &[&str]); 6] = [
+        (
+            "metrics",
+            &[
+                "crate::storage",
+                "crate::service",
+                "crate::agent",
+                "crate::controller",
+                "crate::http",
+            ],
+        ),
+        ("http", &["crate::agent", "crate::controller"]),
         (
             "tls",
             &[
@@ -113,9 +125,17 @@ fn lower_layers_never_import_upper_ones() {
         ),
         (
             "storage",
-            &["crate::service", "crate::agent", "crate::controller"],
+            &[
+                "crate::service",
+                "crate::agent",
+                "crate::controller",
+                "crate::http",
+            ],
         ),
-        ("service", &["crate::agent", "crate::controller"]),
+        (
+            "service",
+            &["crate::agent", "crate::controller", "crate::http"],
+        ),
         (
             "registry",
             &["crate::service", "crate::storage", "crate::agent"],

@@ -1,0 +1,509 @@
+//! The HTTP server of real `resd` processes (DESIGN §13): `/metrics` parses as Prometheus text,
+//! has every family DESIGN names, and moves (writes count, a leader kill counts); `/readyz`
+//! says 503 for a node that is not a voter or was removed; the resource API over HTTP+JSON
+//! (create, read, CAS conflict, NDJSON watch and resume, permission denied); JSON log lines.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+type Http = HttpClient<HttpConnector, Full<Bytes>>;
+
+fn http() -> Http {
+    HttpClient::builder(TokioExecutor::new()).build_http()
+}
+
+fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> http::Request<Full<Bytes>> {
+    let mut builder = http::Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder
+        .body(Full::new(Bytes::from(body.unwrap_or_default().to_owned())))
+        .expect("request")
+}
+
+/// One request, its status and whole body (bounded in time).
+async fn call(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String) {
+    let answer = tokio::time::timeout(Duration::from_secs(20), async {
+        let response = http()
+            .request(request(method, url, headers, body))
+            .await
+            .unwrap_or_else(|error| panic!("{method} {url}: {error}"));
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    })
+    .await;
+    answer.unwrap_or_else(|_| panic!("{method} {url} did not answer within 20 s"))
+}
+
+async fn call_json(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let (status, text) = call(method, url, headers, body).await;
+    let value = serde_json::from_str(&text)
+        .unwrap_or_else(|error| panic!("{method} {url} answered non-JSON ({error}): {text}"));
+    (status, value)
+}
+
+/// The NDJSON lines of a streaming response, as they arrive.
+struct Lines {
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl Lines {
+    async fn open(url: &str) -> Lines {
+        let response = http()
+            .request(request("GET", url, &[], None))
+            .await
+            .expect("watch");
+        assert_eq!(response.status().as_u16(), 200, "watch {url}");
+        Lines {
+            body: response.into_body(),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next line as JSON, waiting at most 20 s.
+    async fn next(&mut self) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(at) = self.buffer.find('\n') {
+                let line: String = self.buffer.drain(..=at).collect();
+                return serde_json::from_str(line.trim()).expect("an NDJSON line");
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .expect("a watch line within 20 s")
+                .expect("the stream goes on")
+                .expect("a frame");
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    }
+
+    /// Lines until one matching `wanted`, at most `limit` of them.
+    async fn until(
+        &mut self,
+        limit: usize,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        for _ in 0..limit {
+            let line = self.next().await;
+            if wanted(&line) {
+                return line;
+            }
+        }
+        panic!("no wanted line among {limit}");
+    }
+}
+
+fn upserted_name(line: &serde_json::Value) -> Option<&str> {
+    line.pointer("/upsert/resource/id/name")
+        .and_then(|name| name.as_str())
+}
+
+/// Scrapes `/metrics` and parses it with a Prometheus text parser.
+async fn scrape(base: &str, headers: &[(&str, &str)]) -> prometheus_parse::Scrape {
+    let (status, text) = call("GET", &format!("{base}/metrics"), headers, None).await;
+    assert_eq!(status, 200, "{text}");
+    prometheus_parse::Scrape::parse(text.lines().map(|line| Ok(line.to_owned())))
+        .expect("/metrics parses as Prometheus text")
+}
+
+/// The value of the sample `name` whose labels include `labels` (counters, gauges).
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|sample| {
+            sample.metric == name
+                && labels
+                    .iter()
+                    .all(|(key, wanted)| sample.labels.get(key) == Some(*wanted))
+        })
+        .and_then(|sample| match &sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(*v),
+            _ => None,
+        })
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} did not happen within 30 s");
+}
+
+fn artist(name: &str) -> String {
+    format!("{{\"data\": {{\"name\": \"{name}\"}}}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_readiness_and_the_resource_api_over_http() {
+    let mut cluster = tests::Cluster::with_http(3, false).await;
+    let bases: Vec<String> = cluster.nodes.iter().map(tests::Node::http_url).collect();
+    for base in &bases {
+        let (status, body) = call("GET", &format!("{base}/healthz"), &[], None).await;
+        assert_eq!((status, body.as_str()), (200, "ok\n"));
+        eventually("the node is ready", || async {
+            call("GET", &format!("{base}/readyz"), &[], None).await.0 == 200
+        })
+        .await;
+    }
+
+    // Every family DESIGN §13 names, on the leader (node 1).
+    let metrics = scrape(&bases[0], &[]).await;
+    let names: std::collections::BTreeSet<&str> =
+        metrics.samples.iter().map(|s| s.metric.as_str()).collect();
+    for family in [
+        "resd_raft_term",
+        "resd_raft_is_leader",
+        "resd_raft_commit_index",
+        "resd_raft_applied_index",
+        "resd_raft_leader_changes_total",
+        "resd_grpc_requests_total",
+        "resd_grpc_request_duration_seconds",
+        "resd_raft_batch_entries",
+        "resd_storage_sync_duration_seconds",
+        "resd_watch_streams",
+        "resd_watch_events_sent_total",
+        "resd_controller_reconciles_total",
+        "resd_controller_queue_depth",
+        "resd_resources",
+        "resd_lmdb_bytes",
+    ] {
+        assert!(names.contains(family), "{family} missing; have {names:?}");
+    }
+    assert_eq!(value(&metrics, "resd_raft_is_leader", &[]), Some(1.0));
+
+    // Writes raise the request counter.
+    let writes = |scrape: &prometheus_parse::Scrape| {
+        value(
+            scrape,
+            "resd_grpc_requests_total",
+            &[("method", "Write"), ("code", "OK")],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = writes(&metrics);
+    let client = cluster.client(0);
+    let codec = proto::codec::Codec::new(client.list_types().await.expect("types")).expect("codec");
+    for index in 0..5 {
+        let resource = codec
+            .read_yaml(&format!(
+                "type: demo.v1.Concept\nname: c{index}\ntenancy: {{partition: default, namespace: default}}\ndata: {{name: c{index}}}\n"
+            ))
+            .remove(0)
+            .expect("document");
+        client.write(&resource).await.expect("write");
+    }
+    let after = writes(&scrape(&bases[0], &[]).await);
+    assert!(
+        after >= before + 5.0,
+        "Write OK went from {before} to {after}"
+    );
+
+    // The HTTP API on a follower: create, read, a CAS conflict, an NDJSON watch and its resume.
+    let artists = format!("{}/v1/resources/demo/v2/Artist", bases[1]);
+    let (status, created) = call_json(
+        "PUT",
+        &format!("{artists}/nina?namespace=default"),
+        &[],
+        Some(&artist("Nina Simone")),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    let version = created["resource"]["version"]
+        .as_str()
+        .expect("version")
+        .to_owned();
+    let (status, read) =
+        call_json("GET", &format!("{artists}/nina?consistent=true"), &[], None).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["resource"]["data"]["name"], "Nina Simone");
+    assert_eq!(
+        read["resource"]["data"]["@type"],
+        "type.googleapis.com/resd.demo.v2.Artist"
+    );
+    let stale = format!("{{\"version\": \"{version}\", \"data\": {{\"name\": \"Eunice\"}}}}");
+    // Someone else writes first: the stale CAS is a conflict.
+    let (status, _) = call(
+        "PUT",
+        &format!("{artists}/nina"),
+        &[],
+        Some(&artist("Nina S.")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, conflict) = call_json("PUT", &format!("{artists}/nina"), &[], Some(&stale)).await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["code"], "ABORTED");
+    assert!(
+        conflict["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("version")),
+        "{conflict}"
+    );
+    let (status, missing) = call_json("GET", &format!("{artists}/nobody"), &[], None).await;
+    assert_eq!((status, missing["code"].as_str()), (404, Some("NOT_FOUND")));
+    let (status, invalid) = call_json(
+        "PUT",
+        &format!("{artists}/x"),
+        &[],
+        Some("{\"data\": {\"genre\": \"POLKA\"}}"),
+    )
+    .await;
+    assert_eq!(
+        (status, invalid["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT"))
+    );
+
+    let mut watch = Lines::open(&format!("{artists}?watch=true")).await;
+    let listed = watch
+        .until(20, |line| line.get("endOfSnapshot").is_some())
+        .await;
+    assert!(listed["version"].is_string(), "{listed}");
+    call(
+        "PUT",
+        &format!("{artists}/miriam"),
+        &[],
+        Some(&artist("Miriam Makeba")),
+    )
+    .await;
+    let event = watch
+        .until(20, |line| upserted_name(line) == Some("miriam"))
+        .await;
+    let resume_from = event["version"].as_str().expect("version").to_owned();
+    drop(watch);
+    call(
+        "PUT",
+        &format!("{artists}/odetta"),
+        &[],
+        Some(&artist("Odetta")),
+    )
+    .await;
+    let mut resumed =
+        Lines::open(&format!("{artists}?watch=true&since_version={resume_from}")).await;
+    let first = resumed.next().await;
+    assert_eq!(
+        upserted_name(&first),
+        Some("odetta"),
+        "a resumed watch starts with what came after: {first}"
+    );
+    drop(resumed);
+    eventually("the watch streams close", || async {
+        value(&scrape(&bases[1], &[]).await, "resd_watch_streams", &[]) == Some(0.0)
+    })
+    .await;
+    let sent = value(
+        &scrape(&bases[1], &[]).await,
+        "resd_watch_events_sent_total",
+        &[],
+    );
+    assert!(sent.is_some_and(|sent| sent >= 3.0), "{sent:?}");
+
+    // A leader kill counts as a leader change on the survivors.
+    let changes = |scrape: &prometheus_parse::Scrape| {
+        value(scrape, "resd_raft_leader_changes_total", &[]).unwrap_or(0.0)
+    };
+    let before = changes(&scrape(&bases[2], &[]).await);
+    cluster.nodes[0].kill();
+    let base = bases[2].clone();
+    eventually("node 3 sees a new leader", || {
+        let base = base.clone();
+        async move { changes(&scrape(&base, &[]).await) > before }
+    })
+    .await;
+    // Node 1 comes back; then node 3 is removed from the cluster and is not ready any more.
+    cluster.nodes[0].restart();
+    eventually("node 3 is ready under the new leader", || async {
+        call("GET", &format!("{}/readyz", bases[2]), &[], None)
+            .await
+            .0
+            == 200
+    })
+    .await;
+    let survivor = cluster.client(1);
+    eventually("node 3 is removed", || async {
+        survivor.remove(3, false).await.is_ok()
+    })
+    .await;
+    eventually("node 3 reports 503", || async {
+        let (status, body) = call("GET", &format!("{}/readyz", bases[2]), &[], None).await;
+        status == 503 && body.contains("not ready")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_carry_tokens_and_are_refused_like_grpc_ones() {
+    let cluster = tests::Cluster::with_http(1, true).await;
+    let token = cluster.token.clone().expect("management token");
+    let base = cluster.nodes[0].http_url();
+    let artists = format!("{base}/v1/resources/demo/v2/Artist");
+    // No token: 401, for the API and for /metrics; /healthz and /readyz stay open.
+    let (status, refused) = call_json("GET", &artists, &[], None).await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (401, Some("UNAUTHENTICATED"))
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/metrics"), &[], None).await.0,
+        401
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/healthz"), &[], None).await.0,
+        200
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/readyz"), &[], None).await.0,
+        200
+    );
+    // The management token, either header.
+    let bearer = format!("Bearer {token}");
+    let (status, _) = call("GET", &artists, &[("x-resd-token", &token)], None).await;
+    assert_eq!(status, 200);
+    scrape(&base, &[("authorization", &bearer)]).await;
+
+    // A token whose policy reads artists only: writing is 403.
+    let policy =
+        "{\"data\": {\"rules\": [{\"types\": [\"demo.v2.Artist\"], \"access\": \"ACCESS_READ\"}]}}";
+    let (status, body) = call(
+        "PUT",
+        &format!("{base}/v1/resources/acl/v1/Policy/artist-reader"),
+        &[("x-resd-token", &token)],
+        Some(policy),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let reader = "{\"data\": {\"policies\": [\"artist-reader\"], \"secret\": \"reader-secret-0123456789abcdef\"}}";
+    let (status, body) = call(
+        "PUT",
+        &format!("{base}/v1/resources/acl/v1/Token/reader"),
+        &[("x-resd-token", &token)],
+        Some(reader),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let as_reader = [("x-resd-token", "reader-secret-0123456789abcdef")];
+    let mut read_ok = false;
+    for _ in 0..50 {
+        if call("GET", &artists, &as_reader, None).await.0 == 200 {
+            read_ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(read_ok, "the reader token works within 5 s");
+    let (status, denied) = call_json(
+        "PUT",
+        &format!("{artists}/nina"),
+        &as_reader,
+        Some(&artist("Nina Simone")),
+    )
+    .await;
+    assert_eq!(
+        (status, denied["code"].as_str()),
+        (403, Some("PERMISSION_DENIED")),
+        "{denied}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_and_a_lone_joiner_is_not_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http_port = tests::free_port();
+    let mut child = std::process::Command::new(tests::binary("resd"))
+        .args([
+            "--log-format",
+            "json",
+            "agent",
+            "--node-id",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args([
+            "--api-addr",
+            &format!("127.0.0.1:{}", tests::free_port()),
+            "--raft-addr",
+            &format!("127.0.0.1:{}", tests::free_port()),
+            "--http-addr",
+            &format!("127.0.0.1:{http_port}"),
+            // Nobody answers there: the node never becomes a voter.
+            "--join",
+            &format!("127.0.0.1:{}", tests::free_port()),
+        ])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("resd runs");
+    let base = format!("http://127.0.0.1:{http_port}");
+    eventually("the HTTP server answers", || async {
+        tokio::time::timeout(Duration::from_secs(1), async {
+            http()
+                .request(request("GET", &format!("{base}/healthz"), &[], None))
+                .await
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    let (status, body) = call("GET", &format!("{base}/readyz"), &[], None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not a voter"), "{body}");
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("resd output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    assert!(lines.len() >= 2, "some log lines: {stderr}");
+    for line in lines {
+        let object: BTreeMap<String, serde_json::Value> = serde_json::from_str(line)
+            .unwrap_or_else(|error| panic!("not a JSON object ({error}): {line}"));
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(object.contains_key(key), "{key} missing: {line}");
+        }
+    }
+}
