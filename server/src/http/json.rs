@@ -42,7 +42,7 @@ pub fn from_json<M: prost::Message + Default>(
     M::decode(dynamic.encode_to_vec().as_slice()).map_err(|error| error.to_string())
 }
 
-/// The full protobuf name of the data message of a type's registration, for `@type`.
+/// The `@type` of `data` holding the message `message_name` (e.g. `resd.demo.v2.Artist`).
 pub fn type_url(message_name: &str) -> String {
     format!("type.googleapis.com/{message_name}")
 }

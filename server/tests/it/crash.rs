@@ -79,6 +79,11 @@ async fn a_node_restarted_after_an_unclean_stop_serves_nothing_older_until_caugh
         health(&cluster.nodes[follower]).await,
         ServingStatus::NotServing as i32
     );
+    let (code, body) = cluster.nodes[follower]
+        .http_get("/readyz")
+        .expect("/readyz answers while catching up");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("catching up"), "{body}");
     let status = cluster.nodes[follower]
         .cluster()
         .await
@@ -111,6 +116,15 @@ async fn a_node_restarted_after_an_unclean_stop_serves_nothing_older_until_caugh
         health(&cluster.nodes[follower]).await,
         ServingStatus::Serving as i32
     );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.nodes[follower]
+        .http_get("/readyz")
+        .map(|(code, _)| code)
+        != Some(200)
+    {
+        assert!(Instant::now() < deadline, "/readyz never said ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,6 +185,27 @@ impl Resd {
             .expect("resd exits after SIGTERM")
     }
 
+    /// `GET path` on the node's HTTP server (`--http-addr`): status and body, or `None` when
+    /// it does not answer within 5 s.
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read as _, Write as _};
+        let at = self.args.iter().position(|arg| arg == "--http-addr")?;
+        let addr: SocketAddr = self.args.get(at + 1)?.parse().ok()?;
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let status = response.split(' ').nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n")?.1.to_owned();
+        Some((status, body))
+    }
+
     /// Sends a signal by PID (`STOP`, `CONT`, …).
     pub fn signal(&self, signal: &str) {
         let pid = self.pid().expect("running");
@@ -309,6 +330,8 @@ impl Cluster {
             "--api-addr".to_owned(),
             format!("127.0.0.1:{}", free_port()),
             "--raft-addr".to_owned(),
+            format!("127.0.0.1:{}", free_port()),
+            "--http-addr".to_owned(),
             format!("127.0.0.1:{}", free_port()),
         ];
         match join {
