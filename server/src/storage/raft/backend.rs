@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use super::log_store::{LogStats, LogStore};
 use super::network::NetworkFactory;
-use super::op::{self, Change, ListQuery, Op, Request, Tagged};
+use super::op::{self, Change, Op, Request, Tagged};
 use super::state_machine::{SmShared, StateMachineStore};
 use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::events::HistoryLimits;
@@ -33,6 +33,7 @@ use crate::tls::Dialer;
 
 mod forward;
 mod proposer;
+mod read_index;
 mod readiness;
 mod status;
 
@@ -149,6 +150,8 @@ pub struct RaftBackend {
     readiness: tokio::sync::watch::Sender<Readiness>,
     catch_up: Mutex<Option<tokio::task::JoinHandle<()>>>,
     storage_metrics: crate::metrics::StorageMetrics,
+    /// Concurrent linearizable reads share leadership confirmations.
+    reads: read_index::ReadBatcher,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -258,6 +261,7 @@ impl RaftBackend {
             readiness,
             catch_up: Mutex::new(None),
             storage_metrics: options.metrics,
+            reads: read_index::ReadBatcher::default(),
         });
         if let Some(why) = removed_marker {
             tracing::warn!("{}; serving nothing", why.trim());
@@ -463,8 +467,12 @@ impl Backend for RaftBackend {
         self.check_ready()?;
         match consistency {
             Consistency::Eventual => self.sm.read(id),
+            // ReadIndex: the leader confirms (in a round shared with concurrent reads) and
+            // names the index; this node serves from its own state once it applied that far,
+            // so a follower ships no data over the raft port.
             Consistency::Strong => {
-                op::expect_resource(self.submit(Request::Read(id.clone())).await)
+                self.read_barrier().await?;
+                self.sm.read(id)
             }
         }
     }
@@ -511,14 +519,10 @@ impl Backend for RaftBackend {
         self.check_ready()?;
         match consistency {
             Consistency::Eventual => self.sm.list(resource_type, tenancy, name_prefix),
-            Consistency::Strong => op::expect_resources(
-                self.submit(Request::List(ListQuery {
-                    resource_type: resource_type.clone(),
-                    tenancy: tenancy.clone(),
-                    name_prefix: name_prefix.into(),
-                }))
-                .await,
-            ),
+            Consistency::Strong => {
+                self.read_barrier().await?;
+                self.sm.list(resource_type, tenancy, name_prefix)
+            }
         }
     }
 

@@ -222,8 +222,7 @@ impl RaftBackend {
     /// Confirms leadership with a quorum and waits until this node has applied everything
     /// committed before the call; returns that read index.
     async fn linearize(&self) -> Result<u64, Attempt> {
-        let read_log_id = self.raft.ensure_linearizable().await.map_err(not_leader)?;
-        let mut index = read_log_id.map(|log_id| log_id.index).unwrap_or(0);
+        let mut index = self.reads.confirm(&self.raft).await?;
         // Resuming the term it led before a stop, openraft knows neither a new no-op nor the
         // commit index: everything in the log at start may have been acknowledged.
         if let Some(floor) = self.leader_floor
@@ -244,7 +243,7 @@ impl RaftBackend {
     }
 }
 
-fn not_leader<E: std::fmt::Display>(error: RaftError<NodeId, E>) -> Attempt {
+pub(super) fn not_leader<E: std::fmt::Display>(error: RaftError<NodeId, E>) -> Attempt {
     match error {
         RaftError::APIError(error) => Attempt::Retry(format!("not the leader: {error}")),
         RaftError::Fatal(fatal) => Attempt::Done(Err(StorageError::Inconsistent(format!(

@@ -19,6 +19,7 @@ use tonic::{Request, Status};
 use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
 use crate::tls::Dialer;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Contacts, MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
@@ -28,11 +29,37 @@ use super::{Contacts, MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
 pub struct NetworkFactory {
     dialer: Dialer,
     contacts: Arc<Contacts>,
+    /// One long-lived channel per peer (HTTP/2 multiplexes replication, heartbeats and votes;
+    /// tonic reconnects it when the connection drops). openraft asks for a client per
+    /// leadership check and per replication stream: without this, every linearizable read
+    /// opened a connection to each peer.
+    channels: HashMap<NodeId, (String, RaftServiceClient<Channel>)>,
 }
 
 impl NetworkFactory {
     pub fn new(dialer: Dialer, contacts: Arc<Contacts>) -> Self {
-        NetworkFactory { dialer, contacts }
+        NetworkFactory {
+            dialer,
+            contacts,
+            channels: HashMap::new(),
+        }
+    }
+
+    /// The peer's channel, made on first use and again when its address changes.
+    fn channel(
+        &mut self,
+        target: NodeId,
+        addr: &str,
+    ) -> Result<RaftServiceClient<Channel>, String> {
+        if let Some((known, client)) = self.channels.get(&target)
+            && known == addr
+        {
+            return Ok(client.clone());
+        }
+        let client = raft_client(&self.dialer, addr, target)?;
+        self.channels
+            .insert(target, (addr.to_owned(), client.clone()));
+        Ok(client)
     }
 }
 
@@ -43,7 +70,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         NetworkClient {
             target,
             addr: node.raft_addr.clone(),
-            client: raft_client(&self.dialer, &node.raft_addr, target),
+            client: self.channel(target, &node.raft_addr),
             contacts: self.contacts.clone(),
         }
     }
