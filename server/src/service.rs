@@ -39,34 +39,41 @@ pub use error::Error;
 /// Largest encoded resource accepted by default.
 pub const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
 
-/// How often a blind write or delete is attempted when it keeps losing CAS races.
-const BLIND_ATTEMPTS: u32 = 5;
+/// How long a blind operation keeps retrying lost compare-and-swap races (less when the request
+/// has an earlier deadline). Under contention every round has a winner, so each writer gets
+/// through well within it; etcd never fails an unconditional put either.
+const BLIND_BUDGET: Duration = Duration::from_secs(10);
 
-/// Pause before the retry after `attempt` (0-based) lost a CAS race.
+/// Pause before the retry after `attempt` (0-based) lost a CAS race: doubling from 2 ms up to
+/// 64 ms, jittered over its upper half so writers that collided do not collide again in step.
 fn blind_backoff(attempt: u32) -> Duration {
-    Duration::from_millis(5 << attempt.min(6))
+    let ceiling = 2u64 << attempt.min(5);
+    let jitter = (ulid::Ulid::new().random() as u64) % (ceiling / 2 + 1);
+    Duration::from_millis(ceiling / 2 + jitter)
 }
 
 /// The one retry loop of blind operations (no version given: the server retries lost races).
-/// Runs `attempt` with its index (0-based) until it does not fail with a lost CAS race, at most
-/// [`BLIND_ATTEMPTS`] times with [`blind_backoff`] between tries. Without `blind`, one try.
+/// Runs `attempt` with its index (0-based) until it does not fail with a lost CAS race, for up
+/// to [`BLIND_BUDGET`] with [`blind_backoff`] between tries. Without `blind`, one try.
 async fn retry_blind<T, F, Fut>(blind: bool, mut attempt: F) -> Result<T, Error>
 where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<T, Error>>,
 {
-    let attempts = if blind { BLIND_ATTEMPTS } else { 1 };
+    let deadline = crate::storage::deadline::bounded(BLIND_BUDGET);
     let mut index = 0;
     loop {
         match attempt(index).await {
-            Err(Error::CasFailed(_)) if index + 1 < attempts => {
-                tokio::time::sleep(blind_backoff(index)).await;
-                index += 1;
-            }
             Err(Error::CasFailed(why)) if blind => {
-                return Err(Error::CasFailed(format!(
-                    "{why} (a blind write gave up after {BLIND_ATTEMPTS} attempts under contention)"
-                )));
+                let pause = blind_backoff(index);
+                if std::time::Instant::now() + pause >= deadline {
+                    return Err(Error::CasFailed(format!(
+                        "{why} (a blind write kept losing to concurrent writers for {} attempts; try again)",
+                        index + 1
+                    )));
+                }
+                tokio::time::sleep(pause).await;
+                index += 1;
             }
             other => return other,
         }

@@ -491,3 +491,46 @@ async fn resctl_diff_shows_what_apply_would_change_and_jsonpath_picks_fields() {
         "{bad:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_blind_writers_on_ten_keys_all_succeed() {
+    let cluster = tests::Cluster::start(3).await;
+    let clients: Vec<Client> = (0..3).map(|index| cluster.client(index)).collect();
+    let codec = std::sync::Arc::new(
+        proto::codec::Codec::new(clients[0].list_types().await.expect("types")).expect("codec"),
+    );
+    let mut writers = tokio::task::JoinSet::new();
+    for writer in 0..64usize {
+        let client = clients[writer % 3].clone();
+        let codec = codec.clone();
+        writers.spawn(async move {
+            let mut failures = Vec::new();
+            for round in 0..10usize {
+                let key = (writer + round) % 10;
+                let resource = codec
+                    .read_yaml(&format!(
+                        "type: demo.v1.Concept\nname: key-{key}\ntenancy: {{partition: default, namespace: default}}\ndata: {{name: w{writer}r{round}}}\n"
+                    ))
+                    .remove(0)
+                    .expect("document");
+                if let Err(error) = client.write(&resource).await {
+                    failures.push(format!("writer {writer} round {round}: {error}"));
+                }
+            }
+            failures
+        });
+    }
+    let mut failures = Vec::new();
+    while let Some(result) = tokio::time::timeout(Duration::from_secs(120), writers.join_next())
+        .await
+        .expect("the writers finish within 2 minutes")
+    {
+        failures.extend(result.expect("writer task"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 640 blind writes failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}

@@ -3,7 +3,7 @@
 use proto::internal::v1::Tombstone;
 use proto::resource::v1::{DeleteRequest, DeleteResponse, Resource};
 
-use super::{BLIND_ATTEMPTS, Error, ResourceService, new_ulid, retry_blind};
+use super::{Error, ResourceService, new_ulid, retry_blind};
 use crate::acl::Authorizer;
 use crate::registry::builtin;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
@@ -98,7 +98,7 @@ impl ResourceService {
         .await;
         match result {
             Err(Error::CasFailed(_)) => Err(Error::CasFailed(format!(
-                "{} lost its last finalizer but could not be deleted after {BLIND_ATTEMPTS} attempts; delete it again",
+                "{} lost its last finalizer but kept changing while it was deleted; delete it again",
                 DisplayId(id)
             ))),
             other => other,

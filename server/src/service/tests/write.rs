@@ -407,14 +407,19 @@ async fn blind_write_retries_after_lost_cas_races() {
 }
 
 #[tokio::test]
-async fn blind_write_gives_up_after_five_lost_races() {
+async fn blind_write_keeps_retrying_lost_races_until_its_deadline() {
     let backend = Arc::new(LosingBackend::new());
     let h = harness_with(backend.clone()).await;
-    backend.lose_next(5);
+    // Twenty lost races in a row still end in success.
+    backend.lose_next(20);
+    h.write(artist("miles")).await.expect("blind write retries");
+    // Losing forever: the request's deadline ends it, saying why.
+    backend.lose_next(u32::MAX);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(300);
     expect_error(
-        h.write(artist("miles")).await,
+        crate::storage::deadline::scope(Some(deadline), h.write(artist("miles"))).await,
         Code::Aborted,
-        "gave up after 5 attempts",
+        "kept losing to concurrent writers",
     );
 }
 

@@ -420,8 +420,15 @@ pub fn parse_resource_key(bytes: &[u8]) -> Option<StorageKey> {
 }
 
 /// The longest key prefix shared by every resource a query can match: the type, then as much of
-/// the tenancy as is not a wildcard.
-pub fn resource_scan_prefix(group: &str, kind: &str, partition: &str, namespace: &str) -> Vec<u8> {
+/// the tenancy as is not a wildcard, then (in one namespace) the name prefix, so listing a few
+/// names of a large type seeks to them instead of scanning the type.
+pub fn resource_scan_prefix(
+    group: &str,
+    kind: &str,
+    partition: &str,
+    namespace: &str,
+    name_prefix: &str,
+) -> Vec<u8> {
     let mut prefix = Vec::new();
     prefix.extend_from_slice(group.as_bytes());
     prefix.push(SEP);
@@ -433,6 +440,8 @@ pub fn resource_scan_prefix(group: &str, kind: &str, partition: &str, namespace:
         if namespace != crate::resource::WILDCARD {
             prefix.extend_from_slice(namespace.as_bytes());
             prefix.push(SEP);
+            // The name is the key's last part: a prefix of it is a prefix of the key.
+            prefix.extend_from_slice(name_prefix.as_bytes());
         }
     }
     prefix
@@ -498,17 +507,23 @@ mod tests {
     fn scan_prefixes_cover_exactly_their_tenancy() {
         let inside = resource_key(&key("demo", "Artist", "p1", "n1", "x"));
         let other_namespace = resource_key(&key("demo", "Artist", "p1", "n10", "x"));
-        let exact = resource_scan_prefix("demo", "Artist", "p1", "n1");
+        let exact = resource_scan_prefix("demo", "Artist", "p1", "n1", "");
         assert!(inside.starts_with(&exact));
         assert!(
             !other_namespace.starts_with(&exact),
             "n1 must not prefix-match n10"
         );
-        assert!(other_namespace.starts_with(&resource_scan_prefix("demo", "Artist", "p1", "*")));
-        assert!(inside.starts_with(&resource_scan_prefix("demo", "Artist", "*", "*")));
+        assert!(
+            other_namespace.starts_with(&resource_scan_prefix("demo", "Artist", "p1", "*", ""))
+        );
+        assert!(inside.starts_with(&resource_scan_prefix("demo", "Artist", "*", "*", "")));
         assert!(
             !resource_key(&key("demo", "ArtistX", "p1", "n1", "x"))
-                .starts_with(&resource_scan_prefix("demo", "Artist", "*", "*"))
+                .starts_with(&resource_scan_prefix("demo", "Artist", "*", "*", ""))
         );
+        // In one namespace the name prefix narrows the seek.
+        let named = resource_scan_prefix("demo", "Artist", "p1", "n1", "mi");
+        assert!(resource_key(&key("demo", "Artist", "p1", "n1", "miles")).starts_with(&named));
+        assert!(!resource_key(&key("demo", "Artist", "p1", "n1", "nina")).starts_with(&named));
     }
 }

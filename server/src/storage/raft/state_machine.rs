@@ -382,6 +382,7 @@ fn scan(
         &resource_type.kind,
         &tenancy.partition,
         &tenancy.namespace,
+        name_prefix,
     );
     let mut found = Vec::new();
     for item in sm
