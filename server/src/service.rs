@@ -23,6 +23,7 @@ use validate::{Violations, Wildcards};
 mod admission;
 pub mod cluster;
 mod delete;
+pub mod encoded_list;
 mod error;
 pub mod grpc;
 mod read;

@@ -260,6 +260,24 @@ pub trait Backend: Send + Sync + 'static {
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError>;
 
+    /// What [`Backend::list`] returns, each resource in its protobuf encoding: a backend that
+    /// stores encoded resources hands them over as they are (a List answers without decoding
+    /// and encoding every one).
+    async fn list_encoded(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        Ok(self
+            .list(consistency, resource_type, tenancy, name_prefix)
+            .await?
+            .iter()
+            .map(prost::Message::encode_to_vec)
+            .collect())
+    }
+
     /// The resources whose owner is `owner`, uid included (tenancy fields of `owner` may be `*`). Children outlive their owner here;
     /// cascading deletion is the reaper's job.
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError>;

@@ -42,6 +42,23 @@ impl ResourceGrpc {
         self
     }
 
+    /// List, answered with each resource as stored (see `service::encoded_list`).
+    pub async fn list_encoded(
+        &self,
+        request: Request<ListRequest>,
+    ) -> Result<Response<super::encoded_list::EncodedList>, Status> {
+        let authorizer = self.authorizer(&request)?;
+        let consistency = consistency(&request)?;
+        let deadline = deadline(&request);
+        let resources = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .list_encoded(authorizer.as_ref(), consistency, request.into_inner()),
+        )
+        .await?;
+        Ok(Response::new(super::encoded_list::EncodedList(resources)))
+    }
+
     fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
         resolve(self.tokens.as_ref(), request).map_err(Status::from)
     }

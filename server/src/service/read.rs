@@ -148,6 +148,72 @@ impl ResourceService {
         Ok(ListResponse { resources })
     }
 
+    /// [`Self::list`] without decoding what needs no decoding: each resource stays in its
+    /// stored encoding; only its id is read (type version, ACL), and the whole resource only
+    /// for a type whose read hook needs it.
+    pub async fn list_encoded(
+        &self,
+        authorizer: &dyn Authorizer,
+        consistency: Consistency,
+        request: ListRequest,
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        /// A resource's first field, its id; prost skips the rest without decoding it.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct IdOnly {
+            #[prost(message, optional, tag = "1")]
+            id: Option<Id>,
+        }
+        let query = self.query(
+            request.r#type,
+            request.tenancy,
+            request.name_prefix,
+            Absent::Required,
+        )?;
+        (query.registration.acls.list)(authorizer, &query.tenancy)?;
+        let encoded = self
+            .backend
+            .list_encoded(
+                consistency,
+                &UnversionedType::of(&query.resource_type),
+                &query.tenancy,
+                &query.name_prefix,
+            )
+            .await?;
+        let read_acl = &query.registration.acls.read;
+        let mut visible = Vec::with_capacity(encoded.len());
+        for bytes in encoded {
+            let id = <IdOnly as prost::Message>::decode(bytes.as_slice())
+                .map_err(|error| {
+                    Error::Internal(format!("a stored resource does not decode: {error}"))
+                })?
+                .id
+                .unwrap_or_default();
+            let same_version = id
+                .r#type
+                .as_ref()
+                .is_some_and(|t| t.group_version == query.resource_type.group_version);
+            if !same_version {
+                continue;
+            }
+            let allowed = match read_acl(authorizer, &id, None) {
+                Ok(()) => true,
+                Err(AclError::NeedResource) => {
+                    let resource = <Resource as prost::Message>::decode(bytes.as_slice()).map_err(
+                        |error| {
+                            Error::Internal(format!("a stored resource does not decode: {error}"))
+                        },
+                    )?;
+                    read_acl(authorizer, &id, Some(&resource)).is_ok()
+                }
+                Err(_) => false,
+            };
+            if allowed {
+                visible.push(bytes);
+            }
+        }
+        Ok(visible)
+    }
+
     pub async fn list_by_owner(
         &self,
         authorizer: &dyn Authorizer,
@@ -295,6 +361,8 @@ fn same_group_version(resource: &Resource, resource_type: &Type) -> bool {
 
 /// Whether the read hook lets this caller see this (stored) resource.
 fn readable(read_acl: &ReadAcl, authorizer: &dyn Authorizer, resource: &Resource) -> bool {
-    let id: Id = resource.id.clone().unwrap_or_default();
-    read_acl(authorizer, &id, Some(resource)).is_ok()
+    match &resource.id {
+        Some(id) => read_acl(authorizer, id, Some(resource)).is_ok(),
+        None => read_acl(authorizer, &Id::default(), Some(resource)).is_ok(),
+    }
 }

@@ -40,7 +40,7 @@ async fn health(node: &Resd) -> i32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_after_an_unclean_stop_serves_nothing_older_until_caught_up() {
-    let mut cluster = Cluster::start(3, &["--snapshot-every", "20"]).await;
+    let mut cluster = Cluster::start_with_http(3, &["--snapshot-every", "20"]).await;
     let leader = cluster.wait_for_leader().await;
     let follower = (leader + 1) % 3;
     let other = (leader + 2) % 3;

@@ -287,6 +287,25 @@ impl Cluster {
         Self::start_inner(size, extra_args, None).await
     }
 
+    /// A cluster whose nodes also serve HTTP, each on a fixed port (see [`Resd::http_get`]).
+    pub async fn start_with_http(size: usize, extra_args: &[&str]) -> Cluster {
+        let base = tempfile::tempdir().expect("temp dir");
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            first_api: SocketAddr::from(([127, 0, 0, 1], 0)),
+            base,
+            tls: None,
+        };
+        for _ in 0..size {
+            let port = format!("127.0.0.1:{}", free_port());
+            let mut args: Vec<&str> = extra_args.to_vec();
+            args.extend(["--http-addr", port.as_str()]);
+            cluster.add_node(&args).await;
+        }
+        cluster.wait_for_members(size).await;
+        cluster
+    }
+
     /// A cluster speaking TLS with the certificates of `ca`; the test connects as `client`.
     pub async fn start_tls(
         size: usize,
@@ -330,8 +349,6 @@ impl Cluster {
             "--api-addr".to_owned(),
             format!("127.0.0.1:{}", free_port()),
             "--raft-addr".to_owned(),
-            format!("127.0.0.1:{}", free_port()),
-            "--http-addr".to_owned(),
             format!("127.0.0.1:{}", free_port()),
         ];
         match join {

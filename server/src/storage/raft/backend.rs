@@ -526,6 +526,20 @@ impl Backend for RaftBackend {
         }
     }
 
+    async fn list_encoded(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.check_ready()?;
+        if consistency == Consistency::Strong {
+            self.read_barrier().await?;
+        }
+        self.sm.list_encoded(resource_type, tenancy, name_prefix)
+    }
+
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
         self.check_ready()?;
         self.sm.list_by_owner(owner)

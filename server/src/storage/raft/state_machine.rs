@@ -279,6 +279,23 @@ impl SmShared {
         scan(&sm, &rtxn, resource_type, tenancy, name_prefix)
     }
 
+    /// [`Self::list`] as stored: each resource's encoding, not decoded.
+    pub fn list_encoded(
+        &self,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        let mut found = Vec::new();
+        scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
+            found.push(bytes.to_vec());
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
     pub fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
         if owner.uid.is_empty() {
             return Ok(Vec::new());
@@ -377,6 +394,24 @@ fn scan(
     tenancy: &Tenancy,
     name_prefix: &str,
 ) -> Result<Vec<Resource>, StorageError> {
+    let mut found = Vec::new();
+    scan_with(sm, rtxn, resource_type, tenancy, name_prefix, |bytes| {
+        found.push(decode_resource(bytes)?);
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// Hands `each` the stored encoding of every resource a list or watch query matches, in key
+/// order.
+fn scan_with(
+    sm: &SmEnv,
+    rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
+    resource_type: &UnversionedType,
+    tenancy: &Tenancy,
+    name_prefix: &str,
+    mut each: impl FnMut(&[u8]) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
     let prefix = schema::resource_scan_prefix(
         &resource_type.group,
         &resource_type.kind,
@@ -384,7 +419,11 @@ fn scan(
         &tenancy.namespace,
         name_prefix,
     );
-    let mut found = Vec::new();
+    // When the prefix says it all (one namespace, or no name prefix below a wildcard
+    // namespace), every key under it matches: no key is parsed.
+    let wildcard = resource::WILDCARD;
+    let covered = (tenancy.partition != wildcard && tenancy.namespace != wildcard)
+        || (name_prefix.is_empty() && tenancy.namespace == wildcard);
     for item in sm
         .dbs
         .resources
@@ -392,14 +431,15 @@ fn scan(
         .map_err(storage_internal)?
     {
         let (key, bytes) = item.map_err(storage_internal)?;
-        let Some(key) = schema::parse_resource_key(key) else {
+        if !covered
+            && !schema::parse_resource_key(key)
+                .is_some_and(|key| key.matches(resource_type, tenancy, name_prefix))
+        {
             continue;
-        };
-        if key.matches(resource_type, tenancy, name_prefix) {
-            found.push(decode_resource(bytes)?);
         }
+        each(bytes)?;
     }
-    Ok(found)
+    Ok(())
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
