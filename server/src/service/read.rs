@@ -117,34 +117,23 @@ impl ResourceService {
         })
     }
 
+    /// The listed resources decoded: [`Self::list_encoded`] (one filtering path for both).
     pub async fn list(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
         request: ListRequest,
     ) -> Result<ListResponse, Error> {
-        let query = self.query(
-            request.r#type,
-            request.tenancy,
-            request.name_prefix,
-            Absent::Required,
-        )?;
-        (query.registration.acls.list)(authorizer, &query.tenancy)?;
         let resources = self
-            .backend
-            .list(
-                consistency,
-                &UnversionedType::of(&query.resource_type),
-                &query.tenancy,
-                &query.name_prefix,
-            )
-            .await?;
-        let read_acl = &query.registration.acls.read;
-        let resources = resources
-            .into_iter()
-            .filter(|resource| same_group_version(resource, &query.resource_type))
-            .filter(|resource| readable(read_acl, authorizer, resource))
-            .collect();
+            .list_encoded(authorizer, consistency, request)
+            .await?
+            .iter()
+            .map(|bytes| {
+                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(|error| {
+                    Error::Internal(format!("a stored resource does not decode: {error}"))
+                })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(ListResponse { resources })
     }
 
