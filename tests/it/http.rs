@@ -321,12 +321,29 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
     .await;
     let mut resumed =
         Lines::open(&format!("{artists}?watch=true&since_version={resume_from}")).await;
-    let first = resumed.next().await;
-    assert_eq!(
-        upserted_name(&first),
-        Some("odetta"),
-        "a resumed watch starts with what came after: {first}"
-    );
+    // Only what came after (the controller's status writes to miriam may come first), no
+    // listing again, and odetta among it.
+    let version_of = |line: &serde_json::Value| -> (u64, u64) {
+        let text = line["version"].as_str().unwrap_or_default();
+        let (index, within) = text.split_once('.').unwrap_or((text, "0"));
+        (index.parse().unwrap_or(0), within.parse().unwrap_or(0))
+    };
+    let floor = version_of(&event);
+    let mut saw_odetta = false;
+    for _ in 0..20 {
+        let line = resumed.next().await;
+        if line.get("upsert").is_some() || line.get("delete").is_some() {
+            assert!(
+                version_of(&line) > floor,
+                "a resumed watch sends only what came after {resume_from}: {line}"
+            );
+        }
+        if upserted_name(&line) == Some("odetta") {
+            saw_odetta = true;
+            break;
+        }
+    }
+    assert!(saw_odetta, "the resumed watch sees odetta");
     drop(resumed);
     eventually("the watch streams close", || async {
         value(&scrape(&bases[1], &[]).await, "resd_watch_streams", &[]) == Some(0.0)
@@ -351,22 +368,45 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
         async move { changes(&scrape(&base, &[]).await) > before }
     })
     .await;
-    // Node 1 comes back; then node 3 is removed from the cluster and is not ready any more.
+    // Node 1 comes back; then a follower is removed from the cluster and is not ready any more.
     cluster.nodes[0].restart();
-    eventually("node 3 is ready under the new leader", || async {
-        call("GET", &format!("{}/readyz", bases[2]), &[], None)
-            .await
-            .0
-            == 200
+    for base in &bases {
+        eventually("every node is ready again", || async {
+            call("GET", &format!("{base}/readyz"), &[], None).await.0 == 200
+        })
+        .await;
+    }
+    // A follower is removed (removing the leader itself is a known weak spot: openraft 0.9
+    // stops the raft of a leader that commits its own removal).
+    let admin = cluster.client(1);
+    let removed = std::sync::atomic::AtomicU64::new(0);
+    eventually("a follower is removed", || async {
+        let Ok(members) = admin.members().await else {
+            return false;
+        };
+        let Some(follower) = members
+            .members
+            .iter()
+            .map(|m| m.node_id)
+            .find(|id| *id != members.leader_id && *id != 2)
+        else {
+            return false;
+        };
+        match admin.remove(follower, false).await {
+            Ok(()) => {
+                removed.store(follower, std::sync::atomic::Ordering::SeqCst);
+                true
+            }
+            Err(error) => {
+                eprintln!("remove node {follower}: {error}");
+                false
+            }
+        }
     })
     .await;
-    let survivor = cluster.client(1);
-    eventually("node 3 is removed", || async {
-        survivor.remove(3, false).await.is_ok()
-    })
-    .await;
-    eventually("node 3 reports 503", || async {
-        let (status, body) = call("GET", &format!("{}/readyz", bases[2]), &[], None).await;
+    let removed = removed.load(std::sync::atomic::Ordering::SeqCst) as usize - 1;
+    eventually("the removed node reports 503", || async {
+        let (status, body) = call("GET", &format!("{}/readyz", bases[removed]), &[], None).await;
         status == 503 && body.contains("not ready")
     })
     .await;
