@@ -376,8 +376,7 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
         })
         .await;
     }
-    // A follower is removed (removing the leader itself is a known weak spot: openraft 0.9
-    // stops the raft of a leader that commits its own removal).
+    // A follower is removed (server/tests/it/membership.rs covers a leader removing itself).
     let admin = cluster.client(1);
     let removed = std::sync::atomic::AtomicU64::new(0);
     eventually("a follower is removed", || async {

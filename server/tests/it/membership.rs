@@ -420,3 +420,42 @@ async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
     let view = members(&cluster).await;
     assert_eq!(view.members.len(), 2, "{view:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_removes_itself_and_the_others_go_on() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let leader_id = leader as u64 + 1;
+    remove(&cluster, leader_id, false)
+        .await
+        .expect("the leader removes itself");
+    // The others elect a leader among themselves, list only themselves, and take writes.
+    let others: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = cluster.nodes[others[0]]
+            .cluster()
+            .await
+            .members(MembersRequest {})
+            .await;
+        if let Ok(reply) = answer {
+            let reply = reply.into_inner();
+            let ids: Vec<u64> = reply.members.iter().map(|m| m.node_id).collect();
+            if reply.leader_id != 0 && reply.leader_id != leader_id && !ids.contains(&leader_id) {
+                assert_eq!(ids.len(), 2, "{ids:?}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader among the others");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.nodes[others[1]]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("after-the-leader-left")),
+        })
+        .await
+        .expect("a write after the old leader left");
+    cluster.nodes[leader].kill9();
+}

@@ -605,14 +605,21 @@ impl RaftBackend {
 
     async fn remove_member_inner(&self, id: NodeId) -> Result<(), String> {
         let _one_at_a_time = self.membership.lock().await;
+        // `retain: false`: a voter leaving the configuration leaves the membership too.
         self.raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
             .await
             .map_err(|error| format!("cannot remove node {id} from the voters: {error}"))?;
-        self.raft
-            .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
-            .await
-            .map_err(|error| format!("cannot remove node {id}: {error}"))?;
+        // A learner is removed with a second change — never by a leader that just removed
+        // itself: it is no longer the leader, and openraft asserts it is when it changes
+        // membership (a race that stopped its raft).
+        let still_listed = self.members().iter().any(|member| member.node_id == id);
+        if still_listed && id != self.id {
+            self.raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await
+                .map_err(|error| format!("cannot remove node {id}: {error}"))?;
+        }
         Ok(())
     }
 }
