@@ -262,21 +262,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// What [`Backend::list`] returns, each resource in its protobuf encoding: a backend that
     /// stores encoded resources hands them over as they are (a List answers without decoding
-    /// and encoding every one).
+    /// and encoding every one). No default: a wrapper that forgot to forward it would quietly
+    /// decode and encode again.
     async fn list_encoded(
         &self,
         consistency: Consistency,
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
-        Ok(self
-            .list(consistency, resource_type, tenancy, name_prefix)
-            .await?
-            .iter()
-            .map(prost::Message::encode_to_vec)
-            .collect())
-    }
+    ) -> Result<Vec<Vec<u8>>, StorageError>;
 
     /// The resources whose owner is `owner`, uid included (tenancy fields of `owner` may be `*`). Children outlive their owner here;
     /// cascading deletion is the reaper's job.

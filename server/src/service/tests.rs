@@ -346,6 +346,17 @@ impl Backend for LosingBackend {
             .list(consistency, resource_type, tenancy, name_prefix)
             .await
     }
+    async fn list_encoded(
+        &self,
+        consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.inner
+            .list_encoded(consistency, resource_type, tenancy, name_prefix)
+            .await
+    }
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
         self.inner.list_by_owner(owner).await
     }

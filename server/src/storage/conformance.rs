@@ -201,6 +201,21 @@ async fn expect_list<B: Backend>(
             .await
             .map_err(|error| error.to_string())?;
         let got = names(&listed);
+        // The encoded list is the same resources, in the same order.
+        let encoded = backend
+            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix)
+            .await
+            .map_err(|error| error.to_string())?
+            .iter()
+            .map(|bytes| <Resource as prost::Message>::decode(bytes.as_slice()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| format!("list_encoded gave bytes that do not decode: {error}"))?;
+        if encoded != listed {
+            return Err(format!(
+                "list_encoded {tenancy:?} {prefix:?}: got {:?}, list gave {got:?}",
+                names(&encoded)
+            ));
+        }
         if got == want {
             Ok(())
         } else {

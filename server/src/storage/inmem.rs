@@ -167,6 +167,20 @@ impl Backend for InMemBackend {
         Ok(matching(&state, resource_type, tenancy, name_prefix))
     }
 
+    async fn list_encoded(
+        &self,
+        _consistency: Consistency,
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let state = self.lock();
+        Ok(matching(&state, resource_type, tenancy, name_prefix)
+            .iter()
+            .map(prost::Message::encode_to_vec)
+            .collect())
+    }
+
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
         if owner.uid.is_empty() {
             return Ok(Vec::new());

@@ -214,6 +214,17 @@ impl crate::storage::Backend for Member {
             .list(consistency, resource_type, tenancy, name_prefix)
             .await
     }
+    async fn list_encoded(
+        &self,
+        consistency: crate::storage::Consistency,
+        resource_type: &crate::storage::UnversionedType,
+        tenancy: &proto::resource::v1::Tenancy,
+        name_prefix: &str,
+    ) -> Result<Vec<Vec<u8>>, crate::storage::StorageError> {
+        (**self)
+            .list_encoded(consistency, resource_type, tenancy, name_prefix)
+            .await
+    }
     async fn list_by_owner(
         &self,
         owner: &proto::resource::v1::Id,
