@@ -35,6 +35,22 @@ pub struct Document {
     pub resource: Result<Resource, String>,
 }
 
+impl Document {
+    /// `group.version.Kind`, name and tenancy of the document's resource as reports show them
+    /// (empty when the document could not be read).
+    pub fn labels(&self) -> (String, String, String) {
+        let Ok(resource) = &self.resource else {
+            return Default::default();
+        };
+        let id = resource.id.clone().unwrap_or_default();
+        (
+            id.r#type.as_ref().map(gvk).unwrap_or_default(),
+            id.name,
+            describe::tenancy_label(id.tenancy.as_ref()),
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
@@ -419,12 +435,13 @@ async fn apply_one(
     dry_run: bool,
     planned: &std::collections::BTreeSet<(String, String)>,
 ) -> Applied {
+    let (resource_type, name, tenancy) = document.labels();
     let mut applied = Applied {
         file: document.file.clone(),
         document: document.index,
-        resource_type: String::new(),
-        name: String::new(),
-        tenancy: String::new(),
+        resource_type,
+        name,
+        tenancy,
         outcome: Outcome::Failed,
         version: String::new(),
         error: None,
@@ -436,10 +453,6 @@ async fn apply_one(
             return applied;
         }
     };
-    let id = resource.id.clone().unwrap_or_default();
-    applied.resource_type = id.r#type.as_ref().map(gvk).unwrap_or_default();
-    applied.name = id.name.clone();
-    applied.tenancy = describe::tenancy_label(id.tenancy.as_ref());
     match write_if_changed(session, codec, resource, dry_run).await {
         Ok((outcome, version)) => {
             applied.outcome = outcome;

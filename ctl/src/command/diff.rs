@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 use std::io::IsTerminal as _;
 
 use futures::StreamExt as _;
-use proto::client::describe;
 use proto::codec::{Codec, gvk};
 use proto::resource::v1::Resource;
 use serde::Serialize;
@@ -76,12 +75,13 @@ async fn compare(
     document: &Document,
     planned: &BTreeSet<(String, String)>,
 ) -> Difference {
+    let (resource_type, name, tenancy) = document.labels();
     let mut difference = Difference {
         file: document.file.clone(),
         document: document.index,
-        resource_type: String::new(),
-        name: String::new(),
-        tenancy: String::new(),
+        resource_type,
+        name,
+        tenancy,
         change: Change::Error,
         diff: String::new(),
         error: None,
@@ -93,10 +93,6 @@ async fn compare(
             return difference;
         }
     };
-    let id = resource.id.clone().unwrap_or_default();
-    difference.resource_type = id.r#type.as_ref().map(gvk).unwrap_or_default();
-    difference.name = id.name.clone();
-    difference.tenancy = describe::tenancy_label(id.tenancy.as_ref());
     let plan = match apply::plan(session, resource).await {
         Err(error) if apply::missing_planned_tenancy(&error, resource, planned) => {
             apply::plan_as_new(session, resource).await

@@ -110,6 +110,14 @@ impl IntoResponse for ApiError {
 
 type ApiResult = Result<Response, ApiError>;
 
+/// A gRPC implementation's answer as the HTTP answer: its message as JSON, or its error.
+fn reply<M: prost::Message>(
+    answer: Result<tonic::Response<M>, tonic::Status>,
+    name: &str,
+) -> ApiResult {
+    json_response(&answer?.into_inner(), name)
+}
+
 fn json_response<M: prost::Message>(message: &M, name: &str) -> ApiResult {
     let value = to_json(message, name).map_err(ApiError::internal)?;
     Ok(axum::Json(value).into_response())
@@ -246,12 +254,13 @@ async fn cluster_status(
     headers: HeaderMap,
 ) -> ApiResult {
     Params(query).finish(&[])?;
-    let response = state
-        .cluster
-        .status(grpc_request(&headers, false, StatusRequest {})?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.cluster.v1.StatusResponse")
+    reply(
+        state
+            .cluster
+            .status(grpc_request(&headers, false, StatusRequest {})?)
+            .await,
+        "resd.cluster.v1.StatusResponse",
+    )
 }
 
 async fn members(
@@ -260,12 +269,13 @@ async fn members(
     headers: HeaderMap,
 ) -> ApiResult {
     Params(query).finish(&[])?;
-    let response = state
-        .cluster
-        .members(grpc_request(&headers, false, MembersRequest {})?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.cluster.v1.MembersResponse")
+    reply(
+        state
+            .cluster
+            .members(grpc_request(&headers, false, MembersRequest {})?)
+            .await,
+        "resd.cluster.v1.MembersResponse",
+    )
 }
 
 /// `GET …/{kind}`: List, or with `?watch=true` WatchList as NDJSON.
@@ -313,12 +323,13 @@ async fn list_or_watch(
         tenancy: Some(tenancy),
         name_prefix,
     };
-    let response = state
-        .resources
-        .list(grpc_request(&headers, consistent, request)?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.resource.v1.ListResponse")
+    reply(
+        state
+            .resources
+            .list(grpc_request(&headers, consistent, request)?)
+            .await,
+        "resd.resource.v1.ListResponse",
+    )
 }
 
 /// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line
@@ -379,12 +390,13 @@ async fn read(
     let request = ReadRequest {
         id: Some(id_of(group, version, kind, name, tenancy, String::new())),
     };
-    let response = state
-        .resources
-        .read(grpc_request(&headers, consistent, request)?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.resource.v1.ReadResponse")
+    reply(
+        state
+            .resources
+            .read(grpc_request(&headers, consistent, request)?)
+            .await,
+        "resd.resource.v1.ReadResponse",
+    )
 }
 
 /// `PUT …/{kind}/{name}` with a `Resource` body: the path names the type and the name (the
@@ -441,18 +453,19 @@ async fn write(
     if id.tenancy.is_none() {
         id.tenancy = Some(tenancy);
     }
-    let response = state
-        .resources
-        .write(grpc_request(
-            &headers,
-            false,
-            WriteRequest {
-                resource: Some(resource),
-            },
-        )?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.resource.v1.WriteResponse")
+    reply(
+        state
+            .resources
+            .write(grpc_request(
+                &headers,
+                false,
+                WriteRequest {
+                    resource: Some(resource),
+                },
+            )?)
+            .await,
+        "resd.resource.v1.WriteResponse",
+    )
 }
 
 /// `PUT …/{kind}/{name}/status/{key}?version=V` with a `Status` body.
@@ -476,12 +489,13 @@ async fn write_status(
         key,
         status: Some(status),
     };
-    let response = state
-        .resources
-        .write_status(grpc_request(&headers, false, request)?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.resource.v1.WriteStatusResponse")
+    reply(
+        state
+            .resources
+            .write_status(grpc_request(&headers, false, request)?)
+            .await,
+        "resd.resource.v1.WriteStatusResponse",
+    )
 }
 
 /// `DELETE …/{kind}/{name}?version=&uid=`: both optional preconditions.
@@ -500,12 +514,13 @@ async fn delete(
         id: Some(id_of(group, version, kind, name, tenancy, uid)),
         version: resource_version,
     };
-    let response = state
-        .resources
-        .delete(grpc_request(&headers, false, request)?)
-        .await?
-        .into_inner();
-    json_response(&response, "resd.resource.v1.DeleteResponse")
+    reply(
+        state
+            .resources
+            .delete(grpc_request(&headers, false, request)?)
+            .await,
+        "resd.resource.v1.DeleteResponse",
+    )
 }
 
 #[cfg(test)]
