@@ -23,11 +23,11 @@ use validate::{Violations, Wildcards};
 mod admission;
 pub mod cluster;
 mod delete;
-pub mod encoded_list;
+pub mod encoded;
 mod error;
 pub mod grpc;
 mod read;
-pub use read::WatchStream;
+pub use read::{SharedWatchStream, WatchStream, pb_event, wire_event};
 mod validate;
 mod write;
 

@@ -198,9 +198,69 @@ pub enum Operation {
     EndOfSnapshot,
 }
 
+/// A watch event as watchers receive it: one copy shared by every watcher of the change (the
+/// history holds it too), with a slot for its wire encoding, so that a server with many watchers
+/// encodes each change once.
+#[derive(Clone, Debug)]
+pub struct SharedEvent(std::sync::Arc<SharedInner>);
+
+#[derive(Debug)]
+struct SharedInner {
+    event: WatchEvent,
+    wire: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl SharedEvent {
+    pub fn new(event: WatchEvent) -> SharedEvent {
+        SharedEvent(std::sync::Arc::new(SharedInner {
+            event,
+            wire: std::sync::OnceLock::new(),
+        }))
+    }
+
+    pub fn event(&self) -> &WatchEvent {
+        &self.0.event
+    }
+
+    /// The event, copied only if someone else holds it too.
+    pub fn into_event(self) -> WatchEvent {
+        match std::sync::Arc::try_unwrap(self.0) {
+            Ok(inner) => inner.event,
+            Err(shared) => shared.event.clone(),
+        }
+    }
+
+    /// The event's wire encoding: made by `encode` for the first watcher that asks, then shared.
+    /// The encoding depends only on the event (never on who watches), so every caller must pass
+    /// the same `encode`.
+    pub fn wire(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> bytes::Bytes {
+        self.0.wire.get_or_init(|| encode(&self.0.event)).clone()
+    }
+}
+
+impl std::ops::Deref for SharedEvent {
+    type Target = WatchEvent;
+
+    fn deref(&self) -> &WatchEvent {
+        &self.0.event
+    }
+}
+
+impl PartialEq for SharedEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.event() == other.event()
+    }
+}
+
+impl From<WatchEvent> for SharedEvent {
+    fn from(event: WatchEvent) -> Self {
+        SharedEvent::new(event)
+    }
+}
+
 /// A stream of watch events: a snapshot, one `EndOfSnapshot`, then changes in commit order. An
 /// error ends it.
-pub type Watch = Pin<Box<dyn Stream<Item = Result<WatchEvent, StorageError>> + Send>>;
+pub type Watch = Pin<Box<dyn Stream<Item = Result<SharedEvent, StorageError>> + Send>>;
 
 /// A store of resources with compare-and-swap writes and watches.
 ///

@@ -142,7 +142,7 @@ pub async fn serve_api(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let resource_service = crate::service::encoded_list::ResourceApi::new(resources, max_message);
+    let resource_service = crate::service::encoded::ResourceApi::new(resources, max_message);
     let cluster_service = ClusterServiceServer::new(cluster);
 
     let stopping = shutdown.clone();

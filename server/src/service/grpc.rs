@@ -11,11 +11,11 @@ use proto::resource::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::read::WatchStream;
+use super::read::SharedWatchStream;
 use super::{Error, ResourceService};
 use crate::acl::{Authorizer, TokenResolver};
 use crate::metrics::WatchMetrics;
-use crate::storage::Consistency;
+use crate::storage::{Consistency, SharedEvent};
 
 pub use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
 
@@ -42,11 +42,11 @@ impl ResourceGrpc {
         self
     }
 
-    /// List, answered with each resource as stored (see `service::encoded_list`).
+    /// List, answered with each resource as stored (see `service::encoded`).
     pub async fn list_encoded(
         &self,
         request: Request<ListRequest>,
-    ) -> Result<Response<super::encoded_list::EncodedList>, Status> {
+    ) -> Result<Response<super::encoded::EncodedList>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request);
@@ -56,7 +56,43 @@ impl ResourceGrpc {
                 .list_encoded(authorizer.as_ref(), consistency, request.into_inner()),
         )
         .await?;
-        Ok(Response::new(super::encoded_list::EncodedList(resources)))
+        Ok(Response::new(super::encoded::EncodedList(resources)))
+    }
+
+    /// WatchList with the events as the storage shares them (see `service::encoded`: the gRPC
+    /// answer writes each event's shared encoding).
+    pub async fn watch_shared(
+        &self,
+        request: Request<WatchListRequest>,
+    ) -> Result<Response<SharedEventStream>, Status> {
+        use futures::StreamExt;
+        let authorizer = self.authorizer(&request)?;
+        let token = token_of(&request)?;
+        let deadline = deadline(&request);
+        let events: SharedWatchStream = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .watch_list_shared(authorizer, request.into_inner()),
+        )
+        .await?;
+        let events = match self.tokens.changes() {
+            Some(changes) => while_token_valid(events, self.tokens.clone(), token, changes).boxed(),
+            None => events,
+        };
+        let open = self.watch_metrics.open_stream();
+        let sent = self.watch_metrics.events_sent.clone();
+        Ok(Response::new(
+            events
+                .map(move |item| {
+                    // The stream holds the guard: the gauge drops when the client goes away.
+                    let _open = &open;
+                    if item.is_ok() {
+                        sent.inc();
+                    }
+                    item.map_err(Status::from)
+                })
+                .boxed(),
+        ))
     }
 
     fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
@@ -64,17 +100,21 @@ impl ResourceGrpc {
     }
 }
 
+/// A watch's events as the gRPC layer sends them.
+pub type SharedEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<SharedEvent, Status>> + Send>>;
+
 /// How often an open watch re-checks its token when nothing changed (it may expire).
 const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Ends a watch with `Unauthenticated` once its token is deleted or expires: re-checked on
 /// every change of the ACL resources and every second.
 fn while_token_valid(
-    events: WatchStream,
+    events: SharedWatchStream,
     tokens: Arc<dyn TokenResolver>,
     token: Option<String>,
     changes: tokio::sync::watch::Receiver<u64>,
-) -> WatchStream {
+) -> SharedWatchStream {
     use futures::StreamExt;
     let mut recheck = tokio::time::interval(TOKEN_RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -254,30 +294,10 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WatchListRequest>,
     ) -> Result<Response<Self::WatchListStream>, Status> {
         use futures::StreamExt;
-        let authorizer = self.authorizer(&request)?;
-        let token = token_of(&request)?;
-        let deadline = deadline(&request);
-        let events: WatchStream = crate::storage::deadline::scope(
-            deadline,
-            self.service.watch_list(authorizer, request.into_inner()),
-        )
-        .await?;
-        let events = match self.tokens.changes() {
-            Some(changes) => while_token_valid(events, self.tokens.clone(), token, changes).boxed(),
-            None => events,
-        };
-        let open = self.watch_metrics.open_stream();
-        let sent = self.watch_metrics.events_sent.clone();
+        let events = self.watch_shared(request).await?.into_inner();
         Ok(Response::new(
             events
-                .map(move |item| {
-                    // The stream holds the guard: the gauge drops when the client goes away.
-                    let _open = &open;
-                    if item.is_ok() {
-                        sent.inc();
-                    }
-                    item.map_err(Status::from)
-                })
+                .map(|item| item.map(|event| super::read::pb_event(event.event())))
                 .boxed(),
         ))
     }

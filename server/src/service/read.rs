@@ -14,10 +14,41 @@ use super::{Error, ResourceService};
 use crate::acl::{AclError, Authorizer};
 use crate::registry::{ReadAcl, Registration};
 use crate::resource::{self, DisplayId};
-use crate::storage::{Consistency, Operation, StorageError, UnversionedType};
+use crate::storage::{
+    Consistency, Operation, SharedEvent, StorageError, UnversionedType, WatchEvent,
+};
 
 /// The stream WatchList answers with.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> + Send>>;
+
+/// WatchList's answer as the storage shares it: each event is the one copy every watcher of the
+/// change holds (see [`SharedEvent::wire`]: the gRPC server encodes it once for all of them).
+pub type SharedWatchStream = Pin<Box<dyn Stream<Item = Result<SharedEvent, Error>> + Send>>;
+
+/// An event as it goes on the wire.
+pub fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
+    let body = match &event.operation {
+        Operation::Upsert(resource) => pb::watch_event::Event::Upsert(pb::watch_event::Upsert {
+            resource: Some(resource.clone()),
+        }),
+        Operation::Delete(resource) => pb::watch_event::Event::Delete(pb::watch_event::Delete {
+            resource: Some(resource.clone()),
+        }),
+        Operation::EndOfSnapshot => {
+            pb::watch_event::Event::EndOfSnapshot(pb::watch_event::EndOfSnapshot {})
+        }
+    };
+    pb::WatchEvent {
+        event: Some(body),
+        version: event.version.clone(),
+        actor: event.actor.clone(),
+    }
+}
+
+/// An event's `pb::WatchEvent` encoding, made once and shared by every watcher it goes to.
+pub fn wire_event(event: &SharedEvent) -> bytes::Bytes {
+    event.wire(|event| prost::Message::encode_to_vec(&pb_event(event)).into())
+}
 
 /// A validated List or WatchList query.
 struct Query {
@@ -253,6 +284,18 @@ impl ResourceService {
         authorizer: Arc<dyn Authorizer>,
         request: WatchListRequest,
     ) -> Result<WatchStream, Error> {
+        let events = self.watch_list_shared(authorizer, request).await?;
+        Ok(events
+            .map(|item| item.map(|event| pb_event(event.event())))
+            .boxed())
+    }
+
+    /// WatchList with the events as the storage shares them.
+    pub async fn watch_list_shared(
+        &self,
+        authorizer: Arc<dyn Authorizer>,
+        request: WatchListRequest,
+    ) -> Result<SharedWatchStream, Error> {
         let since = match request.since_version.as_str() {
             "" => None,
             text => Some(text.parse::<crate::storage::Version>().map_err(|why| {
@@ -283,32 +326,14 @@ impl ResourceService {
             let item = match event {
                 Err(error) => Some(Err(Error::from(error))),
                 Ok(event) => {
-                    let visible = |resource: &Resource| {
-                        same_group_version(resource, &resource_type)
-                            && readable(&read_acl, authorizer.as_ref(), resource)
+                    let visible = match &event.event().operation {
+                        Operation::Upsert(resource) | Operation::Delete(resource) => {
+                            same_group_version(resource, &resource_type)
+                                && readable(&read_acl, authorizer.as_ref(), resource)
+                        }
+                        Operation::EndOfSnapshot => true,
                     };
-                    let converted = match event.operation {
-                        Operation::Upsert(resource) => visible(&resource).then_some(
-                            pb::watch_event::Event::Upsert(pb::watch_event::Upsert {
-                                resource: Some(resource),
-                            }),
-                        ),
-                        Operation::Delete(resource) => visible(&resource).then_some(
-                            pb::watch_event::Event::Delete(pb::watch_event::Delete {
-                                resource: Some(resource),
-                            }),
-                        ),
-                        Operation::EndOfSnapshot => Some(pb::watch_event::Event::EndOfSnapshot(
-                            pb::watch_event::EndOfSnapshot {},
-                        )),
-                    };
-                    converted.map(|event_body| {
-                        Ok(pb::WatchEvent {
-                            event: Some(event_body),
-                            version: event.version,
-                            actor: event.actor,
-                        })
-                    })
+                    visible.then_some(Ok(event))
                 }
             };
             std::future::ready(item)
@@ -318,10 +343,10 @@ impl ResourceService {
 }
 
 /// Ends a stream with `Unavailable` when the server shuts down, and after its first error.
-fn until_shutdown(
-    events: WatchStream,
+fn until_shutdown<T: Send + 'static>(
+    events: Pin<Box<dyn Stream<Item = Result<T, Error>> + Send>>,
     shutdown: tokio_util::sync::CancellationToken,
-) -> WatchStream {
+) -> Pin<Box<dyn Stream<Item = Result<T, Error>> + Send>> {
     futures::stream::unfold(Some((events, shutdown)), |state| async move {
         let (mut events, shutdown) = state?;
         tokio::select! {

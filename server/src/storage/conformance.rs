@@ -158,7 +158,7 @@ fn names(resources: &[Resource]) -> Vec<String> {
 
 async fn next_event(watch: &mut Watch) -> WatchEvent {
     match tokio::time::timeout(EVENT_TIMEOUT, watch.next()).await {
-        Ok(Some(Ok(event))) => event,
+        Ok(Some(Ok(event))) => event.into_event(),
         Ok(Some(Err(error))) => panic!("watch failed: {error}"),
         Ok(None) => panic!("watch ended"),
         Err(_) => panic!("no watch event within {EVENT_TIMEOUT:?}"),

@@ -15,7 +15,9 @@ use futures::{Stream, StreamExt};
 use proto::resource::v1::{Resource, Tenancy};
 use tokio::sync::watch;
 
-use super::{Operation, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent};
+use super::{
+    Operation, SharedEvent, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent,
+};
 
 /// Changes kept for resuming watches (and for watchers that fall behind).
 pub const DEFAULT_HISTORY: usize = 16 * 1024;
@@ -49,7 +51,7 @@ struct Item {
     /// Position in the ring's sequence (contiguous, unlike versions).
     seq: u64,
     key: StorageKey,
-    event: WatchEvent,
+    event: SharedEvent,
     version: Version,
     bytes: usize,
 }
@@ -137,7 +139,8 @@ fn lock(ring: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
     ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What a change costs the history.
+/// What a change costs the history: its resource twice (the change, and the wire encoding the
+/// first watcher to send it leaves for the others) and the rest once.
 fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
     let resource = match &event.operation {
         Operation::Upsert(resource) | Operation::Delete(resource) => {
@@ -145,7 +148,7 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
         }
         Operation::EndOfSnapshot => 0,
     };
-    resource
+    2 * resource
         + ITEM_OVERHEAD
         + event.actor.len()
         + key.group.len()
@@ -203,7 +206,7 @@ impl EventLog {
             ring.items.push_back(Arc::new(Item {
                 seq,
                 key,
-                event,
+                event: SharedEvent::new(event),
                 version,
                 bytes,
             }));
@@ -243,13 +246,15 @@ impl EventLog {
     ) -> Result<Watch, StorageError> {
         let ring = lock(&self.ring);
         let current = ring.latest.max(applied);
-        let initial: Vec<WatchEvent> = match since {
+        let initial: Vec<SharedEvent> = match since {
             None => snapshot
                 .into_iter()
-                .map(|resource| WatchEvent {
-                    version: resource.version.clone(),
-                    operation: Operation::Upsert(resource),
-                    actor: String::new(),
+                .map(|resource| {
+                    SharedEvent::new(WatchEvent {
+                        version: resource.version.clone(),
+                        operation: Operation::Upsert(resource),
+                        actor: String::new(),
+                    })
                 })
                 .collect(),
             Some(since) if since > current => {
@@ -277,11 +282,11 @@ impl EventLog {
             filter,
         };
         drop(ring);
-        let caught_up = WatchEvent {
+        let caught_up = SharedEvent::new(WatchEvent {
             version: current.to_string(),
             operation: Operation::EndOfSnapshot,
             actor: String::new(),
-        };
+        });
         let initial = initial
             .into_iter()
             .chain(std::iter::once(caught_up))
@@ -301,7 +306,7 @@ struct Cursor {
 
 /// What one look at the ring found.
 enum Step {
-    Events(Vec<WatchEvent>),
+    Events(Vec<SharedEvent>),
     Wait,
     End(StorageError),
 }
@@ -343,8 +348,8 @@ impl Cursor {
 
 /// The changes after the start of a watch, filtered; a reset or falling behind ends it with an
 /// error.
-fn follow(cursor: Cursor) -> impl Stream<Item = Result<WatchEvent, StorageError>> + Send {
-    let state = Some((cursor, VecDeque::<WatchEvent>::new()));
+fn follow(cursor: Cursor) -> impl Stream<Item = Result<SharedEvent, StorageError>> + Send {
+    let state = Some((cursor, VecDeque::<SharedEvent>::new()));
     futures::stream::unfold(state, |state| async move {
         let (mut cursor, mut pending) = state?;
         loop {

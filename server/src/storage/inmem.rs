@@ -280,11 +280,11 @@ mod tests {
             .await
             .expect("watch");
         assert!(matches!(
-            watch.next().await,
-            Some(Ok(super::WatchEvent {
-                operation: super::Operation::EndOfSnapshot,
-                ..
-            }))
+            watch
+                .next()
+                .await
+                .map(|event| event.map(|e| e.operation.clone())),
+            Some(Ok(super::Operation::EndOfSnapshot))
         ));
         for index in 0..5 {
             backend
@@ -356,7 +356,7 @@ mod history_tests {
             if event.operation == Operation::EndOfSnapshot {
                 break;
             }
-            versions.push(event.version);
+            versions.push(event.version.clone());
         }
         assert_eq!(versions, ["8", "9", "10"]);
     }

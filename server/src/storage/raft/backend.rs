@@ -150,8 +150,12 @@ pub struct RaftBackend {
     readiness: tokio::sync::watch::Sender<Readiness>,
     catch_up: Mutex<Option<tokio::task::JoinHandle<()>>>,
     storage_metrics: crate::metrics::StorageMetrics,
-    /// Concurrent linearizable reads share leadership confirmations.
-    reads: read_index::ReadBatcher,
+    /// Concurrent linearizable reads share leadership confirmations (on the leader).
+    reads: read_index::RoundBatcher<Result<u64, forward::Attempt>>,
+    /// Concurrent linearizable reads share read-index requests (to the leader, or to `reads`).
+    read_indexes: read_index::RoundBatcher<Result<u64, StorageError>>,
+    /// This backend, for tasks that outlive a call (read-index rounds).
+    me: std::sync::Weak<RaftBackend>,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -237,7 +241,7 @@ impl RaftBackend {
                 target: None,
             }
         });
-        let backend = Arc::new(RaftBackend {
+        let backend = Arc::new_cyclic(|me| RaftBackend {
             id: options.node_id,
             data_dir: options.data_dir.clone(),
             node: options.node,
@@ -261,7 +265,9 @@ impl RaftBackend {
             readiness,
             catch_up: Mutex::new(None),
             storage_metrics: options.metrics,
-            reads: read_index::ReadBatcher::default(),
+            reads: read_index::RoundBatcher::default(),
+            read_indexes: read_index::RoundBatcher::default(),
+            me: me.clone(),
         });
         if let Some(why) = removed_marker {
             tracing::warn!("{}; serving nothing", why.trim());
@@ -307,7 +313,34 @@ impl RaftBackend {
     /// Waits until this node has applied every write committed before the call (the raft
     /// "read index"): afterwards, local reads are linearizable. Returns the index.
     pub async fn read_barrier(&self) -> Result<u64, StorageError> {
-        let index = op::expect_read_index(self.submit(Request::ReadIndex).await)?;
+        let me = self.me.clone();
+        let round = move || {
+            let me = me.clone();
+            async move {
+                match me.upgrade() {
+                    Some(backend) => {
+                        op::expect_read_index(backend.submit(Request::ReadIndex).await)
+                    }
+                    None => Err(StorageError::Inconsistent(
+                        "this node is shutting down".into(),
+                    )),
+                }
+            }
+        };
+        let dropped = || {
+            Err(StorageError::Inconsistent(
+                "the read-index round was dropped (shutting down)".into(),
+            ))
+        };
+        let deadline = crate::storage::deadline::bounded(self.forward_timeout);
+        let index =
+            tokio::time::timeout_at(deadline.into(), self.read_indexes.join(round, dropped))
+                .await
+                .map_err(|_| {
+                    StorageError::Inconsistent(
+                        "no read index from the leader before the request's deadline".into(),
+                    )
+                })??;
         self.wait_applied(index).await?;
         Ok(index)
     }

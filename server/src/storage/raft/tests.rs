@@ -741,7 +741,7 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
             .expect("an event in time")
             .expect("open")
             .expect("ok");
-        if let Operation::Upsert(resource) = event.operation {
+        if let Operation::Upsert(resource) = event.into_event().operation {
             upserts.push((resource.id.expect("id").name, resource.version));
         }
     }

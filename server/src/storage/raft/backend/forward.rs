@@ -222,7 +222,22 @@ impl RaftBackend {
     /// Confirms leadership with a quorum and waits until this node has applied everything
     /// committed before the call; returns that read index.
     async fn linearize(&self) -> Result<u64, Attempt> {
-        let mut index = self.reads.confirm(&self.raft).await?;
+        let raft = self.raft.clone();
+        let round = move || {
+            let raft = raft.clone();
+            async move {
+                raft.ensure_linearizable()
+                    .await
+                    .map(|read_log_id| read_log_id.map(|log_id| log_id.index).unwrap_or(0))
+                    .map_err(not_leader)
+            }
+        };
+        let mut index = self
+            .reads
+            .join(round, || {
+                Err(Attempt::Retry("the leadership round was dropped".into()))
+            })
+            .await?;
         // Resuming the term it led before a stop, openraft knows neither a new no-op nor the
         // commit index: everything in the log at start may have been acknowledged.
         if let Some(floor) = self.leader_floor

@@ -1,0 +1,210 @@
+//! Answers written from encodings, without decoding and re-encoding per caller.
+//!
+//! - `ResourceService/List`: the stored encodings go to the wire as they are. A `ListResponse`
+//!   is `repeated Resource resources = 1`, so its encoding is each resource's bytes behind a
+//!   field tag and a length; the answer is the same bytes the generated handler would send.
+//! - `ResourceService/WatchList`: each event is encoded once, by the first watcher to send it,
+//!   and the bytes are shared with every other watcher of the change ([`SharedEvent::wire`]).
+//!
+//! [`ResourceApi`] routes these two here and every other method to the generated server.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BufMut as _;
+use proto::resource::v1::resource_service_server::ResourceServiceServer;
+use proto::resource::v1::{ListRequest, WatchListRequest};
+use tonic::codec::{Codec, EncodeBuf, Encoder};
+use tonic::{Request, Response, Status};
+
+use super::grpc::{ResourceGrpc, SharedEventStream};
+use crate::storage::SharedEvent;
+
+/// Encoded resources, each as stored.
+#[derive(Debug, Default)]
+pub struct EncodedList(pub Vec<Vec<u8>>);
+
+/// `ListRequest` in (prost), an [`EncodedList`] out as a `ListResponse`.
+#[derive(Debug, Default, Clone, Copy)]
+struct EncodedListCodec;
+
+struct EncodedListEncoder;
+
+impl Encoder for EncodedListEncoder {
+    type Item = EncodedList;
+    type Error = Status;
+
+    fn encode(&mut self, item: EncodedList, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // Field 1, wire type 2 (length-delimited): each resource is one `resources` element.
+        const TAG: u8 = 0x0a;
+        for resource in item.0 {
+            dst.put_u8(TAG);
+            prost::encoding::encode_varint(resource.len() as u64, dst);
+            dst.put_slice(&resource);
+        }
+        Ok(())
+    }
+}
+
+impl Codec for EncodedListCodec {
+    type Encode = EncodedList;
+    type Decode = ListRequest;
+    type Encoder = EncodedListEncoder;
+    type Decoder = tonic_prost::ProstDecoder<ListRequest>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        EncodedListEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(Default::default())
+    }
+}
+
+/// The List handler over [`ResourceGrpc::list_encoded`].
+struct ListEncoded(ResourceGrpc);
+
+impl tonic::server::UnaryService<ListRequest> for ListEncoded {
+    type Response = EncodedList;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<EncodedList>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<ListRequest>) -> Self::Future {
+        let grpc = self.0.clone();
+        Box::pin(async move { grpc.list_encoded(request).await })
+    }
+}
+
+/// `WatchListRequest` in (prost), [`SharedEvent`]s out as `WatchEvent`s.
+#[derive(Debug, Default, Clone, Copy)]
+struct SharedEventCodec;
+
+struct SharedEventEncoder;
+
+impl Encoder for SharedEventEncoder {
+    type Item = SharedEvent;
+    type Error = Status;
+
+    fn encode(&mut self, item: SharedEvent, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&super::read::wire_event(&item));
+        Ok(())
+    }
+}
+
+impl Codec for SharedEventCodec {
+    type Encode = SharedEvent;
+    type Decode = WatchListRequest;
+    type Encoder = SharedEventEncoder;
+    type Decoder = tonic_prost::ProstDecoder<WatchListRequest>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        SharedEventEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(Default::default())
+    }
+}
+
+/// The WatchList handler over [`ResourceGrpc::watch_shared`].
+struct WatchShared(ResourceGrpc);
+
+impl tonic::server::ServerStreamingService<WatchListRequest> for WatchShared {
+    type Response = SharedEvent;
+    type ResponseStream = SharedEventStream;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<SharedEventStream>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<WatchListRequest>) -> Self::Future {
+        let grpc = self.0.clone();
+        Box::pin(async move { grpc.watch_shared(request).await })
+    }
+}
+
+/// `resd.resource.v1.ResourceService`: List and WatchList through the codecs above, the rest
+/// through the generated server.
+#[derive(Debug, Clone)]
+pub struct ResourceApi {
+    grpc: ResourceGrpc,
+    generated: ResourceServiceServer<ResourceGrpc>,
+    max_decoding: usize,
+}
+
+impl ResourceApi {
+    pub fn new(grpc: ResourceGrpc, max_decoding: usize) -> Self {
+        ResourceApi {
+            generated: ResourceServiceServer::new(grpc.clone())
+                .max_decoding_message_size(max_decoding),
+            grpc,
+            max_decoding,
+        }
+    }
+}
+
+impl tonic::server::NamedService for ResourceApi {
+    const NAME: &'static str = "resd.resource.v1.ResourceService";
+}
+
+type BoxResponse =
+    Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send>>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxResponse;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() == "/resd.resource.v1.ResourceService/List" {
+            let handler = ListEncoded(self.grpc.clone());
+            let max_decoding = self.max_decoding;
+            return Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(EncodedListCodec)
+                    .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
+                Ok(grpc.unary(handler, request).await)
+            });
+        }
+        if request.uri().path() == "/resd.resource.v1.ResourceService/WatchList" {
+            let handler = WatchShared(self.grpc.clone());
+            let max_decoding = self.max_decoding;
+            return Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(SharedEventCodec)
+                    .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
+                Ok(grpc.server_streaming(handler, request).await)
+            });
+        }
+        let mut generated = self.generated.clone();
+        Box::pin(async move { tower::Service::call(&mut generated, request).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use proto::resource::v1 as pb;
+
+    use crate::storage::conformance::Fixture;
+    use crate::storage::{Operation, SharedEvent, WatchEvent};
+
+    #[test]
+    fn a_shared_event_goes_on_the_wire_as_the_generated_message_would() {
+        let resource = Fixture::new().artist("wire");
+        for operation in [
+            Operation::Upsert(resource.clone()),
+            Operation::Delete(resource),
+            Operation::EndOfSnapshot,
+        ] {
+            let event = SharedEvent::new(WatchEvent {
+                version: "42".into(),
+                operation,
+                actor: "someone".into(),
+            });
+            let expected = super::super::read::pb_event(&event);
+            let wire = super::super::read::wire_event(&event);
+            assert_eq!(wire, expected.encode_to_vec());
+            assert_eq!(pb::WatchEvent::decode(wire).expect("decodes"), expected);
+        }
+    }
+}
