@@ -10,6 +10,7 @@ use super::types::NodeId;
 use crate::tls::Dialer;
 
 mod client;
+mod pipe;
 mod server;
 
 pub use client::{NetworkClient, NetworkFactory};
@@ -47,6 +48,10 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Size of the chunks a snapshot is streamed in.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// How often an idle connection to a peer is pinged, and how long a ping may go unanswered.
+const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// A lazily connecting client of the raft service of peer `node` at `addr` (with TLS, the
 /// peer must present node `node`'s certificate).
 pub fn raft_client(
@@ -56,7 +61,12 @@ pub fn raft_client(
 ) -> Result<RaftServiceClient<Channel>, String> {
     let endpoint = dialer
         .endpoint(addr, Some(node))
-        .map_err(|why| format!("raft address of node {node}: {why}"))?;
+        .map_err(|why| format!("raft address of node {node}: {why}"))?
+        // A connection that stops answering (a peer's host gone, a partition) is noticed
+        // within seconds and closed, which ends the append stream on it; the next call dials.
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     Ok(RaftServiceClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

@@ -22,6 +22,7 @@ use crate::tls::Dialer;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::pipe::{Link, PipeError};
 use super::{Contacts, MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
 
 /// Creates [`NetworkClient`]s for openraft.
@@ -33,7 +34,15 @@ pub struct NetworkFactory {
     /// tonic reconnects it when the connection drops). openraft asks for a client per
     /// leadership check and per replication stream: without this, every linearizable read
     /// opened a connection to each peer.
-    channels: HashMap<NodeId, (String, RaftServiceClient<Channel>)>,
+    channels: HashMap<NodeId, Peer>,
+}
+
+/// A peer's channel and, over it, its append stream.
+#[derive(Debug, Clone)]
+struct Peer {
+    addr: String,
+    client: RaftServiceClient<Channel>,
+    link: Arc<Link>,
 }
 
 impl NetworkFactory {
@@ -46,20 +55,23 @@ impl NetworkFactory {
     }
 
     /// The peer's channel, made on first use and again when its address changes.
-    fn channel(
-        &mut self,
-        target: NodeId,
-        addr: &str,
-    ) -> Result<RaftServiceClient<Channel>, String> {
-        if let Some((known, client)) = self.channels.get(&target)
-            && known == addr
+    fn peer(&mut self, target: NodeId, addr: &str) -> Result<Peer, String> {
+        if let Some(peer) = self.channels.get(&target)
+            && peer.addr == addr
         {
-            return Ok(client.clone());
+            return Ok(peer.clone());
         }
         let client = raft_client(&self.dialer, addr, target)?;
-        self.channels
-            .insert(target, (addr.to_owned(), client.clone()));
-        Ok(client)
+        let peer = Peer {
+            addr: addr.to_owned(),
+            link: Arc::new(Link::new(
+                client.clone(),
+                format!("raft peer {target} at {addr}"),
+            )),
+            client,
+        };
+        self.channels.insert(target, peer.clone());
+        Ok(peer)
     }
 }
 
@@ -67,10 +79,12 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = NetworkClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeAddr) -> NetworkClient {
+        let peer = self.peer(target, &node.raft_addr);
         NetworkClient {
             target,
             addr: node.raft_addr.clone(),
-            client: self.channel(target, &node.raft_addr),
+            link: peer.as_ref().ok().map(|peer| peer.link.clone()),
+            client: peer.map(|peer| peer.client),
             contacts: self.contacts.clone(),
         }
     }
@@ -80,6 +94,8 @@ pub struct NetworkClient {
     target: NodeId,
     addr: String,
     client: Result<RaftServiceClient<Channel>, String>,
+    /// AppendEntries on the peer's stream (`None` if the peer's address is unusable).
+    link: Option<Arc<Link>>,
     contacts: Arc<Contacts>,
 }
 
@@ -129,15 +145,41 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
 
         let payload = encode(&rpc).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        let mut request = Request::new(pb::RaftMessage { payload });
-        request.set_timeout(option.hard_ttl());
-        let reply = self
-            .client()?
-            .append_entries(request)
-            .await
-            .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
-        let response: AppendEntriesResponse<NodeId> =
-            self.decode_reply(&reply.into_inner().payload)?;
+        let response: AppendEntriesResponse<NodeId> = match self
+            .link
+            .as_ref()
+            .and_then(|link| link.pipe())
+        {
+            Some(pipe) => match pipe.call(payload, option.hard_ttl()).await {
+                Ok(answer) => self.decode_reply(&answer)?,
+                Err(PipeError::Unsupported) => {
+                    if let Some(link) = &self.link {
+                        link.unsupported();
+                    }
+                    return Err(RPCError::Unreachable(Unreachable::new(
+                        &std::io::Error::other(format!(
+                            "raft peer {} at {} does not serve AppendStream (an older build): retrying with calls",
+                            self.target, self.addr
+                        )),
+                    )));
+                }
+                Err(PipeError::Failed(why)) => {
+                    return Err(RPCError::Unreachable(Unreachable::new(
+                        &std::io::Error::other(why),
+                    )));
+                }
+            },
+            None => {
+                let mut request = Request::new(pb::RaftMessage { payload });
+                request.set_timeout(option.hard_ttl());
+                let reply = self
+                    .client()?
+                    .append_entries(request)
+                    .await
+                    .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
+                self.decode_reply(&reply.into_inner().payload)?
+            }
+        };
         Ok(match response {
             AppendEntriesResponse::Success if cut => {
                 AppendEntriesResponse::PartialSuccess(last_sent)

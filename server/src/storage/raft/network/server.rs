@@ -151,6 +151,22 @@ impl RaftGrpc {
     }
 }
 
+/// Requests one append stream serves at a time (openraft sends one append per follower at a
+/// time, plus leadership heartbeats).
+const STREAM_IN_FLIGHT: usize = 64;
+
+impl RaftGrpc {
+    /// One AppendEntries, as a call or a message on the append stream: the payload's request
+    /// checked against the caller, given to raft, the answer encoded.
+    async fn append(&self, info: &ConnInfo, payload: &[u8]) -> Result<Vec<u8>, Status> {
+        let caller = self.caller(info)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(bad_payload)?;
+        self.check_claim(info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
+        encode(&self.raft.append_entries(rpc).await)
+            .map_err(|error| Status::internal(format!("cannot encode a raft reply: {error}")))
+    }
+}
+
 fn bad_payload(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("undecodable raft payload: {error}"))
 }
@@ -181,11 +197,60 @@ impl RaftService for RaftGrpc {
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let info = ConnInfo::of(&request);
-        let caller = self.caller(&info)?;
-        let rpc: AppendEntriesRequest<TypeConfig> =
-            decode(&request.into_inner().payload).map_err(bad_payload)?;
-        self.check_claim(&info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
-        reply(&self.raft.append_entries(rpc).await)
+        let payload = self.append(&info, &request.into_inner().payload).await?;
+        Ok(Response::new(pb::RaftMessage { payload }))
+    }
+
+    type AppendStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::StreamedResponse, Status>> + Send>>;
+
+    async fn append_stream(
+        &self,
+        request: Request<Streaming<pb::StreamedRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        let info = ConnInfo::of(&request);
+        // Checked at the start too, so a stranger's stream is refused at once; every request
+        // on it is checked again (membership may change while the stream stays open).
+        self.caller(&info)?;
+        let mut requests = request.into_inner();
+        let (answers, answered) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
+        let service = self.clone();
+        tokio::spawn(async move {
+            // Requests are served concurrently (a heartbeat must not wait behind an append's
+            // fsync), at most STREAM_IN_FLIGHT at a time per stream.
+            let permits = Arc::new(tokio::sync::Semaphore::new(STREAM_IN_FLIGHT));
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                let request = match requests.message().await {
+                    Ok(Some(request)) => request,
+                    Ok(None) | Err(_) => break,
+                };
+                let service = service.clone();
+                let info = info.clone();
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let answer = match service.append(&info, &request.payload).await {
+                        Ok(payload) => pb::StreamedResponse {
+                            id: request.id,
+                            payload,
+                            error: String::new(),
+                        },
+                        Err(status) => pb::StreamedResponse {
+                            id: request.id,
+                            payload: Vec::new(),
+                            error: status.message().to_owned(),
+                        },
+                    };
+                    let _ = answers.send(Ok(answer)).await;
+                    drop(permit);
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(answered),
+        )))
     }
 
     async fn vote(
