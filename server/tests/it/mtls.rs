@@ -359,6 +359,38 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
         .expect_err("entries in the leader's name from the follower's certificate");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
 
+    // The append stream checks the same: a stranger's stream is refused when it opens, and a
+    // member's request in another node's name gets the refusal as its answer.
+    let refused = stranger
+        .append_stream(futures::stream::iter(vec![raft_pb::StreamedRequest {
+            id: 1,
+            payload: append_as(3, term + 5).payload,
+        }]))
+        .await
+        .expect_err("a non-member cannot open the append stream");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let mut answers = other_member
+        .append_stream(futures::stream::iter(vec![raft_pb::StreamedRequest {
+            id: 7,
+            payload: append_as(leader_id, term + 1).payload,
+        }]))
+        .await
+        .expect("a member opens the append stream")
+        .into_inner();
+    let answer = answers
+        .message()
+        .await
+        .expect("the stream answers")
+        .expect("one answer");
+    assert_eq!(answer.id, 7);
+    assert!(answer.payload.is_empty(), "{answer:?}");
+    assert!(
+        answer
+            .error
+            .contains(&format!("in the name of node {leader_id}")),
+        "{answer:?}"
+    );
+
     // Node 3's certificate cannot join as node 7.
     let api = endpoint_of(
         &cluster.nodes[leader].api_addr.to_string(),
