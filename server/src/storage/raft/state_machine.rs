@@ -17,7 +17,7 @@ use openraft::{EntryPayload, StorageIOError};
 use prost::Message;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
-use super::op::Outcome;
+use super::op::{Op, Outcome};
 use super::schema::{self, LmdbEnv, SmDbs};
 use super::types::{
     CommandResult, Entry, LogId, RaftStorageError, Snapshot, SnapshotFile, SnapshotMeta,
@@ -33,6 +33,10 @@ mod recovery;
 mod snapshot;
 
 pub use snapshot::check_received;
+
+/// Most resource changes an apply runs on the async thread that asked for it (see
+/// `SmShared::try_apply_now`); larger batches go to the blocking pool.
+pub(super) const INLINE_APPLY_CHANGES: usize = 16;
 
 /// An open state machine environment.
 struct SmEnv {
@@ -195,13 +199,55 @@ impl SmShared {
     }
 
     fn apply_blocking(&self, entries: Vec<Entry>) -> Result<Vec<CommandResult>, RaftStorageError> {
+        self.apply_locked(entries, lock(&self.events))
+    }
+
+    /// Applies `entries` on the calling (async) thread if that is cheap and nothing waits: a few
+    /// changes, and the event log not held by anyone (a watcher taking its snapshot holds it).
+    /// Otherwise hands the entries back for the blocking pool. The hop there and back cost about
+    /// 100 µs of every write's latency on a loaded 2-core machine, more than the apply itself.
+    pub(super) fn try_apply_now(
+        &self,
+        entries: Vec<Entry>,
+    ) -> Result<Result<Vec<CommandResult>, RaftStorageError>, Vec<Entry>> {
+        let mut changes = 0;
+        for entry in &entries {
+            if let EntryPayload::Normal(command) = &entry.payload {
+                match command.op() {
+                    Op::Changes(batch) => changes += batch.len(),
+                    // Restores move whole states: never on an async thread.
+                    _ => return Err(entries),
+                }
+            }
+        }
+        if changes > INLINE_APPLY_CHANGES {
+            return Err(entries);
+        }
+        let log = match self.events.try_lock() {
+            Ok(log) => log,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(entries),
+        };
+        Ok(self.apply_locked(entries, log))
+    }
+
+    /// Holds the event log as a watcher taking its snapshot does (tests).
+    #[cfg(test)]
+    pub(super) fn hold_events(&self) -> MutexGuard<'_, EventLog> {
+        lock(&self.events)
+    }
+
+    fn apply_locked(
+        &self,
+        entries: Vec<Entry>,
+        mut log: MutexGuard<'_, EventLog>,
+    ) -> Result<Vec<CommandResult>, RaftStorageError> {
         let Some(last) = entries.last().map(|entry| entry.log_id) else {
             return Ok(Vec::new());
         };
         let started = std::time::Instant::now();
         let mut writes = 0u64;
         let sm = self.current();
-        let mut log = lock(&self.events);
         if self.closed.load(Ordering::SeqCst) {
             return Err(sm_write_error("the state machine is closed"));
         }
@@ -457,6 +503,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        let entries = match self.shared.try_apply_now(entries) {
+            Ok(applied) => return applied,
+            Err(entries) => entries,
+        };
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || shared.apply_blocking(entries))
             .await

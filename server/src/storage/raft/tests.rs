@@ -815,3 +815,54 @@ async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
         "{again:?}"
     );
 }
+
+#[test]
+fn small_applies_run_in_place_unless_something_holds_the_event_log() {
+    use super::op::{Change, Op, Tagged};
+    use super::state_machine::INLINE_APPLY_CHANGES;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shared = StateMachineStore::open(dir.path(), Default::default())
+        .expect("open")
+        .shared;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let entry = |index: u64, op: Op| Entry {
+        log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(super::types::Command::new(op)),
+    };
+    let writes = |first: usize, count: usize| {
+        Op::Changes(
+            (first..first + count)
+                .map(|n| Tagged::by_test(Change::Write(fixture.artist(&format!("a{n}")))))
+                .collect(),
+        )
+    };
+    let applied = shared
+        .try_apply_now(vec![entry(1, writes(0, 3))])
+        .expect("a few changes are applied in place")
+        .expect("applied");
+    assert_eq!(applied.len(), 1);
+    let handed_back = shared
+        .try_apply_now(vec![entry(2, writes(10, INLINE_APPLY_CHANGES + 1))])
+        .expect_err("a large batch goes to the blocking pool");
+    assert_eq!(handed_back.len(), 1);
+    {
+        let _watcher = shared.hold_events();
+        shared
+            .try_apply_now(vec![entry(2, writes(10, 1))])
+            .expect_err("never waits for the event log on an async thread");
+    }
+    shared
+        .try_apply_now(vec![entry(
+            2,
+            Op::RestoreBegin {
+                restore_id: "r".into(),
+            },
+        )])
+        .expect_err("restores never run in place");
+    // Nothing handed back was applied: only the first three are stored.
+    let stored = shared
+        .list(&fixture.artist_type(), &fixture.wildcard(), "")
+        .expect("list");
+    assert_eq!(stored.len(), 3);
+}
