@@ -198,6 +198,10 @@ pub async fn serve_raft(
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // Appends from a leader travel on one long-lived stream per peer: HTTP/2's default
+        // 64 KiB window would hold a batch of appends back for window updates.
+        .initial_stream_window_size(crate::storage::raft::network::STREAM_WINDOW)
+        .initial_connection_window_size(crate::storage::raft::network::CONNECTION_WINDOW)
         .layer(GrpcMetricsLayer::new(metrics))
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,

@@ -48,6 +48,11 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Size of the chunks a snapshot is streamed in.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// HTTP/2 flow-control windows of raft connections, both ways: appends share one stream per
+/// peer (see `pipe`), so its window, not a new stream's, bounds the bytes in flight.
+pub const STREAM_WINDOW: u32 = 16 << 20;
+pub const CONNECTION_WINDOW: u32 = 32 << 20;
+
 /// How often an idle connection to a peer is pinged, and how long a ping may go unanswered.
 const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
@@ -66,7 +71,9 @@ pub fn raft_client(
         // within seconds and closed, which ends the append stream on it; the next call dials.
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true);
+        .keep_alive_while_idle(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
     Ok(RaftServiceClient::new(endpoint.connect_lazy())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
