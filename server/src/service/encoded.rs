@@ -25,36 +25,61 @@ use crate::storage::SharedEvent;
 #[derive(Debug, Default)]
 pub struct EncodedList(pub Vec<Vec<u8>>);
 
-/// `ListRequest` in (prost), an [`EncodedList`] out as a `ListResponse`.
-#[derive(Debug, Default, Clone, Copy)]
-struct EncodedListCodec;
+/// An answer that writes its own encoding: the same bytes prost would write for the message
+/// it stands for.
+trait WireAnswer: Send + 'static {
+    fn write(self, dst: &mut EncodeBuf<'_>);
+}
 
-struct EncodedListEncoder;
-
-impl Encoder for EncodedListEncoder {
-    type Item = EncodedList;
-    type Error = Status;
-
-    fn encode(&mut self, item: EncodedList, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+impl WireAnswer for EncodedList {
+    /// As a `ListResponse`.
+    fn write(self, dst: &mut EncodeBuf<'_>) {
         // Field 1, wire type 2 (length-delimited): each resource is one `resources` element.
         const TAG: u8 = 0x0a;
-        for resource in item.0 {
+        for resource in self.0 {
             dst.put_u8(TAG);
             prost::encoding::encode_varint(resource.len() as u64, dst);
             dst.put_slice(&resource);
         }
+    }
+}
+
+impl WireAnswer for SharedEvent {
+    /// As a `WatchEvent`: the shared encoding, made by the first watcher that sends it.
+    fn write(self, dst: &mut EncodeBuf<'_>) {
+        dst.put_slice(&super::read::wire_event(&self));
+    }
+}
+
+/// Requests `Q` in (prost), [`WireAnswer`]s `A` out.
+struct WireCodec<A, Q>(std::marker::PhantomData<fn(Q) -> A>);
+
+impl<A, Q> WireCodec<A, Q> {
+    fn new() -> Self {
+        WireCodec(std::marker::PhantomData)
+    }
+}
+
+struct WireEncoder<A>(std::marker::PhantomData<fn(A)>);
+
+impl<A: WireAnswer> Encoder for WireEncoder<A> {
+    type Item = A;
+    type Error = Status;
+
+    fn encode(&mut self, item: A, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.write(dst);
         Ok(())
     }
 }
 
-impl Codec for EncodedListCodec {
-    type Encode = EncodedList;
-    type Decode = ListRequest;
-    type Encoder = EncodedListEncoder;
-    type Decoder = tonic_prost::ProstDecoder<ListRequest>;
+impl<A: WireAnswer, Q: prost::Message + Default + Send + 'static> Codec for WireCodec<A, Q> {
+    type Encode = A;
+    type Decode = Q;
+    type Encoder = WireEncoder<A>;
+    type Decoder = tonic_prost::ProstDecoder<Q>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        EncodedListEncoder
+        WireEncoder(std::marker::PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -75,37 +100,6 @@ impl tonic::server::UnaryService<ListRequest> for ListEncoded {
     }
 }
 
-/// `WatchListRequest` in (prost), [`SharedEvent`]s out as `WatchEvent`s.
-#[derive(Debug, Default, Clone, Copy)]
-struct SharedEventCodec;
-
-struct SharedEventEncoder;
-
-impl Encoder for SharedEventEncoder {
-    type Item = SharedEvent;
-    type Error = Status;
-
-    fn encode(&mut self, item: SharedEvent, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&super::read::wire_event(&item));
-        Ok(())
-    }
-}
-
-impl Codec for SharedEventCodec {
-    type Encode = SharedEvent;
-    type Decode = WatchListRequest;
-    type Encoder = SharedEventEncoder;
-    type Decoder = tonic_prost::ProstDecoder<WatchListRequest>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        SharedEventEncoder
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstDecoder::new(Default::default())
-    }
-}
-
 /// The WatchList handler over [`ResourceGrpc::watch_shared`].
 struct WatchShared(ResourceGrpc);
 
@@ -120,7 +114,7 @@ impl tonic::server::ServerStreamingService<WatchListRequest> for WatchShared {
     }
 }
 
-/// `resd.resource.v1.ResourceService`: List and WatchList through the codecs above, the rest
+/// `resd.resource.v1.ResourceService`: List and WatchList through [`WireCodec`], the rest
 /// through the generated server.
 #[derive(Debug, Clone)]
 pub struct ResourceApi {
@@ -161,8 +155,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
             let handler = ListEncoded(self.grpc.clone());
             let max_decoding = self.max_decoding;
             return Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(EncodedListCodec)
-                    .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
+                let mut grpc =
+                    tonic::server::Grpc::new(WireCodec::<EncodedList, ListRequest>::new())
+                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
                 Ok(grpc.unary(handler, request).await)
             });
         }
@@ -170,8 +165,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
             let handler = WatchShared(self.grpc.clone());
             let max_decoding = self.max_decoding;
             return Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SharedEventCodec)
-                    .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
+                let mut grpc =
+                    tonic::server::Grpc::new(WireCodec::<SharedEvent, WatchListRequest>::new())
+                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
                 Ok(grpc.server_streaming(handler, request).await)
             });
         }
