@@ -208,6 +208,14 @@ pub struct SharedEvent(std::sync::Arc<SharedInner>);
 struct SharedInner {
     event: WatchEvent,
     wire: std::sync::OnceLock<bytes::Bytes>,
+    /// While the event is in a history: where its encoding's size is counted, and how much was.
+    counted: std::sync::Mutex<Counted>,
+}
+
+#[derive(Debug, Default)]
+struct Counted {
+    into: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    bytes: usize,
 }
 
 impl SharedEvent {
@@ -215,7 +223,31 @@ impl SharedEvent {
         SharedEvent(std::sync::Arc::new(SharedInner {
             event,
             wire: std::sync::OnceLock::new(),
+            counted: std::sync::Mutex::default(),
         }))
+    }
+
+    /// An event kept in a history whose byte count is `into`: the encoding, once made, is
+    /// added to it, until [`SharedEvent::leave_history`].
+    pub fn in_history(
+        event: WatchEvent,
+        into: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> SharedEvent {
+        let shared = SharedEvent::new(event);
+        shared.counted().into = Some(into);
+        shared
+    }
+
+    /// The history dropped the event: takes its encoding's size back out of the count.
+    pub fn leave_history(&self) {
+        let mut counted = self.counted();
+        if let Some(into) = counted.into.take() {
+            into.fetch_sub(counted.bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn counted(&self) -> std::sync::MutexGuard<'_, Counted> {
+        self.0.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn event(&self) -> &WatchEvent {
@@ -234,7 +266,18 @@ impl SharedEvent {
     /// The encoding depends only on the event (never on who watches), so every caller must pass
     /// the same `encode`.
     pub fn wire(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> bytes::Bytes {
-        self.0.wire.get_or_init(|| encode(&self.0.event)).clone()
+        self.0
+            .wire
+            .get_or_init(|| {
+                let bytes = encode(&self.0.event);
+                let mut counted = self.counted();
+                if let Some(into) = &counted.into {
+                    into.fetch_add(bytes.len(), std::sync::atomic::Ordering::Relaxed);
+                    counted.bytes = bytes.len();
+                }
+                bytes
+            })
+            .clone()
     }
 }
 

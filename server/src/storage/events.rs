@@ -9,6 +9,7 @@
 //! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{Stream, StreamExt};
@@ -62,7 +63,11 @@ struct Ring {
     items: VecDeque<Arc<Item>>,
     /// The sequence number the next item gets.
     next_seq: u64,
+    /// What the items cost, without their wire encodings.
     bytes: usize,
+    /// The wire encodings watchers made of items still in the ring (see
+    /// [`SharedEvent::in_history`]).
+    wire_bytes: Arc<AtomicUsize>,
     limits: HistoryLimits,
     /// Every change after this version is in `items`.
     floor: Version,
@@ -77,14 +82,20 @@ impl Ring {
         self.items.front().map_or(self.next_seq, |item| item.seq)
     }
 
+    /// Bytes the history holds: the items and the encodings made of them.
+    fn total_bytes(&self) -> usize {
+        self.bytes + self.wire_bytes.load(Ordering::Relaxed)
+    }
+
     fn evict_to_limits(&mut self) {
         while self.items.len() > 1
-            && (self.items.len() > self.limits.changes || self.bytes > self.limits.bytes)
+            && (self.items.len() > self.limits.changes || self.total_bytes() > self.limits.bytes)
         {
             let Some(evicted) = self.items.pop_front() else {
                 break;
             };
             self.bytes -= evicted.bytes;
+            evicted.event.leave_history();
             self.floor = evicted.version;
         }
     }
@@ -139,8 +150,8 @@ fn lock(ring: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
     ring.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What a change costs the history: its resource twice (the change, and the wire encoding the
-/// first watcher to send it leaves for the others) and the rest once.
+/// What a change costs the history (its wire encoding, once a watcher made it, is counted
+/// apart: `Ring::wire_bytes`).
 fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
     let resource = match &event.operation {
         Operation::Upsert(resource) | Operation::Delete(resource) => {
@@ -148,7 +159,7 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
         }
         Operation::EndOfSnapshot => 0,
     };
-    2 * resource
+    resource
         + ITEM_OVERHEAD
         + event.actor.len()
         + key.group.len()
@@ -167,6 +178,7 @@ impl EventLog {
                 items: VecDeque::new(),
                 next_seq: 0,
                 bytes: 0,
+                wire_bytes: Arc::new(AtomicUsize::new(0)),
                 limits: HistoryLimits {
                     changes: limits.changes.max(1),
                     bytes: limits.bytes,
@@ -182,7 +194,7 @@ impl EventLog {
     /// Bytes and changes the history holds now.
     pub fn history_size(&self) -> (usize, usize) {
         let ring = lock(&self.ring);
-        (ring.bytes, ring.items.len())
+        (ring.total_bytes(), ring.items.len())
     }
 
     /// Publishes what a commit collected, in order; a reset is at `applied`.
@@ -203,10 +215,11 @@ impl EventLog {
             ring.latest = ring.latest.max(version);
             let bytes = event_bytes(&key, &event);
             let seq = ring.next_seq;
+            let event = SharedEvent::in_history(event, ring.wire_bytes.clone());
             ring.items.push_back(Arc::new(Item {
                 seq,
                 key,
-                event: SharedEvent::new(event),
+                event,
                 version,
                 bytes,
             }));
@@ -222,7 +235,9 @@ impl EventLog {
     pub fn reset(&mut self, reason: String, version: Version) {
         let next_seq = {
             let mut ring = lock(&self.ring);
-            ring.items.clear();
+            for item in std::mem::take(&mut ring.items) {
+                item.event.leave_history();
+            }
             ring.bytes = 0;
             ring.floor = version;
             ring.latest = version;
