@@ -628,7 +628,8 @@ async fn start_raft(
     {
         let token = shutdown.clone();
         let admission = Arc::new(service::ForwardAdmission::new(service.clone()));
-        let mut grpc = RaftGrpc::new(raft.clone(), admission);
+        let mut grpc = RaftGrpc::new(raft.clone(), admission)
+            .with_append_metrics(net.metrics.storage.append_duration.clone());
         let tls = net.dialer.tls().map(|tls| tls.raft_server_config());
         if tls.is_some() {
             grpc = grpc.with_verified_peers(net.refusals.clone());

@@ -55,6 +55,9 @@ pub struct StorageMetrics {
     /// Applying a run of entries to the state machine, commit included; with the writes they
     /// held, for `Status` (rate and p99 over the last seconds).
     pub apply: Recent,
+    /// AppendEntries this node served as a follower (calls and append-stream messages), its log
+    /// flush included.
+    pub append_duration: Histogram,
 }
 
 impl Default for StorageMetrics {
@@ -63,6 +66,7 @@ impl Default for StorageMetrics {
             batch_entries: Histogram::new(batch_buckets()),
             sync_duration: HistogramFamily::new_with_constructor(sync_histogram),
             apply: Recent::default(),
+            append_duration: sync_histogram(),
         }
     }
 }
@@ -191,6 +195,11 @@ impl Metrics {
             "resd_raft_apply_duration_seconds",
             "Applying committed entries to the state machine, commit included",
             storage.apply.histogram(),
+        );
+        registry.register(
+            "resd_raft_append_duration_seconds",
+            "AppendEntries served as a follower (calls and append-stream messages), log flush included",
+            storage.append_duration.clone(),
         );
         let watch = WatchMetrics::default();
         registry.register(

@@ -240,6 +240,23 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
         "Write OK went from {before} to {after}"
     );
 
+    // A follower times the appends it serves (they arrive as append-stream messages).
+    let follower = scrape(&bases[1], &[]).await;
+    let appends = follower
+        .samples
+        .iter()
+        .find(|sample| sample.metric == "resd_raft_append_duration_seconds")
+        .and_then(|sample| match &sample.value {
+            prometheus_parse::Value::Histogram(buckets) => {
+                buckets.iter().map(|bucket| bucket.count).reduce(f64::max)
+            }
+            _ => None,
+        });
+    assert!(
+        appends.is_some_and(|count| count >= 1.0),
+        "appends served by a follower: {appends:?}"
+    );
+
     // The HTTP API on a follower: create, read, a CAS conflict, an NDJSON watch and its resume.
     let artists = format!("{}/v1/resources/demo/v2/Artist", bases[1]);
     let (status, created) = call_json(

@@ -34,6 +34,8 @@ pub struct RaftGrpc {
     refusals: Arc<Refusals>,
     /// When the members were last asked about a caller this node does not know.
     asked: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>>,
+    /// Where the time to serve each AppendEntries goes, once the node has its metrics.
+    append_duration: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 /// How often the members are asked about the same unknown caller.
@@ -48,7 +50,17 @@ impl RaftGrpc {
             verify_peers: false,
             refusals: Arc::default(),
             asked: Arc::default(),
+            append_duration: None,
         }
+    }
+
+    /// Records how long each AppendEntries takes to serve into `histogram`.
+    pub fn with_append_metrics(
+        mut self,
+        histogram: prometheus_client::metrics::histogram::Histogram,
+    ) -> Self {
+        self.append_duration = Some(histogram);
+        self
     }
 
     /// Accepts RPCs only from current members, identified by their node certificates (the
@@ -159,10 +171,15 @@ impl RaftGrpc {
     /// One AppendEntries, as a call or a message on the append stream: the payload's request
     /// checked against the caller, given to raft, the answer encoded.
     async fn append(&self, info: &ConnInfo, payload: &[u8]) -> Result<Vec<u8>, Status> {
+        let started = std::time::Instant::now();
         let caller = self.caller(info)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(bad_payload)?;
         self.check_claim(info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
-        encode(&self.raft.append_entries(rpc).await)
+        let answer = self.raft.append_entries(rpc).await;
+        if let Some(histogram) = &self.append_duration {
+            histogram.observe(started.elapsed().as_secs_f64());
+        }
+        encode(&answer)
             .map_err(|error| Status::internal(format!("cannot encode a raft reply: {error}")))
     }
 }
