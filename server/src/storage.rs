@@ -295,12 +295,6 @@ impl PartialEq for SharedEvent {
     }
 }
 
-impl From<WatchEvent> for SharedEvent {
-    fn from(event: WatchEvent) -> Self {
-        SharedEvent::new(event)
-    }
-}
-
 /// A stream of watch events: a snapshot, one `EndOfSnapshot`, then changes in commit order. An
 /// error ends it.
 pub type Watch = Pin<Box<dyn Stream<Item = Result<SharedEvent, StorageError>> + Send>>;

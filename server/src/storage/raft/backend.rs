@@ -310,6 +310,18 @@ impl RaftBackend {
         self.max_snapshot_bytes
     }
 
+    /// Whether this node may serve a local read at `consistency` now: it is ready, and for a
+    /// strong read it has applied the read index. ReadIndex: the leader confirms (in a round
+    /// shared with concurrent reads) and names the index; this node serves from its own state
+    /// once it applied that far, so a follower ships no data over the raft port.
+    async fn ready_to_read(&self, consistency: Consistency) -> Result<(), StorageError> {
+        self.check_ready()?;
+        if consistency == Consistency::Strong {
+            self.read_barrier().await?;
+        }
+        Ok(())
+    }
+
     /// Waits until this node has applied every write committed before the call (the raft
     /// "read index"): afterwards, local reads are linearizable. Returns the index.
     pub async fn read_barrier(&self) -> Result<u64, StorageError> {
@@ -497,17 +509,8 @@ async fn leader_floor(
 #[async_trait]
 impl Backend for RaftBackend {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
-        self.check_ready()?;
-        match consistency {
-            Consistency::Eventual => self.sm.read(id),
-            // ReadIndex: the leader confirms (in a round shared with concurrent reads) and
-            // names the index; this node serves from its own state once it applied that far,
-            // so a follower ships no data over the raft port.
-            Consistency::Strong => {
-                self.read_barrier().await?;
-                self.sm.read(id)
-            }
-        }
+        self.ready_to_read(consistency).await?;
+        self.sm.read(id)
     }
 
     async fn write_cas_as(
@@ -549,14 +552,8 @@ impl Backend for RaftBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError> {
-        self.check_ready()?;
-        match consistency {
-            Consistency::Eventual => self.sm.list(resource_type, tenancy, name_prefix),
-            Consistency::Strong => {
-                self.read_barrier().await?;
-                self.sm.list(resource_type, tenancy, name_prefix)
-            }
-        }
+        self.ready_to_read(consistency).await?;
+        self.sm.list(resource_type, tenancy, name_prefix)
     }
 
     async fn list_encoded(
@@ -566,10 +563,7 @@ impl Backend for RaftBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
     ) -> Result<Vec<Vec<u8>>, StorageError> {
-        self.check_ready()?;
-        if consistency == Consistency::Strong {
-            self.read_barrier().await?;
-        }
+        self.ready_to_read(consistency).await?;
         self.sm.list_encoded(resource_type, tenancy, name_prefix)
     }
 
