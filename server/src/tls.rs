@@ -11,11 +11,13 @@
 use std::path::PathBuf;
 
 pub mod accept;
+pub mod coalesce;
 mod make;
 pub mod node;
 pub mod peer;
 
 pub use accept::{Conn, ConnInfo, Refusals};
+pub use coalesce::Coalesced;
 pub use make::{CA_CERT, CA_KEY, Written, create_ca, create_client_cert, create_node_cert};
 pub use node::{Dialer, NodeTls, TlsSettings};
 pub use peer::PeerCert;

@@ -157,7 +157,7 @@ pub async fn serve_api(
         .add_service(reflection_v1alpha)
         .add_service(resource_service)
         .add_service(cluster_service)
-        .serve_with_incoming_shutdown(listening.incoming(listener, "API"), async move {
+        .serve_with_incoming_shutdown(listening.incoming_grpc(listener, "API"), async move {
             stopping.cancelled().await;
             set_not_serving(&reporter).await;
         })
@@ -208,7 +208,7 @@ pub async fn serve_raft(
         ))
         .add_service(raft.into_server())
         .serve_with_incoming_shutdown(
-            listening.incoming(listener, "raft service"),
+            listening.incoming_grpc(listener, "raft service"),
             shutdown.cancelled_owned(),
         )
         .await

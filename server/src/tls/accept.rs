@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 
-use super::PeerCert;
+use super::{Coalesced, PeerCert};
 
 /// Handshakes in progress at once; the listener waits past this.
 pub const MAX_HANDSHAKES: usize = 256;
@@ -251,6 +251,18 @@ impl Listening {
         what: &'static str,
     ) -> BoxStream<'static, io::Result<Conn>> {
         incoming(listener, self.tls, self.cluster_name, what, self.refusals)
+    }
+
+    /// [`Listening::incoming`] for a gRPC server: each connection's writes are gathered until
+    /// h2 flushes ([`Coalesced`]: one write per unary answer instead of two).
+    pub(crate) fn incoming_grpc(
+        self,
+        listener: TcpListener,
+        what: &'static str,
+    ) -> BoxStream<'static, io::Result<Coalesced<Conn>>> {
+        self.incoming(listener, what)
+            .map(|conn| conn.map(Coalesced::new))
+            .boxed()
     }
 }
 
