@@ -11,13 +11,13 @@
 //! [`Coalesced`] wraps a gRPC server's connection: what h2 writes is copied into a buffer, and
 //! the first flush after the buffer last went out is put off; the bytes leave at the next flush,
 //! before the next read, at shutdown, or once the buffer holds [`HIGH_WATER`] bytes. For a unary
-//! answer that is one write for headers, data and trailers.
+//! answer that is one write for headers, data and trailers. Writes of [`PASS_THROUGH`] bytes
+//! or more on an empty buffer are not copied (a list answer's 16 KiB frames go out as before).
 //!
 //! Why nothing waits forever: h2 flushes at the end of every round of its connection task (when
 //! it has nothing more to send, and before it reads), so a put-off flush is followed by another
 //! flush or a read in the same round; and a put-off flush also wakes the task, so even a round
-//! that ended without either is followed by one that flushes. Large writes on an empty buffer
-//! go straight through (a list answer is not copied).
+//! that ended without either is followed by one that flushes.
 
 use std::io;
 use std::pin::Pin;
@@ -25,9 +25,12 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Bytes held before writes go out without waiting for a flush; a write at least this large
-/// on an empty buffer is not copied.
+/// Bytes held before writes go out without waiting for a flush.
 pub const HIGH_WATER: usize = 64 * 1024;
+/// A write at least this large on an empty buffer goes straight to the connection: copying it
+/// would cost more than the write it could save (h2 sends a large answer in 16 KiB frames, each
+/// one such write).
+pub const PASS_THROUGH: usize = 16 * 1024;
 /// A buffer that grew past this (a large answer) is given back once it is written out, so an
 /// idle connection holds little.
 const KEEP_CAPACITY: usize = 16 * 1024;
@@ -93,7 +96,7 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
         if self.pending() > 0 && self.pending() + total > HIGH_WATER {
             std::task::ready!(self.poll_drain(cx))?;
         }
-        if self.pending() == 0 && total >= HIGH_WATER {
+        if self.pending() == 0 && total >= PASS_THROUGH {
             return Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         }
         if self.written > 0 {
@@ -315,16 +318,27 @@ mod tests {
         let (_, waker) = waker();
         let mut cx = Context::from_waker(&waker);
         let mut io = Coalesced::new(Recorder::default());
-        let big = vec![7u8; HIGH_WATER];
+        let big = vec![7u8; PASS_THROUGH];
         write(&mut io, &mut cx, &big);
         assert_eq!(io.get_ref().writes.len(), 1, "not copied, written at once");
 
-        let part = vec![1u8; HIGH_WATER / 2 + 1];
+        let small = vec![2u8; 100];
+        write(&mut io, &mut cx, &small);
+        let part = vec![1u8; HIGH_WATER / 2];
         write(&mut io, &mut cx, &part);
-        assert_eq!(io.get_ref().writes.len(), 1, "held");
+        assert_eq!(io.get_ref().writes.len(), 1, "held behind what is held");
         write(&mut io, &mut cx, &part);
-        assert_eq!(io.get_ref().writes.len(), 2, "the held half went out first");
-        assert_eq!(io.get_ref().writes[1], part);
+        assert_eq!(
+            io.get_ref().writes.len(),
+            3,
+            "past the high water mark, the held went out first"
+        );
+        assert_eq!(io.get_ref().writes[1], [small, part.clone()].concat());
+        assert_eq!(
+            io.get_ref().writes[2],
+            part,
+            "then the large write, not copied"
+        );
     }
 
     #[test]
@@ -335,7 +349,9 @@ mod tests {
             blocked: true,
             ..Recorder::default()
         });
-        let part = vec![1u8; HIGH_WATER / 2 + 1];
+        let small = vec![2u8; 100];
+        write(&mut io, &mut cx, &small);
+        let part = vec![1u8; HIGH_WATER / 2];
         write(&mut io, &mut cx, &part);
         assert!(
             Pin::new(&mut io)
@@ -347,6 +363,6 @@ mod tests {
         assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
         io.io.blocked = false;
         flush(&mut io, &mut cx);
-        assert_eq!(io.get_ref().writes, vec![part]);
+        assert_eq!(io.get_ref().writes, vec![[small, part].concat()]);
     }
 }

@@ -23,6 +23,11 @@ use super::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote, decode, enc
 
 /// How many queued operations one commit takes at most.
 const MAX_BATCH_OPS: usize = 4096;
+/// Flushed entries kept in memory for readers (replication to each follower and apply read
+/// every entry right after its flush): at most this many, and at most [`RECENT_BYTES`] of
+/// encoded commands; the oldest go first.
+const RECENT_ENTRIES: usize = 4096;
+const RECENT_BYTES: usize = 16 << 20;
 
 /// The log store; clones share the same log.
 #[derive(Clone)]
@@ -60,13 +65,78 @@ pub struct LogStats {
     pub metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
 }
 
-/// What readers see beyond the disk: entries queued but not yet committed, and the bounds of the
-/// visible log.
+/// What readers see beyond the disk: entries queued but not yet committed, the latest flushed
+/// entries (the same as on disk, kept so readers need not decode them again), and the bounds of
+/// the visible log.
 #[derive(Default)]
 struct Tail {
     pending: BTreeMap<u64, Entry>,
+    recent: BTreeMap<u64, Entry>,
+    recent_bytes: usize,
     last: Option<LogId>,
     purged: Option<LogId>,
+}
+
+impl Tail {
+    /// An entry now on disk moves from `pending` to `recent` (unless a truncate replaced it
+    /// meanwhile); the oldest recent entries leave past the bounds.
+    fn flushed(&mut self, entry: &Entry) {
+        let index = entry.log_id.index;
+        if !self
+            .pending
+            .get(&index)
+            .is_some_and(|p| p.log_id == entry.log_id)
+        {
+            return;
+        }
+        if let Some(entry) = self.pending.remove(&index) {
+            self.recent_bytes += entry_bytes(&entry);
+            if let Some(replaced) = self.recent.insert(index, entry) {
+                self.recent_bytes -= entry_bytes(&replaced);
+            }
+        }
+        while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
+            match self.recent.pop_first() {
+                Some((_, oldest)) => self.recent_bytes -= entry_bytes(&oldest),
+                None => break,
+            }
+        }
+    }
+
+    /// Keeps the recent entries `keep` says to keep.
+    fn retain_recent(&mut self, keep: impl Fn(u64) -> bool) {
+        let mut bytes = self.recent_bytes;
+        self.recent.retain(|index, entry| {
+            let kept = keep(*index);
+            if !kept {
+                bytes -= entry_bytes(entry);
+            }
+            kept
+        });
+        self.recent_bytes = bytes;
+    }
+
+    /// `start..end` from memory (pending wins over recent), if memory holds all of it.
+    fn cached(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
+        let mut entries = Vec::with_capacity((end - start).min(1024) as usize);
+        for index in start..end {
+            let entry = self
+                .pending
+                .get(&index)
+                .or_else(|| self.recent.get(&index))?;
+            entries.push(entry.clone());
+        }
+        Some(entries)
+    }
+}
+
+/// What a kept entry counts against [`RECENT_BYTES`]: its encoded command (already made for the
+/// disk), or a little for membership and blank entries.
+fn entry_bytes(entry: &Entry) -> usize {
+    match &entry.payload {
+        openraft::EntryPayload::Normal(command) => command.encoded().len() + 64,
+        _ => 64,
+    }
 }
 
 enum WriteOp {
@@ -113,9 +183,9 @@ impl LogStore {
         };
         let stats = Arc::new(LogStats::default());
         let tail = Arc::new(Mutex::new(Tail {
-            pending: BTreeMap::new(),
             last,
             purged,
+            ..Tail::default()
         }));
         let (sender, receiver) = mpsc::channel();
         let writer = Writer {
@@ -249,7 +319,8 @@ impl Writer {
         }
     }
 
-    /// Entries now on disk leave the in-memory tail (unless a truncate replaced them meanwhile).
+    /// Entries now on disk leave the pending tail for the recent ones (unless a truncate
+    /// replaced them meanwhile).
     fn forget_flushed(&self, batch: &[WriteOp]) {
         let mut entry_count = 0u64;
         let mut operation_count = 0u64;
@@ -259,13 +330,7 @@ impl Writer {
                 entry_count += entries.len() as u64;
                 operation_count += entries.iter().map(operations_in).sum::<u64>();
                 for entry in entries {
-                    if tail
-                        .pending
-                        .get(&entry.log_id.index)
-                        .is_some_and(|p| p.log_id == entry.log_id)
-                    {
-                        tail.pending.remove(&entry.log_id.index);
-                    }
+                    tail.flushed(entry);
                 }
             }
         }
@@ -333,6 +398,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         .min(last.index + 1);
         if start >= end {
             return Ok(Vec::new());
+        }
+        if let Some(entries) = tail.cached(start, end) {
+            return Ok(entries);
         }
         // Disk entries overlaid with the pending tail (which wins: it may hold re-appended
         // entries that replace truncated ones not yet deleted on disk).
@@ -440,6 +508,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut tail = self.tail();
             tail.pending.retain(|index, _| *index < log_id.index);
+            tail.retain_recent(|index| index < log_id.index);
             tail.last = previous.or(tail.purged);
         }
         self.send(WriteOp::Truncate(log_id.index))
@@ -449,11 +518,92 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut tail = self.tail();
             tail.pending.retain(|index, _| *index > log_id.index);
+            tail.retain_recent(|index| index > log_id.index);
             tail.purged = Some(log_id);
             if tail.last.is_none_or(|last| last.index < log_id.index) {
                 tail.last = Some(log_id);
             }
         }
         self.send(WriteOp::Purge(log_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::op::Op;
+    use super::super::types::Command;
+    use super::*;
+
+    fn entry(term: u64, index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
+            payload: openraft::EntryPayload::Normal(Command::new(Op::Changes(Vec::new()))),
+        }
+    }
+
+    fn same_command(a: &Entry, b: &Entry) -> bool {
+        match (&a.payload, &b.payload) {
+            (openraft::EntryPayload::Normal(a), openraft::EntryPayload::Normal(b)) => {
+                std::ptr::eq(a.op(), b.op())
+            }
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn flushed_entries_stay_readable_from_memory_until_truncated_or_purged() {
+        let mut tail = Tail::default();
+        let appended: Vec<Entry> = (1..=5).map(|i| entry(1, i)).collect();
+        for e in &appended {
+            tail.pending.insert(e.log_id.index, e.clone());
+        }
+        for e in &appended[..3] {
+            tail.flushed(e);
+        }
+        assert_eq!(tail.pending.len(), 2);
+        assert_eq!(tail.recent.len(), 3);
+        let read = tail.cached(1, 6).expect("all in memory");
+        assert!(read.iter().zip(&appended).all(|(r, a)| same_command(r, a)));
+        assert!(tail.cached(0, 6).is_none(), "index 0 is only on disk");
+
+        // A truncate drops the recent suffix; a flush of a replaced entry is not kept.
+        tail.pending.retain(|index, _| *index < 3);
+        tail.retain_recent(|index| index < 3);
+        let replacement = entry(2, 3);
+        tail.pending.insert(3, replacement.clone());
+        tail.flushed(&appended[3]);
+        assert!(
+            tail.cached(3, 4)
+                .is_some_and(|e| e[0].log_id == replacement.log_id)
+        );
+        assert!(tail.cached(4, 5).is_none());
+        tail.flushed(&replacement);
+        assert_eq!(
+            tail.recent.keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+
+        // A purge drops the recent prefix, and the byte count follows.
+        tail.retain_recent(|index| index > 2);
+        assert_eq!(tail.recent.keys().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(tail.recent_bytes, entry_bytes(&replacement));
+    }
+
+    #[test]
+    fn recent_entries_are_bounded_oldest_first() {
+        let mut tail = Tail::default();
+        let total = RECENT_ENTRIES as u64 + 10;
+        for index in 1..=total {
+            let e = entry(1, index);
+            tail.pending.insert(index, e.clone());
+            tail.flushed(&e);
+        }
+        assert_eq!(tail.recent.len(), RECENT_ENTRIES);
+        assert_eq!(tail.recent.first_key_value().map(|(i, _)| *i), Some(11));
+        assert!(
+            tail.cached(10, 12).is_none(),
+            "evicted entries come from disk"
+        );
+        assert!(tail.recent_bytes <= RECENT_BYTES);
     }
 }
