@@ -25,9 +25,9 @@ use super::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote, decode, enc
 const MAX_BATCH_OPS: usize = 4096;
 /// Flushed entries kept in memory for readers (replication to each follower and apply read
 /// every entry right after its flush): at most this many, and at most [`RECENT_BYTES`] of
-/// encoded commands; the oldest go first.
+/// commands (each counted twice: its encoding and its decoded form); the oldest go first.
 const RECENT_ENTRIES: usize = 4096;
-const RECENT_BYTES: usize = 16 << 20;
+const RECENT_BYTES: usize = 8 << 20;
 
 /// The log store; clones share the same log.
 #[derive(Clone)]
@@ -130,11 +130,12 @@ impl Tail {
     }
 }
 
-/// What a kept entry counts against [`RECENT_BYTES`]: its encoded command (already made for the
-/// disk), or a little for membership and blank entries.
+/// What a kept entry counts against [`RECENT_BYTES`]: its command twice (the encoding made for
+/// the disk, and the decoded op of about the same size), or a little for membership and blank
+/// entries.
 fn entry_bytes(entry: &Entry) -> usize {
     match &entry.payload {
-        openraft::EntryPayload::Normal(command) => command.encoded().len() + 64,
+        openraft::EntryPayload::Normal(command) => 2 * command.encoded().len() + 64,
         _ => 64,
     }
 }
