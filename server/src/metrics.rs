@@ -386,12 +386,14 @@ mod tests {
         metrics.storage.apply.record(0.001, 3);
         let _stream = metrics.watch.open_stream();
         metrics.watch.events_sent.inc_by(2);
+        metrics.grpc.record(
+            "/resd.resource.v1.ResourceService/Write",
+            tonic::Code::Ok,
+            0.003,
+        );
         metrics
             .grpc
-            .record("/resd.resource.v1.ResourceService/Write", "OK", 0.003);
-        metrics
-            .grpc
-            .record("/no.such.Service/Nope", "UNIMPLEMENTED", 0.0001);
+            .record("/no.such.Service/Nope", tonic::Code::Unimplemented, 0.0001);
         let text = metrics.render();
         for line in [
             "resd_raft_term 3",

@@ -27,6 +27,7 @@ pub mod encoded;
 mod error;
 pub mod grpc;
 mod read;
+mod tenancy_units;
 pub use read::{SharedWatchStream, WatchStream, pb_event, wire_event};
 mod validate;
 mod write;
@@ -89,6 +90,8 @@ pub struct ResourceService {
     max_resource_bytes: usize,
     /// Cancelled when the server shuts down; open watches end with `Unavailable`.
     shutdown: CancellationToken,
+    /// Partitions and namespaces found, while nothing of their group changed.
+    tenancy_units: tenancy_units::TenancyUnits,
 }
 
 impl std::fmt::Debug for ResourceService {
@@ -112,6 +115,7 @@ impl ResourceService {
             registry,
             max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
             shutdown: CancellationToken::new(),
+            tenancy_units: tenancy_units::TenancyUnits::default(),
         }
     }
 
@@ -240,33 +244,69 @@ impl ResourceService {
             || (scope == Scope::Any && !tenancy.partition.is_empty());
         let needs_namespace =
             scope == Scope::Namespace || (scope == Scope::Any && !tenancy.namespace.is_empty());
-        let mut units = Vec::new();
+        let mut state = TenancyState::Active;
         if needs_partition {
-            units.push((
-                builtin::partition_id(&tenancy.partition),
-                format!("partition not found: {:?}", tenancy.partition),
-            ));
+            let key = tenancy_units::UnitKey {
+                partition: tenancy.partition.clone(),
+                namespace: String::new(),
+            };
+            match self
+                .tenancy_unit_marked(&builtin::partition_id(&tenancy.partition), key)
+                .await?
+            {
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "partition not found: {:?}",
+                        tenancy.partition
+                    )));
+                }
+                Some(true) => state = TenancyState::MarkedForDeletion,
+                Some(false) => {}
+            }
         }
         if needs_namespace {
-            units.push((
-                builtin::namespace_id(&tenancy.partition, &tenancy.namespace),
-                format!(
-                    "namespace not found: {:?} in partition {:?}",
-                    tenancy.namespace, tenancy.partition
-                ),
-            ));
-        }
-        let mut state = TenancyState::Active;
-        for (id, missing) in units {
-            match self.read_tenancy_unit(&id).await? {
-                Some(unit) if resource::is_marked_for_deletion(&unit) => {
-                    state = TenancyState::MarkedForDeletion
+            let key = tenancy_units::UnitKey {
+                partition: tenancy.partition.clone(),
+                namespace: tenancy.namespace.clone(),
+            };
+            let id = builtin::namespace_id(&tenancy.partition, &tenancy.namespace);
+            match self.tenancy_unit_marked(&id, key).await? {
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "namespace not found: {:?} in partition {:?}",
+                        tenancy.namespace, tenancy.partition
+                    )));
                 }
-                Some(_) => {}
-                None => return Err(Error::NotFound(missing)),
+                Some(true) => state = TenancyState::MarkedForDeletion,
+                Some(false) => {}
             }
         }
         Ok(state)
+    }
+
+    /// Whether a partition or namespace (`id`, known as `key`) is marked for deletion; `None`
+    /// when it does not exist. Answered from [`tenancy_units::TenancyUnits`] while nothing of
+    /// the tenancy group changed on this node since the unit was read.
+    async fn tenancy_unit_marked(
+        &self,
+        id: &Id,
+        key: tenancy_units::UnitKey,
+    ) -> Result<Option<bool>, Error> {
+        let group = id.r#type.as_ref().map_or("", |t| t.group.as_str());
+        let stamp = self.backend.group_stamp(group);
+        if let Some(stamp) = stamp
+            && let Some(marked) = self.tenancy_units.get(&key, stamp)
+        {
+            return Ok(Some(marked));
+        }
+        let Some(unit) = self.read_tenancy_unit(id).await? else {
+            return Ok(None);
+        };
+        let marked = resource::is_marked_for_deletion(&unit);
+        if let Some(stamp) = stamp {
+            self.tenancy_units.found(key, stamp, marked);
+        }
+        Ok(Some(marked))
     }
 
     /// Reads a partition or namespace: locally first (the common case: it exists), and with a

@@ -384,6 +384,12 @@ pub trait Backend: Send + Sync + 'static {
         name_prefix: &str,
         since: Option<Version>,
     ) -> Result<Watch, StorageError>;
+
+    /// The stamp of resource group `group` on this node ([`events::GroupStamps`]): it moves
+    /// after every change to a resource of the group becomes readable here, and when the whole
+    /// state is replaced. `None`: this backend keeps no stamps (nothing may be cached). No
+    /// default: a wrapper that forgot to forward it would turn caching off.
+    fn group_stamp(&self, group: &str) -> Option<u64>;
 }
 
 /// Checks a finished resource that reaches storage without passing through the node's own
@@ -465,5 +471,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         (**self)
             .watch_list(resource_type, tenancy, name_prefix, since)
             .await
+    }
+    fn group_stamp(&self, group: &str) -> Option<u64> {
+        (**self).group_stamp(group)
     }
 }

@@ -5,13 +5,14 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http_body::{Body, Frame};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 
 use super::{HistogramFamily, Labels};
 
@@ -69,12 +70,39 @@ static METHODS: LazyLock<HashMap<String, Method>> = LazyLock::new(|| {
 });
 
 /// What is unknown is `other`: a client cannot grow the label sets.
+#[cfg(test)]
 fn method_of(path: &str) -> Method {
-    METHODS.get(path).cloned().unwrap_or_else(|| Method {
+    METHODS.get(path).cloned().unwrap_or_else(other_method)
+}
+
+fn other_method() -> Method {
+    Method {
         service: "other".into(),
         name: "other".into(),
         streaming: false,
-    })
+    }
+}
+
+/// gRPC status codes, 0 (`OK`) to 16 (`UNAUTHENTICATED`).
+const CODES: usize = 17;
+
+/// One method's series, made on first use and then shared: a request costs no label vectors,
+/// hashing or family locks.
+#[derive(Debug)]
+struct Series {
+    method: Method,
+    counts: [OnceLock<Counter>; CODES],
+    duration: OnceLock<Histogram>,
+}
+
+impl Series {
+    fn new(method: Method) -> Arc<Series> {
+        Arc::new(Series {
+            method,
+            counts: std::array::from_fn(|_| OnceLock::new()),
+            duration: OnceLock::new(),
+        })
+    }
 }
 
 /// The request counters and durations.
@@ -82,6 +110,9 @@ fn method_of(path: &str) -> Method {
 pub struct GrpcMetrics {
     pub requests: Family<Labels, Counter>,
     pub duration: HistogramFamily,
+    /// Every method's series by path; anything else is `other`.
+    series: Arc<HashMap<String, Arc<Series>>>,
+    other: Arc<Series>,
 }
 
 impl GrpcMetrics {
@@ -89,29 +120,50 @@ impl GrpcMetrics {
         GrpcMetrics {
             requests: Family::default(),
             duration,
+            series: Arc::new(
+                METHODS
+                    .iter()
+                    .map(|(path, method)| (path.clone(), Series::new(method.clone())))
+                    .collect(),
+            ),
+            other: Series::new(other_method()),
         }
     }
 
-    /// Records one answered request.
-    pub fn record(&self, path: &str, code: &str, seconds: f64) {
-        let method = method_of(path);
-        self.count(&method, code);
-        self.time(&method, seconds);
+    fn series(&self, path: &str) -> Arc<Series> {
+        self.series.get(path).unwrap_or(&self.other).clone()
     }
 
-    fn count(&self, method: &Method, code: &str) {
-        self.requests
-            .get_or_create(&vec![
-                ("service", method.service.clone()),
-                ("method", method.name.clone()),
-                ("code", code.to_owned()),
-            ])
+    /// Records one answered request.
+    pub fn record(&self, path: &str, code: tonic::Code, seconds: f64) {
+        let series = self.series(path);
+        self.count(&series, code);
+        self.time(&series, seconds);
+    }
+
+    fn count(&self, series: &Series, code: tonic::Code) {
+        let slot = usize::try_from(i32::from(code)).unwrap_or(2).min(CODES - 1);
+        series.counts[slot]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&vec![
+                        ("service", series.method.service.clone()),
+                        ("method", series.method.name.clone()),
+                        ("code", code_name(code).to_owned()),
+                    ])
+                    .clone()
+            })
             .inc();
     }
 
-    fn time(&self, method: &Method, seconds: f64) {
-        self.duration
-            .get_or_create(&vec![("method", method.name.clone())])
+    fn time(&self, series: &Series, seconds: f64) {
+        series
+            .duration
+            .get_or_init(|| {
+                self.duration
+                    .get_or_create(&vec![("method", series.method.name.clone())])
+                    .clone()
+            })
             .observe(seconds);
     }
 }
@@ -186,22 +238,22 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = method_of(request.uri().path());
+        let series = self.metrics.grpc.series(request.uri().path());
         let started = Instant::now();
         let metrics = self.metrics.clone();
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
             let mut call = Call {
-                method,
+                series,
                 started,
                 metrics,
                 done: false,
             };
-            if call.method.streaming {
+            if call.series.method.streaming {
                 call.metrics
                     .grpc
-                    .time(&call.method, started.elapsed().as_secs_f64());
+                    .time(&call.series, started.elapsed().as_secs_f64());
             }
             // An answer that is nothing but a status (tonic's refusals) ends here.
             if let Some(status) = tonic::Status::from_header_map(response.headers()) {
@@ -215,7 +267,7 @@ where
 
 /// One request on its way: counted once, when its status is known.
 struct Call {
-    method: Method,
+    series: Arc<Series>,
     started: Instant,
     metrics: Arc<super::Metrics>,
     done: bool,
@@ -227,15 +279,14 @@ impl Call {
             return;
         }
         let seconds = self.started.elapsed().as_secs_f64();
-        let code = code_name(code);
-        self.metrics.grpc.count(&self.method, code);
-        if !self.method.streaming {
-            self.metrics.grpc.time(&self.method, seconds);
+        self.metrics.grpc.count(&self.series, code);
+        if !self.series.method.streaming {
+            self.metrics.grpc.time(&self.series, seconds);
         }
         tracing::debug!(
-            service = %self.method.service,
-            method = %self.method.name,
-            code,
+            service = %self.series.method.service,
+            method = %self.series.method.name,
+            code = code_name(code),
             duration_ms = seconds * 1000.0,
             "request"
         );
@@ -307,5 +358,38 @@ mod tests {
             "other"
         );
         assert_eq!(method_of("/x").service, "other");
+    }
+
+    fn histogram() -> Histogram {
+        Histogram::new([0.1])
+    }
+
+    #[test]
+    fn a_methods_series_is_made_once_and_counts_every_later_request() {
+        let metrics = GrpcMetrics::new(HistogramFamily::new_with_constructor(histogram));
+        let read = "/resd.resource.v1.ResourceService/Read";
+        for _ in 0..3 {
+            metrics.record(read, tonic::Code::Ok, 0.001);
+        }
+        metrics.record(read, tonic::Code::NotFound, 0.001);
+        metrics.record("/x", tonic::Code::Unimplemented, 0.001);
+        let labels = |service: &str, method: &str, code: &str| {
+            vec![
+                ("service", service.to_owned()),
+                ("method", method.to_owned()),
+                ("code", code.to_owned()),
+            ]
+        };
+        let service = "resd.resource.v1.ResourceService";
+        let count = |m: &GrpcMetrics, labels| m.requests.get_or_create(&labels).get();
+        assert_eq!(count(&metrics, labels(service, "Read", "OK")), 3);
+        assert_eq!(count(&metrics, labels(service, "Read", "NOT_FOUND")), 1);
+        assert_eq!(
+            count(&metrics, labels("other", "other", "UNIMPLEMENTED")),
+            1
+        );
+        // Another node's metrics (resd dev runs three in one process) have their own series.
+        let other_node = GrpcMetrics::new(HistogramFamily::new_with_constructor(histogram));
+        assert_eq!(count(&other_node, labels(service, "Read", "OK")), 0);
     }
 }

@@ -286,11 +286,13 @@ pub(super) fn v1_artist(name: &str) -> Resource {
 }
 
 /// Wraps a backend and makes the next `cas_failures` writes or deletes lose a CAS race, so the
-/// blind-write retry is tested without depending on timing.
+/// blind-write retry is tested without depending on timing; counts writes and the reads of
+/// tenancy units (partitions and namespaces).
 pub(super) struct LosingBackend {
     inner: InMemBackend,
     cas_failures: AtomicU32,
     pub writes: AtomicU32,
+    pub tenancy_reads: AtomicU32,
 }
 
 impl LosingBackend {
@@ -299,6 +301,7 @@ impl LosingBackend {
             inner: InMemBackend::new(),
             cas_failures: AtomicU32::new(0),
             writes: AtomicU32::new(0),
+            tenancy_reads: AtomicU32::new(0),
         }
     }
 
@@ -316,6 +319,9 @@ impl LosingBackend {
 #[async_trait]
 impl Backend for LosingBackend {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
+        if id.r#type.as_ref().is_some_and(|t| t.group == "tenancy") {
+            self.tenancy_reads.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.read(consistency, id).await
     }
     async fn write_cas_as(
@@ -370,5 +376,8 @@ impl Backend for LosingBackend {
         self.inner
             .watch_list(resource_type, tenancy, name_prefix, since)
             .await
+    }
+    fn group_stamp(&self, group: &str) -> Option<u64> {
+        self.inner.group_stamp(group)
     }
 }

@@ -9,7 +9,7 @@
 //! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{Stream, StreamExt};
@@ -137,12 +137,60 @@ impl WatchFilter {
     }
 }
 
+/// Slots of [`GroupStamps`]: groups share one only by hash collision, which costs a reader an
+/// extra miss, never a stale answer.
+const STAMP_SLOTS: usize = 256;
+
+/// A number per resource group that grows whenever a change to a resource of the group is
+/// published (after its commit: the change is readable) and whenever the whole state is
+/// replaced. A reader that loads a group's stamp before it reads, and finds the same stamp
+/// later, knows that nothing of that group changed since: what it read is still current. The
+/// service keeps what it learnt about partitions and namespaces this way.
+#[derive(Debug)]
+pub struct GroupStamps {
+    slots: Box<[AtomicU64]>,
+}
+
+impl Default for GroupStamps {
+    fn default() -> Self {
+        GroupStamps {
+            slots: (0..STAMP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl GroupStamps {
+    fn slot(&self, group: &str) -> &AtomicU64 {
+        // FNV-1a: stable, cheap for short names.
+        let hash = group.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+        &self.slots[(hash % STAMP_SLOTS as u64) as usize]
+    }
+
+    /// The stamp of `group` now; load it before reading what it guards.
+    pub fn get(&self, group: &str) -> u64 {
+        self.slot(group).load(Ordering::Acquire)
+    }
+
+    fn changed(&self, group: &str) {
+        self.slot(group).fetch_add(1, Ordering::Release);
+    }
+
+    fn all_changed(&self) {
+        for slot in self.slots.iter() {
+            slot.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
 /// The published changes of one backend, their bounded history and the watches that follow them.
 #[derive(Debug)]
 pub struct EventLog {
     ring: Arc<Mutex<Ring>>,
     /// The ring's `next_seq`, sent after each publish: wakes waiting watchers.
     published: watch::Sender<u64>,
+    stamps: Arc<GroupStamps>,
 }
 
 fn lock(ring: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
@@ -188,7 +236,13 @@ impl EventLog {
                 reset: None,
             })),
             published,
+            stamps: Arc::default(),
         }
+    }
+
+    /// The per-group stamps publishing moves (readers keep a clone and need no lock).
+    pub fn stamps(&self) -> Arc<GroupStamps> {
+        self.stamps.clone()
     }
 
     /// Bytes and changes the history holds now.
@@ -210,6 +264,7 @@ impl EventLog {
     }
 
     pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+        self.stamps.changed(&key.group);
         let next_seq = {
             let mut ring = lock(&self.ring);
             ring.latest = ring.latest.max(version);
@@ -233,6 +288,7 @@ impl EventLog {
 
     /// Ends every watch; resumes from before `version` are no longer possible.
     pub fn reset(&mut self, reason: String, version: Version) {
+        self.stamps.all_changed();
         let next_seq = {
             let mut ring = lock(&self.ring);
             for item in std::mem::take(&mut ring.items) {

@@ -2,13 +2,13 @@
 //! broadcast channel. For tests and single-process runs; nothing survives a restart.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::check::{self, DeleteCheck};
-use super::events::{EventLog, HistoryLimits, WatchFilter};
+use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
 use super::{
     Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
     WatchEvent,
@@ -18,6 +18,8 @@ use crate::resource;
 #[derive(Debug)]
 pub struct InMemBackend {
     state: Mutex<State>,
+    /// The event log's stamps, read without the lock.
+    stamps: Arc<GroupStamps>,
 }
 
 #[derive(Debug)]
@@ -43,12 +45,14 @@ impl InMemBackend {
 
     /// `history`: the changes kept for resuming watches and for watchers that fall behind.
     pub fn with_history(history: HistoryLimits) -> Self {
+        let events = EventLog::new(history, Version::new(0));
         InMemBackend {
+            stamps: events.stamps(),
             state: Mutex::new(State {
                 resources: BTreeMap::new(),
                 children: HashMap::new(),
                 version: 0,
-                events: EventLog::new(history, Version::new(0)),
+                events,
             }),
         }
     }
@@ -220,6 +224,10 @@ impl Backend for InMemBackend {
             Version::new(state.version),
             since,
         )
+    }
+
+    fn group_stamp(&self, group: &str) -> Option<u64> {
+        Some(self.stamps.get(group))
     }
 }
 

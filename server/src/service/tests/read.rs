@@ -268,3 +268,57 @@ async fn list_by_owner_accepts_a_wildcard_owner_tenancy() {
         ["kind-of-blue"]
     );
 }
+
+#[tokio::test]
+async fn tenancy_checks_are_remembered_until_a_partition_or_namespace_changes() {
+    let backend = Arc::new(LosingBackend::new());
+    let h = harness_with(backend.clone()).await;
+    let namespace = h
+        .write(Resource {
+            id: Some(id("tenancy.v1.Namespace", tenancy("default", ""), "jazz")),
+            ..Default::default()
+        })
+        .await
+        .expect("namespace");
+    let mut miles = artist("miles");
+    miles.id.as_mut().expect("id").tenancy = Some(tenancy("default", "jazz"));
+    let miles = h.write(miles).await.expect("artist");
+    let reads = |b: &LosingBackend| b.tenancy_reads.load(Ordering::SeqCst);
+
+    // The write read the partition and the namespace; reads after it need neither again.
+    let before = reads(&backend);
+    for _ in 0..3 {
+        h.read(&id_of(&miles)).await.expect("read");
+    }
+    assert_eq!(
+        reads(&backend),
+        before,
+        "answered from what the write found"
+    );
+
+    // Another resource's change keeps them; a namespace's change does not.
+    h.write(artist("coltrane")).await.expect("elsewhere");
+    let before = reads(&backend);
+    h.read(&id_of(&miles)).await.expect("read");
+    assert_eq!(
+        reads(&backend),
+        before,
+        "a change in another group keeps them"
+    );
+    h.delete(&id_of(&namespace), "")
+        .await
+        .expect("namespace gone");
+    expect_error(
+        h.read(&id_of(&miles)).await,
+        Code::NotFound,
+        "namespace not found",
+    );
+    let mut late = artist("late");
+    late.id.as_mut().expect("id").tenancy = Some(tenancy("default", "jazz"));
+    expect_error(
+        h.write(late).await,
+        Code::InvalidArgument,
+        "namespace not found",
+    );
+    assert!(reads(&backend) > before, "read again after the change");
+}

@@ -234,3 +234,21 @@ async fn encodings_watchers_make_count_against_the_bound_while_their_change_is_k
         "an evicted change's encoding is not counted"
     );
 }
+
+#[test]
+fn a_change_moves_its_groups_stamp_and_a_reset_moves_every_stamp() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let stamps = log.stamps();
+    let group = Fixture::new()
+        .artist("a")
+        .id
+        .and_then(|id| id.r#type)
+        .expect("type")
+        .group;
+    let (before, tenancy) = (stamps.get(&group), stamps.get("tenancy"));
+    change(&mut log, "a", 1, 0);
+    assert!(stamps.get(&group) > before, "the artist's group moved");
+    assert_eq!(stamps.get("tenancy"), tenancy, "another group did not");
+    log.reset("restored".into(), Version::new(2));
+    assert!(stamps.get("tenancy") > tenancy, "a reset moves every group");
+}

@@ -583,4 +583,8 @@ impl Backend for RaftBackend {
         self.sm
             .watch_list(resource_type, tenancy, name_prefix, since)
     }
+
+    fn group_stamp(&self, group: &str) -> Option<u64> {
+        Some(self.sm.group_stamp(group))
+    }
 }

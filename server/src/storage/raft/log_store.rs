@@ -82,10 +82,10 @@ impl Tail {
     /// meanwhile); the oldest recent entries leave past the bounds.
     fn flushed(&mut self, entry: &Entry) {
         let index = entry.log_id.index;
-        if !self
+        if self
             .pending
             .get(&index)
-            .is_some_and(|p| p.log_id == entry.log_id)
+            .is_none_or(|p| p.log_id != entry.log_id)
         {
             return;
         }

@@ -51,6 +51,8 @@ pub struct SmShared {
     current: RwLock<Arc<SmEnv>>,
     /// Published watch events; also the lock that orders commits with new watches.
     events: Mutex<EventLog>,
+    /// The event log's per-group stamps, read without its lock.
+    stamps: Arc<crate::storage::events::GroupStamps>,
     snapshot: Mutex<Option<(SnapshotMeta, PathBuf)>>,
     sequence: AtomicU64,
     /// Set by `close_cleanly`: nothing may be applied after the final sync.
@@ -297,6 +299,11 @@ impl SmShared {
     }
 
     // Local (eventually consistent) reads.
+
+    /// The stamp of a resource group ([`crate::storage::events::GroupStamps`]).
+    pub fn group_stamp(&self, group: &str) -> u64 {
+        self.stamps.get(group)
+    }
 
     pub fn read(&self, id: &Id) -> Result<Resource, StorageError> {
         let sm = self.current();

@@ -242,6 +242,9 @@ impl crate::storage::Backend for Member {
             .watch_list(resource_type, tenancy, name_prefix, since)
             .await
     }
+    fn group_stamp(&self, group: &str) -> Option<u64> {
+        (**self).group_stamp(group)
+    }
 }
 
 mod single_node {

@@ -59,15 +59,17 @@ impl StateMachineStore {
             let rtxn = env.read_txn().map_err(io)?;
             applied_index(&dbs, &rtxn).map_err(io)?
         };
+        let events = EventLog::new(history, Version::new(applied));
         Ok(StateMachineStore {
             shared: Arc::new(SmShared {
+                stamps: events.stamps(),
                 data_dir: data_dir.to_path_buf(),
                 current: RwLock::new(Arc::new(SmEnv {
                     env,
                     dbs,
                     generation,
                 })),
-                events: Mutex::new(EventLog::new(history, Version::new(applied))),
+                events: Mutex::new(events),
                 snapshot: Mutex::new(snapshot),
                 sequence: AtomicU64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
