@@ -327,6 +327,15 @@ pub trait Backend: Send + Sync + 'static {
     /// `NotFound`.
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError>;
 
+    /// [`Backend::read`] as stored: the resource's encoding, not decoded (only its id is, to
+    /// apply the read rules). No default: a wrapper that forgot to forward it would decode and
+    /// encode again.
+    async fn read_encoded(
+        &self,
+        consistency: Consistency,
+        id: &Id,
+    ) -> Result<Vec<u8>, StorageError>;
+
     /// Writes `resource` if its `version` equals the stored version (empty: must not exist).
     /// The uid must be set. Returns the stored copy with its new version. `actor` (who made the
     /// change) is recorded with it and reported by watches.
@@ -407,17 +416,59 @@ pub trait Admission: Send + Sync + 'static {
 /// `NotFound`, another group version is `GroupVersionMismatch` carrying the stored resource.
 pub fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
     let stored_id = stored.id.clone().unwrap_or_default();
+    match read_rule(id, &stored_id) {
+        ReadRule::Found => Ok(stored),
+        ReadRule::OtherUid => Err(StorageError::NotFound),
+        ReadRule::OtherVersion => Err(StorageError::GroupVersionMismatch {
+            stored: Box::new(stored),
+        }),
+    }
+}
+
+/// A resource's first field, its id: prost skips the rest of an encoding without decoding it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IdOnly {
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<Id>,
+}
+
+/// [`check_read`] on a stored encoding: only the id is decoded (the whole resource only to
+/// carry it in `GroupVersionMismatch`).
+pub fn check_read_encoded(id: &Id, stored: Vec<u8>) -> Result<Vec<u8>, StorageError> {
+    let undecodable = |error: prost::DecodeError| {
+        StorageError::Internal(format!("a stored resource does not decode: {error}"))
+    };
+    let stored_id = <IdOnly as prost::Message>::decode(stored.as_slice())
+        .map_err(undecodable)?
+        .id
+        .unwrap_or_default();
+    match read_rule(id, &stored_id) {
+        ReadRule::Found => Ok(stored),
+        ReadRule::OtherUid => Err(StorageError::NotFound),
+        ReadRule::OtherVersion => Err(StorageError::GroupVersionMismatch {
+            stored: Box::new(
+                <Resource as prost::Message>::decode(stored.as_slice()).map_err(undecodable)?,
+            ),
+        }),
+    }
+}
+
+enum ReadRule {
+    Found,
+    OtherUid,
+    OtherVersion,
+}
+
+fn read_rule(id: &Id, stored_id: &Id) -> ReadRule {
     if !id.uid.is_empty() && id.uid != stored_id.uid {
-        return Err(StorageError::NotFound);
+        return ReadRule::OtherUid;
     }
     let requested = id.r#type.as_ref().map(|t| t.group_version.as_str());
     let have = stored_id.r#type.as_ref().map(|t| t.group_version.as_str());
     if requested != have {
-        return Err(StorageError::GroupVersionMismatch {
-            stored: Box::new(stored),
-        });
+        return ReadRule::OtherVersion;
     }
-    Ok(stored)
+    ReadRule::Found
 }
 
 /// A shared backend is a backend.
@@ -425,6 +476,13 @@ pub fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     async fn read(&self, consistency: Consistency, id: &Id) -> Result<Resource, StorageError> {
         (**self).read(consistency, id).await
+    }
+    async fn read_encoded(
+        &self,
+        consistency: Consistency,
+        id: &Id,
+    ) -> Result<Vec<u8>, StorageError> {
+        (**self).read_encoded(consistency, id).await
     }
     async fn write_cas_as(
         &self,

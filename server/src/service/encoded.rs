@@ -1,20 +1,20 @@
 //! Answers written from encodings, without decoding and re-encoding per caller.
 //!
-//! - `ResourceService/List`: the stored encodings go to the wire as they are. A `ListResponse`
-//!   is `repeated Resource resources = 1`, so its encoding is each resource's bytes behind a
-//!   field tag and a length; the answer is the same bytes the generated handler would send.
+//! - `ResourceService/Read` and `ResourceService/List`: the stored encodings go to the wire as
+//!   they are. A `ReadResponse` is `Resource resource = 1` and a `ListResponse` is `repeated
+//!   Resource resources = 1`, so their encodings are each resource's bytes behind a field tag
+//!   and a length; the answer is the same bytes the generated handler would send.
 //! - `ResourceService/WatchList`: each event is encoded once, by the first watcher to send it,
 //!   and the bytes are shared with every other watcher of the change ([`SharedEvent::wire`]).
 //!
-//! [`ResourceApi`] routes these two here and every other method to the generated server.
+//! [`ResourceApi`] routes these three here and every other method to the generated server.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::BufMut as _;
 use proto::resource::v1::resource_service_server::ResourceServiceServer;
-use proto::resource::v1::{ListRequest, WatchListRequest};
+use proto::resource::v1::{ListRequest, ReadRequest, WatchListRequest};
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
@@ -25,19 +25,33 @@ use crate::storage::SharedEvent;
 #[derive(Debug, Default)]
 pub struct EncodedList(pub Vec<Vec<u8>>);
 
+/// A resource as stored.
+#[derive(Debug, Default)]
+pub struct EncodedRead(pub Vec<u8>);
+
+/// Field 1, wire type 2 (length-delimited): `ReadResponse.resource`, `ListResponse.resources`.
+const RESOURCE_TAG: u8 = 0x0a;
+
 /// An answer that writes its own encoding: the same bytes prost would write for the message
 /// it stands for.
 trait WireAnswer: Send + 'static {
-    fn write(self, dst: &mut EncodeBuf<'_>);
+    fn write<B: bytes::BufMut>(self, dst: &mut B);
+}
+
+impl WireAnswer for EncodedRead {
+    /// As a `ReadResponse`.
+    fn write<B: bytes::BufMut>(self, dst: &mut B) {
+        dst.put_u8(RESOURCE_TAG);
+        prost::encoding::encode_varint(self.0.len() as u64, dst);
+        dst.put_slice(&self.0);
+    }
 }
 
 impl WireAnswer for EncodedList {
-    /// As a `ListResponse`.
-    fn write(self, dst: &mut EncodeBuf<'_>) {
-        // Field 1, wire type 2 (length-delimited): each resource is one `resources` element.
-        const TAG: u8 = 0x0a;
+    /// As a `ListResponse`: each resource is one `resources` element.
+    fn write<B: bytes::BufMut>(self, dst: &mut B) {
         for resource in self.0 {
-            dst.put_u8(TAG);
+            dst.put_u8(RESOURCE_TAG);
             prost::encoding::encode_varint(resource.len() as u64, dst);
             dst.put_slice(&resource);
         }
@@ -46,7 +60,7 @@ impl WireAnswer for EncodedList {
 
 impl WireAnswer for SharedEvent {
     /// As a `WatchEvent`: the shared encoding, made by the first watcher that sends it.
-    fn write(self, dst: &mut EncodeBuf<'_>) {
+    fn write<B: bytes::BufMut>(self, dst: &mut B) {
         dst.put_slice(&super::read::wire_event(&self));
     }
 }
@@ -87,6 +101,19 @@ impl<A: WireAnswer, Q: prost::Message + Default + Send + 'static> Codec for Wire
     }
 }
 
+/// The Read handler over [`ResourceGrpc::read_encoded`].
+struct ReadEncoded(ResourceGrpc);
+
+impl tonic::server::UnaryService<ReadRequest> for ReadEncoded {
+    type Response = EncodedRead;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<EncodedRead>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<ReadRequest>) -> Self::Future {
+        let grpc = self.0.clone();
+        Box::pin(async move { grpc.read_encoded(request).await })
+    }
+}
+
 /// The List handler over [`ResourceGrpc::list_encoded`].
 struct ListEncoded(ResourceGrpc);
 
@@ -114,8 +141,8 @@ impl tonic::server::ServerStreamingService<WatchListRequest> for WatchShared {
     }
 }
 
-/// `resd.resource.v1.ResourceService`: List and WatchList through [`WireCodec`], the rest
-/// through the generated server.
+/// `resd.resource.v1.ResourceService`: Read, List and WatchList through [`WireCodec`], the
+/// rest through the generated server.
 #[derive(Debug, Clone)]
 pub struct ResourceApi {
     grpc: ResourceGrpc,
@@ -151,6 +178,16 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() == "/resd.resource.v1.ResourceService/Read" {
+            let handler = ReadEncoded(self.grpc.clone());
+            let max_decoding = self.max_decoding;
+            return Box::pin(async move {
+                let mut grpc =
+                    tonic::server::Grpc::new(WireCodec::<EncodedRead, ReadRequest>::new())
+                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
+                Ok(grpc.unary(handler, request).await)
+            });
+        }
         if request.uri().path() == "/resd.resource.v1.ResourceService/List" {
             let handler = ListEncoded(self.grpc.clone());
             let max_decoding = self.max_decoding;
@@ -183,6 +220,25 @@ mod tests {
 
     use crate::storage::conformance::Fixture;
     use crate::storage::{Operation, SharedEvent, WatchEvent};
+
+    #[test]
+    fn a_stored_resource_goes_on_the_wire_as_the_generated_read_and_list_answers_would() {
+        use super::{EncodedList, EncodedRead, WireAnswer};
+        let resource = Fixture::new().artist("wire");
+        let stored = resource.encode_to_vec();
+        let mut read = Vec::new();
+        EncodedRead(stored.clone()).write(&mut read);
+        let expected = pb::ReadResponse {
+            resource: Some(resource.clone()),
+        };
+        assert_eq!(read, expected.encode_to_vec());
+        let mut list = Vec::new();
+        EncodedList(vec![stored.clone(), stored]).write(&mut list);
+        let expected = pb::ListResponse {
+            resources: vec![resource.clone(), resource],
+        };
+        assert_eq!(list, expected.encode_to_vec());
+    }
 
     #[test]
     fn a_shared_event_goes_on_the_wire_as_the_generated_message_would() {

@@ -59,6 +59,23 @@ impl ResourceGrpc {
         Ok(Response::new(super::encoded::EncodedList(resources)))
     }
 
+    /// Read answered with the stored encoding (see `service::encoded`).
+    pub async fn read_encoded(
+        &self,
+        request: Request<ReadRequest>,
+    ) -> Result<Response<super::encoded::EncodedRead>, Status> {
+        let authorizer = self.authorizer(&request)?;
+        let consistency = consistency(&request)?;
+        let deadline = deadline(&request);
+        let resource = crate::storage::deadline::scope(
+            deadline,
+            self.service
+                .read_encoded(authorizer.as_ref(), consistency, request.into_inner()),
+        )
+        .await?;
+        Ok(Response::new(super::encoded::EncodedRead(resource)))
+    }
+
     /// WatchList with the events as the storage shares them (see `service::encoded`: the gRPC
     /// answer writes each event's shared encoding).
     pub async fn watch_shared(

@@ -58,6 +58,29 @@ struct Query {
     name_prefix: String,
 }
 
+/// What a Read answers when storage found nothing, another incarnation or another version.
+fn read_error(id: &Id, error: StorageError) -> Error {
+    match error {
+        StorageError::NotFound => Error::NotFound(format!("resource not found: {}", DisplayId(id))),
+        StorageError::GroupVersionMismatch { stored } => {
+            let stored_version = stored
+                .id
+                .and_then(|id| id.r#type)
+                .map(|t| t.group_version)
+                .unwrap_or_default();
+            let requested = id
+                .r#type
+                .as_ref()
+                .map(|t| t.group_version.clone())
+                .unwrap_or_default();
+            Error::invalid(format!(
+                "resource was requested with GroupVersion {requested:?}, but stored with GroupVersion {stored_version:?}"
+            ))
+        }
+        error => error.into(),
+    }
+}
+
 impl ResourceService {
     pub async fn read(
         &self,
@@ -65,6 +88,52 @@ impl ResourceService {
         consistency: Consistency,
         request: ReadRequest,
     ) -> Result<ReadResponse, Error> {
+        let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
+        let resource = self
+            .backend
+            .read(consistency, &id)
+            .await
+            .map_err(|error| read_error(&id, error))?;
+        if needs_resource {
+            (registration.acls.read)(authorizer, &id, Some(&resource))?;
+        }
+        Ok(ReadResponse {
+            resource: Some(resource),
+        })
+    }
+
+    /// [`ResourceService::read`] answered with the stored encoding of the resource (the
+    /// `resource` of a `ReadResponse`; see `service::encoded`): decoded only when the type's
+    /// read hook asks for the resource.
+    pub async fn read_encoded(
+        &self,
+        authorizer: &dyn Authorizer,
+        consistency: Consistency,
+        request: ReadRequest,
+    ) -> Result<Vec<u8>, Error> {
+        let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
+        let bytes = self
+            .backend
+            .read_encoded(consistency, &id)
+            .await
+            .map_err(|error| read_error(&id, error))?;
+        if needs_resource {
+            let resource =
+                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(|error| {
+                    Error::Internal(format!("a stored resource does not decode: {error}"))
+                })?;
+            (registration.acls.read)(authorizer, &id, Some(&resource))?;
+        }
+        Ok(bytes)
+    }
+
+    /// A Read's checks before storage: the id, the read hook (whether it needs the resource),
+    /// then the tenancy.
+    async fn prepare_read(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: ReadRequest,
+    ) -> Result<(Id, Arc<Registration>, bool), Error> {
         let (id, registration) = self.check_request_id(request.id, "id")?;
         // The ACL check comes before the tenancy check so that tenancy existence does not leak.
         let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
@@ -74,33 +143,7 @@ impl ResourceService {
         };
         let tenancy = id.tenancy.clone().unwrap_or_default();
         self.tenancy_state(registration.scope, &tenancy).await?;
-        let resource = match self.backend.read(consistency, &id).await {
-            Ok(resource) => resource,
-            Err(StorageError::NotFound) => {
-                return Err(Error::NotFound(format!(
-                    "resource not found: {}",
-                    DisplayId(&id)
-                )));
-            }
-            Err(StorageError::GroupVersionMismatch { stored }) => {
-                let stored_version = stored
-                    .id
-                    .and_then(|id| id.r#type)
-                    .map(|t| t.group_version)
-                    .unwrap_or_default();
-                let requested = id.r#type.map(|t| t.group_version).unwrap_or_default();
-                return Err(Error::invalid(format!(
-                    "resource was requested with GroupVersion {requested:?}, but stored with GroupVersion {stored_version:?}"
-                )));
-            }
-            Err(error) => return Err(error.into()),
-        };
-        if needs_resource {
-            (registration.acls.read)(authorizer, &id, Some(&resource))?;
-        }
-        Ok(ReadResponse {
-            resource: Some(resource),
-        })
+        Ok((id, registration, needs_resource))
     }
 
     /// Checks a List (`absent: Required`) or WatchList (`absent: Defaults`: every tenancy of
@@ -177,12 +220,6 @@ impl ResourceService {
         consistency: Consistency,
         request: ListRequest,
     ) -> Result<Vec<Vec<u8>>, Error> {
-        /// A resource's first field, its id; prost skips the rest without decoding it.
-        #[derive(Clone, PartialEq, prost::Message)]
-        struct IdOnly {
-            #[prost(message, optional, tag = "1")]
-            id: Option<Id>,
-        }
         let query = self.query(
             request.r#type,
             request.tenancy,
@@ -202,7 +239,7 @@ impl ResourceService {
         let read_acl = &query.registration.acls.read;
         let mut visible = Vec::with_capacity(encoded.len());
         for bytes in encoded {
-            let id = <IdOnly as prost::Message>::decode(bytes.as_slice())
+            let id = <crate::storage::IdOnly as prost::Message>::decode(bytes.as_slice())
                 .map_err(|error| {
                     Error::Internal(format!("a stored resource does not decode: {error}"))
                 })?

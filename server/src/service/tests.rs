@@ -151,18 +151,33 @@ impl Harness {
         self.read_as(&AllowAll, id).await
     }
 
+    /// Reads through `read` and `read_encoded` (the gRPC answer's path), which must agree.
     pub async fn read_as(&self, authorizer: &dyn Authorizer, id: &Id) -> Result<Resource, Error> {
+        let request = ReadRequest {
+            id: Some(id.clone()),
+        };
+        let encoded = self
+            .service
+            .read_encoded(authorizer, Consistency::Strong, request.clone())
+            .await;
         let response = self
             .service
-            .read(
-                authorizer,
-                Consistency::Strong,
-                ReadRequest {
-                    id: Some(id.clone()),
-                },
-            )
-            .await?;
-        Ok(response.resource.expect("read returns the resource"))
+            .read(authorizer, Consistency::Strong, request)
+            .await;
+        match (&response, &encoded) {
+            (Ok(response), Ok(bytes)) => assert_eq!(
+                Some(<Resource as prost::Message>::decode(bytes.as_slice()).expect("decodes")),
+                response.resource,
+                "read_encoded answers the resource read answers"
+            ),
+            (Err(read), Err(encoded)) => assert_eq!(
+                format!("{read:?}"),
+                format!("{encoded:?}"),
+                "read_encoded fails as read does"
+            ),
+            (read, encoded) => panic!("read gave {read:?}, read_encoded {encoded:?}"),
+        }
+        Ok(response?.resource.expect("read returns the resource"))
     }
 
     pub async fn delete(&self, id: &Id, version: &str) -> Result<(), Error> {
@@ -323,6 +338,13 @@ impl Backend for LosingBackend {
             self.tenancy_reads.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.read(consistency, id).await
+    }
+    async fn read_encoded(
+        &self,
+        consistency: Consistency,
+        id: &Id,
+    ) -> Result<Vec<u8>, StorageError> {
+        self.inner.read_encoded(consistency, id).await
     }
     async fn write_cas_as(
         &self,

@@ -176,6 +176,24 @@ async fn expect_read<B: Backend>(backend: &B, id: &Id, want_version: &str) -> Re
     .await
 }
 
+/// `read_encoded` answers what `read` answers: the same resource's encoding, or the same error.
+async fn expect_encoded_read_agrees<B: Backend>(backend: &B, id: &Id) {
+    let read = backend.read(Consistency::Strong, id).await;
+    let encoded = backend.read_encoded(Consistency::Strong, id).await;
+    match (read, encoded) {
+        (Ok(resource), Ok(bytes)) => assert_eq!(
+            <Resource as prost::Message>::decode(bytes.as_slice()).expect("decodes"),
+            resource
+        ),
+        (Err(StorageError::NotFound), Err(StorageError::NotFound)) => {}
+        (
+            Err(StorageError::GroupVersionMismatch { stored: read }),
+            Err(StorageError::GroupVersionMismatch { stored: encoded }),
+        ) => assert_eq!(read, encoded),
+        (read, encoded) => panic!("read gave {read:?}, read_encoded {encoded:?}"),
+    }
+}
+
 async fn expect_not_found<B: Backend>(backend: &B, id: &Id) {
     eventually("read after delete", || async {
         match backend.read(Consistency::Eventual, id).await {
@@ -244,6 +262,8 @@ pub async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {
         .await
         .expect("empty uid reads whatever is stored");
     assert_eq!(read, stored);
+    expect_encoded_read_agrees(backend, &id_of(&artist)).await;
+    expect_encoded_read_agrees(backend, &without_uid).await;
 }
 
 pub async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
@@ -253,6 +273,7 @@ pub async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
         .await
         .expect_err("missing");
     assert!(matches!(error, StorageError::NotFound), "{error:?}");
+    expect_encoded_read_agrees(backend, &id_of(&fixture.artist("nobody"))).await;
 }
 
 pub async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
@@ -267,6 +288,7 @@ pub async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
         .await
         .expect_err("other uid");
     assert!(matches!(error, StorageError::NotFound), "{error:?}");
+    expect_encoded_read_agrees(backend, &other).await;
 }
 
 pub async fn read_with_another_group_version_carries_the_stored_resource<B: Backend>(backend: &B) {
@@ -284,6 +306,7 @@ pub async fn read_with_another_group_version_carries_the_stored_resource<B: Back
         }
         other => panic!("expected GroupVersionMismatch, got {other:?}"),
     }
+    expect_encoded_read_agrees(backend, &v1).await;
 }
 
 pub async fn create_with_a_version_is_a_cas_failure<B: Backend>(backend: &B) {

@@ -85,6 +85,16 @@ impl Backend for InMemBackend {
         super::check_read(id, stored.clone())
     }
 
+    async fn read_encoded(
+        &self,
+        consistency: Consistency,
+        id: &Id,
+    ) -> Result<Vec<u8>, StorageError> {
+        self.read(consistency, id)
+            .await
+            .map(|resource| prost::Message::encode_to_vec(&resource))
+    }
+
     async fn write_cas_as(
         &self,
         resource: Resource,

@@ -513,6 +513,15 @@ impl Backend for RaftBackend {
         self.sm.read(id)
     }
 
+    async fn read_encoded(
+        &self,
+        consistency: Consistency,
+        id: &Id,
+    ) -> Result<Vec<u8>, StorageError> {
+        self.ready_to_read(consistency).await?;
+        self.sm.read_encoded(id)
+    }
+
     async fn write_cas_as(
         &self,
         resource: Resource,

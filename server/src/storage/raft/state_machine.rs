@@ -321,6 +321,22 @@ impl SmShared {
         crate::storage::check_read(id, stored)
     }
 
+    /// [`Self::read`] as stored (see [`crate::storage::Backend::read_encoded`]).
+    pub fn read_encoded(&self, id: &Id) -> Result<Vec<u8>, StorageError> {
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        let key = schema::resource_key(&StorageKey::of(id));
+        let Some(bytes) = sm
+            .dbs
+            .resources
+            .get(&rtxn, &key)
+            .map_err(storage_internal)?
+        else {
+            return Err(StorageError::NotFound);
+        };
+        crate::storage::check_read_encoded(id, bytes.to_vec())
+    }
+
     pub fn list(
         &self,
         resource_type: &UnversionedType,

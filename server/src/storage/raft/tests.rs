@@ -188,6 +188,13 @@ impl crate::storage::Backend for Member {
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
         (**self).read(consistency, id).await
     }
+    async fn read_encoded(
+        &self,
+        consistency: crate::storage::Consistency,
+        id: &proto::resource::v1::Id,
+    ) -> Result<Vec<u8>, crate::storage::StorageError> {
+        (**self).read_encoded(consistency, id).await
+    }
     async fn write_cas_as(
         &self,
         resource: proto::resource::v1::Resource,
