@@ -8,16 +8,19 @@
 //! wakes its reader. Measured on a follower serving reads at 64 clients: 2.0 `writev` per read,
 //! the second always 10 bytes (the trailers).
 //!
-//! [`Coalesced`] wraps a gRPC server's connection: what h2 writes is copied into a buffer, and
-//! the first flush after the buffer last went out is put off; the bytes leave at the next flush,
-//! before the next read, at shutdown, or once the buffer holds [`HIGH_WATER`] bytes. For a unary
-//! answer that is one write for headers, data and trailers. Writes of [`PASS_THROUGH`] bytes
-//! or more on an empty buffer are not copied (a list answer's 16 KiB frames go out as before).
+//! [`Coalesced`] wraps a gRPC server's connection: what h2 writes is copied into a buffer, and a
+//! flush that follows a chained write (h2 hands a chained DATA payload over as a second slice)
+//! is put off; the bytes leave at the next flush, before the next read, at shutdown, or once
+//! the buffer holds [`HIGH_WATER`] bytes. For a unary answer that is one write for headers, data
+//! and trailers. Any other flush writes at once (a small answer, a window update, a heartbeat's
+//! answer are not held back). Writes of [`PASS_THROUGH`] bytes or more on an empty buffer are not
+//! copied (a list answer's 16 KiB frames go out as before).
 //!
-//! Why nothing waits forever: h2 flushes at the end of every round of its connection task (when
-//! it has nothing more to send, and before it reads), so a put-off flush is followed by another
-//! flush or a read in the same round; and a put-off flush also wakes the task, so even a round
-//! that ended without either is followed by one that flushes.
+//! Why nothing waits forever: h2 flushes for room (a chained frame must be written before the
+//! next frame is queued) and then, in the same round of its connection task, flushes again when
+//! it has nothing more to queue, so a put-off flush is followed by another flush. A put-off
+//! flush also wakes the task, so even a round that ended after it (the last frame of a stream
+//! was chained) is followed by one that flushes.
 
 use std::io;
 use std::pin::Pin;
@@ -41,6 +44,9 @@ pub struct Coalesced<T> {
     /// Bytes accepted and not yet written; `buf[written..]` is what is left.
     buf: Vec<u8>,
     written: usize,
+    /// The last write carried a chained payload (two slices or more): h2 may be flushing only
+    /// to make room for more frames.
+    chained: bool,
     /// A flush was put off: the next flush writes.
     deferred: bool,
 }
@@ -51,6 +57,7 @@ impl<T> Coalesced<T> {
             io,
             buf: Vec::new(),
             written: 0,
+            chained: false,
             deferred: false,
         }
     }
@@ -97,8 +104,10 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
             std::task::ready!(self.poll_drain(cx))?;
         }
         if self.pending() == 0 && total >= PASS_THROUGH {
+            self.chained = false;
             return Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         }
+        self.chained = bufs.iter().filter(|b| !b.is_empty()).count() >= 2;
         if self.written > 0 {
             self.buf.drain(..self.written);
             self.written = 0;
@@ -154,7 +163,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
         if this.pending() == 0 {
             return Pin::new(&mut this.io).poll_flush(cx);
         }
-        if !this.deferred {
+        if this.chained && !this.deferred {
             this.deferred = true;
             cx.waker().wake_by_ref();
             return Poll::Ready(Ok(()));
@@ -265,6 +274,15 @@ mod tests {
         }
     }
 
+    /// A write as h2 makes it when a DATA payload is chained behind its buffer.
+    fn write_chained(io: &mut Coalesced<Recorder>, cx: &mut Context<'_>, head: &[u8], data: &[u8]) {
+        let slices = [io::IoSlice::new(head), io::IoSlice::new(data)];
+        match Pin::new(io).poll_write_vectored(cx, &slices) {
+            Poll::Ready(Ok(n)) => assert_eq!(n, head.len() + data.len()),
+            other => panic!("write not accepted: {other:?}"),
+        }
+    }
+
     fn flush(io: &mut Coalesced<Recorder>, cx: &mut Context<'_>) {
         assert!(matches!(Pin::new(io).poll_flush(cx), Poll::Ready(Ok(()))));
     }
@@ -274,9 +292,9 @@ mod tests {
         let (wakes, waker) = waker();
         let mut cx = Context::from_waker(&waker);
         let mut io = Coalesced::new(Recorder::default());
-        // What h2 does for a unary answer: headers and data, a flush to make room, the
+        // What h2 does for a unary answer: headers and chained data, a flush to make room, the
         // trailers, the flush that ends its round.
-        write(&mut io, &mut cx, b"headers+data");
+        write_chained(&mut io, &mut cx, b"headers", b"+data");
         flush(&mut io, &mut cx);
         assert!(io.get_ref().writes.is_empty(), "the first flush is put off");
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "and wakes the task");
@@ -288,6 +306,11 @@ mod tests {
         flush(&mut io, &mut cx);
         assert_eq!(io.get_ref().writes.len(), 1);
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        // A small answer (no chained payload) is written at its flush, not held back.
+        write(&mut io, &mut cx, b"small answer");
+        flush(&mut io, &mut cx);
+        assert_eq!(io.get_ref().writes[1], b"small answer".to_vec());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -295,14 +318,15 @@ mod tests {
         let (_, waker) = waker();
         let mut cx = Context::from_waker(&waker);
         let mut io = Coalesced::new(Recorder::default());
-        write(&mut io, &mut cx, b"answer");
+        write_chained(&mut io, &mut cx, b"ans", b"wer");
         flush(&mut io, &mut cx);
+        assert!(io.get_ref().writes.is_empty(), "put off");
         let mut space = [0u8; 16];
         let mut buf = ReadBuf::new(&mut space);
         assert!(Pin::new(&mut io).poll_read(&mut cx, &mut buf).is_pending());
         assert_eq!(io.get_ref().writes, vec![b"answer".to_vec()]);
 
-        write(&mut io, &mut cx, b"goaway");
+        write_chained(&mut io, &mut cx, b"go", b"away");
         flush(&mut io, &mut cx);
         assert!(matches!(
             Pin::new(&mut io).poll_shutdown(&mut cx),
@@ -359,8 +383,10 @@ mod tests {
                 .is_pending(),
             "the buffer is bounded: past the high water mark, writes wait for the socket"
         );
-        flush(&mut io, &mut cx);
-        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
+        assert!(
+            Pin::new(&mut io).poll_flush(&mut cx).is_pending(),
+            "a flush after a plain write writes, and waits for the socket"
+        );
         io.io.blocked = false;
         flush(&mut io, &mut cx);
         assert_eq!(io.get_ref().writes, vec![[small, part].concat()]);
