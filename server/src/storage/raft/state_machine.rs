@@ -306,35 +306,37 @@ impl SmShared {
     }
 
     pub fn read(&self, id: &Id) -> Result<Resource, StorageError> {
-        let sm = self.current();
-        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let key = schema::resource_key(&StorageKey::of(id));
-        let Some(bytes) = sm
-            .dbs
-            .resources
-            .get(&rtxn, &key)
-            .map_err(storage_internal)?
-        else {
-            return Err(StorageError::NotFound);
-        };
-        let stored = decode_resource(bytes)?;
-        crate::storage::check_read(id, stored)
+        self.with_stored(id, |bytes| {
+            crate::storage::check_read(id, decode_resource(bytes)?)
+        })
     }
 
     /// [`Self::read`] as stored (see [`crate::storage::Backend::read_encoded`]).
     pub fn read_encoded(&self, id: &Id) -> Result<Vec<u8>, StorageError> {
+        self.with_stored(id, |bytes| {
+            crate::storage::check_read_encoded(id, bytes.to_vec())
+        })
+    }
+
+    /// Runs `found` on what is stored under `id`'s name, inside one read transaction;
+    /// `NotFound` when nothing is.
+    fn with_stored<T>(
+        &self,
+        id: &Id,
+        found: impl FnOnce(&[u8]) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
         let key = schema::resource_key(&StorageKey::of(id));
-        let Some(bytes) = sm
+        match sm
             .dbs
             .resources
             .get(&rtxn, &key)
             .map_err(storage_internal)?
-        else {
-            return Err(StorageError::NotFound);
-        };
-        crate::storage::check_read_encoded(id, bytes.to_vec())
+        {
+            Some(bytes) => found(bytes),
+            None => Err(StorageError::NotFound),
+        }
     }
 
     pub fn list(
