@@ -132,3 +132,116 @@ fn storage_errors_map_to_the_codes_of_the_contract() {
         uid.message()
     );
 }
+
+/// A connection that counts the writes it is asked to make.
+struct CountingIo {
+    io: tokio::net::TcpStream,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tonic::transport::server::Connected for CountingIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for CountingIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountingIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Through a real tonic server and client: a Read answer (headers, data over 256 bytes, trailers)
+/// leaves a gathered connection in one write, and carries the stored resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answer_is_one_write_on_a_gathered_connection() {
+    use futures::StreamExt;
+    use proto::resource::v1::resource_service_client::ResourceServiceClient;
+    let h = harness().await;
+    let mut artist = artist("miles");
+    artist.metadata.insert("note".into(), "x".repeat(600));
+    let stored = h.write(artist).await.expect("artist");
+    let service = Arc::new(h.service);
+    let api = crate::service::encoded::ResourceApi::new(
+        ResourceGrpc::new(service, Arc::new(AclsDisabled)),
+        4 << 20,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let incoming = {
+        let writes = writes.clone();
+        tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |accepted| {
+            accepted.map(|io| {
+                io.set_nodelay(true).expect("nodelay");
+                crate::tls::Coalesced::new(CountingIo {
+                    io,
+                    writes: writes.clone(),
+                })
+            })
+        })
+    };
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(api)
+            .serve_with_incoming(incoming),
+    );
+    let mut client = ResourceServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let read = || ReadRequest {
+        id: Some(id_of(&stored)),
+    };
+    // The connection's opening (settings, acknowledgements) is not what is measured.
+    let first = client.read(read()).await.expect("read").into_inner();
+    assert_eq!(first.resource.as_ref(), Some(&stored));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let before = writes.load(Ordering::SeqCst);
+    const READS: usize = 20;
+    for _ in 0..READS {
+        let answer = client.read(read()).await.expect("read").into_inner();
+        assert_eq!(answer.resource.as_ref(), Some(&stored));
+    }
+    let made = writes.load(Ordering::SeqCst) - before;
+    assert_eq!(made, READS, "one write per answer");
+    server.abort();
+}
