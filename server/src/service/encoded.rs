@@ -178,39 +178,35 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        if request.uri().path() == "/resd.resource.v1.ResourceService/Read" {
-            let handler = ReadEncoded(self.grpc.clone());
-            let max_decoding = self.max_decoding;
-            return Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(WireCodec::<EncodedRead, ReadRequest>::new())
-                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
-                Ok(grpc.unary(handler, request).await)
-            });
+        let max = self.max_decoding;
+        match request.uri().path() {
+            "/resd.resource.v1.ResourceService/Read" => {
+                let handler = ReadEncoded(self.grpc.clone());
+                Box::pin(async move { Ok(wire_grpc(max).unary(handler, request).await) })
+            }
+            "/resd.resource.v1.ResourceService/List" => {
+                let handler = ListEncoded(self.grpc.clone());
+                Box::pin(async move { Ok(wire_grpc(max).unary(handler, request).await) })
+            }
+            "/resd.resource.v1.ResourceService/WatchList" => {
+                let handler = WatchShared(self.grpc.clone());
+                Box::pin(async move { Ok(wire_grpc(max).server_streaming(handler, request).await) })
+            }
+            _ => {
+                let mut generated = self.generated.clone();
+                Box::pin(async move { tower::Service::call(&mut generated, request).await })
+            }
         }
-        if request.uri().path() == "/resd.resource.v1.ResourceService/List" {
-            let handler = ListEncoded(self.grpc.clone());
-            let max_decoding = self.max_decoding;
-            return Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(WireCodec::<EncodedList, ListRequest>::new())
-                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
-                Ok(grpc.unary(handler, request).await)
-            });
-        }
-        if request.uri().path() == "/resd.resource.v1.ResourceService/WatchList" {
-            let handler = WatchShared(self.grpc.clone());
-            let max_decoding = self.max_decoding;
-            return Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(WireCodec::<SharedEvent, WatchListRequest>::new())
-                        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX));
-                Ok(grpc.server_streaming(handler, request).await)
-            });
-        }
-        let mut generated = self.generated.clone();
-        Box::pin(async move { tower::Service::call(&mut generated, request).await })
     }
+}
+
+/// A tonic handler of requests `Q` answering [`WireAnswer`]s `A`, with the server's limit on
+/// incoming messages (answers are as large as what is stored).
+fn wire_grpc<A: WireAnswer, Q: prost::Message + Default + Send + 'static>(
+    max_decoding: usize,
+) -> tonic::server::Grpc<WireCodec<A, Q>> {
+    tonic::server::Grpc::new(WireCodec::new())
+        .apply_max_message_size_config(Some(max_decoding), Some(usize::MAX))
 }
 
 #[cfg(test)]

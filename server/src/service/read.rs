@@ -58,6 +58,11 @@ struct Query {
     name_prefix: String,
 }
 
+/// A stored encoding that does not decode: the store is damaged there.
+fn undecodable(error: prost::DecodeError) -> Error {
+    Error::Internal(format!("a stored resource does not decode: {error}"))
+}
+
 /// What a Read answers when storage found nothing, another incarnation or another version.
 fn read_error(id: &Id, error: StorageError) -> Error {
     match error {
@@ -119,9 +124,7 @@ impl ResourceService {
             .map_err(|error| read_error(&id, error))?;
         if needs_resource {
             let resource =
-                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(|error| {
-                    Error::Internal(format!("a stored resource does not decode: {error}"))
-                })?;
+                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(undecodable)?;
             (registration.acls.read)(authorizer, &id, Some(&resource))?;
         }
         Ok(bytes)
@@ -203,9 +206,7 @@ impl ResourceService {
             .await?
             .iter()
             .map(|bytes| {
-                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(|error| {
-                    Error::Internal(format!("a stored resource does not decode: {error}"))
-                })
+                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(undecodable)
             })
             .collect::<Result<_, _>>()?;
         Ok(ListResponse { resources })
@@ -240,9 +241,7 @@ impl ResourceService {
         let mut visible = Vec::with_capacity(encoded.len());
         for bytes in encoded {
             let id = <crate::storage::IdOnly as prost::Message>::decode(bytes.as_slice())
-                .map_err(|error| {
-                    Error::Internal(format!("a stored resource does not decode: {error}"))
-                })?
+                .map_err(undecodable)?
                 .id
                 .unwrap_or_default();
             let same_version = id
@@ -255,11 +254,8 @@ impl ResourceService {
             let allowed = match read_acl(authorizer, &id, None) {
                 Ok(()) => true,
                 Err(AclError::NeedResource) => {
-                    let resource = <Resource as prost::Message>::decode(bytes.as_slice()).map_err(
-                        |error| {
-                            Error::Internal(format!("a stored resource does not decode: {error}"))
-                        },
-                    )?;
+                    let resource = <Resource as prost::Message>::decode(bytes.as_slice())
+                        .map_err(undecodable)?;
                     read_acl(authorizer, &id, Some(&resource)).is_ok()
                 }
                 Err(_) => false,
