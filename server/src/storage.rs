@@ -5,6 +5,7 @@
 //! tenancy rules. Resources are keyed without their group version: one stored object per
 //! (group, kind, partition, namespace, name), whatever version last wrote it.
 
+use std::ops::ControlFlow;
 use std::pin::Pin;
 
 use async_trait::async_trait;
@@ -366,17 +367,19 @@ pub trait Backend: Send + Sync + 'static {
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError>;
 
-    /// What [`Backend::list`] returns, each resource in its protobuf encoding: a backend that
-    /// stores encoded resources hands them over as they are (a List answers without decoding
-    /// and encoding every one). No default: a wrapper that forgot to forward it would quietly
-    /// decode and encode again.
+    /// What [`Backend::list`] returns, each resource in its protobuf encoding, handed to `sink`
+    /// in the same order: a backend that stores encoded resources hands them over as they are,
+    /// while it holds its read (a List answers without decoding and encoding every one, and
+    /// without a copy per resource). No default: a wrapper that forgot to forward it would
+    /// quietly decode and encode again.
     async fn list_encoded(
         &self,
         consistency: Consistency,
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError>;
+        sink: &mut dyn EncodedSink,
+    ) -> Result<(), StorageError>;
 
     /// The resources whose owner is `owner`, uid included (tenancy fields of `owner` may be `*`). Children outlive their owner here;
     /// cascading deletion is the reaper's job.
@@ -422,6 +425,21 @@ pub fn check_read(id: &Id, stored: Resource) -> Result<Resource, StorageError> {
         ReadRule::OtherVersion => Err(StorageError::GroupVersionMismatch {
             stored: Box::new(stored),
         }),
+    }
+}
+
+/// Where [`Backend::list_encoded`] hands the listed resources, one encoding at a time.
+pub trait EncodedSink: Send {
+    /// Takes the next resource's encoding (borrowed from the backend's read: copy what is
+    /// kept). `Break` ends the listing early; the sink keeps its own reason.
+    fn take(&mut self, encoded: &[u8]) -> ControlFlow<()>;
+}
+
+/// Collects every encoding (tests and small callers).
+impl EncodedSink for Vec<Vec<u8>> {
+    fn take(&mut self, encoded: &[u8]) -> ControlFlow<()> {
+        self.push(encoded.to_vec());
+        ControlFlow::Continue(())
     }
 }
 
@@ -511,9 +529,10 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        sink: &mut dyn EncodedSink,
+    ) -> Result<(), StorageError> {
         (**self)
-            .list_encoded(consistency, resource_type, tenancy, name_prefix)
+            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
             .await
     }
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

@@ -19,18 +19,12 @@ use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
 use super::grpc::{ResourceGrpc, SharedEventStream};
+use super::read::{EncodedList, RESOURCE_TAG};
 use crate::storage::SharedEvent;
-
-/// Encoded resources, each as stored.
-#[derive(Debug, Default)]
-pub struct EncodedList(pub Vec<Vec<u8>>);
 
 /// A resource as stored.
 #[derive(Debug, Default)]
 pub struct EncodedRead(pub Vec<u8>);
-
-/// Field 1, wire type 2 (length-delimited): `ReadResponse.resource`, `ListResponse.resources`.
-const RESOURCE_TAG: u8 = 0x0a;
 
 /// An answer that writes its own encoding: the same bytes prost would write for the message
 /// it stands for.
@@ -48,13 +42,9 @@ impl WireAnswer for EncodedRead {
 }
 
 impl WireAnswer for EncodedList {
-    /// As a `ListResponse`: each resource is one `resources` element.
+    /// Framed already (each resource is one `resources` element): one copy.
     fn write<B: bytes::BufMut>(self, dst: &mut B) {
-        for resource in self.0 {
-            dst.put_u8(RESOURCE_TAG);
-            prost::encoding::encode_varint(resource.len() as u64, dst);
-            dst.put_slice(&resource);
-        }
+        dst.put_slice(self.as_bytes());
     }
 }
 
@@ -229,7 +219,11 @@ mod tests {
         };
         assert_eq!(read, expected.encode_to_vec());
         let mut list = Vec::new();
-        EncodedList(vec![stored.clone(), stored]).write(&mut list);
+        let mut encoded = EncodedList::default();
+        encoded.push(&stored);
+        encoded.push(&stored);
+        assert_eq!(encoded.len(), 2);
+        encoded.write(&mut list);
         let expected = pb::ListResponse {
             resources: vec![resource.clone(), resource],
         };

@@ -46,17 +46,17 @@ impl ResourceGrpc {
     pub async fn list_encoded(
         &self,
         request: Request<ListRequest>,
-    ) -> Result<Response<super::encoded::EncodedList>, Status> {
+    ) -> Result<Response<super::read::EncodedList>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request);
-        let resources = crate::storage::deadline::scope(
+        let list = crate::storage::deadline::scope(
             deadline,
             self.service
                 .list_encoded(authorizer.as_ref(), consistency, request.into_inner()),
         )
         .await?;
-        Ok(Response::new(super::encoded::EncodedList(resources)))
+        Ok(Response::new(list))
     }
 
     /// Read answered with the stored encoding (see `service::encoded`).

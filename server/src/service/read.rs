@@ -201,26 +201,21 @@ impl ResourceService {
         consistency: Consistency,
         request: ListRequest,
     ) -> Result<ListResponse, Error> {
-        let resources = self
-            .list_encoded(authorizer, consistency, request)
+        self.list_encoded(authorizer, consistency, request)
             .await?
-            .iter()
-            .map(|bytes| {
-                <Resource as prost::Message>::decode(bytes.as_slice()).map_err(undecodable)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(ListResponse { resources })
+            .decode()
     }
 
     /// [`Self::list`] without decoding what needs no decoding: each resource stays in its
-    /// stored encoding; only its id is read (type version, ACL), and the whole resource only
-    /// for a type whose read hook needs it.
+    /// stored encoding, copied once from the backend's read into the answer; only its id is
+    /// read (type version, ACL), and the whole resource only for a type whose read hook needs
+    /// it.
     pub async fn list_encoded(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
         request: ListRequest,
-    ) -> Result<Vec<Vec<u8>>, Error> {
+    ) -> Result<EncodedList, Error> {
         let query = self.query(
             request.r#type,
             request.tenancy,
@@ -228,43 +223,26 @@ impl ResourceService {
             Absent::Required,
         )?;
         (query.registration.acls.list)(authorizer, &query.tenancy)?;
-        let encoded = self
-            .backend
+        let mut visible = VisibleList {
+            authorizer,
+            read_acl: &query.registration.acls.read,
+            group_version: &query.resource_type.group_version,
+            list: EncodedList::default(),
+            failed: None,
+        };
+        self.backend
             .list_encoded(
                 consistency,
                 &UnversionedType::of(&query.resource_type),
                 &query.tenancy,
                 &query.name_prefix,
+                &mut visible,
             )
             .await?;
-        let read_acl = &query.registration.acls.read;
-        let mut visible = Vec::with_capacity(encoded.len());
-        for bytes in encoded {
-            let id = <crate::storage::IdOnly as prost::Message>::decode(bytes.as_slice())
-                .map_err(undecodable)?
-                .id
-                .unwrap_or_default();
-            let same_version = id
-                .r#type
-                .as_ref()
-                .is_some_and(|t| t.group_version == query.resource_type.group_version);
-            if !same_version {
-                continue;
-            }
-            let allowed = match read_acl(authorizer, &id, None) {
-                Ok(()) => true,
-                Err(AclError::NeedResource) => {
-                    let resource = <Resource as prost::Message>::decode(bytes.as_slice())
-                        .map_err(undecodable)?;
-                    read_acl(authorizer, &id, Some(&resource)).is_ok()
-                }
-                Err(_) => false,
-            };
-            if allowed {
-                visible.push(bytes);
-            }
+        match visible.failed {
+            Some(error) => Err(error),
+            None => Ok(visible.list),
         }
-        Ok(visible)
     }
 
     pub async fn list_by_owner(
@@ -411,5 +389,93 @@ fn readable(read_acl: &ReadAcl, authorizer: &dyn Authorizer, resource: &Resource
     match &resource.id {
         Some(id) => read_acl(authorizer, id, Some(resource)).is_ok(),
         None => read_acl(authorizer, &Id::default(), Some(resource)).is_ok(),
+    }
+}
+
+/// A `ListResponse` as it goes on the wire: each listed resource as stored, behind the
+/// `resources` field's tag and its length (the bytes prost would write for the decoded list).
+#[derive(Debug, Default)]
+pub struct EncodedList {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+/// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
+pub(crate) const RESOURCE_TAG: u8 = 0x0a;
+
+impl EncodedList {
+    /// Appends one resource's encoding.
+    pub fn push(&mut self, resource: &[u8]) {
+        self.bytes.push(RESOURCE_TAG);
+        prost::encoding::encode_varint(resource.len() as u64, &mut self.bytes);
+        self.bytes.extend_from_slice(resource);
+        self.count += 1;
+    }
+
+    /// How many resources it holds.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The encoded `ListResponse`.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The list decoded.
+    pub fn decode(&self) -> Result<ListResponse, Error> {
+        <ListResponse as prost::Message>::decode(self.bytes.as_slice()).map_err(undecodable)
+    }
+}
+
+/// Keeps, framed, the listed resources of the asked group version that the caller may read;
+/// the first resource that does not decode ends the listing with its error.
+struct VisibleList<'a> {
+    authorizer: &'a dyn Authorizer,
+    read_acl: &'a ReadAcl,
+    group_version: &'a str,
+    list: EncodedList,
+    failed: Option<Error>,
+}
+
+impl VisibleList<'_> {
+    fn visible(&self, bytes: &[u8]) -> Result<bool, Error> {
+        let id = <crate::storage::IdOnly as prost::Message>::decode(bytes)
+            .map_err(undecodable)?
+            .id
+            .unwrap_or_default();
+        let same_version = id
+            .r#type
+            .as_ref()
+            .is_some_and(|t| t.group_version == self.group_version);
+        if !same_version {
+            return Ok(false);
+        }
+        Ok(match (self.read_acl)(self.authorizer, &id, None) {
+            Ok(()) => true,
+            Err(AclError::NeedResource) => {
+                let resource = <Resource as prost::Message>::decode(bytes).map_err(undecodable)?;
+                (self.read_acl)(self.authorizer, &id, Some(&resource)).is_ok()
+            }
+            Err(_) => false,
+        })
+    }
+}
+
+impl crate::storage::EncodedSink for VisibleList<'_> {
+    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
+        match self.visible(encoded) {
+            Ok(true) => self.list.push(encoded),
+            Ok(false) => {}
+            Err(error) => {
+                self.failed = Some(error);
+                return std::ops::ControlFlow::Break(());
+            }
+        }
+        std::ops::ControlFlow::Continue(())
     }
 }

@@ -380,9 +380,10 @@ impl Backend for LosingBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        sink: &mut dyn crate::storage::EncodedSink,
+    ) -> Result<(), StorageError> {
         self.inner
-            .list_encoded(consistency, resource_type, tenancy, name_prefix)
+            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
             .await
     }
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

@@ -220,10 +220,25 @@ async fn expect_list<B: Backend>(
             .map_err(|error| error.to_string())?;
         let got = names(&listed);
         // The encoded list is the same resources, in the same order.
-        let encoded = backend
-            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix)
+        let mut taken: Vec<Vec<u8>> = Vec::new();
+        backend
+            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, &mut taken)
             .await
-            .map_err(|error| error.to_string())?
+            .map_err(|error| error.to_string())?;
+        // A sink that breaks after the first resource gets only that one.
+        let mut first = FirstOnly(Vec::new());
+        backend
+            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, &mut first)
+            .await
+            .map_err(|error| error.to_string())?;
+        if first.0 != taken.iter().take(1).cloned().collect::<Vec<_>>() {
+            return Err(format!(
+                "list_encoded {tenancy:?} {prefix:?}: a sink that breaks after one resource got {} of {}",
+                first.0.len(),
+                taken.len()
+            ));
+        }
+        let encoded = taken
             .iter()
             .map(|bytes| <Resource as prost::Message>::decode(bytes.as_slice()))
             .collect::<Result<Vec<_>, _>>()
@@ -243,6 +258,16 @@ async fn expect_list<B: Backend>(
         }
     })
     .await;
+}
+
+/// Keeps the first encoding it is given, then stops the listing.
+struct FirstOnly(Vec<Vec<u8>>);
+
+impl crate::storage::EncodedSink for FirstOnly {
+    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
+        self.0.push(encoded.to_vec());
+        std::ops::ControlFlow::Break(())
+    }
 }
 
 pub async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {

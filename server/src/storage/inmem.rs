@@ -187,12 +187,19 @@ impl Backend for InMemBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        sink: &mut dyn crate::storage::EncodedSink,
+    ) -> Result<(), StorageError> {
         let state = self.lock();
-        Ok(matching(&state, resource_type, tenancy, name_prefix)
-            .iter()
-            .map(prost::Message::encode_to_vec)
-            .collect())
+        let mut encoded = Vec::new();
+        for resource in matching(&state, resource_type, tenancy, name_prefix) {
+            encoded.clear();
+            prost::Message::encode(&resource, &mut encoded)
+                .map_err(|error| StorageError::Internal(format!("encoding a resource: {error}")))?;
+            if sink.take(&encoded).is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

@@ -571,9 +571,11 @@ impl Backend for RaftBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        sink: &mut dyn crate::storage::EncodedSink,
+    ) -> Result<(), StorageError> {
         self.ready_to_read(consistency).await?;
-        self.sm.list_encoded(resource_type, tenancy, name_prefix)
+        self.sm
+            .list_encoded(resource_type, tenancy, name_prefix, sink)
     }
 
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

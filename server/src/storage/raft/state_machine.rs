@@ -8,6 +8,7 @@
 //! are published after the commit, under the lock that new watchers take to read their snapshot
 //! and subscribe, so a watcher sees each change exactly once.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -350,21 +351,20 @@ impl SmShared {
         scan(&sm, &rtxn, resource_type, tenancy, name_prefix)
     }
 
-    /// [`Self::list`] as stored: each resource's encoding, not decoded.
+    /// [`Self::list`] as stored: each resource's encoding, not decoded, handed to `sink`
+    /// straight from the read transaction.
     pub fn list_encoded(
         &self,
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        sink: &mut dyn crate::storage::EncodedSink,
+    ) -> Result<(), StorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let mut found = Vec::new();
         scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
-            found.push(bytes.to_vec());
-            Ok(())
-        })?;
-        Ok(found)
+            Ok(sink.take(bytes))
+        })
     }
 
     pub fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
@@ -468,20 +468,20 @@ fn scan(
     let mut found = Vec::new();
     scan_with(sm, rtxn, resource_type, tenancy, name_prefix, |bytes| {
         found.push(decode_resource(bytes)?);
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     Ok(found)
 }
 
 /// Hands `each` the stored encoding of every resource a list or watch query matches, in key
-/// order.
+/// order, until it says `Break`.
 fn scan_with(
     sm: &SmEnv,
     rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
     resource_type: &UnversionedType,
     tenancy: &Tenancy,
     name_prefix: &str,
-    mut each: impl FnMut(&[u8]) -> Result<(), StorageError>,
+    mut each: impl FnMut(&[u8]) -> Result<ControlFlow<()>, StorageError>,
 ) -> Result<(), StorageError> {
     let prefix = schema::resource_scan_prefix(
         &resource_type.group,
@@ -508,7 +508,9 @@ fn scan_with(
         {
             continue;
         }
-        each(bytes)?;
+        if each(bytes)?.is_break() {
+            break;
+        }
     }
     Ok(())
 }

@@ -227,9 +227,10 @@ impl crate::storage::Backend for Member {
         resource_type: &crate::storage::UnversionedType,
         tenancy: &proto::resource::v1::Tenancy,
         name_prefix: &str,
-    ) -> Result<Vec<Vec<u8>>, crate::storage::StorageError> {
+        sink: &mut dyn crate::storage::EncodedSink,
+    ) -> Result<(), crate::storage::StorageError> {
         (**self)
-            .list_encoded(consistency, resource_type, tenancy, name_prefix)
+            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
             .await
     }
     async fn list_by_owner(
