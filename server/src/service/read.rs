@@ -479,3 +479,69 @@ impl crate::storage::EncodedSink for VisibleList<'_> {
         std::ops::ControlFlow::Continue(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ops::ControlFlow;
+    use std::sync::Arc;
+
+    use prost::Message as _;
+
+    use super::{EncodedList, VisibleList};
+    use crate::acl::{AclError, AllowAll};
+    use crate::registry::ReadAcl;
+    use crate::storage::EncodedSink as _;
+    use crate::storage::conformance::Fixture;
+
+    #[test]
+    fn a_listing_keeps_the_asked_version_frames_it_and_stops_at_an_undecodable_resource() {
+        let fixture = Fixture::new();
+        let kept = fixture.artist("kept");
+        let mut other_version = fixture.artist("other-version");
+        if let Some(t) = other_version.id.as_mut().and_then(|id| id.r#type.as_mut()) {
+            t.group_version = "v999".into();
+        }
+        let denied = fixture.artist("denied");
+        let read_acl: ReadAcl = Arc::new(|_, id, _| {
+            if id.name == "denied" {
+                Err(AclError::PermissionDenied("no".into()))
+            } else {
+                Ok(())
+            }
+        });
+        let group_version = kept
+            .id
+            .as_ref()
+            .unwrap()
+            .r#type
+            .as_ref()
+            .unwrap()
+            .group_version
+            .clone();
+        let mut visible = VisibleList {
+            authorizer: &AllowAll,
+            read_acl: &read_acl,
+            group_version: &group_version,
+            list: EncodedList::default(),
+            failed: None,
+        };
+        for resource in [&kept, &other_version, &denied] {
+            assert_eq!(
+                visible.take(&resource.encode_to_vec()),
+                ControlFlow::Continue(())
+            );
+        }
+        assert_eq!(visible.take(b"\x0a\xff"), ControlFlow::Break(()));
+        assert!(
+            visible
+                .failed
+                .as_ref()
+                .is_some_and(|e| e.to_string().contains("does not decode")),
+            "{:?}",
+            visible.failed
+        );
+        assert_eq!(visible.list.len(), 1);
+        let decoded = visible.list.decode().expect("the framed list decodes");
+        assert_eq!(decoded.resources, vec![kept]);
+    }
+}
