@@ -341,7 +341,7 @@ impl RaftBackend {
         };
         let dropped = || {
             Err(StorageError::Inconsistent(
-                "the read-index round was dropped (shutting down)".into(),
+                "the read-index round ended without an answer (this node is shutting down)".into(),
             ))
         };
         let deadline = crate::storage::deadline::bounded(self.forward_timeout);

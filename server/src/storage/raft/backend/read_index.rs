@@ -53,7 +53,7 @@ impl<T: Clone + Send + 'static> RoundBatcher<T> {
     /// The outcome of a round of `round` that starts after this call. `round` is used only when
     /// this call starts the rounds (none is under way); the rounds run in their own task, so a
     /// caller that gives up does not stop them for the others. `dropped` answers if the rounds'
-    /// task went away without answering (the runtime shutting down).
+    /// task went away without answering (a panic in `round`, the runtime shutting down).
     pub(super) async fn join<F, Fut>(&self, round: F, dropped: impl FnOnce() -> T) -> T
     where
         F: Fn() -> Fut + Send + 'static,
@@ -80,22 +80,35 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = T>,
 {
-    // Whatever ends this task (a panic in `round`, the runtime dropping it), the next caller
-    // must be able to start rounds again.
-    struct Running<'a, T>(&'a Mutex<Rounds<T>>);
+    // Whatever else ends this task (a panic in `round`, the runtime dropping it), the next
+    // caller must be able to start rounds again.
+    struct Running<'a, T> {
+        rounds: &'a Mutex<Rounds<T>>,
+        ended: bool,
+    }
     impl<T> Drop for Running<'_, T> {
         fn drop(&mut self) {
-            let mut rounds = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if self.ended {
+                return;
+            }
+            let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
             rounds.running = false;
             // Waiting callers see their senders dropped and get `dropped()`.
             rounds.waiting.clear();
         }
     }
-    let _running = Running(&rounds);
+    let mut running = Running {
+        rounds: &rounds,
+        ended: false,
+    };
     loop {
         let batch = {
             let mut rounds = rounds.lock().unwrap_or_else(|p| p.into_inner());
             if rounds.waiting.is_empty() {
+                // Under the same lock that found nobody waiting: a caller that comes after
+                // sees no round under way and starts the next one itself.
+                rounds.running = false;
+                running.ended = true;
                 return;
             }
             std::mem::take(&mut rounds.waiting)
@@ -156,6 +169,29 @@ mod tests {
         assert_eq!(rounds.load(Ordering::SeqCst), 2);
         // Idle again: the next caller starts a new round.
         assert_eq!(batcher.join(round, || 0).await, 3);
+    }
+
+    /// The rounds' task ends when it finds nobody waiting; a caller that arrives just then must
+    /// start the next round or be answered, never be dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_caller_arriving_as_the_rounds_end_is_answered() {
+        let batcher = RoundBatcher::<u32>::default();
+        let round = || async { 1 };
+        let mut dropped = 0;
+        for _ in 0..2_000 {
+            let callers: Vec<_> = (0..4)
+                .map(|_| {
+                    let batcher = batcher.clone();
+                    tokio::spawn(async move { batcher.join(round, || 0).await })
+                })
+                .collect();
+            for caller in callers {
+                if caller.await.expect("joined") == 0 {
+                    dropped += 1;
+                }
+            }
+        }
+        assert_eq!(dropped, 0, "callers answered as dropped");
     }
 
     #[tokio::test]
