@@ -29,6 +29,12 @@ pub struct EncodedRead(pub Vec<u8>);
 /// An answer that writes its own encoding: the same bytes prost would write for the message
 /// it stands for.
 trait WireAnswer: Send + 'static {
+    /// How many bytes [`WireAnswer::write`] will write, if known (room is made for them at
+    /// once), else 0.
+    fn encoded_len(&self) -> usize {
+        0
+    }
+
     fn write<B: bytes::BufMut>(self, dst: &mut B);
 }
 
@@ -42,9 +48,15 @@ impl WireAnswer for EncodedRead {
 }
 
 impl WireAnswer for EncodedList {
+    fn encoded_len(&self) -> usize {
+        EncodedList::encoded_len(self)
+    }
+
     /// Framed already (each resource is one `resources` element): one copy.
     fn write<B: bytes::BufMut>(self, dst: &mut B) {
-        dst.put_slice(self.as_bytes());
+        for chunk in self.chunks() {
+            dst.put_slice(chunk);
+        }
     }
 }
 
@@ -71,6 +83,7 @@ impl<A: WireAnswer> Encoder for WireEncoder<A> {
     type Error = Status;
 
     fn encode(&mut self, item: A, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.reserve(item.encoded_len());
         item.write(dst);
         Ok(())
     }

@@ -394,21 +394,41 @@ fn readable(read_acl: &ReadAcl, authorizer: &dyn Authorizer, resource: &Resource
 
 /// A `ListResponse` as it goes on the wire: each listed resource as stored, behind the
 /// `resources` field's tag and its length (the bytes prost would write for the decoded list).
+/// Held in chunks of about [`LIST_CHUNK`] bytes (a resource never spans two), so a long list
+/// never reallocates and copies what it already holds, whatever the allocator.
 #[derive(Debug, Default)]
 pub struct EncodedList {
-    bytes: Vec<u8>,
+    chunks: Vec<Vec<u8>>,
+    bytes: usize,
     count: usize,
 }
 
 /// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
 pub(crate) const RESOURCE_TAG: u8 = 0x0a;
 
+/// The size an [`EncodedList`] chunk is given (a larger resource gets a chunk of its own size).
+const LIST_CHUNK: usize = 1 << 20;
+
 impl EncodedList {
     /// Appends one resource's encoding.
     pub fn push(&mut self, resource: &[u8]) {
-        self.bytes.push(RESOURCE_TAG);
-        prost::encoding::encode_varint(resource.len() as u64, &mut self.bytes);
-        self.bytes.extend_from_slice(resource);
+        let framed =
+            1 + prost::encoding::encoded_len_varint(resource.len() as u64) + resource.len();
+        let room = self
+            .chunks
+            .last()
+            .is_some_and(|chunk| chunk.capacity() - chunk.len() >= framed);
+        if !room {
+            // A small list stays small: each new chunk is four times what the list holds, up
+            // to LIST_CHUNK, and never less than the resource.
+            let size = (4 * self.bytes.max(framed)).min(LIST_CHUNK).max(framed);
+            self.chunks.push(Vec::with_capacity(size));
+        }
+        let chunk = self.chunks.last_mut().expect("a chunk with room");
+        chunk.push(RESOURCE_TAG);
+        prost::encoding::encode_varint(resource.len() as u64, chunk);
+        chunk.extend_from_slice(resource);
+        self.bytes += framed;
         self.count += 1;
     }
 
@@ -421,14 +441,24 @@ impl EncodedList {
         self.count == 0
     }
 
-    /// The encoded `ListResponse`.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
+    /// The length of the encoded `ListResponse`.
+    pub fn encoded_len(&self) -> usize {
+        self.bytes
+    }
+
+    /// The encoded `ListResponse`, in pieces to be written one after the other.
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        self.chunks.iter().map(Vec::as_slice)
     }
 
     /// The list decoded.
     pub fn decode(&self) -> Result<ListResponse, Error> {
-        <ListResponse as prost::Message>::decode(self.bytes.as_slice()).map_err(undecodable)
+        let mut list = ListResponse::default();
+        for chunk in self.chunks() {
+            // Each chunk holds whole `resources` elements: a `ListResponse` of its own.
+            <ListResponse as prost::Message>::merge(&mut list, chunk).map_err(undecodable)?;
+        }
+        Ok(list)
     }
 }
 
@@ -541,7 +571,48 @@ mod tests {
             visible.failed
         );
         assert_eq!(visible.list.len(), 1);
+        let kept_len = kept.encoded_len();
+        assert_eq!(
+            visible.list.encoded_len(),
+            1 + prost::encoding::encoded_len_varint(kept_len as u64) + kept_len
+        );
         let decoded = visible.list.decode().expect("the framed list decodes");
         assert_eq!(decoded.resources, vec![kept]);
+    }
+
+    #[test]
+    fn a_list_in_many_chunks_is_the_same_list_prost_would_encode() {
+        use proto::resource::v1::ListResponse;
+
+        let fixture = Fixture::new();
+        let mut resources = Vec::new();
+        for i in 0..3_000 {
+            let mut resource = fixture.artist(&format!("artist-{i:05}"));
+            resource.metadata.insert("bio".into(), "x".repeat(i % 700));
+            resources.push(resource);
+        }
+        // One larger than a chunk, between the others.
+        resources[1_500]
+            .metadata
+            .insert("payload".into(), "y".repeat(3 << 20));
+        let mut list = EncodedList::default();
+        for resource in &resources {
+            list.push(&resource.encode_to_vec());
+        }
+        assert!(list.chunks().count() > 3, "several chunks");
+        assert!(
+            list.chunks()
+                .all(|chunk| ListResponse::decode(chunk).is_ok()),
+            "no resource spans two chunks"
+        );
+        let expected = ListResponse {
+            resources: resources.clone(),
+        }
+        .encode_to_vec();
+        let written: Vec<u8> = list.chunks().flatten().copied().collect();
+        assert_eq!(list.encoded_len(), expected.len());
+        assert!(written == expected, "the chunks are prost's encoding");
+        assert_eq!(list.len(), resources.len());
+        assert!(list.decode().expect("decodes").resources == resources);
     }
 }
