@@ -29,12 +29,6 @@ pub struct EncodedRead(pub Vec<u8>);
 /// An answer that writes its own encoding: the same bytes prost would write for the message
 /// it stands for.
 trait WireAnswer: Send + 'static {
-    /// How many bytes [`WireAnswer::write`] will write, if known (room is made for them at
-    /// once), else 0.
-    fn encoded_len(&self) -> usize {
-        0
-    }
-
     fn write<B: bytes::BufMut>(self, dst: &mut B);
 }
 
@@ -44,19 +38,6 @@ impl WireAnswer for EncodedRead {
         dst.put_u8(RESOURCE_TAG);
         prost::encoding::encode_varint(self.0.len() as u64, dst);
         dst.put_slice(&self.0);
-    }
-}
-
-impl WireAnswer for EncodedList {
-    fn encoded_len(&self) -> usize {
-        EncodedList::encoded_len(self)
-    }
-
-    /// Framed already (each resource is one `resources` element): one copy.
-    fn write<B: bytes::BufMut>(self, dst: &mut B) {
-        for chunk in self.chunks() {
-            dst.put_slice(chunk);
-        }
     }
 }
 
@@ -83,7 +64,6 @@ impl<A: WireAnswer> Encoder for WireEncoder<A> {
     type Error = Status;
 
     fn encode(&mut self, item: A, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.reserve(item.encoded_len());
         item.write(dst);
         Ok(())
     }
@@ -114,19 +94,6 @@ impl tonic::server::UnaryService<ReadRequest> for ReadEncoded {
     fn call(&mut self, request: Request<ReadRequest>) -> Self::Future {
         let grpc = self.0.clone();
         Box::pin(async move { grpc.read_encoded(request).await })
-    }
-}
-
-/// The List handler over [`ResourceGrpc::list_encoded`].
-struct ListEncoded(ResourceGrpc);
-
-impl tonic::server::UnaryService<ListRequest> for ListEncoded {
-    type Response = EncodedList;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<EncodedList>, Status>> + Send>>;
-
-    fn call(&mut self, request: Request<ListRequest>) -> Self::Future {
-        let grpc = self.0.clone();
-        Box::pin(async move { grpc.list_encoded(request).await })
     }
 }
 
@@ -188,8 +155,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
                 Box::pin(async move { Ok(wire_grpc(max).unary(handler, request).await) })
             }
             "/resd.resource.v1.ResourceService/List" => {
-                let handler = ListEncoded(self.grpc.clone());
-                Box::pin(async move { Ok(wire_grpc(max).unary(handler, request).await) })
+                let grpc = self.grpc.clone();
+                Box::pin(async move { Ok(list_unary(grpc, max, request).await) })
             }
             "/resd.resource.v1.ResourceService/WatchList" => {
                 let handler = WatchShared(self.grpc.clone());
@@ -200,6 +167,144 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
                 Box::pin(async move { tower::Service::call(&mut generated, request).await })
             }
         }
+    }
+}
+
+/// The bytes before every gRPC message: a compression flag and the message's length.
+const GRPC_HEADER: usize = 5;
+
+/// List, answered without tonic's encoder: the framed chunks of an [`EncodedList`] go to
+/// HTTP/2 as they are, behind the gRPC message header, so a long list is neither copied again
+/// nor gathered into one buffer as large as itself. Errors answer as tonic would (a
+/// trailers-only response).
+async fn list_unary(
+    grpc: ResourceGrpc,
+    max_decoding: usize,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    match list_answer(grpc, max_decoding, request).await {
+        Ok(response) => response,
+        Err(status) => status.into_http(),
+    }
+}
+
+async fn list_answer(
+    grpc: ResourceGrpc,
+    max_decoding: usize,
+    request: http::Request<tonic::body::Body>,
+) -> Result<http::Response<tonic::body::Body>, Status> {
+    let (parts, body) = request.into_parts();
+    let message: ListRequest = unary_message(body, max_decoding).await?;
+    let request = Request::from_parts(
+        tonic::metadata::MetadataMap::from_headers(parts.headers),
+        parts.extensions,
+        message,
+    );
+    let (metadata, list, _) = grpc.list_encoded(request).await?.into_parts();
+    let mut response = http::Response::new(tonic::body::Body::new(ListBody::new(list)?));
+    *response.headers_mut() = metadata.into_headers();
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    Ok(response)
+}
+
+/// The one message of a unary gRPC request, at most `max` bytes, uncompressed.
+async fn unary_message<M: prost::Message + Default>(
+    body: tonic::body::Body,
+    max: usize,
+) -> Result<M, Status> {
+    use http_body_util::BodyExt as _;
+    let too_large = || {
+        Status::out_of_range(format!(
+            "the request is larger than the server's limit of {max} bytes"
+        ))
+    };
+    let bytes = http_body_util::Limited::new(body, max.saturating_add(GRPC_HEADER))
+        .collect()
+        .await
+        .map_err(|error| {
+            if error.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            match error.downcast::<Status>() {
+                Ok(status) => *status,
+                Err(error) => Status::internal(format!("reading the request: {error}")),
+            }
+        })?
+        .to_bytes();
+    let Some((header, rest)) = bytes.split_first_chunk::<GRPC_HEADER>() else {
+        return Err(Status::internal("the request carries no message"));
+    };
+    if header[0] != 0 {
+        return Err(Status::unimplemented(
+            "compressed requests are not supported by this server: send the message uncompressed",
+        ));
+    }
+    let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if length > max {
+        return Err(too_large());
+    }
+    if rest.len() != length {
+        return Err(Status::internal(format!(
+            "a unary request carries one whole message: the header says {length} bytes, {} follow",
+            rest.len()
+        )));
+    }
+    M::decode(rest)
+        .map_err(|error| Status::internal(format!("the request does not decode: {error}")))
+}
+
+/// A List answer's body: the gRPC message header, the list's chunks, then `grpc-status: 0`.
+struct ListBody {
+    pending: std::collections::VecDeque<bytes::Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl ListBody {
+    fn new(list: EncodedList) -> Result<ListBody, Status> {
+        let length = u32::try_from(list.encoded_len()).map_err(|_| {
+            Status::resource_exhausted(format!(
+                "the list is {} bytes, over the 4 GiB a gRPC message can hold: list a narrower name prefix",
+                list.encoded_len()
+            ))
+        })?;
+        let mut header = Vec::with_capacity(GRPC_HEADER);
+        header.push(0);
+        header.extend_from_slice(&length.to_be_bytes());
+        let mut pending = std::collections::VecDeque::new();
+        pending.push_back(bytes::Bytes::from(header));
+        pending.extend(list.into_chunks().map(bytes::Bytes::from));
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        Ok(ListBody {
+            pending,
+            trailers: Some(trailers),
+        })
+    }
+}
+
+impl http_body::Body for ListBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        if let Some(chunk) = self.pending.pop_front() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        Poll::Ready(
+            self.trailers
+                .take()
+                .map(|t| Ok(http_body::Frame::trailers(t))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_empty() && self.trailers.is_none()
     }
 }
 
@@ -220,9 +325,11 @@ mod tests {
     use crate::storage::conformance::Fixture;
     use crate::storage::{Operation, SharedEvent, WatchEvent};
 
-    #[test]
-    fn a_stored_resource_goes_on_the_wire_as_the_generated_read_and_list_answers_would() {
-        use super::{EncodedList, EncodedRead, WireAnswer};
+    #[tokio::test]
+    async fn a_stored_resource_goes_on_the_wire_as_the_generated_read_and_list_answers_would() {
+        use http_body_util::BodyExt as _;
+
+        use super::{EncodedList, EncodedRead, ListBody, WireAnswer};
         let resource = Fixture::new().artist("wire");
         let stored = resource.encode_to_vec();
         let mut read = Vec::new();
@@ -231,16 +338,79 @@ mod tests {
             resource: Some(resource.clone()),
         };
         assert_eq!(read, expected.encode_to_vec());
-        let mut list = Vec::new();
+
+        // A list body: the gRPC message header, the ListResponse, then `grpc-status: 0`.
         let mut encoded = EncodedList::default();
         encoded.push(&stored);
         encoded.push(&stored);
         assert_eq!(encoded.len(), 2);
-        encoded.write(&mut list);
+        let collected = ListBody::new(encoded)
+            .expect("a small list")
+            .collect()
+            .await
+            .expect("the body");
+        let trailers = collected.trailers().cloned().expect("trailers");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..])
+        );
+        let bytes = collected.to_bytes();
         let expected = pb::ListResponse {
             resources: vec![resource.clone(), resource],
+        }
+        .encode_to_vec();
+        assert_eq!(bytes[0], 0, "uncompressed");
+        assert_eq!(
+            u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize,
+            expected.len()
+        );
+        assert_eq!(&bytes[5..], expected.as_slice());
+    }
+
+    #[tokio::test]
+    async fn a_unary_request_is_one_whole_uncompressed_message_within_the_limit() {
+        use super::unary_message;
+        let body = |bytes: Vec<u8>| {
+            tonic::body::Body::new(http_body_util::Full::new(bytes::Bytes::from(bytes)))
         };
-        assert_eq!(list, expected.encode_to_vec());
+        let framed = |flag: u8, message: &[u8], extra: &[u8]| {
+            let mut bytes = vec![flag];
+            bytes.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(message);
+            bytes.extend_from_slice(extra);
+            bytes
+        };
+        let request = pb::ListRequest {
+            name_prefix: "miles".into(),
+            ..Default::default()
+        };
+        let message = request.encode_to_vec();
+        let decoded: pb::ListRequest = unary_message(body(framed(0, &message, b"")), 1024)
+            .await
+            .expect("one message");
+        assert_eq!(decoded, request);
+        let code =
+            |result: Result<pb::ListRequest, tonic::Status>| result.expect_err("refused").code();
+        assert_eq!(
+            code(unary_message(body(framed(1, &message, b"")), 1024).await),
+            tonic::Code::Unimplemented,
+            "compressed"
+        );
+        assert_eq!(
+            code(unary_message(body(framed(0, &message, b"\0")), 1024).await),
+            tonic::Code::Internal,
+            "bytes after the message"
+        );
+        assert_eq!(
+            code(unary_message(body(message[..3].to_vec()), 1024).await),
+            tonic::Code::Internal,
+            "no whole header"
+        );
+        assert_eq!(
+            code(unary_message(body(framed(0, &message, b"")), 4).await),
+            tonic::Code::OutOfRange,
+            "over the limit"
+        );
     }
 
     #[test]

@@ -451,6 +451,11 @@ impl EncodedList {
         self.chunks.iter().map(Vec::as_slice)
     }
 
+    /// [`EncodedList::chunks`], handed over.
+    pub fn into_chunks(self) -> impl Iterator<Item = Vec<u8>> {
+        self.chunks.into_iter()
+    }
+
     /// The list decoded.
     pub fn decode(&self) -> Result<ListResponse, Error> {
         let mut list = ListResponse::default();

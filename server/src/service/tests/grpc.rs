@@ -245,3 +245,74 @@ async fn a_read_answer_is_one_write_on_a_gathered_connection() {
     assert_eq!(made, READS, "one write per answer");
     server.abort();
 }
+
+/// Through a real tonic server and client: a List answer of several chunks (a few MiB) is the
+/// list the service holds, in order; a bad request and an oversized one answer with tonic's
+/// statuses; metadata in (the consistency header) is honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_list_goes_out_in_chunks_and_arrives_whole() {
+    use futures::StreamExt;
+    use proto::resource::v1::resource_service_client::ResourceServiceClient;
+    let h = harness().await;
+    for i in 0..2_500 {
+        let mut artist = artist(&format!("artist-{i:05}"));
+        artist.metadata.insert("note".into(), "x".repeat(1_000));
+        h.write(artist).await.expect("artist");
+    }
+    let expected = h
+        .list("demo.v2.Artist", tenancy("default", "default"), "")
+        .await
+        .expect("list");
+    assert_eq!(expected.len(), 2_500);
+    let service = Arc::new(h.service);
+    let api = crate::service::encoded::ResourceApi::new(
+        ResourceGrpc::new(service, Arc::new(AclsDisabled)),
+        1 << 10,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+        .map(|accepted| accepted.map(crate::tls::Coalesced::new));
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(api)
+            .serve_with_incoming(incoming),
+    );
+    let mut client = ResourceServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+        .max_decoding_message_size(64 << 20);
+    let list = |name_prefix: &str| ListRequest {
+        r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
+        tenancy: Some(tenancy("default", "default")),
+        name_prefix: name_prefix.into(),
+    };
+    let mut request = Request::new(list(""));
+    request
+        .metadata_mut()
+        .insert(CONSISTENCY_HEADER, "consistent".parse().expect("ascii"));
+    let answer = client.list(request).await.expect("list").into_inner();
+    assert!(answer.resources == expected, "the whole list, in order");
+    let some = client
+        .list(list("artist-001"))
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(some.resources.len(), 100);
+    // No type: the service's InvalidArgument, as a status.
+    let status = client
+        .list(ListRequest::default())
+        .await
+        .expect_err("no type");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    // Over the server's 1 KiB limit on requests.
+    let status = client
+        .list(list(&"a".repeat(2_000)))
+        .await
+        .expect_err("too large");
+    assert_eq!(status.code(), Code::OutOfRange, "{status}");
+    assert!(status.message().contains("limit"), "{status}");
+    server.abort();
+}
