@@ -3,7 +3,8 @@
 //! - `ResourceService/Read` and `ResourceService/List`: the stored encodings go to the wire as
 //!   they are. A `ReadResponse` is `Resource resource = 1` and a `ListResponse` is `repeated
 //!   Resource resources = 1`, so their encodings are each resource's bytes behind a field tag
-//!   and a length; the answer is the same bytes the generated handler would send.
+//!   and a length; the answer is the same bytes the generated handler would send. A List
+//!   answer bypasses tonic's encoder ([`list_unary`]): its chunks go to HTTP/2 uncopied.
 //! - `ResourceService/WatchList`: each event is encoded once, by the first watcher to send it,
 //!   and the bytes are shared with every other watcher of the change ([`SharedEvent::wire`]).
 //!
