@@ -244,39 +244,15 @@ impl ResourceService {
             || (scope == Scope::Any && !tenancy.partition.is_empty());
         let needs_namespace =
             scope == Scope::Namespace || (scope == Scope::Any && !tenancy.namespace.is_empty());
+        let units = [
+            needs_partition.then(|| tenancy_units::UnitKey::partition(&tenancy.partition)),
+            needs_namespace
+                .then(|| tenancy_units::UnitKey::namespace(&tenancy.partition, &tenancy.namespace)),
+        ];
         let mut state = TenancyState::Active;
-        if needs_partition {
-            let key = tenancy_units::UnitKey {
-                partition: tenancy.partition.clone(),
-                namespace: String::new(),
-            };
-            match self
-                .tenancy_unit_marked(&builtin::partition_id(&tenancy.partition), key)
-                .await?
-            {
-                None => {
-                    return Err(Error::NotFound(format!(
-                        "partition not found: {:?}",
-                        tenancy.partition
-                    )));
-                }
-                Some(true) => state = TenancyState::MarkedForDeletion,
-                Some(false) => {}
-            }
-        }
-        if needs_namespace {
-            let key = tenancy_units::UnitKey {
-                partition: tenancy.partition.clone(),
-                namespace: tenancy.namespace.clone(),
-            };
-            let id = builtin::namespace_id(&tenancy.partition, &tenancy.namespace);
-            match self.tenancy_unit_marked(&id, key).await? {
-                None => {
-                    return Err(Error::NotFound(format!(
-                        "namespace not found: {:?} in partition {:?}",
-                        tenancy.namespace, tenancy.partition
-                    )));
-                }
+        for unit in units.iter().flatten() {
+            match self.tenancy_unit_marked(unit).await? {
+                None => return Err(Error::NotFound(unit.missing())),
                 Some(true) => state = TenancyState::MarkedForDeletion,
                 Some(false) => {}
             }
@@ -284,22 +260,20 @@ impl ResourceService {
         Ok(state)
     }
 
-    /// Whether a partition or namespace (`id`, known as `key`) is marked for deletion; `None`
-    /// when it does not exist. Answered from [`tenancy_units::TenancyUnits`] while nothing of
-    /// the tenancy group changed on this node since the unit was read.
+    /// Whether a partition or namespace is marked for deletion; `None` when it does not exist.
+    /// Answered from [`tenancy_units::TenancyUnits`] while nothing of the tenancy group changed
+    /// on this node since the unit was read.
     async fn tenancy_unit_marked(
         &self,
-        id: &Id,
-        key: tenancy_units::UnitKey,
+        key: &tenancy_units::UnitKey,
     ) -> Result<Option<bool>, Error> {
-        let group = id.r#type.as_ref().map_or("", |t| t.group.as_str());
-        let stamp = self.backend.group_stamp(group);
+        let stamp = self.backend.group_stamp(builtin::TENANCY_GROUP);
         if let Some(stamp) = stamp
-            && let Some(marked) = self.tenancy_units.get(&key, stamp)
+            && let Some(marked) = self.tenancy_units.get(key, stamp)
         {
             return Ok(Some(marked));
         }
-        let Some(unit) = self.read_tenancy_unit(id).await? else {
+        let Some(unit) = self.read_tenancy_unit(&key.id()).await? else {
             return Ok(None);
         };
         let marked = resource::is_marked_for_deletion(&unit);

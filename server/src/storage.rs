@@ -450,12 +450,14 @@ pub struct IdOnly {
     pub id: Option<Id>,
 }
 
+/// A stored encoding that does not decode: the store is damaged there.
+pub fn undecodable(error: prost::DecodeError) -> StorageError {
+    StorageError::Internal(format!("a stored resource does not decode: {error}"))
+}
+
 /// [`check_read`] on a stored encoding: only the id is decoded (the whole resource only to
 /// carry it in `GroupVersionMismatch`).
 pub fn check_read_encoded(id: &Id, stored: Vec<u8>) -> Result<Vec<u8>, StorageError> {
-    let undecodable = |error: prost::DecodeError| {
-        StorageError::Internal(format!("a stored resource does not decode: {error}"))
-    };
     let stored_id = <IdOnly as prost::Message>::decode(stored.as_slice())
         .map_err(undecodable)?
         .id

@@ -70,11 +70,6 @@ static METHODS: LazyLock<HashMap<String, Method>> = LazyLock::new(|| {
 });
 
 /// What is unknown is `other`: a client cannot grow the label sets.
-#[cfg(test)]
-fn method_of(path: &str) -> Method {
-    METHODS.get(path).cloned().unwrap_or_else(other_method)
-}
-
 fn other_method() -> Method {
     Method {
         service: "other".into(),
@@ -346,6 +341,8 @@ mod tests {
 
     #[test]
     fn methods_come_from_the_descriptors_and_everything_else_is_other() {
+        let metrics = GrpcMetrics::new(HistogramFamily::new_with_constructor(histogram));
+        let method_of = |path: &str| metrics.series(path).method.clone();
         let write = method_of("/resd.resource.v1.ResourceService/Write");
         assert_eq!(
             (write.service.as_str(), write.name.as_str(), write.streaming),

@@ -93,11 +93,14 @@ pub fn tombstone_id(deleted: &Id) -> Id {
     }
 }
 
+/// The group of `Partition` and `Namespace`.
+pub const TENANCY_GROUP: &str = "tenancy";
+
 pub fn partition_id(name: &str) -> Id {
     Id {
         uid: String::new(),
         name: name.to_owned(),
-        r#type: Some(resource::new_type("tenancy", "v1", "Partition")),
+        r#type: Some(resource::new_type(TENANCY_GROUP, "v1", "Partition")),
         tenancy: Some(Default::default()),
     }
 }
@@ -106,7 +109,7 @@ pub fn namespace_id(partition: &str, name: &str) -> Id {
     Id {
         uid: String::new(),
         name: name.to_owned(),
-        r#type: Some(resource::new_type("tenancy", "v1", "Namespace")),
+        r#type: Some(resource::new_type(TENANCY_GROUP, "v1", "Namespace")),
         tenancy: Some(proto::resource::v1::Tenancy {
             partition: partition.to_owned(),
             namespace: String::new(),

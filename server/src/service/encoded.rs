@@ -20,7 +20,7 @@ use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
 use super::grpc::{ResourceGrpc, SharedEventStream};
-use super::read::{EncodedList, RESOURCE_TAG};
+use super::read::{EncodedList, put_resource_field};
 use crate::storage::SharedEvent;
 
 /// A resource as stored.
@@ -36,9 +36,7 @@ trait WireAnswer: Send + 'static {
 impl WireAnswer for EncodedRead {
     /// As a `ReadResponse`.
     fn write<B: bytes::BufMut>(self, dst: &mut B) {
-        dst.put_u8(RESOURCE_TAG);
-        prost::encoding::encode_varint(self.0.len() as u64, dst);
-        dst.put_slice(&self.0);
+        put_resource_field(dst, &self.0);
     }
 }
 
@@ -390,28 +388,38 @@ mod tests {
             .await
             .expect("one message");
         assert_eq!(decoded, request);
-        let code =
-            |result: Result<pb::ListRequest, tonic::Status>| result.expect_err("refused").code();
-        assert_eq!(
-            code(unary_message(body(framed(1, &message, b"")), 1024).await),
-            tonic::Code::Unimplemented,
-            "compressed"
-        );
-        assert_eq!(
-            code(unary_message(body(framed(0, &message, b"\0")), 1024).await),
-            tonic::Code::Internal,
-            "bytes after the message"
-        );
-        assert_eq!(
-            code(unary_message(body(message[..3].to_vec()), 1024).await),
-            tonic::Code::Internal,
-            "no whole header"
-        );
-        assert_eq!(
-            code(unary_message(body(framed(0, &message, b"")), 4).await),
-            tonic::Code::OutOfRange,
-            "over the limit"
-        );
+        let refused = [
+            (
+                framed(1, &message, b""),
+                1024,
+                tonic::Code::Unimplemented,
+                "compressed",
+            ),
+            (
+                framed(0, &message, b"\0"),
+                1024,
+                tonic::Code::Internal,
+                "bytes after it",
+            ),
+            (
+                message[..3].to_vec(),
+                1024,
+                tonic::Code::Internal,
+                "no whole header",
+            ),
+            (
+                framed(0, &message, b""),
+                4,
+                tonic::Code::OutOfRange,
+                "over the limit",
+            ),
+        ];
+        for (bytes, limit, code, case) in refused {
+            let status = unary_message::<pb::ListRequest>(body(bytes), limit)
+                .await
+                .expect_err(case);
+            assert_eq!(status.code(), code, "{case}: {status}");
+        }
     }
 
     #[test]

@@ -60,7 +60,7 @@ struct Query {
 
 /// A stored encoding that does not decode: the store is damaged there.
 fn undecodable(error: prost::DecodeError) -> Error {
-    Error::Internal(format!("a stored resource does not decode: {error}"))
+    crate::storage::undecodable(error).into()
 }
 
 /// What a Read answers when storage found nothing, another incarnation or another version.
@@ -404,7 +404,15 @@ pub struct EncodedList {
 }
 
 /// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
-pub(crate) const RESOURCE_TAG: u8 = 0x0a;
+const RESOURCE_TAG: u8 = 0x0a;
+
+/// Writes a resource's encoding as field 1 of its message (`ListResponse.resources`,
+/// `ReadResponse.resource`): the tag, the length, the bytes.
+pub(crate) fn put_resource_field<B: bytes::BufMut>(dst: &mut B, resource: &[u8]) {
+    dst.put_u8(RESOURCE_TAG);
+    prost::encoding::encode_varint(resource.len() as u64, dst);
+    dst.put_slice(resource);
+}
 
 /// The size an [`EncodedList`] chunk is given (a larger resource gets a chunk of its own size).
 const LIST_CHUNK: usize = 1 << 20;
@@ -425,9 +433,7 @@ impl EncodedList {
             self.chunks.push(Vec::with_capacity(size));
         }
         let chunk = self.chunks.last_mut().expect("a chunk with room");
-        chunk.push(RESOURCE_TAG);
-        prost::encoding::encode_varint(resource.len() as u64, chunk);
-        chunk.extend_from_slice(resource);
+        put_resource_field(chunk, resource);
         self.bytes += framed;
         self.count += 1;
     }

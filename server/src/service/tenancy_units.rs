@@ -12,6 +12,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use proto::resource::v1::Id;
+
+use crate::registry::builtin;
+
 /// Units remembered at most; past it everything is forgotten (a cluster with this many
 /// partitions and namespaces in use at once re-reads them).
 const MAX_UNITS: usize = 4096;
@@ -21,6 +25,43 @@ const MAX_UNITS: usize = 4096;
 pub(super) struct UnitKey {
     pub partition: String,
     pub namespace: String,
+}
+
+impl UnitKey {
+    pub fn partition(partition: &str) -> UnitKey {
+        UnitKey {
+            partition: partition.to_owned(),
+            namespace: String::new(),
+        }
+    }
+
+    pub fn namespace(partition: &str, namespace: &str) -> UnitKey {
+        UnitKey {
+            partition: partition.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// The id of the `Partition` or `Namespace` resource that is this unit.
+    pub fn id(&self) -> Id {
+        if self.namespace.is_empty() {
+            builtin::partition_id(&self.partition)
+        } else {
+            builtin::namespace_id(&self.partition, &self.namespace)
+        }
+    }
+
+    /// What a request in this unit is told when it does not exist.
+    pub fn missing(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("partition not found: {:?}", self.partition)
+        } else {
+            format!(
+                "namespace not found: {:?} in partition {:?}",
+                self.namespace, self.partition
+            )
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -40,12 +81,12 @@ impl TenancyUnits {
     }
 
     /// Remembers a unit found by a read that started when the stamp was `stamp`.
-    pub fn found(&self, key: UnitKey, stamp: u64, marked: bool) {
+    pub fn found(&self, key: &UnitKey, stamp: u64, marked: bool) {
         let mut units = self.units.lock().unwrap_or_else(|p| p.into_inner());
-        if units.len() >= MAX_UNITS && !units.contains_key(&key) {
+        if units.len() >= MAX_UNITS && !units.contains_key(key) {
             units.clear();
         }
-        units.insert(key, (stamp, marked));
+        units.insert(key.clone(), (stamp, marked));
     }
 }
 
@@ -54,9 +95,10 @@ mod tests {
     use super::*;
 
     fn key(partition: &str, namespace: &str) -> UnitKey {
-        UnitKey {
-            partition: partition.into(),
-            namespace: namespace.into(),
+        if namespace.is_empty() {
+            UnitKey::partition(partition)
+        } else {
+            UnitKey::namespace(partition, namespace)
         }
     }
 
@@ -64,8 +106,8 @@ mod tests {
     fn an_answer_holds_only_for_the_stamp_it_was_read_under() {
         let units = TenancyUnits::default();
         assert_eq!(units.get(&key("default", ""), 3), None);
-        units.found(key("default", ""), 3, false);
-        units.found(key("default", "team"), 3, true);
+        units.found(&key("default", ""), 3, false);
+        units.found(&key("default", "team"), 3, true);
         assert_eq!(units.get(&key("default", ""), 3), Some(false));
         assert_eq!(units.get(&key("default", "team"), 3), Some(true));
         assert_eq!(units.get(&key("default", ""), 4), None, "the stamp moved");
@@ -76,7 +118,7 @@ mod tests {
     fn the_memory_is_bounded() {
         let units = TenancyUnits::default();
         for n in 0..MAX_UNITS + 10 {
-            units.found(key(&format!("p{n}"), ""), 1, false);
+            units.found(&key(&format!("p{n}"), ""), 1, false);
         }
         let kept = units.units.lock().expect("lock").len();
         assert!(kept <= MAX_UNITS, "{kept}");

@@ -188,43 +188,66 @@ impl tokio::io::AsyncWrite for CountingIo {
     }
 }
 
-/// Through a real tonic server and client: a Read answer (headers, data over 256 bytes, trailers)
-/// leaves a gathered connection in one write, and carries the stored resource.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_answer_is_one_write_on_a_gathered_connection() {
+/// Serves `service` as the resource API (ACLs off, requests up to `max_decoding` bytes) on a
+/// free loopback port, each accepted connection wrapped by `wrap` and then gathered
+/// ([`crate::tls::Coalesced`]), as the agent serves it.
+async fn serve_api<IO>(
+    service: ResourceService,
+    max_decoding: usize,
+    wrap: impl Fn(tokio::net::TcpStream) -> IO + Send + 'static,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+)
+where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+{
     use futures::StreamExt;
-    use proto::resource::v1::resource_service_client::ResourceServiceClient;
-    let h = harness().await;
-    let mut artist = artist("miles");
-    artist.metadata.insert("note".into(), "x".repeat(600));
-    let stored = h.write(artist).await.expect("artist");
-    let service = Arc::new(h.service);
     let api = crate::service::encoded::ResourceApi::new(
-        ResourceGrpc::new(service, Arc::new(AclsDisabled)),
-        4 << 20,
+        ResourceGrpc::new(Arc::new(service), Arc::new(AclsDisabled)),
+        max_decoding,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("address");
-    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let incoming = {
-        let writes = writes.clone();
-        tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |accepted| {
-            accepted.map(|io| {
-                io.set_nodelay(true).expect("nodelay");
-                crate::tls::Coalesced::new(CountingIo {
-                    io,
-                    writes: writes.clone(),
-                })
-            })
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |accepted| {
+        accepted.map(|io| {
+            io.set_nodelay(true).expect("nodelay");
+            crate::tls::Coalesced::new(wrap(io))
         })
-    };
+    });
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(api)
             .serve_with_incoming(incoming),
     );
+    (addr, server)
+}
+
+/// Through a real tonic server and client: a Read answer (headers, data over 256 bytes, trailers)
+/// leaves a gathered connection in one write, and carries the stored resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answer_is_one_write_on_a_gathered_connection() {
+    use proto::resource::v1::resource_service_client::ResourceServiceClient;
+    let h = harness().await;
+    let mut artist = artist("miles");
+    artist.metadata.insert("note".into(), "x".repeat(600));
+    let stored = h.write(artist).await.expect("artist");
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (addr, server) = {
+        let writes = writes.clone();
+        serve_api(h.service, 4 << 20, move |io| CountingIo {
+            io,
+            writes: writes.clone(),
+        })
+        .await
+    };
     let mut client = ResourceServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -251,7 +274,6 @@ async fn a_read_answer_is_one_write_on_a_gathered_connection() {
 /// statuses; metadata in (the consistency header) is honoured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_list_goes_out_in_chunks_and_arrives_whole() {
-    use futures::StreamExt;
     use proto::resource::v1::resource_service_client::ResourceServiceClient;
     let h = harness().await;
     for i in 0..2_500 {
@@ -264,22 +286,7 @@ async fn a_long_list_goes_out_in_chunks_and_arrives_whole() {
         .await
         .expect("list");
     assert_eq!(expected.len(), 2_500);
-    let service = Arc::new(h.service);
-    let api = crate::service::encoded::ResourceApi::new(
-        ResourceGrpc::new(service, Arc::new(AclsDisabled)),
-        1 << 10,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("address");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
-        .map(|accepted| accepted.map(crate::tls::Coalesced::new));
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(api)
-            .serve_with_incoming(incoming),
-    );
+    let (addr, server) = serve_api(h.service, 1 << 10, |io| io).await;
     let mut client = ResourceServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect")
