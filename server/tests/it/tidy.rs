@@ -17,7 +17,8 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name();
-        if name == "target" || name.to_string_lossy().starts_with('.') {
+        // `vendor/` is third-party code, kept as its authors wrote it.
+        if name == "target" || name == "vendor" || name.to_string_lossy().starts_with('.') {
             continue;
         }
         if path.is_dir() {

@@ -63,6 +63,9 @@ pub struct LogStats {
     pub committed: AtomicU64,
     /// Where commit durations go, once the node has its metrics.
     pub metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
+    /// Held (write-locked) by a test, keeps the writer from committing: a disk that stalls.
+    #[cfg(test)]
+    pub(crate) stall: tokio::sync::RwLock<()>,
 }
 
 /// What readers see beyond the disk: entries queued but not yet committed, the latest flushed
@@ -293,8 +296,12 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            #[cfg(test)]
+            let stalled = self.stats.stall.blocking_read();
             let started = std::time::Instant::now();
             let result = write_batch(&self.env, &self.dbs, &batch);
+            #[cfg(test)]
+            drop(stalled);
             if let Some(metrics) = self.stats.metrics.get() {
                 metrics.synced("log", started.elapsed().as_secs_f64());
             }

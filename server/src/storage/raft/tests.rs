@@ -392,6 +392,61 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
     assert_eq!(replayed, expected);
 }
 
+/// A leader sends its entries to the followers while it writes them itself (the patched
+/// openraft, vendor/README.md): with the leader's log writer stalled, a write still commits on
+/// the followers' copies and is applied on the leader; the leader's own copy lands once its disk
+/// moves again, and only then does it count itself (a write the followers alone cannot carry
+/// would wait for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_commits_on_its_followers_while_its_own_log_write_stalls() {
+    use std::sync::atomic::Ordering;
+
+    use crate::storage::{Backend, Consistency};
+
+    let member = Member::leader_of_three().await;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let stats = member.log_stats();
+    let commits = stats.commits.load(Ordering::Relaxed);
+    let stalled = stats.stall.write().await;
+    let written = tokio::time::timeout(
+        Duration::from_secs(20),
+        member.write_cas(fixture.artist("while-the-leader-syncs")),
+    )
+    .await
+    .expect("the write committed on the followers while the leader's log write stalled")
+    .expect("write");
+    assert_eq!(
+        stats.commits.load(Ordering::Relaxed),
+        commits,
+        "the leader's log has not committed meanwhile"
+    );
+    let read = member
+        .read(Consistency::Eventual, written.id.as_ref().expect("id"))
+        .await
+        .expect("applied on the leader");
+    assert_eq!(read.version, written.version);
+
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stats.commits.load(Ordering::Relaxed) == commits {
+        assert!(
+            Instant::now() < deadline,
+            "the leader's log never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The leader's own progress moved: with a follower gone, the leader and the other follower
+    // still commit.
+    member.cluster.nodes[2].shutdown().await;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        member.write_cas(fixture.artist("after-the-stall")),
+    )
+    .await
+    .expect("a write with one follower gone commits on the leader and the other")
+    .expect("write");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writes_to_one_resource_in_a_batch_follow_cas() {
     use crate::storage::{Backend, StorageError};

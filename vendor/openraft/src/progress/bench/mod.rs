@@ -1,0 +1,1 @@
+mod vec_progress_update;

@@ -1,0 +1,1 @@
+mod is_quorum;
