@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use openraft::storage::RaftStateMachine;
 use proto::resource::v1::{Id, Resource, Tenancy, Type};
+use server::storage::WriteCondition;
 use server::storage::raft::op::{Change, Op, RequestId, Tagged};
 use server::storage::raft::state_machine::StateMachineStore;
 use server::storage::raft::types::{Command, Entry, LogId};
@@ -47,7 +48,10 @@ fn entries(count: usize, with_ids: bool) -> Vec<Entry> {
             let changes = (0..CHANGES_PER_ENTRY)
                 .map(|n| Tagged {
                     request_id: with_ids.then(RequestId::new),
-                    change: Change::Write(resource(format!("a-{index}-{n}"))),
+                    change: Change::Write(
+                        resource(format!("a-{index}-{n}")),
+                        WriteCondition::Version,
+                    ),
                     actor: "controller/bench".into(),
                 })
                 .collect();

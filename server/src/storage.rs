@@ -20,6 +20,20 @@ pub mod events;
 pub mod inmem;
 pub mod raft;
 
+/// What a write requires of the stored resource.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WriteCondition {
+    /// Compare-and-swap: the stored version is the write's `version` (empty: nothing is stored).
+    #[default]
+    Version,
+    /// A blind write merged from the stored resource at the write's `version`: also accepted
+    /// over a later version of the same resource (same uid) whose owner, statuses and
+    /// finalizers are still the ones the write carries and that neither is marked for deletion —
+    /// everything the service's merge took from the stored resource, so storing it is what a
+    /// retry of the blind write would store.
+    Merged,
+}
+
 /// How fresh a read must be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Consistency {
@@ -343,6 +357,17 @@ pub trait Backend: Send + Sync + 'static {
     async fn write_cas_as(&self, resource: Resource, actor: &str)
     -> Result<Resource, StorageError>;
 
+    /// A blind write the service merged from the stored resource at `resource.version`: as
+    /// [`Backend::write_cas_as`], and also stored over a later version of the same resource when
+    /// nothing the merge took from the stored one has changed since
+    /// ([`WriteCondition::Merged`]). Concurrent blind writes to one resource then all land
+    /// (in log order) instead of retrying each lost race.
+    async fn write_merged_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError>;
+
     /// Deletes the resource if `version` matches. Missing resource or other uid: `Ok`, nothing
     /// deleted. `actor` as for [`Backend::write_cas_as`].
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError>;
@@ -510,6 +535,13 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         actor: &str,
     ) -> Result<Resource, StorageError> {
         (**self).write_cas_as(resource, actor).await
+    }
+    async fn write_merged_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        (**self).write_merged_as(resource, actor).await
     }
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
         (**self).delete_cas_as(id, version, actor).await

@@ -324,6 +324,15 @@ impl LosingBackend {
         self.cas_failures.store(count, Ordering::SeqCst);
     }
 
+    /// Counts a write and fails it while losses are left.
+    fn count_write(&self) -> Result<(), StorageError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        if self.lose() {
+            return Err(StorageError::CasFailure);
+        }
+        Ok(())
+    }
+
     fn lose(&self) -> bool {
         self.cas_failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -351,11 +360,16 @@ impl Backend for LosingBackend {
         resource: Resource,
         actor: &str,
     ) -> Result<Resource, StorageError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        if self.lose() {
-            return Err(StorageError::CasFailure);
-        }
+        self.count_write()?;
         self.inner.write_cas_as(resource, actor).await
+    }
+    async fn write_merged_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        self.count_write()?;
+        self.inner.write_merged_as(resource, actor).await
     }
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
         if self.lose() {

@@ -229,7 +229,15 @@ impl ResourceService {
                     input_id.uid = existing_id.uid.clone();
                 }
                 input.generation = new_ulid();
-                let stored = match self.backend.write_cas_as(input, &prepared.actor).await {
+                // A blind update may land over a later version too, as long as nothing merged
+                // above from the stored resource changed (storage checks): concurrent blind
+                // writers of one resource then do not retry each lost race.
+                let written = if blind {
+                    self.backend.write_merged_as(input, &prepared.actor).await
+                } else {
+                    self.backend.write_cas_as(input, &prepared.actor).await
+                };
+                let stored = match written {
                     // Deleted and recreated since the read: a lost race, not the client's uid.
                     Err(StorageError::WrongUid) if id.uid.is_empty() => {
                         return Err(Error::CasFailed(format!(

@@ -1,15 +1,16 @@
 //! The rules every backend applies to a change, written once: what can be stored at all
 //! ([`check_storable`], also run on every path into the raft log and on restored and installed
-//! snapshots) and the compare-and-swap checks ([`check_write`], [`check_delete`]).
+//! snapshots) and the compare-and-swap checks ([`check_write`] with [`merge_still_holds`], [`check_delete`]).
 //!
 //! These are storage rules, not API rules: they know names, keys and sizes, not registered types
 //! or hooks. The resource service checks much more before it writes; these make sure that
 //! whatever still arrives (from a peer, a snapshot file, a bug) is refused with a clear error
 //! instead of failing inside the store.
 
+use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY};
 use proto::resource::v1::{Id, Resource};
 
-use super::{StorageError, StorageKey};
+use super::{StorageError, StorageKey, WriteCondition};
 use crate::resource;
 
 /// The longest key any backend must store: LMDB's default maximum key size.
@@ -159,8 +160,13 @@ fn uid_of(resource: &Resource) -> &str {
 }
 
 /// The compare-and-swap check of a write: `incoming.version` must be the stored version (empty:
-/// nothing may be stored), and the uid is compared first.
-pub fn check_write(existing: Option<&Resource>, incoming: &Resource) -> Result<(), StorageError> {
+/// nothing may be stored), and the uid is compared first. A [`WriteCondition::Merged`] write is
+/// also accepted over another version when [`merge_still_holds`].
+pub fn check_write(
+    existing: Option<&Resource>,
+    incoming: &Resource,
+    condition: WriteCondition,
+) -> Result<(), StorageError> {
     let incoming_uid = incoming
         .id
         .as_ref()
@@ -168,10 +174,38 @@ pub fn check_write(existing: Option<&Resource>, incoming: &Resource) -> Result<(
         .unwrap_or_default();
     match existing {
         Some(existing) if uid_of(existing) != incoming_uid => Err(StorageError::WrongUid),
-        Some(existing) if existing.version != incoming.version => Err(StorageError::CasFailure),
+        Some(existing)
+            if existing.version != incoming.version
+                && !(condition == WriteCondition::Merged
+                    && merge_still_holds(existing, incoming)) =>
+        {
+            Err(StorageError::CasFailure)
+        }
         None if !incoming.version.is_empty() => Err(StorageError::CasFailure),
         _ => Ok(()),
     }
+}
+
+/// Whether `stored` still has everything a blind write's merge took from the resource it read
+/// (its owner, statuses and finalizers; the uid is checked before), and neither is marked for
+/// deletion (the service checks such writes against the stored resource field by field).
+pub fn merge_still_holds(stored: &Resource, incoming: &Resource) -> bool {
+    let finalizers = |r: &Resource| r.metadata.get(FINALIZERS_KEY).cloned();
+    let marked = |r: &Resource| r.metadata.contains_key(DELETION_TIMESTAMP_KEY);
+    !marked(stored)
+        && !marked(incoming)
+        && stored.owner == incoming.owner
+        && stored.status == incoming.status
+        && finalizers(stored) == finalizers(incoming)
+}
+
+/// The uid of the resource's owner, if it names one (the owner index's key).
+pub fn owner_uid(resource: &Resource) -> Option<&str> {
+    resource
+        .owner
+        .as_ref()
+        .map(|owner| owner.uid.as_str())
+        .filter(|uid| !uid.is_empty())
 }
 
 /// What a delete does to what is stored.

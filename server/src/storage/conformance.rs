@@ -31,6 +31,7 @@ macro_rules! conformance_tests {
             create_with_a_version_is_a_cas_failure,
             update_with_a_stale_version_is_a_cas_failure,
             update_with_the_current_version_stores_a_new_version,
+            a_merged_write_lands_over_a_later_version_until_a_status_changes,
             write_over_another_uid_is_wrong_uid_even_with_the_right_version,
             write_with_another_group_version_replaces_the_stored_object,
             delete_with_a_stale_version_is_a_cas_failure,
@@ -381,6 +382,47 @@ pub async fn update_with_the_current_version_stores_a_new_version<B: Backend>(ba
     assert_eq!(second.metadata["k"], "v");
     let read = expect_read(backend, &id_of(&first), &second.version).await;
     assert_eq!(read, second);
+}
+
+pub async fn a_merged_write_lands_over_a_later_version_until_a_status_changes<B: Backend>(
+    backend: &B,
+) {
+    let fixture = Fixture::new();
+    let first = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    // Two blind writes merged from `first`: the one that lands second still lands.
+    let mut one = first.clone();
+    one.metadata.insert("writer".into(), "one".into());
+    let mut two = first.clone();
+    two.metadata.insert("writer".into(), "two".into());
+    let one = backend.write_merged_as(one, "").await.expect("first merge");
+    let two = backend
+        .write_merged_as(two, "")
+        .await
+        .expect("second merge over the first one's version");
+    assert_ne!(two.version, one.version);
+    assert_eq!(two.metadata["writer"], "two");
+    expect_read(backend, &id_of(&first), &two.version).await;
+    // A compare-and-swap from `first` does not land over them.
+    let error = backend
+        .write_cas(first.clone())
+        .await
+        .expect_err("stale CAS");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    // A status written since: the merge would drop it, so it does not land.
+    let mut with_status = two.clone();
+    with_status
+        .status
+        .insert("reconciled".into(), Default::default());
+    let with_status = backend.write_cas(with_status).await.expect("status");
+    let error = backend
+        .write_merged_as(two.clone(), "")
+        .await
+        .expect_err("merged from before the status");
+    assert!(matches!(error, StorageError::CasFailure), "{error:?}");
+    expect_read(backend, &id_of(&first), &with_status.version).await;
 }
 
 pub async fn write_over_another_uid_is_wrong_uid_even_with_the_right_version<B: Backend>(

@@ -11,7 +11,7 @@ use super::check::{self, DeleteCheck};
 use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
 use super::{
     Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
-    WatchEvent,
+    WatchEvent, WriteCondition,
 };
 use crate::resource;
 
@@ -64,14 +64,55 @@ impl InMemBackend {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
 
-fn owner_uid(resource: &Resource) -> Option<&str> {
-    resource
-        .owner
-        .as_ref()
-        .map(|owner| owner.uid.as_str())
-        .filter(|uid| !uid.is_empty())
+    /// A write under `condition` (see [`Backend::write_cas_as`]).
+    fn write(
+        &self,
+        resource: Resource,
+        actor: &str,
+        condition: WriteCondition,
+    ) -> Result<Resource, StorageError> {
+        let id = resource.id.clone().unwrap_or_default();
+        if id.uid.is_empty() {
+            return Err(StorageError::Internal(format!(
+                "write_cas of {} without a uid",
+                resource::DisplayId(&id)
+            )));
+        }
+        check::check_storable(&resource, usize::MAX)?;
+        let key = StorageKey::of(&id);
+        let mut state = self.lock();
+        check::check_write(state.resources.get(&key), &resource, condition)?;
+        state.version += 1;
+        let version = state.version.to_string();
+        let mut stored = resource;
+        stored.version = version.clone();
+        if let Some(previous) = state.resources.insert(key.clone(), stored.clone())
+            && let Some(uid) = check::owner_uid(&previous)
+            && check::owner_uid(&stored) != Some(uid)
+        {
+            let uid = uid.to_owned();
+            remove_child(&mut state.children, &uid, &key);
+        }
+        if let Some(uid) = check::owner_uid(&stored) {
+            state
+                .children
+                .entry(uid.to_owned())
+                .or_default()
+                .insert(key.clone());
+        }
+        let index = Version::new(state.version);
+        state.events.publish_change(
+            key,
+            WatchEvent {
+                version,
+                operation: Operation::Upsert(stored.clone()),
+                actor: actor.to_owned(),
+            },
+            index,
+        );
+        Ok(stored)
+    }
 }
 
 #[async_trait]
@@ -100,46 +141,15 @@ impl Backend for InMemBackend {
         resource: Resource,
         actor: &str,
     ) -> Result<Resource, StorageError> {
-        let id = resource.id.clone().unwrap_or_default();
-        if id.uid.is_empty() {
-            return Err(StorageError::Internal(format!(
-                "write_cas of {} without a uid",
-                resource::DisplayId(&id)
-            )));
-        }
-        check::check_storable(&resource, usize::MAX)?;
-        let key = StorageKey::of(&id);
-        let mut state = self.lock();
-        check::check_write(state.resources.get(&key), &resource)?;
-        state.version += 1;
-        let version = state.version.to_string();
-        let mut stored = resource;
-        stored.version = version.clone();
-        if let Some(previous) = state.resources.insert(key.clone(), stored.clone())
-            && let Some(uid) = owner_uid(&previous)
-            && owner_uid(&stored) != Some(uid)
-        {
-            let uid = uid.to_owned();
-            remove_child(&mut state.children, &uid, &key);
-        }
-        if let Some(uid) = owner_uid(&stored) {
-            state
-                .children
-                .entry(uid.to_owned())
-                .or_default()
-                .insert(key.clone());
-        }
-        let index = Version::new(state.version);
-        state.events.publish_change(
-            key,
-            WatchEvent {
-                version,
-                operation: Operation::Upsert(stored.clone()),
-                actor: actor.to_owned(),
-            },
-            index,
-        );
-        Ok(stored)
+        self.write(resource, actor, WriteCondition::Version)
+    }
+
+    async fn write_merged_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        self.write(resource, actor, WriteCondition::Merged)
     }
 
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
@@ -151,7 +161,7 @@ impl Backend for InMemBackend {
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());
         };
-        if let Some(uid) = owner_uid(&removed) {
+        if let Some(uid) = check::owner_uid(&removed) {
             let uid = uid.to_owned();
             remove_child(&mut state.children, &uid, &key);
         }

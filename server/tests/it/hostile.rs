@@ -63,6 +63,7 @@ async fn forward_write_as(
                 resource: Some(resource),
                 request_id: request_id.to_owned(),
                 actor: "hostile-test".into(),
+                merged: false,
             })),
         })
         .await

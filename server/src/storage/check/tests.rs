@@ -100,23 +100,120 @@ fn cas_checks_compare_uid_before_version() {
     }
     other_uid.version = "4".into();
     assert!(matches!(
-        check_write(Some(&stored), &other_uid),
+        check_write(Some(&stored), &other_uid, WriteCondition::Merged),
         Err(StorageError::WrongUid)
     ));
     let mut stale = stored.clone();
     stale.version = "4".into();
     assert!(matches!(
-        check_write(Some(&stored), &stale),
+        check_write(Some(&stored), &stale, WriteCondition::Version),
         Err(StorageError::CasFailure)
     ));
-    assert!(check_write(Some(&stored), &stored).is_ok());
+    assert!(check_write(Some(&stored), &stored, WriteCondition::Version).is_ok());
     assert!(matches!(
-        check_write(None, &stored),
+        check_write(None, &stored, WriteCondition::Merged),
         Err(StorageError::CasFailure)
     ));
     let mut create = stored.clone();
     create.version.clear();
-    assert!(check_write(None, &create).is_ok());
+    assert!(check_write(None, &create, WriteCondition::Version).is_ok());
+}
+
+#[test]
+fn a_merged_write_lands_over_a_later_version_only_while_what_it_merged_is_unchanged() {
+    use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY};
+
+    let fixture = Fixture::new();
+    let read = {
+        let mut resource = artist("a");
+        resource.version = "5".into();
+        resource.metadata.insert(FINALIZERS_KEY.into(), "x".into());
+        resource.status.insert("ok".into(), Default::default());
+        resource
+    };
+    // The blind write as the service merged it from `read`, with new data.
+    let incoming = {
+        let mut resource = read.clone();
+        resource.data = fixture.artist("b").data;
+        resource
+    };
+    let later = |change: &dyn Fn(&mut Resource)| {
+        let mut stored = read.clone();
+        stored.version = "7".into();
+        change(&mut stored);
+        stored
+    };
+    let cases: [(&str, Resource, bool); 6] = [
+        (
+            "only data and version moved",
+            later(&|r| r.data = None),
+            true,
+        ),
+        (
+            "a status was written since",
+            later(&|r| {
+                r.status.insert("new".into(), Default::default());
+            }),
+            false,
+        ),
+        (
+            "the finalizers changed",
+            later(&|r| {
+                r.metadata.insert(FINALIZERS_KEY.into(), "y".into());
+            }),
+            false,
+        ),
+        (
+            "it was marked for deletion",
+            later(&|r| {
+                r.metadata
+                    .insert(DELETION_TIMESTAMP_KEY.into(), "2026-01-01T00:00:00Z".into());
+            }),
+            false,
+        ),
+        (
+            "the owner differs",
+            later(&|r| r.owner = Some(fixture.artist("o").id.unwrap_or_default())),
+            false,
+        ),
+        (
+            "other metadata changed",
+            later(&|r| {
+                r.metadata.insert("label".into(), "v".into());
+            }),
+            true,
+        ),
+    ];
+    for (what, stored, lands) in cases {
+        let merged = check_write(Some(&stored), &incoming, WriteCondition::Merged);
+        assert_eq!(merged.is_ok(), lands, "{what}: {merged:?}");
+        if !lands {
+            assert!(matches!(merged, Err(StorageError::CasFailure)), "{what}");
+        }
+        // A plain compare-and-swap never lands over another version.
+        assert!(
+            matches!(
+                check_write(Some(&stored), &incoming, WriteCondition::Version),
+                Err(StorageError::CasFailure)
+            ),
+            "{what}"
+        );
+    }
+    // Deleted and created again: another uid, whatever the condition.
+    let recreated = later(&|r| {
+        if let Some(id) = r.id.as_mut() {
+            id.uid = "01BX5ZZKBKACTAV9WEVGEMMVRZ".into();
+        }
+    });
+    assert!(matches!(
+        check_write(Some(&recreated), &incoming, WriteCondition::Merged),
+        Err(StorageError::WrongUid)
+    ));
+    // Deleted since: nothing to merge into.
+    assert!(matches!(
+        check_write(None, &incoming, WriteCondition::Merged),
+        Err(StorageError::CasFailure)
+    ));
 }
 
 #[test]

@@ -28,7 +28,9 @@ use super::op::{self, Change, Op, Request, Tagged};
 use super::state_machine::{SmShared, StateMachineStore};
 use super::types::{NodeAddr, NodeId, Raft};
 use crate::storage::events::HistoryLimits;
-use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch, check};
+use crate::storage::{
+    Backend, Consistency, StorageError, UnversionedType, Watch, WriteCondition, check,
+};
 use crate::tls::Dialer;
 
 mod forward;
@@ -482,6 +484,28 @@ impl RaftBackend {
     pub fn state_machine(&self) -> &Arc<SmShared> {
         &self.sm
     }
+
+    /// A write under `condition` (see [`Backend::write_cas_as`], [`Backend::write_merged_as`]).
+    async fn write(
+        &self,
+        resource: Resource,
+        condition: WriteCondition,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        // Apply refuses it too; refusing here keeps it out of the log.
+        check::check_storable(&resource, usize::MAX)?;
+        // One request id for every forward and proposal of this change: applied at most once.
+        let change = Tagged::new(Change::Write(resource, condition), actor);
+        let stored = op::expect_resource(self.submit(Request::Change(change)).await)?;
+        // Read your writes on this node: a write forwarded to the leader answers once this
+        // node has applied it too (at once on the leader). Best effort, briefly: the write is
+        // committed either way, and a lagging node must not turn it into an error.
+        if let Ok(version) = stored.version.parse::<crate::storage::Version>() {
+            let _ =
+                tokio::time::timeout(READ_YOUR_WRITES_WAIT, self.wait_applied(version.index)).await;
+        }
+        Ok(stored)
+    }
 }
 
 /// The index of the last entry the state machine applied (0 before any).
@@ -527,19 +551,15 @@ impl Backend for RaftBackend {
         resource: Resource,
         actor: &str,
     ) -> Result<Resource, StorageError> {
-        // Apply refuses it too; refusing here keeps it out of the log.
-        check::check_storable(&resource, usize::MAX)?;
-        // One request id for every forward and proposal of this change: applied at most once.
-        let change = Tagged::new(Change::Write(resource), actor);
-        let stored = op::expect_resource(self.submit(Request::Change(change)).await)?;
-        // Read your writes on this node: a write forwarded to the leader answers once this
-        // node has applied it too (at once on the leader). Best effort, briefly: the write is
-        // committed either way, and a lagging node must not turn it into an error.
-        if let Ok(version) = stored.version.parse::<crate::storage::Version>() {
-            let _ =
-                tokio::time::timeout(READ_YOUR_WRITES_WAIT, self.wait_applied(version.index)).await;
-        }
-        Ok(stored)
+        self.write(resource, WriteCondition::Version, actor).await
+    }
+
+    async fn write_merged_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+    ) -> Result<Resource, StorageError> {
+        self.write(resource, WriteCondition::Merged, actor).await
     }
 
     async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {

@@ -19,7 +19,7 @@ use super::op::{
     Applied, Change, ChangeResult, ListQuery, Op, Outcome, Reply, ReplyResult, Request, RequestId,
     Tagged,
 };
-use crate::storage::{StorageError, UnversionedType};
+use crate::storage::{StorageError, UnversionedType, WriteCondition};
 
 /// A message from the wire that decodes as protobuf but is not a valid raft value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,11 +69,12 @@ fn request_id_of(text: &str) -> Result<Option<RequestId>, CodecError> {
         .map_err(|_| shape("change", "a request id that is not a ULID"))
 }
 
-fn write_cas(resource: &Resource, tagged: &Tagged) -> pb::WriteCas {
+fn write_cas(resource: &Resource, condition: WriteCondition, tagged: &Tagged) -> pb::WriteCas {
     pb::WriteCas {
         resource: Some(resource.clone()),
         request_id: request_id_text(tagged.request_id),
         actor: tagged.actor.clone(),
+        merged: condition == WriteCondition::Merged,
     }
 }
 
@@ -102,7 +103,9 @@ fn command_of(op: &Op) -> pb::Command {
         Op::Changes(changes) if changes.len() == 1 => {
             let tagged = &changes[0];
             match &tagged.change {
-                Change::Write(resource) => PbCommand::WriteCas(write_cas(resource, tagged)),
+                Change::Write(resource, condition) => {
+                    PbCommand::WriteCas(write_cas(resource, *condition, tagged))
+                }
                 Change::Delete { id, version } => {
                     PbCommand::DeleteCas(delete_cas(id, version, tagged))
                 }
@@ -113,8 +116,8 @@ fn command_of(op: &Op) -> pb::Command {
                 .iter()
                 .map(|tagged| pb::BatchOperation {
                     operation: Some(match &tagged.change {
-                        Change::Write(resource) => {
-                            PbOperation::WriteCas(write_cas(resource, tagged))
+                        Change::Write(resource, condition) => {
+                            PbOperation::WriteCas(write_cas(resource, *condition, tagged))
                         }
                         Change::Delete { id, version } => {
                             PbOperation::DeleteCas(delete_cas(id, version, tagged))
@@ -147,9 +150,14 @@ fn change_of_write(write: pb::WriteCas) -> Result<Tagged, CodecError> {
     let resource = write
         .resource
         .ok_or_else(|| shape("write", "no resource"))?;
+    let condition = if write.merged {
+        WriteCondition::Merged
+    } else {
+        WriteCondition::Version
+    };
     Ok(Tagged {
         request_id,
-        change: Change::Write(resource),
+        change: Change::Write(resource, condition),
         actor: actor_of(write.actor)?,
     })
 }
@@ -282,7 +290,7 @@ pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
         StorageError::Internal(format!("a remembered outcome does not decode: {error}"))
     })?;
     match (remembered.outcome, change) {
-        (Some(Remembered::WrittenVersion(version)), Change::Write(resource)) => {
+        (Some(Remembered::WrittenVersion(version)), Change::Write(resource, _)) => {
             let mut stored = resource.clone();
             stored.version = version;
             Ok(Applied::Written(stored))
@@ -300,7 +308,9 @@ pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
 pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
     let request = match request {
         Request::Change(tagged) => match &tagged.change {
-            Change::Write(resource) => PbRequest::WriteCas(write_cas(resource, tagged)),
+            Change::Write(resource, condition) => {
+                PbRequest::WriteCas(write_cas(resource, *condition, tagged))
+            }
             Change::Delete { id, version } => PbRequest::DeleteCas(delete_cas(id, version, tagged)),
         },
         Request::Read(id) => PbRequest::Read(id.clone()),

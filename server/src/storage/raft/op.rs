@@ -9,13 +9,14 @@
 
 use proto::resource::v1::{Id, Resource, Tenancy};
 
-use crate::storage::{StorageError, UnversionedType};
+use crate::storage::{StorageError, UnversionedType, WriteCondition};
 
 /// One resource change, checked against the stored resource when it is applied.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
-    /// Store `resource` if its `version` is the stored one (empty: it must not exist yet).
-    Write(Resource),
+    /// Store `resource` if its `version` is the stored one (empty: it must not exist yet), or
+    /// under the looser [`WriteCondition::Merged`].
+    Write(Resource, WriteCondition),
     /// Delete the resource stored under `id` if its version is `version` (another uid, or
     /// nothing stored: a no-op).
     Delete { id: Id, version: String },
@@ -25,7 +26,7 @@ impl Change {
     /// The resource or id the change is about.
     pub fn id(&self) -> Option<&Id> {
         match self {
-            Change::Write(resource) => resource.id.as_ref(),
+            Change::Write(resource, _) => resource.id.as_ref(),
             Change::Delete { id, .. } => Some(id),
         }
     }
@@ -33,7 +34,7 @@ impl Change {
     /// Encoded bytes of what the change carries, for batch budgets.
     pub fn size(&self) -> usize {
         match self {
-            Change::Write(resource) => prost::Message::encoded_len(resource),
+            Change::Write(resource, _) => prost::Message::encoded_len(resource),
             Change::Delete { id, version } => prost::Message::encoded_len(id) + version.len(),
         }
     }

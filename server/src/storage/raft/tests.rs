@@ -202,6 +202,13 @@ impl crate::storage::Backend for Member {
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
         (**self).write_cas_as(resource, actor).await
     }
+    async fn write_merged_as(
+        &self,
+        resource: proto::resource::v1::Resource,
+        actor: &str,
+    ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
+        (**self).write_merged_as(resource, actor).await
+    }
     async fn delete_cas_as(
         &self,
         id: &proto::resource::v1::Id,
@@ -447,6 +454,54 @@ async fn a_leader_commits_on_its_followers_while_its_own_log_write_stalls() {
     .expect("write");
 }
 
+/// Blind writes merged from one read of a resource all land, however the proposer batches
+/// them (the state machine stores each over the one before), each with its own version, and a
+/// follower holds the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_merged_writes_from_one_read_all_land() {
+    use std::collections::BTreeSet;
+
+    use crate::storage::{Backend, Consistency, Version};
+
+    let member = Member::leader_of_three().await;
+    let fixture = crate::storage::conformance::Fixture::new();
+    let first = member
+        .write_cas(fixture.artist("contended"))
+        .await
+        .expect("create");
+    let mut writers = tokio::task::JoinSet::new();
+    for n in 0..64 {
+        let mut write = first.clone();
+        write.metadata.insert("writer".into(), n.to_string());
+        let cluster = member.cluster.clone();
+        writers.spawn(async move { cluster.nodes[n % 3].write_merged_as(write, "").await });
+    }
+    let mut versions = BTreeSet::new();
+    while let Some(result) = writers.join_next().await {
+        let stored = result.expect("join").expect("every merged write lands");
+        let version: Version = stored.version.parse().expect("version");
+        assert!(versions.insert(version), "version {version} given twice");
+    }
+    let last = versions.last().copied().expect("versions");
+    let read = crate::storage::conformance::eventually("the follower has the last write", || {
+        let node = member.cluster.nodes[2].clone();
+        let id = first.id.clone().unwrap_or_default();
+        async move {
+            let read = node
+                .read(Consistency::Eventual, &id)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            if read.version == last.to_string() {
+                Ok(read)
+            } else {
+                Err(format!("at {}", read.version))
+            }
+        }
+    })
+    .await;
+    assert!(read.metadata.contains_key("writer"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_writes_to_one_resource_in_a_batch_follow_cas() {
     use crate::storage::{Backend, StorageError};
@@ -511,7 +566,10 @@ mod restart {
     fn write_entry(index: u64, name: &str) -> Entry {
         let fixture = crate::storage::conformance::Fixture::new();
         let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::by_test(
-            super::super::op::Change::Write(fixture.artist(name)),
+            super::super::op::Change::Write(
+                fixture.artist(name),
+                crate::storage::WriteCondition::Version,
+            ),
         )]);
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
@@ -590,6 +648,7 @@ mod restart {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on() {
     use super::op::{Change, Request, Tagged};
+    use crate::storage::WriteCondition;
     use crate::storage::{Backend, Consistency, StorageError};
 
     let cluster = TestCluster::start(3).await;
@@ -603,7 +662,10 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
     huge_owner.owner = Some(owner);
     for resource in [long_name, huge_owner] {
         let reply = cluster.nodes[0]
-            .serve_forwarded(Request::Change(Tagged::by_test(Change::Write(resource))))
+            .serve_forwarded(Request::Change(Tagged::by_test(Change::Write(
+                resource,
+                WriteCondition::Version,
+            ))))
             .await;
         assert!(
             matches!(&reply, Err(StorageError::Rejected(_))),
@@ -771,6 +833,7 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
     use futures::StreamExt;
 
     use super::op::{self, Change, Request, Tagged};
+    use crate::storage::WriteCondition;
     use crate::storage::{Backend, Operation};
 
     let cluster = TestCluster::start(3).await;
@@ -787,14 +850,20 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
     // leader's answer: the second attempt must not fail its version check against the first.
     let mut update = created.clone();
     update.metadata.insert("n".into(), "1".into());
-    let cas = Request::Change(Tagged::by_test(Change::Write(update)));
+    let cas = Request::Change(Tagged::by_test(Change::Write(
+        update,
+        WriteCondition::Version,
+    )));
     let first = op::expect_resource(cluster.nodes[0].serve_forwarded(cas.clone()).await)
         .expect("the first attempt");
     let retry = op::expect_resource(cluster.nodes[0].serve_forwarded(cas).await)
         .expect("the retry is not ABORTED");
     assert_eq!(retry, first);
     // A blind create retried the same way is stored once.
-    let blind = Request::Change(Tagged::by_test(Change::Write(fixture.artist("once"))));
+    let blind = Request::Change(Tagged::by_test(Change::Write(
+        fixture.artist("once"),
+        WriteCondition::Version,
+    )));
     let a =
         op::expect_resource(cluster.nodes[0].serve_forwarded(blind.clone()).await).expect("create");
     let b = op::expect_resource(cluster.nodes[0].serve_forwarded(blind).await).expect("retry");
@@ -830,13 +899,17 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
     use super::op::{Change, Op, Outcome, Tagged};
+    use crate::storage::WriteCondition;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let shared = StateMachineStore::open(dir.path(), Default::default())
         .expect("open")
         .shared;
     let fixture = crate::storage::conformance::Fixture::new();
-    let first = Tagged::by_test(Change::Write(fixture.artist("first")));
+    let first = Tagged::by_test(Change::Write(
+        fixture.artist("first"),
+        WriteCondition::Version,
+    ));
     let entry = |index: u64, changes: Vec<Tagged>| Entry {
         log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
         payload: openraft::EntryPayload::Normal(super::types::Command::new(Op::Changes(changes))),
@@ -886,6 +959,7 @@ async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
 fn small_applies_run_in_place_unless_something_holds_the_event_log() {
     use super::op::{Change, Op, Tagged};
     use super::state_machine::INLINE_APPLY_CHANGES;
+    use crate::storage::WriteCondition;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let shared = StateMachineStore::open(dir.path(), Default::default())
@@ -899,7 +973,12 @@ fn small_applies_run_in_place_unless_something_holds_the_event_log() {
     let writes = |first: usize, count: usize| {
         Op::Changes(
             (first..first + count)
-                .map(|n| Tagged::by_test(Change::Write(fixture.artist(&format!("a{n}")))))
+                .map(|n| {
+                    Tagged::by_test(Change::Write(
+                        fixture.artist(&format!("a{n}")),
+                        WriteCondition::Version,
+                    ))
+                })
                 .collect(),
         )
     };

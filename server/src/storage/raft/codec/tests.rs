@@ -22,13 +22,16 @@ fn tagged(change: Change) -> Tagged {
 #[test]
 fn every_op_round_trips_through_the_log_encoding() {
     let ops = [
-        Op::Changes(vec![tagged(Change::Write(artist("a")))]),
+        Op::Changes(vec![tagged(Change::Write(
+            artist("a"),
+            WriteCondition::Version,
+        ))]),
         Op::Changes(vec![tagged(Change::Delete {
             id: id("a"),
             version: "7".into(),
         })]),
         Op::Changes(vec![
-            tagged(Change::Write(artist("a"))),
+            tagged(Change::Write(artist("a"), WriteCondition::Merged)),
             Tagged {
                 request_id: None,
                 change: Change::Delete {
@@ -63,6 +66,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 resource: None,
                 request_id: String::new(),
                 actor: String::new(),
+                merged: true,
             })),
         },
         pb::Command {
@@ -128,7 +132,7 @@ fn outcomes_and_forwarded_values_round_trip() {
         format!("{:?}", Ok::<_, CodecError>(outcome))
     );
     let requests = [
-        Request::Change(tagged(Change::Write(artist("a")))),
+        Request::Change(tagged(Change::Write(artist("a"), WriteCondition::Merged))),
         Request::Change(tagged(Change::Delete {
             id: id("a"),
             version: "3".into(),
@@ -172,6 +176,7 @@ fn a_request_id_that_is_not_a_ulid_is_malformed() {
             resource: Some(artist("a")),
             request_id: "not-a-ulid".into(),
             actor: String::new(),
+            merged: false,
         })),
     };
     assert!(matches!(
@@ -185,7 +190,7 @@ fn a_remembered_outcome_answers_a_retry_as_the_first_attempt_was_answered() {
     let sent = artist("a");
     let mut stored = sent.clone();
     stored.version = "42".into();
-    let retry = Change::Write(sent);
+    let retry = Change::Write(sent, WriteCondition::Version);
     let remembered = encode_remembered(&Ok(Applied::Written(stored.clone())));
     assert!(
         remembered.len() < 16,

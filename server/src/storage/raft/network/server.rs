@@ -150,7 +150,7 @@ impl RaftGrpc {
     async fn admit(&self, request: &Forwarded) -> Result<(), StorageError> {
         match request {
             Forwarded::Change(Tagged {
-                change: Change::Write(resource),
+                change: Change::Write(resource, _),
                 ..
             }) => self.admission.admit(resource).await,
             Forwarded::Change(Tagged {

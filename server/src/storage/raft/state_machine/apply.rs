@@ -18,7 +18,7 @@ use super::super::op::{Applied, Change, ChangeResult, Op, Outcome, RequestId, Ta
 use super::super::schema::{self, SmDbs};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
-use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent};
+use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition};
 
 type Txn<'t> = heed::RwTxn<'t>;
 
@@ -119,14 +119,6 @@ fn remember(
     Ok(())
 }
 
-fn owner_uid(resource: &Resource) -> Option<&str> {
-    resource
-        .owner
-        .as_ref()
-        .map(|owner| owner.uid.as_str())
-        .filter(|uid| !uid.is_empty())
-}
-
 /// Reads what is stored under `key`. A record that does not decode is refused for this change
 /// (the store is damaged there), not an error that stops every later entry.
 fn stored(
@@ -155,7 +147,9 @@ fn apply_change(
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     match change {
-        Change::Write(resource) => write(dbs, wtxn, version, resource, actor, published),
+        Change::Write(resource, condition) => {
+            write(dbs, wtxn, version, resource, condition, actor, published)
+        }
         Change::Delete {
             id,
             version: expected,
@@ -178,7 +172,7 @@ fn apply_change(
                 return Ok(Ok(Applied::Done));
             };
             dbs.resources.delete(wtxn, &key)?;
-            if let Some(owner) = owner_uid(&existing) {
+            if let Some(owner) = check::owner_uid(&existing) {
                 dbs.owners
                     .delete(wtxn, &schema::owner_key(owner, &storage_key))?;
             }
@@ -201,6 +195,7 @@ fn write(
     wtxn: &mut Txn<'_>,
     version: Version,
     mut resource: Resource,
+    condition: WriteCondition,
     actor: &str,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
@@ -216,17 +211,17 @@ fn write(
         Ok(existing) => existing,
         Err(refused) => return Ok(Err(refused)),
     };
-    if let Err(refused) = check::check_write(existing.as_ref(), &resource) {
+    if let Err(refused) = check::check_write(existing.as_ref(), &resource, condition) {
         return Ok(Err(refused));
     }
     resource.version = version.to_string();
-    if let Some(previous_owner) = existing.as_ref().and_then(owner_uid)
-        && owner_uid(&resource) != Some(previous_owner)
+    if let Some(previous_owner) = existing.as_ref().and_then(check::owner_uid)
+        && check::owner_uid(&resource) != Some(previous_owner)
     {
         dbs.owners
             .delete(wtxn, &schema::owner_key(previous_owner, &storage_key))?;
     }
-    if let Some(owner) = owner_uid(&resource) {
+    if let Some(owner) = check::owner_uid(&resource) {
         dbs.owners
             .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
     }
@@ -305,9 +300,10 @@ fn commit_restore(
     for (key, mut resource) in staged {
         // Restored resources are new writes: versions keep increasing.
         resource.version = version.to_string();
-        if let (Some(owner), Some(storage_key)) =
-            (owner_uid(&resource), schema::parse_resource_key(&key))
-        {
+        if let (Some(owner), Some(storage_key)) = (
+            check::owner_uid(&resource),
+            schema::parse_resource_key(&key),
+        ) {
             dbs.owners
                 .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
         }
