@@ -42,16 +42,6 @@ mod status;
 pub use readiness::Readiness;
 pub use status::{MemberStatus, NodeStatus, Role};
 
-/// A node that led before it stopped resumes leading the same term at once, without a new
-/// no-op entry, and without knowing what had been committed (the commit index is not
-/// persisted). While it leads that term, a linearizable read must wait for everything its log
-/// held at start: whatever was acknowledged before the stop is in there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LeaderFloor {
-    term: u64,
-    index: u64,
-}
-
 /// Largest raft snapshot (and operator restore) accepted by default.
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
 
@@ -148,7 +138,6 @@ pub struct RaftBackend {
     /// Changes waiting to be proposed.
     proposals: tokio::sync::mpsc::Sender<proposer::Proposal>,
     proposer: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    leader_floor: Option<LeaderFloor>,
     readiness: tokio::sync::watch::Sender<Readiness>,
     catch_up: Mutex<Option<tokio::task::JoinHandle<()>>>,
     storage_metrics: crate::metrics::StorageMetrics,
@@ -189,7 +178,7 @@ impl RaftBackend {
             dir: options.data_dir.clone(),
             source,
         })?;
-        let leader_floor = leader_floor(&mut log, options.node_id).await?;
+        resign_restored_leadership(&mut log, options.node_id).await?;
         let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|source| {
             RaftStartError::StateMachine {
                 dir: options.data_dir.clone(),
@@ -263,7 +252,6 @@ impl RaftBackend {
             leadership_task: Mutex::new(Some(leadership_task)),
             proposals,
             proposer: Mutex::new(Some(proposer)),
-            leader_floor,
             readiness,
             catch_up: Mutex::new(None),
             storage_metrics: options.metrics,
@@ -514,20 +502,33 @@ fn applied_index(metrics: &RaftMetrics<NodeId, NodeAddr>) -> u64 {
 }
 
 /// The floor of linearizable reads while this node leads the term it led before it stopped.
-async fn leader_floor(
+/// A node whose stored vote says it led (a committed vote for itself) gives that term up before
+/// raft starts, and stands for election in a new one instead of resuming it. A leader sends
+/// entries to its followers while its own write of them runs (the vendored openraft patch), so a
+/// leader that stopped uncleanly may have lost entries its followers hold; openraft 0.9 would
+/// resume the term and propose new entries under the same log ids, which those followers would
+/// take for the ones they already have. Keeping the vote for itself in that term (uncommitted)
+/// still refuses every other candidate of the term.
+pub(super) async fn resign_restored_leadership(
     log: &mut LogStore,
     node_id: NodeId,
-) -> Result<Option<LeaderFloor>, RaftStartError> {
+) -> Result<(), RaftStartError> {
     use openraft::storage::RaftLogStorage;
     let fatal = |error: super::types::RaftStorageError| RaftStartError::Fatal(error.to_string());
-    let vote = log.read_vote().await.map_err(fatal)?;
-    let last_log = log.get_log_state().await.map_err(fatal)?.last_log_id;
-    Ok(vote
-        .filter(|vote| vote.is_committed() && vote.leader_id().voted_for() == Some(node_id))
-        .map(|vote| LeaderFloor {
-            term: vote.leader_id().get_term(),
-            index: last_log.map(|log_id| log_id.index).unwrap_or(0),
-        }))
+    let Some(vote) = log.read_vote().await.map_err(fatal)? else {
+        return Ok(());
+    };
+    if vote.is_committed() && vote.leader_id().voted_for() == Some(node_id) {
+        let term = vote.leader_id().get_term();
+        log.save_vote(&super::types::Vote::new(term, node_id))
+            .await
+            .map_err(fatal)?;
+        tracing::info!(
+            term,
+            "this node led term {term} before it stopped; it stands for election in a new term instead of resuming that one"
+        );
+    }
+    Ok(())
 }
 
 #[async_trait]

@@ -1011,3 +1011,36 @@ fn small_applies_run_in_place_unless_something_holds_the_event_log() {
         .expect("list");
     assert_eq!(stored.len(), 3);
 }
+
+/// A node whose vote says it led gives the term up at start (it may have lost entries it had
+/// already sent, so it must not propose new ones under the same log ids): its vote stays its own
+/// in that term, uncommitted. Another node's leadership is left as it is.
+#[tokio::test]
+async fn a_node_that_led_stands_for_a_new_term_instead_of_resuming_its_old_one() {
+    use openraft::storage::RaftLogStorage;
+
+    use super::types::Vote;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let mut log = LogStore::open(dir.path()).expect("open");
+        log.save_vote(&Vote::new_committed(5, 1))
+            .await
+            .expect("save vote");
+    }
+    let mut log = LogStore::open(dir.path()).expect("reopen");
+    super::backend::resign_restored_leadership(&mut log, 1)
+        .await
+        .expect("resign");
+    assert_eq!(log.read_vote().await.expect("read"), Some(Vote::new(5, 1)));
+    log.save_vote(&Vote::new_committed(6, 2))
+        .await
+        .expect("save vote");
+    super::backend::resign_restored_leadership(&mut log, 1)
+        .await
+        .expect("resign");
+    assert_eq!(
+        log.read_vote().await.expect("read"),
+        Some(Vote::new_committed(6, 2))
+    );
+}

@@ -232,28 +232,12 @@ impl RaftBackend {
                     .map_err(not_leader)
             }
         };
-        let mut index = self
+        let index = self
             .reads
             .join(round, || {
                 Err(Attempt::Retry("the leadership round was dropped".into()))
             })
             .await?;
-        // Resuming the term it led before a stop, openraft knows neither a new no-op nor the
-        // commit index: everything in the log at start may have been acknowledged.
-        if let Some(floor) = self.leader_floor
-            && floor.index > index
-            && self.raft.metrics().borrow().current_term == floor.term
-        {
-            index = floor.index;
-            // Not applied within the deadline: let the caller retry (or give up) like any
-            // request that found no usable leader.
-            self.wait_applied(index)
-                .await
-                .map_err(|error| match error {
-                    StorageError::Inconsistent(why) => Attempt::Retry(why),
-                    other => Attempt::Done(Err(other)),
-                })?;
-        }
         Ok(index)
     }
 }
