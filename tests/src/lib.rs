@@ -32,12 +32,25 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A free loopback port (bound and released).
+/// A free loopback port (bound and released), never one this process was given before: the
+/// kernel may hand a just-released port out again, and two addresses of one node on the same
+/// port keep it from starting.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for _ in 0..1000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free port");
+        if given.insert(port) {
+            return port;
+        }
+    }
+    panic!("1000 free ports in a row had all been handed out before");
 }
 
 /// One `resd agent` process, killed by PID when dropped.

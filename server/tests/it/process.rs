@@ -1,7 +1,7 @@
 //! Starting and stopping `resd` processes for tests: single nodes and multi-process clusters on
 //! loopback, each node with its own data directory, stopped by PID.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -75,12 +75,9 @@ impl TestCa {
     }
 }
 
-/// A free loopback port (bound and released; good enough for tests on one machine).
+/// A free loopback port, never one this process was given before (`tests::free_port`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("a free port")
+    tests::free_port()
 }
 
 impl Resd {
