@@ -189,14 +189,13 @@ pub fn check_write(
 /// Whether `stored` still has everything a blind write's merge took from the resource it read
 /// (its owner, statuses and finalizers; the uid is checked before), and neither is marked for
 /// deletion (the service checks such writes against the stored resource field by field).
-pub fn merge_still_holds(stored: &Resource, incoming: &Resource) -> bool {
-    let finalizers = |r: &Resource| r.metadata.get(FINALIZERS_KEY).cloned();
+fn merge_still_holds(stored: &Resource, incoming: &Resource) -> bool {
     let marked = |r: &Resource| r.metadata.contains_key(DELETION_TIMESTAMP_KEY);
     !marked(stored)
         && !marked(incoming)
         && stored.owner == incoming.owner
         && stored.status == incoming.status
-        && finalizers(stored) == finalizers(incoming)
+        && stored.metadata.get(FINALIZERS_KEY) == incoming.metadata.get(FINALIZERS_KEY)
 }
 
 /// The uid of the resource's owner, if it names one (the owner index's key).

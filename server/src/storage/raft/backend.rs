@@ -501,7 +501,6 @@ fn applied_index(metrics: &RaftMetrics<NodeId, NodeAddr>) -> u64 {
     metrics.last_applied.map(|log_id| log_id.index).unwrap_or(0)
 }
 
-/// The floor of linearizable reads while this node leads the term it led before it stopped.
 /// A node whose stored vote says it led (a committed vote for itself) gives that term up before
 /// raft starts, and stands for election in a new one instead of resuming it. A leader sends
 /// entries to its followers while its own write of them runs (the vendored openraft patch), so a

@@ -232,13 +232,11 @@ impl RaftBackend {
                     .map_err(not_leader)
             }
         };
-        let index = self
-            .reads
+        self.reads
             .join(round, || {
                 Err(Attempt::Retry("the leadership round was dropped".into()))
             })
-            .await?;
-        Ok(index)
+            .await
     }
 }
 
