@@ -24,6 +24,7 @@ pub mod op;
 pub mod schema;
 pub mod state_machine;
 pub mod types;
+pub mod wal;
 
 #[cfg(test)]
 mod tests;

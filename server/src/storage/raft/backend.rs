@@ -92,7 +92,10 @@ impl RaftOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum RaftStartError {
     #[error("cannot open the raft log in {dir}: {source}")]
-    Log { dir: PathBuf, source: heed::Error },
+    Log {
+        dir: PathBuf,
+        source: super::log_store::LogOpenError,
+    },
     #[error("cannot open the state machine in {dir}: {source}")]
     StateMachine {
         dir: PathBuf,

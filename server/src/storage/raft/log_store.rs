@@ -1,16 +1,21 @@
-//! [`LogStore`]: the Raft log in LMDB, with group commit.
+//! [`LogStore`]: the Raft log in a write-ahead file ([`super::wal`]), with group commit.
 //!
 //! `append` makes entries readable at once (an in-memory tail) and queues them for a writer
-//! thread. The writer takes everything queued, writes it in one LMDB transaction, commits (one
-//! fsync for the whole batch), and only then reports the entries flushed. Votes are written the
-//! same way and acknowledged after their commit, so both are durable before openraft relies on
+//! thread. The writer takes everything queued, writes it as one run of records, syncs (one
+//! `fdatasync` for the whole batch), and only then reports the entries flushed. Votes are written
+//! the same way and acknowledged after their sync, so both are durable before openraft relies on
 //! them. Truncate and purge go through the same queue, so the disk sees operations in order.
+//! Entries no longer in memory are read back from their segment by position.
+//!
+//! A data directory from before the write-ahead log holds the log in LMDB (`raft/log`); the
+//! first open moves it over ([`migrate_lmdb_log`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
@@ -18,8 +23,9 @@ use std::thread::JoinHandle;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError};
 
-use super::schema::{self, LmdbEnv, LogDbs};
+use super::schema;
 use super::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote, decode, encode};
+use super::wal::{self, Location, Wal, WalError};
 
 /// How many queued operations one commit takes at most.
 const MAX_BATCH_OPS: usize = 4096;
@@ -42,8 +48,6 @@ impl Debug for LogStore {
 }
 
 struct LogInner {
-    env: LmdbEnv,
-    dbs: LogDbs,
     tail: Arc<Mutex<Tail>>,
     writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -53,7 +57,7 @@ struct LogInner {
 /// Counters for benchmarks and metrics.
 #[derive(Debug, Default)]
 pub struct LogStats {
-    /// LMDB commits of the log (each one fsync).
+    /// Syncs of the log (each one `fdatasync`).
     pub commits: AtomicU64,
     /// Entries written by those commits.
     pub entries: AtomicU64,
@@ -68,9 +72,9 @@ pub struct LogStats {
     pub(crate) stall: tokio::sync::RwLock<()>,
 }
 
-/// What readers see beyond the disk: entries queued but not yet committed, the latest flushed
-/// entries (the same as on disk, kept so readers need not decode them again), and the bounds of
-/// the visible log.
+/// What readers see: entries queued but not yet synced, the latest flushed entries (the same as
+/// on disk, kept so readers need not read and decode them again), where every entry on disk is,
+/// the bounds of the visible log and the vote.
 #[derive(Default)]
 struct Tail {
     pending: BTreeMap<u64, Entry>,
@@ -78,6 +82,11 @@ struct Tail {
     recent_bytes: usize,
     last: Option<LogId>,
     purged: Option<LogId>,
+    vote: Option<Vote>,
+    /// Entry index → its record, for every synced entry.
+    locations: BTreeMap<u64, Location>,
+    /// Live segments by sequence number.
+    segments: BTreeMap<u64, Arc<File>>,
 }
 
 impl Tail {
@@ -147,11 +156,20 @@ enum WriteOp {
     Append(Vec<Entry>, LogFlushed<TypeConfig>),
     Truncate(u64),
     Purge(LogId),
-    Meta {
-        key: &'static str,
-        value: Vec<u8>,
-        done: Option<tokio::sync::oneshot::Sender<io::Result<()>>>,
-    },
+    Vote(Vote, tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+/// Why the log cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LogOpenError {
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    #[error("cannot read the LMDB raft log of an earlier resd to move it over: {0}")]
+    Lmdb(#[from] heed::Error),
+    #[error("the raft log in {dir} is unreadable: {what}")]
+    Unreadable { dir: PathBuf, what: String },
+    #[error("cannot start the raft log writer: {0}")]
+    Thread(io::Error),
 }
 
 fn io_error(error: impl std::fmt::Display) -> io::Error {
@@ -167,44 +185,56 @@ fn write_error(error: impl std::fmt::Display) -> RaftStorageError {
 }
 
 impl LogStore {
-    pub fn open(data_dir: &Path) -> Result<LogStore, heed::Error> {
-        let (env, dbs) = schema::open_log(data_dir)?;
-        let (last, purged) = {
-            let rtxn = env.read_txn()?;
-            let purged: Option<LogId> = match dbs.meta.get(&rtxn, schema::META_LAST_PURGED)? {
-                Some(bytes) => decode(bytes).map_err(|e| heed::Error::Decoding(e))?,
-                None => None,
-            };
-            let last = match dbs.entries.last(&rtxn)? {
-                Some((_, bytes)) => Some(
-                    decode::<Entry>(bytes)
-                        .map_err(|e| heed::Error::Decoding(e))?
-                        .log_id,
-                ),
-                None => None,
-            };
-            (last.or(purged), purged)
+    pub fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
+        let dir = data_dir.join(schema::WAL_DIR);
+        let lmdb = data_dir.join(schema::LOG_DIR);
+        if !dir.exists() && lmdb.join("data.mdb").exists() {
+            migrate_lmdb_log(data_dir)?;
+        } else if dir.exists() && lmdb.exists() {
+            // Left by a move that stopped before its last step, or by an older resd that was
+            // started on this directory and refused it: the write-ahead log is the log.
+            std::fs::remove_dir_all(&lmdb).map_err(|source| WalError::Io {
+                path: lmdb.clone(),
+                source,
+            })?;
+        }
+        let (wal, replayed) = Wal::open(&dir)?;
+        let unreadable = |what: String| LogOpenError::Unreadable {
+            dir: dir.clone(),
+            what,
+        };
+        let last = match replayed.locations.last_key_value() {
+            Some((_, location)) => {
+                let file = &replayed.segments[&location.segment];
+                let bytes = wal::read_entry(file, *location)
+                    .map_err(|e| unreadable(format!("the last entry: {e}")))?;
+                let entry: Entry =
+                    decode(&bytes).map_err(|e| unreadable(format!("the last entry: {e}")))?;
+                Some(entry.log_id)
+            }
+            None => None,
         };
         let stats = Arc::new(LogStats::default());
         let tail = Arc::new(Mutex::new(Tail {
-            last,
-            purged,
+            last: last.or(replayed.purged),
+            purged: replayed.purged,
+            vote: replayed.vote,
+            locations: replayed.locations,
+            segments: replayed.segments,
             ..Tail::default()
         }));
         let (sender, receiver) = mpsc::channel();
         let writer = Writer {
-            env: env.clone(),
-            dbs,
+            wal,
             tail: tail.clone(),
             stats: stats.clone(),
         };
         let writer_thread = std::thread::Builder::new()
             .name("resd-raft-log".into())
-            .spawn(move || writer.run(receiver))?;
+            .spawn(move || writer.run(receiver))
+            .map_err(LogOpenError::Thread)?;
         Ok(LogStore {
             inner: Arc::new(LogInner {
-                env,
-                dbs,
                 tail,
                 writer: Mutex::new(Some(sender)),
                 writer_thread: Mutex::new(Some(writer_thread)),
@@ -234,33 +264,17 @@ impl LogStore {
         }
     }
 
-    fn read_meta<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &str,
-    ) -> Result<Option<T>, RaftStorageError> {
-        let rtxn = self.inner.env.read_txn().map_err(read_error)?;
-        match self.inner.dbs.meta.get(&rtxn, key).map_err(read_error)? {
-            Some(bytes) => Ok(Some(decode(bytes).map_err(read_error)?)),
-            None => Ok(None),
-        }
-    }
-
-    async fn write_meta_durably<T: serde::Serialize>(
-        &self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), RaftStorageError> {
+    async fn write_vote_durably(&self, vote: &Vote) -> Result<(), RaftStorageError> {
         let (done, flushed) = tokio::sync::oneshot::channel();
-        self.send(WriteOp::Meta {
-            key,
-            value: encode(value).map_err(write_error)?,
-            done: Some(done),
-        })?;
+        self.send(WriteOp::Vote(*vote, done))?;
         match flushed.await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.tail().vote = Some(*vote);
+                Ok(())
+            }
             Ok(Err(error)) => Err(write_error(error)),
             Err(_) => Err(write_error(
-                "the log writer thread stopped before the write was durable",
+                "the log writer thread stopped before the vote was durable",
             )),
         }
     }
@@ -280,14 +294,13 @@ impl Drop for LogInner {
 
 /// The writer thread's state.
 struct Writer {
-    env: LmdbEnv,
-    dbs: LogDbs,
+    wal: Wal,
     tail: Arc<Mutex<Tail>>,
     stats: Arc<LogStats>,
 }
 
 impl Writer {
-    fn run(self, receiver: mpsc::Receiver<WriteOp>) {
+    fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
         while let Ok(first) = receiver.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH_OPS {
@@ -297,27 +310,28 @@ impl Writer {
                 }
             }
             #[cfg(test)]
-            let stalled = self.stats.stall.blocking_read();
+            let stats = self.stats.clone();
+            #[cfg(test)]
+            let stalled = stats.stall.blocking_read();
             let started = std::time::Instant::now();
-            let result = write_batch(&self.env, &self.dbs, &batch);
+            let result = self.write_batch(&batch);
             #[cfg(test)]
             drop(stalled);
             if let Some(metrics) = self.stats.metrics.get() {
                 metrics.synced("log", started.elapsed().as_secs_f64());
             }
-            if result.is_ok() {
-                self.forget_flushed(&batch);
-            }
+            let result = match result {
+                Ok(written) => self.flushed(&batch, written),
+                Err(error) => Err(error),
+            };
             for op in batch {
                 let outcome = result.as_ref().map(|_| ()).map_err(io_error);
                 match op {
                     WriteOp::Append(_, callback) => callback.log_io_completed(outcome),
-                    WriteOp::Meta {
-                        done: Some(done), ..
-                    } => {
+                    WriteOp::Vote(_, done) => {
                         let _ = done.send(outcome);
                     }
-                    WriteOp::Meta { done: None, .. } | WriteOp::Truncate(_) | WriteOp::Purge(_) => {
+                    WriteOp::Truncate(_) | WriteOp::Purge(_) => {
                         if let Err(error) = outcome {
                             tracing::error!(%error, "raft log write failed");
                         }
@@ -327,19 +341,73 @@ impl Writer {
         }
     }
 
-    /// Entries now on disk leave the pending tail for the recent ones (unless a truncate
-    /// replaced them meanwhile).
-    fn forget_flushed(&self, batch: &[WriteOp]) {
+    /// Writes the batch's records and syncs them.
+    fn write_batch(
+        &mut self,
+        batch: &[WriteOp],
+    ) -> Result<(Vec<(u64, Location)>, Option<wal::Segment>), WalError> {
+        let mut records = wal::Batch::default();
+        let encoding = |e: bincode::Error| WalError::Io {
+            path: PathBuf::from(schema::WAL_DIR),
+            source: io_error(format!("cannot encode a log record: {e}")),
+        };
+        for op in batch {
+            match op {
+                WriteOp::Append(entries, _) => {
+                    for entry in entries {
+                        records.entry(entry.log_id.index, &encode(entry).map_err(encoding)?);
+                    }
+                }
+                WriteOp::Truncate(from) => records.truncate(*from),
+                WriteOp::Purge(upto) => {
+                    self.wal
+                        .purge(&mut records, upto.index, &encode(upto).map_err(encoding)?)
+                }
+                WriteOp::Vote(vote, _) => self
+                    .wal
+                    .vote(&mut records, &encode(vote).map_err(encoding)?),
+            }
+        }
+        self.wal.write(records)
+    }
+
+    /// After a sync: entries leave the pending tail for the recent ones (unless a truncate
+    /// replaced them meanwhile), every operation's effect on where entries are is replayed in
+    /// order, and segments left with no live entry after a purge are deleted.
+    fn flushed(
+        &self,
+        batch: &[WriteOp],
+        (written, opened): (Vec<(u64, Location)>, Option<wal::Segment>),
+    ) -> Result<(), WalError> {
         let mut entry_count = 0u64;
         let mut operation_count = 0u64;
+        let mut purged = false;
         let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(segment) = opened {
+            tail.segments.insert(segment.seq, segment.file);
+        }
+        let mut written = written.into_iter();
         for op in batch {
-            if let WriteOp::Append(entries, _) = op {
-                entry_count += entries.len() as u64;
-                operation_count += entries.iter().map(operations_in).sum::<u64>();
-                for entry in entries {
-                    tail.flushed(entry);
+            match op {
+                WriteOp::Append(entries, _) => {
+                    entry_count += entries.len() as u64;
+                    operation_count += entries.iter().map(operations_in).sum::<u64>();
+                    for entry in entries {
+                        tail.flushed(entry);
+                        if let Some((index, location)) = written.next() {
+                            tail.locations.split_off(&index);
+                            tail.locations.insert(index, location);
+                        }
+                    }
                 }
+                WriteOp::Truncate(from) => {
+                    tail.locations.split_off(from);
+                }
+                WriteOp::Purge(upto) => {
+                    tail.locations = tail.locations.split_off(&(upto.index + 1));
+                    purged = true;
+                }
+                WriteOp::Vote(..) => {}
             }
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
@@ -347,7 +415,80 @@ impl Writer {
         self.stats
             .operations
             .fetch_add(operation_count, Ordering::Relaxed);
+        if purged {
+            let first_live = tail
+                .locations
+                .first_key_value()
+                .map_or(self.wal.current_segment(), |(_, l)| l.segment);
+            drop(tail);
+            // The purge is on disk whatever happens here: a segment that stays is only space.
+            match self.wal.delete_before(first_live) {
+                Ok(deleted) => {
+                    let mut tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+                    for seq in deleted {
+                        tail.segments.remove(&seq);
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot delete purged raft log segments"),
+            }
+        }
+        Ok(())
     }
+}
+
+/// Moves a log kept in LMDB by an earlier resd (`raft/log`) into a new write-ahead log: the
+/// vote, the purge point and every entry, written to `raft/wal.tmp`, synced, renamed into place;
+/// only then is the LMDB log removed. Stopped anywhere, the next open starts the move again or
+/// finds it done.
+pub fn migrate_lmdb_log(data_dir: &Path) -> Result<(), LogOpenError> {
+    let target = data_dir.join(schema::WAL_DIR);
+    let staging = data_dir.join(format!("{}.tmp", schema::WAL_DIR));
+    let lmdb = data_dir.join(schema::LOG_DIR);
+    let gone = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WalError::Io { path, source }
+    };
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(gone(&staging))?;
+    }
+    let (env, dbs) = schema::open_log(data_dir)?;
+    let mut moved = 0u64;
+    {
+        let (mut wal, _) = Wal::open(&staging)?;
+        let rtxn = env.read_txn()?;
+        let mut records = wal::Batch::default();
+        if let Some(vote) = dbs.meta.get(&rtxn, schema::META_VOTE)? {
+            wal.vote(&mut records, vote);
+        }
+        if let Some(bytes) = dbs.meta.get(&rtxn, schema::META_LAST_PURGED)? {
+            let purged: Option<LogId> = decode(bytes).map_err(|e| heed::Error::Decoding(e))?;
+            if let Some(upto) = purged {
+                let encoded = encode(&upto).map_err(|e| heed::Error::Encoding(e))?;
+                wal.purge(&mut records, upto.index, &encoded);
+            }
+        }
+        for item in dbs.entries.iter(&rtxn)? {
+            let (index, bytes) = item?;
+            records.entry(index, bytes);
+            moved += 1;
+        }
+        if !records.is_empty() {
+            wal.write(records)?;
+        }
+    }
+    drop(env);
+    std::fs::rename(&staging, &target).map_err(gone(&target))?;
+    if let Some(parent) = target.parent() {
+        schema::sync_dir(parent).map_err(gone(parent))?;
+    }
+    std::fs::remove_dir_all(&lmdb).map_err(gone(&lmdb))?;
+    tracing::info!(
+        entries = moved,
+        from = %lmdb.display(),
+        to = %target.display(),
+        "moved the raft log from LMDB to the write-ahead log"
+    );
+    Ok(())
 }
 
 /// Resource writes and deletes an entry carries.
@@ -356,30 +497,6 @@ fn operations_in(entry: &Entry) -> u64 {
         openraft::EntryPayload::Normal(command) => command.op().change_count() as u64,
         _ => 0,
     }
-}
-
-fn write_batch(env: &LmdbEnv, dbs: &LogDbs, batch: &[WriteOp]) -> Result<(), heed::Error> {
-    let mut wtxn = env.write_txn()?;
-    for op in batch {
-        match op {
-            WriteOp::Append(entries, _) => {
-                for entry in entries {
-                    let bytes = encode(entry).map_err(|e| heed::Error::Encoding(e))?;
-                    dbs.entries.put(&mut wtxn, &entry.log_id.index, &bytes)?;
-                }
-            }
-            WriteOp::Truncate(from) => {
-                dbs.entries.delete_range(&mut wtxn, &(*from..))?;
-            }
-            WriteOp::Purge(upto) => {
-                dbs.entries.delete_range(&mut wtxn, &(..=upto.index))?;
-                let bytes = encode(&Some(*upto)).map_err(|e| heed::Error::Encoding(e))?;
-                dbs.meta.put(&mut wtxn, schema::META_LAST_PURGED, &bytes)?;
-            }
-            WriteOp::Meta { key, value, .. } => dbs.meta.put(&mut wtxn, key, value)?,
-        }
-    }
-    wtxn.commit()
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -410,36 +527,41 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if let Some(entries) = tail.cached(start, end) {
             return Ok(entries);
         }
-        // Disk entries overlaid with the pending tail (which wins: it may hold re-appended
-        // entries that replace truncated ones not yet deleted on disk).
-        let rtxn = self.inner.env.read_txn().map_err(read_error)?;
-        let mut merged: BTreeMap<u64, Entry> = BTreeMap::new();
-        for item in self
-            .inner
-            .dbs
-            .entries
-            .range(&rtxn, &(start..end))
-            .map_err(read_error)?
-        {
-            let (index, bytes) = item.map_err(read_error)?;
-            if !tail.pending.contains_key(&index) {
-                merged.insert(index, decode(bytes).map_err(read_error)?);
-            }
+        // Memory first (pending wins: it may hold re-appended entries that replace truncated
+        // ones still on disk), then the disk. The run starts at the first index found (a caller
+        // may ask from before the log's start); the log has no holes, so a gap after that can
+        // only be the end.
+        enum Source {
+            Memory(Entry),
+            Disk(Arc<File>, Location),
         }
-        for (index, entry) in tail.pending.range(start..end) {
-            merged.insert(*index, entry.clone());
-        }
-        // Return the contiguous run from the first entry found; the log never has holes, so a
-        // gap can only mean the caller asked past the end.
-        let mut entries = Vec::with_capacity(merged.len());
-        for (index, entry) in merged {
-            if entries
-                .last()
-                .is_some_and(|previous: &Entry| previous.log_id.index + 1 != index)
-            {
+        let mut sources = Vec::with_capacity((end - start).min(1024) as usize);
+        for index in start..end {
+            let source = match tail.pending.get(&index).or_else(|| tail.recent.get(&index)) {
+                Some(entry) => Some(Source::Memory(entry.clone())),
+                None => tail.locations.get(&index).and_then(|location| {
+                    let file = tail.segments.get(&location.segment)?;
+                    Some(Source::Disk(file.clone(), *location))
+                }),
+            };
+            let Some(source) = source else {
+                if sources.is_empty() {
+                    continue;
+                }
                 break;
-            }
-            entries.push(entry);
+            };
+            sources.push(source);
+        }
+        drop(tail);
+        let mut entries = Vec::with_capacity(sources.len());
+        for source in sources {
+            entries.push(match source {
+                Source::Memory(entry) => entry,
+                Source::Disk(file, location) => {
+                    let bytes = wal::read_entry(&file, location).map_err(read_error)?;
+                    decode(&bytes).map_err(read_error)?
+                }
+            });
         }
         Ok(entries)
     }
@@ -461,11 +583,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
-        self.write_meta_durably(schema::META_VOTE, vote).await
+        self.write_vote_durably(vote).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
-        self.read_meta(schema::META_VOTE)
+        Ok(self.tail().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {

@@ -3,7 +3,8 @@
 //! Layout under a node's data directory:
 //!
 //! ```text
-//! raft/log/            log environment
+//! raft/wal/            the raft log: segments of checksummed records (see `wal`)
+//! raft/log/            (format 1 only) the raft log in LMDB, moved to raft/wal at the first open
 //!   entries            u64 big-endian index -> encoded Entry
 //!   meta               "format" | "vote" | "last_purged" -> encoded value
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
@@ -34,6 +35,9 @@ use crate::storage::StorageKey;
 /// Virtual size of each memory map. Sparse: only written pages use disk.
 const MAP_SIZE: usize = 64 << 30;
 
+/// The raft log (segments of [`super::wal`]).
+pub const WAL_DIR: &str = "raft/wal";
+/// Where resd kept the raft log in LMDB before format 2; moved to [`WAL_DIR`] at the first open.
 pub const LOG_DIR: &str = "raft/log";
 pub const SM_DIR: &str = "raft/sm";
 pub const SM_CURRENT: &str = "raft/sm/CURRENT";
@@ -134,8 +138,11 @@ pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String
 }
 
 /// The on-disk format this build writes: the layout above and the log entry encoding of
-/// `codec`. Bump it (and teach `open_*` to read the old one) when either changes.
-pub const FORMAT_VERSION: u32 = 1;
+/// `codec`. Bump it (and teach `open_*` to read the old one) when either changes. Opening an
+/// environment of an older format records this one in it, so an older build refuses it.
+///
+/// 2: the raft log moved from LMDB (`raft/log`) to the write-ahead log (`raft/wal`).
+pub const FORMAT_VERSION: u32 = 2;
 
 pub const META_FORMAT: &str = "format";
 pub const META_VOTE: &str = "vote";
@@ -210,6 +217,9 @@ fn check_format(
             found,
             supported: FORMAT_VERSION,
         })));
+    }
+    if found < FORMAT_VERSION {
+        meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
     }
     wtxn.commit()
 }

@@ -722,9 +722,71 @@ fn a_data_directory_of_a_newer_format_is_refused_naming_both_versions() {
         Err(error) => error.to_string(),
     };
     assert!(
-        message.contains("format version 7") && message.contains("up to 1"),
+        message.contains("format version 7")
+            && message.contains(&format!("up to {}", super::schema::FORMAT_VERSION)),
         "{message}"
     );
+}
+
+/// A data directory of format 1 kept the raft log in LMDB: the first open moves the vote, the
+/// purge point and the entries to the write-ahead log and removes the LMDB log.
+#[tokio::test]
+async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log() {
+    use openraft::RaftLogReader;
+    use openraft::storage::RaftLogStorage;
+
+    use super::types::{Entry, LogId, Vote, encode};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log_id = |index| LogId::new(openraft::CommittedLeaderId::new(4, 2), index);
+    {
+        let (env, dbs) = super::schema::open_log(dir.path()).expect("open");
+        let mut wtxn = env.write_txn().expect("txn");
+        dbs.meta
+            .put(&mut wtxn, super::schema::META_FORMAT, &1u32.to_be_bytes())
+            .expect("format");
+        dbs.meta
+            .put(
+                &mut wtxn,
+                super::schema::META_VOTE,
+                &encode(&Vote::new_committed(4, 2)).expect("encode"),
+            )
+            .expect("vote");
+        dbs.meta
+            .put(
+                &mut wtxn,
+                super::schema::META_LAST_PURGED,
+                &encode(&Some(log_id(10))).expect("encode"),
+            )
+            .expect("purged");
+        for index in 11..=20 {
+            let entry = Entry {
+                log_id: log_id(index),
+                payload: openraft::EntryPayload::Blank,
+            };
+            dbs.entries
+                .put(&mut wtxn, &index, &encode(&entry).expect("encode"))
+                .expect("entry");
+        }
+        wtxn.commit().expect("commit");
+        env.prepare_for_closing().wait();
+    }
+    for round in 0..2 {
+        let mut log = LogStore::open(dir.path()).expect("open");
+        assert!(!dir.path().join(super::schema::LOG_DIR).exists(), "round {round}");
+        assert_eq!(
+            log.read_vote().await.expect("vote"),
+            Some(Vote::new_committed(4, 2))
+        );
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(10)));
+        assert_eq!(state.last_log_id, Some(log_id(20)));
+        let entries = log.try_get_log_entries(0..100).await.expect("read");
+        assert_eq!(
+            entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            (11..=20).collect::<Vec<_>>()
+        );
+    }
 }
 
 #[test]

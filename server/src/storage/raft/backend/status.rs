@@ -114,13 +114,7 @@ impl RaftBackend {
                 Vec::new()
             }
         };
-        let log = std::fs::metadata(
-            self.data_dir
-                .join(super::super::schema::LOG_DIR)
-                .join("data.mdb"),
-        )
-        .map(|m| m.len())
-        .unwrap_or(0);
+        let log = super::super::wal::disk_bytes(&self.data_dir.join(super::super::schema::WAL_DIR));
         StorageSample {
             resources: counts,
             lmdb_bytes: vec![("log", log), ("state", self.sm.disk_bytes())],
