@@ -320,10 +320,7 @@ impl Writer {
             if let Some(metrics) = self.stats.metrics.get() {
                 metrics.synced("log", started.elapsed().as_secs_f64());
             }
-            let result = match result {
-                Ok(written) => self.flushed(&batch, written),
-                Err(error) => Err(error),
-            };
+            let result = result.map(|written| self.flushed(&batch, written));
             for op in batch {
                 let outcome = result.as_ref().map(|_| ()).map_err(io_error);
                 match op {
@@ -342,10 +339,7 @@ impl Writer {
     }
 
     /// Writes the batch's records and syncs them.
-    fn write_batch(
-        &mut self,
-        batch: &[WriteOp],
-    ) -> Result<(Vec<(u64, Location)>, Option<wal::Segment>), WalError> {
+    fn write_batch(&mut self, batch: &[WriteOp]) -> Result<wal::Written, WalError> {
         let mut records = wal::Batch::default();
         let encoding = |e: bincode::Error| WalError::Io {
             path: PathBuf::from(schema::WAL_DIR),
@@ -374,11 +368,7 @@ impl Writer {
     /// After a sync: entries leave the pending tail for the recent ones (unless a truncate
     /// replaced them meanwhile), every operation's effect on where entries are is replayed in
     /// order, and segments left with no live entry after a purge are deleted.
-    fn flushed(
-        &self,
-        batch: &[WriteOp],
-        (written, opened): (Vec<(u64, Location)>, Option<wal::Segment>),
-    ) -> Result<(), WalError> {
+    fn flushed(&self, batch: &[WriteOp], wal::Written { locations, opened }: wal::Written) {
         let mut entry_count = 0u64;
         let mut operation_count = 0u64;
         let mut purged = false;
@@ -386,7 +376,7 @@ impl Writer {
         if let Some(segment) = opened {
             tail.segments.insert(segment.seq, segment.file);
         }
-        let mut written = written.into_iter();
+        let mut written = locations.into_iter();
         for op in batch {
             match op {
                 WriteOp::Append(entries, _) => {
@@ -395,8 +385,7 @@ impl Writer {
                     for entry in entries {
                         tail.flushed(entry);
                         if let Some((index, location)) = written.next() {
-                            tail.locations.split_off(&index);
-                            tail.locations.insert(index, location);
+                            wal::place(&mut tail.locations, index, location);
                         }
                     }
                 }
@@ -432,7 +421,6 @@ impl Writer {
                 Err(error) => tracing::warn!(%error, "cannot delete purged raft log segments"),
             }
         }
-        Ok(())
     }
 }
 

@@ -115,7 +115,7 @@ impl TestCluster {
                     Instant::now() + Duration::from_secs(30),
                 )
                 .await
-                .expect("add voter");
+                .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
         }
         cluster.wait_for_leader(1, cluster.nodes.len()).await;
         cluster
@@ -773,7 +773,10 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
     }
     for round in 0..2 {
         let mut log = LogStore::open(dir.path()).expect("open");
-        assert!(!dir.path().join(super::schema::LOG_DIR).exists(), "round {round}");
+        assert!(
+            !dir.path().join(super::schema::LOG_DIR).exists(),
+            "round {round}"
+        );
         assert_eq!(
             log.read_vote().await.expect("vote"),
             Some(Vote::new_committed(4, 2))

@@ -100,6 +100,13 @@ pub struct Segment {
     pub file: Arc<File>,
 }
 
+/// What a write did: where its entries landed, and the segment it opened (if it started one).
+#[derive(Debug)]
+pub struct Written {
+    pub locations: Vec<(u64, Location)>,
+    pub opened: Option<Segment>,
+}
+
 /// What replaying the segments found.
 #[derive(Debug, Default)]
 pub struct Replayed {
@@ -331,8 +338,8 @@ impl Wal {
                         match kind {
                             KIND_ENTRY => {
                                 let index = u64_at(body).ok_or_else(|| bad("a short entry"))?;
-                                replayed.locations.split_off(&index);
-                                replayed.locations.insert(
+                                place(
+                                    &mut replayed.locations,
                                     index,
                                     Location {
                                         segment: seq,
@@ -456,10 +463,7 @@ impl Wal {
 
     /// Writes a batch and syncs it; returns where its entries landed, and the segment it was
     /// written to (opened now if the batch started a new one).
-    pub fn write(
-        &mut self,
-        batch: Batch,
-    ) -> Result<(Vec<(u64, Location)>, Option<Segment>), WalError> {
+    pub fn write(&mut self, batch: Batch) -> Result<Written, WalError> {
         let mut opened = None;
         if self.end + batch.body.len() as u64 > self.capacity {
             opened = Some(self.roll(batch.body.len() as u64)?);
@@ -493,7 +497,7 @@ impl Wal {
                     .map_err(at(&self.dir))?,
             );
         }
-        Ok((locations, opened))
+        Ok(Written { locations, opened })
     }
 
     /// Starts the next segment, big enough for `need` bytes after its header.
@@ -573,6 +577,18 @@ fn list_segments_quiet(dir: &Path) -> Vec<(u64, PathBuf)> {
     segments
 }
 
+/// Records where entry `index` is: it replaces the entry at `index` and every later one (an
+/// append at an index the log already has follows a truncate there).
+pub fn place(locations: &mut BTreeMap<u64, Location>, index: u64, location: Location) {
+    if locations
+        .last_key_value()
+        .is_some_and(|(last, _)| *last >= index)
+    {
+        locations.split_off(&index);
+    }
+    locations.insert(index, location);
+}
+
 /// Reads an entry's encoded form back from its segment.
 pub fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; FRAME + location.len as usize];
@@ -612,7 +628,7 @@ mod tests {
         for index in range {
             batch.entry(index, &vec![index as u8; size]);
         }
-        wal.write(batch).expect("write").0
+        wal.write(batch).expect("write").locations
     }
 
     fn segments(dir: &Path) -> Vec<u64> {
@@ -756,7 +772,7 @@ mod tests {
                 75,
                 &crate::storage::raft::types::encode(&log_id(2, 75)).expect("encode"),
             );
-            let (_, _) = wal.write(batch).expect("purge");
+            wal.write(batch).expect("purge");
             let first_live = written
                 .iter()
                 .find(|(index, _)| *index == 76)

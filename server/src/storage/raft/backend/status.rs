@@ -98,6 +98,9 @@ fn explain_membership_error(error: String) -> String {
     }
 }
 
+/// How long a membership change waits for the configuration before it to commit.
+pub const MEMBERSHIP_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A learner that has not answered for this long is given up on by Join.
 pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -358,6 +361,7 @@ impl RaftBackend {
         deadline: std::time::Instant,
     ) -> Result<(), String> {
         let _one_at_a_time = self.membership.lock().await;
+        self.settle_membership(deadline).await;
         let raft_addr = node.raft_addr.clone();
         self.raft
             .add_learner(id, node, false)
@@ -590,6 +594,33 @@ impl RaftBackend {
         Ok(())
     }
 
+    /// Waits (at most [`MEMBERSHIP_SETTLE`], and not past `deadline`) until the configuration in
+    /// effect is applied, so committed. A leader just elected, or just done with a change, has
+    /// its configuration committed within a round trip; a change asked for in between would
+    /// otherwise be refused as one that overlaps an earlier change. A configuration that does
+    /// not commit in that time is left to the change itself to report.
+    async fn settle_membership(&self, deadline: std::time::Instant) {
+        let until = deadline.min(std::time::Instant::now() + MEMBERSHIP_SETTLE);
+        let mut metrics = self.raft.metrics();
+        loop {
+            let settled = {
+                let now = metrics.borrow_and_update();
+                let applied = now.last_applied.as_ref().map(|log_id| log_id.index);
+                let membership = now.membership_config.log_id().as_ref().map(|id| id.index);
+                applied >= membership
+            };
+            if settled {
+                return;
+            }
+            let waited =
+                tokio::time::timeout_at(tokio::time::Instant::from_std(until), metrics.changed())
+                    .await;
+            if !matches!(waited, Ok(Ok(()))) {
+                return;
+            }
+        }
+    }
+
     /// Removes a node from the voters and the cluster. Must run on the leader.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), String> {
         self.remove_member_inner(id)
@@ -599,6 +630,8 @@ impl RaftBackend {
 
     async fn remove_member_inner(&self, id: NodeId) -> Result<(), String> {
         let _one_at_a_time = self.membership.lock().await;
+        self.settle_membership(std::time::Instant::now() + MEMBERSHIP_SETTLE)
+            .await;
         // `retain: false`: a voter leaving the configuration leaves the membership too.
         self.raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
