@@ -160,8 +160,8 @@ pub async fn serve_api(
         .serve_with_incoming_shutdown(listening.incoming_grpc(listener, "API"), async move {
             stopping.cancelled().await;
             set_not_serving(&reporter).await;
-        })
-        .await;
+        });
+    let served = within_grace(served, &shutdown, "API").await;
     if let Some(task) = health_watch {
         task.abort();
         let _ = task.await;
@@ -196,7 +196,7 @@ pub async fn serve_raft(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // Appends from a leader travel on one long-lived stream per peer: HTTP/2's default
         // 64 KiB window would hold a batch of appends back for window updates.
@@ -206,10 +206,38 @@ pub async fn serve_raft(
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))
-        .add_service(raft.into_server())
+        .add_service(raft.with_shutdown(shutdown.clone()).into_server())
         .serve_with_incoming_shutdown(
             listening.incoming_grpc(listener, "raft service"),
-            shutdown.cancelled_owned(),
-        )
-        .await
+            shutdown.clone().cancelled_owned(),
+        );
+    within_grace(served, &shutdown, "raft").await
+}
+
+/// How long a server may take, once the node is stopping, to finish what is in flight.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs a server; once `shutdown` is cancelled it has [`SHUTDOWN_GRACE`] to finish its
+/// in-flight requests and streams, then it is dropped, which closes what is left: a client
+/// that keeps a request open cannot keep the node from stopping.
+async fn within_grace<E>(
+    served: impl Future<Output = Result<(), E>>,
+    shutdown: &CancellationToken,
+    server: &'static str,
+) -> Result<(), E> {
+    tokio::pin!(served);
+    tokio::select! {
+        result = &mut served => result,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(
+                server,
+                grace_seconds = SHUTDOWN_GRACE.as_secs(),
+                "requests were still open when the shutdown grace period ended; closing their connections"
+            );
+            Ok(())
+        }
+    }
 }

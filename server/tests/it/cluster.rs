@@ -171,6 +171,32 @@ async fn a_stopped_and_restarted_cluster_keeps_its_data() {
         .expect("write after restart");
 }
 
+/// A follower stops promptly on SIGTERM while its leader keeps running (the leader's append
+/// stream to it stays open; the follower ends it instead of waiting for the leader to), and
+/// rejoins when restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_stops_promptly_while_its_leader_runs() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    write(&cluster.nodes[leader], artist("before-stop"))
+        .await
+        .expect("write");
+    let follower = (leader + 1) % cluster.nodes.len();
+    // Well inside the servers' shutdown grace period: the stream must end, not time out.
+    let status = cluster.nodes[follower]
+        .terminate_within(Duration::from_secs(5))
+        .expect("a follower exits within 5 s of SIGTERM while its leader runs");
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    write(&cluster.nodes[leader], artist("while-stopped"))
+        .await
+        .expect("the remaining two take writes");
+    cluster.nodes[follower].restart();
+    let target = leader_applied(&cluster).await;
+    cluster.wait_for_applied(target).await;
+    let names = local_artists(&cluster.nodes[follower]).await;
+    assert!(names.contains("before-stop") && names.contains("while-stopped"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_added_after_a_snapshot_catches_up_through_it() {
     let mut cluster = Cluster::start(3, &["--snapshot-every", "20"]).await;

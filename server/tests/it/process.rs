@@ -172,14 +172,19 @@ impl Resd {
 
     /// Sends SIGTERM (by PID) and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
+        self.terminate_within(STOP_TIMEOUT)
+            .expect("resd exits after SIGTERM")
+    }
+
+    /// Sends SIGTERM (by PID) and waits at most `timeout` for the exit (`None`: still running).
+    pub fn terminate_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let pid = self.pid().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -TERM {pid} failed");
-        self.wait_exit(STOP_TIMEOUT)
-            .expect("resd exits after SIGTERM")
+        self.wait_exit(timeout)
     }
 
     /// `GET path` on the node's HTTP server (`--http-addr`): status and body, or `None` when

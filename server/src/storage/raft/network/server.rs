@@ -36,6 +36,9 @@ pub struct RaftGrpc {
     asked: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>>,
     /// Where the time to serve each AppendEntries goes, once the node has its metrics.
     append_duration: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// Cancelled when the node stops: open append streams end, so the server's graceful
+    /// shutdown does not wait for a leader that keeps its stream open.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 /// How often the members are asked about the same unknown caller.
@@ -51,7 +54,14 @@ impl RaftGrpc {
             refusals: Arc::default(),
             asked: Arc::default(),
             append_duration: None,
+            stopping: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// Ends open append streams when `stopping` is cancelled.
+    pub fn with_shutdown(mut self, stopping: tokio_util::sync::CancellationToken) -> Self {
+        self.stopping = stopping;
+        self
     }
 
     /// Records how long each AppendEntries takes to serve into `histogram`.
@@ -240,9 +250,12 @@ impl RaftService for RaftGrpc {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     break;
                 };
-                let request = match requests.message().await {
-                    Ok(Some(request)) => request,
-                    Ok(None) | Err(_) => break,
+                let request = tokio::select! {
+                    () = service.stopping.cancelled() => break,
+                    request = requests.message() => match request {
+                        Ok(Some(request)) => request,
+                        Ok(None) | Err(_) => break,
+                    },
                 };
                 let service = service.clone();
                 let info = info.clone();
