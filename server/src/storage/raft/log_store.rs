@@ -48,6 +48,8 @@ impl Debug for LogStore {
 }
 
 struct LogInner {
+    /// Kept open while the log is: see [`LogStore::open`].
+    _format_marker: schema::LmdbEnv,
     tail: Arc<Mutex<Tail>>,
     writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -187,16 +189,19 @@ fn write_error(error: impl std::fmt::Display) -> RaftStorageError {
 impl LogStore {
     pub fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
         let dir = data_dir.join(schema::WAL_DIR);
-        let lmdb = data_dir.join(schema::LOG_DIR);
-        if !dir.exists() && lmdb.join("data.mdb").exists() {
-            migrate_lmdb_log(data_dir)?;
-        } else if dir.exists() && lmdb.exists() {
-            // Left by a move that stopped before its last step, or by an older resd that was
-            // started on this directory and refused it: the write-ahead log is the log.
-            std::fs::remove_dir_all(&lmdb).map_err(|source| WalError::Io {
-                path: lmdb.clone(),
-                source,
-            })?;
+        // The LMDB log environment stays, emptied, as the marker of the directory's format: an
+        // older resd opens it first and refuses a format it does not know, naming both.
+        let (format_marker, lmdb) = schema::open_log(data_dir)?;
+        if !dir.exists() && holds_a_log(&format_marker, &lmdb)? {
+            migrate_lmdb_log(data_dir, &format_marker, &lmdb)?;
+        }
+        if holds_a_log(&format_marker, &lmdb)? {
+            // Moved already (the move stopped before its last step): only the marker stays.
+            let mut wtxn = format_marker.write_txn()?;
+            lmdb.entries.clear(&mut wtxn)?;
+            lmdb.meta.delete(&mut wtxn, schema::META_VOTE)?;
+            lmdb.meta.delete(&mut wtxn, schema::META_LAST_PURGED)?;
+            wtxn.commit()?;
         }
         let (wal, replayed) = Wal::open(&dir)?;
         let unreadable = |what: String| LogOpenError::Unreadable {
@@ -235,6 +240,7 @@ impl LogStore {
             .map_err(LogOpenError::Thread)?;
         Ok(LogStore {
             inner: Arc::new(LogInner {
+                _format_marker: format_marker,
                 tail,
                 writer: Mutex::new(Some(sender)),
                 writer_thread: Mutex::new(Some(writer_thread)),
@@ -424,14 +430,23 @@ impl Writer {
     }
 }
 
+/// Whether the LMDB log environment still holds a log (an earlier resd kept it there).
+fn holds_a_log(env: &schema::LmdbEnv, dbs: &schema::LogDbs) -> Result<bool, heed::Error> {
+    let rtxn = env.read_txn()?;
+    Ok(!dbs.entries.is_empty(&rtxn)? || dbs.meta.get(&rtxn, schema::META_VOTE)?.is_some())
+}
+
 /// Moves a log kept in LMDB by an earlier resd (`raft/log`) into a new write-ahead log: the
-/// vote, the purge point and every entry, written to `raft/wal.tmp`, synced, renamed into place;
-/// only then is the LMDB log removed. Stopped anywhere, the next open starts the move again or
-/// finds it done.
-pub fn migrate_lmdb_log(data_dir: &Path) -> Result<(), LogOpenError> {
+/// vote, the purge point and every entry, written to `raft/wal.tmp`, synced and renamed into
+/// place; only then is the LMDB log emptied (by the caller). Stopped anywhere, the next open
+/// starts the move again or finds it done.
+fn migrate_lmdb_log(
+    data_dir: &Path,
+    env: &schema::LmdbEnv,
+    dbs: &schema::LogDbs,
+) -> Result<(), LogOpenError> {
     let target = data_dir.join(schema::WAL_DIR);
     let staging = data_dir.join(format!("{}.tmp", schema::WAL_DIR));
-    let lmdb = data_dir.join(schema::LOG_DIR);
     let gone = |path: &Path| {
         let path = path.to_path_buf();
         move |source| WalError::Io { path, source }
@@ -439,7 +454,6 @@ pub fn migrate_lmdb_log(data_dir: &Path) -> Result<(), LogOpenError> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(gone(&staging))?;
     }
-    let (env, dbs) = schema::open_log(data_dir)?;
     let mut moved = 0u64;
     {
         let (mut wal, _) = Wal::open(&staging)?;
@@ -464,15 +478,13 @@ pub fn migrate_lmdb_log(data_dir: &Path) -> Result<(), LogOpenError> {
             wal.write(records)?;
         }
     }
-    drop(env);
     std::fs::rename(&staging, &target).map_err(gone(&target))?;
     if let Some(parent) = target.parent() {
         schema::sync_dir(parent).map_err(gone(parent))?;
     }
-    std::fs::remove_dir_all(&lmdb).map_err(gone(&lmdb))?;
     tracing::info!(
         entries = moved,
-        from = %lmdb.display(),
+        from = %data_dir.join(schema::LOG_DIR).display(),
         to = %target.display(),
         "moved the raft log from LMDB to the write-ahead log"
     );

@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! raft/wal/            the raft log: segments of checksummed records (see `wal`)
-//! raft/log/            (format 1 only) the raft log in LMDB, moved to raft/wal at the first open
-//!   entries            u64 big-endian index -> encoded Entry
+//! raft/log/            the format marker: an LMDB environment whose meta records the format
+//!                      (an older resd opens it first and refuses a newer format). Up to
+//!                      format 1 it held the raft log, moved to raft/wal at the first open:
+//!   entries            u64 big-endian index -> encoded Entry (empty from format 2)
 //!   meta               "format" | "vote" | "last_purged" -> encoded value
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
 //!   resources          storage key -> encoded Resource
@@ -37,7 +39,8 @@ const MAP_SIZE: usize = 64 << 30;
 
 /// The raft log (segments of [`super::wal`]).
 pub const WAL_DIR: &str = "raft/wal";
-/// Where resd kept the raft log in LMDB before format 2; moved to [`WAL_DIR`] at the first open.
+/// Where resd kept the raft log in LMDB before format 2 (moved to [`WAL_DIR`] at the first
+/// open); from format 2, emptied, the marker of the directory's format.
 pub const LOG_DIR: &str = "raft/log";
 pub const SM_DIR: &str = "raft/sm";
 pub const SM_CURRENT: &str = "raft/sm/CURRENT";

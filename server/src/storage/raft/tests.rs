@@ -771,12 +771,8 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
         wtxn.commit().expect("commit");
         env.prepare_for_closing().wait();
     }
-    for round in 0..2 {
+    for _round in 0..2 {
         let mut log = LogStore::open(dir.path()).expect("open");
-        assert!(
-            !dir.path().join(super::schema::LOG_DIR).exists(),
-            "round {round}"
-        );
         assert_eq!(
             log.read_vote().await.expect("vote"),
             Some(Vote::new_committed(4, 2))
@@ -790,6 +786,21 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
             (11..=20).collect::<Vec<_>>()
         );
     }
+    // What stays of the LMDB log is the format marker: empty, and of the current format, so an
+    // older resd refuses the directory.
+    let (env, dbs) = super::schema::open_log(dir.path()).expect("open the marker");
+    let rtxn = env.read_txn().expect("txn");
+    assert!(dbs.entries.is_empty(&rtxn).expect("entries"));
+    assert!(
+        dbs.meta
+            .get(&rtxn, super::schema::META_VOTE)
+            .expect("vote")
+            .is_none()
+    );
+    assert_eq!(
+        super::schema::format_of(&env, dbs.meta).expect("format"),
+        Some(super::schema::FORMAT_VERSION)
+    );
 }
 
 #[test]
