@@ -1,6 +1,6 @@
 //! Write throughput of real `resd` clusters on loopback: 1-node and 3-node clusters, 1 KiB
 //! resources written through the gRPC API at concurrency 1, 16 and 64. Prints throughput,
-//! p50/p99 latency and resource writes per LMDB commit of the leader's raft log (group commit)
+//! p50/p99 latency and resource writes per sync of the leader's raft log (group commit)
 //! for each run.
 //!
 //! `cargo bench -p server --bench write_throughput`; `RESD_BENCH_SECONDS` sets each run's

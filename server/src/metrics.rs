@@ -50,7 +50,7 @@ pub type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 pub struct StorageMetrics {
     /// Resource writes per applied log entry.
     pub batch_entries: Histogram,
-    /// LMDB commits (each an fsync), by environment (`log`, `state`).
+    /// Syncs of a store, by environment (`log`: one write and `fdatasync` of the raft log).
     pub sync_duration: HistogramFamily,
     /// Applying a run of entries to the state machine, commit included; with the writes they
     /// held, for `Status` (rate and p99 over the last seconds).
@@ -72,7 +72,7 @@ impl Default for StorageMetrics {
 }
 
 impl StorageMetrics {
-    /// Records one LMDB commit of `env` that took `seconds`.
+    /// Records one sync of `env` that took `seconds`.
     pub fn synced(&self, env: &'static str, seconds: f64) {
         self.sync_duration
             .get_or_create(&vec![("env", env.to_owned())])
@@ -113,7 +113,8 @@ pub struct Sample {
     pub controllers: Vec<ControllerSample>,
     /// Resources per `group.Kind` (all versions of a kind share storage).
     pub resources: Vec<(String, u64)>,
-    /// Bytes on disk per LMDB environment (`log`, `state`).
+    /// Bytes on disk per store: `log` (the raft log's segments), `state` (the state machine's
+    /// LMDB environment). The family keeps DESIGN §13's name.
     pub lmdb_bytes: Vec<(&'static str, u64)>,
 }
 
@@ -188,7 +189,7 @@ impl Metrics {
         );
         registry.register(
             "resd_storage_sync_duration_seconds",
-            "LMDB commits (each one fsync), by environment",
+            "Syncs of a store (env=log: one write and fdatasync of the raft log)",
             storage.sync_duration.clone(),
         );
         registry.register(
@@ -343,7 +344,7 @@ impl Collector for Sampled {
             let bytes = ConstGauge::new(0i64);
             let mut family = encoder.encode_descriptor(
                 "resd_lmdb_bytes",
-                "Size on disk of each LMDB environment",
+                "Size on disk of each store: env=log is the raft log's segments, env=state the state machine's LMDB environment",
                 None,
                 bytes.metric_type(),
             )?;

@@ -216,21 +216,39 @@ fn sync_dir(dir: &Path) -> Result<(), WalError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(at(dir))
 }
 
+/// The unit the page cache is filled in where records are written.
+const PAGE: usize = 4096;
+
 /// Writes `size` zero bytes to a new file at `path` and syncs it.
+///
+/// A page at a time, on purpose: the kernel caches a file in folios as large as the writes
+/// (or reads) that brought it in, and writeback writes a dirty folio whole. Filled with one
+/// large write, a segment would be cached in 2 MiB folios, and every sync of a 1 KiB record
+/// would write 2 MiB (measured on this machine's 6.18 kernel: 2,097,152 bytes written per
+/// sync against 5,489, and 140 µs against 99 µs).
 fn zero_filled(path: &Path, size: u64) -> io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(path)?;
-    let chunk = vec![0u8; 1 << 20];
+    let page = [0u8; PAGE];
     let mut left = size;
     while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n])?;
+        let n = left.min(PAGE as u64) as usize;
+        file.write_all(&page[..n])?;
         left -= n as u64;
     }
     file.sync_all()
+}
+
+/// Opens a segment for positioned reads and writes, without readahead: a read must not bring
+/// the unwritten part of the segment into the cache in large folios (see [`zero_filled`]).
+fn open_segment(path: &Path) -> Result<File, WalError> {
+    let file = open_rw(path)?;
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random)
+        .map_err(|errno| at(path)(errno.into()))?;
+    Ok(file)
 }
 
 /// One record read back from a buffer.
@@ -372,19 +390,30 @@ impl Wal {
                     }
                 }
             }
-            if is_last && buf[offset..].iter().any(|&b| b != 0) {
+            if is_last {
                 // Whatever follows the end was never acknowledged: zero it, so no later write
-                // can end where a stale record begins.
-                let file = open_rw(&path)?;
+                // can end where a stale record begins. Reading the segment cached it in large
+                // folios; drop them and write the unwritten part back a page at a time, so
+                // appends dirty small ones (see `zero_filled`).
                 buf[offset..].fill(0);
-                file.write_all_at(&buf[offset..], offset as u64)
-                    .and_then(|_| file.sync_data())
-                    .map_err(at(&path))?;
+                let file = open_rw(&path)?;
+                rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+                    .map_err(|errno| at(&path)(errno.into()))?;
+                let mut page_start = offset - offset % PAGE;
+                while page_start < buf.len() {
+                    let page_end = (page_start + PAGE).min(buf.len());
+                    file.write_all_at(&buf[page_start..page_end], page_start as u64)
+                        .map_err(at(&path))?;
+                    page_start = page_end;
+                }
+                file.sync_data().map_err(at(&path))?;
             }
             keep.push((seq, path, offset as u64, buf.len() as u64));
         }
         for (seq, path, _, _) in &keep {
-            replayed.segments.insert(*seq, Arc::new(open_rw(path)?));
+            replayed
+                .segments
+                .insert(*seq, Arc::new(open_segment(path)?));
         }
         let current = match keep.last() {
             Some((seq, _, end, size)) => {
@@ -396,7 +425,7 @@ impl Wal {
                 let path = segment_path(dir, seq);
                 zero_filled(&path, SEGMENT_BYTES).map_err(at(&path))?;
                 sync_dir(dir)?;
-                let file = Arc::new(open_rw(&path)?);
+                let file = Arc::new(open_segment(&path)?);
                 replayed.segments.insert(seq, file.clone());
                 let mut wal = Wal {
                     dir: dir.to_path_buf(),
@@ -520,7 +549,7 @@ impl Wal {
             zero_filled(&path, size).map_err(at(&path))?;
         }
         sync_dir(&self.dir)?;
-        let file = Arc::new(open_rw(&path)?);
+        let file = Arc::new(open_segment(&path)?);
         self.current = Segment {
             seq,
             file: file.clone(),
