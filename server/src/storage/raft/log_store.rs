@@ -155,10 +155,30 @@ fn entry_bytes(entry: &Entry) -> usize {
 }
 
 enum WriteOp {
-    Append(Vec<Entry>, LogFlushed<TypeConfig>),
+    Append(Vec<Entry>, Flushed),
     Truncate(u64),
     Purge(LogId),
     Vote(Vote, tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+/// Who hears that an append is on disk: openraft, or a test of the store alone (openraft's
+/// callback cannot be made outside openraft).
+enum Flushed {
+    Raft(LogFlushed<TypeConfig>),
+    #[cfg(test)]
+    Test(tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+impl Flushed {
+    fn completed(self, outcome: io::Result<()>) {
+        match self {
+            Flushed::Raft(callback) => callback.log_io_completed(outcome),
+            #[cfg(test)]
+            Flushed::Test(done) => {
+                let _ = done.send(outcome);
+            }
+        }
+    }
 }
 
 /// Why the log cannot be opened.
@@ -270,6 +290,18 @@ impl LogStore {
         }
     }
 
+    /// Makes `entries` readable at once and queues them for the writer.
+    fn queue_append(&self, entries: Vec<Entry>, flushed: Flushed) -> Result<(), RaftStorageError> {
+        {
+            let mut tail = self.tail();
+            for entry in &entries {
+                tail.pending.insert(entry.log_id.index, entry.clone());
+                tail.last = Some(entry.log_id);
+            }
+        }
+        self.send(WriteOp::Append(entries, flushed))
+    }
+
     async fn write_vote_durably(&self, vote: &Vote) -> Result<(), RaftStorageError> {
         let (done, flushed) = tokio::sync::oneshot::channel();
         self.send(WriteOp::Vote(*vote, done))?;
@@ -330,7 +362,7 @@ impl Writer {
             for op in batch {
                 let outcome = result.as_ref().map(|_| ()).map_err(io_error);
                 match op {
-                    WriteOp::Append(_, callback) => callback.log_io_completed(outcome),
+                    WriteOp::Append(_, flushed) => flushed.completed(outcome),
                     WriteOp::Vote(_, done) => {
                         let _ = done.send(outcome);
                     }
@@ -615,15 +647,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
-        {
-            let mut tail = self.tail();
-            for entry in &entries {
-                tail.pending.insert(entry.log_id.index, entry.clone());
-                tail.last = Some(entry.log_id);
-            }
-        }
-        self.send(WriteOp::Append(entries, callback))
+        self.queue_append(entries.into_iter().collect(), Flushed::Raft(callback))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
@@ -717,6 +741,114 @@ mod tests {
         tail.retain_recent(|index| index > 2);
         assert_eq!(tail.recent.keys().copied().collect::<Vec<_>>(), vec![3]);
         assert_eq!(tail.recent_bytes, entry_bytes(&replacement));
+    }
+
+    /// An entry of about `size` bytes (one write whose data is that large).
+    fn big_entry(term: u64, index: u64, size: usize) -> Entry {
+        use proto::resource::v1::Resource;
+
+        use super::super::op::{Change, Tagged};
+        let resource = Resource {
+            data: Some(prost_types::Any {
+                type_url: "t".into(),
+                value: vec![(index % 251) as u8; size],
+            }),
+            ..Resource::default()
+        };
+        let change = Change::Write(resource, crate::storage::WriteCondition::default());
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
+            payload: openraft::EntryPayload::Normal(Command::new(Op::Changes(vec![Tagged::new(
+                change, "test",
+            )]))),
+        }
+    }
+
+    async fn append_all(log: &mut LogStore, entries: Vec<Entry>) {
+        let (flushed, done) = tokio::sync::oneshot::channel();
+        log.queue_append(entries, Flushed::Test(flushed))
+            .expect("append");
+        done.await.expect("flushed").expect("flushed without error");
+    }
+
+    fn terms(entries: &[Entry]) -> Vec<(u64, u64)> {
+        entries
+            .iter()
+            .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+            .collect()
+    }
+
+    /// Across several segments: a truncate back into an older segment, entries of a new term
+    /// appended over it, a purge, and a restart read back exactly the log openraft left, from
+    /// disk (the entries no longer in memory) and with the purged segments gone.
+    #[tokio::test]
+    async fn truncates_and_purges_across_segments_survive_a_restart() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wal_dir = dir.path().join(schema::WAL_DIR);
+        let size = 20_000;
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            log.save_vote(&Vote::new_committed(2, 1))
+                .await
+                .expect("vote");
+            for index in 1..=40 {
+                append_all(&mut log, vec![big_entry(1, index, size)]).await;
+            }
+            let segments_before = wal::disk_bytes(&wal_dir) / wal::SEGMENT_BYTES;
+            assert!(segments_before >= 3, "{segments_before} segments");
+            log.truncate(LogId::new(openraft::CommittedLeaderId::new(1, 1), 15))
+                .await
+                .expect("truncate");
+            append_all(
+                &mut log,
+                (15..=30).map(|index| big_entry(2, index, size)).collect(),
+            )
+            .await;
+            log.purge(LogId::new(openraft::CommittedLeaderId::new(2, 1), 20))
+                .await
+                .expect("purge");
+            // The purge is written with the next batch's sync; one more append waits for it.
+            append_all(&mut log, vec![big_entry(2, 31, size)]).await;
+            let segments_after = wal::disk_bytes(&wal_dir) / wal::SEGMENT_BYTES;
+            assert!(
+                segments_after < segments_before,
+                "purged segments are deleted: {segments_before} -> {segments_after}"
+            );
+        }
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(
+            log.read_vote().await.expect("vote"),
+            Some(Vote::new_committed(2, 1))
+        );
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(20));
+        assert_eq!(
+            state.last_log_id.map(|l| (l.index, l.leader_id.term)),
+            Some((31, 2))
+        );
+        let entries = log.try_get_log_entries(0..100).await.expect("read");
+        assert_eq!(
+            terms(&entries),
+            (21..=31).map(|index| (index, 2)).collect::<Vec<_>>()
+        );
+        // Entry 25 read back whole (its data, from its segment or memory).
+        let found = entries.iter().find(|e| e.log_id.index == 25).expect("25");
+        let data = match &found.payload {
+            openraft::EntryPayload::Normal(command) => match command.op() {
+                Op::Changes(changes) => match changes.first().map(|t| &t.change) {
+                    Some(super::super::op::Change::Write(resource, _)) => {
+                        resource.data.as_ref().map(|any| any.value.clone())
+                    }
+                    _ => None,
+                },
+                _ => None,
+            },
+            _ => None,
+        };
+        assert!(
+            data.is_some_and(|value| value == vec![25u8; size]),
+            "entry 25 is not the write it was"
+        );
     }
 
     #[test]
