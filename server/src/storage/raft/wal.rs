@@ -59,7 +59,7 @@ pub enum WalError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
-        "{path} is damaged at byte {offset}: {what}; it is not the end of the log, so this is not an interrupted write (restore the node from a snapshot, or remove its data directory and let it rejoin)"
+        "{path} is damaged at byte {offset}: {what}; it is not the end of the log, so this is not an interrupted write: remove the node from the cluster (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one"
     )]
     Damaged {
         path: PathBuf,
