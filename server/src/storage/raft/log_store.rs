@@ -212,11 +212,12 @@ impl LogStore {
         // The LMDB log environment stays, emptied, as the marker of the directory's format: an
         // older resd opens it first and refuses a format it does not know, naming both.
         let (format_marker, lmdb) = schema::open_log(data_dir)?;
-        if !dir.exists() && holds_a_log(&format_marker, &lmdb)? {
-            migrate_lmdb_log(data_dir, &format_marker, &lmdb)?;
-        }
         if holds_a_log(&format_marker, &lmdb)? {
-            // Moved already (the move stopped before its last step): only the marker stays.
+            if !dir.exists() {
+                migrate_lmdb_log(data_dir, &format_marker, &lmdb)?;
+            }
+            // Moved now, or before by a move that stopped short of this step: only the marker
+            // stays.
             let mut wtxn = format_marker.write_txn()?;
             lmdb.entries.clear(&mut wtxn)?;
             lmdb.meta.delete(&mut wtxn, schema::META_VOTE)?;
@@ -230,7 +231,10 @@ impl LogStore {
         };
         let last = match replayed.locations.last_key_value() {
             Some((_, location)) => {
-                let file = &replayed.segments[&location.segment];
+                let file = replayed
+                    .segments
+                    .get(&location.segment)
+                    .ok_or_else(|| unreadable("the last entry's segment is gone".into()))?;
                 let bytes = wal::read_entry(file, *location)
                     .map_err(|e| unreadable(format!("the last entry: {e}")))?;
                 let entry: Entry =
@@ -379,10 +383,7 @@ impl Writer {
     /// Writes the batch's records and syncs them.
     fn write_batch(&mut self, batch: &[WriteOp]) -> Result<wal::Written, WalError> {
         let mut records = wal::Batch::default();
-        let encoding = |e: bincode::Error| WalError::Io {
-            path: PathBuf::from(schema::WAL_DIR),
-            source: io_error(format!("cannot encode a log record: {e}")),
-        };
+        let encoding = |e: bincode::Error| WalError::Encode(e.to_string());
         for op in batch {
             match op {
                 WriteOp::Append(entries, _) => {

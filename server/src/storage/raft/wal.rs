@@ -66,6 +66,8 @@ pub enum WalError {
         offset: u64,
         what: String,
     },
+    #[error("cannot encode a raft log record: {0}")]
+    Encode(String),
     #[error(
         "{path} holds raft log format version {found}, but this build of resd reads versions up to {supported}: run a newer resd on it (downgrades are not supported)"
     )]
@@ -178,20 +180,16 @@ pub struct Wal {
     prepared: Option<JoinHandle<io::Result<()>>>,
 }
 
-/// Lists the segments of `dir` (by sequence number) and removes a left-over prepared file.
+/// The segments of `dir`, by sequence number (a prepared file is not one).
 fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, WalError> {
     let mut segments = Vec::new();
     for item in std::fs::read_dir(dir).map_err(at(dir))? {
         let item = item.map_err(at(dir))?;
         let name = item.file_name();
-        let name = name.to_string_lossy();
-        if name == PREPARED {
-            std::fs::remove_file(item.path()).map_err(at(&item.path()))?;
-            continue;
-        }
         if let Some(seq) = name
-            .strip_suffix(".wal")
-            .and_then(|s| s.parse::<u64>().ok())
+            .to_str()
+            .and_then(|name| name.strip_suffix(".wal"))
+            .and_then(|seq| seq.parse::<u64>().ok())
         {
             segments.push((seq, item.path()));
         }
@@ -299,6 +297,11 @@ impl Wal {
     /// Opens the log in `dir` (creating it if needed) and replays it.
     pub fn open(dir: &Path) -> Result<(Wal, Replayed), WalError> {
         std::fs::create_dir_all(dir).map_err(at(dir))?;
+        // A segment being prepared when the node stopped: made again when needed.
+        let prepared = dir.join(PREPARED);
+        if prepared.exists() {
+            std::fs::remove_file(&prepared).map_err(at(&prepared))?;
+        }
         let mut segments = list_segments(dir)?;
         let mut replayed = Replayed::default();
         let mut stated = Stated::default();
@@ -313,11 +316,11 @@ impl Wal {
                 offset: offset as u64,
                 what,
             };
-            match parse(&buf, 0) {
+            let mut offset = match parse(&buf, 0) {
                 Parsed::Record {
                     kind: KIND_HEADER,
                     body,
-                    ..
+                    next,
                 } => {
                     let format = body
                         .get(..4)
@@ -334,6 +337,7 @@ impl Wal {
                     if u64_at(&body[4..]) != Some(seq) {
                         return Err(damaged(0, "the header names another segment".into()));
                     }
+                    next
                 }
                 _ if is_last => {
                     std::fs::remove_file(&path).map_err(at(&path))?;
@@ -341,10 +345,6 @@ impl Wal {
                 }
                 Parsed::Bad(what) => return Err(damaged(0, what)),
                 _ => return Err(damaged(0, "no segment header".into())),
-            }
-            let mut offset = match parse(&buf, 0) {
-                Parsed::Record { next, .. } => next,
-                _ => 0,
             };
             loop {
                 match parse(&buf, offset) {
@@ -415,7 +415,7 @@ impl Wal {
                 .segments
                 .insert(*seq, Arc::new(open_segment(path)?));
         }
-        let current = match keep.last() {
+        let (current, end, capacity) = match keep.last() {
             Some((seq, _, end, size)) => {
                 let file = replayed.segments[seq].clone();
                 (Segment { seq: *seq, file }, *end, *size)
@@ -427,38 +427,29 @@ impl Wal {
                 sync_dir(dir)?;
                 let file = Arc::new(open_segment(&path)?);
                 replayed.segments.insert(seq, file.clone());
-                let mut wal = Wal {
-                    dir: dir.to_path_buf(),
-                    current: Segment { seq, file },
-                    end: 0,
-                    capacity: SEGMENT_BYTES,
-                    stated: Stated::default(),
-                    prepared: None,
-                };
-                let header = wal.header();
-                wal.write_at_end(&header)?;
-                return Ok((wal, replayed));
+                (Segment { seq, file }, 0, SEGMENT_BYTES)
             }
         };
-        let (current, end, capacity) = current;
-        Ok((
-            Wal {
-                dir: dir.to_path_buf(),
-                current,
-                end,
-                capacity,
-                stated,
-                prepared: None,
-            },
-            replayed,
-        ))
+        let mut wal = Wal {
+            dir: dir.to_path_buf(),
+            current,
+            end,
+            capacity,
+            stated,
+            prepared: None,
+        };
+        if keep.is_empty() {
+            let header = wal.header(wal.current.seq);
+            wal.write_at_end(&header)?;
+        }
+        Ok((wal, replayed))
     }
 
-    /// The header and restated vote and purge point a new segment starts with.
-    fn header(&self) -> Vec<u8> {
+    /// The header and restated vote and purge point segment `seq` starts with.
+    fn header(&self, seq: u64) -> Vec<u8> {
         let mut batch = Batch::default();
         let mut header = WAL_FORMAT.to_le_bytes().to_vec();
-        header.extend_from_slice(&self.current.seq.to_le_bytes());
+        header.extend_from_slice(&seq.to_le_bytes());
         batch.record(KIND_HEADER, &[&header]);
         if let Some(vote) = &self.stated.vote {
             batch.record(KIND_VOTE, &[vote]);
@@ -534,8 +525,8 @@ impl Wal {
         let seq = self.current.seq + 1;
         let path = segment_path(&self.dir, seq);
         let prepared_path = self.dir.join(PREPARED);
-        let header_room = 64 + self.stated.vote.as_ref().map_or(0, Vec::len) as u64 + 64;
-        let size = SEGMENT_BYTES.max(need + header_room + FRAME as u64);
+        let header = self.header(seq);
+        let size = SEGMENT_BYTES.max(header.len() as u64 + need);
         let prepared = match self.prepared.take() {
             Some(handle) => handle
                 .join()
@@ -556,7 +547,6 @@ impl Wal {
         };
         self.end = 0;
         self.capacity = size;
-        let header = self.header();
         self.write_at_end(&header)?;
         Ok(Segment { seq, file })
     }
@@ -564,7 +554,7 @@ impl Wal {
     /// Deletes the segments before `first_live` (never the current one), oldest first.
     pub fn delete_before(&self, first_live: u64) -> Result<Vec<u64>, WalError> {
         let mut deleted = Vec::new();
-        for (seq, path) in list_segments_quiet(&self.dir) {
+        for (seq, path) in list_segments(&self.dir)? {
             if seq >= first_live || seq >= self.current.seq {
                 break;
             }
@@ -588,22 +578,6 @@ impl Drop for Wal {
             let _ = handle.join();
         }
     }
-}
-
-/// The segments of `dir`, leaving a prepared file alone (it may be being written).
-fn list_segments_quiet(dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut segments: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|item| {
-            let name = item.file_name();
-            let seq = name.to_str()?.strip_suffix(".wal")?.parse().ok()?;
-            Some((seq, item.path()))
-        })
-        .collect();
-    segments.sort();
-    segments
 }
 
 /// Records where entry `index` is: it replaces the entry at `index` and every later one (an
@@ -637,7 +611,8 @@ pub fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
 
 /// Bytes the log's segments take on disk.
 pub fn disk_bytes(dir: &Path) -> u64 {
-    list_segments_quiet(dir)
+    list_segments(dir)
+        .unwrap_or_default()
         .iter()
         .filter_map(|(_, path)| std::fs::metadata(path).ok())
         .map(|m| m.len())
@@ -661,7 +636,8 @@ mod tests {
     }
 
     fn segments(dir: &Path) -> Vec<u64> {
-        list_segments_quiet(dir)
+        list_segments(dir)
+            .expect("list segments")
             .into_iter()
             .map(|(s, _)| s)
             .collect()
