@@ -44,6 +44,11 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
     fn identity(&self) -> &str {
         "anonymous"
     }
+    /// Whether [`Self::resource`] grants at least read on every resource, whatever its id: a
+    /// listing under the default read hook then needs no per-item check.
+    fn reads_everything(&self) -> bool {
+        false
+    }
 }
 
 /// What an ACL hook answers besides "allowed".
@@ -134,6 +139,9 @@ impl Authorizer for AllowAll {
     fn identity(&self) -> &str {
         "server"
     }
+    fn reads_everything(&self) -> bool {
+        true
+    }
 }
 
 /// The identity a controller acts with: everything allowed, recorded as `controller/<name>`.
@@ -161,6 +169,9 @@ impl Authorizer for ControllerIdentity {
     fn identity(&self) -> &str {
         &self.identity
     }
+    fn reads_everything(&self) -> bool {
+        true
+    }
 }
 
 /// ACLs disabled: everything allowed, without a token.
@@ -173,6 +184,9 @@ impl Authorizer for Anonymous {
     }
     fn resource(&self, _id: &Id) -> Access {
         Access::Write
+    }
+    fn reads_everything(&self) -> bool {
+        true
     }
 }
 

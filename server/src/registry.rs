@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use proto::resource::v1::{Id, Resource, Tenancy, Type};
 
@@ -63,12 +63,15 @@ pub struct Acls {
     pub list: ListAcl,
 }
 
+/// The default Read hook, one shared value: [`Acls::read_is_default`] recognises it.
+static DEFAULT_READ: LazyLock<ReadAcl> = LazyLock::new(|| {
+    Arc::new(|authorizer, id, _| acl::require_resource(authorizer, id, acl::Access::Read))
+});
+
 impl Default for Acls {
     fn default() -> Self {
         Acls {
-            read: Arc::new(|authorizer, id, _| {
-                acl::require_resource(authorizer, id, acl::Access::Read)
-            }),
+            read: DEFAULT_READ.clone(),
             write: Arc::new(|authorizer, resource| {
                 let id = resource.id.clone().unwrap_or_default();
                 acl::require_resource(authorizer, &id, acl::Access::Write)
@@ -79,6 +82,14 @@ impl Default for Acls {
 }
 
 impl Acls {
+    /// Whether the Read hook is the default one (READ on the resource, nothing else), so a
+    /// caller whose authorizer [reads everything](Authorizer::reads_everything) may see every
+    /// resource of the type without asking per item. A type that sets its own hook (even
+    /// starting from `..Acls::default()`) is not.
+    pub fn read_is_default(&self) -> bool {
+        Arc::ptr_eq(&self.read, &DEFAULT_READ)
+    }
+
     /// Every access needs operator write: the ACL types themselves.
     pub fn operator_only() -> Acls {
         Acls {

@@ -226,6 +226,8 @@ impl ResourceService {
         let mut visible = VisibleList {
             authorizer,
             read_acl: &query.registration.acls.read,
+            everything_readable: query.registration.acls.read_is_default()
+                && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
             list: EncodedList::default(),
             failed: None,
@@ -478,6 +480,9 @@ impl EncodedList {
 struct VisibleList<'a> {
     authorizer: &'a dyn Authorizer,
     read_acl: &'a ReadAcl,
+    /// The read hook is the default one and the caller reads everything: only the group
+    /// version decides, read in place (no id is decoded per resource).
+    everything_readable: bool,
     group_version: &'a str,
     list: EncodedList,
     failed: Option<Error>,
@@ -485,6 +490,10 @@ struct VisibleList<'a> {
 
 impl VisibleList<'_> {
     fn visible(&self, bytes: &[u8]) -> Result<bool, Error> {
+        if self.everything_readable {
+            let group_version = crate::storage::encoded_group_version(bytes)?;
+            return Ok(group_version == Some(self.group_version.as_bytes()));
+        }
         let id = <crate::storage::IdOnly as prost::Message>::decode(bytes)
             .map_err(undecodable)?
             .id
@@ -562,6 +571,7 @@ mod tests {
         let mut visible = VisibleList {
             authorizer: &AllowAll,
             read_acl: &read_acl,
+            everything_readable: false,
             group_version: &group_version,
             list: EncodedList::default(),
             failed: None,
@@ -589,6 +599,60 @@ mod tests {
         );
         let decoded = visible.list.decode().expect("the framed list decodes");
         assert_eq!(decoded.resources, vec![kept]);
+    }
+
+    #[test]
+    fn a_caller_who_reads_everything_gets_the_asked_version_without_per_item_checks() {
+        use crate::acl::Authorizer as _;
+        use crate::registry::Acls;
+
+        let fixture = Fixture::new();
+        let kept = fixture.artist("kept");
+        let mut other_version = fixture.artist("other-version");
+        if let Some(t) = other_version.id.as_mut().and_then(|id| id.r#type.as_mut()) {
+            t.group_version = "v999".into();
+        }
+        let mut untyped = fixture.artist("untyped");
+        untyped.id.as_mut().unwrap().r#type = None;
+        let defaults = Acls::default();
+        assert!(defaults.read_is_default() && AllowAll.reads_everything());
+        let mut visible = VisibleList {
+            authorizer: &AllowAll,
+            read_acl: &defaults.read,
+            everything_readable: true,
+            group_version: "v2",
+            list: EncodedList::default(),
+            failed: None,
+        };
+        for resource in [&kept, &other_version, &untyped] {
+            assert_eq!(
+                visible.take(&resource.encode_to_vec()),
+                ControlFlow::Continue(())
+            );
+        }
+        assert_eq!(visible.take(b"\x0a\xff"), ControlFlow::Break(()));
+        assert!(
+            visible
+                .failed
+                .as_ref()
+                .is_some_and(|e| e.to_string().contains("does not decode")),
+            "{:?}",
+            visible.failed
+        );
+        assert_eq!(visible.list.decode().unwrap().resources, vec![kept]);
+    }
+
+    #[test]
+    fn only_the_default_read_hook_allows_listing_without_per_item_checks() {
+        use crate::registry::Acls;
+
+        assert!(Acls::default().read_is_default());
+        assert!(!Acls::operator_only().read_is_default());
+        let custom = Acls {
+            read: Arc::new(|_, _, _| Err(AclError::NeedResource)),
+            ..Acls::default()
+        };
+        assert!(!custom.read_is_default());
     }
 
     #[test]

@@ -18,7 +18,9 @@ use super::super::op::{Applied, Change, ChangeResult, Op, Outcome, RequestId, Ta
 use super::super::schema::{self, SmDbs};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
-use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition};
+use crate::storage::{
+    Operation, ResourceHead, StorageError, StorageKey, Version, WatchEvent, WriteCondition,
+};
 
 type Txn<'t> = heed::RwTxn<'t>;
 
@@ -138,6 +140,27 @@ fn stored(
     })
 }
 
+/// [`stored`] without the data: what a write's check and the owner index need. The stored
+/// data is never read by apply, and skipping it saves copying it on every node.
+fn stored_head(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    key: &[u8],
+    what: &StorageKey,
+) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
+    Ok(match dbs.resources.get(wtxn, key)? {
+        None => Ok(None),
+        Some(bytes) => ResourceHead::decode(bytes)
+            .map(|head| Some(head.into_resource()))
+            .map_err(|error| {
+                StorageError::Internal(format!(
+                    "the stored record of {}/{} {:?} does not decode: {error}",
+                    what.group, what.kind, what.name
+                ))
+            }),
+    })
+}
+
 fn apply_change(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
@@ -207,7 +230,7 @@ fn write(
     let id = resource.id.clone().unwrap_or_default();
     let storage_key = StorageKey::of(&id);
     let key = schema::resource_key(&storage_key);
-    let existing = match stored(dbs, wtxn, &key, &storage_key)? {
+    let existing = match stored_head(dbs, wtxn, &key, &storage_key)? {
         Ok(existing) => existing,
         Err(refused) => return Ok(Err(refused)),
     };
