@@ -251,13 +251,20 @@ where
                     .time(&call.series, started.elapsed().as_secs_f64());
             }
             // An answer that is nothing but a status (tonic's refusals) ends here.
-            if let Some(status) = tonic::Status::from_header_map(response.headers()) {
-                call.finish(status.code());
+            if let Some(code) = status_code(response.headers()) {
+                call.finish(code);
                 return Ok(response);
             }
             Ok(response.map(|body| tonic::body::Body::new(Recorded { body, call })))
         })
     }
+}
+
+/// The code of the `grpc-status` header, if there is one: read without building a
+/// `tonic::Status` (which copies the whole header map), on every answer.
+fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    let value = headers.get("grpc-status")?;
+    Some(tonic::Code::from_bytes(value.as_bytes()))
 }
 
 /// One request on its way: counted once, when its status is known.
@@ -314,9 +321,8 @@ impl Body for Recorded {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    let code = tonic::Status::from_header_map(trailers)
-                        .map_or(tonic::Code::Ok, |status| status.code());
-                    this.call.finish(code);
+                    this.call
+                        .finish(status_code(trailers).unwrap_or(tonic::Code::Ok));
                 }
             }
             Poll::Ready(Some(Err(_))) => this.call.finish(tonic::Code::Internal),
@@ -355,6 +361,32 @@ mod tests {
             "other"
         );
         assert_eq!(method_of("/x").service, "other");
+    }
+
+    #[test]
+    fn the_status_code_is_read_from_the_header_as_tonic_reads_it() {
+        for code in [
+            tonic::Code::Ok,
+            tonic::Code::NotFound,
+            tonic::Code::Unauthenticated,
+        ] {
+            let headers = tonic::Status::new(code, "a message")
+                .into_http::<()>()
+                .headers()
+                .clone();
+            assert_eq!(status_code(&headers), Some(code));
+            assert_eq!(
+                tonic::Status::from_header_map(&headers).map(|status| status.code()),
+                Some(code)
+            );
+        }
+        let mut odd = http::HeaderMap::new();
+        odd.insert("grpc-status", http::HeaderValue::from_static("99"));
+        assert_eq!(
+            status_code(&odd),
+            tonic::Status::from_header_map(&odd).map(|status| status.code())
+        );
+        assert_eq!(status_code(&http::HeaderMap::new()), None);
     }
 
     fn histogram() -> Histogram {
