@@ -129,15 +129,7 @@ fn stored(
     key: &[u8],
     what: &StorageKey,
 ) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
-    Ok(match dbs.resources.get(wtxn, key)? {
-        None => Ok(None),
-        Some(bytes) => Resource::decode(bytes).map(Some).map_err(|error| {
-            StorageError::Internal(format!(
-                "the stored record of {}/{} {:?} does not decode: {error}",
-                what.group, what.kind, what.name
-            ))
-        }),
-    })
+    read_stored(dbs, wtxn, key, what, |bytes| Resource::decode(bytes))
 }
 
 /// [`stored`] without the data: what a write's check and the owner index need. The stored
@@ -148,16 +140,26 @@ fn stored_head(
     key: &[u8],
     what: &StorageKey,
 ) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
+    read_stored(dbs, wtxn, key, what, |bytes| {
+        ResourceHead::decode(bytes).map(ResourceHead::into_resource)
+    })
+}
+
+fn read_stored(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    key: &[u8],
+    what: &StorageKey,
+    decode: fn(&[u8]) -> Result<Resource, prost::DecodeError>,
+) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
     Ok(match dbs.resources.get(wtxn, key)? {
         None => Ok(None),
-        Some(bytes) => ResourceHead::decode(bytes)
-            .map(|head| Some(head.into_resource()))
-            .map_err(|error| {
-                StorageError::Internal(format!(
-                    "the stored record of {}/{} {:?} does not decode: {error}",
-                    what.group, what.kind, what.name
-                ))
-            }),
+        Some(bytes) => decode(bytes).map(Some).map_err(|error| {
+            StorageError::Internal(format!(
+                "the stored record of {}/{} {:?} does not decode: {error}",
+                what.group, what.kind, what.name
+            ))
+        }),
     })
 }
 
