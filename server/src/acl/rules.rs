@@ -324,6 +324,18 @@ impl Grants {
         combine(self.policies.iter().filter_map(|p| p.operator)).unwrap_or(self.default)
     }
 
+    /// Whether every resource is readable whatever its id: the management policy, or a default
+    /// of at least READ with no rule granting less (a DENY wins wherever it matches, and what
+    /// no rule speaks for gets the default).
+    pub fn reads_everything(&self) -> bool {
+        self.management
+            || (self.default >= Access::Read
+                && self
+                    .policies
+                    .iter()
+                    .all(|policy| policy.rules.iter().all(|rule| rule.access >= Access::Read)))
+    }
+
     pub fn resource(&self, id: &Id) -> Access {
         if self.management {
             return Access::Write;
@@ -439,8 +451,33 @@ mod tests {
             Access::Deny
         );
         assert_eq!(grants.operator(), Access::Read);
+        assert!(!grants.reads_everything());
         let allow = Grants::new(false, Vec::new(), Access::Write);
         assert_eq!(allow.resource(&artist("jazz", "x")), Access::Write);
+        assert!(allow.reads_everything());
+        assert!(Grants::new(true, Vec::new(), Access::Deny).reads_everything());
+        assert!(!Grants::new(false, Vec::new(), Access::List).reads_everything());
+        // A default that allows, with one rule that denies somewhere: not everything.
+        let allow_but = Grants::new(
+            false,
+            vec![std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                description: String::new(),
+                rules: vec![rule(
+                    &["demo.v2.Artist"],
+                    "*",
+                    "*",
+                    "secret-",
+                    pb::Access::Deny,
+                )],
+                operator: pb::Access::Read as i32,
+            }))],
+            Access::Write,
+        );
+        assert!(!allow_but.reads_everything());
+        assert_eq!(
+            allow_but.resource(&artist("jazz", "secret-x")),
+            Access::Deny
+        );
         assert_eq!(
             Grants::new(true, Vec::new(), Access::Deny).operator(),
             Access::Write

@@ -30,6 +30,9 @@ impl Authorizer for TokenAuthorizer {
     fn identity(&self) -> &str {
         &self.accessor
     }
+    fn reads_everything(&self) -> bool {
+        self.grants.reads_everything()
+    }
 }
 
 /// What `AclWhoAmI` reports of a token.
