@@ -17,14 +17,20 @@
 //!        | 3 | from u64                                      truncate: drop entries >= from
 //!        | 4 | upto u64 | encoded LogId                      purge: drop entries <= upto
 //!        | 5 | encoded Vote                                  the vote
+//!        | 6 | offset u64                                    batch: first record of every
+//!                                                              write after the header, at offset
 //! ```
 //!
 //! A new segment starts with its header, then the vote and the purge point as they stand, so
 //! segments older than the first live entry can be deleted without losing either. At open, the
 //! first record of the last segment that is cut short or fails its checksum ends the log (a
 //! write that was never synced, so never acknowledged); what follows it is zeroed so a later
-//! write can never run into a stale record. The same in any other segment is damage, and the
-//! log refuses to open, naming the file and offset.
+//! write can never run into a stale record. Unless a whole batch marker lies beyond it: every
+//! write starts with one, and a write begins only after the one before it was synced, so a bad
+//! record with a later write behind it was synced and has been damaged since. That, and a bad
+//! record in any segment but the last, is damage: the log refuses to open, naming the file and
+//! offset. (Segments of format 1 carry no markers; one is never appended to again — the next
+//! write starts a new segment.)
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -43,7 +49,7 @@ pub const SEGMENT_BYTES: u64 = 16 << 20;
 #[cfg(test)]
 pub const SEGMENT_BYTES: u64 = 256 << 10;
 /// The format this build writes into segment headers, and the newest it reads.
-pub const WAL_FORMAT: u32 = 1;
+pub const WAL_FORMAT: u32 = 2;
 const PREPARED: &str = "prepared.tmp";
 const FRAME: usize = 8;
 
@@ -52,6 +58,9 @@ const KIND_ENTRY: u8 = 2;
 const KIND_TRUNCATE: u8 = 3;
 const KIND_PURGE: u8 = 4;
 const KIND_VOTE: u8 = 5;
+const KIND_BATCH: u8 = 6;
+/// A batch marker: frame, kind, offset.
+const MARKER: usize = FRAME + 1 + 8;
 
 /// Why the log cannot be opened or written.
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +298,27 @@ fn parse(buf: &[u8], offset: usize) -> Parsed<'_> {
     }
 }
 
+/// The batch marker a write at `offset` starts with.
+fn marker_at(offset: u64) -> [u8; MARKER] {
+    let mut marker = [0; MARKER];
+    marker[..4].copy_from_slice(&(1 + 8u32).to_le_bytes());
+    marker[FRAME] = KIND_BATCH;
+    marker[FRAME + 1..].copy_from_slice(&offset.to_le_bytes());
+    let crc = crc32fast::hash(&marker[FRAME..]);
+    marker[4..FRAME].copy_from_slice(&crc.to_le_bytes());
+    marker
+}
+
+/// The first whole batch marker after `bad` (a marker that names its own offset), if any.
+fn later_marker(buf: &[u8], bad: usize) -> Option<usize> {
+    let last = buf.len().checked_sub(MARKER)?;
+    (bad + 1..=last).find(|&at| {
+        buf[at..at + 4] == [9, 0, 0, 0]
+            && buf[at + FRAME] == KIND_BATCH
+            && buf[at..at + MARKER] == marker_at(at as u64)
+    })
+}
+
 fn u64_at(body: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(body.get(..8)?.try_into().ok()?))
 }
@@ -316,6 +346,7 @@ impl Wal {
                 offset: offset as u64,
                 what,
             };
+            let segment_format;
             let mut offset = match parse(&buf, 0) {
                 Parsed::Record {
                     kind: KIND_HEADER,
@@ -337,6 +368,7 @@ impl Wal {
                     if u64_at(&body[4..]) != Some(seq) {
                         return Err(damaged(0, "the header names another segment".into()));
                     }
+                    segment_format = format;
                     next
                 }
                 _ if is_last => {
@@ -350,7 +382,17 @@ impl Wal {
                 match parse(&buf, offset) {
                     Parsed::End => break,
                     Parsed::Bad(what) if !is_last => return Err(damaged(offset, what)),
-                    Parsed::Bad(_) => break,
+                    Parsed::Bad(what) => match later_marker(&buf, offset) {
+                        Some(later) => {
+                            return Err(damaged(
+                                offset,
+                                format!(
+                                    "{what}, and a later write (at byte {later}) is whole, so it was synced before"
+                                ),
+                            ));
+                        }
+                        None => break,
+                    },
                     Parsed::Record { kind, body, next } => {
                         let bad = |what: &str| damaged(offset, what.to_owned());
                         match kind {
@@ -384,6 +426,8 @@ impl Wal {
                                 replayed.vote = Some(vote);
                                 stated.vote = Some(body.to_vec());
                             }
+                            KIND_BATCH if u64_at(body) == Some(offset as u64) => {}
+                            KIND_BATCH => return Err(bad("a batch marker names another place")),
                             other => return Err(bad(&format!("unknown record kind {other}"))),
                         }
                         offset = next;
@@ -408,7 +452,14 @@ impl Wal {
                 }
                 file.sync_data().map_err(at(&path))?;
             }
-            keep.push((seq, path, offset as u64, buf.len() as u64));
+            // A segment of an older format is not appended to: its capacity ends where its
+            // records do, so the next write starts a new segment.
+            let capacity = if segment_format < WAL_FORMAT {
+                offset as u64
+            } else {
+                buf.len() as u64
+            };
+            keep.push((seq, path, offset as u64, capacity));
         }
         for (seq, path, _, _) in &keep {
             replayed
@@ -461,13 +512,36 @@ impl Wal {
     }
 
     fn write_at_end(&mut self, bytes: &[u8]) -> Result<(), WalError> {
+        self.write_parts_at_end(&[], bytes)
+    }
+
+    /// Writes `first` then `second` at the end of the current segment (one `pwritev`, no copy
+    /// of the batch) and syncs them.
+    fn write_parts_at_end(&mut self, first: &[u8], second: &[u8]) -> Result<(), WalError> {
         let path = segment_path(&self.dir, self.current.seq);
-        self.current
-            .file
-            .write_all_at(bytes, self.end)
-            .and_then(|_| self.current.file.sync_data())
-            .map_err(at(&path))?;
-        self.end += bytes.len() as u64;
+        let file = &self.current.file;
+        let end = self.end;
+        let written = (|| {
+            let slices = [io::IoSlice::new(first), io::IoSlice::new(second)];
+            let mut done = match rustix::io::pwritev(&**file, &slices, end) {
+                Ok(done) => done,
+                Err(rustix::io::Errno::INTR) => 0,
+                Err(errno) => return Err(io::Error::from(errno)),
+            };
+            // Whatever a short write left, written the plain way.
+            let mut offset = end;
+            for part in [first, second] {
+                let skip = done.min(part.len());
+                done -= skip;
+                if skip < part.len() {
+                    file.write_all_at(&part[skip..], offset + skip as u64)?;
+                }
+                offset += part.len() as u64;
+            }
+            file.sync_data()
+        })();
+        written.map_err(at(&path))?;
+        self.end += (first.len() + second.len()) as u64;
         Ok(())
     }
 
@@ -484,12 +558,14 @@ impl Wal {
     /// Writes a batch and syncs it; returns where its entries landed, and the segment it was
     /// written to (opened now if the batch started a new one).
     pub fn write(&mut self, batch: Batch) -> Result<Written, WalError> {
+        let need = (MARKER + batch.body.len()) as u64;
         let mut opened = None;
-        if self.end + batch.body.len() as u64 > self.capacity {
-            opened = Some(self.roll(batch.body.len() as u64)?);
+        if self.end + need > self.capacity {
+            opened = Some(self.roll(need)?);
         }
-        let start = self.end;
-        self.write_at_end(&batch.body)?;
+        let marker = marker_at(self.end);
+        self.write_parts_at_end(&marker, &batch.body)?;
+        let start = self.end - batch.body.len() as u64;
         if let Some(stated) = batch.stated {
             self.stated = stated;
         }
@@ -683,14 +759,14 @@ mod tests {
     #[test]
     fn a_torn_last_record_ends_the_log_and_never_comes_back() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let torn_at = {
+        let (torn_at, next_at) = {
             let (mut wal, _) = Wal::open(dir.path()).expect("open");
             entries(&mut wal, 1..4, 50);
-            let end = wal.end;
-            entries(&mut wal, 4..7, 50);
-            end
+            let written = entries(&mut wal, 4..7, 50);
+            (written[0].1.offset, written[1].1.offset)
         };
-        // Damage entry 4 (the first record of the second write); 5 and 6 stay intact behind it.
+        // Damage entry 4 (the first record of the last write); 5 and 6 stay intact behind it,
+        // in the same write, so they were never synced apart from it.
         let path = segment_path(dir.path(), 1);
         let file = open_rw(&path).expect("open segment");
         file.write_all_at(&[0xff], torn_at + FRAME as u64 + 3)
@@ -703,16 +779,78 @@ mod tests {
                 vec![1, 2, 3]
             );
             assert_eq!(wal.end, torn_at);
-            // A record of the torn one's size, written where it began, ends where 5 began: 5
-            // and 6 were never acknowledged and must not come back behind it.
-            entries(&mut wal, 4..5, 50);
+            // A write (marker and record) of the torn record's size, written where it began,
+            // ends where 5 began: 5 and 6 were never acknowledged and must not come back behind
+            // it.
+            let size = (next_at - torn_at) as usize - MARKER - FRAME - 1 - 8;
+            let written = entries(&mut wal, 4..5, size);
+            assert_eq!(wal.end, next_at, "{written:?}");
         }
         let (_, replayed) = Wal::open(dir.path()).expect("reopen again");
         assert_eq!(
             replayed.locations.keys().copied().collect::<Vec<_>>(),
             vec![1, 2, 3, 4]
         );
-        assert_eq!(read(&replayed, 4), vec![4u8; 50]);
+        assert_eq!(
+            read(&replayed, 4),
+            vec![4u8; (next_at - torn_at) as usize - MARKER - 17]
+        );
+    }
+
+    #[test]
+    fn a_damaged_record_with_a_later_write_behind_it_refuses_to_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let damaged_at = {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let first = entries(&mut wal, 1..4, 50);
+            entries(&mut wal, 4..7, 50);
+            first[1].1.offset
+        };
+        // Entry 2 rots after it was synced: the write of 4 to 6 came after its sync.
+        let path = segment_path(dir.path(), 1);
+        let file = open_rw(&path).expect("open segment");
+        file.write_all_at(&[0xff], damaged_at + FRAME as u64 + 3)
+            .expect("damage");
+        drop(file);
+        let error = Wal::open(dir.path()).expect_err("damaged").to_string();
+        assert!(
+            error.contains(&format!("damaged at byte {damaged_at}"))
+                && error.contains("a later write")
+                && error.contains("join it again"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_segment_of_the_previous_format_is_read_and_never_appended_to() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            entries(&mut wal, 1..4, 50);
+        }
+        // The same segment as format 1 wrote it (its markers are ignored by the reader).
+        let mut header = Batch::default();
+        let mut body = 1u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&1u64.to_le_bytes());
+        header.record(KIND_HEADER, &[&body]);
+        let file = open_rw(&segment_path(dir.path(), 1)).expect("open segment");
+        file.write_all_at(&header.body, 0).expect("write");
+        drop(file);
+        {
+            let (mut wal, replayed) = Wal::open(dir.path()).expect("reopen");
+            assert_eq!(replayed.locations.len(), 3);
+            let mut batch = Batch::default();
+            batch.entry(4, b"four");
+            let written = wal.write(batch).expect("write");
+            assert_eq!(written.opened.map(|segment| segment.seq), Some(2));
+        }
+        let (_, replayed) = Wal::open(dir.path()).expect("reopen again");
+        assert_eq!(
+            replayed.locations.keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert_eq!(read(&replayed, 4), b"four");
+        assert_eq!(segments(dir.path()), vec![1, 2]);
     }
 
     #[test]
@@ -751,7 +889,8 @@ mod tests {
         file.write_all_at(&header.body, 0).expect("write");
         let message = Wal::open(dir.path()).expect_err("newer").to_string();
         assert!(
-            message.contains("format version 9") && message.contains("up to 1"),
+            message.contains("format version 9")
+                && message.contains(&format!("up to {WAL_FORMAT}")),
             "{message}"
         );
     }
