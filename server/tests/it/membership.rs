@@ -338,6 +338,45 @@ async fn leadership_moves_to_each_node_in_turn_while_writes_go_on() {
     assert!(lost.is_empty(), "lost acknowledged writes: {lost:?}");
 }
 
+/// The recovery the damaged-log error prescribes: remove the node while it is down, move its
+/// data aside, join it again empty under the same id. It rejoins while the leader is still
+/// retrying the removal notice meant for its earlier incarnation; it must not take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_while_down_and_joined_again_empty_keeps_serving() {
+    use proto::cluster::v1::Role;
+
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.wait_for_members(3).await;
+    cluster.nodes[2].kill9();
+    remove(&cluster, 3, false).await.expect("remove node 3");
+    std::fs::remove_dir_all(cluster.data_dir(2)).expect("move node 3's data aside");
+    cluster.nodes[2].restart();
+    cluster.wait_for_members(3).await;
+    // The leader retries its notice for ~10 s; past that, node 3 must still be a serving
+    // member.
+    let deadline = Instant::now() + Duration::from_secs(14);
+    while Instant::now() < deadline {
+        if let Some(status) = cluster.nodes[2].status().await {
+            assert_ne!(
+                status.role,
+                Role::Removed as i32,
+                "the rejoined node took the old removal for itself: {status:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let status = cluster.nodes[2].status().await.expect("status of node 3");
+    assert!(status.ready, "{status:?}");
+    cluster.nodes[2]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("after-rejoin")),
+        })
+        .await
+        .expect("a write through the rejoined node");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
     use proto::cluster::v1::{Role, StatusRequest};

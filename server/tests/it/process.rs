@@ -378,6 +378,11 @@ impl Cluster {
         node_id - 1
     }
 
+    /// The data directory of the node at `index` (as `node_args` names it).
+    pub fn data_dir(&self, index: usize) -> std::path::PathBuf {
+        self.base.path().join(format!("node{}", index + 1))
+    }
+
     /// Waits until one running node is leader and reports `size` voters.
     pub async fn wait_for_members(&self, size: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -91,16 +91,15 @@ impl RaftOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RaftStartError {
-    #[error("cannot open the raft log in {dir}: {source}")]
+    // The cause is part of the message, not a `source` too: `resd: {error:#}` would print it
+    // twice.
+    #[error("cannot open the raft log in {dir}: {error}")]
     Log {
         dir: PathBuf,
-        source: super::log_store::LogOpenError,
+        error: super::log_store::LogOpenError,
     },
-    #[error("cannot open the state machine in {dir}: {source}")]
-    StateMachine {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot open the state machine in {dir}: {error}")]
+    StateMachine { dir: PathBuf, error: std::io::Error },
     #[error("invalid raft configuration: {0}")]
     Config(String),
     /// The data directory belongs to another node or cluster.
@@ -177,15 +176,15 @@ impl RaftBackend {
             },
         )
         .map_err(RaftStartError::Identity)?;
-        let mut log = LogStore::open(&options.data_dir).map_err(|source| RaftStartError::Log {
+        let mut log = LogStore::open(&options.data_dir).map_err(|error| RaftStartError::Log {
             dir: options.data_dir.clone(),
-            source,
+            error,
         })?;
         resign_restored_leadership(&mut log, options.node_id).await?;
-        let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|source| {
+        let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|error| {
             RaftStartError::StateMachine {
                 dir: options.data_dir.clone(),
-                source,
+                error,
             }
         })?;
         let config = openraft::Config {

@@ -537,19 +537,38 @@ impl RaftBackend {
 
     /// Tells node `id` (at `raft_addr`) that it was removed, so it stops serving (best effort,
     /// a few tries over ~10 s: a node that is down learns it... never from us, and keeps
-    /// failing to be elected).
+    /// failing to be elected). The notice names the configuration that removed it, and the
+    /// tries stop once the node is a member again: a node that rejoins (with an empty data
+    /// directory, under the same id) must not take a late notice for itself.
     pub fn notify_removed(&self, id: NodeId, raft_addr: String, cluster_name: String) {
         let dialer = self.dialer.clone();
         let by = self.id;
+        let raft = self.raft.clone();
+        let membership_index = self
+            .metrics()
+            .membership_config
+            .log_id()
+            .map_or(0, |log_id| log_id.index);
         tokio::spawn(async move {
             let Ok(mut client) = super::super::network::raft_client(&dialer, &raft_addr, id) else {
                 return;
             };
             for attempt in 0..5u32 {
+                let member_again = raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&id)
+                    .is_some();
+                if member_again {
+                    return;
+                }
                 let notice = proto::raft::v1::RemovedNotice {
                     node_id: id,
                     by_node_id: by,
                     cluster_name: cluster_name.clone(),
+                    membership_index,
                 };
                 let mut request = tonic::Request::new(notice);
                 request.set_timeout(std::time::Duration::from_secs(2));

@@ -400,6 +400,27 @@ impl RaftService for RaftGrpc {
                 ),
             ));
         }
+        // A notice about an earlier incarnation: this node's configuration is newer than the
+        // one that removed it and names it (it was added back, with an empty data directory,
+        // while the notice was being retried).
+        let metrics = self.backend.metrics();
+        let configuration = &metrics.membership_config;
+        let current = configuration.log_id().map_or(0, |log_id| log_id.index);
+        if notice.membership_index > 0
+            && current > notice.membership_index
+            && configuration
+                .membership()
+                .get_node(&notice.node_id)
+                .is_some()
+        {
+            tracing::warn!(
+                by = notice.by_node_id,
+                removed_at = notice.membership_index,
+                configuration = current,
+                "ignoring a removal notice older than this node's configuration, which names it"
+            );
+            return Ok(Response::new(pb::RemovedAck {}));
+        }
         self.backend.mark_removed(format!(
             "node {} was removed from cluster {} (by node {})",
             notice.node_id, notice.cluster_name, notice.by_node_id
