@@ -543,14 +543,33 @@ mod tests {
     use crate::storage::EncodedSink as _;
     use crate::storage::conformance::Fixture;
 
-    #[test]
-    fn a_listing_keeps_the_asked_version_frames_it_and_stops_at_an_undecodable_resource() {
-        let fixture = Fixture::new();
-        let kept = fixture.artist("kept");
+    /// An artist stored as `v999`, which a listing of `v2` leaves out.
+    fn of_another_version(fixture: &Fixture) -> proto::resource::v1::Resource {
         let mut other_version = fixture.artist("other-version");
         if let Some(t) = other_version.id.as_mut().and_then(|id| id.r#type.as_mut()) {
             t.group_version = "v999".into();
         }
+        other_version
+    }
+
+    /// A record that does not decode ends the listing with an error saying so.
+    fn stops_at_an_undecodable_resource(visible: &mut VisibleList<'_>) {
+        assert_eq!(visible.take(b"\x0a\xff"), ControlFlow::Break(()));
+        assert!(
+            visible
+                .failed
+                .as_ref()
+                .is_some_and(|e| e.to_string().contains("does not decode")),
+            "{:?}",
+            visible.failed
+        );
+    }
+
+    #[test]
+    fn a_listing_keeps_the_asked_version_frames_it_and_stops_at_an_undecodable_resource() {
+        let fixture = Fixture::new();
+        let kept = fixture.artist("kept");
+        let other_version = of_another_version(&fixture);
         let denied = fixture.artist("denied");
         let read_acl: ReadAcl = Arc::new(|_, id, _| {
             if id.name == "denied" {
@@ -582,15 +601,7 @@ mod tests {
                 ControlFlow::Continue(())
             );
         }
-        assert_eq!(visible.take(b"\x0a\xff"), ControlFlow::Break(()));
-        assert!(
-            visible
-                .failed
-                .as_ref()
-                .is_some_and(|e| e.to_string().contains("does not decode")),
-            "{:?}",
-            visible.failed
-        );
+        stops_at_an_undecodable_resource(&mut visible);
         assert_eq!(visible.list.len(), 1);
         let kept_len = kept.encoded_len();
         assert_eq!(
@@ -608,10 +619,7 @@ mod tests {
 
         let fixture = Fixture::new();
         let kept = fixture.artist("kept");
-        let mut other_version = fixture.artist("other-version");
-        if let Some(t) = other_version.id.as_mut().and_then(|id| id.r#type.as_mut()) {
-            t.group_version = "v999".into();
-        }
+        let other_version = of_another_version(&fixture);
         let mut untyped = fixture.artist("untyped");
         untyped.id.as_mut().unwrap().r#type = None;
         let defaults = Acls::default();
@@ -630,15 +638,7 @@ mod tests {
                 ControlFlow::Continue(())
             );
         }
-        assert_eq!(visible.take(b"\x0a\xff"), ControlFlow::Break(()));
-        assert!(
-            visible
-                .failed
-                .as_ref()
-                .is_some_and(|e| e.to_string().contains("does not decode")),
-            "{:?}",
-            visible.failed
-        );
+        stops_at_an_undecodable_resource(&mut visible);
         assert_eq!(visible.list.decode().unwrap().resources, vec![kept]);
     }
 

@@ -467,9 +467,9 @@ impl Wal {
                 .insert(*seq, Arc::new(open_segment(path)?));
         }
         let (current, end, capacity) = match keep.last() {
-            Some((seq, _, end, size)) => {
+            Some((seq, _, end, capacity)) => {
                 let file = replayed.segments[seq].clone();
-                (Segment { seq: *seq, file }, *end, *size)
+                (Segment { seq: *seq, file }, *end, *capacity)
             }
             None => {
                 let seq = 1;

@@ -250,15 +250,7 @@ impl RaftBackend {
     /// learner of the latest membership this node knows, or a member of the cluster it is
     /// joining (see [`RaftBackend::expect_peers`]).
     pub fn admits_peer(&self, id: NodeId) -> bool {
-        let known = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .is_some();
-        known
+        names_node(&self.raft, id)
             || self
                 .joining_through
                 .lock()
@@ -554,14 +546,7 @@ impl RaftBackend {
                 return;
             };
             for attempt in 0..5u32 {
-                let member_again = raft
-                    .metrics()
-                    .borrow()
-                    .membership_config
-                    .membership()
-                    .get_node(&id)
-                    .is_some();
-                if member_again {
+                if names_node(&raft, id) {
                     return;
                 }
                 let notice = proto::raft::v1::RemovedNotice {
@@ -668,4 +653,14 @@ impl RaftBackend {
         }
         Ok(())
     }
+}
+
+/// Whether the latest membership this node knows names node `id` (voter or learner).
+fn names_node(raft: &Raft, id: NodeId) -> bool {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .is_some()
 }
