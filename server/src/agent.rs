@@ -730,6 +730,14 @@ async fn join_until_member(
         let dialer = dialer.clone();
         let token = token.clone();
         async move {
+            // A removed node stays out: its data still carries the removal, and asking to be
+            // added again would make it a voter that serves nothing.
+            if let Some(why) = raft.removed() {
+                tracing::warn!(
+                    "not joining the cluster: {why}; to serve again, join with an empty data directory"
+                );
+                return Ok(());
+            }
             if raft.is_voter(raft.id()) {
                 tracing::info!("this node is a voter of the cluster");
                 return Ok(());
