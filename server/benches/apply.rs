@@ -49,7 +49,7 @@ fn entries(count: usize, with_ids: bool) -> Vec<Entry> {
                 .map(|n| Tagged {
                     request_id: with_ids.then(RequestId::new),
                     change: Change::Write(
-                        resource(format!("a-{index}-{n}")),
+                        std::sync::Arc::new(resource(format!("a-{index}-{n}"))),
                         WriteCondition::Version,
                     ),
                     actor: "controller/bench".into(),

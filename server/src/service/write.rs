@@ -165,8 +165,9 @@ impl ResourceService {
         let local = consistency == Consistency::Eventual;
         match self.read_stored_with(&id, consistency).await? {
             None if local && !input.version.is_empty() => Ok(Attempt::Reread),
-            None => self
-                .create(input, prepared)
+            // Boxed, like the finishing delete below: rarer paths with large futures of their
+            // own, kept out of the future every update carries.
+            None => Box::pin(self.create(input, prepared))
                 .await
                 .map(|stored| Attempt::Written(Box::new(stored))),
             Some(existing) => {
@@ -249,7 +250,7 @@ impl ResourceService {
                 };
                 if marked && !resource::has_finalizers(&stored) {
                     // The last finalizer is gone: finish the delete that was waiting for it.
-                    self.finish_delete(&stored, &prepared.actor).await?;
+                    Box::pin(self.finish_delete(&stored, &prepared.actor)).await?;
                 }
                 Ok(Attempt::Written(Box::new(stored)))
             }

@@ -485,7 +485,7 @@ impl RaftBackend {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
-        let change = Tagged::new(Change::Write(resource, condition), actor);
+        let change = Tagged::new(Change::Write(Arc::new(resource), condition), actor);
         let stored = op::expect_resource(self.submit(Request::Change(change)).await)?;
         // Read your writes on this node: a write forwarded to the leader answers once this
         // node has applied it too (at once on the leader). Best effort, briefly: the write is

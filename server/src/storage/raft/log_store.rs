@@ -756,7 +756,10 @@ mod tests {
             }),
             ..Resource::default()
         };
-        let change = Change::Write(resource, crate::storage::WriteCondition::default());
+        let change = Change::Write(
+            Arc::new(resource),
+            crate::storage::WriteCondition::default(),
+        );
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
             payload: openraft::EntryPayload::Normal(Command::new(Op::Changes(vec![Tagged::new(

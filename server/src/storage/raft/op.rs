@@ -7,6 +7,8 @@
 // request, so boxing the large variants would only add allocations.
 #![allow(clippy::large_enum_variant)]
 
+use std::sync::Arc;
+
 use proto::resource::v1::{Id, Resource, Tenancy};
 
 use crate::storage::{StorageError, UnversionedType, WriteCondition};
@@ -15,8 +17,9 @@ use crate::storage::{StorageError, UnversionedType, WriteCondition};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
     /// Store `resource` if its `version` is the stored one (empty: it must not exist yet), or
-    /// under the looser [`WriteCondition::Merged`].
-    Write(Resource, WriteCondition),
+    /// under the looser [`WriteCondition::Merged`]. Shared: the request is kept for a retry
+    /// while its proposal, the log's cache and apply each hold it, and none of them copies it.
+    Write(Arc<Resource>, WriteCondition),
     /// Delete the resource stored under `id` if its version is `version` (another uid, or
     /// nothing stored: a no-op).
     Delete { id: Id, version: String },
@@ -34,7 +37,7 @@ impl Change {
     /// Encoded bytes of what the change carries, for batch budgets.
     pub fn size(&self) -> usize {
         match self {
-            Change::Write(resource, _) => prost::Message::encoded_len(resource),
+            Change::Write(resource, _) => prost::Message::encoded_len(&**resource),
             Change::Delete { id, version } => prost::Message::encoded_len(id) + version.len(),
         }
     }

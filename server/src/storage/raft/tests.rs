@@ -567,7 +567,7 @@ mod restart {
         let fixture = crate::storage::conformance::Fixture::new();
         let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::by_test(
             super::super::op::Change::Write(
-                fixture.artist(name),
+                std::sync::Arc::new(fixture.artist(name)),
                 crate::storage::WriteCondition::Version,
             ),
         )]);
@@ -663,7 +663,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
     for resource in [long_name, huge_owner] {
         let reply = cluster.nodes[0]
             .serve_forwarded(Request::Change(Tagged::by_test(Change::Write(
-                resource,
+                Arc::new(resource),
                 WriteCondition::Version,
             ))))
             .await;
@@ -927,7 +927,7 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
     let mut update = created.clone();
     update.metadata.insert("n".into(), "1".into());
     let cas = Request::Change(Tagged::by_test(Change::Write(
-        update,
+        Arc::new(update),
         WriteCondition::Version,
     )));
     let first = op::expect_resource(cluster.nodes[0].serve_forwarded(cas.clone()).await)
@@ -937,7 +937,7 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
     assert_eq!(retry, first);
     // A blind create retried the same way is stored once.
     let blind = Request::Change(Tagged::by_test(Change::Write(
-        fixture.artist("once"),
+        Arc::new(fixture.artist("once")),
         WriteCondition::Version,
     )));
     let a =
@@ -983,7 +983,7 @@ async fn remembered_requests_are_bounded_and_forgotten_oldest_first() {
         .shared;
     let fixture = crate::storage::conformance::Fixture::new();
     let first = Tagged::by_test(Change::Write(
-        fixture.artist("first"),
+        Arc::new(fixture.artist("first")),
         WriteCondition::Version,
     ));
     let entry = |index: u64, changes: Vec<Tagged>| Entry {
@@ -1051,7 +1051,7 @@ fn small_applies_run_in_place_unless_something_holds_the_event_log() {
             (first..first + count)
                 .map(|n| {
                     Tagged::by_test(Change::Write(
-                        fixture.artist(&format!("a{n}")),
+                        Arc::new(fixture.artist(&format!("a{n}"))),
                         WriteCondition::Version,
                     ))
                 })

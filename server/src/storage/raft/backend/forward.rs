@@ -89,7 +89,9 @@ impl RaftBackend {
                     return Err(StorageError::Inconsistent(why));
                 }
                 Ok((leader, _)) if leader == self.id => self.serve_locally(request.clone()).await,
-                Ok((leader, Some(node))) => self.forward(leader, &node, &request).await,
+                // Boxed: the call to another node is the rare path, and its future is large;
+                // held inline it would make every local write's future that much larger.
+                Ok((leader, Some(node))) => Box::pin(self.forward(leader, &node, &request)).await,
                 Ok((leader, None)) => {
                     Attempt::Retry(format!("leader {leader} has no known address"))
                 }
@@ -196,6 +198,18 @@ impl RaftBackend {
                     .await
                     .map_or_else(|_| shutting_down(), Attempt::from)
             }
+            // Boxed: a read's wait for its leadership round is a larger future than a change's,
+            // and every write would carry it inline.
+            read => Box::pin(self.read_locally(read)).await,
+        }
+    }
+
+    /// [`Self::serve_locally`] for the reads: linearized, then answered from this node.
+    async fn read_locally(&self, request: Request) -> Attempt {
+        match request {
+            Request::Change(_) => Attempt::Done(Err(StorageError::Internal(
+                "a change was served as a read".into(),
+            ))),
             Request::Read(id) => match self.linearize().await {
                 Err(attempt) => attempt,
                 Ok(_) => Attempt::Done(self.sm.read(&id).map(Reply::Resource)),

@@ -4,6 +4,8 @@ use prost::Message;
 use proto::raft::v1 as pb;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
+use std::sync::Arc;
+
 use super::*;
 use crate::storage::conformance::Fixture;
 
@@ -23,7 +25,7 @@ fn tagged(change: Change) -> Tagged {
 fn every_op_round_trips_through_the_log_encoding() {
     let ops = [
         Op::Changes(vec![tagged(Change::Write(
-            artist("a"),
+            Arc::new(artist("a")),
             WriteCondition::Version,
         ))]),
         Op::Changes(vec![tagged(Change::Delete {
@@ -31,7 +33,7 @@ fn every_op_round_trips_through_the_log_encoding() {
             version: "7".into(),
         })]),
         Op::Changes(vec![
-            tagged(Change::Write(artist("a"), WriteCondition::Merged)),
+            tagged(Change::Write(Arc::new(artist("a")), WriteCondition::Merged)),
             Tagged {
                 request_id: None,
                 change: Change::Delete {
@@ -54,6 +56,56 @@ fn every_op_round_trips_through_the_log_encoding() {
     ];
     for op in ops {
         assert_eq!(decode_op(&encode_op(&op)), Ok(op.clone()), "{op:?}");
+    }
+}
+
+#[test]
+fn changes_are_encoded_byte_for_byte_as_their_protobuf_messages() {
+    let mut big = artist("big");
+    if let Some(data) = big.data.as_mut() {
+        data.value = vec![7; 300];
+    }
+    big.metadata.insert("finalizers".into(), "a b".into());
+    let write = |resource: &Resource, condition| {
+        tagged(Change::Write(Arc::new(resource.clone()), condition))
+    };
+    let delete = Change::Delete {
+        id: id("b"),
+        version: "9.1".into(),
+    };
+    let anonymous = |change| Tagged {
+        request_id: None,
+        change,
+        actor: String::new(),
+    };
+    let ops = [
+        Op::Changes(Vec::new()),
+        Op::Changes(vec![write(&big, WriteCondition::Version)]),
+        Op::Changes(vec![write(&big, WriteCondition::Merged)]),
+        Op::Changes(vec![anonymous(Change::Write(
+            Arc::new(artist("a")),
+            WriteCondition::Version,
+        ))]),
+        Op::Changes(vec![tagged(delete.clone())]),
+        Op::Changes(vec![
+            write(&artist("a"), WriteCondition::Merged),
+            anonymous(delete.clone()),
+            write(&big, WriteCondition::Version),
+            tagged(delete),
+        ]),
+        Op::Changes(
+            (0..200)
+                .map(|_| write(&big, WriteCondition::Merged))
+                .collect(),
+        ),
+    ];
+    for op in ops {
+        assert_eq!(
+            encode_op(&op),
+            command_of(&op).encode_to_vec(),
+            "{} changes",
+            op.change_count()
+        );
     }
 }
 
@@ -132,7 +184,10 @@ fn outcomes_and_forwarded_values_round_trip() {
         format!("{:?}", Ok::<_, CodecError>(outcome))
     );
     let requests = [
-        Request::Change(tagged(Change::Write(artist("a"), WriteCondition::Merged))),
+        Request::Change(tagged(Change::Write(
+            Arc::new(artist("a")),
+            WriteCondition::Merged,
+        ))),
         Request::Change(tagged(Change::Delete {
             id: id("a"),
             version: "3".into(),
@@ -190,7 +245,7 @@ fn a_remembered_outcome_answers_a_retry_as_the_first_attempt_was_answered() {
     let sent = artist("a");
     let mut stored = sent.clone();
     stored.version = "42".into();
-    let retry = Change::Write(sent, WriteCondition::Version);
+    let retry = Change::Write(Arc::new(sent), WriteCondition::Version);
     let remembered = encode_remembered(&Ok(Applied::Written(stored.clone())));
     assert!(
         remembered.len() < 16,

@@ -173,6 +173,8 @@ fn apply_change(
 ) -> Result<ChangeResult, heed::Error> {
     match change {
         Change::Write(resource, condition) => {
+            // The log's cache of recent entries still holds this change: a copy, once.
+            let resource = std::sync::Arc::unwrap_or_clone(resource);
             write(dbs, wtxn, version, resource, condition, actor, published)
         }
         Change::Delete {
