@@ -118,13 +118,22 @@ pub struct StorageKey {
 
 impl StorageKey {
     pub fn of(id: &Id) -> Self {
-        let resource_type = id.r#type.clone().unwrap_or_default();
-        let tenancy = id.tenancy.clone().unwrap_or_default();
+        // Field by field: the type's group version and the tenancy's peer are not part of it.
+        let (group, kind) = id
+            .r#type
+            .as_ref()
+            .map(|t| (t.group.clone(), t.kind.clone()))
+            .unwrap_or_default();
+        let (partition, namespace) = id
+            .tenancy
+            .as_ref()
+            .map(|t| (t.partition.clone(), t.namespace.clone()))
+            .unwrap_or_default();
         StorageKey {
-            group: resource_type.group,
-            kind: resource_type.kind,
-            partition: tenancy.partition,
-            namespace: tenancy.namespace,
+            group,
+            kind,
+            partition,
+            namespace,
             name: id.name.clone(),
         }
     }

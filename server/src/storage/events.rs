@@ -87,6 +87,35 @@ impl Ring {
         self.bytes + self.wire_bytes.load(Ordering::Relaxed)
     }
 
+    /// Appends a published change and evicts what the limits no longer hold.
+    fn push(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+        self.latest = self.latest.max(version);
+        let bytes = event_bytes(&key, &event);
+        let event = SharedEvent::in_history(event, self.wire_bytes.clone());
+        self.items.push_back(Arc::new(Item {
+            seq: self.next_seq,
+            key,
+            event,
+            version,
+            bytes,
+        }));
+        self.bytes += bytes;
+        self.next_seq += 1;
+        self.evict_to_limits();
+    }
+
+    /// Drops the whole history: watchers that started before now end with `reason`.
+    fn reset(&mut self, reason: String, version: Version) {
+        for item in std::mem::take(&mut self.items) {
+            item.event.leave_history();
+        }
+        self.bytes = 0;
+        self.floor = version;
+        self.latest = version;
+        self.reset = Some((self.next_seq, reason));
+        self.next_seq += 1;
+    }
+
     fn evict_to_limits(&mut self) {
         while self.items.len() > 1
             && (self.items.len() > self.limits.changes || self.total_bytes() > self.limits.bytes)
@@ -251,36 +280,40 @@ impl EventLog {
         (ring.total_bytes(), ring.items.len())
     }
 
-    /// Publishes what a commit collected, in order; a reset is at `applied`.
-    pub fn publish(&mut self, item: Published, applied: Version) {
-        match item {
-            Published::Change {
-                key,
-                event,
-                version,
-            } => self.publish_change(key, event, version),
-            Published::Reset { reason } => self.reset(reason, applied),
+    /// Publishes what one commit collected, in order, and wakes the watchers once for all of it
+    /// (not once per change: a batch of writes is one commit); a reset is at `applied`.
+    pub fn publish_all(&mut self, items: Vec<Published>, applied: Version) {
+        if items.is_empty() {
+            return;
         }
+        let next_seq = {
+            let mut ring = lock(&self.ring);
+            for item in items {
+                match item {
+                    Published::Change {
+                        key,
+                        event,
+                        version,
+                    } => {
+                        self.stamps.changed(&key.group);
+                        ring.push(key, event, version);
+                    }
+                    Published::Reset { reason } => {
+                        self.stamps.all_changed();
+                        ring.reset(reason, applied);
+                    }
+                }
+            }
+            ring.next_seq
+        };
+        self.published.send_replace(next_seq);
     }
 
     pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
         self.stamps.changed(&key.group);
         let next_seq = {
             let mut ring = lock(&self.ring);
-            ring.latest = ring.latest.max(version);
-            let bytes = event_bytes(&key, &event);
-            let seq = ring.next_seq;
-            let event = SharedEvent::in_history(event, ring.wire_bytes.clone());
-            ring.items.push_back(Arc::new(Item {
-                seq,
-                key,
-                event,
-                version,
-                bytes,
-            }));
-            ring.bytes += bytes;
-            ring.next_seq += 1;
-            ring.evict_to_limits();
+            ring.push(key, event, version);
             ring.next_seq
         };
         self.published.send_replace(next_seq);
@@ -291,15 +324,7 @@ impl EventLog {
         self.stamps.all_changed();
         let next_seq = {
             let mut ring = lock(&self.ring);
-            for item in std::mem::take(&mut ring.items) {
-                item.event.leave_history();
-            }
-            ring.bytes = 0;
-            ring.floor = version;
-            ring.latest = version;
-            let seq = ring.next_seq;
-            ring.reset = Some((seq, reason));
-            ring.next_seq += 1;
+            ring.reset(reason, version);
             ring.next_seq
         };
         self.published.send_replace(next_seq);

@@ -23,6 +23,21 @@ fn change(log: &mut EventLog, name: &str, index: u64, payload: usize) {
     );
 }
 
+fn published(name: &str, index: u64, position: u32) -> Published {
+    let version = Version { index, position };
+    let mut resource = Fixture::new().artist(name);
+    resource.version = version.to_string();
+    Published::Change {
+        key: StorageKey::of(resource.id.as_ref().expect("id")),
+        event: WatchEvent {
+            version: version.to_string(),
+            operation: Operation::Upsert(resource),
+            actor: String::new(),
+        },
+        version,
+    }
+}
+
 fn everything() -> WatchFilter {
     let fixture = Fixture::new();
     WatchFilter::new(&fixture.artist_type(), &fixture.wildcard(), "")
@@ -251,4 +266,83 @@ fn a_change_moves_its_groups_stamp_and_a_reset_moves_every_stamp() {
     assert_eq!(stamps.get("tenancy"), tenancy, "another group did not");
     log.reset("restored".into(), Version::new(2));
     assert!(stamps.get("tenancy") > tenancy, "a reset moves every group");
+}
+
+#[tokio::test]
+async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let stamps = log.stamps();
+    let group = Fixture::new()
+        .artist("a")
+        .id
+        .and_then(|id| id.r#type)
+        .expect("type")
+        .group;
+    let before = stamps.get(&group);
+    let mut watch = log
+        .watch(everything(), Vec::new(), Version::new(0), None)
+        .expect("watch");
+    watch.next().await.expect("end").expect("ok");
+    let waiter = tokio::spawn(async move {
+        let mut versions = Vec::new();
+        for _ in 0..3 {
+            versions.push(
+                watch
+                    .next()
+                    .await
+                    .expect("event")
+                    .expect("ok")
+                    .version
+                    .clone(),
+            );
+        }
+        versions
+    });
+    tokio::task::yield_now().await;
+    log.publish_all(
+        vec![
+            published("a", 5, 0),
+            published("b", 5, 1),
+            published("c", 5, 2),
+        ],
+        Version::new(5),
+    );
+    let versions = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .expect("joined");
+    assert_eq!(versions, ["5", "5.1", "5.2"]);
+    assert_eq!(log.history_size().1, 3);
+    assert!(
+        stamps.get(&group) >= before + 3,
+        "every change moved its group's stamp"
+    );
+    // Nothing collected: nothing is published, nobody is woken.
+    log.publish_all(Vec::new(), Version::new(6));
+    assert_eq!(log.history_size().1, 3);
+}
+
+#[tokio::test]
+async fn a_reset_within_a_commit_ends_the_watches_and_empties_the_history() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let mut watch = log
+        .watch(everything(), Vec::new(), Version::new(0), None)
+        .expect("watch");
+    watch.next().await.expect("end").expect("ok");
+    log.publish_all(
+        vec![
+            published("a", 3, 0),
+            Published::Reset {
+                reason: "restored".into(),
+            },
+        ],
+        Version::new(3),
+    );
+    // The change before the reset left the history with it: the watch ends with the reason.
+    match watch.next().await {
+        Some(Err(StorageError::WatchClosed(why))) => assert_eq!(why, "restored"),
+        other => panic!("expected the reset, got {other:?}"),
+    }
+    assert!(watch.next().await.is_none());
+    assert_eq!(log.history_size().1, 0, "the reset emptied the history");
 }

@@ -291,9 +291,7 @@ impl SmShared {
             .put(&mut wtxn, schema::META_LAST_APPLIED, &bytes)
             .map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
-        for item in published {
-            log.publish(item, Version::new(last.index));
-        }
+        log.publish_all(published, Version::new(last.index));
         if let Some(metrics) = self.metrics.get() {
             metrics
                 .apply

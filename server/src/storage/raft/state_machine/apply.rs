@@ -231,8 +231,7 @@ fn write(
     if let Err(refused) = check::check_storable(&resource, usize::MAX) {
         return Ok(Err(refused));
     }
-    let id = resource.id.clone().unwrap_or_default();
-    let storage_key = StorageKey::of(&id);
+    let storage_key = StorageKey::of(resource.id.as_ref().unwrap_or(&Default::default()));
     let key = schema::resource_key(&storage_key);
     let existing = match stored_head(dbs, wtxn, &key, &storage_key)? {
         Ok(existing) => existing,
