@@ -38,6 +38,16 @@ fn published(name: &str, index: u64, position: u32) -> Published {
     }
 }
 
+/// The group of the fixture's artists.
+fn artist_group() -> String {
+    Fixture::new()
+        .artist("a")
+        .id
+        .and_then(|id| id.r#type)
+        .expect("type")
+        .group
+}
+
 fn everything() -> WatchFilter {
     let fixture = Fixture::new();
     WatchFilter::new(&fixture.artist_type(), &fixture.wildcard(), "")
@@ -254,12 +264,7 @@ async fn encodings_watchers_make_count_against_the_bound_while_their_change_is_k
 fn a_change_moves_its_groups_stamp_and_a_reset_moves_every_stamp() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let stamps = log.stamps();
-    let group = Fixture::new()
-        .artist("a")
-        .id
-        .and_then(|id| id.r#type)
-        .expect("type")
-        .group;
+    let group = artist_group();
     let (before, tenancy) = (stamps.get(&group), stamps.get("tenancy"));
     change(&mut log, "a", 1, 0);
     assert!(stamps.get(&group) > before, "the artist's group moved");
@@ -272,12 +277,7 @@ fn a_change_moves_its_groups_stamp_and_a_reset_moves_every_stamp() {
 async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let stamps = log.stamps();
-    let group = Fixture::new()
-        .artist("a")
-        .id
-        .and_then(|id| id.r#type)
-        .expect("type")
-        .group;
+    let group = artist_group();
     let before = stamps.get(&group);
     let mut watch = log
         .watch(everything(), Vec::new(), Version::new(0), None)
