@@ -505,12 +505,23 @@ pub async fn run(
     }
     stats.running.store(true, Ordering::Relaxed);
     let mut restart_pause = controller.backoff.base;
+    // A wait for the node (catching up after an unclean stop, no leader yet) is said once, at
+    // info: it is expected and ends by itself. Failures are warnings, each time.
+    let mut said_waiting = false;
     loop {
-        let reason = run_once(&controller, &runtime, &stats, &shutdown).await;
+        let Stopped { reason, waiting } = run_once(&controller, &runtime, &stats, &shutdown).await;
         if shutdown.is_cancelled() {
             break;
         }
-        tracing::warn!(controller = controller.name, %reason, "controller restarting");
+        if !waiting {
+            said_waiting = false;
+            tracing::warn!(controller = controller.name, %reason, "controller restarting");
+        } else if !said_waiting {
+            said_waiting = true;
+            tracing::info!(controller = controller.name, %reason, "controller waiting for this node");
+        } else {
+            tracing::debug!(controller = controller.name, %reason, "controller still waiting");
+        }
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep(restart_pause) => {}
@@ -520,13 +531,46 @@ pub async fn run(
     stats.running.store(false, Ordering::Relaxed);
 }
 
+/// Why one life of a controller ended.
+struct Stopped {
+    reason: String,
+    /// The node could not serve the controller yet (`Unavailable`): a wait, not a failure.
+    waiting: bool,
+}
+
+impl Stopped {
+    /// A watch the controller needs could not be opened: a wait while the node cannot serve it
+    /// yet (`Unavailable`: catching up, no leader), a failure otherwise.
+    fn watch_refused(watched: &Type, error: &service::Error) -> Self {
+        Stopped {
+            reason: format!("cannot watch {}: {error}", resource::gvk(watched)),
+            waiting: matches!(error, service::Error::Unavailable(_)),
+        }
+    }
+}
+
+impl From<String> for Stopped {
+    fn from(reason: String) -> Self {
+        Stopped {
+            reason,
+            waiting: false,
+        }
+    }
+}
+
+impl From<&str> for Stopped {
+    fn from(reason: &str) -> Self {
+        Stopped::from(reason.to_owned())
+    }
+}
+
 /// One life of a controller: initialize, watch, reconcile. Returns why it stopped.
 async fn run_once(
     controller: &Arc<Controller>,
     runtime: &Runtime,
     stats: &Arc<ControllerStats>,
     shutdown: &CancellationToken,
-) -> String {
+) -> Stopped {
     let Some(reconciler) = controller.reconciler.clone() else {
         return "no reconciler".into();
     };
@@ -579,7 +623,7 @@ async fn run_once(
             .await
         {
             Ok(stream) => stream,
-            Err(error) => return format!("cannot watch {}: {error}", resource::gvk(&watched_type)),
+            Err(error) => return Stopped::watch_refused(&watched_type, &error),
         };
         watches.spawn(feed_queue(
             stream,
@@ -654,7 +698,7 @@ async fn run_once(
     queue.shutdown();
     while watches.join_next().await.is_some() {}
     while workers.join_next().await.is_some() {}
-    reason
+    reason.into()
 }
 
 /// Turns a watch stream into queue adds until it ends; returns why it ended.

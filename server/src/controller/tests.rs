@@ -441,3 +441,25 @@ async fn the_cache_is_primed_before_the_first_reconcile_and_follows_changes() {
     assert_eq!(latest, (true, 2), "the cache follows new albums");
     running.stop().await;
 }
+
+#[test]
+fn a_node_that_cannot_serve_a_watch_yet_is_a_wait_not_a_failure() {
+    let catching_up = Stopped::watch_refused(
+        &artist_type(),
+        &service::Error::Unavailable(
+            "this node is catching up after an unclean stop: applied 3 of 9".into(),
+        ),
+    );
+    assert!(catching_up.waiting);
+    assert!(
+        catching_up.reason.contains("catching up"),
+        "{}",
+        catching_up.reason
+    );
+    let refused = Stopped::watch_refused(
+        &artist_type(),
+        &service::Error::PermissionDenied("no".into()),
+    );
+    assert!(!refused.waiting);
+    assert!(!Stopped::from("the watch ended").waiting);
+}
