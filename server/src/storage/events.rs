@@ -309,25 +309,21 @@ impl EventLog {
         self.published.send_replace(next_seq);
     }
 
+    /// Publishes one change (a backend that commits changes one at a time).
     pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
-        self.stamps.changed(&key.group);
-        let next_seq = {
-            let mut ring = lock(&self.ring);
-            ring.push(key, event, version);
-            ring.next_seq
-        };
-        self.published.send_replace(next_seq);
+        self.publish_all(
+            vec![Published::Change {
+                key,
+                event,
+                version,
+            }],
+            version,
+        );
     }
 
     /// Ends every watch; resumes from before `version` are no longer possible.
     pub fn reset(&mut self, reason: String, version: Version) {
-        self.stamps.all_changed();
-        let next_seq = {
-            let mut ring = lock(&self.ring);
-            ring.reset(reason, version);
-            ring.next_seq
-        };
-        self.published.send_replace(next_seq);
+        self.publish_all(vec![Published::Reset { reason }], version);
     }
 
     /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `applied` is the

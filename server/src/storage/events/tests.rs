@@ -6,27 +6,19 @@ use super::*;
 use crate::storage::conformance::Fixture;
 
 fn change(log: &mut EventLog, name: &str, index: u64, payload: usize) {
-    let mut resource = Fixture::new().artist(name);
-    resource.version = index.to_string();
-    resource
-        .metadata
-        .insert("payload".into(), "x".repeat(payload));
-    let key = StorageKey::of(resource.id.as_ref().expect("id"));
-    log.publish_change(
-        key,
-        WatchEvent {
-            version: index.to_string(),
-            operation: Operation::Upsert(resource),
-            actor: String::new(),
-        },
+    log.publish_all(
+        vec![upsert(name, Version::new(index), payload)],
         Version::new(index),
     );
 }
 
-fn published(name: &str, index: u64, position: u32) -> Published {
-    let version = Version { index, position };
+/// An artist written at `version`, carrying `payload` bytes of metadata.
+fn upsert(name: &str, version: Version, payload: usize) -> Published {
     let mut resource = Fixture::new().artist(name);
     resource.version = version.to_string();
+    resource
+        .metadata
+        .insert("payload".into(), "x".repeat(payload));
     Published::Change {
         key: StorageKey::of(resource.id.as_ref().expect("id")),
         event: WatchEvent {
@@ -301,9 +293,23 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
     tokio::task::yield_now().await;
     log.publish_all(
         vec![
-            published("a", 5, 0),
-            published("b", 5, 1),
-            published("c", 5, 2),
+            upsert("a", Version::new(5), 0),
+            upsert(
+                "b",
+                Version {
+                    index: 5,
+                    position: 1,
+                },
+                0,
+            ),
+            upsert(
+                "c",
+                Version {
+                    index: 5,
+                    position: 2,
+                },
+                0,
+            ),
         ],
         Version::new(5),
     );
@@ -317,7 +323,7 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
         stamps.get(&group) >= before + 3,
         "every change moved its group's stamp"
     );
-    // Nothing collected: nothing is published, nobody is woken.
+    // Nothing collected: the history stays as it was.
     log.publish_all(Vec::new(), Version::new(6));
     assert_eq!(log.history_size().1, 3);
 }
@@ -331,7 +337,7 @@ async fn a_reset_within_a_commit_ends_the_watches_and_empties_the_history() {
     watch.next().await.expect("end").expect("ok");
     log.publish_all(
         vec![
-            published("a", 3, 0),
+            upsert("a", Version::new(3), 0),
             Published::Reset {
                 reason: "restored".into(),
             },
