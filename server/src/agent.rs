@@ -38,6 +38,7 @@ use crate::storage::events::HistoryLimits;
 use crate::storage::inmem::InMemBackend;
 use crate::storage::raft::backend::{RaftBackend, RaftOptions, RaftStartError};
 use crate::storage::raft::network::RaftGrpc;
+use crate::storage::raft::schema::{DirLock, LockError};
 use crate::storage::raft::types::NodeAddr;
 use crate::tls::{Dialer, NodeTls, Refusals, TlsError, TlsSettings};
 
@@ -194,6 +195,8 @@ pub enum AgentError {
     Serve(#[from] ServeError),
     #[error("cannot use TLS: {0}")]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Locked(#[from] LockError),
 }
 
 impl AgentError {
@@ -205,6 +208,7 @@ impl AgentError {
             AgentError::Config(_)
                 | AgentError::Tls(_)
                 | AgentError::Registry(_)
+                | AgentError::Locked(LockError::Held { .. })
                 | AgentError::Raft(RaftStartError::Identity(_))
         )
     }
@@ -214,6 +218,8 @@ impl AgentError {
 #[derive(Debug)]
 pub struct Agent {
     config: AgentConfig,
+    /// The data directory, held for as long as the node runs.
+    data_dir_lock: Option<DirLock>,
     api_listener: TcpListener,
     raft: Option<(Arc<RaftBackend>, TcpListener)>,
     service: Arc<ResourceService>,
@@ -255,6 +261,12 @@ impl Agent {
         };
         let dialer = Dialer::new(tls.clone());
         let metrics = Arc::new(Metrics::new());
+        // Before anything listens: a second process on the same directory is told so, not
+        // that a port is taken.
+        let data_dir_lock = match (&config.storage, &config.data_dir) {
+            (StorageKind::Raft, Some(dir)) => Some(DirLock::acquire(dir)?),
+            _ => None,
+        };
         let api_listener = bind("API", config.api_addr).await?;
         let http_listener = match config.http_addr {
             Some(addr) => Some(bind("HTTP API", addr).await?),
@@ -363,6 +375,7 @@ impl Agent {
         }
         Ok(Agent {
             config,
+            data_dir_lock,
             api_listener,
             raft,
             service: Arc::new(service),
@@ -413,6 +426,8 @@ impl Agent {
         let controllers = manager.controllers().clone();
         let Agent {
             config,
+            // Held until the node has stopped (the end of this function).
+            data_dir_lock: _data_dir_lock,
             api_listener,
             raft,
             service,

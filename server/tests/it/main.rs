@@ -6,6 +6,7 @@ mod cluster;
 mod controllers;
 mod crash;
 mod dev;
+mod disk;
 mod hostile;
 mod membership;
 mod mtls;

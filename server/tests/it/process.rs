@@ -129,6 +129,16 @@ impl Resd {
         }
     }
 
+    /// The node's data directory, when it has one of its own.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self._data.as_ref().map(|dir| dir.path())
+    }
+
+    /// The command line the node was started with (`resd agent ARGS`).
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
     /// An endpoint of this node's API, with TLS when the node speaks it.
     pub fn endpoint(&self) -> tonic::transport::Endpoint {
         endpoint_of(&self.api_addr.to_string(), self.client_tls.clone())

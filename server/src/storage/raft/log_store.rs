@@ -224,7 +224,19 @@ impl LogStore {
             lmdb.meta.delete(&mut wtxn, schema::META_LAST_PURGED)?;
             wtxn.commit()?;
         }
-        let (wal, replayed) = Wal::open(&dir)?;
+        // Whether this directory had a log: recorded in the marker's environment (synced, and
+        // outside the log's directory) once the log exists, so a log that lost every segment,
+        // or its directory, is damage and not a new node's empty log.
+        let existing = {
+            let rtxn = format_marker.read_txn()?;
+            lmdb.meta.get(&rtxn, schema::META_WAL)?.is_some()
+        };
+        let (wal, replayed) = Wal::open(&dir, existing)?;
+        if !existing {
+            let mut wtxn = format_marker.write_txn()?;
+            lmdb.meta.put(&mut wtxn, schema::META_WAL, &[1])?;
+            wtxn.commit()?;
+        }
         let unreadable = |what: String| LogOpenError::Unreadable {
             dir: dir.clone(),
             what,
@@ -489,7 +501,7 @@ fn migrate_lmdb_log(
     }
     let mut moved = 0u64;
     {
-        let (mut wal, _) = Wal::open(&staging)?;
+        let (mut wal, _) = Wal::open(&staging, false)?;
         let rtxn = env.read_txn()?;
         let mut records = wal::Batch::default();
         if let Some(vote) = dbs.meta.get(&rtxn, schema::META_VOTE)? {

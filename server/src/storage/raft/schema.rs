@@ -8,7 +8,8 @@
 //!                      (an older resd opens it first and refuses a newer format). Up to
 //!                      format 1 it held the raft log, moved to raft/wal at the first open:
 //!   entries            u64 big-endian index -> encoded Entry (empty from format 2)
-//!   meta               "format" | "vote" | "last_purged" -> encoded value
+//!   meta               "format" | "vote" | "last_purged" -> encoded value;
+//!                      "wal" -> [1] once raft/wal holds the log (it must, from then on)
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
 //!   resources          storage key -> encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
@@ -55,6 +56,71 @@ pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
 pub const IDENTITY_FILE: &str = "raft/IDENTITY";
 /// Present once the node was removed from its cluster; holds why, for people.
 pub const REMOVED_FILE: &str = "raft/REMOVED";
+/// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
+/// PID into it: a second process on the same directory would write the same log.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// The exclusive hold of a data directory, released when dropped (or when the process ends,
+/// however it ends: the kernel drops a dead process's locks).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Why a data directory cannot be held.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "the data directory {dir} is in use by another resd process{holder}: stop it first, or give this node another --data-dir"
+    )]
+    Held { dir: PathBuf, holder: String },
+    #[error("cannot lock the data directory {dir} ({path}): {source}")]
+    Io {
+        dir: PathBuf,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl DirLock {
+    /// Takes the data directory `data_dir` (creating it if needed) for this process, or says
+    /// which process holds it.
+    pub fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
+        use std::io::Write;
+        let path = data_dir.join(LOCK_FILE);
+        let failed = |source: std::io::Error| LockError::Io {
+            dir: data_dir.to_path_buf(),
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(data_dir).map_err(failed)?;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(failed)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u32>().ok())
+                    .map(|pid| format!(" (PID {pid})"))
+                    .unwrap_or_default();
+                return Err(LockError::Held {
+                    dir: data_dir.to_path_buf(),
+                    holder,
+                });
+            }
+            Err(errno) => return Err(failed(errno.into())),
+        }
+        file.set_len(0).map_err(failed)?;
+        writeln!(file, "{}", std::process::id()).map_err(failed)?;
+        Ok(DirLock { _file: file })
+    }
+}
 
 /// The identity a data directory records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +216,8 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const META_FORMAT: &str = "format";
 pub const META_VOTE: &str = "vote";
 pub const META_LAST_PURGED: &str = "last_purged";
+/// In the log's format marker: the write-ahead log was made (so its directory must hold it).
+pub const META_WAL: &str = "wal";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";
 pub const META_RESTORE_ID: &str = "restore_id";
@@ -485,6 +553,22 @@ mod tests {
             namespace: namespace.into(),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn a_data_directory_is_held_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let held = DirLock::acquire(dir.path()).expect("first");
+        let message = DirLock::acquire(dir.path())
+            .expect_err("second")
+            .to_string();
+        assert!(
+            message.contains("in use by another resd process")
+                && message.contains(&format!("(PID {})", std::process::id())),
+            "{message}"
+        );
+        drop(held);
+        DirLock::acquire(dir.path()).expect("free again");
     }
 
     #[test]

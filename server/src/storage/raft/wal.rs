@@ -8,29 +8,49 @@
 //! flush per node.
 //!
 //! ```text
-//! raft/wal/<seq, 20 digits>.wal   segments, replayed in order
-//! raft/wal/prepared.tmp           the next segment, zero-filled, not in use yet
+//! raft/wal/<seq, 20 digits>.wal   segments, replayed in order; numbered without gaps
+//! raft/wal/prepared.tmp           the next segment, zero-filled (and given its header when
+//!                                 it is needed), not in use yet
 //!
 //! record = len u32 LE | crc32 of body u32 LE | body          (len 0: no more records)
-//! body   = 1 | format u32 | seq u64                          header, first in every segment
+//! body   = 1 | format u32 | seq u64 | size u64               header, first in every segment
+//!                                                              (size: the file's length; no
+//!                                                              size before format 3)
 //!        | 2 | index u64 | encoded Entry                     an entry (drops any at >= index)
 //!        | 3 | from u64                                      truncate: drop entries >= from
 //!        | 4 | upto u64 | encoded LogId                      purge: drop entries <= upto
 //!        | 5 | encoded Vote                                  the vote
 //!        | 6 | offset u64                                    batch: first record of every
 //!                                                              write after the header, at offset
+//!        | 7 | next u64                                      seal: the log goes on in segment
+//!                                                              next (the last record of every
+//!                                                              segment but the newest)
 //! ```
 //!
 //! A new segment starts with its header, then the vote and the purge point as they stand, so
-//! segments older than the first live entry can be deleted without losing either. At open, the
-//! first record of the last segment that is cut short or fails its checksum ends the log (a
-//! write that was never synced, so never acknowledged); what follows it is zeroed so a later
-//! write can never run into a stale record. Unless a whole batch marker lies beyond it: every
-//! write starts with one, and a write begins only after the one before it was synced, so a bad
-//! record with a later write behind it was synced and has been damaged since. That, and a bad
-//! record in any segment but the last, is damage: the log refuses to open, naming the file and
-//! offset. (Segments of format 1 carry no markers; one is never appended to again — the next
-//! write starts a new segment.)
+//! segments older than the first live entry can be deleted without losing either.
+//!
+//! **The log knows where it ends.** A segment is given its header (and size) while it is still
+//! `prepared.tmp`, and only then renamed into place, so every segment file has a whole header
+//! and its full length; the segment before it is sealed, naming it, before anything is written
+//! to it. So a segment without a header, one shorter than its header says, a gap in the
+//! numbering, a sealed newest segment (its successor is gone), an unsealed older one, a gap in
+//! the entries, and an empty directory where the log had been (the caller knows; see
+//! [`Wal::open`]) are all damage, never an empty tail.
+//!
+//! **A torn tail is not damage.** At open, the first record of the newest segment that is cut
+//! short or fails its checksum ends the log if the write it belongs to never finished: a write
+//! that was never synced, so never acknowledged. What follows it is zeroed so a later write can
+//! never run into a stale record. A write that was cut short leaves zeros where it stops (the
+//! segment was zero-filled before it was written, and a write lands in whole sectors): a bad
+//! record with no unwritten (all-zero) sector between it and the end of the written bytes, whose
+//! body is all there (its length, or a length that matches its checksum, ends inside them), was
+//! written whole, so it was synced and has been damaged since. So was a bad record, or an early
+//! end of the records, with a whole batch marker behind it: a write begins only after the one
+//! before it was synced. Both are damage, as is a bad record in any segment but the newest: the
+//! log refuses to open, naming the file and offset. (Segments of the formats before 3 carry no
+//! size or seal, and those of format 1 no markers; such a segment is never appended to again —
+//! the next write starts a new segment.)
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -49,7 +69,9 @@ pub const SEGMENT_BYTES: u64 = 16 << 20;
 #[cfg(test)]
 pub const SEGMENT_BYTES: u64 = 256 << 10;
 /// The format this build writes into segment headers, and the newest it reads.
-pub const WAL_FORMAT: u32 = 2;
+///
+/// 2: batch markers. 3: the header records the segment's size, and segments are sealed.
+pub const WAL_FORMAT: u32 = 3;
 const PREPARED: &str = "prepared.tmp";
 const FRAME: usize = 8;
 
@@ -59,8 +81,13 @@ const KIND_TRUNCATE: u8 = 3;
 const KIND_PURGE: u8 = 4;
 const KIND_VOTE: u8 = 5;
 const KIND_BATCH: u8 = 6;
+const KIND_SEAL: u8 = 7;
 /// A batch marker: frame, kind, offset.
 const MARKER: usize = FRAME + 1 + 8;
+/// A seal: frame, kind, next segment. Every segment keeps room for one.
+const SEAL: usize = FRAME + 1 + 8;
+/// The unit a disk writes whole: a write cut short by a crash leaves whole sectors unwritten.
+const SECTOR: usize = 512;
 
 /// Why the log cannot be opened or written.
 #[derive(Debug, thiserror::Error)]
@@ -68,13 +95,20 @@ pub enum WalError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
-        "{path} is damaged at byte {offset}: {what}; it is not the end of the log, so this is not an interrupted write: remove the node from the cluster (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one"
+        "{path} is damaged{}: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost: {RECOVERY}",
+        offset.map(|offset| format!(" at byte {offset}")).unwrap_or_default()
     )]
     Damaged {
         path: PathBuf,
-        offset: u64,
+        /// Where in the file, when the damage is inside one.
+        offset: Option<u64>,
         what: String,
     },
+    /// A segment the log needs is gone.
+    #[error(
+        "{path} is missing: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost: {RECOVERY}"
+    )]
+    Missing { path: PathBuf, what: String },
     #[error("cannot encode a raft log record: {0}")]
     Encode(String),
     #[error(
@@ -85,6 +119,17 @@ pub enum WalError {
         found: u32,
         supported: u32,
     },
+}
+
+/// What to do about a damaged log.
+pub const RECOVERY: &str = "if the node belongs to a cluster whose other members hold the data, remove it (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, restore the latest operator snapshot (`resctl snapshot restore`) into a new node";
+
+impl WalError {
+    /// Whether the log lost what it had synced (rather than being unreadable, or of a newer
+    /// format).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, WalError::Damaged { .. } | WalError::Missing { .. })
+    }
 }
 
 fn at(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
@@ -178,6 +223,18 @@ impl Batch {
     }
 }
 
+/// A segment as replay found it.
+struct Kept {
+    seq: u64,
+    path: PathBuf,
+    /// Where its records end.
+    end: u64,
+    capacity: u64,
+    format: u32,
+    /// Where its seal is, if it has one.
+    sealed: Option<usize>,
+}
+
 /// The writing end: the current segment and where its records end.
 #[derive(Debug)]
 pub struct Wal {
@@ -185,6 +242,9 @@ pub struct Wal {
     current: Segment,
     end: u64,
     capacity: u64,
+    /// Whether the current segment gets a seal when the next one starts (not one of a format
+    /// before seals: such a segment is full as it is).
+    sealable: bool,
     stated: Stated,
     prepared: Option<JoinHandle<io::Result<()>>>,
 }
@@ -258,6 +318,89 @@ fn open_segment(path: &Path) -> Result<File, WalError> {
     Ok(file)
 }
 
+/// The header and restated vote and purge point segment `seq`, of `size` bytes, starts with.
+fn header_bytes(seq: u64, size: u64, stated: &Stated) -> Vec<u8> {
+    let mut batch = Batch::default();
+    let mut header = WAL_FORMAT.to_le_bytes().to_vec();
+    header.extend_from_slice(&seq.to_le_bytes());
+    header.extend_from_slice(&size.to_le_bytes());
+    batch.record(KIND_HEADER, &[&header]);
+    if let Some(vote) = &stated.vote {
+        batch.record(KIND_VOTE, &[vote]);
+    }
+    if let Some((upto, log_id)) = &stated.purge {
+        batch.record(KIND_PURGE, &[&upto.to_le_bytes(), log_id]);
+    }
+    batch.body
+}
+
+/// Puts segment `seq` of `size` bytes in place with `header` at its start: the zero-filled
+/// file (`prepared` — already made by the helper thread — or made now) is given its header and
+/// synced as `prepared.tmp`, and only then renamed to its name. So a segment file always has its
+/// header and its whole length.
+fn make_segment(
+    dir: &Path,
+    seq: u64,
+    size: u64,
+    header: &[u8],
+    prepared: bool,
+) -> Result<(), WalError> {
+    let staging = dir.join(PREPARED);
+    if !prepared {
+        zero_filled(&staging, size).map_err(at(&staging))?;
+    }
+    let file = open_rw(&staging)?;
+    file.write_all_at(header, 0)
+        .and_then(|()| file.sync_data())
+        .map_err(at(&staging))?;
+    drop(file);
+    let path = segment_path(dir, seq);
+    std::fs::rename(&staging, &path).map_err(at(&path))?;
+    sync_dir(dir)
+}
+
+/// A seal: the log goes on in segment `next`.
+fn seal_bytes(next: u64) -> Vec<u8> {
+    let mut batch = Batch::default();
+    batch.record(KIND_SEAL, &[&next.to_le_bytes()]);
+    batch.body
+}
+
+/// Whether the bad record at `at`, the first of the newest segment's, belongs to a write that
+/// finished (so was synced: damage) rather than one a crash cut short (a torn tail). A write
+/// lands in whole sectors over a zero-filled file, so one cut short leaves a sector of zeros, or
+/// ends (at its last non-zero byte) before the record it was writing does. A bad record with
+/// neither, whose body is there, was written whole. Its length may be what was damaged: then a
+/// shorter or longer body that matches its checksum shows it whole.
+fn written_whole(buf: &[u8], at: usize) -> bool {
+    let Some(last) = buf[at..].iter().rposition(|&byte| byte != 0) else {
+        return false;
+    };
+    let end = at + last + 1;
+    let mut sector = at.next_multiple_of(SECTOR);
+    while sector + SECTOR <= end {
+        if buf[sector..sector + SECTOR].iter().all(|&byte| byte == 0) {
+            return false;
+        }
+        sector += SECTOR;
+    }
+    let written = end.next_multiple_of(SECTOR).min(buf.len());
+    // Nothing after the frame was written: a stray frame, not a record.
+    if at + FRAME >= end {
+        return false;
+    }
+    let len = u32::from_le_bytes(buf[at..at + 4].try_into().unwrap_or([0; 4])) as usize;
+    if at + FRAME + len <= written {
+        return true;
+    }
+    let crc = u32::from_le_bytes(buf[at + 4..at + FRAME].try_into().unwrap_or([0; 4]));
+    let mut hasher = crc32fast::Hasher::new();
+    buf[at + FRAME..written].iter().any(|&byte| {
+        hasher.update(&[byte]);
+        hasher.clone().finalize() == crc
+    })
+}
+
 /// One record read back from a buffer.
 enum Parsed<'a> {
     End,
@@ -324,30 +467,49 @@ fn u64_at(body: &[u8]) -> Option<u64> {
 }
 
 impl Wal {
-    /// Opens the log in `dir` (creating it if needed) and replays it.
-    pub fn open(dir: &Path) -> Result<(Wal, Replayed), WalError> {
+    /// Opens the log in `dir` (creating it if needed) and replays it. `existing`: the node has
+    /// written a log there before (the caller keeps that fact outside the directory), so a
+    /// directory without segments lost them.
+    pub fn open(dir: &Path, existing: bool) -> Result<(Wal, Replayed), WalError> {
         std::fs::create_dir_all(dir).map_err(at(dir))?;
         // A segment being prepared when the node stopped: made again when needed.
         let prepared = dir.join(PREPARED);
         if prepared.exists() {
             std::fs::remove_file(&prepared).map_err(at(&prepared))?;
         }
-        let mut segments = list_segments(dir)?;
+        let segments = list_segments(dir)?;
+        let lost = |what: String| WalError::Damaged {
+            path: dir.to_path_buf(),
+            offset: None,
+            what,
+        };
+        if segments.is_empty() && existing {
+            return Err(lost(
+                "it holds no log segment, but this node had written its raft log there (the segments, or the directory, were deleted)".into(),
+            ));
+        }
+        for pair in segments.windows(2) {
+            let (before, after) = (pair[0].0, pair[1].0);
+            if after != before + 1 {
+                return Err(WalError::Missing {
+                    path: segment_path(dir, before + 1),
+                    what: format!("the log goes on from segment {before} to segment {after}"),
+                });
+            }
+        }
         let mut replayed = Replayed::default();
         let mut stated = Stated::default();
         let count = segments.len();
-        // A last segment without a valid header was made but never written: drop it.
-        let mut keep = Vec::with_capacity(count);
-        for (position, (seq, path)) in segments.drain(..).enumerate() {
+        let mut keep: Vec<Kept> = Vec::with_capacity(count);
+        for (position, (seq, path)) in segments.into_iter().enumerate() {
             let is_last = position + 1 == count;
             let mut buf = std::fs::read(&path).map_err(at(&path))?;
             let damaged = |offset: usize, what: String| WalError::Damaged {
                 path: path.clone(),
-                offset: offset as u64,
+                offset: Some(offset as u64),
                 what,
             };
-            let segment_format;
-            let mut offset = match parse(&buf, 0) {
+            let (format, mut offset) = match parse(&buf, 0) {
                 Parsed::Record {
                     kind: KIND_HEADER,
                     body,
@@ -368,22 +530,49 @@ impl Wal {
                     if u64_at(&body[4..]) != Some(seq) {
                         return Err(damaged(0, "the header names another segment".into()));
                     }
-                    segment_format = format;
-                    next
+                    if format >= 3 {
+                        let size = body
+                            .get(12..)
+                            .and_then(u64_at)
+                            .ok_or_else(|| damaged(0, "a header without a size".into()))?;
+                        if (buf.len() as u64) < size {
+                            return Err(damaged(
+                                buf.len(),
+                                format!(
+                                    "the segment was made {size} bytes long and is {} bytes long: it was cut short",
+                                    buf.len()
+                                ),
+                            ));
+                        }
+                    }
+                    (format, next)
                 }
-                _ if is_last => {
+                // Made by a build before format 3 (which named a segment before it wrote its
+                // header) and never written: nothing is lost with it.
+                _ if is_last && buf.iter().all(|&byte| byte == 0) => {
                     std::fs::remove_file(&path).map_err(at(&path))?;
                     continue;
                 }
-                Parsed::Bad(what) => return Err(damaged(0, what)),
+                Parsed::Bad(what) => return Err(damaged(0, format!("the segment header: {what}"))),
                 _ => return Err(damaged(0, "no segment header".into())),
             };
+            let mut sealed = None;
             loop {
                 match parse(&buf, offset) {
-                    Parsed::End => break,
+                    Parsed::End => {
+                        if is_last && let Some(later) = later_marker(&buf, offset) {
+                            return Err(damaged(
+                                offset,
+                                format!(
+                                    "the records end here, but a later write (at byte {later}) is whole, so what lay between was synced"
+                                ),
+                            ));
+                        }
+                        break;
+                    }
                     Parsed::Bad(what) if !is_last => return Err(damaged(offset, what)),
-                    Parsed::Bad(what) => match later_marker(&buf, offset) {
-                        Some(later) => {
+                    Parsed::Bad(what) => {
+                        if let Some(later) = later_marker(&buf, offset) {
                             return Err(damaged(
                                 offset,
                                 format!(
@@ -391,10 +580,21 @@ impl Wal {
                                 ),
                             ));
                         }
-                        None => break,
-                    },
+                        if written_whole(&buf, offset) {
+                            return Err(damaged(
+                                offset,
+                                format!(
+                                    "{what}, and the write it belongs to was written whole, so it was synced"
+                                ),
+                            ));
+                        }
+                        break;
+                    }
                     Parsed::Record { kind, body, next } => {
                         let bad = |what: &str| damaged(offset, what.to_owned());
+                        if sealed.is_some() {
+                            return Err(bad("a record after the segment's seal"));
+                        }
                         match kind {
                             KIND_ENTRY => {
                                 let index = u64_at(body).ok_or_else(|| bad("a short entry"))?;
@@ -428,6 +628,10 @@ impl Wal {
                             }
                             KIND_BATCH if u64_at(body) == Some(offset as u64) => {}
                             KIND_BATCH => return Err(bad("a batch marker names another place")),
+                            KIND_SEAL if u64_at(body) == Some(seq + 1) => sealed = Some(offset),
+                            KIND_SEAL => {
+                                return Err(bad("a seal names another segment than the next"));
+                            }
                             other => return Err(bad(&format!("unknown record kind {other}"))),
                         }
                         offset = next;
@@ -454,61 +658,124 @@ impl Wal {
             }
             // A segment of an older format is not appended to: its capacity ends where its
             // records do, so the next write starts a new segment.
-            let capacity = if segment_format < WAL_FORMAT {
+            let capacity = if format < WAL_FORMAT {
                 offset as u64
             } else {
                 buf.len() as u64
             };
-            keep.push((seq, path, offset as u64, capacity));
+            keep.push(Kept {
+                seq,
+                path,
+                end: offset as u64,
+                capacity,
+                format,
+                sealed,
+            });
         }
-        for (seq, path, _, _) in &keep {
+        // Every segment but the newest names the one after it; the newest names none.
+        for (position, kept) in keep.iter().enumerate() {
+            let is_last = position + 1 == keep.len();
+            match (kept.format >= 3, is_last, kept.sealed) {
+                (true, false, None) => {
+                    return Err(WalError::Damaged {
+                        path: kept.path.clone(),
+                        offset: Some(kept.end),
+                        what: format!(
+                            "the segment ends without naming the one after it (segment {}): it was cut short or overwritten",
+                            kept.seq + 1
+                        ),
+                    });
+                }
+                (true, true, Some(seal)) => {
+                    return Err(WalError::Missing {
+                        path: segment_path(dir, kept.seq + 1),
+                        what: format!(
+                            "{} (at byte {seal}) names it as the segment the log goes on in",
+                            kept.path.display()
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if keep.is_empty() && existing {
+            return Err(lost(
+                "its only segment holds nothing, but this node had written its raft log there"
+                    .into(),
+            ));
+        }
+        // Segments are deleted only behind a purge point: without one the log starts in the
+        // first segment.
+        if replayed.purged.is_none()
+            && let Some(first) = keep.first()
+            && first.seq != 1
+        {
+            return Err(WalError::Missing {
+                path: segment_path(dir, 1),
+                what: format!(
+                    "nothing was purged from the log, yet it starts in segment {}",
+                    first.seq
+                ),
+            });
+        }
+        // The entries run without a gap (from just after the purge point, if there is one).
+        let first = replayed
+            .purged
+            .map(|purged| purged.index + 1)
+            .or_else(|| replayed.locations.keys().next().copied())
+            .unwrap_or(0);
+        for (expected, &index) in (first..).zip(replayed.locations.keys()) {
+            if index != expected {
+                return Err(lost(format!(
+                    "entries {expected} to {} are missing (the log goes on at entry {index})",
+                    index - 1
+                )));
+            }
+        }
+        for kept in &keep {
             replayed
                 .segments
-                .insert(*seq, Arc::new(open_segment(path)?));
+                .insert(kept.seq, Arc::new(open_segment(&kept.path)?));
         }
-        let (current, end, capacity) = match keep.last() {
-            Some((seq, _, end, capacity)) => {
-                let file = replayed.segments[seq].clone();
-                (Segment { seq: *seq, file }, *end, *capacity)
+        let (current, end, capacity, sealable) = match keep.last() {
+            Some(kept) => {
+                let file = replayed.segments[&kept.seq].clone();
+                (
+                    Segment {
+                        seq: kept.seq,
+                        file,
+                    },
+                    kept.end,
+                    kept.capacity,
+                    kept.format >= 3,
+                )
             }
             None => {
                 let seq = 1;
-                let path = segment_path(dir, seq);
-                zero_filled(&path, SEGMENT_BYTES).map_err(at(&path))?;
-                sync_dir(dir)?;
-                let file = Arc::new(open_segment(&path)?);
+                let header = header_bytes(seq, SEGMENT_BYTES, &stated);
+                make_segment(dir, seq, SEGMENT_BYTES, &header, false)?;
+                let file = Arc::new(open_segment(&segment_path(dir, seq))?);
                 replayed.segments.insert(seq, file.clone());
-                (Segment { seq, file }, 0, SEGMENT_BYTES)
+                (
+                    Segment { seq, file },
+                    header.len() as u64,
+                    SEGMENT_BYTES,
+                    true,
+                )
             }
         };
-        let mut wal = Wal {
-            dir: dir.to_path_buf(),
-            current,
-            end,
-            capacity,
-            stated,
-            prepared: None,
-        };
-        if keep.is_empty() {
-            let header = wal.header(wal.current.seq);
-            wal.write_at_end(&header)?;
-        }
-        Ok((wal, replayed))
-    }
-
-    /// The header and restated vote and purge point segment `seq` starts with.
-    fn header(&self, seq: u64) -> Vec<u8> {
-        let mut batch = Batch::default();
-        let mut header = WAL_FORMAT.to_le_bytes().to_vec();
-        header.extend_from_slice(&seq.to_le_bytes());
-        batch.record(KIND_HEADER, &[&header]);
-        if let Some(vote) = &self.stated.vote {
-            batch.record(KIND_VOTE, &[vote]);
-        }
-        if let Some((upto, log_id)) = &self.stated.purge {
-            batch.record(KIND_PURGE, &[&upto.to_le_bytes(), log_id]);
-        }
-        batch.body
+        Ok((
+            Wal {
+                dir: dir.to_path_buf(),
+                current,
+                end,
+                capacity,
+                sealable,
+                stated,
+                prepared: None,
+            },
+            replayed,
+        ))
     }
 
     fn write_at_end(&mut self, bytes: &[u8]) -> Result<(), WalError> {
@@ -560,7 +827,7 @@ impl Wal {
     pub fn write(&mut self, batch: Batch) -> Result<Written, WalError> {
         let need = (MARKER + batch.body.len()) as u64;
         let mut opened = None;
-        if self.end + need > self.capacity {
+        if self.end + need + SEAL as u64 > self.capacity {
             opened = Some(self.roll(need)?);
         }
         let marker = marker_at(self.end);
@@ -596,13 +863,15 @@ impl Wal {
         Ok(Written { locations, opened })
     }
 
-    /// Starts the next segment, big enough for `need` bytes after its header.
+    /// Starts the next segment, big enough for `need` bytes (and a seal) after its header: put
+    /// in place whole (see [`make_segment`]), then named by a seal at the end of the current
+    /// one, before anything is written to it.
     fn roll(&mut self, need: u64) -> Result<Segment, WalError> {
         let seq = self.current.seq + 1;
         let path = segment_path(&self.dir, seq);
-        let prepared_path = self.dir.join(PREPARED);
-        let header = self.header(seq);
-        let size = SEGMENT_BYTES.max(header.len() as u64 + need);
+        let header_len = header_bytes(seq, 0, &self.stated).len() as u64;
+        let size = SEGMENT_BYTES.max(header_len + need + SEAL as u64);
+        let header = header_bytes(seq, size, &self.stated);
         let prepared = match self.prepared.take() {
             Some(handle) => handle
                 .join()
@@ -610,20 +879,24 @@ impl Wal {
                 .is_ok(),
             None => false,
         };
-        if prepared && size == SEGMENT_BYTES {
-            std::fs::rename(&prepared_path, &path).map_err(at(&path))?;
-        } else {
-            zero_filled(&path, size).map_err(at(&path))?;
+        make_segment(
+            &self.dir,
+            seq,
+            size,
+            &header,
+            prepared && size == SEGMENT_BYTES,
+        )?;
+        if self.sealable {
+            self.write_at_end(&seal_bytes(seq))?;
         }
-        sync_dir(&self.dir)?;
         let file = Arc::new(open_segment(&path)?);
         self.current = Segment {
             seq,
             file: file.clone(),
         };
-        self.end = 0;
+        self.end = header.len() as u64;
         self.capacity = size;
-        self.write_at_end(&header)?;
+        self.sealable = true;
         Ok(Segment { seq, file })
     }
 
@@ -728,7 +1001,7 @@ mod tests {
     fn what_was_written_is_replayed_truncates_and_purges_included() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let (mut wal, replayed) = Wal::open(dir.path()).expect("open");
+            let (mut wal, replayed) = Wal::open(dir.path(), false).expect("open");
             assert!(replayed.locations.is_empty() && replayed.vote.is_none());
             entries(&mut wal, 1..11, 100);
             let mut batch = Batch::default();
@@ -745,7 +1018,7 @@ mod tests {
             );
             wal.write(batch).expect("write");
         }
-        let (_, replayed) = Wal::open(dir.path()).expect("reopen");
+        let (_, replayed) = Wal::open(dir.path(), false).expect("reopen");
         assert_eq!(replayed.vote, Some(Vote::new(3, 2)));
         assert_eq!(replayed.purged, Some(log_id(1, 2)));
         assert_eq!(
@@ -757,23 +1030,24 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_record_ends_the_log_and_never_comes_back() {
+    fn a_torn_last_write_ends_the_log_and_never_comes_back() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (torn_at, next_at) = {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             entries(&mut wal, 1..4, 50);
-            let written = entries(&mut wal, 4..7, 50);
+            let written = entries(&mut wal, 4..7, 1500);
             (written[0].1.offset, written[1].1.offset)
         };
-        // Damage entry 4 (the first record of the last write); 5 and 6 stay intact behind it,
-        // in the same write, so they were never synced apart from it.
+        // The crash cut the last write: one sector inside entry 4 never reached the disk (a
+        // zero-filled segment keeps zeros there); 5 and 6 landed whole behind it, in the same
+        // unsynced write.
+        let sector = (torn_at as usize + FRAME + 100).next_multiple_of(SECTOR) as u64;
         let path = segment_path(dir.path(), 1);
         let file = open_rw(&path).expect("open segment");
-        file.write_all_at(&[0xff], torn_at + FRAME as u64 + 3)
-            .expect("damage");
+        file.write_all_at(&[0; SECTOR], sector).expect("tear");
         drop(file);
         {
-            let (mut wal, replayed) = Wal::open(dir.path()).expect("reopen");
+            let (mut wal, replayed) = Wal::open(dir.path(), true).expect("reopen");
             assert_eq!(
                 replayed.locations.keys().copied().collect::<Vec<_>>(),
                 vec![1, 2, 3]
@@ -786,7 +1060,7 @@ mod tests {
             let written = entries(&mut wal, 4..5, size);
             assert_eq!(wal.end, next_at, "{written:?}");
         }
-        let (_, replayed) = Wal::open(dir.path()).expect("reopen again");
+        let (_, replayed) = Wal::open(dir.path(), true).expect("reopen again");
         assert_eq!(
             replayed.locations.keys().copied().collect::<Vec<_>>(),
             vec![1, 2, 3, 4]
@@ -798,10 +1072,35 @@ mod tests {
     }
 
     #[test]
+    fn a_write_cut_short_ends_the_log_where_it_began() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (cut_at, end) = {
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
+            entries(&mut wal, 1..4, 50);
+            let start = wal.end;
+            entries(&mut wal, 4..7, 3000);
+            (start, wal.end)
+        };
+        // Only a prefix of the last write landed: the rest of it is still zeros, mid-record.
+        let keep = (cut_at as usize + MARKER + 2000).next_multiple_of(SECTOR) as u64;
+        let file = open_rw(&segment_path(dir.path(), 1)).expect("open segment");
+        file.write_all_at(&vec![0; (end - keep) as usize], keep)
+            .expect("cut");
+        drop(file);
+        let (wal, replayed) = Wal::open(dir.path(), true).expect("reopen");
+        assert_eq!(
+            replayed.locations.keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        // The write's marker landed; the log goes on after it.
+        assert_eq!(wal.end, cut_at + MARKER as u64);
+    }
+
+    #[test]
     fn a_damaged_record_with_a_later_write_behind_it_refuses_to_open() {
         let dir = tempfile::tempdir().expect("temp dir");
         let damaged_at = {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             let first = entries(&mut wal, 1..4, 50);
             entries(&mut wal, 4..7, 50);
             first[1].1.offset
@@ -812,7 +1111,9 @@ mod tests {
         file.write_all_at(&[0xff], damaged_at + FRAME as u64 + 3)
             .expect("damage");
         drop(file);
-        let error = Wal::open(dir.path()).expect_err("damaged").to_string();
+        let error = Wal::open(dir.path(), false)
+            .expect_err("damaged")
+            .to_string();
         assert!(
             error.contains(&format!("damaged at byte {damaged_at}"))
                 && error.contains("a later write")
@@ -821,35 +1122,39 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_segment_of_the_previous_format_is_read_and_never_appended_to() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
-            entries(&mut wal, 1..4, 50);
+    /// A segment as format 1 wrote it: a header without a size, entries without markers.
+    fn format_one_segment(dir: &Path, seq: u64, range: std::ops::Range<u64>) {
+        let mut records = Batch::default();
+        let mut header = 1u32.to_le_bytes().to_vec();
+        header.extend_from_slice(&seq.to_le_bytes());
+        records.record(KIND_HEADER, &[&header]);
+        for index in range {
+            records.entry(index, &[index as u8; 50]);
         }
-        // The same segment as format 1 wrote it (its markers are ignored by the reader).
-        let mut header = Batch::default();
-        let mut body = 1u32.to_le_bytes().to_vec();
-        body.extend_from_slice(&1u64.to_le_bytes());
-        header.record(KIND_HEADER, &[&body]);
-        let file = open_rw(&segment_path(dir.path(), 1)).expect("open segment");
-        file.write_all_at(&header.body, 0).expect("write");
-        drop(file);
+        let mut bytes = records.body;
+        bytes.resize(SEGMENT_BYTES as usize, 0);
+        std::fs::write(segment_path(dir, seq), bytes).expect("write");
+    }
+
+    #[test]
+    fn a_segment_of_an_earlier_format_is_read_and_never_appended_to() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        format_one_segment(dir.path(), 1, 0..4);
         {
-            let (mut wal, replayed) = Wal::open(dir.path()).expect("reopen");
-            assert_eq!(replayed.locations.len(), 3);
+            let (mut wal, replayed) = Wal::open(dir.path(), true).expect("open");
+            assert_eq!(replayed.locations.len(), 4);
             let mut batch = Batch::default();
             batch.entry(4, b"four");
             let written = wal.write(batch).expect("write");
             assert_eq!(written.opened.map(|segment| segment.seq), Some(2));
         }
-        let (_, replayed) = Wal::open(dir.path()).expect("reopen again");
+        let (_, replayed) = Wal::open(dir.path(), true).expect("reopen");
         assert_eq!(
             replayed.locations.keys().copied().collect::<Vec<_>>(),
-            vec![1, 2, 3, 4]
+            vec![0, 1, 2, 3, 4]
         );
         assert_eq!(read(&replayed, 4), b"four");
+        assert_eq!(read(&replayed, 2), vec![2u8; 50]);
         assert_eq!(segments(dir.path()), vec![1, 2]);
     }
 
@@ -857,7 +1162,7 @@ mod tests {
     fn damage_before_the_last_segment_refuses_to_open_naming_the_place() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             for i in 0..4 {
                 entries(&mut wal, i * 10 + 1..i * 10 + 11, 10_000);
             }
@@ -869,7 +1174,7 @@ mod tests {
         let path = segment_path(dir.path(), 1);
         let file = open_rw(&path).expect("open segment");
         file.write_all_at(&[0xff, 0xff], 200).expect("damage");
-        let error = Wal::open(dir.path()).expect_err("damaged");
+        let error = Wal::open(dir.path(), false).expect_err("damaged");
         let message = error.to_string();
         assert!(
             message.contains("00000000000000000001.wal") && message.contains("damaged at byte"),
@@ -880,14 +1185,15 @@ mod tests {
     #[test]
     fn a_newer_format_is_refused_naming_both_versions() {
         let dir = tempfile::tempdir().expect("temp dir");
-        drop(Wal::open(dir.path()).expect("open"));
+        drop(Wal::open(dir.path(), false).expect("open"));
         let mut header = Batch::default();
         let mut body = 9u32.to_le_bytes().to_vec();
         body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&SEGMENT_BYTES.to_le_bytes());
         header.record(KIND_HEADER, &[&body]);
         let file = open_rw(&segment_path(dir.path(), 1)).expect("open segment");
         file.write_all_at(&header.body, 0).expect("write");
-        let message = Wal::open(dir.path()).expect_err("newer").to_string();
+        let message = Wal::open(dir.path(), false).expect_err("newer").to_string();
         assert!(
             message.contains("format version 9")
                 && message.contains(&format!("up to {WAL_FORMAT}")),
@@ -900,7 +1206,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let encoded_vote = crate::storage::raft::types::encode(&Vote::new(7, 1)).expect("encode");
         {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             let mut batch = Batch::default();
             wal.vote(&mut batch, &encoded_vote);
             wal.write(batch).expect("vote");
@@ -926,7 +1232,7 @@ mod tests {
             assert!(!deleted.is_empty());
             assert_eq!(segments(dir.path())[0], first_live);
         }
-        let (_, replayed) = Wal::open(dir.path()).expect("reopen");
+        let (_, replayed) = Wal::open(dir.path(), false).expect("reopen");
         assert_eq!(replayed.vote, Some(Vote::new(7, 1)));
         assert_eq!(replayed.purged, Some(log_id(2, 75)));
         assert_eq!(
@@ -940,13 +1246,206 @@ mod tests {
     fn a_batch_larger_than_a_segment_gets_a_segment_of_its_own() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let (mut wal, _) = Wal::open(dir.path()).expect("open");
+            let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             entries(&mut wal, 1..3, SEGMENT_BYTES as usize);
             entries(&mut wal, 3..4, 10);
         }
-        let (_, replayed) = Wal::open(dir.path()).expect("reopen");
+        let (_, replayed) = Wal::open(dir.path(), false).expect("reopen");
         assert_eq!(replayed.locations.len(), 3);
         assert_eq!(read(&replayed, 2).len(), SEGMENT_BYTES as usize);
         assert_eq!(read(&replayed, 3), vec![3u8; 10]);
+    }
+
+    /// A log of three segments, every write synced (so any of it may have been acknowledged):
+    /// returns the entries' locations.
+    fn synced_log(dir: &Path) -> Vec<(u64, Location)> {
+        let (mut wal, _) = Wal::open(dir, false).expect("open");
+        let mut batch = Batch::default();
+        wal.vote(
+            &mut batch,
+            &crate::storage::raft::types::encode(&Vote::new(2, 1)).expect("encode"),
+        );
+        wal.write(batch).expect("vote");
+        let mut written = Vec::new();
+        let mut next = 0;
+        while wal.current_segment() < 3 || written.len() < 30 {
+            written.extend(entries(&mut wal, next..next + 4, 20_000));
+            next += 4;
+        }
+        written
+    }
+
+    fn all_entries(written: &[(u64, Location)]) -> Vec<u64> {
+        written.iter().map(|(index, _)| *index).collect()
+    }
+
+    /// The places worth a flipped byte in `segment`: its header and restated records, every
+    /// record's frame, kind and index and a few bytes of its body, every marker, the seal, and
+    /// the whole frame and the last bytes of the last record.
+    fn probes(dir: &Path, seq: u64) -> Vec<u64> {
+        let buf = std::fs::read(segment_path(dir, seq)).expect("read");
+        let mut places = Vec::new();
+        let mut offset = 0;
+        while let Parsed::Record { next, .. } = parse(&buf, offset) {
+            let len = next - offset;
+            places.extend((offset..offset + (FRAME + 9).min(len)).map(|p| p as u64));
+            for part in [len / 3, len / 2, len - 2, len - 1] {
+                places.push((offset + part) as u64);
+            }
+            offset = next;
+        }
+        places.sort();
+        places.dedup();
+        places
+    }
+
+    fn flip(path: &Path, at: u64) {
+        let file = open_rw(path).expect("open segment");
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).expect("read");
+        file.write_all_at(&[byte[0] ^ 0x5a], at).expect("flip");
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_in_a_synced_log_is_damage_never_a_shorter_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = synced_log(dir.path());
+        let newest = written.last().map(|(_, l)| l.segment).expect("written");
+        for seq in [newest, newest - 1] {
+            let path = segment_path(dir.path(), seq);
+            for at in probes(dir.path(), seq) {
+                flip(&path, at);
+                match Wal::open(dir.path(), true) {
+                    Err(error) if error.is_damage() => {}
+                    other => panic!(
+                        "a flipped byte at {at} of segment {seq} was not refused as damage: {other:?}"
+                    ),
+                }
+                flip(&path, at);
+            }
+        }
+        let (_, replayed) = Wal::open(dir.path(), true).expect("whole again");
+        assert_eq!(
+            replayed.locations.keys().copied().collect::<Vec<_>>(),
+            all_entries(&written)
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_past_the_end_of_the_log_loses_nothing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = synced_log(dir.path());
+        let end = {
+            let (wal, _) = Wal::open(dir.path(), true).expect("open");
+            wal.end
+        };
+        let path = segment_path(dir.path(), written.last().expect("written").1.segment);
+        for at in [end + 20, end + 700, end + 5000] {
+            flip(&path, at);
+            let (_, replayed) = Wal::open(dir.path(), true).expect("a stray byte is not damage");
+            assert_eq!(
+                replayed.locations.keys().copied().collect::<Vec<_>>(),
+                all_entries(&written),
+                "a stray byte at {at}"
+            );
+        }
+    }
+
+    /// Opening the log in `dir` is refused as damage naming `naming`.
+    fn refused(dir: &Path, naming: &str) -> String {
+        match Wal::open(dir, true) {
+            Err(error) if error.is_damage() => {
+                let message = error.to_string();
+                assert!(
+                    message.contains(naming) && message.contains("remove it"),
+                    "{message}"
+                );
+                message
+            }
+            other => panic!("not refused as damage: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_cut_or_zeroed_segments_are_damage_never_a_shorter_log() {
+        let name = |seq: u64| format!("{seq:020}.wal");
+        // The newest segment deleted: the one before it names it.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let newest = synced_log(dir.path()).last().expect("written").1.segment;
+        std::fs::remove_file(segment_path(dir.path(), newest)).expect("delete");
+        refused(dir.path(), &format!("{} is missing", name(newest)));
+
+        // Cut in half, or cut where its records end.
+        for keep in [SEGMENT_BYTES / 2, 4096] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let newest = synced_log(dir.path()).last().expect("written").1.segment;
+            let file = open_rw(&segment_path(dir.path(), newest)).expect("open");
+            file.set_len(keep).expect("cut");
+            refused(dir.path(), "it was cut short");
+        }
+
+        // Its header zeroed: not an unwritten segment, since the one before names it.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let newest = synced_log(dir.path()).last().expect("written").1.segment;
+        let file = open_rw(&segment_path(dir.path(), newest)).expect("open");
+        file.write_all_at(&[0; 64], 0).expect("zero");
+        refused(dir.path(), &name(newest));
+
+        // A middle segment deleted: a gap in the numbering.
+        let dir = tempfile::tempdir().expect("temp dir");
+        synced_log(dir.path());
+        std::fs::remove_file(segment_path(dir.path(), 2)).expect("delete");
+        refused(dir.path(), &format!("{} is missing", name(2)));
+
+        // The oldest deleted, though nothing was purged.
+        let dir = tempfile::tempdir().expect("temp dir");
+        synced_log(dir.path());
+        std::fs::remove_file(segment_path(dir.path(), 1)).expect("delete");
+        refused(dir.path(), "nothing was purged");
+
+        // An older segment's seal lost.
+        let dir = tempfile::tempdir().expect("temp dir");
+        synced_log(dir.path());
+        let (end, _) = {
+            let buf = std::fs::read(segment_path(dir.path(), 1)).expect("read");
+            let mut offset = 0;
+            let mut last = 0;
+            while let Parsed::Record { next, .. } = parse(&buf, offset) {
+                last = offset;
+                offset = next;
+            }
+            (last, offset)
+        };
+        let file = open_rw(&segment_path(dir.path(), 1)).expect("open");
+        file.write_all_at(&[0; SEAL], end as u64)
+            .expect("zero the seal");
+        refused(dir.path(), "without naming the one after it");
+
+        // A sector of synced records zeroed, a whole write behind it.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = synced_log(dir.path());
+        let newest = written.last().expect("written").1.segment;
+        let first = written
+            .iter()
+            .find(|(_, l)| l.segment == newest)
+            .expect("an entry in the newest segment")
+            .1;
+        let file = open_rw(&segment_path(dir.path(), newest)).expect("open");
+        file.write_all_at(&[0; SECTOR], first.offset.next_multiple_of(SECTOR as u64))
+            .expect("zero");
+        refused(dir.path(), "a later write");
+
+        // Every segment gone, or the directory: a node that had a log is told, a new one
+        // starts empty.
+        let dir = tempfile::tempdir().expect("temp dir");
+        synced_log(dir.path());
+        for seq in segments(dir.path()) {
+            std::fs::remove_file(segment_path(dir.path(), seq)).expect("delete");
+        }
+        refused(dir.path(), "holds no log segment");
+        std::fs::remove_dir_all(dir.path()).expect("delete the directory");
+        refused(dir.path(), "holds no log segment");
+        let (_, replayed) = Wal::open(dir.path(), false).expect("a new log");
+        assert!(replayed.locations.is_empty());
     }
 }

@@ -1,0 +1,199 @@
+//! Storage faults with real processes and real files: a second process on a data directory,
+//! and a log damaged after a kill -9 (DESIGN §14, the storage fault paragraph). A node alone
+//! cannot be repaired from anyone: it must refuse to start, naming the file and what to do,
+//! and never serve a shorter history than the one it acknowledged.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::resource::v1::WriteRequest;
+
+use crate::process::Resd;
+use crate::support::{artist, list_artists};
+
+/// Runs `resd agent ARGS` to its exit (at most 30 s: a node that starts instead is killed and
+/// the test fails).
+fn run_to_exit(args: &[String]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
+        .arg("agent")
+        .args(args)
+        .env("RUST_LOG", "warn,openraft=error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn resd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match child.try_wait().expect("wait") {
+            Some(_) => return child.wait_with_output().expect("output"),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let output = child.wait_with_output().expect("output");
+                panic!(
+                    "resd {args:?} was expected to refuse to start but ran for 30 s: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// `args` with the data directory replaced by `dir` and fresh ports.
+fn args_for(args: &[String], dir: &Path) -> Vec<String> {
+    let mut args = args.to_vec();
+    for (flag, value) in [
+        ("--data-dir", dir.display().to_string()),
+        ("--api-addr", "127.0.0.1:0".to_owned()),
+        ("--raft-addr", "127.0.0.1:0".to_owned()),
+    ] {
+        let at = args.iter().position(|a| a == flag).expect("flag given");
+        args[at + 1] = value;
+    }
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_on_a_data_directory_exits_2_naming_the_first() {
+    let mut first = Resd::start();
+    let dir = first.data_dir().expect("data dir").to_path_buf();
+    let output = run_to_exit(&args_for(first.args(), &dir));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let pid = first.pid().expect("running");
+    assert!(
+        stderr.contains(&format!(
+            "{} is in use by another resd process (PID {pid})",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+    // The first node still serves, and once it is gone the directory is free again.
+    list_artists(&first).await;
+    assert!(first.terminate().success());
+    first.restart();
+    list_artists(&first).await;
+}
+
+/// Copies a data directory (files and folders, not the lock's holder).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for item in std::fs::read_dir(from).expect("read dir") {
+        let item = item.expect("entry");
+        let target = to.join(item.file_name());
+        if item.file_type().expect("type").is_dir() {
+            copy_dir(&item.path(), &target);
+        } else {
+            std::fs::copy(item.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// The newest raft log segment of a data directory.
+fn newest_segment(data: &Path) -> PathBuf {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(data.join("raft/wal"))
+        .expect("the log")
+        .map(|item| item.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    segments.sort();
+    segments.pop().expect("a segment")
+}
+
+fn flip(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open");
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x5a], at).expect("write");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_node_whose_log_was_damaged_after_a_kill_refuses_to_start_and_says_what_to_do() {
+    let mut node = Resd::start();
+    let mut client = node.resources().await;
+    for i in 0..30 {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("acknowledged-{i}"))),
+            })
+            .await
+            .expect("acknowledged write");
+    }
+    node.kill9();
+    let data = node.data_dir().expect("data dir").to_path_buf();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let segment_name = newest_segment(&data).file_name().expect("name").to_owned();
+    let last_written = {
+        let bytes = std::fs::read(newest_segment(&data)).expect("read");
+        bytes.iter().rposition(|&b| b != 0).expect("records") as u64
+    };
+    type Damage = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Damage, &str)> = vec![
+        (
+            "a flipped byte in the newest segment's header",
+            Box::new(|segment: &Path| flip(segment, 10)),
+            "is damaged at byte 0",
+        ),
+        (
+            "a flipped byte in the last record",
+            Box::new(move |segment: &Path| flip(segment, last_written - 3)),
+            "was written whole",
+        ),
+        (
+            "the newest segment cut in half",
+            Box::new(|segment: &Path| {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(segment)
+                    .expect("open");
+                let len = file.metadata().expect("metadata").len();
+                file.set_len(len / 2).expect("cut");
+            }),
+            "it was cut short",
+        ),
+        (
+            "the newest segment deleted",
+            Box::new(|segment: &Path| std::fs::remove_file(segment).expect("delete")),
+            "holds no log segment",
+        ),
+    ];
+    for (index, (what, damage, expected)) in cases.into_iter().enumerate() {
+        let copy = scratch.path().join(index.to_string());
+        copy_dir(&data, &copy);
+        damage(&newest_segment(&copy));
+        let output = run_to_exit(&args_for(node.args(), &copy));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: {stderr}");
+        assert!(
+            stderr.contains(expected) && stderr.contains("restore the latest operator snapshot"),
+            "{what}: expected {expected:?} and the recovery in {stderr}"
+        );
+        if what != "the newest segment deleted" {
+            assert!(
+                stderr.contains(&*segment_name.to_string_lossy()),
+                "{what}: the file is named in {stderr}"
+            );
+        }
+    }
+    // The undamaged directory still holds every acknowledged write.
+    node.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let names = list_artists(&node).await.len();
+        if names == 30 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{names} of 30 artists after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
