@@ -172,7 +172,9 @@ async fn a_lone_node_whose_log_was_damaged_after_a_kill_refuses_to_start_and_say
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{what}: {stderr}");
         assert!(
-            stderr.contains(expected) && stderr.contains("restore the latest operator snapshot"),
+            stderr.contains(expected)
+                && stderr.contains("knows no other voter to repair it from")
+                && stderr.contains("restore the latest operator snapshot"),
             "{what}: expected {expected:?} and the recovery in {stderr}"
         );
         if what != "the newest segment deleted" {
@@ -196,4 +198,114 @@ async fn a_lone_node_whose_log_was_damaged_after_a_kill_refuses_to_start_and_say
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// How many artists `node` holds now (a local read), or why it cannot say.
+async fn artists_on(node: &Resd) -> Result<usize, tonic::Status> {
+    use proto::resource::v1::{ListRequest, Tenancy};
+    Ok(node
+        .resources()
+        .await
+        .list(ListRequest {
+            r#type: Some(crate::support::artist_type()),
+            tenancy: Some(Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            }),
+            name_prefix: String::new(),
+        })
+        .await?
+        .into_inner()
+        .resources
+        .len())
+}
+
+/// The double fault: follower B stopped, writes acknowledged by the leader and follower A, A
+/// killed and its log damaged, the leader lost. A must not vote for B (which lacks the writes):
+/// the cluster waits, and once the leader is back A is repaired from it, with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_follower_votes_for_nobody_until_repaired_and_no_acknowledged_write_is_lost() {
+    let mut cluster = crate::process::Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader).collect();
+    let (a, b) = (followers[0], followers[1]);
+    cluster.nodes[b].kill9();
+    let mut client = cluster.nodes[leader].resources().await;
+    for i in 0..30 {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("acknowledged-{i}"))),
+            })
+            .await
+            .expect("acknowledged by the leader and A");
+    }
+    cluster.nodes[a].kill9();
+    flip(&newest_segment(&cluster.data_dir(a)), 10);
+    cluster.nodes[leader].kill9();
+
+    cluster.nodes[a].restart();
+    cluster.nodes[b].restart();
+    let status = cluster.nodes[a].status().await.expect("A answers");
+    assert!(
+        !status.ready
+            && status
+                .not_ready_reason
+                .contains("repairing from the leader"),
+        "{status:?}"
+    );
+    // B alone lacks the writes; A votes for nobody, so nobody leads.
+    for _ in 0..25 {
+        assert_eq!(
+            cluster.leader().await,
+            None,
+            "a leader was elected without the acknowledged writes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    cluster.nodes[leader].restart();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut counts = Vec::new();
+        for node in &cluster.nodes {
+            counts.push(
+                artists_on(node)
+                    .await
+                    .map_err(|status| status.message().to_owned()),
+            );
+        }
+        let repaired = cluster.nodes[a]
+            .status()
+            .await
+            .is_some_and(|status| status.ready);
+        if repaired
+            && counts
+                .iter()
+                .all(|count| count.as_ref().is_ok_and(|n| *n == 30))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not repaired within 60 s: artists per node {counts:?}, A repaired: {repaired}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let data = cluster.data_dir(a);
+    assert!(!data.join("raft/REPAIRING").exists());
+    let set_aside = std::fs::read_dir(data.join("raft"))
+        .expect("raft dir")
+        .filter_map(Result::ok)
+        .any(|item| item.file_name().to_string_lossy().starts_with("damaged-"));
+    assert!(set_aside, "the damaged log is kept for people");
+    // And the cluster takes writes again, A among the nodes that acknowledge them.
+    let leader = cluster.wait_for_leader().await;
+    cluster.nodes[leader]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("after-the-repair")),
+        })
+        .await
+        .expect("a write after the repair");
 }

@@ -37,6 +37,7 @@ mod forward;
 mod proposer;
 mod read_index;
 mod readiness;
+mod repair;
 mod status;
 
 pub use readiness::Readiness;
@@ -95,6 +96,14 @@ pub enum RaftStartError {
     // twice.
     #[error("cannot open the raft log in {dir}: {error}")]
     Log {
+        dir: PathBuf,
+        error: super::log_store::LogOpenError,
+    },
+    /// The log is damaged and no other voter is known to repair it from.
+    #[error(
+        "cannot open the raft log in {dir}: {error}. This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)"
+    )]
+    Damaged {
         dir: PathBuf,
         error: super::log_store::LogOpenError,
     },
@@ -176,17 +185,49 @@ impl RaftBackend {
             },
         )
         .map_err(RaftStartError::Identity)?;
-        let mut log = LogStore::open(&options.data_dir).map_err(|error| RaftStartError::Log {
-            dir: options.data_dir.clone(),
-            error,
-        })?;
-        resign_restored_leadership(&mut log, options.node_id).await?;
         let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|error| {
             RaftStartError::StateMachine {
                 dir: options.data_dir.clone(),
                 error,
             }
         })?;
+        // A damaged log is repaired from the other voters when there are any (see `repair`);
+        // a node alone refuses it.
+        let voters = repair::known_voters(&options.data_dir, sm.shared.voters());
+        let can_repair = voters.iter().any(|voter| *voter != options.node_id);
+        let log_failed = |error: super::log_store::LogOpenError| {
+            let dir = options.data_dir.clone();
+            if error.is_damage() {
+                RaftStartError::Damaged { dir, error }
+            } else {
+                RaftStartError::Log { dir, error }
+            }
+        };
+        let (mut log, damage) = if can_repair {
+            LogStore::open_setting_damage_aside(&options.data_dir).map_err(log_failed)?
+        } else {
+            (LogStore::open(&options.data_dir).map_err(log_failed)?, None)
+        };
+        if let Some(damage) = &damage {
+            repair::mark_repairing(
+                &options.data_dir,
+                &format!(
+                    "the raft log was damaged and set aside; repairing from voters {voters:?}: {damage}\n"
+                ),
+            )
+            .map_err(|error| RaftStartError::StateMachine {
+                dir: options.data_dir.clone(),
+                error,
+            })?;
+        }
+        let repairing = repair::repairing_marker(&options.data_dir).is_some();
+        if repairing {
+            tracing::warn!(
+                ?voters,
+                "this node's raft log was damaged: it votes for nobody and serves nothing until it is repaired from the leader"
+            );
+        }
+        resign_restored_leadership(&mut log, options.node_id).await?;
         let config = openraft::Config {
             cluster_name: "resd".into(),
             heartbeat_interval: options.heartbeat.as_millis() as u64,
@@ -194,6 +235,7 @@ impl RaftBackend {
             election_timeout_max: options.election_timeout.1.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
             max_in_snapshot_log_to_keep: options.snapshot_every.min(1000),
+            enable_elect: !repairing,
             ..Default::default()
         }
         .validate()
@@ -226,7 +268,9 @@ impl RaftBackend {
         ));
         let removed_marker =
             std::fs::read_to_string(options.data_dir.join(super::schema::REMOVED_FILE)).ok();
-        let (readiness, _) = tokio::sync::watch::channel(if ready {
+        let (readiness, _) = tokio::sync::watch::channel(if repairing {
+            Readiness::Repairing { applied: 0 }
+        } else if ready {
             Readiness::Ready
         } else {
             Readiness::CatchingUp {
@@ -261,9 +305,16 @@ impl RaftBackend {
             read_indexes: read_index::RoundBatcher::default(),
             me: me.clone(),
         });
+        tokio::spawn(repair::record_members(
+            backend.raft.clone(),
+            options.data_dir.clone(),
+        ));
         if let Some(why) = removed_marker {
             tracing::warn!("{}; serving nothing", why.trim());
             backend.stop_for_removal(why.trim().to_owned());
+        } else if repairing {
+            let task = tokio::spawn(repair::repair(Arc::downgrade(&backend)));
+            *backend.catch_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         } else if !ready {
             tracing::warn!("serving no reads until this node has caught up with the leader");
             let task = tokio::spawn(readiness::catch_up(Arc::downgrade(&backend)));

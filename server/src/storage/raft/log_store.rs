@@ -194,6 +194,13 @@ pub enum LogOpenError {
     Thread(io::Error),
 }
 
+impl LogOpenError {
+    /// Whether the log lost what it had synced (see [`WalError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, LogOpenError::Wal(error) if error.is_damage())
+    }
+}
+
 fn io_error(error: impl std::fmt::Display) -> io::Error {
     io::Error::other(error.to_string())
 }
@@ -207,7 +214,23 @@ fn write_error(error: impl std::fmt::Display) -> RaftStorageError {
 }
 
 impl LogStore {
+    /// Opens the log of `data_dir`; a damaged log is refused.
     pub fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
+        Self::open_with(data_dir, false).map(|(log, _)| log)
+    }
+
+    /// Opens the log of `data_dir`; a damaged one is set aside under `raft/damaged-<time>` and
+    /// a new, empty log started in its place. Returns what was damaged, if anything was.
+    pub fn open_setting_damage_aside(
+        data_dir: &Path,
+    ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
+        Self::open_with(data_dir, true)
+    }
+
+    fn open_with(
+        data_dir: &Path,
+        set_damage_aside: bool,
+    ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
         let dir = data_dir.join(schema::WAL_DIR);
         // The LMDB log environment stays, emptied, as the marker of the directory's format: an
         // older resd opens it first and refuses a format it does not know, naming both.
@@ -231,7 +254,30 @@ impl LogStore {
             let rtxn = format_marker.read_txn()?;
             lmdb.meta.get(&rtxn, schema::META_WAL)?.is_some()
         };
-        let (wal, replayed) = Wal::open(&dir, existing)?;
+        let (wal, replayed, damage) = match Wal::open(&dir, existing) {
+            Ok((wal, replayed)) => (wal, replayed, None),
+            Err(damage) if set_damage_aside && damage.is_damage() => {
+                let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
+                let moved = std::fs::create_dir_all(&aside)
+                    .and_then(|()| std::fs::rename(&dir, aside.join("wal")))
+                    .and_then(|()| schema::sync_dir(&data_dir.join("raft")));
+                if let Err(source) = moved {
+                    return Err(WalError::Io {
+                        path: aside,
+                        source,
+                    }
+                    .into());
+                }
+                tracing::warn!(
+                    %damage,
+                    set_aside = %aside.display(),
+                    "the raft log is damaged: it was set aside (delete it once it is no longer needed) and a new one started, to be repaired from the leader"
+                );
+                let (wal, replayed) = Wal::open(&dir, false)?;
+                (wal, replayed, Some(damage))
+            }
+            Err(error) => return Err(error.into()),
+        };
         if !existing {
             let mut wtxn = format_marker.write_txn()?;
             lmdb.meta.put(&mut wtxn, schema::META_WAL, &[1])?;
@@ -274,7 +320,7 @@ impl LogStore {
             .name("resd-raft-log".into())
             .spawn(move || writer.run(receiver))
             .map_err(LogOpenError::Thread)?;
-        Ok(LogStore {
+        let log = LogStore {
             inner: Arc::new(LogInner {
                 _format_marker: format_marker,
                 tail,
@@ -282,7 +328,8 @@ impl LogStore {
                 writer_thread: Mutex::new(Some(writer_thread)),
                 stats,
             }),
-        })
+        };
+        Ok((log, damage))
     }
 
     pub fn stats(&self) -> Arc<LogStats> {

@@ -56,6 +56,17 @@ pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
 pub const IDENTITY_FILE: &str = "raft/IDENTITY";
 /// Present once the node was removed from its cluster; holds why, for people.
 pub const REMOVED_FILE: &str = "raft/REMOVED";
+/// Present while the node is repaired from the leader after its log was damaged; holds why.
+pub const REPAIR_FILE: &str = "raft/REPAIRING";
+/// The voters of the membership the node last followed, space-separated (who could repair it).
+pub const MEMBERS_FILE: &str = "raft/MEMBERS";
+/// Where a damaged log is set aside (`raft/damaged-<unix seconds>/wal`), for people.
+pub fn damaged_dir(data_dir: &Path, at: std::time::SystemTime) -> PathBuf {
+    let seconds = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    data_dir.join(format!("raft/damaged-{seconds}"))
+}
 /// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
 /// PID into it: a second process on the same directory would write the same log.
 pub const LOCK_FILE: &str = "LOCK";

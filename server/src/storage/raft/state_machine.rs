@@ -156,6 +156,13 @@ impl SmShared {
             .unwrap_or(0)
     }
 
+    /// The voters of the membership the state machine applied last.
+    pub fn voters(&self) -> Vec<super::types::NodeId> {
+        self.applied_state_blocking()
+            .map(|(_, membership)| membership.membership().voter_ids().collect())
+            .unwrap_or_default()
+    }
+
     /// Resources stored per `group.Kind`, from the keys alone (nothing is decoded).
     pub fn count_by_kind(&self) -> Result<std::collections::BTreeMap<String, u64>, StorageError> {
         let sm = self.current();

@@ -95,7 +95,7 @@ pub enum WalError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
-        "{path} is damaged{}: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost: {RECOVERY}",
+        "{path} is damaged{}: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost",
         offset.map(|offset| format!(" at byte {offset}")).unwrap_or_default()
     )]
     Damaged {
@@ -106,7 +106,7 @@ pub enum WalError {
     },
     /// A segment the log needs is gone.
     #[error(
-        "{path} is missing: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost: {RECOVERY}"
+        "{path} is missing: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost"
     )]
     Missing { path: PathBuf, what: String },
     #[error("cannot encode a raft log record: {0}")]
@@ -120,9 +120,6 @@ pub enum WalError {
         supported: u32,
     },
 }
-
-/// What to do about a damaged log.
-pub const RECOVERY: &str = "if the node belongs to a cluster whose other members hold the data, remove it (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, restore the latest operator snapshot (`resctl snapshot restore`) into a new node";
 
 impl WalError {
     /// Whether the log lost what it had synced (rather than being unreadable, or of a newer
@@ -1117,7 +1114,7 @@ mod tests {
         assert!(
             error.contains(&format!("damaged at byte {damaged_at}"))
                 && error.contains("a later write")
-                && error.contains("join it again"),
+                && error.contains("are lost"),
             "{error}"
         );
     }
@@ -1357,7 +1354,7 @@ mod tests {
             Err(error) if error.is_damage() => {
                 let message = error.to_string();
                 assert!(
-                    message.contains(naming) && message.contains("remove it"),
+                    message.contains(naming) && message.contains("are lost"),
                     "{message}"
                 );
                 message

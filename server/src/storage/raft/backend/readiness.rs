@@ -22,6 +22,10 @@ pub enum Readiness {
     },
     /// Removed from the cluster (why, for people): serves nothing, for good.
     Removed(String),
+    /// Its raft log was damaged: repaired from the leader, voting for nobody (see `repair`).
+    Repairing {
+        applied: u64,
+    },
 }
 
 impl Readiness {
@@ -46,6 +50,9 @@ impl Readiness {
                 "catching up after an unclean stop: applied {applied}, waiting to learn the leader's commit index"
             )),
             Readiness::Removed(why) => Some(why.clone()),
+            Readiness::Repairing { applied } => Some(format!(
+                "repairing from the leader: its raft log was damaged (set aside under raft/damaged-*); applied {applied}; votes for nobody until it holds the leader's log"
+            )),
         }
     }
 }

@@ -297,6 +297,9 @@ impl RaftService for RaftGrpc {
             rpc.vote.leader_id().voted_for(),
             "a vote request",
         )?;
+        if let Some(refused) = self.backend.refuse_vote(&rpc) {
+            return reply(&Ok::<_, openraft::error::RaftError<NodeId>>(refused));
+        }
         reply(&self.raft.vote(rpc).await)
     }
 
