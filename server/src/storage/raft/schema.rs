@@ -245,9 +245,101 @@ pub enum Durability {
     Rebuildable,
 }
 
-/// Opens (creating if needed) an environment in `dir`.
+/// LMDB's meta pages (pages 0 and 1 of `data.mdb`, the newer one in use): where their fields
+/// are (LMDB 0.9's `MDB_meta` after a 16-byte page header, 64-bit build).
+mod lmdb_meta {
+    pub const MAGIC: u32 = 0xBEEF_C0DE;
+    pub const MAGIC_AT: usize = 16;
+    /// The free database's `md_pad` holds the page size.
+    pub const PAGE_SIZE_AT: usize = 40;
+    pub const LAST_PAGE_AT: usize = 136;
+    pub const TXNID_AT: usize = 144;
+    pub const LEN: usize = 152;
+}
+
+/// Why an LMDB data file cannot be mapped safely.
+#[derive(Debug, thiserror::Error)]
+#[error("{path} is damaged: {what}; it is not opened (mapping it could crash the process)")]
+pub struct LmdbFileError {
+    pub path: PathBuf,
+    pub what: String,
+}
+
+/// Checks an LMDB data file against its own metadata before it is mapped: a file shorter than
+/// the pages its newest meta page says are in use would crash the process (SIGBUS) at the first
+/// read of a missing page. An absent or empty file is a new environment.
+pub fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
+    use std::os::unix::fs::FileExt;
+    let damaged = |what: String| LmdbFileError {
+        path: path.to_path_buf(),
+        what,
+    };
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(damaged(format!("cannot read it: {error}"))),
+    };
+    let len = file
+        .metadata()
+        .map_err(|error| damaged(format!("cannot read it: {error}")))?
+        .len();
+    if len == 0 {
+        return Ok(());
+    }
+    let meta_at = |offset: u64| -> Result<Option<(u32, u64, u64)>, LmdbFileError> {
+        let mut page = [0u8; lmdb_meta::LEN];
+        if offset + lmdb_meta::LEN as u64 > len {
+            return Ok(None);
+        }
+        file.read_exact_at(&mut page, offset)
+            .map_err(|error| damaged(format!("cannot read it: {error}")))?;
+        let u32_at = |at: usize| u32::from_le_bytes(page[at..at + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().unwrap_or([0; 8]));
+        if u32_at(lmdb_meta::MAGIC_AT) != lmdb_meta::MAGIC {
+            return Ok(None);
+        }
+        Ok(Some((
+            u32_at(lmdb_meta::PAGE_SIZE_AT),
+            u64_at(lmdb_meta::LAST_PAGE_AT),
+            u64_at(lmdb_meta::TXNID_AT),
+        )))
+    };
+    let Some((page_size, ..)) = meta_at(0)? else {
+        return Err(damaged(format!(
+            "its first page is not an LMDB meta page ({len} bytes)"
+        )));
+    };
+    if !page_size.is_power_of_two() || !(512..=65_536).contains(&page_size) {
+        return Err(damaged(format!("its meta page names a page size of {page_size}")));
+    }
+    let metas = [meta_at(0)?, meta_at(u64::from(page_size))?];
+    let Some((_, last_page, _)) = metas
+        .into_iter()
+        .flatten()
+        .filter(|(size, ..)| *size == page_size)
+        .max_by_key(|(_, _, txnid)| *txnid)
+    else {
+        return Err(damaged("it has no valid meta page".into()));
+    };
+    let needed = last_page
+        .checked_add(1)
+        .and_then(|pages| pages.checked_mul(u64::from(page_size)))
+        .ok_or_else(|| damaged(format!("its meta page names page {last_page} as the last")))?;
+    if len < needed {
+        return Err(damaged(format!(
+            "it is {len} bytes long, but its metadata says {needed} bytes ({} pages of {page_size}) are in use: it was cut short",
+            last_page + 1
+        )));
+    }
+    Ok(())
+}
+
+/// Opens (creating if needed) an environment in `dir`, once its data file passed
+/// [`check_lmdb_file`].
 pub fn open_env(dir: &Path, max_dbs: u32, durability: Durability) -> heed::Result<LmdbEnv> {
     std::fs::create_dir_all(dir)?;
+    check_lmdb_file(&dir.join(SNAPSHOT_DATA))
+        .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     options.map_size(MAP_SIZE).max_dbs(max_dbs);
     // SAFETY: each environment directory is opened by one resd process only (the data directory
@@ -564,6 +656,42 @@ mod tests {
             namespace: namespace.into(),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn an_lmdb_file_shorter_than_its_metadata_says_is_refused_before_it_is_mapped() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (env, dbs) = open_sm(dir.path()).expect("open");
+        let mut wtxn = env.write_txn().expect("txn");
+        for i in 0u32..2000 {
+            dbs.resources
+                .put(&mut wtxn, &i.to_be_bytes(), &[7u8; 200])
+                .expect("put");
+        }
+        wtxn.commit().expect("commit");
+        env.prepare_for_closing().wait();
+        let data = dir.path().join(SNAPSHOT_DATA);
+        check_lmdb_file(&data).expect("whole");
+        let len = std::fs::metadata(&data).expect("metadata").len();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data)
+            .expect("open");
+        file.set_len(len / 2).expect("cut");
+        let message = match open_sm(dir.path()) {
+            Ok(_) => panic!("a cut file was mapped"),
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            message.contains("data.mdb is damaged") && message.contains("it was cut short"),
+            "{message}"
+        );
+        // A first page that is not LMDB's is refused too.
+        file.set_len(len).expect("grow");
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&[0xff; 64], 0).expect("scribble");
+        let message = check_lmdb_file(&data).expect_err("scribbled").to_string();
+        assert!(message.contains("not an LMDB meta page"), "{message}");
     }
 
     #[test]
