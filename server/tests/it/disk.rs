@@ -309,3 +309,173 @@ async fn a_damaged_follower_votes_for_nobody_until_repaired_and_no_acknowledged_
         .await
         .expect("a write after the repair");
 }
+
+/// Writes `count` artists through `node`, each acknowledged.
+async fn write_artists(node: &Resd, count: usize) {
+    let mut client = node.resources().await;
+    for i in 0..count {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("acknowledged-{i}"))),
+            })
+            .await
+            .expect("acknowledged write");
+    }
+}
+
+/// Waits until `node` has a raft snapshot at `index` or later (so its log is purged behind it).
+async fn wait_for_snapshot(node: &Resd, index: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = node
+            .status()
+            .await
+            .map_or(0, |status| status.snapshot_index);
+        if snapshot >= index {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot at {index} within 30 s: {snapshot}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `node` serves reads and holds `count` artists.
+async fn wait_for_artists(node: &Resd, count: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = artists_on(node)
+            .await
+            .map_err(|status| status.message().to_owned());
+        if found.as_ref().is_ok_and(|n| *n == count) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {count} artists expected, found {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The state machine's data file and the raft snapshot's, of a data directory.
+fn state_file(data: &Path) -> PathBuf {
+    let generation = std::fs::read_to_string(data.join("raft/sm/CURRENT"))
+        .map_or(0, |text| text.trim().parse::<u64>().expect("a generation"));
+    data.join(format!("raft/sm/{generation:020}/data.mdb"))
+}
+
+fn snapshot_dir(data: &Path) -> PathBuf {
+    std::fs::read_dir(data.join("raft/snapshots"))
+        .expect("snapshots")
+        .map(|item| item.expect("entry").path())
+        .find(|path| path.join("meta").exists())
+        .expect("a snapshot")
+}
+
+fn cut_in_half(path: &Path) {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    let len = file.metadata().expect("metadata").len();
+    file.set_len(len / 2).expect("cut");
+}
+
+fn scribble(path: &Path) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    let len = file.metadata().expect("metadata").len();
+    for page in (2..len / 4096).step_by(2) {
+        file.write_all_at(&[0xa5; 512], page * 4096 + 100)
+            .expect("scribble");
+    }
+}
+
+/// State-machine files cut or scribbled: rebuilt from the snapshot and the log when the node
+/// stopped cleanly (the clean marker records what the file was), refused when the snapshot
+/// itself is damaged and the log was purged behind it — never a crash, never a shorter state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_state_machine_files_are_rebuilt_or_refused_never_mapped() {
+    let mut node = Resd::start_with(&["--snapshot-every", "20"]);
+    write_artists(&node, 100).await;
+    wait_for_snapshot(&node, 60).await;
+    assert!(node.terminate().success(), "a clean stop");
+    let clean = node.data_dir().expect("data dir").to_path_buf();
+    let scratch = tempfile::tempdir().expect("temp dir");
+
+    // After a clean stop: the state file damaged is rebuilt, every write still there.
+    type Damage = fn(&Path);
+    let rebuilt: [(&str, Damage); 2] = [
+        ("the state file cut in half", |data| {
+            cut_in_half(&state_file(data))
+        }),
+        ("the state file scribbled", |data| {
+            scribble(&state_file(data))
+        }),
+    ];
+    for (index, (what, damage)) in rebuilt.into_iter().enumerate() {
+        let copy = scratch.path().join(format!("clean-{index}"));
+        copy_dir(&clean, &copy);
+        damage(&copy);
+        let mut restarted = Resd::spawn(args_for(node.args(), &copy));
+        wait_for_artists(&restarted, 100, what).await;
+        assert!(restarted.terminate().success(), "{what}: a clean stop");
+    }
+
+    // After an unclean stop the state is rebuilt from the snapshot: a damaged or missing one
+    // cannot be used, and a node alone refuses to start.
+    node.restart();
+    wait_for_artists(&node, 100, "the undamaged restart").await;
+    node.kill9();
+    let unclean = node.data_dir().expect("data dir").to_path_buf();
+    let refused: [(&str, Damage); 3] = [
+        ("the snapshot cut in half", |data| {
+            cut_in_half(&snapshot_dir(data).join("data.mdb"))
+        }),
+        ("the snapshot scribbled", |data| {
+            scribble(&snapshot_dir(data).join("data.mdb"))
+        }),
+        ("the snapshot deleted", |data| {
+            std::fs::remove_dir_all(snapshot_dir(data)).expect("delete")
+        }),
+    ];
+    for (index, (what, damage)) in refused.into_iter().enumerate() {
+        let copy = scratch.path().join(format!("unclean-{index}"));
+        copy_dir(&unclean, &copy);
+        damage(&copy);
+        let output = run_to_exit(&args_for(node.args(), &copy));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: {stderr}");
+        assert!(
+            stderr.contains("cannot be rebuilt from this node's own data")
+                && stderr.contains("restore the latest operator snapshot"),
+            "{what}: {stderr}"
+        );
+    }
+    node.restart();
+    wait_for_artists(&node, 100, "the undamaged directory").await;
+}
+
+/// A follower whose snapshot is gone after a kill -9 cannot rebuild its state: it is repaired
+/// from the leader, and holds every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_cannot_rebuild_its_state_is_repaired_from_the_leader() {
+    let mut cluster = crate::process::Cluster::start(3, &["--snapshot-every", "20"]).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = (leader + 1) % 3;
+    write_artists(&cluster.nodes[leader], 100).await;
+    wait_for_snapshot(&cluster.nodes[follower], 60).await;
+    cluster.nodes[follower].kill9();
+    std::fs::remove_dir_all(snapshot_dir(&cluster.data_dir(follower))).expect("delete");
+    cluster.nodes[follower].restart();
+    wait_for_artists(&cluster.nodes[follower], 100, "the repaired follower").await;
+    let status = cluster.nodes[follower].status().await.expect("status");
+    assert!(status.ready, "{status:?}");
+    assert!(!cluster.data_dir(follower).join("raft/REPAIRING").exists());
+}

@@ -99,6 +99,11 @@ pub enum RaftStartError {
         dir: PathBuf,
         error: super::log_store::LogOpenError,
     },
+    /// The state machine cannot be rebuilt and no other voter is known to repair it from.
+    #[error(
+        "cannot open the state machine in {dir}: {why}. This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)"
+    )]
+    Unrebuildable { dir: PathBuf, why: String },
     /// The log is damaged and no other voter is known to repair it from.
     #[error(
         "cannot open the raft log in {dir}: {error}. This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)"
@@ -185,12 +190,15 @@ impl RaftBackend {
             },
         )
         .map_err(RaftStartError::Identity)?;
-        let sm = StateMachineStore::open(&options.data_dir, options.history).map_err(|error| {
-            RaftStartError::StateMachine {
-                dir: options.data_dir.clone(),
-                error,
-            }
-        })?;
+        let open_sm = || {
+            StateMachineStore::open(&options.data_dir, options.history).map_err(|error| {
+                RaftStartError::StateMachine {
+                    dir: options.data_dir.clone(),
+                    error,
+                }
+            })
+        };
+        let mut sm = open_sm()?;
         // A damaged log is repaired from the other voters when there are any (see `repair`);
         // a node alone refuses it.
         let voters = repair::known_voters(&options.data_dir, sm.shared.voters());
@@ -208,6 +216,38 @@ impl RaftBackend {
         } else {
             (LogStore::open(&options.data_dir).map_err(log_failed)?, None)
         };
+        // The state machine holds at least what the log was purged behind (a snapshot is on
+        // disk before the log is purged behind it). Less — its latest snapshot missing or
+        // damaged, or its files gone — cannot be rebuilt from here.
+        let applied = sm.shared.last_applied_index();
+        let mut damage = damage.map(|damage| damage.to_string());
+        if let Some(purged) = log.purged_index()
+            && applied < purged
+        {
+            let why = format!(
+                "the state machine holds entries up to {applied} only (its latest snapshot is missing or damaged, or its files are gone), and the raft log starts after entry {purged}: it cannot be rebuilt from this node's own data"
+            );
+            if !can_repair {
+                return Err(RaftStartError::Unrebuildable {
+                    dir: options.data_dir.clone(),
+                    why,
+                });
+            }
+            drop(sm);
+            drop(log);
+            repair::set_aside_state(&options.data_dir).map_err(|error| {
+                RaftStartError::StateMachine {
+                    dir: options.data_dir.clone(),
+                    error,
+                }
+            })?;
+            tracing::warn!(
+                "{why}; it was set aside and is repaired from the leader (delete raft/damaged-* once it is no longer needed)"
+            );
+            sm = open_sm()?;
+            log = LogStore::open_anew(&options.data_dir).map_err(log_failed)?;
+            damage = Some(why);
+        }
         if let Some(damage) = &damage {
             repair::mark_repairing(
                 &options.data_dir,

@@ -216,7 +216,12 @@ fn write_error(error: impl std::fmt::Display) -> RaftStorageError {
 impl LogStore {
     /// Opens the log of `data_dir`; a damaged log is refused.
     pub fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
-        Self::open_with(data_dir, false).map(|(log, _)| log)
+        Self::open_with(data_dir, false, true).map(|(log, _)| log)
+    }
+
+    /// Opens a new, empty log in `data_dir`, whose log was set aside for a repair.
+    pub fn open_anew(data_dir: &Path) -> Result<LogStore, LogOpenError> {
+        Self::open_with(data_dir, false, false).map(|(log, _)| log)
     }
 
     /// Opens the log of `data_dir`; a damaged one is set aside under `raft/damaged-<time>` and
@@ -224,12 +229,14 @@ impl LogStore {
     pub fn open_setting_damage_aside(
         data_dir: &Path,
     ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
-        Self::open_with(data_dir, true)
+        Self::open_with(data_dir, true, true)
     }
 
+    /// `had_a_log`: whether a missing log is damage when the format marker says there was one.
     fn open_with(
         data_dir: &Path,
         set_damage_aside: bool,
+        had_a_log: bool,
     ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
         let dir = data_dir.join(schema::WAL_DIR);
         // The LMDB log environment stays, emptied, as the marker of the directory's format: an
@@ -252,7 +259,7 @@ impl LogStore {
         // or its directory, is damage and not a new node's empty log.
         let existing = {
             let rtxn = format_marker.read_txn()?;
-            lmdb.meta.get(&rtxn, schema::META_WAL)?.is_some()
+            had_a_log && lmdb.meta.get(&rtxn, schema::META_WAL)?.is_some()
         };
         let (wal, replayed, damage) = match Wal::open(&dir, existing) {
             Ok((wal, replayed)) => (wal, replayed, None),
@@ -330,6 +337,11 @@ impl LogStore {
             }),
         };
         Ok((log, damage))
+    }
+
+    /// The index the log was purged up to (inclusive), if anything was purged.
+    pub fn purged_index(&self) -> Option<u64> {
+        self.tail().purged.map(|log_id| log_id.index)
     }
 
     pub fn stats(&self) -> Arc<LogStats> {

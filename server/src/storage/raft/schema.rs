@@ -310,7 +310,9 @@ pub fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
         )));
     };
     if !page_size.is_power_of_two() || !(512..=65_536).contains(&page_size) {
-        return Err(damaged(format!("its meta page names a page size of {page_size}")));
+        return Err(damaged(format!(
+            "its meta page names a page size of {page_size}"
+        )));
     }
     let metas = [meta_at(0)?, meta_at(u64::from(page_size))?];
     let Some((_, last_page, _)) = metas
@@ -508,6 +510,87 @@ pub fn request_order_key(index: u64, position: u32) -> [u8; 12] {
 pub const SNAPSHOT_DATA: &str = "data.mdb";
 /// The file of a snapshot that holds its encoded `SnapshotMeta`.
 pub const SNAPSHOT_META: &str = "meta";
+/// The file of a snapshot that holds the length and checksum of its data file ([`FileSum`]).
+pub const SNAPSHOT_SUM: &str = "sum";
+
+/// A file's length and CRC-32: what a snapshot's `sum` file and the state machine's `CLEAN`
+/// marker record, checked before the file is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileSum {
+    pub len: u64,
+    pub crc: u32,
+}
+
+impl FileSum {
+    /// The sum of the file at `path` as it is now (read whole).
+    pub fn of(path: &Path) -> std::io::Result<FileSum> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path)?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut len = 0u64;
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            len += n as u64;
+        }
+        Ok(FileSum {
+            len,
+            crc: hasher.finalize(),
+        })
+    }
+
+    pub fn render(&self) -> String {
+        format!("{} {:08x}\n", self.len, self.crc)
+    }
+
+    pub fn parse(text: &str) -> Option<FileSum> {
+        let mut words = text.split_whitespace();
+        let len = words.next()?.parse().ok()?;
+        let crc = u32::from_str_radix(words.next()?, 16).ok()?;
+        Some(FileSum { len, crc })
+    }
+
+    /// Whether the file at `path` still has this sum; if not, what differs (for people).
+    pub fn check(&self, path: &Path) -> Result<(), String> {
+        let now = FileSum::of(path).map_err(|error| format!("cannot read it: {error}"))?;
+        if now.len != self.len {
+            return Err(format!(
+                "it is {} bytes long, but was {} bytes long when it was written",
+                now.len, self.len
+            ));
+        }
+        if now.crc != self.crc {
+            return Err(format!(
+                "its checksum is {:08x}, but was {:08x} when it was written",
+                now.crc, self.crc
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Writes (and syncs) the `sum` file of the snapshot in `dir`.
+pub fn write_snapshot_sum(dir: &Path) -> std::io::Result<()> {
+    let sum = FileSum::of(&dir.join(SNAPSHOT_DATA))?;
+    std::fs::write(dir.join(SNAPSHOT_SUM), sum.render())?;
+    sync_file(&dir.join(SNAPSHOT_SUM))
+}
+
+/// Checks the snapshot in `dir` against its `sum` file (a snapshot written before sums were
+/// kept has none and passes).
+pub fn check_snapshot_sum(dir: &Path) -> Result<(), String> {
+    match std::fs::read_to_string(dir.join(SNAPSHOT_SUM)) {
+        Ok(text) => FileSum::parse(&text)
+            .ok_or_else(|| format!("its sum file holds {text:?}"))?
+            .check(&dir.join(SNAPSHOT_DATA)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(format!("cannot read its sum file: {error}")),
+    }
+}
 
 /// The directory of a complete raft snapshot.
 pub fn snapshot_dir(data_dir: &Path, snapshot_id: &str) -> PathBuf {

@@ -135,9 +135,15 @@ impl SmShared {
     pub fn close_cleanly(&self) -> std::io::Result<()> {
         let _log = lock(&self.events);
         self.closed.store(true, Ordering::SeqCst);
-        self.current().env.force_sync().map_err(io)?;
+        let current = self.current();
+        current.env.force_sync().map_err(io)?;
+        // What the file is now: the next start uses it only if it still is.
+        let sum = schema::FileSum::of(
+            &schema::sm_generation_dir(&self.data_dir, current.generation)
+                .join(schema::SNAPSHOT_DATA),
+        )?;
         let marker = self.data_dir.join(schema::SM_CLEAN);
-        std::fs::write(&marker, b"clean")?;
+        std::fs::write(&marker, format!("clean {}", sum.render()))?;
         schema::sync_file(&marker)?;
         schema::sync_dir(&self.data_dir.join(schema::SM_DIR))
     }

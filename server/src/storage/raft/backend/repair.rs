@@ -95,6 +95,25 @@ pub(super) fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> 
     schema::sync_dir(path.parent().unwrap_or(data_dir))
 }
 
+/// Sets the log, the state machine and the raft snapshots aside under `raft/damaged-<time>`
+/// (the log's format marker and the node's identity stay), for a repair from the leader.
+pub(super) fn set_aside_state(data_dir: &Path) -> std::io::Result<()> {
+    let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
+    std::fs::create_dir_all(&aside)?;
+    for (dir, name) in [
+        (schema::WAL_DIR, "wal"),
+        (schema::SM_DIR, "sm"),
+        (schema::SNAPSHOT_DIR, "snapshots"),
+    ] {
+        let from = data_dir.join(dir);
+        let to = aside.join(name);
+        if from.exists() && !to.exists() {
+            std::fs::rename(&from, &to)?;
+        }
+    }
+    schema::sync_dir(&data_dir.join("raft"))
+}
+
 /// Why the directory is under repair, if it is.
 pub(super) fn repairing_marker(data_dir: &Path) -> Option<String> {
     std::fs::read_to_string(data_dir.join(schema::REPAIR_FILE)).ok()

@@ -26,13 +26,31 @@ impl StateMachineStore {
             Err(error) => return Err(error),
         };
         let clean_marker = data_dir.join(schema::SM_CLEAN);
-        let clean = clean_marker.exists();
-        if clean {
-            std::fs::remove_file(&clean_marker)?;
-            schema::sync_dir(&data_dir.join(schema::SM_DIR))?;
-        }
-        let snapshot = load_latest_snapshot(data_dir);
         let existing = schema::sm_generation_dir(data_dir, generation).join(schema::SNAPSHOT_DATA);
+        let clean = match std::fs::read_to_string(&clean_marker) {
+            Ok(text) => {
+                std::fs::remove_file(&clean_marker)?;
+                schema::sync_dir(&data_dir.join(schema::SM_DIR))?;
+                // The marker records what the file was at the clean stop (a marker of a build
+                // before that says only "clean").
+                match text.strip_prefix("clean").and_then(schema::FileSum::parse) {
+                    Some(sum) => match sum.check(&existing) {
+                        Ok(()) => true,
+                        Err(what) => {
+                            tracing::error!(
+                                path = %existing.display(),
+                                "the state machine changed since the clean stop ({what}): it is damaged; rebuilding it from the latest snapshot and the raft log"
+                            );
+                            false
+                        }
+                    },
+                    None => true,
+                }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+            Err(error) => return Err(error),
+        };
+        let snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
         let opened_cleanly = clean || !existing.exists();
         if !clean && existing.exists() {
@@ -114,6 +132,23 @@ fn load_latest_snapshot(data_dir: &Path) -> Option<(SnapshotMeta, PathBuf)> {
             .and_then(|bytes| decode::<SnapshotMeta>(&bytes).ok());
         match meta {
             Some(meta) if dir.join(schema::SNAPSHOT_DATA).exists() => {
+                if let Err(what) = schema::check_snapshot_sum(&dir) {
+                    // Never rebuilt from; kept for people, out of the way.
+                    let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now())
+                        .join("snapshots")
+                        .join(entry.file_name());
+                    let moved = aside
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|()| std::fs::rename(&dir, &aside));
+                    tracing::error!(
+                        snapshot = %dir.display(),
+                        set_aside = %aside.display(),
+                        moved = moved.is_ok(),
+                        "a raft snapshot is damaged ({what}); it is not used"
+                    );
+                    continue;
+                }
                 if best
                     .as_ref()
                     .is_none_or(|(b, _)| b.last_log_id < meta.last_log_id)

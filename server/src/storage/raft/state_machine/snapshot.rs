@@ -58,6 +58,7 @@ impl SmShared {
         // log is purged behind it: it must be on disk before openraft learns of it.
         schema::sync_file(&building.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
         schema::sync_file(&building.join(schema::SNAPSHOT_META)).map_err(snapshot_error)?;
+        schema::write_snapshot_sum(&building).map_err(snapshot_error)?;
         let final_dir = schema::snapshot_dir(&self.data_dir, &snapshot_id);
         let _ = std::fs::remove_dir_all(&final_dir);
         std::fs::rename(&building, &final_dir).map_err(snapshot_error)?;
@@ -110,6 +111,8 @@ impl SmShared {
                 let _ = std::fs::remove_dir_all(incoming);
             }
         }
+        schema::sync_file(&snapshot_dir.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
+        schema::write_snapshot_sum(&snapshot_dir).map_err(snapshot_error)?;
         std::fs::write(
             snapshot_dir.join(schema::SNAPSHOT_META),
             encode(&meta).map_err(snapshot_error)?,
