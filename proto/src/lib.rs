@@ -96,6 +96,22 @@ pub fn to_any<M: prost::Name>(message: &M) -> prost_types::Any {
     }
 }
 
+/// A byte count for people: `12.5 MiB`.
+pub fn bytes_label(count: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = count as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{count} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;

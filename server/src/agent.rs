@@ -80,6 +80,8 @@ pub struct AgentConfig {
     pub max_resource_bytes: usize,
     /// Largest raft snapshot accepted from a leader, and largest operator snapshot restored.
     pub max_snapshot_bytes: u64,
+    /// Free space on the data directory's disk below which new writes are refused.
+    pub disk_reserve_bytes: u64,
     /// Bytes of recent changes kept for resuming watches.
     pub watch_history_bytes: usize,
     /// How long a request waits for a leader during an election, in milliseconds.
@@ -158,6 +160,7 @@ impl Default for AgentConfig {
             snapshot_every: 10_000,
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
             max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
+            disk_reserve_bytes: crate::storage::raft::backend::DEFAULT_DISK_RESERVE,
             watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
@@ -316,6 +319,7 @@ impl Agent {
                 let mut options = RaftOptions::new(config.node_id, data_dir, node);
                 options.snapshot_every = config.snapshot_every.max(1);
                 options.max_snapshot_bytes = config.max_snapshot_bytes;
+                options.disk_reserve = config.disk_reserve_bytes;
                 options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 options.dialer = dialer.clone();

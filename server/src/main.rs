@@ -170,6 +170,12 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_SNAPSHOT_BYTES")]
     max_snapshot_bytes: Option<u64>,
 
+    /// Free space on the data directory's disk below which new writes are refused
+    /// (RESOURCE_EXHAUSTED; deletes still work, and writes are taken again once space is
+    /// freed), in bytes [default: 134217728].
+    #[arg(long, env = "RESD_DISK_RESERVE_BYTES")]
+    disk_reserve_bytes: Option<u64>,
+
     /// Bytes of recent changes kept for resuming watches (and for watchers that fall behind),
     /// at most; the history also keeps at most 16384 changes [default: 67108864].
     #[arg(long, env = "RESD_WATCH_HISTORY_BYTES")]
@@ -387,6 +393,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.max_snapshot_bytes {
         config.max_snapshot_bytes = bytes;
+    }
+    if let Some(bytes) = args.disk_reserve_bytes {
+        config.disk_reserve_bytes = bytes;
     }
     if let Some(bytes) = args.watch_history_bytes {
         config.watch_history_bytes = bytes;

@@ -58,6 +58,8 @@ pub struct StorageMetrics {
     /// AppendEntries this node served as a follower (calls and append-stream messages), its log
     /// flush included.
     pub append_duration: Histogram,
+    /// Bytes free on the data directory's disk.
+    pub disk_free_bytes: Gauge,
 }
 
 impl Default for StorageMetrics {
@@ -67,6 +69,7 @@ impl Default for StorageMetrics {
             sync_duration: HistogramFamily::new_with_constructor(sync_histogram),
             apply: Recent::default(),
             append_duration: sync_histogram(),
+            disk_free_bytes: Gauge::default(),
         }
     }
 }
@@ -201,6 +204,11 @@ impl Metrics {
             "resd_raft_append_duration_seconds",
             "AppendEntries served as a follower (calls and append-stream messages), log flush included",
             storage.append_duration.clone(),
+        );
+        registry.register(
+            "resd_disk_free_bytes",
+            "Bytes free on the disk holding the data directory (new writes are refused under the reserve, --disk-reserve-bytes)",
+            storage.disk_free_bytes.clone(),
         );
         let watch = WatchMetrics::default();
         registry.register(

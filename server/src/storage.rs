@@ -186,6 +186,10 @@ pub enum StorageError {
     /// This node was removed from the cluster and serves nothing.
     #[error("{0}")]
     Removed(String),
+    /// No room for the change now: the disk is under its reserve, or the state is at its
+    /// quota (what and where, for people); nothing changed. Deletes free room.
+    #[error("{0}")]
+    NoSpace(String),
     /// The change cannot be stored (an invalid name or tenancy, a key longer than the store
     /// allows, a resource over the size limit); nothing changed.
     #[error("{0}")]

@@ -307,6 +307,8 @@ fn status(node_id: u64, role: Role, commit: u64) -> StatusResponse {
         write_rate: 12.5 * node_id as f64,
         apply_p99_ms: 0.8,
         writes_per_second: (0..60u64).map(|s| (s * node_id) % 23).collect(),
+        disk_free_bytes: 40 << 30,
+        alarms: Vec::new(),
     }
 }
 

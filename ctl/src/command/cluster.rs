@@ -33,6 +33,11 @@ pub struct StatusView {
     pub apply_p99_ms: f64,
     /// Writes applied in each of the last 60 s, oldest first.
     pub writes_per_second: Vec<u64>,
+    /// Bytes free on the disk holding the node's data directory.
+    pub disk_free_bytes: u64,
+    /// What the node refuses now and why (e.g. new writes, with the disk under its reserve).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alarms: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -68,6 +73,8 @@ pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
         write_rate: status.write_rate,
         apply_p99_ms: status.apply_p99_ms,
         writes_per_second: status.writes_per_second,
+        disk_free_bytes: status.disk_free_bytes,
+        alarms: status.alarms,
     })
 }
 
@@ -138,8 +145,12 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                             "writes (60 s)",
                             describe::sparkline(&view.writes_per_second),
                         ),
+                        ("disk free", describe::bytes_label(view.disk_free_bytes)),
                     ] {
                         table.row([field.to_owned(), value]);
+                    }
+                    for alarm in &view.alarms {
+                        table.row(["alarm".to_owned(), alarm.clone()]);
                     }
                     table.render()
                 }

@@ -172,6 +172,8 @@ pub fn role_label(role: i32) -> &'static str {
     }
 }
 
+pub use crate::bytes_label;
+
 #[cfg(test)]
 mod tests {
     #[test]

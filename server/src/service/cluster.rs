@@ -403,6 +403,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             write_rate: status.recent.write_rate,
             apply_p99_ms: status.recent.p99_ms,
             writes_per_second: status.recent.writes_per_second,
+            disk_free_bytes: status.disk_free_bytes,
+            alarms: status.alarms,
         }))
     }
 

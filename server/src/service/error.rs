@@ -72,6 +72,7 @@ impl Error {
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
+            StorageError::NoSpace(why) => Error::ResourceExhausted(why),
             StorageError::CatchingUp(why) => Error::Unavailable(format!(
                 "this node is {why}; retry shortly or ask another member"
             )),

@@ -18,6 +18,7 @@
 
 pub mod backend;
 pub mod codec;
+pub mod disk;
 pub mod log_store;
 pub mod network;
 pub mod op;

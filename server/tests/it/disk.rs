@@ -479,3 +479,207 @@ async fn a_follower_that_cannot_rebuild_its_state_is_repaired_from_the_leader() 
     assert!(status.ready, "{status:?}");
     assert!(!cluster.data_dir(follower).join("raft/REPAIRING").exists());
 }
+
+/// A tmpfs of `megabytes` mounted on a new directory, unmounted when dropped; `None` (the test
+/// says it is skipped) where this process cannot mount, unless `RESD_DISK_FAULTS` asks for
+/// these tests, which then fail.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(megabytes: u64) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !mounted {
+            assert!(
+                std::env::var_os("RESD_DISK_FAULTS").is_none(),
+                "RESD_DISK_FAULTS is set, but a tmpfs cannot be mounted here (mounting needs root)"
+            );
+            eprintln!(
+                "skipped: cannot mount a tmpfs here (run as root, or set RESD_DISK_FAULTS to insist)"
+            );
+            return None;
+        }
+        Some(SmallDisk { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Fills the disk with a file, then frees `leave` bytes of it.
+    fn fill(&self, leave: u64) -> PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut file = std::fs::File::create(&path).expect("filler");
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut written = 0u64;
+        loop {
+            match file.write(&chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => written += n as u64,
+            }
+        }
+        let _ = file.sync_all();
+        file.set_len(written.saturating_sub(leave))
+            .expect("free some");
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+fn node_on(dir: &Path, extra: &[&str]) -> Resd {
+    let mut args: Vec<String> = [
+        "--node-id",
+        "1",
+        "--data-dir",
+        &dir.join("node").display().to_string(),
+        "--api-addr",
+        "127.0.0.1:0",
+        "--raft-addr",
+        "127.0.0.1:0",
+        "--bootstrap",
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    Resd::spawn(args)
+}
+
+async fn try_write(node: &Resd, name: &str) -> Result<(), tonic::Status> {
+    node.resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist(name)),
+        })
+        .await
+        .map(drop)
+}
+
+/// Under the reserve, new writes are refused (RESOURCE_EXHAUSTED naming the path and what is
+/// free) before they reach the log, the node says so, and takes writes again by itself once
+/// space is freed; nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_under_its_reserve_refuses_new_writes_and_resumes_by_itself() {
+    let Some(disk) = SmallDisk::mount(128) else {
+        return;
+    };
+    let node = node_on(disk.path(), &["--disk-reserve-bytes", "16777216"]);
+    write_artists(&node, 20).await;
+    let filler = disk.fill(4 << 20);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Until the node measures the disk again (every second), writes still land.
+    let mut landed = 0;
+    let refused = loop {
+        match try_write(&node, "while-full").await {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => break status,
+            Ok(()) => landed = 1,
+            other => assert!(
+                Instant::now() < deadline,
+                "a write under the reserve was not refused within 10 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused
+            .message()
+            .contains(&disk.path().display().to_string())
+            && refused.message().contains("free, below the reserve"),
+        "{refused:?}"
+    );
+    let status = node.status().await.expect("status");
+    assert!(
+        status
+            .alarms
+            .iter()
+            .any(|alarm| alarm.contains("below the reserve")),
+        "{status:?}"
+    );
+    assert!(status.disk_free_bytes < 16 << 20, "{status:?}");
+    // Reads still work, and nothing acknowledged is gone.
+    assert_eq!(artists_on(&node).await.expect("reads"), 20 + landed);
+
+    std::fs::remove_file(&filler).expect("free the disk");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(status) = try_write(&node, "after-space-returned").await {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume within 10 s of space returning: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(artists_on(&node).await.expect("reads"), 21 + landed);
+    assert!(node.status().await.expect("status").alarms.is_empty());
+}
+
+/// With no reserve, a disk that fills up under raft: applying waits for room (raft never
+/// stops), and once space returns the node goes on by itself with every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_raft_stalls_and_resumes_without_losing_a_write() {
+    let Some(disk) = SmallDisk::mount(96) else {
+        return;
+    };
+    let mut node = node_on(disk.path(), &["--disk-reserve-bytes", "0"]);
+    write_artists(&node, 20).await;
+    let filler = disk.fill(0);
+    // Writes of 512 KiB now land in room that was allocated ahead, then stall; none is lost.
+    let mut acknowledged = 20;
+    let mut client = node.resources().await;
+    for i in 0..60 {
+        let mut big = artist(&format!("while-full-{i}"));
+        big.data = Some(proto::to_any(&proto::demo::v1::Artist {
+            name: format!("while-full-{i}"),
+            description: "x".repeat(512 << 10),
+            ..Default::default()
+        }));
+        let write = tokio::time::timeout(
+            Duration::from_secs(3),
+            client.write(WriteRequest {
+                resource: Some(big),
+            }),
+        )
+        .await;
+        match write {
+            Ok(Ok(_)) => acknowledged += 1,
+            _ => break,
+        }
+    }
+    assert!(
+        acknowledged < 80,
+        "the full disk stalled no write: the test did not test it"
+    );
+    std::fs::remove_file(&filler).expect("free the disk");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(status) = try_write(&node, "after-space-returned").await {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume within 20 s of space returning: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let count = artists_on(&node).await.expect("reads");
+    assert!(
+        count > acknowledged,
+        "{count} artists, but {acknowledged} writes were acknowledged before the one after"
+    );
+    // And a clean stop and start keep them.
+    assert!(node.terminate().success(), "a clean stop");
+    node.restart();
+    wait_for_artists(&node, count, "after a restart").await;
+}

@@ -294,6 +294,9 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     format!("not serving: {}", status.not_ready_reason),
                     Style::default().fg(Color::Yellow),
                 ),
+                Some(Ok(status)) if !status.alarms.is_empty() => {
+                    Span::styled(status.alarms.join("; "), Style::default().fg(Color::Red))
+                }
                 _ if lag.is_some_and(|lag| lag > 100) => Span::styled(
                     format!("catching up ({} behind)", lag.unwrap_or_default()),
                     Style::default().fg(Color::Yellow),

@@ -69,6 +69,8 @@ pub struct RaftOptions {
     pub cluster_name: String,
     /// Where log commits, applies and batch sizes are recorded.
     pub metrics: crate::metrics::StorageMetrics,
+    /// Free space on the data directory's disk below which new writes are refused.
+    pub disk_reserve: u64,
 }
 
 impl RaftOptions {
@@ -86,9 +88,14 @@ impl RaftOptions {
             dialer: Dialer::default(),
             cluster_name: "resd".into(),
             metrics: crate::metrics::StorageMetrics::default(),
+            disk_reserve: DEFAULT_DISK_RESERVE,
         }
     }
 }
+
+/// Free space below which new writes are refused: room for the log to roll a few segments and
+/// the state machine to apply what is already committed.
+pub const DEFAULT_DISK_RESERVE: u64 = 128 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RaftStartError {
@@ -134,6 +141,8 @@ pub struct RaftBackend {
     max_snapshot_bytes: u64,
     /// How this node connects to peers.
     dialer: Dialer,
+    /// Free space under the data directory, and the reserve new writes need.
+    disk: Arc<super::disk::DiskSpace>,
     /// When each peer last answered a raft RPC of this node.
     contacts: Arc<super::network::Contacts>,
     /// The proposer's permits: holding them all pauses proposing (leadership transfer).
@@ -283,6 +292,12 @@ impl RaftBackend {
         let log_stats = log.stats();
         let _ = log_stats.metrics.set(options.metrics.clone());
         sm.shared.use_metrics(options.metrics.clone());
+        let disk = Arc::new(super::disk::DiskSpace::new(
+            &options.data_dir,
+            options.disk_reserve,
+        ));
+        let _ = log_stats.disk.set(disk.clone());
+        sm.shared.use_disk(disk.clone());
         let contacts = Arc::new(super::network::Contacts::default());
         let shared = sm.shared.clone();
         let ready = shared.opened_cleanly();
@@ -328,6 +343,7 @@ impl RaftBackend {
             forward_timeout: options.forward_timeout,
             max_snapshot_bytes: options.max_snapshot_bytes,
             dialer: options.dialer,
+            disk,
             contacts,
             proposal_permits,
             leader_lease: options.election_timeout.1,
@@ -345,6 +361,7 @@ impl RaftBackend {
             read_indexes: read_index::RoundBatcher::default(),
             me: me.clone(),
         });
+        tokio::spawn(watch_disk(Arc::downgrade(&backend)));
         tokio::spawn(repair::record_members(
             backend.raft.clone(),
             options.data_dir.clone(),
@@ -525,6 +542,8 @@ impl RaftBackend {
 
     /// Stops raft on this node.
     pub async fn shutdown(&self) {
+        // Waits for disk space give up: raft stops with the node.
+        self.disk.stop();
         let catch_up = self
             .catch_up
             .lock()
@@ -586,6 +605,40 @@ impl RaftBackend {
                 tokio::time::timeout(READ_YOUR_WRITES_WAIT, self.wait_applied(version.index)).await;
         }
         Ok(stored)
+    }
+}
+
+/// Measures the data directory's free space every second (for the reserve, `Status` and
+/// `resd_disk_free_bytes`), saying when new writes start and stop being refused. Holds the
+/// backend weakly: it ends when the node goes.
+async fn watch_disk(backend: std::sync::Weak<RaftBackend>) {
+    let mut alarmed = false;
+    loop {
+        let Some(node) = backend.upgrade() else {
+            return;
+        };
+        if let Err(error) = node.disk.refresh() {
+            tracing::debug!(%error, "cannot measure the free disk space");
+        }
+        node.storage_metrics
+            .disk_free_bytes
+            .set(node.disk.free() as i64);
+        match (node.disk.alarm(), alarmed) {
+            (Some(alarm), false) => {
+                tracing::error!("{alarm}");
+                alarmed = true;
+            }
+            (None, true) => {
+                tracing::info!(
+                    free = %super::disk::bytes(node.disk.free()),
+                    "the disk has room again: new writes are taken"
+                );
+                alarmed = false;
+            }
+            _ => {}
+        }
+        drop(node);
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

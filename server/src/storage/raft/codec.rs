@@ -522,6 +522,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::WatchClosed(_) => (Code::WatchClosed, None),
         StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
         StorageError::Rejected(_) => (Code::Rejected, None),
+        StorageError::NoSpace(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
         StorageError::Internal(_) => (Code::Internal, None),
@@ -531,6 +532,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::WatchClosed(why)
         | StorageError::ResumeUnavailable(why)
         | StorageError::Rejected(why)
+        | StorageError::NoSpace(why)
         | StorageError::CatchingUp(why)
         | StorageError::Removed(why)
         | StorageError::Internal(why) => why.clone(),
@@ -555,6 +557,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::WatchClosed => StorageError::WatchClosed(failure.message),
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected => StorageError::Rejected(failure.message),
+        Code::NoSpace => StorageError::NoSpace(failure.message),
         Code::CatchingUp => StorageError::CatchingUp(failure.message),
         Code::Removed => StorageError::Removed(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),

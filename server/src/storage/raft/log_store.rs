@@ -69,6 +69,8 @@ pub struct LogStats {
     pub committed: AtomicU64,
     /// Where commit durations go, once the node has its metrics.
     pub metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
+    /// The disk the log is on, once the node watches it: a full disk is waited out.
+    pub disk: std::sync::OnceLock<Arc<super::disk::DiskSpace>>,
     /// Held (write-locked) by a test, keeps the writer from committing: a disk that stalls.
     #[cfg(test)]
     pub(crate) stall: tokio::sync::RwLock<()>,
@@ -427,7 +429,18 @@ impl Writer {
             #[cfg(test)]
             let stalled = stats.stall.blocking_read();
             let started = std::time::Instant::now();
-            let result = self.write_batch(&batch);
+            // Only a new segment needs new blocks (segments are preallocated): a full disk
+            // holds the batch, unacknowledged, until space returns.
+            let result = match self.stats.disk.get().cloned() {
+                Some(disk) => disk.wait_out(
+                    "writing the raft log (a new segment)",
+                    |error: &WalError| {
+                        matches!(error, WalError::Io { source, .. } if super::disk::is_no_space(source))
+                    },
+                    || self.write_batch(&batch),
+                ),
+                None => self.write_batch(&batch),
+            };
             #[cfg(test)]
             drop(stalled);
             if let Some(metrics) = self.stats.metrics.get() {

@@ -47,7 +47,13 @@ struct SmEnv {
     env: LmdbEnv,
     dbs: SmDbs,
     generation: u64,
+    /// The environment's data file, for its room ahead (see [`SmShared::ensure_room`]).
+    file: std::sync::OnceLock<std::fs::File>,
 }
+
+/// Room the state machine's file keeps allocated ahead of its last page, when the disk has it:
+/// applying a batch then writes into blocks it already has, so a full disk never fails an apply.
+const ROOM_AHEAD: u64 = 16 << 20;
 
 /// State shared by the state machine store, its snapshot builder and the backend's local reads.
 pub struct SmShared {
@@ -66,6 +72,8 @@ pub struct SmShared {
     opened_cleanly: bool,
     /// Where apply durations and batch sizes go, once the node has its metrics.
     metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
+    /// The disk, once the node watches it: room for applies and snapshots is waited for.
+    disk: std::sync::OnceLock<Arc<super::disk::DiskSpace>>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -217,8 +225,49 @@ impl SmShared {
         let _ = self.metrics.set(metrics);
     }
 
+    /// Watches `disk` from now on: applies and snapshots wait out a full disk.
+    pub fn use_disk(&self, disk: Arc<super::disk::DiskSpace>) {
+        let _ = self.disk.set(disk);
+    }
+
     fn apply_blocking(&self, entries: Vec<Entry>) -> Result<Vec<CommandResult>, RaftStorageError> {
+        let need = room_needed(&entries);
+        let sm = self.current();
+        match self.disk.get() {
+            Some(disk) => disk.wait_out_full(
+                "applying committed entries (the state machine needs room)",
+                || self.ensure_room(&sm, need),
+            ),
+            None => self.ensure_room(&sm, need),
+        }
+        .map_err(sm_write_error)?;
+        drop(sm);
         self.apply_locked(entries, lock(&self.events))
+    }
+
+    /// Makes sure the current environment's file has `need` bytes allocated past its last page
+    /// (and [`ROOM_AHEAD`] when the disk has it), so a commit writes into blocks it has.
+    fn ensure_room(&self, sm: &SmEnv, need: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let file = match sm.file.get() {
+            Some(file) => file,
+            None => {
+                let file = sm.env.try_clone_inner_file().map_err(io)?;
+                sm.file.get_or_init(|| file)
+            }
+        };
+        let page = rustix::param::page_size() as u64;
+        let used = (sm.env.info().last_page_number as u64 + 1) * page;
+        let allocated = file.metadata()?.blocks() * 512;
+        if allocated >= used + need {
+            return Ok(());
+        }
+        let keep_size = rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(file, keep_size, 0, used + need.max(ROOM_AHEAD)) {
+            Ok(()) => Ok(()),
+            // A nearly full disk: what this batch needs is enough.
+            Err(_) => rustix::fs::fallocate(file, keep_size, 0, used + need).map_err(Into::into),
+        }
     }
 
     /// Applies `entries` on the calling (async) thread if that is cheap and nothing waits: a few
@@ -240,6 +289,13 @@ impl SmShared {
             }
         }
         if changes > INLINE_APPLY_CHANGES {
+            return Err(entries);
+        }
+        // No room now: the blocking pool waits for it.
+        if self
+            .ensure_room(&self.current(), room_needed(&entries))
+            .is_err()
+        {
             return Err(entries);
         }
         let log = match self.events.try_lock() {
@@ -438,6 +494,19 @@ impl SmShared {
             since,
         )
     }
+}
+
+/// Bytes a batch may add to the state machine's file: twice what its entries carry (records,
+/// remembered requests, page splits), and a megabyte.
+fn room_needed(entries: &[Entry]) -> u64 {
+    let carried: usize = entries
+        .iter()
+        .map(|entry| match &entry.payload {
+            EntryPayload::Normal(command) => command.encoded().len(),
+            _ => 64,
+        })
+        .sum();
+    2 * carried as u64 + (1 << 20)
 }
 
 /// The last applied log id and the membership a state machine environment records.

@@ -185,6 +185,12 @@ impl RaftBackend {
     async fn serve_locally(&self, request: Request) -> Attempt {
         match request {
             Request::Change(change) => {
+                // A new write needs room; a delete makes it.
+                if matches!(change.change, super::super::op::Change::Write(..))
+                    && let Err(no_room) = self.disk.check_room()
+                {
+                    return Attempt::Done(Err(no_room));
+                }
                 let (reply, outcome) = tokio::sync::oneshot::channel();
                 if self
                     .proposals

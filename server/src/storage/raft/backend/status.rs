@@ -58,6 +58,10 @@ pub struct NodeStatus {
     pub log_operations: u64,
     /// Writes applied and apply durations over the last seconds.
     pub recent: crate::metrics::RecentSummary,
+    /// Bytes free on the data directory's disk, as last measured.
+    pub disk_free_bytes: u64,
+    /// What the node refuses now and why (a disk under its reserve).
+    pub alarms: Vec<String>,
 }
 
 /// A member as the leader sees it.
@@ -130,6 +134,9 @@ impl RaftBackend {
         if let Some(why) = self.readiness.borrow().reason() {
             return Err(why);
         }
+        if let Some(alarm) = self.disk.alarm() {
+            return Err(alarm);
+        }
         let metrics = self.metrics();
         if !metrics
             .membership_config
@@ -189,6 +196,8 @@ impl RaftBackend {
                 .operations
                 .load(std::sync::atomic::Ordering::Relaxed),
             recent: self.storage_metrics.apply.summary(),
+            disk_free_bytes: self.disk.free(),
+            alarms: self.disk.alarm().into_iter().collect(),
         }
     }
 

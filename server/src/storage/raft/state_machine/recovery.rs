@@ -86,6 +86,7 @@ impl StateMachineStore {
                     env,
                     dbs,
                     generation,
+                    file: std::sync::OnceLock::new(),
                 })),
                 events: Mutex::new(events),
                 snapshot: Mutex::new(snapshot),
@@ -93,6 +94,7 @@ impl StateMachineStore {
                 closed: std::sync::atomic::AtomicBool::new(false),
                 opened_cleanly,
                 metrics: std::sync::OnceLock::new(),
+                disk: std::sync::OnceLock::new(),
             }),
         })
     }

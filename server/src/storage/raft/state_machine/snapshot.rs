@@ -25,12 +25,22 @@ impl SmShared {
         let snapshots = self.data_dir.join(schema::SNAPSHOT_DIR);
         let building = schema::building_snapshot_dir(&self.data_dir, sequence);
         std::fs::create_dir_all(&building).map_err(snapshot_error)?;
-        sm.env
-            .copy_to_path(
-                building.join(schema::SNAPSHOT_DATA),
-                CompactionOption::Enabled,
-            )
-            .map_err(snapshot_error)?;
+        let target = building.join(schema::SNAPSHOT_DATA);
+        let copy = || {
+            let _ = std::fs::remove_file(&target);
+            sm.env
+                .copy_to_path(&target, CompactionOption::Enabled)
+                .map(drop)
+        };
+        match self.disk.get() {
+            Some(disk) => disk.wait_out(
+                "building a raft snapshot",
+                super::super::disk::is_lmdb_no_space,
+                copy,
+            ),
+            None => copy(),
+        }
+        .map_err(snapshot_error)?;
         // The copy is consistent on its own: read what it holds, not what the live state holds now.
         let (last_applied, membership) = {
             let (env, dbs) = schema::open_sm(&building).map_err(snapshot_error)?;
@@ -129,6 +139,7 @@ impl SmShared {
                 env,
                 dbs,
                 generation,
+                file: std::sync::OnceLock::new(),
             });
             log.reset(
                 "this server installed a snapshot of the whole state; list again and start a new watch".into(),
