@@ -82,6 +82,8 @@ pub struct AgentConfig {
     pub max_snapshot_bytes: u64,
     /// Free space on the data directory's disk below which new writes are refused.
     pub disk_reserve_bytes: u64,
+    /// Bytes the state may hold; writes past it are refused.
+    pub quota_bytes: u64,
     /// Bytes of recent changes kept for resuming watches.
     pub watch_history_bytes: usize,
     /// How long a request waits for a leader during an election, in milliseconds.
@@ -161,6 +163,7 @@ impl Default for AgentConfig {
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
             max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
             disk_reserve_bytes: crate::storage::raft::backend::DEFAULT_DISK_RESERVE,
+            quota_bytes: crate::storage::raft::schema::DEFAULT_QUOTA_BYTES,
             watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
@@ -320,6 +323,14 @@ impl Agent {
                 options.snapshot_every = config.snapshot_every.max(1);
                 options.max_snapshot_bytes = config.max_snapshot_bytes;
                 options.disk_reserve = config.disk_reserve_bytes;
+                if config.quota_bytes > crate::storage::raft::schema::MAX_QUOTA_BYTES {
+                    return Err(AgentError::Config(format!(
+                        "--quota-bytes {} is more than this build allows ({}, half the state machine's memory map)",
+                        config.quota_bytes,
+                        crate::storage::raft::schema::MAX_QUOTA_BYTES
+                    )));
+                }
+                options.quota_bytes = config.quota_bytes;
                 options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 options.dialer = dialer.clone();

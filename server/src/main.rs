@@ -176,6 +176,12 @@ struct AgentArgs {
     #[arg(long, env = "RESD_DISK_RESERVE_BYTES")]
     disk_reserve_bytes: Option<u64>,
 
+    /// Bytes the stored state may hold (its databases' pages, like etcd's quota): a write that
+    /// would pass it is refused (RESOURCE_EXHAUSTED naming the quota and the usage), deletes
+    /// make room again; at most 34359738368 [default: 8589934592].
+    #[arg(long, env = "RESD_QUOTA_BYTES")]
+    quota_bytes: Option<u64>,
+
     /// Bytes of recent changes kept for resuming watches (and for watchers that fall behind),
     /// at most; the history also keeps at most 16384 changes [default: 67108864].
     #[arg(long, env = "RESD_WATCH_HISTORY_BYTES")]
@@ -396,6 +402,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.disk_reserve_bytes {
         config.disk_reserve_bytes = bytes;
+    }
+    if let Some(bytes) = args.quota_bytes {
+        config.quota_bytes = bytes;
     }
     if let Some(bytes) = args.watch_history_bytes {
         config.watch_history_bytes = bytes;

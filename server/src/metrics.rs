@@ -60,6 +60,9 @@ pub struct StorageMetrics {
     pub append_duration: Histogram,
     /// Bytes free on the data directory's disk.
     pub disk_free_bytes: Gauge,
+    /// Bytes the state holds, and its quota.
+    pub state_bytes: Gauge,
+    pub state_quota_bytes: Gauge,
 }
 
 impl Default for StorageMetrics {
@@ -70,6 +73,8 @@ impl Default for StorageMetrics {
             apply: Recent::default(),
             append_duration: sync_histogram(),
             disk_free_bytes: Gauge::default(),
+            state_bytes: Gauge::default(),
+            state_quota_bytes: Gauge::default(),
         }
     }
 }
@@ -209,6 +214,16 @@ impl Metrics {
             "resd_disk_free_bytes",
             "Bytes free on the disk holding the data directory (new writes are refused under the reserve, --disk-reserve-bytes)",
             storage.disk_free_bytes.clone(),
+        );
+        registry.register(
+            "resd_state_bytes",
+            "Bytes the stored state holds (its databases' pages), which --quota-bytes bounds",
+            storage.state_bytes.clone(),
+        );
+        registry.register(
+            "resd_state_quota_bytes",
+            "The state's quota (--quota-bytes)",
+            storage.state_quota_bytes.clone(),
         );
         let watch = WatchMetrics::default();
         registry.register(

@@ -683,3 +683,84 @@ async fn a_full_disk_under_raft_stalls_and_resumes_without_losing_a_write() {
     node.restart();
     wait_for_artists(&node, count, "after a restart").await;
 }
+
+/// `--quota-bytes` bounds the state: a write that would pass it is refused before it reaches
+/// the log (RESOURCE_EXHAUSTED naming the quota and the usage), and deleting makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_past_the_quota_is_refused_before_the_log_and_deletes_make_room() {
+    use proto::resource::v1::DeleteRequest;
+    let node = Resd::start_with(&["--quota-bytes", "2097152"]);
+    let mut client = node.resources().await;
+    let big = |i: usize| {
+        let mut resource = artist(&format!("big-{i}"));
+        resource.data = Some(proto::to_any(&proto::demo::v1::Artist {
+            name: format!("big-{i}"),
+            description: "q".repeat(100 << 10),
+            ..Default::default()
+        }));
+        resource
+    };
+    let mut stored = 0;
+    let refused = loop {
+        match client
+            .write(WriteRequest {
+                resource: Some(big(stored)),
+            })
+            .await
+        {
+            Ok(_) => stored += 1,
+            Err(status) => break status,
+        }
+        assert!(
+            stored < 100,
+            "100 writes of 100 KiB passed a quota of 2 MiB"
+        );
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("quota") && refused.message().contains("2.0 MiB"),
+        "{refused:?}"
+    );
+    assert!(
+        stored >= 10,
+        "only {stored} writes of 100 KiB fit a quota of 2 MiB"
+    );
+    let status = node.status().await.expect("status");
+    assert!(
+        status
+            .alarms
+            .iter()
+            .any(|alarm| alarm.contains("of its quota of 2.0 MiB")),
+        "{status:?}"
+    );
+    // Refused before the log: another refusal appends nothing.
+    let before = node.status().await.expect("status").last_log_index;
+    let again = client
+        .write(WriteRequest {
+            resource: Some(big(stored)),
+        })
+        .await
+        .expect_err("still over the quota");
+    assert_eq!(again.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(node.status().await.expect("status").last_log_index, before);
+    // Deleting makes room.
+    for i in 0..3 {
+        client
+            .delete(DeleteRequest {
+                id: Some(crate::support::artist_id(&format!("big-{i}"))),
+                version: String::new(),
+            })
+            .await
+            .expect("delete");
+    }
+    client
+        .write(WriteRequest {
+            resource: Some(big(stored)),
+        })
+        .await
+        .expect("room again after deletes");
+}

@@ -71,6 +71,9 @@ pub struct RaftOptions {
     pub metrics: crate::metrics::StorageMetrics,
     /// Free space on the data directory's disk below which new writes are refused.
     pub disk_reserve: u64,
+    /// Bytes the state may hold (see [`super::schema::state_bytes`]); writes past it are
+    /// refused. At most [`super::schema::MAX_QUOTA_BYTES`].
+    pub quota_bytes: u64,
 }
 
 impl RaftOptions {
@@ -89,6 +92,7 @@ impl RaftOptions {
             cluster_name: "resd".into(),
             metrics: crate::metrics::StorageMetrics::default(),
             disk_reserve: DEFAULT_DISK_RESERVE,
+            quota_bytes: super::schema::DEFAULT_QUOTA_BYTES,
         }
     }
 }
@@ -298,6 +302,9 @@ impl RaftBackend {
         ));
         let _ = log_stats.disk.set(disk.clone());
         sm.shared.use_disk(disk.clone());
+        sm.shared
+            .set_quota(options.quota_bytes.min(super::schema::MAX_QUOTA_BYTES));
+        sm.shared.measure_state();
         let contacts = Arc::new(super::network::Contacts::default());
         let shared = sm.shared.clone();
         let ready = shared.opened_cleanly();
@@ -502,14 +509,24 @@ impl RaftBackend {
     /// restored state took effect.
     pub async fn restore(&self, mut chunks: RestoreChunks) -> Result<u64, StorageError> {
         let restore_id = ulid::Ulid::new().to_string();
+        let mut staged = 0usize;
         self.run_op(Op::RestoreBegin {
             restore_id: restore_id.clone(),
         })
         .await?;
         while let Some(chunk) = chunks.recv().await {
+            let chunk = chunk?;
+            // The restored state replaces the current one: it alone must fit the quota.
+            staged += chunk.iter().map(prost::Message::encoded_len).sum::<usize>();
+            if staged as u64 > self.sm.quota() {
+                return Err(StorageError::NoSpace(format!(
+                    "the snapshot holds more than the state's quota of {} (--quota-bytes); nothing was restored",
+                    super::disk::bytes(self.sm.quota())
+                )));
+            }
             self.run_op(Op::RestoreChunk {
                 restore_id: restore_id.clone(),
-                resources: chunk?,
+                resources: chunk,
             })
             .await?;
         }
@@ -623,6 +640,12 @@ async fn watch_disk(backend: std::sync::Weak<RaftBackend>) {
         node.storage_metrics
             .disk_free_bytes
             .set(node.disk.free() as i64);
+        node.storage_metrics
+            .state_bytes
+            .set(node.sm.state_bytes().min(i64::MAX as u64) as i64);
+        node.storage_metrics
+            .state_quota_bytes
+            .set(node.sm.quota().min(i64::MAX as u64) as i64);
         match (node.disk.alarm(), alarmed) {
             (Some(alarm), false) => {
                 tracing::error!("{alarm}");

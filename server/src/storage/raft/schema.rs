@@ -494,6 +494,37 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
     ))
 }
 
+/// Bytes a state machine's databases hold in pages (their branch, leaf and overflow pages; the
+/// free pages LMDB reuses do not count): what `--quota-bytes` bounds.
+pub fn state_bytes(
+    env: &LmdbEnv,
+    dbs: &SmDbs,
+    txn: &heed::RoTxn<'_, WithoutTls>,
+) -> heed::Result<u64> {
+    let mut pages = 0u64;
+    let mut page_size = 0u64;
+    let main = env.unnamed_database_stat();
+    for stat in [
+        dbs.resources.stat(txn)?,
+        dbs.restore.stat(txn)?,
+        dbs.owners.stat(txn)?,
+        dbs.meta.stat(txn)?,
+        dbs.requests.stat(txn)?,
+        dbs.request_order.stat(txn)?,
+    ] {
+        page_size = u64::from(stat.page_size);
+        pages += (stat.branch_pages + stat.leaf_pages + stat.overflow_pages) as u64;
+    }
+    pages += (main.branch_pages + main.leaf_pages + main.overflow_pages) as u64;
+    Ok(pages * page_size)
+}
+
+/// The largest `--quota-bytes`: half the memory map, so the file (which also holds free pages
+/// and a restore's staging) never outgrows the map.
+pub const MAX_QUOTA_BYTES: u64 = (MAP_SIZE / 2) as u64;
+/// The default `--quota-bytes` (etcd's largest recommended quota).
+pub const DEFAULT_QUOTA_BYTES: u64 = 8 << 30;
+
 /// Requests the state machine remembers at most; older ones are forgotten first. A retry comes
 /// within a forward timeout, long after which this many changes have rarely been applied.
 pub const REMEMBERED_REQUESTS: u64 = 1 << 17;

@@ -74,6 +74,10 @@ pub struct SmShared {
     metrics: std::sync::OnceLock<crate::metrics::StorageMetrics>,
     /// The disk, once the node watches it: room for applies and snapshots is waited for.
     disk: std::sync::OnceLock<Arc<super::disk::DiskSpace>>,
+    /// Bytes the databases hold ([`schema::state_bytes`]), as of the last apply.
+    used_bytes: AtomicU64,
+    /// What `used_bytes` may reach (`--quota-bytes`): new writes past it are refused.
+    quota: AtomicU64,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -225,6 +229,50 @@ impl SmShared {
         let _ = self.metrics.set(metrics);
     }
 
+    /// Bounds the state to `quota` bytes from now on (see [`Self::check_quota`]).
+    pub fn set_quota(&self, quota: u64) {
+        self.quota.store(quota, Ordering::Relaxed);
+    }
+
+    /// The state's quota.
+    pub fn quota(&self) -> u64 {
+        self.quota.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the state holds, as of the last apply.
+    pub fn state_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Measures what the current environment holds again (after it was opened or replaced).
+    pub fn measure_state(&self) {
+        let sm = self.current();
+        let measured = sm
+            .env
+            .read_txn()
+            .and_then(|rtxn| schema::state_bytes(&sm.env, &sm.dbs, &rtxn));
+        match measured {
+            Ok(bytes) => self.used_bytes.store(bytes, Ordering::Relaxed),
+            Err(error) => tracing::warn!(%error, "cannot measure the state machine"),
+        }
+    }
+
+    /// `Ok` when `adding` more bytes keep the state within its quota; else why not, naming the
+    /// quota and the usage.
+    pub fn check_quota(&self, adding: usize) -> Result<(), StorageError> {
+        let quota = self.quota.load(Ordering::Relaxed);
+        let used = self.state_bytes();
+        if used.saturating_add(adding as u64) <= quota {
+            return Ok(());
+        }
+        Err(StorageError::NoSpace(format!(
+            "the state is at its quota: {} of {} used, and this write adds {}; delete resources to make room, or raise --quota-bytes",
+            super::disk::bytes(used),
+            super::disk::bytes(quota),
+            super::disk::bytes(adding as u64)
+        )))
+    }
+
     /// Watches `disk` from now on: applies and snapshots wait out a full disk.
     pub fn use_disk(&self, disk: Arc<super::disk::DiskSpace>) {
         let _ = self.disk.set(disk);
@@ -359,7 +407,9 @@ impl SmShared {
             .meta
             .put(&mut wtxn, schema::META_LAST_APPLIED, &bytes)
             .map_err(sm_write_error)?;
+        let used = schema::state_bytes(&sm.env, &sm.dbs, &wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
+        self.used_bytes.store(used, Ordering::Relaxed);
         log.publish_all(published, Version::new(last.index));
         if let Some(metrics) = self.metrics.get() {
             metrics

@@ -187,7 +187,10 @@ impl RaftBackend {
             Request::Change(change) => {
                 // A new write needs room; a delete makes it.
                 if matches!(change.change, super::super::op::Change::Write(..))
-                    && let Err(no_room) = self.disk.check_room()
+                    && let Err(no_room) = self
+                        .disk
+                        .check_room()
+                        .and_then(|()| self.sm.check_quota(change.change.size()))
                 {
                     return Attempt::Done(Err(no_room));
                 }

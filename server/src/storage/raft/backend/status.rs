@@ -155,6 +155,21 @@ impl RaftBackend {
         Ok(())
     }
 
+    /// What this node refuses now, or is about to, and why: new writes while the disk is under
+    /// its reserve; writes past the quota once the state holds 95 % of it.
+    pub fn alarms(&self) -> Vec<String> {
+        let mut alarms: Vec<String> = self.disk.alarm().into_iter().collect();
+        let (used, quota) = (self.sm.state_bytes(), self.sm.quota());
+        if used.saturating_mul(20) >= quota.saturating_mul(19) {
+            alarms.push(format!(
+                "the state holds {} of its quota of {}: writes that would pass it are refused (delete resources, or raise --quota-bytes)",
+                super::super::disk::bytes(used),
+                super::super::disk::bytes(quota)
+            ));
+        }
+        alarms
+    }
+
     pub fn status(&self) -> NodeStatus {
         let metrics = self.metrics();
         let membership = metrics.membership_config.membership();
@@ -197,7 +212,7 @@ impl RaftBackend {
                 .load(std::sync::atomic::Ordering::Relaxed),
             recent: self.storage_metrics.apply.summary(),
             disk_free_bytes: self.disk.free(),
-            alarms: self.disk.alarm().into_iter().collect(),
+            alarms: self.alarms(),
         }
     }
 

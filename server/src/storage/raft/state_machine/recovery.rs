@@ -95,6 +95,8 @@ impl StateMachineStore {
                 opened_cleanly,
                 metrics: std::sync::OnceLock::new(),
                 disk: std::sync::OnceLock::new(),
+                used_bytes: AtomicU64::new(0),
+                quota: AtomicU64::new(u64::MAX),
             }),
         })
     }

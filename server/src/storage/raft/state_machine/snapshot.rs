@@ -149,6 +149,7 @@ impl SmShared {
         write_current(&self.data_dir, generation).map_err(snapshot_error)?;
         let _ = std::fs::remove_dir_all(schema::sm_generation_dir(&self.data_dir, old.generation));
         self.set_current_snapshot(meta.clone(), snapshot_dir.join(schema::SNAPSHOT_DATA));
+        self.measure_state();
         tracing::info!(
             snapshot_id = meta.snapshot_id,
             generation,
