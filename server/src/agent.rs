@@ -84,6 +84,8 @@ pub struct AgentConfig {
     pub disk_reserve_bytes: u64,
     /// Bytes the state may hold; writes past it are refused.
     pub quota_bytes: u64,
+    /// Entries behind the leader past which a follower is not ready.
+    pub max_lag_entries: u64,
     /// Bytes of recent changes kept for resuming watches.
     pub watch_history_bytes: usize,
     /// How long a request waits for a leader during an election, in milliseconds.
@@ -164,6 +166,7 @@ impl Default for AgentConfig {
             max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
             disk_reserve_bytes: crate::storage::raft::backend::DEFAULT_DISK_RESERVE,
             quota_bytes: crate::storage::raft::schema::DEFAULT_QUOTA_BYTES,
+            max_lag_entries: crate::storage::raft::backend::DEFAULT_MAX_LAG_ENTRIES,
             watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
@@ -331,6 +334,7 @@ impl Agent {
                     )));
                 }
                 options.quota_bytes = config.quota_bytes;
+                options.max_lag_entries = config.max_lag_entries;
                 options.history = history;
                 options.forward_timeout = Duration::from_millis(config.forward_timeout_ms.max(100));
                 options.dialer = dialer.clone();
@@ -532,13 +536,24 @@ impl Agent {
         for task in tasks {
             let _ = task.await;
         }
-        if let Some(raft) = raft {
-            raft.shutdown().await;
+        if let Some(raft) = raft
+            && tokio::time::timeout(SHUTDOWN_GRACE, raft.shutdown())
+                .await
+                .is_err()
+        {
+            tracing::error!(
+                grace = ?SHUTDOWN_GRACE,
+                "raft did not stop within the grace period (a stalled disk?); exiting without a clean stop: the next start rebuilds the state from the snapshot and the log, and nothing acknowledged is lost"
+            );
         }
         served?;
         Ok(())
     }
 }
+
+/// How long stopping raft (the last log writes, syncing the state machine) may take at
+/// shutdown, whatever the disk does.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How a node connects and accepts connections.
 struct Network {

@@ -176,6 +176,11 @@ struct AgentArgs {
     #[arg(long, env = "RESD_DISK_RESERVE_BYTES")]
     disk_reserve_bytes: Option<u64>,
 
+    /// Entries a follower may lag behind the leader's commit index and still be ready (past
+    /// it: NOT_SERVING, /readyz and Status say why, reads go elsewhere) [default: 256].
+    #[arg(long, env = "RESD_MAX_LAG_ENTRIES")]
+    max_lag_entries: Option<u64>,
+
     /// Bytes the stored state may hold (its databases' pages, like etcd's quota): a write that
     /// would pass it is refused (RESOURCE_EXHAUSTED naming the quota and the usage), deletes
     /// make room again; at most 34359738368 [default: 8589934592].
@@ -291,6 +296,9 @@ fn main() -> ExitCode {
             Command::Tls(command) => run_tls(command),
         }
     });
+    // Whatever is still blocked on a stalled disk (a sync past the shutdown grace) does not
+    // keep the process from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -405,6 +413,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.quota_bytes {
         config.quota_bytes = bytes;
+    }
+    if let Some(entries) = args.max_lag_entries {
+        config.max_lag_entries = entries;
     }
     if let Some(bytes) = args.watch_history_bytes {
         config.watch_history_bytes = bytes;

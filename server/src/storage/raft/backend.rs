@@ -74,6 +74,8 @@ pub struct RaftOptions {
     /// Bytes the state may hold (see [`super::schema::state_bytes`]); writes past it are
     /// refused. At most [`super::schema::MAX_QUOTA_BYTES`].
     pub quota_bytes: u64,
+    /// Entries behind the leader's commit index past which a follower is not ready.
+    pub max_lag_entries: u64,
 }
 
 impl RaftOptions {
@@ -93,9 +95,14 @@ impl RaftOptions {
             metrics: crate::metrics::StorageMetrics::default(),
             disk_reserve: DEFAULT_DISK_RESERVE,
             quota_bytes: super::schema::DEFAULT_QUOTA_BYTES,
+            max_lag_entries: DEFAULT_MAX_LAG_ENTRIES,
         }
     }
 }
+
+/// Entries behind the leader past which a follower is not ready (a healthy follower under load
+/// is a few entries behind; each entry carries a batch of writes).
+pub const DEFAULT_MAX_LAG_ENTRIES: u64 = 256;
 
 /// Free space below which new writes are refused: room for the log to roll a few segments and
 /// the state machine to apply what is already committed.
@@ -369,6 +376,10 @@ impl RaftBackend {
             me: me.clone(),
         });
         tokio::spawn(watch_disk(Arc::downgrade(&backend)));
+        tokio::spawn(readiness::watch_lag(
+            Arc::downgrade(&backend),
+            options.max_lag_entries.max(1),
+        ));
         tokio::spawn(repair::record_members(
             backend.raft.clone(),
             options.data_dir.clone(),

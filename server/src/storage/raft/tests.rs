@@ -60,6 +60,15 @@ impl TestCluster {
     }
 
     pub async fn start_with(size: u64, forward_timeout: Duration) -> TestCluster {
+        Self::start_configured(size, forward_timeout, |_| {}).await
+    }
+
+    /// A cluster whose nodes' options `configure` adjusts last.
+    pub async fn start_configured(
+        size: u64,
+        forward_timeout: Duration,
+        configure: impl Fn(&mut RaftOptions),
+    ) -> TestCluster {
         let shutdown = CancellationToken::new();
         let mut nodes = Vec::new();
         let mut servers = Vec::new();
@@ -81,6 +90,7 @@ impl TestCluster {
             options.heartbeat = Duration::from_millis(50);
             options.forward_timeout = forward_timeout;
             options.election_timeout = (Duration::from_millis(300), Duration::from_millis(600));
+            configure(&mut options);
             let backend = RaftBackend::open(options).await.expect("open raft backend");
             let grpc = network::RaftGrpc::new(backend.clone(), Arc::new(StorableOnly));
             let token = shutdown.clone();
@@ -1119,4 +1129,56 @@ async fn a_node_that_led_stands_for_a_new_term_instead_of_resuming_its_old_one()
         log.read_vote().await.expect("read"),
         Some(Vote::new_committed(6, 2))
     );
+}
+
+/// A follower whose disk stalls falls behind the leader, is not ready (with its lag as the
+/// reason) and refuses reads; once its disk moves again it catches up and is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_up() {
+    use crate::storage::{Backend, Consistency};
+
+    let cluster = TestCluster::start_configured(3, Duration::from_secs(10), |options| {
+        options.max_lag_entries = 20;
+    })
+    .await;
+    let leader = &cluster.nodes[0];
+    let follower = &cluster.nodes[2];
+    let fixture = crate::storage::conformance::Fixture::new();
+    let stats = follower.log_stats();
+    let stalled = stats.stall.write().await;
+    for i in 0..60 {
+        leader
+            .write_cas(fixture.artist(&format!("while-a-follower-stalls-{i}")))
+            .await
+            .expect("committed by the leader and the other follower");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reason = loop {
+        if let Some(reason) = follower.readiness().borrow().reason() {
+            break reason;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a follower 60 entries behind stayed ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(reason.contains("entries behind the leader"), "{reason}");
+    assert!(follower.serving().is_err());
+    let written = fixture.artist("while-a-follower-stalls-0");
+    let refused = follower
+        .read(Consistency::Eventual, written.id.as_ref().expect("id"))
+        .await
+        .expect_err("a lagging follower refuses reads");
+    assert!(refused.to_string().contains("lagging"), "{refused}");
+
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !follower.readiness().borrow().is_ready() {
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not become ready again after its disk moved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -26,6 +26,12 @@ pub enum Readiness {
     Repairing {
         applied: u64,
     },
+    /// More than `threshold` entries behind the leader's commit index (a slow disk, an
+    /// overloaded node): reads go elsewhere until it is within half the threshold again.
+    Lagging {
+        behind: u64,
+        threshold: u64,
+    },
 }
 
 impl Readiness {
@@ -50,6 +56,9 @@ impl Readiness {
                 "catching up after an unclean stop: applied {applied}, waiting to learn the leader's commit index"
             )),
             Readiness::Removed(why) => Some(why.clone()),
+            Readiness::Lagging { behind, threshold } => Some(format!(
+                "lagging: {behind} entries behind the leader's commit index (more than --max-lag-entries {threshold}); a slow disk or an overloaded node?"
+            )),
             Readiness::Repairing { applied } => Some(format!(
                 "repairing from the leader: its raft log was damaged (set aside under raft/damaged-*); applied {applied}; votes for nobody until it holds the leader's log"
             )),
@@ -110,6 +119,70 @@ impl RaftBackend {
 
     fn applied_index(&self) -> u64 {
         super::applied_index(&self.raft.metrics().borrow())
+    }
+}
+
+/// How often a follower compares what it applied with the leader's commit index.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps a follower's readiness honest about its lag: every second it learns the leader's
+/// commit index (a read index) and is `Lagging` while it is more than `threshold` entries
+/// behind, `Ready` again once within half of it. Leaves every other state alone (catching up,
+/// repairing, removed). Holds the backend weakly: it ends when the node goes.
+pub(super) async fn watch_lag(backend: Weak<RaftBackend>, threshold: u64) {
+    loop {
+        tokio::time::sleep(LAG_EVERY).await;
+        let Some(node) = backend.upgrade() else {
+            return;
+        };
+        let watched = matches!(
+            &*node.readiness.borrow(),
+            Readiness::Ready | Readiness::Lagging { .. }
+        );
+        let follows = node
+            .raft
+            .metrics()
+            .borrow()
+            .current_leader
+            .is_some_and(|leader| leader != node.id);
+        if !watched || !follows {
+            if watched {
+                node.readiness.send_if_modified(|readiness| {
+                    let lagging = matches!(readiness, Readiness::Lagging { .. });
+                    if lagging {
+                        *readiness = Readiness::Ready;
+                    }
+                    lagging
+                });
+            }
+            continue;
+        }
+        let Ok(target) = op::expect_read_index(node.submit(Request::ReadIndex).await) else {
+            continue;
+        };
+        let behind = target.saturating_sub(node.applied_index());
+        node.readiness
+            .send_if_modified(|readiness| match readiness {
+                Readiness::Ready if behind > threshold => {
+                    tracing::warn!(
+                        behind,
+                        threshold,
+                        "this node lags the leader: not ready until it catches up"
+                    );
+                    *readiness = Readiness::Lagging { behind, threshold };
+                    true
+                }
+                Readiness::Lagging { .. } if behind <= threshold / 2 => {
+                    tracing::info!(behind, "caught up with the leader again: ready");
+                    *readiness = Readiness::Ready;
+                    true
+                }
+                Readiness::Lagging { behind: before, .. } if *before != behind => {
+                    *before = behind;
+                    true
+                }
+                _ => false,
+            });
     }
 }
 
