@@ -764,3 +764,137 @@ async fn a_write_past_the_quota_is_refused_before_the_log_and_deletes_make_room(
         .await
         .expect("room again after deletes");
 }
+
+/// A 512 KiB artist.
+fn big_artist(name: &str) -> proto::resource::v1::Resource {
+    let mut resource = artist(name);
+    resource.data = Some(proto::to_any(&proto::demo::v1::Artist {
+        name: name.into(),
+        description: "b".repeat(512 << 10),
+        ..Default::default()
+    }));
+    resource
+}
+
+/// Three nodes, each on a disk of its own. A full follower falls behind without stopping and
+/// catches up once space returns, while the others take every write; a leader under its
+/// reserve refuses new writes (through any member) until space returns. Nothing acknowledged
+/// is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_disks_on_a_follower_and_on_the_leader_lose_nothing_and_resume() {
+    let disks: Vec<SmallDisk> = match (0..3).map(|_| SmallDisk::mount(160)).collect() {
+        Some(disks) => disks,
+        None => return,
+    };
+    let mut nodes: Vec<Resd> = Vec::new();
+    for (index, disk) in disks.iter().enumerate() {
+        let mut args: Vec<String> = vec![
+            "--node-id".into(),
+            (index + 1).to_string(),
+            "--data-dir".into(),
+            disk.path().join("node").display().to_string(),
+            "--api-addr".into(),
+            format!("127.0.0.1:{}", crate::process::free_port()),
+            "--raft-addr".into(),
+            format!("127.0.0.1:{}", crate::process::free_port()),
+            "--disk-reserve-bytes".into(),
+            "16777216".into(),
+        ];
+        match nodes.first() {
+            None => args.push("--bootstrap".into()),
+            Some(first) => args.extend(["--join".into(), first.api_addr.to_string()]),
+        }
+        nodes.push(Resd::spawn(args));
+    }
+    // Node 1 bootstrapped and leads; wait for three voters.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let voters = nodes[0]
+            .cluster()
+            .await
+            .members(proto::cluster::v1::MembersRequest {})
+            .await
+            .map(|reply| {
+                reply
+                    .into_inner()
+                    .members
+                    .iter()
+                    .filter(|m| m.voter)
+                    .count()
+            })
+            .unwrap_or(0);
+        if voters == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 3 voters within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let leader = 0;
+    let follower = 2;
+    let mut client = nodes[leader].resources().await;
+
+    // The follower's disk fills up: the leader and the other follower go on.
+    let filler = disks[follower].fill(0);
+    for i in 0..60 {
+        client
+            .write(WriteRequest {
+                resource: Some(big_artist(&format!("follower-full-{i}"))),
+            })
+            .await
+            .expect("acknowledged by the leader and the other follower");
+    }
+    std::fs::remove_file(&filler).expect("free the follower's disk");
+    wait_for_artists(
+        &nodes[follower],
+        60,
+        "the follower after its disk had room again",
+    )
+    .await;
+
+    // The leader's disk goes under its reserve: new writes are refused, also through a
+    // follower, naming the leader's path.
+    let filler = disks[leader].fill(4 << 20);
+    let mut through = nodes[1].resources().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut landed = 0;
+    let refused = loop {
+        match through
+            .write(WriteRequest {
+                resource: Some(artist("leader-full")),
+            })
+            .await
+        {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => break status,
+            Ok(_) => landed = 1,
+            Err(other) => panic!("not refused for the leader's disk: {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader's full disk refused nothing within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused
+            .message()
+            .contains(&disks[leader].path().display().to_string()),
+        "{refused:?}"
+    );
+    std::fs::remove_file(&filler).expect("free the leader's disk");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(status) = through
+        .write(WriteRequest {
+            resource: Some(artist("after-the-leader-had-room")),
+        })
+        .await
+    {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume within 10 s: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for node in &nodes {
+        wait_for_artists(node, 61 + landed, "every node at the end").await;
+    }
+}
