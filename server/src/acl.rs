@@ -129,6 +129,11 @@ pub fn access_name(access: Access) -> &'static str {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct AllowAll;
 
+/// The identity of the server's own steps ([`AllowAll`]).
+pub const SERVER_IDENTITY: &str = "server";
+/// What every controller's identity starts with ([`ControllerIdentity`]).
+pub const CONTROLLER_IDENTITY_PREFIX: &str = "controller/";
+
 impl Authorizer for AllowAll {
     fn operator(&self) -> Access {
         Access::Write
@@ -137,7 +142,7 @@ impl Authorizer for AllowAll {
         Access::Write
     }
     fn identity(&self) -> &str {
-        "server"
+        SERVER_IDENTITY
     }
     fn reads_everything(&self) -> bool {
         true
@@ -154,7 +159,7 @@ pub(crate) struct ControllerIdentity {
 impl ControllerIdentity {
     pub(crate) fn new(controller: &str) -> Self {
         ControllerIdentity {
-            identity: format!("controller/{controller}"),
+            identity: format!("{CONTROLLER_IDENTITY_PREFIX}{controller}"),
         }
     }
 }

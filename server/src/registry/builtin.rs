@@ -14,6 +14,8 @@ use crate::acl::{self, Access, AclError, Authorizer};
 use crate::resource;
 
 pub const TOMBSTONE: &str = "internal.v1.Tombstone";
+/// The group of the types only the server writes (tombstones).
+pub const INTERNAL_GROUP: &str = "internal";
 pub const PARTITION: &str = "tenancy.v1.Partition";
 pub const NAMESPACE: &str = "tenancy.v1.Namespace";
 pub const ACL_POLICY: &str = "acl.v1.Policy";
@@ -88,7 +90,7 @@ pub fn tombstone_id(deleted: &Id) -> Id {
     Id {
         uid: String::new(),
         name: format!("tombstone-{}-{}", deleted.name, deleted.uid.to_lowercase()),
-        r#type: Some(resource::new_type("internal", "v1", "Tombstone")),
+        r#type: Some(resource::new_type(INTERNAL_GROUP, "v1", "Tombstone")),
         tenancy: deleted.tenancy.clone(),
     }
 }

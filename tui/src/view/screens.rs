@@ -137,8 +137,13 @@ pub fn types(state: &State, frame: &mut Frame, area: Rect) {
 }
 
 pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
+    let alarms = state
+        .cluster
+        .status
+        .as_ref()
+        .map_or(0, |status| status.alarms.len().min(3) as u16);
     let [top, bottom] = area.layout(&Layout::vertical([
-        Constraint::Length(9),
+        Constraint::Length(9 + alarms),
         Constraint::Min(4),
     ]));
     let status_lines: Vec<Line> = match (&state.cluster.denied, &state.cluster.status) {
@@ -196,8 +201,11 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 field(
                     "log writes",
                     format!(
-                        "{} entries in {} fsyncs ({} operations)",
-                        status.log_entries, status.log_commits, status.log_operations
+                        "{} entries in {} fsyncs ({} operations) · disk {} free",
+                        status.log_entries,
+                        status.log_commits,
+                        status.log_operations,
+                        describe::bytes_label(status.disk_free_bytes)
                     ),
                 ),
                 Line::from(vec![
@@ -212,6 +220,14 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     )),
                 ]),
             ]
+            .into_iter()
+            .chain(status.alarms.iter().map(|alarm| {
+                Line::from(vec![
+                    Span::styled(format!("  {:<16}", "alarm"), dim()),
+                    Span::styled(alarm.clone(), Style::default().fg(Color::Red)),
+                ])
+            }))
+            .collect()
         }
     };
     frame.render_widget(

@@ -204,6 +204,27 @@ fn a_member_catching_up_after_an_unclean_stop_says_it_serves_nothing() {
 }
 
 #[test]
+fn a_disk_under_its_reserve_is_shown_on_the_node_and_its_member_row() {
+    let mut state = demo_state();
+    let alarm = "the disk holding /var/lib/resd has 90.0 MiB free, below the reserve of 128.0 MiB: new writes are refused until space is freed";
+    if let Some(status) = state.cluster.status.as_mut() {
+        status.disk_free_bytes = 90 << 20;
+        status.alarms = vec![alarm.into()];
+    }
+    if let Some(Ok(status)) = state.cluster.nodes.get_mut(&2) {
+        status.alarms = vec![alarm.into()];
+    }
+    key(&mut state, KeyCode::Char('3'));
+    let shown = screen(&mut state);
+    assert!(
+        shown.contains("disk 90.0 MiB free")
+            && shown.contains("alarm")
+            && shown.contains("below the reserve"),
+        "{shown}"
+    );
+}
+
+#[test]
 fn cluster_screen_with_an_unreachable_member() {
     let mut state = demo_state();
     state.cluster.nodes.insert(

@@ -185,8 +185,10 @@ impl RaftBackend {
     async fn serve_locally(&self, request: Request) -> Attempt {
         match request {
             Request::Change(change) => {
-                // A new write needs room; a delete makes it.
-                if matches!(change.change, super::super::op::Change::Write(..))
+                // A client's new write needs room; a delete makes it (its tombstone, in the
+                // server's `internal` group, is let through), and the server's own writes and its
+                // controllers' (the default tenancy, statuses, finalizers) go on.
+                if needs_room(&change)
                     && let Err(no_room) = self
                         .disk
                         .check_room()
@@ -270,4 +272,22 @@ pub(super) fn not_leader<E: std::fmt::Display>(error: RaftError<NodeId, E>) -> A
             "raft stopped: {fatal}"
         )))),
     }
+}
+
+/// Whether a change is refused under the disk's reserve or past the quota: a write made for a
+/// client, of anything but the server's `internal` types (a delete's tombstone).
+fn needs_room(tagged: &super::super::op::Tagged) -> bool {
+    let super::super::op::Change::Write(resource, _) = &tagged.change else {
+        return false;
+    };
+    let internal = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .is_some_and(|t| t.group == crate::registry::builtin::INTERNAL_GROUP);
+    let by_server = tagged.actor == crate::acl::SERVER_IDENTITY
+        || tagged
+            .actor
+            .starts_with(crate::acl::CONTROLLER_IDENTITY_PREFIX);
+    !internal && !by_server
 }
