@@ -62,21 +62,32 @@ fn write_members(data_dir: &Path, voters: &BTreeSet<NodeId>) -> std::io::Result<
 pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
     let mut metrics = raft.metrics();
     let mut recorded = BTreeSet::new();
+    let mut seen = None;
     loop {
-        let voters: BTreeSet<NodeId> = metrics
-            .borrow_and_update()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect();
-        if !voters.is_empty() && voters != recorded {
+        // Metrics change with every commit; the membership only with its own log entries.
+        let voters: Option<BTreeSet<NodeId>> = {
+            let now = metrics.borrow_and_update();
+            let config = &now.membership_config;
+            (seen != Some(*config.log_id())).then(|| {
+                seen = Some(*config.log_id());
+                config.membership().voter_ids().collect()
+            })
+        };
+        if let Some(voters) = voters
+            && !voters.is_empty()
+            && voters != recorded
+        {
             match write_members(&data_dir, &voters) {
                 Ok(()) => recorded = voters,
-                Err(error) => tracing::warn!(
+                Err(error) => {
+                    // Tried again at the next change of the metrics.
+                    seen = None;
+                    tracing::warn!(
                     %error,
                     path = %data_dir.join(schema::MEMBERS_FILE).display(),
                     "cannot record the cluster's voters (a damaged log could then not be repaired from them)"
-                ),
+                    );
+                }
             }
         }
         if metrics.changed().await.is_err() {
