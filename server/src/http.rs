@@ -84,7 +84,21 @@ async fn metrics(State(state): State<HttpState>, headers: http::HeaderMap) -> Re
 /// 200 only while this node can serve (DESIGN §13/§14); 503 saying why not.
 async fn readyz(State(state): State<HttpState>) -> Response {
     match state.raft.as_ref().map(|raft| raft.serving()) {
-        None | Some(Ok(())) => (StatusCode::OK, "ready\n").into_response(),
+        None => (StatusCode::OK, "ready\n").into_response(),
+        // Reads are served; what is refused (new writes under the disk's reserve) is an alarm,
+        // said here too, not a reason to send readers elsewhere.
+        Some(Ok(())) => {
+            let alarms = state
+                .raft
+                .as_ref()
+                .map(|raft| raft.alarms())
+                .unwrap_or_default();
+            let body = std::iter::once("ready".to_owned())
+                .chain(alarms.into_iter().map(|alarm| format!("alarm: {alarm}")))
+                .collect::<Vec<_>>()
+                .join("\n");
+            (StatusCode::OK, body + "\n").into_response()
+        }
         Some(Err(why)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),

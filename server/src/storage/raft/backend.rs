@@ -255,7 +255,7 @@ impl RaftBackend {
             }
             drop(sm);
             drop(log);
-            repair::set_aside_state(&options.data_dir).map_err(|error| {
+            repair::set_aside_state(&options.data_dir, &format!("{why}\n")).map_err(|error| {
                 RaftStartError::StateMachine {
                     dir: options.data_dir.clone(),
                     error,
@@ -269,10 +269,10 @@ impl RaftBackend {
             damage = Some(why);
         }
         if let Some(damage) = &damage {
-            repair::mark_repairing(
+            super::schema::mark_repairing(
                 &options.data_dir,
                 &format!(
-                    "the raft log was damaged and set aside; repairing from voters {voters:?}: {damage}\n"
+                    "this node's raft log or state was damaged and set aside; repairing from voters {voters:?}: {damage}\n"
                 ),
             )
             .map_err(|error| RaftStartError::StateMachine {
@@ -284,7 +284,7 @@ impl RaftBackend {
         if repairing {
             tracing::warn!(
                 ?voters,
-                "this node's raft log was damaged: it votes for nobody and serves nothing until it is repaired from the leader"
+                "this node's raft log or state was damaged: it votes for nobody and serves nothing until it is repaired from the leader"
             );
         }
         resign_restored_leadership(&mut log, options.node_id).await?;
@@ -530,6 +530,12 @@ impl RaftBackend {
             // The restored state replaces the current one: it alone must fit the quota.
             staged += chunk.iter().map(prost::Message::encoded_len).sum::<usize>();
             if staged as u64 > self.sm.quota() {
+                // A new begin clears what this restore staged, so it counts against nothing.
+                let _ = self
+                    .run_op(Op::RestoreBegin {
+                        restore_id: ulid::Ulid::new().to_string(),
+                    })
+                    .await;
                 return Err(StorageError::NoSpace(format!(
                     "the snapshot holds more than the state's quota of {} (--quota-bytes); nothing was restored",
                     super::disk::bytes(self.sm.quota())
@@ -604,8 +610,17 @@ impl RaftBackend {
             return;
         }
         // Nothing applies any more: make the state machine durable so the next start uses it.
-        if let Err(error) = self.sm.close_cleanly() {
-            tracing::warn!(%error, "cannot sync the state machine; it will be rebuilt at the next start");
+        // On the blocking pool: a sync stalled by the disk must not hold the shutdown past its
+        // grace (the caller's timeout drops this wait; the next start then rebuilds).
+        let sm = self.sm.clone();
+        match tokio::task::spawn_blocking(move || sm.close_cleanly()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot sync the state machine; it will be rebuilt at the next start")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the state machine's final sync failed; it will be rebuilt at the next start")
+            }
         }
     }
 

@@ -266,6 +266,14 @@ impl LogStore {
         let (wal, replayed, damage) = match Wal::open(&dir, existing) {
             Ok((wal, replayed)) => (wal, replayed, None),
             Err(damage) if set_damage_aside && damage.is_damage() => {
+                schema::mark_repairing(
+                    data_dir,
+                    &format!("this node's raft log was damaged and is set aside: {damage}\n"),
+                )
+                .map_err(|source| WalError::Io {
+                    path: data_dir.join(schema::REPAIR_FILE),
+                    source,
+                })?;
                 let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
                 let moved = std::fs::create_dir_all(&aside)
                     .and_then(|()| std::fs::rename(&dir, aside.join("wal")))

@@ -60,12 +60,33 @@ pub const REMOVED_FILE: &str = "raft/REMOVED";
 pub const REPAIR_FILE: &str = "raft/REPAIRING";
 /// The voters of the membership the node last followed, space-separated (who could repair it).
 pub const MEMBERS_FILE: &str = "raft/MEMBERS";
-/// Where a damaged log is set aside (`raft/damaged-<unix seconds>/wal`), for people.
+/// A new directory to set damaged files aside in, for people: `raft/damaged-<unix seconds>`,
+/// with `-2`, `-3`… when that one exists (a second set-aside in the same start, or a restart
+/// within the second).
 pub fn damaged_dir(data_dir: &Path, at: std::time::SystemTime) -> PathBuf {
     let seconds = at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());
-    data_dir.join(format!("raft/damaged-{seconds}"))
+    let base = data_dir.join(format!("raft/damaged-{seconds}"));
+    let mut dir = base.clone();
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = PathBuf::from(format!("{}-{n}", base.display()));
+    }
+    dir
+}
+
+/// Marks the data directory as under repair, durably (written, synced, renamed, the directory
+/// synced), saying why for people: before anything is set aside, so a crash in between never
+/// leaves a node that votes with an empty log.
+pub fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
+    let path = data_dir.join(REPAIR_FILE);
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, why)?;
+    sync_file(&temporary)?;
+    std::fs::rename(&temporary, &path)?;
+    sync_dir(path.parent().unwrap_or(data_dir))
 }
 /// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
 /// PID into it: a second process on the same directory would write the same log.

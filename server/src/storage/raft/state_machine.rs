@@ -322,11 +322,22 @@ impl SmShared {
             return Ok(());
         }
         let keep_size = rustix::fs::FallocateFlags::KEEP_SIZE;
-        match rustix::fs::fallocate(file, keep_size, 0, used + need.max(ROOM_AHEAD)) {
-            Ok(()) => Ok(()),
-            // A nearly full disk: what this batch needs is enough.
-            Err(_) => rustix::fs::fallocate(file, keep_size, 0, used + need).map_err(Into::into),
-        }
+        let allocate = |len: u64| -> std::io::Result<()> {
+            match rustix::fs::fallocate(file, keep_size, 0, len) {
+                Ok(()) => Ok(()),
+                Err(errno) => {
+                    let error = std::io::Error::from(errno);
+                    // A filesystem that cannot allocate ahead: go on without it.
+                    if super::disk::is_no_space(&error) {
+                        Err(error)
+                    } else {
+                        Ok(())
+                    }
+                }
+            }
+        };
+        // A nearly full disk: what this batch needs is enough.
+        allocate(used + need.max(ROOM_AHEAD)).or_else(|_| allocate(used + need))
     }
 
     /// Applies `entries` on the calling (async) thread if that is cheap and nothing waits: a few

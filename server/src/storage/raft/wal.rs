@@ -356,6 +356,27 @@ fn make_segment(
     sync_dir(dir)
 }
 
+/// Whether the segment at `path` holds nothing written after its header records (its header,
+/// and the vote and purge point restated with it): the state a roll leaves until its first write.
+fn holds_no_write(path: &Path) -> Result<bool, WalError> {
+    let buf = std::fs::read(path).map_err(at(path))?;
+    let mut offset = 0;
+    loop {
+        match parse(&buf, offset) {
+            Parsed::Record { kind, next, .. }
+                if kind == KIND_HEADER || kind == KIND_VOTE || kind == KIND_PURGE =>
+            {
+                if offset == 0 && kind != KIND_HEADER {
+                    return Ok(false);
+                }
+                offset = next;
+            }
+            Parsed::End => return Ok(offset > 0 && buf[offset..].iter().all(|&byte| byte == 0)),
+            _ => return Ok(false),
+        }
+    }
+}
+
 /// A seal: the log goes on in segment `next`.
 fn seal_bytes(next: u64) -> Vec<u8> {
     let mut batch = Batch::default();
@@ -497,9 +518,20 @@ impl Wal {
         let mut replayed = Replayed::default();
         let mut stated = Stated::default();
         let count = segments.len();
+        // A roll puts the next segment in place and then seals the one before it; a crash in
+        // between leaves a newest segment with nothing written after its header and the one
+        // before it unsealed (or its seal cut short): the log ends in that one, which is sealed
+        // now. Nothing was written to the new segment, so nothing is lost.
+        let rolling = match segments.last() {
+            Some((_, newest)) if count >= 2 => holds_no_write(newest)?,
+            _ => false,
+        };
         let mut keep: Vec<Kept> = Vec::with_capacity(count);
         for (position, (seq, path)) in segments.into_iter().enumerate() {
             let is_last = position + 1 == count;
+            // The segment the log's records end in: the newest, or the one before an
+            // interrupted roll's.
+            let ends_here = is_last || (rolling && position + 2 == count);
             let mut buf = std::fs::read(&path).map_err(at(&path))?;
             let damaged = |offset: usize, what: String| WalError::Damaged {
                 path: path.clone(),
@@ -546,7 +578,10 @@ impl Wal {
                 }
                 // Made by a build before format 3 (which named a segment before it wrote its
                 // header) and never written: nothing is lost with it.
-                _ if is_last && buf.iter().all(|&byte| byte == 0) => {
+                _ if is_last
+                    && keep.last().is_none_or(|kept| kept.format < 3)
+                    && buf.iter().all(|&byte| byte == 0) =>
+                {
                     std::fs::remove_file(&path).map_err(at(&path))?;
                     continue;
                 }
@@ -557,7 +592,7 @@ impl Wal {
             loop {
                 match parse(&buf, offset) {
                     Parsed::End => {
-                        if is_last && let Some(later) = later_marker(&buf, offset) {
+                        if ends_here && let Some(later) = later_marker(&buf, offset) {
                             return Err(damaged(
                                 offset,
                                 format!(
@@ -567,7 +602,7 @@ impl Wal {
                         }
                         break;
                     }
-                    Parsed::Bad(what) if !is_last => return Err(damaged(offset, what)),
+                    Parsed::Bad(what) if !ends_here => return Err(damaged(offset, what)),
                     Parsed::Bad(what) => {
                         if let Some(later) = later_marker(&buf, offset) {
                             return Err(damaged(
@@ -635,7 +670,7 @@ impl Wal {
                     }
                 }
             }
-            if is_last {
+            if ends_here {
                 // Whatever follows the end was never acknowledged: zero it, so no later write
                 // can end where a stale record begins. Reading the segment cached it in large
                 // folios; drop them and write the unwritten part back a page at a time, so
@@ -668,6 +703,23 @@ impl Wal {
                 format,
                 sealed,
             });
+        }
+        // An interrupted roll's seal, written now (the segment keeps room for it).
+        if rolling
+            && keep.len() >= 2
+            && let Some(before) = keep.get_mut(count.saturating_sub(2))
+            && before.format >= 3
+            && before.sealed.is_none()
+        {
+            let file = open_rw(&before.path)?;
+            file.write_all_at(&seal_bytes(before.seq + 1), before.end)
+                .and_then(|()| file.sync_data())
+                .map_err(at(&before.path))?;
+            before.sealed = Some(before.end as usize);
+            tracing::info!(
+                segment = %before.path.display(),
+                "the raft log was rolling to a new segment when the node stopped; sealed it now"
+            );
         }
         // Every segment but the newest names the one after it; the newest names none.
         for (position, kept) in keep.iter().enumerate() {
@@ -1444,5 +1496,47 @@ mod tests {
         refused(dir.path(), "holds no log segment");
         let (_, replayed) = Wal::open(dir.path(), false).expect("a new log");
         assert!(replayed.locations.is_empty());
+    }
+
+    #[test]
+    fn a_roll_cut_short_by_a_crash_is_finished_at_open_and_loses_nothing() {
+        for torn_seal in [false, true] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (written, end) = {
+                let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
+                let mut written = Vec::new();
+                let mut next = 0;
+                while wal.current_segment() < 2 || written.len() < 20 {
+                    written.extend(entries(&mut wal, next..next + 4, 20_000));
+                    next += 4;
+                }
+                (written, wal.end)
+            };
+            // The crash came after segment 3 was put in place (header synced, renamed), before
+            // segment 2's seal landed (or with only part of it written).
+            let mut segment = header_bytes(3, SEGMENT_BYTES, &Stated::default());
+            segment.resize(SEGMENT_BYTES as usize, 0);
+            std::fs::write(segment_path(dir.path(), 3), segment).expect("segment 3");
+            if torn_seal {
+                let file = open_rw(&segment_path(dir.path(), 2)).expect("open");
+                file.write_all_at(&seal_bytes(3)[..6], end)
+                    .expect("part of a seal");
+            }
+            {
+                let (mut wal, replayed) = Wal::open(dir.path(), true).expect("a finished roll");
+                assert_eq!(
+                    replayed.locations.keys().copied().collect::<Vec<_>>(),
+                    all_entries(&written),
+                    "torn seal: {torn_seal}"
+                );
+                assert_eq!(wal.current_segment(), 3);
+                let mut batch = Batch::default();
+                batch.entry(written.len() as u64, b"after the roll");
+                wal.write(batch).expect("write");
+            }
+            let (_, replayed) = Wal::open(dir.path(), true).expect("reopen");
+            assert_eq!(replayed.locations.len(), written.len() + 1);
+            assert_eq!(read(&replayed, written.len() as u64), b"after the roll");
+        }
     }
 }

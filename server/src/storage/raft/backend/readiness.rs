@@ -60,7 +60,7 @@ impl Readiness {
                 "lagging: {behind} entries behind the leader's commit index (more than --max-lag-entries {threshold}); a slow disk or an overloaded node?"
             )),
             Readiness::Repairing { applied } => Some(format!(
-                "repairing from the leader: its raft log was damaged (set aside under raft/damaged-*); applied {applied}; votes for nobody until it holds the leader's log"
+                "repairing from the leader: its raft log or state was damaged (set aside under raft/damaged-*); applied {applied}; votes for nobody until it holds the leader's log"
             )),
         }
     }

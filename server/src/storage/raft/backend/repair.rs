@@ -96,19 +96,10 @@ pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
     }
 }
 
-/// Marks the data directory as under repair, durably, saying why (for people).
-pub(super) fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
-    let path = data_dir.join(schema::REPAIR_FILE);
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, why)?;
-    schema::sync_file(&temporary)?;
-    std::fs::rename(&temporary, &path)?;
-    schema::sync_dir(path.parent().unwrap_or(data_dir))
-}
-
 /// Sets the log, the state machine and the raft snapshots aside under `raft/damaged-<time>`
 /// (the log's format marker and the node's identity stay), for a repair from the leader.
-pub(super) fn set_aside_state(data_dir: &Path) -> std::io::Result<()> {
+pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<()> {
+    schema::mark_repairing(data_dir, why)?;
     let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
     std::fs::create_dir_all(&aside)?;
     for (dir, name) in [

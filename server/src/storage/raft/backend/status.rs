@@ -134,9 +134,7 @@ impl RaftBackend {
         if let Some(why) = self.readiness.borrow().reason() {
             return Err(why);
         }
-        if let Some(alarm) = self.disk.alarm() {
-            return Err(alarm);
-        }
+
         let metrics = self.metrics();
         if !metrics
             .membership_config
@@ -513,6 +511,12 @@ impl RaftBackend {
     pub async fn campaign(&self, deadline: std::time::Instant) -> Result<(), String> {
         if !self.is_voter(self.id) {
             return Err(format!("node {} is not a voter", self.id));
+        }
+        if self.repairing() {
+            return Err(format!(
+                "node {} is being repaired from the leader after its log or state was damaged: it does not lead until repaired",
+                self.id
+            ));
         }
         let mut metrics = self.raft.metrics();
         let mut next_try = std::time::Instant::now();
