@@ -48,7 +48,9 @@
 //! written whole, so it was synced and has been damaged since. So was a bad record, or an early
 //! end of the records, with a whole batch marker behind it: a write begins only after the one
 //! before it was synced. Both are damage, as is a bad record in any segment but the newest: the
-//! log refuses to open, naming the file and offset. (Segments of the formats before 3 carry no
+//! log refuses to open, naming the file and offset. (An entry whose payload holds 512 aligned
+//! zero bytes cannot be told from a cut write this way: damage to the last write of such an
+//! entry passes as a torn tail.) (Segments of the formats before 3 carry no
 //! size or seal, and those of format 1 no markers; such a segment is never appended to again —
 //! the next write starts a new segment.)
 
