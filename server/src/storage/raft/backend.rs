@@ -255,17 +255,23 @@ impl RaftBackend {
             }
             drop(sm);
             drop(log);
-            repair::set_aside_state(&options.data_dir, &format!("{why}\n")).map_err(|error| {
-                RaftStartError::StateMachine {
+            let aside = repair::set_aside_state(&options.data_dir, &format!("{why}\n")).map_err(
+                |error| RaftStartError::StateMachine {
                     dir: options.data_dir.clone(),
                     error,
-                }
-            })?;
+                },
+            )?;
             tracing::warn!(
                 "{why}; it was set aside and is repaired from the leader (delete raft/damaged-* once it is no longer needed)"
             );
             sm = open_sm()?;
             log = LogStore::open_anew(&options.data_dir).map_err(log_failed)?;
+            // The vote the set-aside log holds: never granted again in a term it covers.
+            if let Some(vote) = super::wal::salvage_vote(&aside.join("wal")) {
+                openraft::storage::RaftLogStorage::save_vote(&mut log, &vote)
+                    .await
+                    .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
+            }
             damage = Some(why);
         }
         if let Some(damage) = &damage {

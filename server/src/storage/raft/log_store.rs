@@ -290,7 +290,17 @@ impl LogStore {
                     set_aside = %aside.display(),
                     "the raft log is damaged: it was set aside (delete it once it is no longer needed) and a new one started, to be repaired from the leader"
                 );
-                let (wal, replayed) = Wal::open(&dir, false)?;
+                let (mut wal, mut replayed) = Wal::open(&dir, false)?;
+                // The vote it still holds: a repaired node never grants one it may have
+                // granted before.
+                if let Some(vote) = wal::salvage_vote(&aside.join("wal")) {
+                    let mut records = wal::Batch::default();
+                    let encoded =
+                        encode(&vote).map_err(|error| WalError::Encode(error.to_string()))?;
+                    wal.vote(&mut records, &encoded);
+                    wal.write(records)?;
+                    replayed.vote = Some(vote);
+                }
                 (wal, replayed, Some(damage))
             }
             Err(error) => return Err(error.into()),

@@ -1009,6 +1009,29 @@ pub fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
     }
 }
 
+/// The last vote a damaged log set aside in `dir` still holds readable: its segments are read
+/// in order, each up to its first bad record (every segment restates the vote after its
+/// header). A repaired node starts from it, so it never grants a vote in a term it may already
+/// have voted in.
+pub fn salvage_vote(dir: &Path) -> Option<Vote> {
+    let mut vote = None;
+    for (_, path) in list_segments(dir).ok()? {
+        let Ok(buf) = std::fs::read(&path) else {
+            continue;
+        };
+        let mut offset = 0;
+        while let Parsed::Record { kind, body, next } = parse(&buf, offset) {
+            if kind == KIND_VOTE
+                && let Ok(found) = decode::<Vote>(body)
+            {
+                vote = Some(found);
+            }
+            offset = next;
+        }
+    }
+    vote
+}
+
 /// Bytes the log's segments take on disk.
 pub fn disk_bytes(dir: &Path) -> u64 {
     list_segments(dir)
@@ -1540,5 +1563,17 @@ mod tests {
             assert_eq!(replayed.locations.len(), written.len() + 1);
             assert_eq!(read(&replayed, written.len() as u64), b"after the roll");
         }
+    }
+
+    #[test]
+    fn the_vote_of_a_damaged_log_is_salvaged_from_what_is_still_readable() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let written = synced_log(dir.path());
+        let newest = written.last().expect("written").1.segment;
+        flip(&segment_path(dir.path(), newest), 10);
+        assert!(Wal::open(dir.path(), true).is_err(), "damaged");
+        assert_eq!(salvage_vote(dir.path()), Some(Vote::new(2, 1)));
+        let empty = tempfile::tempdir().expect("temp dir");
+        assert_eq!(salvage_vote(empty.path()), None);
     }
 }

@@ -98,7 +98,8 @@ pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
 
 /// Sets the log, the state machine and the raft snapshots aside under `raft/damaged-<time>`
 /// (the log's format marker and the node's identity stay), for a repair from the leader.
-pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<()> {
+/// Returns where they went.
+pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<PathBuf> {
     schema::mark_repairing(data_dir, why)?;
     let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
     std::fs::create_dir_all(&aside)?;
@@ -113,7 +114,8 @@ pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<()>
             std::fs::rename(&from, &to)?;
         }
     }
-    schema::sync_dir(&data_dir.join("raft"))
+    schema::sync_dir(&data_dir.join("raft"))?;
+    Ok(aside)
 }
 
 /// Why the directory is under repair, if it is.
