@@ -571,6 +571,40 @@ async fn try_write(node: &Resd, name: &str) -> Result<(), tonic::Status> {
         .map(drop)
 }
 
+/// Writes `name` through `node` until the write is refused for room (within 10 s: the node
+/// measures its disk every second, and writes land until it does); returns the refusal and how
+/// many of the writes landed before it (0 or 1: they all write `name`).
+async fn until_refused_for_room(node: &Resd, name: &str) -> (tonic::Status, usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut landed = 0;
+    loop {
+        match try_write(node, name).await {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                return (status, landed);
+            }
+            Ok(()) => landed = 1,
+            Err(other) => panic!("a write was refused, but not for room: {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no write was refused for room within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Writes `name` through `node` until it lands (within `seconds` of space returning).
+async fn until_written(node: &Resd, name: &str, seconds: u64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while let Err(status) = try_write(node, name).await {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume within {seconds} s of space returning: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Under the reserve, new writes are refused (RESOURCE_EXHAUSTED naming the path and what is
 /// free) before they reach the log, the node says so, and takes writes again by itself once
 /// space is freed; nothing acknowledged is lost.
@@ -582,20 +616,7 @@ async fn a_disk_under_its_reserve_refuses_new_writes_and_resumes_by_itself() {
     let node = node_on(disk.path(), &["--disk-reserve-bytes", "16777216"]);
     write_artists(&node, 20).await;
     let filler = disk.fill(4 << 20);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // Until the node measures the disk again (every second), writes still land.
-    let mut landed: usize = 0;
-    let refused = loop {
-        match try_write(&node, "while-full").await {
-            Err(status) if status.code() == tonic::Code::ResourceExhausted => break status,
-            Ok(()) => landed = 1,
-            other => assert!(
-                Instant::now() < deadline,
-                "a write under the reserve was not refused within 10 s: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (refused, landed) = until_refused_for_room(&node, "while-full").await;
     assert!(
         refused
             .message()
@@ -627,14 +648,7 @@ async fn a_disk_under_its_reserve_refuses_new_writes_and_resumes_by_itself() {
     let expected = 20 + landed;
 
     std::fs::remove_file(&filler).expect("free the disk");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(status) = try_write(&node, "after-space-returned").await {
-        assert!(
-            Instant::now() < deadline,
-            "writes did not resume within 10 s of space returning: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_written(&node, "after-space-returned", 10).await;
     assert_eq!(artists_on(&node).await.expect("reads"), expected);
     assert!(node.status().await.expect("status").alarms.is_empty());
 }
@@ -676,14 +690,7 @@ async fn a_full_disk_under_raft_stalls_and_resumes_without_losing_a_write() {
         "the full disk stalled no write: the test did not test it"
     );
     std::fs::remove_file(&filler).expect("free the disk");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while let Err(status) = try_write(&node, "after-space-returned").await {
-        assert!(
-            Instant::now() < deadline,
-            "writes did not resume within 20 s of space returning: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_written(&node, "after-space-returned", 20).await;
     let count = artists_on(&node).await.expect("reads");
     assert!(
         count > acknowledged,
@@ -865,26 +872,7 @@ async fn full_disks_on_a_follower_and_on_the_leader_lose_nothing_and_resume() {
     // The leader's disk goes under its reserve: new writes are refused, also through a
     // follower, naming the leader's path.
     let filler = disks[leader].fill(4 << 20);
-    let mut through = nodes[1].resources().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut landed = 0;
-    let refused = loop {
-        match through
-            .write(WriteRequest {
-                resource: Some(artist("leader-full")),
-            })
-            .await
-        {
-            Err(status) if status.code() == tonic::Code::ResourceExhausted => break status,
-            Ok(_) => landed = 1,
-            Err(other) => panic!("not refused for the leader's disk: {other:?}"),
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the leader's full disk refused nothing within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (refused, landed) = until_refused_for_room(&nodes[1], "leader-full").await;
     assert!(
         refused
             .message()
@@ -892,19 +880,7 @@ async fn full_disks_on_a_follower_and_on_the_leader_lose_nothing_and_resume() {
         "{refused:?}"
     );
     std::fs::remove_file(&filler).expect("free the leader's disk");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(status) = through
-        .write(WriteRequest {
-            resource: Some(artist("after-the-leader-had-room")),
-        })
-        .await
-    {
-        assert!(
-            Instant::now() < deadline,
-            "writes did not resume within 10 s: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_written(&nodes[1], "after-the-leader-had-room", 10).await;
     for node in &nodes {
         wait_for_artists(node, 61 + landed, "every node at the end").await;
     }
