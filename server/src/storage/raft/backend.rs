@@ -108,6 +108,9 @@ pub const DEFAULT_MAX_LAG_ENTRIES: u64 = 256;
 /// the state machine to apply what is already committed.
 pub const DEFAULT_DISK_RESERVE: u64 = 128 << 20;
 
+/// What to do with damage a node cannot be repaired from.
+const UNREPAIRABLE: &str = "This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)";
+
 #[derive(Debug, thiserror::Error)]
 pub enum RaftStartError {
     // The cause is part of the message, not a `source` too: `resd: {error:#}` would print it
@@ -118,14 +121,10 @@ pub enum RaftStartError {
         error: super::log_store::LogOpenError,
     },
     /// The state machine cannot be rebuilt and no other voter is known to repair it from.
-    #[error(
-        "cannot open the state machine in {dir}: {why}. This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)"
-    )]
+    #[error("cannot open the state machine in {dir}: {why}. {UNREPAIRABLE}")]
     Unrebuildable { dir: PathBuf, why: String },
     /// The log is damaged and no other voter is known to repair it from.
-    #[error(
-        "cannot open the raft log in {dir}: {error}. This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)"
-    )]
+    #[error("cannot open the raft log in {dir}: {error}. {UNREPAIRABLE}")]
     Damaged {
         dir: PathBuf,
         error: super::log_store::LogOpenError,
@@ -231,7 +230,7 @@ impl RaftBackend {
                 RaftStartError::Log { dir, error }
             }
         };
-        let (mut log, damage) = if can_repair {
+        let (mut log, set_aside) = if can_repair {
             LogStore::open_setting_damage_aside(&options.data_dir).map_err(log_failed)?
         } else {
             (LogStore::open(&options.data_dir).map_err(log_failed)?, None)
@@ -240,7 +239,14 @@ impl RaftBackend {
         // disk before the log is purged behind it). Less — its latest snapshot missing or
         // damaged, or its files gone — cannot be rebuilt from here.
         let applied = sm.shared.last_applied_index();
-        let mut damage = damage.map(|damage| damage.to_string());
+        // What was set aside, and the last vote it still holds: a repaired node never grants a
+        // vote in a term the set-aside log covers.
+        let mut damage = set_aside
+            .as_ref()
+            .map(|set_aside| set_aside.damage.to_string());
+        let mut vote = set_aside
+            .as_ref()
+            .and_then(|set_aside| super::wal::salvage_vote(&set_aside.dir.join("wal")));
         if let Some(purged) = log.purged_index()
             && applied < purged
         {
@@ -266,13 +272,13 @@ impl RaftBackend {
             );
             sm = open_sm()?;
             log = LogStore::open_anew(&options.data_dir).map_err(log_failed)?;
-            // The vote the set-aside log holds: never granted again in a term it covers.
-            if let Some(vote) = super::wal::salvage_vote(&aside.join("wal")) {
-                openraft::storage::RaftLogStorage::save_vote(&mut log, &vote)
-                    .await
-                    .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
-            }
+            vote = vote.or_else(|| super::wal::salvage_vote(&aside.join("wal")));
             damage = Some(why);
+        }
+        if let Some(vote) = &vote {
+            openraft::storage::RaftLogStorage::save_vote(&mut log, vote)
+                .await
+                .map_err(|error| RaftStartError::Fatal(error.to_string()))?;
         }
         if let Some(damage) = &damage {
             super::schema::mark_repairing(
@@ -286,7 +292,7 @@ impl RaftBackend {
                 error,
             })?;
         }
-        let repairing = repair::repairing_marker(&options.data_dir).is_some();
+        let repairing = super::schema::is_repairing(&options.data_dir);
         if repairing {
             tracing::warn!(
                 ?voters,
@@ -544,7 +550,7 @@ impl RaftBackend {
                     .await;
                 return Err(StorageError::NoSpace(format!(
                     "the snapshot holds more than the state's quota of {} (--quota-bytes); nothing was restored",
-                    super::disk::bytes(self.sm.quota())
+                    proto::bytes_label(self.sm.quota())
                 )));
             }
             self.run_op(Op::RestoreChunk {
@@ -685,7 +691,7 @@ async fn watch_disk(backend: std::sync::Weak<RaftBackend>) {
             }
             (None, true) => {
                 tracing::info!(
-                    free = %super::disk::bytes(node.disk.free()),
+                    free = %proto::bytes_label(node.disk.free()),
                     "the disk has room again: new writes are taken"
                 );
                 alarmed = false;

@@ -72,10 +72,6 @@ impl DiskSpace {
         self.free.load(Ordering::Relaxed)
     }
 
-    pub fn reserve(&self) -> u64 {
-        self.reserve
-    }
-
     /// Why new writes are refused now, if they are.
     pub fn alarm(&self) -> Option<String> {
         let free = self.free();
@@ -83,8 +79,8 @@ impl DiskSpace {
             format!(
                 "the disk holding {} has {} free, below the reserve of {}: new writes are refused until space is freed (deletes still work; --disk-reserve-bytes sets the reserve)",
                 self.path.display(),
-                bytes(free),
-                bytes(self.reserve)
+                proto::bytes_label(free),
+                proto::bytes_label(self.reserve)
             )
         })
     }
@@ -102,17 +98,9 @@ impl DiskSpace {
         self.stopping.store(true, Ordering::SeqCst);
     }
 
-    /// Runs `attempt` until it does anything but fail for a full disk; while the disk is full,
-    /// waits and tries again (saying so once, naming `what`), until the node stops.
-    pub fn wait_out_full<T>(
-        &self,
-        what: &str,
-        attempt: impl FnMut() -> io::Result<T>,
-    ) -> io::Result<T> {
-        self.wait_out(what, is_no_space, attempt)
-    }
-
-    /// [`Self::wait_out_full`] for any error `full` tells a full disk by.
+    /// Runs `attempt` until it does anything but fail for a full disk (which `full` tells);
+    /// while the disk is full, waits and tries again (saying so once, naming `what`), until the
+    /// node stops.
     pub fn wait_out<T, E: std::fmt::Display>(
         &self,
         what: &str,
@@ -127,7 +115,7 @@ impl DiskSpace {
                     if !said {
                         tracing::error!(
                             path = %self.path.display(),
-                            free = %bytes(free),
+                            free = %proto::bytes_label(free),
                             "the disk is full: {what} waits for space ({error}); nothing acknowledged is lost, and it goes on by itself once space is freed"
                         );
                         said = true;
@@ -146,9 +134,18 @@ impl DiskSpace {
     }
 }
 
-/// A byte count for people (`12.5 MiB`).
-pub fn bytes(count: u64) -> String {
-    proto::bytes_label(count)
+/// [`DiskSpace::wait_out`] on the disk a node watches, or `attempt` once where none is watched
+/// (a store opened on its own, in tests).
+pub fn wait_out<T, E: std::fmt::Display>(
+    disk: Option<&DiskSpace>,
+    what: &str,
+    full: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    match disk {
+        Some(disk) => disk.wait_out(what, full, attempt),
+        None => attempt(),
+    }
 }
 
 #[cfg(test)]
@@ -161,7 +158,7 @@ mod tests {
         let space = DiskSpace::new(dir.path(), 0);
         assert!(space.free() > 0 && space.alarm().is_none());
         let mut tries = 0;
-        let done = space.wait_out_full("a test", || {
+        let done = space.wait_out("a test", is_no_space, || {
             tries += 1;
             if tries < 3 {
                 Err(io::Error::from_raw_os_error(
@@ -172,12 +169,12 @@ mod tests {
             }
         });
         assert_eq!(done.expect("waited out"), 3);
-        let other = space.wait_out_full("a test", || -> io::Result<()> {
+        let other = space.wait_out("a test", is_no_space, || -> io::Result<()> {
             Err(io::Error::other("broken"))
         });
         assert_eq!(other.expect_err("not waited out").to_string(), "broken");
         space.stop();
-        let stopped = space.wait_out_full("a test", || -> io::Result<()> {
+        let stopped = space.wait_out("a test", is_no_space, || -> io::Result<()> {
             Err(io::Error::from_raw_os_error(
                 rustix::io::Errno::NOSPC.raw_os_error(),
             ))
@@ -197,7 +194,7 @@ mod tests {
                 && why.contains("free, below the reserve"),
             "{why}"
         );
-        assert_eq!(bytes(1536), "1.5 KiB");
-        assert_eq!(bytes(12), "12 B");
+        assert_eq!(proto::bytes_label(1536), "1.5 KiB");
+        assert_eq!(proto::bytes_label(12), "12 B");
     }
 }

@@ -183,6 +183,14 @@ impl Flushed {
     }
 }
 
+/// A damaged log that was set aside: what was wrong, and the `raft/damaged-*` directory that
+/// holds it now (its segments under `wal`).
+#[derive(Debug)]
+pub struct SetAside {
+    pub damage: WalError,
+    pub dir: PathBuf,
+}
+
 /// Why the log cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum LogOpenError {
@@ -226,11 +234,12 @@ impl LogStore {
         Self::open_with(data_dir, false, false).map(|(log, _)| log)
     }
 
-    /// Opens the log of `data_dir`; a damaged one is set aside under `raft/damaged-<time>` and
-    /// a new, empty log started in its place. Returns what was damaged, if anything was.
+    /// Opens the log of `data_dir`; a damaged one is set aside under `raft/damaged-*` and a
+    /// new, empty log started in its place. Returns what was damaged and where it went, if
+    /// anything was.
     pub fn open_setting_damage_aside(
         data_dir: &Path,
-    ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
+    ) -> Result<(LogStore, Option<SetAside>), LogOpenError> {
         Self::open_with(data_dir, true, true)
     }
 
@@ -239,7 +248,7 @@ impl LogStore {
         data_dir: &Path,
         set_damage_aside: bool,
         had_a_log: bool,
-    ) -> Result<(LogStore, Option<WalError>), LogOpenError> {
+    ) -> Result<(LogStore, Option<SetAside>), LogOpenError> {
         let dir = data_dir.join(schema::WAL_DIR);
         // The LMDB log environment stays, emptied, as the marker of the directory's format: an
         // older resd opens it first and refuses a format it does not know, naming both.
@@ -274,34 +283,19 @@ impl LogStore {
                     path: data_dir.join(schema::REPAIR_FILE),
                     source,
                 })?;
-                let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
-                let moved = std::fs::create_dir_all(&aside)
-                    .and_then(|()| std::fs::rename(&dir, aside.join("wal")))
-                    .and_then(|()| schema::sync_dir(&data_dir.join("raft")));
-                if let Err(source) = moved {
-                    return Err(WalError::Io {
-                        path: aside,
+                let aside = schema::set_aside(data_dir, &[Path::new(schema::WAL_DIR)]).map_err(
+                    |source| WalError::Io {
+                        path: dir.clone(),
                         source,
-                    }
-                    .into());
-                }
+                    },
+                )?;
                 tracing::warn!(
                     %damage,
                     set_aside = %aside.display(),
                     "the raft log is damaged: it was set aside (delete it once it is no longer needed) and a new one started, to be repaired from the leader"
                 );
-                let (mut wal, mut replayed) = Wal::open(&dir, false)?;
-                // The vote it still holds: a repaired node never grants one it may have
-                // granted before.
-                if let Some(vote) = wal::salvage_vote(&aside.join("wal")) {
-                    let mut records = wal::Batch::default();
-                    let encoded =
-                        encode(&vote).map_err(|error| WalError::Encode(error.to_string()))?;
-                    wal.vote(&mut records, &encoded);
-                    wal.write(records)?;
-                    replayed.vote = Some(vote);
-                }
-                (wal, replayed, Some(damage))
+                let (wal, replayed) = Wal::open(&dir, false)?;
+                (wal, replayed, Some(SetAside { damage, dir: aside }))
             }
             Err(error) => return Err(error.into()),
         };
@@ -449,16 +443,13 @@ impl Writer {
             let started = std::time::Instant::now();
             // Only a new segment needs new blocks (segments are preallocated): a full disk
             // holds the batch, unacknowledged, until space returns.
-            let result = match self.stats.disk.get().cloned() {
-                Some(disk) => disk.wait_out(
-                    "writing the raft log (a new segment)",
-                    |error: &WalError| {
-                        matches!(error, WalError::Io { source, .. } if super::disk::is_no_space(source))
-                    },
-                    || self.write_batch(&batch),
-                ),
-                None => self.write_batch(&batch),
-            };
+            let disk = self.stats.disk.get().cloned();
+            let result = super::disk::wait_out(
+                disk.as_deref(),
+                "writing the raft log (a new segment)",
+                |error: &WalError| matches!(error, WalError::Io { source, .. } if super::disk::is_no_space(source)),
+                || self.write_batch(&batch),
+            );
             #[cfg(test)]
             drop(stalled);
             if let Some(metrics) = self.stats.metrics.get() {

@@ -63,8 +63,8 @@ pub const MEMBERS_FILE: &str = "raft/MEMBERS";
 /// A new directory to set damaged files aside in, for people: `raft/damaged-<unix seconds>`,
 /// with `-2`, `-3`… when that one exists (a second set-aside in the same start, or a restart
 /// within the second).
-pub fn damaged_dir(data_dir: &Path, at: std::time::SystemTime) -> PathBuf {
-    let seconds = at
+fn damaged_dir(data_dir: &Path) -> PathBuf {
+    let seconds = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());
     let base = data_dir.join(format!("raft/damaged-{seconds}"));
@@ -77,17 +77,45 @@ pub fn damaged_dir(data_dir: &Path, at: std::time::SystemTime) -> PathBuf {
     dir
 }
 
-/// Marks the data directory as under repair, durably (written, synced, renamed, the directory
-/// synced), saying why for people: before anything is set aside, so a crash in between never
-/// leaves a node that votes with an empty log.
-pub fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
-    let path = data_dir.join(REPAIR_FILE);
-    let temporary = path.with_extension("tmp");
-    std::fs::write(&temporary, why)?;
-    sync_file(&temporary)?;
-    std::fs::rename(&temporary, &path)?;
-    sync_dir(path.parent().unwrap_or(data_dir))
+/// Moves `parts` (paths under `data_dir`; those that do not exist are skipped) into a new
+/// `raft/damaged-*` directory, each under its own last name, durably; returns that directory.
+/// Damaged files are kept for people, out of the way of the node.
+pub fn set_aside(data_dir: &Path, parts: &[&Path]) -> std::io::Result<PathBuf> {
+    let aside = damaged_dir(data_dir);
+    std::fs::create_dir_all(&aside)?;
+    for part in parts {
+        let from = data_dir.join(part);
+        if let (true, Some(name)) = (from.exists(), part.file_name()) {
+            let parent = from.parent().unwrap_or(data_dir).to_path_buf();
+            std::fs::rename(&from, aside.join(name))?;
+            sync_dir(&parent)?;
+        }
+    }
+    sync_dir(aside.parent().unwrap_or(data_dir))?;
+    Ok(aside)
 }
+
+/// Writes `contents` to `path` so that a crash leaves the old file or the new one, whole: a
+/// temporary file beside it, synced, renamed over it, the directory synced.
+pub fn write_durably(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, contents)?;
+    sync_file(&temporary)?;
+    std::fs::rename(&temporary, path)?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Marks the data directory as under repair, durably, saying why for people: before anything
+/// is set aside, so a crash in between never leaves a node that votes with an empty log.
+pub fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
+    write_durably(&data_dir.join(REPAIR_FILE), why)
+}
+
+/// Whether the data directory is under repair (see `backend::repair`).
+pub fn is_repairing(data_dir: &Path) -> bool {
+    data_dir.join(REPAIR_FILE).exists()
+}
+
 /// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
 /// PID into it: a second process on the same directory would write the same log.
 pub const LOCK_FILE: &str = "LOCK";
@@ -218,14 +246,7 @@ pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String
                 if let Some(parent) = path.parent() {
                     std::fs::create_dir_all(parent)?;
                 }
-                let temporary = path.with_extension("tmp");
-                std::fs::write(&temporary, expected.render())?;
-                sync_file(&temporary)?;
-                std::fs::rename(&temporary, &path)?;
-                if let Some(parent) = path.parent() {
-                    sync_dir(parent)?;
-                }
-                Ok(())
+                write_durably(&path, expected.render())
             };
             write().map_err(|error| {
                 format!(

@@ -270,9 +270,9 @@ impl SmShared {
         }
         Err(StorageError::NoSpace(format!(
             "the state is at its quota: {} of {} used, and this write adds {}; delete resources to make room, or raise --quota-bytes",
-            super::disk::bytes(used),
-            super::disk::bytes(quota),
-            super::disk::bytes(adding as u64)
+            proto::bytes_label(used),
+            proto::bytes_label(quota),
+            proto::bytes_label(adding as u64)
         )))
     }
 
@@ -284,13 +284,12 @@ impl SmShared {
     fn apply_blocking(&self, entries: Vec<Entry>) -> Result<Vec<CommandResult>, RaftStorageError> {
         let need = room_needed(&entries);
         let sm = self.current();
-        match self.disk.get() {
-            Some(disk) => disk.wait_out_full(
-                "applying committed entries (the state machine needs room)",
-                || self.ensure_room(&sm, need),
-            ),
-            None => self.ensure_room(&sm, need),
-        }
+        super::disk::wait_out(
+            self.disk.get().map(|disk| &**disk),
+            "applying committed entries (the state machine needs room)",
+            super::disk::is_no_space,
+            || self.ensure_room(&sm, need),
+        )
         .map_err(sm_write_error)?;
         drop(sm);
         self.apply_locked(entries, lock(&self.events))

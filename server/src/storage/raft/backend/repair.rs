@@ -47,15 +47,10 @@ pub(super) fn known_voters(data_dir: &Path, from_state: Vec<NodeId>) -> BTreeSet
     voters
 }
 
-/// Writes the voters to `raft/MEMBERS` (a temporary file, synced, renamed).
+/// Writes the voters to `raft/MEMBERS`, durably.
 fn write_members(data_dir: &Path, voters: &BTreeSet<NodeId>) -> std::io::Result<()> {
-    let path = data_dir.join(schema::MEMBERS_FILE);
-    let temporary = path.with_extension("tmp");
     let text: Vec<String> = voters.iter().map(|id| id.to_string()).collect();
-    std::fs::write(&temporary, text.join(" ") + "\n")?;
-    schema::sync_file(&temporary)?;
-    std::fs::rename(&temporary, &path)?;
-    schema::sync_dir(path.parent().unwrap_or(data_dir))
+    schema::write_durably(&data_dir.join(schema::MEMBERS_FILE), text.join(" ") + "\n")
 }
 
 /// Keeps `raft/MEMBERS` naming the voters of the membership this node follows, until raft stops.
@@ -96,31 +91,19 @@ pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
     }
 }
 
-/// Sets the log, the state machine and the raft snapshots aside under `raft/damaged-<time>`
-/// (the log's format marker and the node's identity stay), for a repair from the leader.
-/// Returns where they went.
+/// Sets the log, the state machine and the raft snapshots aside under `raft/damaged-*` (the
+/// log's format marker and the node's identity stay), for a repair from the leader, once the
+/// directory is marked as under repair (`why`). Returns where they went.
 pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<PathBuf> {
     schema::mark_repairing(data_dir, why)?;
-    let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now());
-    std::fs::create_dir_all(&aside)?;
-    for (dir, name) in [
-        (schema::WAL_DIR, "wal"),
-        (schema::SM_DIR, "sm"),
-        (schema::SNAPSHOT_DIR, "snapshots"),
-    ] {
-        let from = data_dir.join(dir);
-        let to = aside.join(name);
-        if from.exists() && !to.exists() {
-            std::fs::rename(&from, &to)?;
-        }
-    }
-    schema::sync_dir(&data_dir.join("raft"))?;
-    Ok(aside)
-}
-
-/// Why the directory is under repair, if it is.
-pub(super) fn repairing_marker(data_dir: &Path) -> Option<String> {
-    std::fs::read_to_string(data_dir.join(schema::REPAIR_FILE)).ok()
+    schema::set_aside(
+        data_dir,
+        &[
+            Path::new(schema::WAL_DIR),
+            Path::new(schema::SM_DIR),
+            Path::new(schema::SNAPSHOT_DIR),
+        ],
+    )
 }
 
 impl RaftBackend {

@@ -161,8 +161,8 @@ impl RaftBackend {
         if used.saturating_mul(20) >= quota.saturating_mul(19) {
             alarms.push(format!(
                 "the state holds {} of its quota of {}: writes that would pass it are refused (delete resources, or raise --quota-bytes)",
-                super::super::disk::bytes(used),
-                super::super::disk::bytes(quota)
+                proto::bytes_label(used),
+                proto::bytes_label(quota)
             ));
         }
         alarms

@@ -50,10 +50,24 @@ impl StateMachineStore {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
             Err(error) => return Err(error),
         };
-        let snapshot = load_latest_snapshot(data_dir);
+        let mut snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
         let opened_cleanly = clean || !existing.exists();
         if !clean && existing.exists() {
+            // Rebuilt only from a snapshot that is what it was when it was written (checked
+            // here, where it is used, not at every start: it is read whole).
+            if let Some((_, path)) = &snapshot
+                && let Some(dir) = path.parent()
+                && let Err(what) = schema::check_snapshot_sum(dir)
+            {
+                let aside = schema::set_aside(data_dir, &[dir]);
+                tracing::error!(
+                    snapshot = %dir.display(),
+                    set_aside = ?aside,
+                    "a raft snapshot is damaged ({what}); it is not used"
+                );
+                snapshot = None;
+            }
             // Commits are not synced: after an unclean stop the file may be torn. Start again from
             // the latest snapshot; raft applies the log after it again.
             tracing::warn!(
@@ -104,12 +118,7 @@ impl StateMachineStore {
 
 /// Records the generation in use, durably (write, sync, rename, sync the directory).
 pub(super) fn write_current(data_dir: &Path, generation: u64) -> std::io::Result<()> {
-    let current_file = data_dir.join(schema::SM_CURRENT);
-    let temporary = current_file.with_extension("tmp");
-    std::fs::write(&temporary, generation.to_string())?;
-    schema::sync_file(&temporary)?;
-    std::fs::rename(&temporary, &current_file)?;
-    schema::sync_dir(&data_dir.join(schema::SM_DIR))
+    schema::write_durably(&data_dir.join(schema::SM_CURRENT), generation.to_string())
 }
 
 fn remove_other_generations(data_dir: &Path, keep: u64) {
@@ -136,23 +145,6 @@ fn load_latest_snapshot(data_dir: &Path) -> Option<(SnapshotMeta, PathBuf)> {
             .and_then(|bytes| decode::<SnapshotMeta>(&bytes).ok());
         match meta {
             Some(meta) if dir.join(schema::SNAPSHOT_DATA).exists() => {
-                if let Err(what) = schema::check_snapshot_sum(&dir) {
-                    // Never rebuilt from; kept for people, out of the way.
-                    let aside = schema::damaged_dir(data_dir, std::time::SystemTime::now())
-                        .join("snapshots")
-                        .join(entry.file_name());
-                    let moved = aside
-                        .parent()
-                        .map_or(Ok(()), std::fs::create_dir_all)
-                        .and_then(|()| std::fs::rename(&dir, &aside));
-                    tracing::error!(
-                        snapshot = %dir.display(),
-                        set_aside = %aside.display(),
-                        moved = moved.is_ok(),
-                        "a raft snapshot is damaged ({what}); it is not used"
-                    );
-                    continue;
-                }
                 if best
                     .as_ref()
                     .is_none_or(|(b, _)| b.last_log_id < meta.last_log_id)

@@ -32,14 +32,12 @@ impl SmShared {
                 .copy_to_path(&target, CompactionOption::Enabled)
                 .map(drop)
         };
-        match self.disk.get() {
-            Some(disk) => disk.wait_out(
-                "building a raft snapshot",
-                super::super::disk::is_lmdb_no_space,
-                copy,
-            ),
-            None => copy(),
-        }
+        super::super::disk::wait_out(
+            self.disk.get().map(|disk| &**disk),
+            "building a raft snapshot",
+            super::super::disk::is_lmdb_no_space,
+            copy,
+        )
         .map_err(snapshot_error)?;
         // The copy is consistent on its own: read what it holds, not what the live state holds now.
         let (last_applied, membership) = {
