@@ -85,19 +85,19 @@ async fn metrics(State(state): State<HttpState>, headers: http::HeaderMap) -> Re
 async fn readyz(State(state): State<HttpState>) -> Response {
     match state.raft.as_ref().map(|raft| raft.serving()) {
         None => (StatusCode::OK, "ready\n").into_response(),
-        // Reads are served; what is refused (new writes under the disk's reserve) is an alarm,
-        // said here too, not a reason to send readers elsewhere.
+        // Reads are served; what is refused (new writes under the disk's reserve or past the
+        // quota) is an alarm, said here too, not a reason to send readers elsewhere. This page
+        // needs no token: it counts the alarms, and `Status` (operator read) says what they are
+        // (they name paths and sizes).
         Some(Ok(())) => {
-            let alarms = state
-                .raft
-                .as_ref()
-                .map(|raft| raft.alarms())
-                .unwrap_or_default();
-            let body = std::iter::once("ready".to_owned())
-                .chain(alarms.into_iter().map(|alarm| format!("alarm: {alarm}")))
-                .collect::<Vec<_>>()
-                .join("\n");
-            (StatusCode::OK, body + "\n").into_response()
+            let alarms = state.raft.as_ref().map_or(0, |raft| raft.alarms().len());
+            let body = match alarms {
+                0 => "ready\n".to_owned(),
+                n => format!(
+                    "ready; {n} alarm(s): some writes are refused (`resctl cluster status` says why)\n"
+                ),
+            };
+            (StatusCode::OK, body).into_response()
         }
         Some(Err(why)) => (
             StatusCode::SERVICE_UNAVAILABLE,

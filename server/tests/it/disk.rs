@@ -613,10 +613,22 @@ async fn a_disk_under_its_reserve_refuses_new_writes_and_resumes_by_itself() {
     let Some(disk) = SmallDisk::mount(128) else {
         return;
     };
-    let node = node_on(disk.path(), &["--disk-reserve-bytes", "16777216"]);
+    let http = format!("127.0.0.1:{}", crate::process::free_port());
+    let node = node_on(
+        disk.path(),
+        &["--disk-reserve-bytes", "16777216", "--http-addr", &http],
+    );
     write_artists(&node, 20).await;
     let filler = disk.fill(4 << 20);
     let (refused, landed) = until_refused_for_room(&node, "while-full").await;
+    // Load balancers keep sending reads; the open page counts the alarm without naming paths.
+    let (code, body) = node.http_get("/readyz").expect("/readyz answers");
+    assert!(
+        code == 200
+            && body.contains("1 alarm(s)")
+            && !body.contains(&disk.path().display().to_string()),
+        "{code} {body}"
+    );
     assert!(
         refused
             .message()

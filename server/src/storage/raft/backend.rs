@@ -543,11 +543,14 @@ impl RaftBackend {
             staged += chunk.iter().map(prost::Message::encoded_len).sum::<usize>();
             if staged as u64 > self.sm.quota() {
                 // A new begin clears what this restore staged, so it counts against nothing.
-                let _ = self
+                if let Err(error) = self
                     .run_op(Op::RestoreBegin {
                         restore_id: ulid::Ulid::new().to_string(),
                     })
-                    .await;
+                    .await
+                {
+                    tracing::warn!(%error, "cannot clear a refused restore's staging; the next restore clears it");
+                }
                 return Err(StorageError::NoSpace(format!(
                     "the snapshot holds more than the state's quota of {} (--quota-bytes); nothing was restored",
                     proto::bytes_label(self.sm.quota())
