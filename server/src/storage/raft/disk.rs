@@ -7,7 +7,7 @@
 //! what does need them — a new segment, more room for the state machine, a snapshot — waits,
 //! saying so once, and goes on when space returns. Meanwhile the node refuses new writes
 //! (`StorageError::NoSpace`, RESOURCE_EXHAUSTED) while the free space is under the reserve, and
-//! says so in `Status`, `/readyz`, `resd_disk_free_bytes` and the dashboard.
+//! says so in `Status`, `resd_disk_free_bytes` and the dashboard (`/readyz` counts the alarms).
 
 use std::io;
 use std::path::{Path, PathBuf};
