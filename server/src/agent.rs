@@ -206,6 +206,15 @@ pub enum AgentError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Locked(#[from] LockError),
+    /// The node stopped itself: its state machine was found damaged. A restart rebuilds it
+    /// from the latest snapshot and the raft log (or from the leader).
+    #[error(
+        "stopped: the state machine was found damaged ({0}); start resd again to rebuild it from the latest snapshot and the raft log"
+    )]
+    Damaged(String),
+    /// The node stopped itself: raft stopped on an error it cannot go on from.
+    #[error("stopped: raft stopped on this node ({0}); start resd again")]
+    Halted(String),
 }
 
 impl AgentError {
@@ -479,7 +488,12 @@ impl Agent {
             None => (None, standalone),
         };
         metrics.sample_with(sampler(raft.clone(), controllers.clone()));
+        let stopped_by = Arc::new(std::sync::Mutex::new(None));
         if let Some(raft) = &raft {
+            tasks.push(tokio::spawn(
+                stop_when_raft_cannot_go_on(raft.clone(), stopped_by.clone(), shutdown.clone())
+                    .in_current_span(),
+            ));
             tasks.push(tokio::spawn(
                 log_cluster_changes(raft.clone(), metrics.clone(), shutdown.clone())
                     .in_current_span(),
@@ -547,8 +561,38 @@ impl Agent {
             );
         }
         served?;
-        Ok(())
+        let stopped = stopped_by.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match stopped {
+            Some(stopped) => Err(stopped),
+            None => Ok(()),
+        }
     }
+}
+
+/// Stops the node when it can serve nothing more until it restarts: its state machine was found
+/// damaged (a restart rebuilds it), or raft stopped on a fatal error. Serving on would answer
+/// every client UNAVAILABLE for good, and a process that stays up is never restarted by its
+/// supervisor.
+async fn stop_when_raft_cannot_go_on(
+    raft: Arc<RaftBackend>,
+    stopped_by: Arc<std::sync::Mutex<Option<AgentError>>>,
+    shutdown: CancellationToken,
+) {
+    let error = tokio::select! {
+        () = shutdown.cancelled() => return,
+        why = raft.damaged() => AgentError::Damaged(why),
+        halted = raft.halted() => match halted {
+            // Damage found by apply stops raft too: say what it was.
+            Some(why) => match raft.damage_found() {
+                Some(damage) => AgentError::Damaged(damage),
+                None => AgentError::Halted(why),
+            },
+            None => return,
+        },
+    };
+    tracing::error!(%error, "stopping this node");
+    *stopped_by.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+    shutdown.cancel();
 }
 
 /// How long stopping raft (the last log writes, syncing the state machine) may take at

@@ -258,7 +258,9 @@ struct DevArgs {
 }
 
 fn main() -> ExitCode {
+    let started = std::time::Instant::now();
     let cli = Cli::parse();
+    let is_agent = matches!(cli.command, Command::Agent(_));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
     match cli.log_format.unwrap_or(LogFormat::Text) {
@@ -303,6 +305,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("resd: {error:#}");
+            if is_agent
+                && error
+                    .downcast_ref::<AgentError>()
+                    .is_some_and(|error| matches!(error, AgentError::Damaged(_)))
+            {
+                return restart_to_rebuild(started.elapsed());
+            }
             // Like a bad flag: the node could not start as configured (exit 2).
             if error
                 .downcast_ref::<AgentError>()
@@ -314,6 +323,48 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Restarts in a row (each within [`REBUILD_WINDOW`] of the one before) after which a node whose
+/// state keeps being found damaged gives up and exits 3: the disk under it is failing.
+const REBUILD_RESTARTS: u32 = 3;
+const REBUILD_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+/// Counts the restarts in a row across `exec`.
+const REBUILD_RESTARTS_ENV: &str = "RESD_REBUILD_RESTARTS";
+
+/// Starts this program again in its place (the same process id, arguments and environment),
+/// which rebuilds the damaged state machine at start: no supervisor is needed to get the node
+/// back. Returns (exit 3) only when it cannot, or gave up.
+fn restart_to_rebuild(ran: std::time::Duration) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let before = if ran < REBUILD_WINDOW {
+        std::env::var(REBUILD_RESTARTS_ENV)
+            .ok()
+            .and_then(|count| count.parse::<u32>().ok())
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    if before >= REBUILD_RESTARTS {
+        eprintln!(
+            "resd: the state was found damaged {before} times in a row after rebuilding it: the disk under the data directory is failing; not restarting again (exit 3). Check the disk (dmesg, smartctl), then start resd again."
+        );
+        return ExitCode::from(3);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(error) => {
+            eprintln!("resd: cannot restart to rebuild the state ({error}); start resd again");
+            return ExitCode::from(3);
+        }
+    };
+    eprintln!("resd: restarting to rebuild the state machine");
+    let error = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(REBUILD_RESTARTS_ENV, (before + 1).to_string())
+        .exec();
+    eprintln!("resd: cannot restart to rebuild the state ({error}); start resd again");
+    ExitCode::from(3)
 }
 
 #[allow(clippy::print_stdout)]

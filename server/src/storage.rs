@@ -194,6 +194,10 @@ pub enum StorageError {
     /// allows, a resource over the size limit); nothing changed.
     #[error("{0}")]
     Rejected(String),
+    /// This node found its stored state damaged (a record failed its checksum): it serves
+    /// nothing more from it and restarts to rebuild it. Another member can answer.
+    #[error("{0}")]
+    Damaged(String),
     #[error("storage failure: {0}")]
     Internal(String),
 }

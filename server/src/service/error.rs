@@ -77,6 +77,9 @@ impl Error {
                 "this node is {why}; retry shortly or ask another member"
             )),
             StorageError::Removed(why) => Error::FailedPrecondition(why),
+            StorageError::Damaged(why) => Error::Unavailable(format!(
+                "{why}; retry shortly or ask another member"
+            )),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

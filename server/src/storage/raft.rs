@@ -6,7 +6,7 @@
 //!   the Forward RPC, storage errors on the wire);
 //! - [`types`]: the openraft type configuration and the values it carries;
 //! - [`schema`]: every LMDB environment, database name, key encoding, file name and the on-disk
-//!   format version;
+//!   format version; [`sealed`]: the checksum every state machine value carries;
 //! - [`log_store`]: the Raft log, with group commit;
 //! - [`state_machine`]: apply, recovery, raft snapshots, operator export, local reads;
 //! - [`network`]: the internal gRPC service between nodes (client and server sides);
@@ -23,6 +23,7 @@ pub mod log_store;
 pub mod network;
 pub mod op;
 pub mod schema;
+pub mod sealed;
 pub mod state_machine;
 pub mod types;
 pub mod wal;

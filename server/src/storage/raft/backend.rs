@@ -388,6 +388,10 @@ impl RaftBackend {
             me: me.clone(),
         });
         tokio::spawn(watch_disk(Arc::downgrade(&backend)));
+        tokio::spawn(readiness::watch_damage(
+            Arc::downgrade(&backend),
+            backend.sm.damage(),
+        ));
         tokio::spawn(readiness::watch_lag(
             Arc::downgrade(&backend),
             options.max_lag_entries.max(1),

@@ -11,14 +11,15 @@
 //!   meta               "format" | "vote" | "last_purged" -> encoded value;
 //!                      "wal" -> [1] once raft/wal holds the log (it must, from then on)
 //! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
-//!   resources          storage key -> encoded Resource
+//!   resources          storage key -> sealed encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
-//!   meta               "format" | "last_applied" | "membership" | "restore_id" -> encoded value
-//!   restore            storage key -> encoded Resource (staging area of an operator restore)
-//!   requests           request id (16 bytes) -> remembered outcome (exactly-once changes)
+//!   meta               "format" -> u32; "last_applied" | "membership" | "restore_id" -> sealed
+//!   restore            storage key -> sealed encoded Resource (staging area of a restore)
+//!   requests           request id (16 bytes) -> sealed remembered outcome (exactly-once changes)
 //!   request_order      applied index, position (big-endian) -> request id (oldest forgotten first)
 //! raft/sm/CURRENT      the generation in use
 //! raft/sm/CLEAN        marker: the last shutdown synced the state machine
+//! raft/sm/DAMAGED      marker: a record failed its checksum; rebuild at the next start
 //! raft/restore-spool/  operator snapshots being uploaded and checked (temporary files)
 //! raft/snapshots/<id>/ a raft snapshot: data.mdb (a compacted state machine) and meta
 //! raft/snapshots/building-<pid>-<n>/, incoming-<pid>-<n>/   snapshots being built or received
@@ -48,6 +49,9 @@ pub const SM_CURRENT: &str = "raft/sm/CURRENT";
 /// Present only while the state machine is known to be fully on disk (written at a clean
 /// shutdown, removed at start).
 pub const SM_CLEAN: &str = "raft/sm/CLEAN";
+/// Marker: the state machine was found damaged while running (what and where); the next start
+/// rebuilds it whatever else it finds.
+pub const SM_DAMAGED: &str = "raft/sm/DAMAGED";
 pub const SNAPSHOT_DIR: &str = "raft/snapshots";
 /// Uploaded operator snapshots, while they are checked (temporary files).
 pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
@@ -264,7 +268,8 @@ pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String
 /// environment of an older format records this one in it, so an older build refuses it.
 ///
 /// 2: the raft log moved from LMDB (`raft/log`) to the write-ahead log (`raft/wal`).
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: every state machine value is sealed with a checksum of its key and bytes (`sealed`).
+pub const FORMAT_VERSION: u32 = 3;
 
 pub const META_FORMAT: &str = "format";
 pub const META_VOTE: &str = "vote";
@@ -411,11 +416,14 @@ pub struct FormatError {
     pub supported: u32,
 }
 
-/// Checks (and on a new environment records) the format version of an environment.
+/// Checks (and on a new environment records) the format version of an environment. An
+/// environment of an older format is brought up to this one by `upgrade` (given the format
+/// found), in the transaction that records the new format.
 fn check_format(
     env: &LmdbEnv,
     meta: Database<'static, Str, Bytes>,
     dir: &Path,
+    upgrade: impl FnOnce(&mut heed::RwTxn<'_>, u32) -> heed::Result<()>,
 ) -> heed::Result<()> {
     let mut wtxn = env.write_txn()?;
     let found = match meta.get(&wtxn, META_FORMAT)? {
@@ -437,6 +445,7 @@ fn check_format(
         })));
     }
     if found < FORMAT_VERSION {
+        upgrade(&mut wtxn, found)?;
         meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
     }
     wtxn.commit()
@@ -479,7 +488,8 @@ pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
         .commit();
     let (entries, meta) = dbs
         .ok_or_else(|| heed::Error::Io(std::io::Error::other("log databases were not created")))?;
-    check_format(&env, meta, &data_dir.join(LOG_DIR))?;
+    // The log's environment is only a marker now: nothing in it is sealed.
+    check_format(&env, meta, &data_dir.join(LOG_DIR), |_, _| Ok(()))?;
     Ok((env, LogDbs { entries, meta }))
 }
 
@@ -522,7 +532,21 @@ pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
             "state machine databases were not created",
         ))
     })?;
-    check_format(&env, meta, dir)?;
+    check_format(&env, meta, dir, |wtxn, found| {
+        if found < 3 {
+            let mut sealed = 0;
+            for db in [resources, restore, requests] {
+                sealed += super::sealed::seal_database(db, wtxn, &[])?;
+            }
+            sealed += super::sealed::seal_database(
+                meta.remap_key_type::<Bytes>(),
+                wtxn,
+                &[META_FORMAT.as_bytes()],
+            )?;
+            tracing::info!(dir = %dir.display(), sealed, "sealed the state machine's records with checksums (format {found} -> 3)");
+        }
+        Ok(())
+    })?;
     Ok((
         env,
         SmDbs {

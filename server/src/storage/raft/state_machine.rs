@@ -20,6 +20,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::op::{Op, Outcome};
 use super::schema::{self, LmdbEnv, SmDbs};
+use super::sealed::{self, RecordDamage};
 use super::types::{
     CommandResult, Entry, LogId, RaftStorageError, Snapshot, SnapshotFile, SnapshotMeta,
     StoredMembership, TypeConfig, decode, encode,
@@ -81,6 +82,9 @@ pub struct SmShared {
     used_bytes: AtomicU64,
     /// What `used_bytes` may reach (`--quota-bytes`): new writes past it are refused.
     quota: AtomicU64,
+    /// The first damage found in the state (a record that failed its seal): the node serves
+    /// nothing more from it and restarts to rebuild it.
+    damage: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -121,6 +125,29 @@ fn decode_resource(bytes: &[u8]) -> Result<Resource, StorageError> {
     Resource::decode(bytes).map_err(storage_internal)
 }
 
+/// The sealed value `key` holds in `db`, once its seal matches; what a damaged seal is, for the
+/// caller to report (see [`SmShared::found_damage`]).
+fn get_sealed<'t>(
+    db: heed::Database<heed::types::Bytes, heed::types::Bytes>,
+    txn: &'t heed::RoTxn<'_, heed::WithoutTls>,
+    key: &[u8],
+) -> heed::Result<Option<&'t [u8]>> {
+    match db.get(txn, key)? {
+        Some(stored) => sealed::open(key, stored)
+            .map(Some)
+            .map_err(|damage| heed::Error::Io(std::io::Error::other(damage))),
+        None => Ok(None),
+    }
+}
+
+/// The damage a storage error carries, if it is a record that failed its seal.
+fn damage_of(error: &heed::Error) -> Option<&RecordDamage> {
+    match error {
+        heed::Error::Io(error) => error.get_ref()?.downcast_ref::<RecordDamage>(),
+        _ => None,
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -150,6 +177,10 @@ impl SmShared {
     pub fn close_cleanly(&self) -> std::io::Result<()> {
         let _log = lock(&self.events);
         self.closed.store(true, Ordering::SeqCst);
+        if self.damage.borrow().is_some() {
+            // Not clean: the next start rebuilds it (the DAMAGED marker says so too).
+            return Ok(());
+        }
         let current = self.current();
         current.env.force_sync().map_err(io)?;
         // What the file is now: the next start uses it only if it still is.
@@ -166,6 +197,48 @@ impl SmShared {
     /// Whether the state at open was what this node had applied before it stopped.
     pub fn opened_cleanly(&self) -> bool {
         self.opened_cleanly
+    }
+
+    /// Records that the state is damaged (the first time: logged, and the `DAMAGED` marker
+    /// written so the next start rebuilds it whatever happens before), and the error a client
+    /// gets instead of an answer from it.
+    fn found_damage(&self, damage: &RecordDamage) -> StorageError {
+        let sm = self.current();
+        let file =
+            schema::sm_generation_dir(&self.data_dir, sm.generation).join(schema::SNAPSHOT_DATA);
+        let why = format!("{damage}, in {}", file.display());
+        let first = self.damage.send_if_modified(|found| {
+            found
+                .is_none()
+                .then(|| *found = Some(why.clone()))
+                .is_some()
+        });
+        if first {
+            tracing::error!(
+                %why,
+                "the state machine is damaged: this node stops serving and restarts to rebuild it from the latest snapshot and the raft log"
+            );
+            if let Err(error) = schema::write_durably(&self.data_dir.join(schema::SM_DAMAGED), &why)
+            {
+                tracing::error!(%error, "cannot record the damage (the next start rebuilds the state anyway: it was not stopped cleanly)");
+            }
+        }
+        StorageError::Damaged(
+            "this node found its stored state damaged and restarts to rebuild it".into(),
+        )
+    }
+
+    /// `heed`'s error as a client's: damage as [`StorageError::Damaged`], else internal.
+    fn read_failed(&self, error: heed::Error) -> StorageError {
+        match damage_of(&error) {
+            Some(damage) => self.found_damage(damage),
+            None => storage_internal(error),
+        }
+    }
+
+    /// The damage found in the state, once there is some (see [`Self::found_damage`]).
+    pub fn damage(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.damage.subscribe()
     }
 
     /// The last applied log index (0 before anything was applied).
@@ -405,9 +478,7 @@ impl SmShared {
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership);
                     let bytes = encode(&stored).map_err(sm_write_error)?;
-                    sm.dbs
-                        .meta
-                        .put(&mut wtxn, schema::META_MEMBERSHIP, &bytes)
+                    put_meta(&sm.dbs, &mut wtxn, schema::META_MEMBERSHIP, &bytes)
                         .map_err(sm_write_error)?;
                     Outcome::default()
                 }
@@ -418,16 +489,21 @@ impl SmShared {
                         metrics.batch_entries.observe(changes as f64);
                     }
                     apply::apply_op(&sm.dbs, &mut wtxn, index, command.into_op(), &mut published)
-                        .map_err(sm_write_error)?
+                        .map_err(|error| {
+                            // Apply must not decide anything from damaged bytes (the other
+                            // nodes would decide otherwise): raft stops here, and the node
+                            // restarts to rebuild its state.
+                            if let Some(damage) = damage_of(&error) {
+                                self.found_damage(damage);
+                            }
+                            sm_write_error(error)
+                        })?
                 }
             };
             results.push(result);
         }
         let bytes = encode(&Some(last)).map_err(sm_write_error)?;
-        sm.dbs
-            .meta
-            .put(&mut wtxn, schema::META_LAST_APPLIED, &bytes)
-            .map_err(sm_write_error)?;
+        put_meta(&sm.dbs, &mut wtxn, schema::META_LAST_APPLIED, &bytes).map_err(sm_write_error)?;
         let used = schema::state_bytes(&sm.env, &sm.dbs, &wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
         self.used_bytes.store(used, Ordering::Relaxed);
@@ -470,12 +546,7 @@ impl SmShared {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
         let key = schema::resource_key(&StorageKey::of(id));
-        match sm
-            .dbs
-            .resources
-            .get(&rtxn, &key)
-            .map_err(storage_internal)?
-        {
+        match get_sealed(sm.dbs.resources, &rtxn, &key).map_err(|e| self.read_failed(e))? {
             Some(bytes) => found(bytes),
             None => Err(StorageError::NotFound),
         }
@@ -489,7 +560,7 @@ impl SmShared {
     ) -> Result<Vec<Resource>, StorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        scan(&sm, &rtxn, resource_type, tenancy, name_prefix)
+        scan(&sm, &rtxn, resource_type, tenancy, name_prefix).map_err(|e| self.read_failed(e))
     }
 
     /// [`Self::list`] as stored: each resource's encoding, not decoded, handed to `sink`
@@ -506,6 +577,7 @@ impl SmShared {
         scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
             Ok(sink.take(bytes))
         })
+        .map_err(|e| self.read_failed(e))
     }
 
     pub fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
@@ -524,11 +596,8 @@ impl SmShared {
         {
             let (key, ()) = item.map_err(storage_internal)?;
             let child_key = &key[prefix.len()..];
-            if let Some(bytes) = sm
-                .dbs
-                .resources
-                .get(&rtxn, child_key)
-                .map_err(storage_internal)?
+            if let Some(bytes) =
+                get_sealed(sm.dbs.resources, &rtxn, child_key).map_err(|e| self.read_failed(e))?
             {
                 let child = decode_resource(bytes)?;
                 if child
@@ -553,9 +622,10 @@ impl SmShared {
         let log = lock(&self.events);
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let current = applied_index(&sm.dbs, &rtxn).map_err(storage_internal)?;
+        let current = applied_index(&sm.dbs, &rtxn).map_err(|e| self.read_failed(e))?;
         let snapshot = match since {
-            None => scan(&sm, &rtxn, resource_type, tenancy, name_prefix)?,
+            None => scan(&sm, &rtxn, resource_type, tenancy, name_prefix)
+                .map_err(|e| self.read_failed(e))?,
             Some(_) => Vec::new(),
         };
         log.watch(
@@ -580,32 +650,44 @@ fn room_needed(entries: &[Entry]) -> u64 {
     2 * carried as u64 + (1 << 20)
 }
 
+/// Stores a sealed value in the state machine's meta database.
+fn put_meta(dbs: &SmDbs, wtxn: &mut heed::RwTxn<'_>, key: &str, value: &[u8]) -> heed::Result<()> {
+    dbs.meta
+        .put(wtxn, key, &sealed::seal(key.as_bytes(), value))
+}
+
+/// A sealed value of the state machine's meta database.
+fn get_meta<'t>(
+    dbs: &SmDbs,
+    txn: &'t heed::RoTxn<'_, heed::WithoutTls>,
+    key: &str,
+) -> heed::Result<Option<&'t [u8]>> {
+    get_sealed(
+        dbs.meta.remap_key_type::<heed::types::Bytes>(),
+        txn,
+        key.as_bytes(),
+    )
+}
+
 /// The last applied log id and the membership a state machine environment records.
 fn read_applied(
     dbs: &SmDbs,
     rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
-) -> Result<(Option<LogId>, StoredMembership), String> {
-    let last_applied = match dbs
-        .meta
-        .get(rtxn, schema::META_LAST_APPLIED)
-        .map_err(|e| e.to_string())?
-    {
-        Some(bytes) => decode(bytes).map_err(|e| e.to_string())?,
+) -> heed::Result<(Option<LogId>, StoredMembership)> {
+    let undecodable = |error| heed::Error::Io(std::io::Error::other(error));
+    let last_applied = match get_meta(dbs, rtxn, schema::META_LAST_APPLIED)? {
+        Some(bytes) => decode(bytes).map_err(undecodable)?,
         None => None,
     };
-    let membership = match dbs
-        .meta
-        .get(rtxn, schema::META_MEMBERSHIP)
-        .map_err(|e| e.to_string())?
-    {
-        Some(bytes) => decode(bytes).map_err(|e| e.to_string())?,
+    let membership = match get_meta(dbs, rtxn, schema::META_MEMBERSHIP)? {
+        Some(bytes) => decode(bytes).map_err(undecodable)?,
         None => StoredMembership::default(),
     };
     Ok((last_applied, membership))
 }
 
 /// The index of the last applied entry (0 before any).
-fn applied_index(dbs: &SmDbs, rtxn: &heed::RoTxn<'_, heed::WithoutTls>) -> Result<u64, String> {
+fn applied_index(dbs: &SmDbs, rtxn: &heed::RoTxn<'_, heed::WithoutTls>) -> heed::Result<u64> {
     Ok(read_applied(dbs, rtxn)?
         .0
         .map(|log_id| log_id.index)
@@ -618,10 +700,12 @@ fn scan(
     resource_type: &UnversionedType,
     tenancy: &Tenancy,
     name_prefix: &str,
-) -> Result<Vec<Resource>, StorageError> {
+) -> heed::Result<Vec<Resource>> {
     let mut found = Vec::new();
     scan_with(sm, rtxn, resource_type, tenancy, name_prefix, |bytes| {
-        found.push(decode_resource(bytes)?);
+        let resource = Resource::decode(bytes)
+            .map_err(|error| heed::Error::Io(std::io::Error::other(error)))?;
+        found.push(resource);
         Ok(ControlFlow::Continue(()))
     })?;
     Ok(found)
@@ -635,8 +719,8 @@ fn scan_with(
     resource_type: &UnversionedType,
     tenancy: &Tenancy,
     name_prefix: &str,
-    mut each: impl FnMut(&[u8]) -> Result<ControlFlow<()>, StorageError>,
-) -> Result<(), StorageError> {
+    mut each: impl FnMut(&[u8]) -> heed::Result<ControlFlow<()>>,
+) -> heed::Result<()> {
     let prefix = schema::resource_scan_prefix(
         &resource_type.group,
         &resource_type.kind,
@@ -649,19 +733,16 @@ fn scan_with(
     let wildcard = resource::WILDCARD;
     let covered = (tenancy.partition != wildcard && tenancy.namespace != wildcard)
         || (name_prefix.is_empty() && tenancy.namespace == wildcard);
-    for item in sm
-        .dbs
-        .resources
-        .prefix_iter(rtxn, &prefix)
-        .map_err(storage_internal)?
-    {
-        let (key, bytes) = item.map_err(storage_internal)?;
+    for item in sm.dbs.resources.prefix_iter(rtxn, &prefix)? {
+        let (key, stored) = item?;
         if !covered
             && !schema::parse_resource_key(key)
                 .is_some_and(|key| key.matches(resource_type, tenancy, name_prefix))
         {
             continue;
         }
+        let bytes = sealed::open(key, stored)
+            .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
         if each(bytes)?.is_break() {
             break;
         }
@@ -720,11 +801,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
-        Ok(lock(&self.shared.snapshot)
-            .clone()
-            .map(|(meta, path)| Snapshot {
+        let current = lock(&self.shared.snapshot).clone();
+        match current {
+            // Set aside since (found damaged as it was sent): a new one, of the state now.
+            Some((_, path)) if !path.exists() => {
+                let shared = self.shared.clone();
+                tokio::task::spawn_blocking(move || shared.build_snapshot_blocking())
+                    .await
+                    .map_err(snapshot_error)?
+                    .map(Some)
+            }
+            current => Ok(current.map(|(meta, path)| Snapshot {
                 meta,
                 snapshot: Box::new(SnapshotFile { path }),
-            }))
+            })),
+        }
     }
 }

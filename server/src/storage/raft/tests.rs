@@ -653,6 +653,174 @@ mod restart {
             "no snapshot existed, so the rebuild starts empty"
         );
     }
+
+    fn needle_entry(index: u64, name: &str, needle: &str) -> Entry {
+        let fixture = crate::storage::conformance::Fixture::new();
+        let mut resource = fixture.artist(name);
+        resource.metadata.insert("mark".into(), needle.into());
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(Command::new(super::super::op::Op::Changes(
+                vec![super::super::op::Tagged::by_test(
+                    super::super::op::Change::Write(
+                        std::sync::Arc::new(resource),
+                        crate::storage::WriteCondition::Version,
+                    ),
+                )],
+            ))),
+        }
+    }
+
+    /// Flips one byte of every copy of `needle` in the state machine's current file (old copies
+    /// of a page may linger in free pages).
+    fn flip_needle(data_dir: &std::path::Path, needle: &str) -> usize {
+        use std::os::unix::fs::FileExt;
+        let generation = std::fs::read_to_string(data_dir.join("raft/sm/CURRENT"))
+            .map_or(0, |text| text.trim().parse::<u64>().expect("generation"));
+        let path = super::super::schema::sm_generation_dir(data_dir, generation).join("data.mdb");
+        let bytes = std::fs::read(&path).expect("read");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let mut flipped = 0;
+        for at in 0..bytes.len().saturating_sub(needle.len()) {
+            if &bytes[at..at + needle.len()] == needle.as_bytes() {
+                file.write_all_at(&[bytes[at + 3] ^ 0x20], (at + 3) as u64)
+                    .expect("flip");
+                flipped += 1;
+            }
+        }
+        flipped
+    }
+
+    /// A record damaged under a running state machine: the read that meets it is `Damaged`
+    /// (never the damaged bytes, never INTERNAL), so is an apply that must read it (apply stops:
+    /// the other nodes decide from their own state), the damage is recorded durably, the stop
+    /// is not clean, and the next open rebuilds the state from the snapshot.
+    #[tokio::test]
+    async fn a_record_damaged_under_a_running_state_machine_is_refused_and_rebuilt_at_open() {
+        use crate::storage::StorageError;
+
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let mut sm = StateMachineStore::open(dir.path(), Default::default()).expect("open");
+            sm.apply(vec![write_entry(1, "in-snapshot")])
+                .await
+                .expect("apply");
+            sm.get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .expect("snapshot");
+            sm.apply(vec![needle_entry(2, "needle", "NEEDLE-0123456789")])
+                .await
+                .expect("apply");
+            let mut id = crate::storage::conformance::Fixture::new()
+                .artist("needle")
+                .id
+                .expect("id");
+            id.uid.clear();
+            assert_eq!(
+                sm.shared.read(&id).expect("read").metadata["mark"],
+                "NEEDLE-0123456789"
+            );
+            assert!(flip_needle(dir.path(), "NEEDLE-0123456789") >= 1);
+
+            let read = sm.shared.read(&id);
+            assert!(matches!(read, Err(StorageError::Damaged(_))), "{read:?}");
+            let fixture = crate::storage::conformance::Fixture::new();
+            let list = sm
+                .shared
+                .list(&fixture.artist_type(), &fixture.wildcard(), "");
+            assert!(matches!(list, Err(StorageError::Damaged(_))), "{list:?}");
+            let found = sm
+                .shared
+                .damage()
+                .borrow()
+                .clone()
+                .expect("damage recorded");
+            assert!(
+                found.contains("/Artist/")
+                    && found.contains("needle")
+                    && found.contains("data.mdb"),
+                "{found}"
+            );
+            let marker = std::fs::read_to_string(dir.path().join("raft/sm/DAMAGED"))
+                .expect("the damage is recorded on disk");
+            assert!(marker.contains("needle"), "{marker}");
+            // Apply that must read the damaged record stops instead of deciding from it.
+            assert!(
+                sm.apply(vec![needle_entry(3, "needle", "NEEDLE-again")])
+                    .await
+                    .is_err()
+            );
+            sm.shared.close_cleanly().expect("close");
+            assert!(
+                !dir.path().join("raft/sm/CLEAN").exists(),
+                "a damaged state is never marked clean"
+            );
+        }
+        let mut reopened = StateMachineStore::open(dir.path(), Default::default()).expect("reopen");
+        assert_eq!(
+            names(&reopened),
+            ["in-snapshot"],
+            "rebuilt from the snapshot"
+        );
+        let (applied, _) = reopened.applied_state().await.expect("applied");
+        assert_eq!(
+            applied.map(|l| l.index),
+            Some(1),
+            "raft applies the rest again"
+        );
+        assert!(!dir.path().join("raft/sm/DAMAGED").exists(), "consumed");
+        assert!(reopened.shared.damage().borrow().is_none());
+    }
+
+    /// A state machine written before values were sealed (format 2) is sealed when it is first
+    /// opened, and reads as it did.
+    #[tokio::test]
+    async fn a_state_machine_of_format_2_is_sealed_when_opened() {
+        use super::super::schema;
+
+        let dir = tempfile::tempdir().expect("dir");
+        let generation = schema::sm_generation_dir(dir.path(), 0);
+        let fixture = crate::storage::conformance::Fixture::new();
+        {
+            let (env, dbs) = schema::open_sm(&generation).expect("open");
+            let mut wtxn = env.write_txn().expect("txn");
+            for name in ["a", "b"] {
+                let resource = fixture.artist(name);
+                let key = schema::resource_key(&crate::storage::StorageKey::of(
+                    resource.id.as_ref().expect("id"),
+                ));
+                dbs.resources
+                    .put(&mut wtxn, &key, &prost::Message::encode_to_vec(&resource))
+                    .expect("put");
+            }
+            let applied = super::super::types::encode(&Some(LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                2,
+            )))
+            .expect("encode");
+            dbs.meta
+                .put(&mut wtxn, schema::META_LAST_APPLIED, &applied)
+                .expect("put");
+            dbs.meta
+                .put(&mut wtxn, schema::META_FORMAT, &2u32.to_be_bytes())
+                .expect("put");
+            wtxn.commit().expect("commit");
+            env.force_sync().expect("sync");
+            env.prepare_for_closing().wait();
+        }
+        std::fs::write(dir.path().join("raft/sm/CURRENT"), "0").expect("current");
+        std::fs::write(dir.path().join("raft/sm/CLEAN"), "clean").expect("clean");
+        let mut sm = StateMachineStore::open(dir.path(), Default::default()).expect("open");
+        assert_eq!(names(&sm), ["a", "b"]);
+        let (applied, _) = sm.applied_state().await.expect("applied");
+        assert_eq!(applied.map(|l| l.index), Some(2));
+        assert!(sm.shared.damage().borrow().is_none());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -833,8 +1001,6 @@ fn snapshot_ids_that_are_not_ours_are_refused() {
 
 #[test]
 fn received_snapshots_are_checked_before_raft_sees_them() {
-    use prost::Message;
-
     // Not an LMDB file at all.
     let garbage = tempfile::tempdir().expect("temp dir");
     std::fs::write(
@@ -858,11 +1024,12 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
         let mut wtxn = env.write_txn().expect("txn");
         let mut key_id = resource.id.clone().expect("id");
         key_id.name = key_name.into();
+        let key = super::schema::resource_key(&crate::storage::StorageKey::of(&key_id));
         dbs.resources
             .put(
                 &mut wtxn,
-                &super::schema::resource_key(&crate::storage::StorageKey::of(&key_id)),
-                &resource.encode_to_vec(),
+                &key,
+                &super::sealed::seal_message(&key, &resource),
             )
             .expect("put");
         wtxn.commit().expect("commit");
@@ -871,23 +1038,33 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
         assert!(why.contains("record 0"), "{why}");
     }
 
-    // A good one passes.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
-    let mut wtxn = env.write_txn().expect("txn");
-    let resource = fixture.artist("fine");
-    dbs.resources
-        .put(
-            &mut wtxn,
-            &super::schema::resource_key(&crate::storage::StorageKey::of(
-                resource.id.as_ref().expect("id"),
-            )),
-            &resource.encode_to_vec(),
-        )
-        .expect("put");
-    wtxn.commit().expect("commit");
-    env.prepare_for_closing().wait();
-    assert_eq!(super::state_machine::check_received(dir.path()), Ok(1));
+    // A good one passes; the same with one byte of its record flipped does not.
+    for flip in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
+        let mut wtxn = env.write_txn().expect("txn");
+        let resource = fixture.artist("fine");
+        let key = super::schema::resource_key(&crate::storage::StorageKey::of(
+            resource.id.as_ref().expect("id"),
+        ));
+        let mut value = super::sealed::seal_message(&key, &resource);
+        if flip {
+            value[3] ^= 0x10;
+        }
+        dbs.resources.put(&mut wtxn, &key, &value).expect("put");
+        wtxn.commit().expect("commit");
+        env.prepare_for_closing().wait();
+        let checked = super::state_machine::check_received(dir.path());
+        if flip {
+            let why = checked.expect_err("a flipped record is refused");
+            assert!(
+                why.contains("/Artist/") && why.contains("checksum"),
+                "{why}"
+            );
+        } else {
+            assert_eq!(checked, Ok(1));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,9 @@ pub enum Readiness {
     Repairing {
         applied: u64,
     },
+    /// A record of its state failed its checksum (what and where, for its log): it serves
+    /// nothing more and restarts to rebuild the state.
+    Damaged(String),
     /// More than `threshold` entries behind the leader's commit index (a slow disk, an
     /// overloaded node): reads go elsewhere until it is within half the threshold again.
     Lagging {
@@ -56,6 +59,9 @@ impl Readiness {
                 "catching up after an unclean stop: applied {applied}, waiting to learn the leader's commit index"
             )),
             Readiness::Removed(why) => Some(why.clone()),
+            Readiness::Damaged(_) => Some(
+                "its stored state was found damaged (a record failed its checksum): it restarts to rebuild it".into(),
+            ),
             Readiness::Lagging { behind, threshold } => Some(format!(
                 "lagging: {behind} entries behind the leader's commit index (more than --max-lag-entries {threshold}); a slow disk or an overloaded node?"
             )),
@@ -75,6 +81,9 @@ impl RaftBackend {
         match &*self.readiness.borrow() {
             Readiness::Ready => Ok(()),
             Readiness::Removed(why) => Err(StorageError::Removed(why.clone())),
+            damaged @ Readiness::Damaged(_) => {
+                Err(StorageError::Damaged(damaged.reason().unwrap_or_default()))
+            }
             catching_up => Err(StorageError::CatchingUp(
                 catching_up.reason().unwrap_or_default(),
             )),
@@ -119,6 +128,22 @@ impl RaftBackend {
 
     fn applied_index(&self) -> u64 {
         super::applied_index(&self.raft.metrics().borrow())
+    }
+}
+
+/// Marks the node `Damaged` once its state machine finds damage (the agent then stops it, to
+/// restart and rebuild). Holds the backend weakly: it ends when the node goes.
+pub(super) async fn watch_damage(
+    backend: Weak<RaftBackend>,
+    mut damage: tokio::sync::watch::Receiver<Option<String>>,
+) {
+    let Ok(found) = damage.wait_for(Option::is_some).await else {
+        return;
+    };
+    let why = found.clone().unwrap_or_default();
+    drop(found);
+    if let Some(node) = backend.upgrade() {
+        node.readiness.send_replace(Readiness::Damaged(why));
     }
 }
 

@@ -254,6 +254,26 @@ impl RaftBackend {
             .collect()
     }
 
+    /// Waits until this node's state machine is found damaged (a record failed its checksum)
+    /// and returns what and where; never returns otherwise.
+    pub async fn damaged(&self) -> String {
+        let mut damage = self.sm.damage();
+        let found = damage
+            .wait_for(Option::is_some)
+            .await
+            .map(|found| found.clone().unwrap_or_default());
+        match found {
+            Ok(why) => why,
+            // The sender lives as long as the state machine, which outlives this backend.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// The damage found in this node's state machine, if any.
+    pub fn damage_found(&self) -> Option<String> {
+        self.sm.damage().borrow().clone()
+    }
+
     /// Waits until raft on this node stops on a fatal error and returns it; `None` when raft
     /// shuts down normally. A node whose raft stopped can serve nothing that needs it.
     pub async fn halted(&self) -> Option<String> {

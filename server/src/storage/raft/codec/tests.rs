@@ -164,6 +164,7 @@ fn every_storage_error_survives_the_wire() {
         StorageError::ResumeUnavailable("too old".into()),
         StorageError::Rejected("name too long".into()),
         StorageError::CatchingUp("catching up".into()),
+        StorageError::Damaged("damaged".into()),
         StorageError::Internal("disk".into()),
     ];
     for error in errors {

@@ -16,10 +16,12 @@ use tokio::io::AsyncReadExt;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
+use super::super::schema;
 use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
 use crate::tls::Dialer;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::pipe::{Link, PipeError};
@@ -216,7 +218,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         let file = tokio::fs::File::open(&snapshot.snapshot.path)
             .await
             .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
-        let chunks = snapshot_chunks(header, file);
+        let chunks = snapshot_chunks(header, file, snapshot.snapshot.path.clone());
         let mut client = self.client().map_err(StreamingError::Unreachable)?;
         let send = client.install_snapshot(Request::new(chunks));
         let reply = tokio::select! {
@@ -241,13 +243,39 @@ fn approximate_size(entry: &super::super::types::Entry) -> usize {
     }
 }
 
-/// The snapshot file as a stream of chunks, the header in the first.
+/// Reading a snapshot file to send it: the sum its bytes come to, and the sum recorded when it
+/// was written.
+struct Sending {
+    file: tokio::fs::File,
+    path: std::path::PathBuf,
+    read: u64,
+    hasher: crc32fast::Hasher,
+    recorded: Option<schema::FileSum>,
+}
+
+/// The snapshot file as a stream of chunks, the header in the first, then the recorded sum in
+/// a last chunk of its own. A file whose bytes no longer match its recorded sum is set aside
+/// (the node builds a new snapshot the next time one is needed) and sent with the sum it should
+/// have had, so the receiver refuses it.
 fn snapshot_chunks(
     header: Vec<u8>,
     file: tokio::fs::File,
+    path: std::path::PathBuf,
 ) -> impl Stream<Item = pb::SnapshotChunk> + Send + 'static {
-    futures::stream::unfold(Some((Some(header), file)), |state| async move {
-        let (header, mut file) = state?;
+    let recorded = path
+        .parent()
+        .and_then(|dir| std::fs::read_to_string(dir.join(schema::SNAPSHOT_SUM)).ok())
+        .and_then(|text| schema::FileSum::parse(&text));
+    let sending = Sending {
+        file,
+        path,
+        read: 0,
+        hasher: crc32fast::Hasher::new(),
+        recorded,
+    };
+    futures::stream::unfold(Some((Some(header), sending)), |state| async move {
+        let (header, mut sending) = state?;
+        let file = &mut sending.file;
         let mut data = vec![0u8; SNAPSHOT_CHUNK_BYTES];
         let mut filled = 0;
         while filled < data.len() {
@@ -262,12 +290,44 @@ fn snapshot_chunks(
         }
         data.truncate(filled);
         if filled == 0 && header.is_none() {
-            return None;
+            return sending.last_chunk().map(|chunk| (chunk, None));
         }
+        sending.read += filled as u64;
+        sending.hasher.update(&data);
         let chunk = pb::SnapshotChunk {
             header: header.unwrap_or_default(),
             data,
+            ..Default::default()
         };
-        Some((chunk, Some((None, file))))
+        Some((chunk, Some((None, sending))))
     })
+}
+
+impl Sending {
+    /// The chunk that ends the stream: the recorded sum (none for a snapshot of a build that
+    /// kept none).
+    fn last_chunk(self) -> Option<pb::SnapshotChunk> {
+        let recorded = self.recorded?;
+        let sent = schema::FileSum {
+            len: self.read,
+            crc: self.hasher.finalize(),
+        };
+        if sent != recorded
+            && let Some(dir) = self.path.parent()
+            && let Some(data_dir) = dir.parent().and_then(Path::parent).and_then(Path::parent)
+        {
+            let aside = schema::set_aside(data_dir, &[dir]);
+            tracing::error!(
+                snapshot = %dir.display(),
+                set_aside = ?aside,
+                "a raft snapshot being sent is damaged (its bytes no longer match the sum recorded when it was written); the follower refuses it, and a new one is built for the next try"
+            );
+        }
+        Some(pb::SnapshotChunk {
+            last: true,
+            length: recorded.len,
+            crc: recorded.crc,
+            ..Default::default()
+        })
+    }
 }

@@ -337,17 +337,38 @@ impl RaftService for RaftGrpc {
             |error: std::io::Error| Status::internal(format!("cannot write the snapshot: {error}"));
         let limit = self.backend.max_snapshot_bytes();
         let mut received = 0u64;
-        let mut data = first.data;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut chunk = first;
         loop {
-            received += data.len() as u64;
+            if chunk.last {
+                // The sender's recorded sum: what the bytes must come to, checked before the
+                // file is opened (a damaged LMDB file must never be mapped).
+                let got = schema::FileSum {
+                    len: received,
+                    crc: hasher.finalize(),
+                };
+                let recorded = schema::FileSum {
+                    len: chunk.length,
+                    crc: chunk.crc,
+                };
+                if got != recorded {
+                    return Err(Status::data_loss(format!(
+                        "snapshot {} refused, nothing changed: its bytes ({} bytes, crc {:08x}) do not match the sum the sender recorded when it was written ({} bytes, crc {:08x}); the sender's copy is damaged, and it builds a new one",
+                        meta.snapshot_id, got.len, got.crc, recorded.len, recorded.crc
+                    )));
+                }
+                break;
+            }
+            received += chunk.data.len() as u64;
             if received > limit {
                 return Err(Status::resource_exhausted(format!(
                     "the snapshot is larger than this node's --max-snapshot-bytes limit of {limit} bytes"
                 )));
             }
-            file.write_all(&data).await.map_err(write_error)?;
+            hasher.update(&chunk.data);
+            file.write_all(&chunk.data).await.map_err(write_error)?;
             match chunks.message().await? {
-                Some(chunk) => data = chunk.data,
+                Some(next) => chunk = next,
                 None => break,
             }
         }

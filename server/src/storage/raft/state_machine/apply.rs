@@ -5,6 +5,10 @@
 //! [`ChangeResult`] for that change's proposer. Only the environment itself failing (I/O, a full
 //! disk) is an error, and that stops the state machine as it must.
 //!
+//! Every value is sealed (`sealed`) as it is stored and opened as it is read. A value that fails
+//! its seal is an error that stops apply (this node's state is damaged; the others decide from
+//! their own), never a decision made from damaged bytes.
+//!
 //! Changes are applied exactly once: a change whose request id the state machine remembers (a
 //! retry of a forward whose first attempt committed) is answered with the first outcome and not
 //! applied again. The table of remembered requests is bounded and forgets the oldest first, in
@@ -16,6 +20,8 @@ use proto::resource::v1::Resource;
 use super::super::codec;
 use super::super::op::{Applied, Change, ChangeResult, Op, Outcome, RequestId, Tagged};
 use super::super::schema::{self, SmDbs};
+use super::super::sealed;
+use super::{get_meta, get_sealed, put_meta};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
 use crate::storage::{
@@ -45,8 +51,7 @@ pub(super) fn apply_op(
         }
         Op::RestoreBegin { restore_id } => {
             dbs.restore.clear(wtxn)?;
-            dbs.meta
-                .put(wtxn, schema::META_RESTORE_ID, restore_id.as_bytes())?;
+            put_meta(dbs, wtxn, schema::META_RESTORE_ID, restore_id.as_bytes())?;
             Ok(Outcome::one(Ok(Applied::Done)))
         }
         Op::RestoreChunk {
@@ -85,7 +90,7 @@ fn apply_once(
         return apply_change(dbs, wtxn, version, change, &actor, published);
     };
     let key = request_id.to_bytes();
-    if let Some(remembered) = dbs.requests.get(wtxn, &key)? {
+    if let Some(remembered) = get_sealed(dbs.requests, wtxn, &key)? {
         return Ok(codec::remembered_result(remembered, &change));
     }
     let result = apply_change(dbs, wtxn, version, change, &actor, published)?;
@@ -102,8 +107,11 @@ fn remember(
     result: &ChangeResult,
 ) -> Result<(), heed::Error> {
     let key = request_id.to_bytes();
-    dbs.requests
-        .put(wtxn, &key, &codec::encode_remembered(result))?;
+    dbs.requests.put(
+        wtxn,
+        &key,
+        &sealed::seal(&key, &codec::encode_remembered(result)),
+    )?;
     dbs.request_order.put(
         wtxn,
         &schema::request_order_key(version.index, version.position),
@@ -121,8 +129,8 @@ fn remember(
     Ok(())
 }
 
-/// Reads what is stored under `key`. A record that does not decode is refused for this change
-/// (the store is damaged there), not an error that stops every later entry.
+/// Reads what is stored under `key`. A record that fails its seal stops apply; one that passes
+/// it but does not decode (written so by a bug) is refused for this change.
 fn stored(
     dbs: &SmDbs,
     wtxn: &Txn<'_>,
@@ -152,7 +160,7 @@ fn read_stored(
     what: &StorageKey,
     decode: fn(&[u8]) -> Result<Resource, prost::DecodeError>,
 ) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
-    Ok(match dbs.resources.get(wtxn, key)? {
+    Ok(match get_sealed(dbs.resources, wtxn, key)? {
         None => Ok(None),
         Some(bytes) => decode(bytes).map(Some).map_err(|error| {
             StorageError::Internal(format!(
@@ -251,7 +259,8 @@ fn write(
         dbs.owners
             .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
     }
-    dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
+    dbs.resources
+        .put(wtxn, &key, &sealed::seal_message(&key, &resource))?;
     published.push(Published::Change {
         key: storage_key,
         event: WatchEvent {
@@ -276,7 +285,7 @@ fn stage_restore_chunk(
     restore_id: &str,
     resources: &[Resource],
 ) -> Result<ChangeResult, heed::Error> {
-    if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+    if get_meta(dbs, wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
         return Ok(Err(another_restore()));
     }
     // The whole chunk or nothing: a record that cannot be stored fails the restore before its
@@ -288,11 +297,9 @@ fn stage_restore_chunk(
     }
     for resource in resources {
         let storage_key = StorageKey::of(&resource.id.clone().unwrap_or_default());
-        dbs.restore.put(
-            wtxn,
-            &schema::resource_key(&storage_key),
-            &resource.encode_to_vec(),
-        )?;
+        let key = schema::resource_key(&storage_key);
+        dbs.restore
+            .put(wtxn, &key, &sealed::seal_message(&key, resource))?;
     }
     Ok(Ok(Applied::Done))
 }
@@ -304,14 +311,16 @@ fn commit_restore(
     restore_id: &str,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
-    if dbs.meta.get(wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
+    if get_meta(dbs, wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
         return Ok(Err(another_restore()));
     }
     // Staged records were checked when they were staged; one that no longer decodes means the
     // staging area is damaged: refuse the commit before anything is cleared.
     let mut staged = Vec::new();
     for item in dbs.restore.iter(wtxn)? {
-        let (key, bytes) = item?;
+        let (key, stored) = item?;
+        let bytes = sealed::open(key, stored)
+            .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
         match Resource::decode(bytes) {
             Ok(resource) => staged.push((key.to_vec(), resource)),
             Err(error) => {
@@ -333,7 +342,8 @@ fn commit_restore(
             dbs.owners
                 .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
         }
-        dbs.resources.put(wtxn, &key, &resource.encode_to_vec())?;
+        dbs.resources
+            .put(wtxn, &key, &sealed::seal_message(&key, &resource))?;
     }
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;

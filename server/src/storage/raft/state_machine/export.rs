@@ -1,7 +1,7 @@
 //! The operator snapshot (`ClusterService.SnapshotSave`): this node's whole state streamed as a
 //! `proto::snapshot` file from one read transaction.
 
-use super::{SmShared, applied_index, decode_resource, storage_internal};
+use super::{SmShared, applied_index, decode_resource, sealed, storage_internal};
 use crate::storage::StorageError;
 
 impl SmShared {
@@ -16,11 +16,12 @@ impl SmShared {
         const CHUNK_BYTES: usize = 1 << 20;
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let raft_index = applied_index(&sm.dbs, &rtxn).map_err(storage_internal)?;
+        let raft_index = applied_index(&sm.dbs, &rtxn).map_err(|e| self.read_failed(e))?;
         let mut body = proto::snapshot::BodyWriter::new();
         let mut scratch = Vec::new();
         for item in sm.dbs.resources.iter(&rtxn).map_err(storage_internal)? {
-            let (_, bytes) = item.map_err(storage_internal)?;
+            let (key, stored) = item.map_err(storage_internal)?;
+            let bytes = sealed::open(key, stored).map_err(|damage| self.found_damage(&damage))?;
             scratch.clear();
             body.record(&decode_resource(bytes)?, &mut scratch);
         }
@@ -38,7 +39,8 @@ impl SmShared {
         let mut discard = proto::snapshot::BodyWriter::new();
         let mut chunk = Vec::with_capacity(CHUNK_BYTES);
         for item in sm.dbs.resources.iter(&rtxn).map_err(storage_internal)? {
-            let (_, bytes) = item.map_err(storage_internal)?;
+            let (key, stored) = item.map_err(storage_internal)?;
+            let bytes = sealed::open(key, stored).map_err(|damage| self.found_damage(&damage))?;
             discard.record(&decode_resource(bytes)?, &mut chunk);
             if chunk.len() >= CHUNK_BYTES {
                 send(std::mem::replace(

@@ -50,6 +50,18 @@ impl StateMachineStore {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
             Err(error) => return Err(error),
         };
+        // Found damaged while it ran (a record failed its checksum): rebuilt, whatever else.
+        let damaged_marker = data_dir.join(schema::SM_DAMAGED);
+        let clean = match std::fs::read_to_string(&damaged_marker) {
+            Ok(why) => {
+                tracing::error!(
+                    why = why.trim(),
+                    "the state machine was found damaged while this node ran; rebuilding it from the latest snapshot and the raft log"
+                );
+                false
+            }
+            Err(_) => clean,
+        };
         let mut snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
         let opened_cleanly = clean || !existing.exists();
@@ -86,11 +98,27 @@ impl StateMachineStore {
         }
         let (env, dbs) =
             schema::open_sm(&schema::sm_generation_dir(data_dir, generation)).map_err(io)?;
-        remove_other_generations(data_dir, generation);
         let applied = {
             let rtxn = env.read_txn().map_err(io)?;
-            applied_index(&dbs, &rtxn).map_err(io)?
+            applied_index(&dbs, &rtxn)
         };
+        let applied = match applied {
+            Ok(applied) => applied,
+            Err(error) if super::damage_of(&error).is_some() && clean => {
+                // Damaged since its clean stop in a way its file's sum did not show (a sum of
+                // an older build): once more, as after an unclean stop.
+                tracing::error!(%error, "the state machine is damaged; rebuilding it");
+                env.prepare_for_closing().wait();
+                schema::write_durably(&damaged_marker, error.to_string())?;
+                return StateMachineStore::open(data_dir, history);
+            }
+            Err(error) => return Err(io(error)),
+        };
+        remove_other_generations(data_dir, generation);
+        if damaged_marker.exists() {
+            std::fs::remove_file(&damaged_marker)?;
+            schema::sync_dir(&data_dir.join(schema::SM_DIR))?;
+        }
         let events = EventLog::new(history, Version::new(applied));
         Ok(StateMachineStore {
             shared: Arc::new(SmShared {
@@ -111,6 +139,7 @@ impl StateMachineStore {
                 disk: std::sync::OnceLock::new(),
                 used_bytes: AtomicU64::new(0),
                 quota: AtomicU64::new(u64::MAX),
+                damage: tokio::sync::watch::Sender::new(None),
             }),
         })
     }

@@ -180,7 +180,8 @@ pub fn check_received(dir: &Path) -> Result<u64, String> {
             .iter(&rtxn)
             .map_err(|error| error.to_string())?
         {
-            let (key, bytes) = item.map_err(|error| error.to_string())?;
+            let (key, stored) = item.map_err(|error| error.to_string())?;
+            let bytes = super::sealed::open(key, stored).map_err(|damage| damage.to_string())?;
             let resource = <proto::resource::v1::Resource as prost::Message>::decode(bytes)
                 .map_err(|error| format!("record {records} does not decode: {error}"))?;
             let id = resource.id.clone().unwrap_or_default();
@@ -194,7 +195,15 @@ pub fn check_received(dir: &Path) -> Result<u64, String> {
                 .map_err(|error| format!("record {records}: {error}"))?;
             records += 1;
         }
-        read_applied(&dbs, &rtxn)?;
+        for item in dbs
+            .requests
+            .iter(&rtxn)
+            .map_err(|error| error.to_string())?
+        {
+            let (key, stored) = item.map_err(|error| error.to_string())?;
+            super::sealed::open(key, stored).map_err(|damage| damage.to_string())?;
+        }
+        read_applied(&dbs, &rtxn).map_err(|error| error.to_string())?;
         Ok(records)
     })();
     env.prepare_for_closing().wait();
