@@ -208,9 +208,7 @@ pub enum AgentError {
     Locked(#[from] LockError),
     /// The node stopped itself: its state machine was found damaged. A restart rebuilds it
     /// from the latest snapshot and the raft log (or from the leader).
-    #[error(
-        "stopped: the state machine was found damaged ({0}); start resd again to rebuild it from the latest snapshot and the raft log"
-    )]
+    #[error("stopped: the state machine was found damaged ({0})")]
     Damaged(String),
     /// The node stopped itself: raft stopped on an error it cannot go on from.
     #[error("stopped: raft stopped on this node ({0}); start resd again")]
@@ -337,7 +335,7 @@ impl Agent {
                 options.disk_reserve = config.disk_reserve_bytes;
                 if config.quota_bytes > crate::storage::raft::schema::MAX_QUOTA_BYTES {
                     return Err(AgentError::Config(format!(
-                        "--quota-bytes {} is more than this build allows ({}, half the state machine's memory map)",
+                        "--quota-bytes {} is more than this build allows ({})",
                         config.quota_bytes,
                         crate::storage::raft::schema::MAX_QUOTA_BYTES
                     )));

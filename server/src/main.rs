@@ -183,7 +183,8 @@ struct AgentArgs {
 
     /// Bytes the stored state may hold (its databases' pages, like etcd's quota): a write that
     /// would pass it is refused (RESOURCE_EXHAUSTED naming the quota and the usage), deletes
-    /// make room again; at most 34359738368 [default: 8589934592].
+    /// make room again. The state machine's memory map is sized from it (four times as large,
+    /// virtual); at most 1099511627776 [default: 8589934592].
     #[arg(long, env = "RESD_QUOTA_BYTES")]
     quota_bytes: Option<u64>,
 
@@ -304,14 +305,15 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("resd: {error:#}");
             if is_agent
                 && error
                     .downcast_ref::<AgentError>()
                     .is_some_and(|error| matches!(error, AgentError::Damaged(_)))
             {
+                eprintln!("resd: {error:#}");
                 return restart_to_rebuild(started.elapsed());
             }
+            eprintln!("resd: {error:#}");
             // Like a bad flag: the node could not start as configured (exit 2).
             if error
                 .downcast_ref::<AgentError>()
@@ -354,16 +356,22 @@ fn restart_to_rebuild(ran: std::time::Duration) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(error) => {
-            eprintln!("resd: cannot restart to rebuild the state ({error}); start resd again");
+            eprintln!(
+                "resd: cannot restart in place ({error}); start resd again: it rebuilds the state at start"
+            );
             return ExitCode::from(3);
         }
     };
-    eprintln!("resd: restarting to rebuild the state machine");
+    eprintln!(
+        "resd: restarting in place to rebuild the state machine from the latest snapshot and the raft log"
+    );
     let error = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
         .env(REBUILD_RESTARTS_ENV, (before + 1).to_string())
         .exec();
-    eprintln!("resd: cannot restart to rebuild the state ({error}); start resd again");
+    eprintln!(
+        "resd: cannot restart in place ({error}); start resd again: it rebuilds the state at start"
+    );
     ExitCode::from(3)
 }
 

@@ -210,11 +210,14 @@ impl RaftBackend {
         )
         .map_err(RaftStartError::Identity)?;
         let open_sm = || {
-            StateMachineStore::open(&options.data_dir, options.history).map_err(|error| {
-                RaftStartError::StateMachine {
-                    dir: options.data_dir.clone(),
-                    error,
-                }
+            StateMachineStore::open_sized(
+                &options.data_dir,
+                options.history,
+                super::schema::map_size_for(options.quota_bytes),
+            )
+            .map_err(|error| RaftStartError::StateMachine {
+                dir: options.data_dir.clone(),
+                error,
             })
         };
         let mut sm = open_sm()?;

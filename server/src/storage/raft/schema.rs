@@ -36,8 +36,9 @@ use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls, byteorder::
 
 use crate::storage::StorageKey;
 
-/// Virtual size of each memory map. Sparse: only written pages use disk.
-const MAP_SIZE: usize = 64 << 30;
+/// Virtual size of the log's memory map (the format marker; up to format 1, the whole log).
+/// Sparse: only written pages use disk.
+const LOG_MAP_SIZE: usize = 64 << 30;
 
 /// The raft log (segments of [`super::wal`]).
 pub const WAL_DIR: &str = "raft/wal";
@@ -385,12 +386,17 @@ pub fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
 
 /// Opens (creating if needed) an environment in `dir`, once its data file passed
 /// [`check_lmdb_file`].
-pub fn open_env(dir: &Path, max_dbs: u32, durability: Durability) -> heed::Result<LmdbEnv> {
+pub fn open_env(
+    dir: &Path,
+    max_dbs: u32,
+    durability: Durability,
+    map_size: usize,
+) -> heed::Result<LmdbEnv> {
     std::fs::create_dir_all(dir)?;
     check_lmdb_file(&dir.join(SNAPSHOT_DATA))
         .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
-    options.map_size(MAP_SIZE).max_dbs(max_dbs);
+    options.map_size(map_size).max_dbs(max_dbs);
     // SAFETY: each environment directory is opened by one resd process only (the data directory
     // belongs to one node) and nothing else writes its files. NO_SYNC (state machine only) can
     // leave the file torn after an OS crash; the state machine is then discarded and rebuilt
@@ -477,7 +483,7 @@ pub struct LogDbs {
 }
 
 pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
-    let env = open_env(&data_dir.join(LOG_DIR), 4, Durability::Synced)?;
+    let env = open_env(&data_dir.join(LOG_DIR), 4, Durability::Synced, LOG_MAP_SIZE)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
@@ -506,8 +512,10 @@ pub struct SmDbs {
     pub request_order: Database<'static, Bytes, Bytes>,
 }
 
-pub fn open_sm(dir: &Path) -> heed::Result<(LmdbEnv, SmDbs)> {
-    let env = open_env(dir, 8, Durability::Rebuildable)?;
+/// Opens (creating if needed) the state machine environment in `dir`, mapping `map_size` bytes
+/// ([`map_size_for`] the node's quota).
+pub fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmDbs)> {
+    let env = open_env(dir, 8, Durability::Rebuildable, map_size)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
@@ -585,11 +593,19 @@ pub fn state_bytes(
     Ok(pages * page_size)
 }
 
-/// The largest `--quota-bytes`: half the memory map, so the file (which also holds free pages
-/// and a restore's staging) never outgrows the map.
-pub const MAX_QUOTA_BYTES: u64 = (MAP_SIZE / 2) as u64;
+/// The largest `--quota-bytes` (its map, four times as large, is virtual address space only).
+pub const MAX_QUOTA_BYTES: u64 = 1 << 40;
 /// The default `--quota-bytes` (etcd's largest recommended quota).
 pub const DEFAULT_QUOTA_BYTES: u64 = 8 << 30;
+
+/// The memory map of a state machine whose state is bounded by `quota` bytes: four times the
+/// quota (at least 1 GiB), so the file — the state, the free pages LMDB keeps for readers, and
+/// a restore's staging of a whole state beside it — never outgrows the map, and apply never
+/// meets `MDB_MAP_FULL`. Virtual: only written pages use memory or disk.
+pub fn map_size_for(quota: u64) -> usize {
+    let size = quota.min(MAX_QUOTA_BYTES).saturating_mul(4).max(1 << 30);
+    usize::try_from(size).unwrap_or(usize::MAX)
+}
 
 /// Requests the state machine remembers at most; older ones are forgotten first. A retry comes
 /// within a forward timeout, long after which this many changes have rarely been applied.
@@ -841,7 +857,7 @@ mod tests {
     #[test]
     fn an_lmdb_file_shorter_than_its_metadata_says_is_refused_before_it_is_mapped() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (env, dbs) = open_sm(dir.path()).expect("open");
+        let (env, dbs) = open_sm(dir.path(), 1 << 30).expect("open");
         let mut wtxn = env.write_txn().expect("txn");
         for i in 0u32..2000 {
             dbs.resources
@@ -858,7 +874,7 @@ mod tests {
             .open(&data)
             .expect("open");
         file.set_len(len / 2).expect("cut");
-        let message = match open_sm(dir.path()) {
+        let message = match open_sm(dir.path(), 1 << 30) {
             Ok(_) => panic!("a cut file was mapped"),
             Err(error) => error.to_string(),
         };
@@ -872,6 +888,16 @@ mod tests {
         file.write_all_at(&[0xff; 64], 0).expect("scribble");
         let message = check_lmdb_file(&data).expect_err("scribbled").to_string();
         assert!(message.contains("not an LMDB meta page"), "{message}");
+    }
+
+    #[test]
+    fn the_state_machine_map_is_sized_from_the_quota() {
+        assert_eq!(map_size_for(DEFAULT_QUOTA_BYTES), 32 << 30);
+        assert_eq!(map_size_for(1 << 20), 1 << 30, "at least 1 GiB");
+        assert_eq!(map_size_for(u64::MAX), 4 << 40, "the quota is capped first");
+        let dir = tempfile::tempdir().expect("dir");
+        let (env, _) = open_sm(dir.path(), map_size_for(3 << 30)).expect("open");
+        assert_eq!(env.info().map_size, 12 << 30);
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct SmShared {
     /// The first damage found in the state (a record that failed its seal): the node serves
     /// nothing more from it and restarts to rebuild it.
     damage: tokio::sync::watch::Sender<Option<String>>,
+    /// The memory map of every environment this state machine opens ([`schema::map_size_for`]).
+    map_size: usize,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -303,6 +305,12 @@ impl SmShared {
     /// Records apply durations and batch sizes into `metrics` from now on.
     pub fn use_metrics(&self, metrics: crate::metrics::StorageMetrics) {
         let _ = self.metrics.set(metrics);
+    }
+
+    /// The memory map its environments are opened with (a received snapshot is checked in one
+    /// of the same size).
+    pub fn map_size(&self) -> usize {
+        self.map_size
     }
 
     /// Bounds the state to `quota` bytes from now on (see [`Self::check_quota`]).

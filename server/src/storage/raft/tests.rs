@@ -787,7 +787,7 @@ mod restart {
         let generation = schema::sm_generation_dir(dir.path(), 0);
         let fixture = crate::storage::conformance::Fixture::new();
         {
-            let (env, dbs) = schema::open_sm(&generation).expect("open");
+            let (env, dbs) = schema::open_sm(&generation, 1 << 30).expect("open");
             let mut wtxn = env.write_txn().expect("txn");
             for name in ["a", "b"] {
                 let resource = fixture.artist(name);
@@ -1008,7 +1008,7 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
         vec![0x5a; 64 << 10],
     )
     .expect("write");
-    assert!(super::state_machine::check_received(garbage.path()).is_err());
+    assert!(super::state_machine::check_received(garbage.path(), 1 << 30).is_err());
 
     // A state machine holding a record under the wrong key, and one with a 600-byte name.
     let fixture = crate::storage::conformance::Fixture::new();
@@ -1020,7 +1020,7 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
             resource.id.as_mut().expect("id").name = "a".repeat(600);
         }
         let dir = tempfile::tempdir().expect("temp dir");
-        let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
+        let (env, dbs) = super::schema::open_sm(dir.path(), 1 << 30).expect("open");
         let mut wtxn = env.write_txn().expect("txn");
         let mut key_id = resource.id.clone().expect("id");
         key_id.name = key_name.into();
@@ -1034,14 +1034,14 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
             .expect("put");
         wtxn.commit().expect("commit");
         env.prepare_for_closing().wait();
-        let why = super::state_machine::check_received(dir.path()).expect_err("refused");
+        let why = super::state_machine::check_received(dir.path(), 1 << 30).expect_err("refused");
         assert!(why.contains("record 0"), "{why}");
     }
 
     // A good one passes; the same with one byte of its record flipped does not.
     for flip in [false, true] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (env, dbs) = super::schema::open_sm(dir.path()).expect("open");
+        let (env, dbs) = super::schema::open_sm(dir.path(), 1 << 30).expect("open");
         let mut wtxn = env.write_txn().expect("txn");
         let resource = fixture.artist("fine");
         let key = super::schema::resource_key(&crate::storage::StorageKey::of(
@@ -1054,7 +1054,7 @@ fn received_snapshots_are_checked_before_raft_sees_them() {
         dbs.resources.put(&mut wtxn, &key, &value).expect("put");
         wtxn.commit().expect("commit");
         env.prepare_for_closing().wait();
-        let checked = super::state_machine::check_received(dir.path());
+        let checked = super::state_machine::check_received(dir.path(), 1 << 30);
         if flip {
             let why = checked.expect_err("a flipped record is refused");
             assert!(

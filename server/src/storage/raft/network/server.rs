@@ -375,15 +375,17 @@ impl RaftService for RaftGrpc {
         file.sync_all().await.map_err(write_error)?;
         drop(file);
         if let Some(dir) = incoming.dir.clone() {
-            let records = tokio::task::spawn_blocking(move || state_machine::check_received(&dir))
-                .await
-                .map_err(|error| Status::internal(format!("checking the snapshot: {error}")))?
-                .map_err(|why| {
-                    Status::invalid_argument(format!(
-                        "snapshot {} refused, nothing changed: {why}",
-                        meta.snapshot_id
-                    ))
-                })?;
+            let map_size = self.backend.state_machine().map_size();
+            let records =
+                tokio::task::spawn_blocking(move || state_machine::check_received(&dir, map_size))
+                    .await
+                    .map_err(|error| Status::internal(format!("checking the snapshot: {error}")))?
+                    .map_err(|why| {
+                        Status::invalid_argument(format!(
+                            "snapshot {} refused, nothing changed: {why}",
+                            meta.snapshot_id
+                        ))
+                    })?;
             tracing::debug!(
                 records,
                 snapshot_id = meta.snapshot_id,

@@ -15,10 +15,24 @@ use crate::storage::Version;
 use crate::storage::events::{EventLog, HistoryLimits};
 
 impl StateMachineStore {
-    /// Opens the state machine under `data_dir`, with the generation recorded in `CURRENT`.
+    /// Opens the state machine under `data_dir`, with the generation recorded in `CURRENT`,
+    /// sized for the default quota.
     pub fn open(
         data_dir: &Path,
         history: HistoryLimits,
+    ) -> Result<StateMachineStore, std::io::Error> {
+        Self::open_sized(
+            data_dir,
+            history,
+            schema::map_size_for(schema::DEFAULT_QUOTA_BYTES),
+        )
+    }
+
+    /// [`Self::open`] with a memory map of `map_size` bytes ([`schema::map_size_for`]).
+    pub fn open_sized(
+        data_dir: &Path,
+        history: HistoryLimits,
+        map_size: usize,
     ) -> Result<StateMachineStore, std::io::Error> {
         let mut generation = match std::fs::read_to_string(data_dir.join(schema::SM_CURRENT)) {
             Ok(text) => text.trim().parse::<u64>().map_err(io)?,
@@ -52,7 +66,8 @@ impl StateMachineStore {
         };
         // Found damaged while it ran (a record failed its checksum): rebuilt, whatever else.
         let damaged_marker = data_dir.join(schema::SM_DAMAGED);
-        let clean = match std::fs::read_to_string(&damaged_marker) {
+        let found_damaged = std::fs::read_to_string(&damaged_marker);
+        let clean = match &found_damaged {
             Ok(why) => {
                 tracing::error!(
                     why = why.trim(),
@@ -62,6 +77,7 @@ impl StateMachineStore {
             }
             Err(_) => clean,
         };
+        let found_damaged = found_damaged.is_ok();
         let mut snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
         let opened_cleanly = clean || !existing.exists();
@@ -82,10 +98,12 @@ impl StateMachineStore {
             }
             // Commits are not synced: after an unclean stop the file may be torn. Start again from
             // the latest snapshot; raft applies the log after it again.
-            tracing::warn!(
-                snapshot = snapshot.as_ref().map(|(meta, _)| meta.snapshot_id.clone()),
-                "the state machine was not shut down cleanly; rebuilding it from the latest snapshot and the raft log"
-            );
+            if !found_damaged {
+                tracing::warn!(
+                    snapshot = snapshot.as_ref().map(|(meta, _)| meta.snapshot_id.clone()),
+                    "the state machine was not shut down cleanly; rebuilding it from the latest snapshot and the raft log"
+                );
+            }
             generation += 1;
             let rebuilt = schema::sm_generation_dir(data_dir, generation);
             let _ = std::fs::remove_dir_all(&rebuilt);
@@ -97,7 +115,8 @@ impl StateMachineStore {
             write_current(data_dir, generation)?;
         }
         let (env, dbs) =
-            schema::open_sm(&schema::sm_generation_dir(data_dir, generation)).map_err(io)?;
+            schema::open_sm(&schema::sm_generation_dir(data_dir, generation), map_size)
+                .map_err(io)?;
         let applied = {
             let rtxn = env.read_txn().map_err(io)?;
             applied_index(&dbs, &rtxn)
@@ -110,7 +129,7 @@ impl StateMachineStore {
                 tracing::error!(%error, "the state machine is damaged; rebuilding it");
                 env.prepare_for_closing().wait();
                 schema::write_durably(&damaged_marker, error.to_string())?;
-                return StateMachineStore::open(data_dir, history);
+                return StateMachineStore::open_sized(data_dir, history, map_size);
             }
             Err(error) => return Err(io(error)),
         };
@@ -140,6 +159,7 @@ impl StateMachineStore {
                 used_bytes: AtomicU64::new(0),
                 quota: AtomicU64::new(u64::MAX),
                 damage: tokio::sync::watch::Sender::new(None),
+                map_size,
             }),
         })
     }

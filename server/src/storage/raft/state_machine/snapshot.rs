@@ -41,7 +41,7 @@ impl SmShared {
         .map_err(snapshot_error)?;
         // The copy is consistent on its own: read what it holds, not what the live state holds now.
         let (last_applied, membership) = {
-            let (env, dbs) = schema::open_sm(&building).map_err(snapshot_error)?;
+            let (env, dbs) = schema::open_sm(&building, self.map_size).map_err(snapshot_error)?;
             let rtxn = env.read_txn().map_err(snapshot_error)?;
             let (last_applied, membership) = read_applied(&dbs, &rtxn).map_err(snapshot_error)?;
             drop(rtxn);
@@ -106,7 +106,7 @@ impl SmShared {
         std::fs::copy(&file.path, generation_dir.join(schema::SNAPSHOT_DATA))
             .map_err(snapshot_error)?;
         schema::sync_file(&generation_dir.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
-        let (env, dbs) = schema::open_sm(&generation_dir).map_err(snapshot_error)?;
+        let (env, dbs) = schema::open_sm(&generation_dir, self.map_size).map_err(snapshot_error)?;
 
         // Keep the received file as this node's current snapshot.
         let snapshot_dir = schema::snapshot_dir(&self.data_dir, &meta.snapshot_id);
@@ -169,9 +169,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 /// Checks a snapshot received from a leader before it is handed to raft: it must open as a state
 /// machine environment of a format this build reads, and every record must decode, sit under
 /// the key its id gives, and be storable. A snapshot that fails is refused; nothing changes.
-pub fn check_received(dir: &Path) -> Result<u64, String> {
+pub fn check_received(dir: &Path, map_size: usize) -> Result<u64, String> {
     let (env, dbs) =
-        schema::open_sm(dir).map_err(|error| format!("not a state machine: {error}"))?;
+        schema::open_sm(dir, map_size).map_err(|error| format!("not a state machine: {error}"))?;
     let checked = (|| -> Result<u64, String> {
         let rtxn = env.read_txn().map_err(|error| error.to_string())?;
         let mut records = 0u64;
