@@ -49,6 +49,36 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
     fn reads_everything(&self) -> bool {
         false
     }
+    /// ACL management (reading and writing tokens and policies). Never from a default policy.
+    fn acl(&self) -> Access {
+        Access::Deny
+    }
+    /// Whether a node may join the cluster with this identity's token.
+    fn may_join(&self) -> bool {
+        false
+    }
+    /// Whether this identity holds everything (the management policy, the server's own).
+    fn is_management(&self) -> bool {
+        false
+    }
+    /// `Ok` when this identity holds everything `grant` grants, so it may store it (no
+    /// escalation); else what it lacks.
+    fn may_grant(&self, grant: Grant<'_>) -> Result<(), AclError> {
+        let _ = grant;
+        Err(AclError::PermissionDenied(
+            "this identity cannot grant access".into(),
+        ))
+    }
+}
+
+/// What a writer of the ACL types would grant: a policy's contents, or a token's policies.
+#[derive(Debug, Clone, Copy)]
+pub enum Grant<'a> {
+    Policy {
+        name: &'a str,
+        policy: &'a proto::acl::v1::Policy,
+    },
+    Token(&'a proto::acl::v1::Token),
 }
 
 /// What an ACL hook answers besides "allowed".
@@ -78,6 +108,18 @@ pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(
     } else {
         Err(AclError::PermissionDenied(format!(
             "token lacks operator {}",
+            access_name(access)
+        )))
+    }
+}
+
+/// Requires `access` to ACL management (tokens and policies).
+pub fn require_acl(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {
+    if authorizer.acl() >= access {
+        Ok(())
+    } else {
+        Err(AclError::PermissionDenied(format!(
+            "token lacks acl {} (a policy's `acl` field grants it; neither operator access nor the default policy does)",
             access_name(access)
         )))
     }
@@ -147,6 +189,18 @@ impl Authorizer for AllowAll {
     fn reads_everything(&self) -> bool {
         true
     }
+    fn acl(&self) -> Access {
+        Access::Write
+    }
+    fn may_join(&self) -> bool {
+        true
+    }
+    fn is_management(&self) -> bool {
+        true
+    }
+    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
+        Ok(())
+    }
 }
 
 /// The identity a controller acts with: everything allowed, recorded as `controller/<name>`.
@@ -177,6 +231,18 @@ impl Authorizer for ControllerIdentity {
     fn reads_everything(&self) -> bool {
         true
     }
+    fn acl(&self) -> Access {
+        Access::Write
+    }
+    fn may_join(&self) -> bool {
+        true
+    }
+    fn is_management(&self) -> bool {
+        true
+    }
+    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
+        Ok(())
+    }
 }
 
 /// ACLs disabled: everything allowed, without a token.
@@ -192,6 +258,18 @@ impl Authorizer for Anonymous {
     }
     fn reads_everything(&self) -> bool {
         true
+    }
+    fn acl(&self) -> Access {
+        Access::Write
+    }
+    fn may_join(&self) -> bool {
+        true
+    }
+    fn is_management(&self) -> bool {
+        true
+    }
+    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
+        Ok(())
     }
 }
 

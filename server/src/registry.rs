@@ -90,14 +90,17 @@ impl Acls {
         Arc::ptr_eq(&self.read, &DEFAULT_READ)
     }
 
-    /// Every access needs operator write: the ACL types themselves.
-    pub fn operator_only() -> Acls {
+    /// The ACL types themselves: reading and listing need `acl` read; writing (and deleting)
+    /// needs `acl` write and holding everything the written object grants (`grant` says what
+    /// that is), so no token climbs above its own access through a token or policy it writes.
+    pub fn acl_managed(grant: fn(&dyn Authorizer, &Resource) -> Result<(), AclError>) -> Acls {
         Acls {
-            read: Arc::new(|authorizer, _, _| {
-                acl::require_operator(authorizer, acl::Access::Write)
+            read: Arc::new(|authorizer, _, _| acl::require_acl(authorizer, acl::Access::Read)),
+            write: Arc::new(move |authorizer, resource| {
+                acl::require_acl(authorizer, acl::Access::Write)?;
+                grant(authorizer, resource)
             }),
-            write: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Write)),
-            list: Arc::new(|authorizer, _| acl::require_operator(authorizer, acl::Access::Write)),
+            list: Arc::new(|authorizer, _| acl::require_acl(authorizer, acl::Access::Read)),
         }
     }
 }

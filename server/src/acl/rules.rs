@@ -100,6 +100,13 @@ pub fn check_policy(policy: &pb::Policy) -> Result<(), String> {
     if let Err(why) = access_of(policy.operator) {
         problems.push(format!("data.operator: {why}"));
     }
+    match access_of(policy.acl) {
+        Err(why) => problems.push(format!("data.acl: {why}")),
+        Ok(Some(Access::List)) => problems.push(
+            "data.acl: ACCESS_LIST means nothing for ACLs (use ACCESS_READ or ACCESS_WRITE)".into(),
+        ),
+        Ok(_) => {}
+    }
     for (index, rule) in policy.rules.iter().enumerate() {
         let field = format!("data.rules[{index}]");
         if rule.types.is_empty() {
@@ -256,7 +263,66 @@ struct Rule {
     access: Access,
 }
 
+/// What a token or a policy grants, to be checked against what its writer holds
+/// ([`Grants::holds`]).
+#[derive(Debug, Clone, Default)]
+pub struct Granted {
+    /// Whether it grants the management policy.
+    pub management: bool,
+    /// The policies it grants, by name.
+    pub policies: Vec<(String, std::sync::Arc<CompiledPolicy>)>,
+}
+
 impl Rule {
+    /// Whether every resource `other` matches, this matches too.
+    fn contains(&self, other: &Rule) -> bool {
+        let place = |mine: &Option<String>, theirs: &Option<String>| match (mine, theirs) {
+            (None, _) => true,
+            (Some(mine), Some(theirs)) => mine == theirs,
+            (Some(_), None) => false,
+        };
+        place(&self.partition, &other.partition)
+            && place(&self.namespace, &other.namespace)
+            && other.name_prefix.starts_with(&self.name_prefix)
+            && other
+                .types
+                .iter()
+                .all(|theirs| self.types.iter().any(|mine| glob_contains(mine, theirs)))
+    }
+
+    /// Whether some resource may match both (conservative: `true` unless they cannot).
+    fn may_overlap(&self, other: &Rule) -> bool {
+        let place = |mine: &Option<String>, theirs: &Option<String>| match (mine, theirs) {
+            (Some(mine), Some(theirs)) => mine == theirs,
+            _ => true,
+        };
+        place(&self.partition, &other.partition)
+            && place(&self.namespace, &other.namespace)
+            && (self.name_prefix.starts_with(&other.name_prefix)
+                || other.name_prefix.starts_with(&self.name_prefix))
+            && self.types.iter().any(|mine| {
+                other
+                    .types
+                    .iter()
+                    .any(|theirs| globs_may_overlap(mine, theirs))
+            })
+    }
+
+    /// The resources it matches, for people: `demo.*.* default/jazz secret-*`.
+    fn describe(&self) -> String {
+        format!(
+            "{} {}/{}{}",
+            self.types.join(","),
+            self.partition.as_deref().unwrap_or("*"),
+            self.namespace.as_deref().unwrap_or("*"),
+            if self.name_prefix.is_empty() {
+                String::new()
+            } else {
+                format!(" {}*", self.name_prefix)
+            }
+        )
+    }
+
     fn matches(&self, gvk: &str, partition: &str, namespace: &str, name: &str) -> bool {
         self.types.iter().any(|glob| glob_matches(glob, gvk))
             && self.partition.as_deref().is_none_or(|p| p == partition)
@@ -270,6 +336,8 @@ impl Rule {
 pub struct CompiledPolicy {
     rules: Vec<Rule>,
     operator: Option<Access>,
+    acl: Option<Access>,
+    join: bool,
 }
 
 impl CompiledPolicy {
@@ -292,6 +360,8 @@ impl CompiledPolicy {
                 })
                 .collect(),
             operator: access_of(policy.operator).ok().flatten(),
+            acl: access_of(policy.acl).ok().flatten(),
+            join: policy.join,
         }
     }
 }
@@ -324,6 +394,120 @@ impl Grants {
         combine(self.policies.iter().filter_map(|p| p.operator)).unwrap_or(self.default)
     }
 
+    /// ACL management: only what a policy grants (never the default).
+    pub fn acl(&self) -> Access {
+        if self.management {
+            return Access::Write;
+        }
+        combine(self.policies.iter().filter_map(|p| p.acl)).unwrap_or(Access::Deny)
+    }
+
+    /// Whether a node may join with this token: a policy says so (never the default).
+    pub fn may_join(&self) -> bool {
+        self.management || self.policies.iter().any(|p| p.join)
+    }
+
+    /// Whether these are the management policy's grants (everything).
+    pub fn is_management(&self) -> bool {
+        self.management
+    }
+
+    /// `Ok` when everything `granted` grants (its rules, operator level, ACL management and
+    /// joining) these grants hold too — so a token holding these may hand `granted` to a token
+    /// or a policy without gaining anything; else what they lack, for people.
+    ///
+    /// Conservative: a rule is held when no rule here that may match the same resources grants
+    /// less (a DENY included), and either the default grants enough or one rule here covers
+    /// every resource it matches with enough. Two type globs with wildcards are taken to
+    /// overlap; a rule covered only by several rules together is not held.
+    pub fn holds(&self, granted: &Granted) -> Result<(), String> {
+        if self.management {
+            return Ok(());
+        }
+        if granted.management {
+            return Err(format!(
+                "only a {MANAGEMENT_POLICY} token grants {MANAGEMENT_POLICY}"
+            ));
+        }
+        let mut lacks = Vec::new();
+        // Where nothing the granted policies say speaks, the default does: for the holder too,
+        // unless one of its own rules grants less than the default there.
+        let theirs = || granted.policies.iter().flat_map(|(_, p)| p.rules.iter());
+        if self.default > Access::Deny {
+            for rule in self.policies.iter().flat_map(|policy| policy.rules.iter()) {
+                if rule.access < self.default && !theirs().any(|other| other.contains(rule)) {
+                    lacks.push(format!(
+                        "a limit: the default policy grants {} where this token has {} ({}), so what it grants must limit that too",
+                        super::access_name(self.default),
+                        super::access_name(rule.access),
+                        rule.describe()
+                    ));
+                }
+            }
+            let operator_set = granted.policies.iter().any(|(_, p)| p.operator.is_some());
+            if !operator_set && self.operator() < self.default {
+                lacks.push(format!(
+                    "operator {} (the default policy's, where the granted policies set no operator access)",
+                    super::access_name(self.default)
+                ));
+            }
+        }
+        for (name, policy) in &granted.policies {
+            if let Some(access) = policy.operator
+                && access > Access::Deny
+                && self.operator() < access
+            {
+                lacks.push(format!(
+                    "operator {} (policy {name})",
+                    super::access_name(access)
+                ));
+            }
+            if let Some(access) = policy.acl
+                && access > Access::Deny
+                && self.acl() < access
+            {
+                lacks.push(format!(
+                    "acl {} (policy {name})",
+                    super::access_name(access)
+                ));
+            }
+            if policy.join && !self.may_join() {
+                lacks.push(format!("join (policy {name})"));
+            }
+            for (index, rule) in policy.rules.iter().enumerate() {
+                if rule.access > Access::Deny && !self.holds_rule(rule) {
+                    lacks.push(format!(
+                        "{} on {} (rule {index} of policy {name})",
+                        super::access_name(rule.access),
+                        rule.describe()
+                    ));
+                }
+            }
+        }
+        if lacks.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "token cannot grant what it does not hold: {}",
+                lacks.join(", ")
+            ))
+        }
+    }
+
+    fn holds_rule(&self, wanted: &Rule) -> bool {
+        let mine = self.policies.iter().flat_map(|policy| policy.rules.iter());
+        if mine
+            .clone()
+            .any(|rule| rule.access < wanted.access && rule.may_overlap(wanted))
+        {
+            return false;
+        }
+        self.default >= wanted.access
+            || mine
+                .into_iter()
+                .any(|rule| rule.access >= wanted.access && rule.contains(wanted))
+    }
+
     /// Whether every resource is readable whatever its id: the management policy, or a default
     /// of at least READ with no rule granting less (a DENY wins wherever it matches, and what
     /// no rule speaks for gets the default).
@@ -354,6 +538,35 @@ impl Grants {
                 .map(|rule| rule.access)
         }))
         .unwrap_or(self.default)
+    }
+}
+
+/// Whether every type `inner` matches, `outer` matches too. `*` is the only wildcard and no
+/// literal part holds one, so `outer` matching `inner`'s text (its `*`s as characters) means
+/// each of `inner`'s wildcards falls inside one of `outer`'s.
+fn glob_contains(outer: &str, inner: &str) -> bool {
+    glob_matches(outer, inner)
+}
+
+/// Whether some type may match both globs. Two globs with wildcards overlap unless their
+/// literal starts or ends differ (`demo.*.*` and `acl.*.*` do not).
+fn globs_may_overlap(a: &str, b: &str) -> bool {
+    let compatible = |x: &str, y: &str, at_start: bool| {
+        if at_start {
+            x.starts_with(y) || y.starts_with(x)
+        } else {
+            x.ends_with(y) || y.ends_with(x)
+        }
+    };
+    match (a.contains('*'), b.contains('*')) {
+        (false, false) => a == b,
+        (true, false) => glob_matches(a, b),
+        (false, true) => glob_matches(b, a),
+        (true, true) => {
+            let start = |glob: &str| glob.split('*').next().unwrap_or_default().to_owned();
+            let end = |glob: &str| glob.rsplit('*').next().unwrap_or_default().to_owned();
+            compatible(&start(a), &start(b), true) && compatible(&end(a), &end(b), false)
+        }
     }
 }
 
@@ -425,6 +638,8 @@ mod tests {
     fn deny_wins_then_the_highest_then_the_default() {
         let policy = CompiledPolicy::new(&pb::Policy {
             description: String::new(),
+            acl: 0,
+            join: false,
             rules: vec![
                 rule(&["demo.*.*"], "default", "*", "", pb::Access::Read),
                 rule(
@@ -461,6 +676,8 @@ mod tests {
         let allow_but = Grants::new(
             false,
             vec![std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                acl: 0,
+                join: false,
                 description: String::new(),
                 rules: vec![rule(
                     &["demo.v2.Artist"],
@@ -487,6 +704,8 @@ mod tests {
     #[test]
     fn malformed_policies_and_tokens_name_their_fields() {
         let bad = pb::Policy {
+            acl: pb::Access::List as i32,
+            join: false,
             description: String::new(),
             rules: vec![
                 rule(&["demo..x"], "Bad_Name", "*", "", pb::Access::Read),
@@ -501,6 +720,7 @@ mod tests {
         let error = check_policy(&bad).expect_err("malformed");
         for needle in [
             "data.operator: unknown access 9",
+            "data.acl: ACCESS_LIST means nothing",
             "data.rules[0].types[0]",
             "data.rules[0].partition",
             "data.rules[1].access: unknown access 42",
@@ -542,6 +762,223 @@ mod tests {
             check_token(&token)
                 .expect_err("no secret")
                 .contains("data.secret is required")
+        );
+    }
+
+    /// A small deterministic generator (xorshift): the property below runs over the same
+    /// thousands of cases every time.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+            &items[(self.next() % items.len() as u64) as usize]
+        }
+    }
+
+    const TYPES: [&str; 7] = [
+        "*",
+        "demo.*.*",
+        "demo.v2.*",
+        "demo.v2.Artist",
+        "*.Artist",
+        "acl.*.*",
+        "demo.v1.Album",
+    ];
+    const ACCESSES: [pb::Access; 5] = [
+        pb::Access::Unspecified,
+        pb::Access::Deny,
+        pb::Access::List,
+        pb::Access::Read,
+        pb::Access::Write,
+    ];
+
+    fn random_policy(g: &mut Gen) -> pb::Policy {
+        let rules = (0..g.next() % 4)
+            .map(|_| {
+                let types = (0..1 + g.next() % 2)
+                    .map(|_| g.pick(&TYPES).to_string())
+                    .collect();
+                pb::Rule {
+                    types,
+                    partition: g.pick(&["", "*", "default", "p2"]).to_string(),
+                    namespace: g.pick(&["", "*", "jazz", "rock"]).to_string(),
+                    name_prefix: g.pick(&["", "", "secret-", "m"]).to_string(),
+                    access: *g.pick(&ACCESSES[1..]) as i32,
+                }
+            })
+            .collect();
+        pb::Policy {
+            description: String::new(),
+            rules,
+            operator: *g.pick(&ACCESSES) as i32,
+            acl: *g.pick(&[
+                pb::Access::Unspecified,
+                pb::Access::Deny,
+                pb::Access::Read,
+                pb::Access::Write,
+            ]) as i32,
+            join: g.next().is_multiple_of(4),
+        }
+    }
+
+    /// Every resource the generated rules can tell apart.
+    fn universe() -> Vec<Id> {
+        let mut ids = Vec::new();
+        for gvk in [
+            "demo.v2.Artist",
+            "demo.v1.Artist",
+            "demo.v2.Album",
+            "demo.v1.Album",
+            "acl.v1.Token",
+            "other.v1.Thing",
+        ] {
+            for partition in ["default", "p2"] {
+                for namespace in ["jazz", "rock"] {
+                    for name in ["miles", "secret-x", "other"] {
+                        ids.push(id(gvk, partition, namespace, name));
+                    }
+                }
+            }
+        }
+        ids
+    }
+
+    /// No escalation, as a property: whenever a writer may grant a set of policies (to a token
+    /// it writes, or as a policy it writes), a token holding them gets no access the writer
+    /// lacks — on any resource, to cluster operations, to ACL management, or to joining — under
+    /// either default policy.
+    #[test]
+    fn nothing_a_writer_may_grant_exceeds_what_it_holds() {
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        let ids = universe();
+        let mut allowed = 0;
+        for case in 0..4000 {
+            let default = if case % 2 == 0 {
+                Access::Deny
+            } else {
+                Access::Write
+            };
+            let writer_policies: Vec<std::sync::Arc<CompiledPolicy>> = (0..1 + g.next() % 2)
+                .map(|_| std::sync::Arc::new(CompiledPolicy::new(&random_policy(&mut g))))
+                .collect();
+            let writer = Grants::new(false, writer_policies, default);
+            let granted: Vec<(String, std::sync::Arc<CompiledPolicy>)> = (0..1 + g.next() % 2)
+                .map(|n| {
+                    (
+                        format!("p{n}"),
+                        std::sync::Arc::new(CompiledPolicy::new(&random_policy(&mut g))),
+                    )
+                })
+                .collect();
+            let verdict = writer.holds(&Granted {
+                management: false,
+                policies: granted.clone(),
+            });
+            let token = Grants::new(
+                false,
+                granted.iter().map(|(_, p)| p.clone()).collect(),
+                default,
+            );
+            let Ok(()) = verdict else { continue };
+            allowed += 1;
+            for id in &ids {
+                assert!(
+                    token.resource(id) <= writer.resource(id),
+                    "case {case}: {id:?}: the token gets {:?}, its writer holds {:?}",
+                    token.resource(id),
+                    writer.resource(id)
+                );
+            }
+            assert!(
+                token.operator() <= writer.operator(),
+                "case {case}: operator"
+            );
+            assert!(token.acl() <= writer.acl(), "case {case}: acl");
+            assert!(!token.may_join() || writer.may_join(), "case {case}: join");
+        }
+        // The property is not vacuous: many grants were allowed (and so checked).
+        assert!(allowed > 200, "only {allowed} of 4000 grants were allowed");
+        // Nobody but management grants management.
+        let writer = Grants::new(false, Vec::new(), Access::Write);
+        assert!(
+            writer
+                .holds(&Granted {
+                    management: true,
+                    policies: Vec::new()
+                })
+                .is_err()
+        );
+        assert!(
+            Grants::new(true, Vec::new(), Access::Deny)
+                .holds(&Granted {
+                    management: true,
+                    policies: Vec::new()
+                })
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_writer_may_grant_within_what_it_holds_and_is_told_what_it_lacks() {
+        let editor = CompiledPolicy::new(&pb::Policy {
+            rules: vec![
+                rule(&["demo.*.*"], "default", "jazz", "", pb::Access::Write),
+                rule(&["demo.v2.Artist"], "*", "*", "secret-", pb::Access::Deny),
+            ],
+            acl: pb::Access::Write as i32,
+            ..Default::default()
+        });
+        let writer = Grants::new(false, vec![std::sync::Arc::new(editor)], Access::Deny);
+        let grant = |rules: Vec<pb::Rule>| Granted {
+            management: false,
+            policies: vec![(
+                "new".into(),
+                std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                    rules,
+                    ..Default::default()
+                })),
+            )],
+        };
+        // Within: the Album type of the jazz namespace.
+        writer
+            .holds(&grant(vec![rule(
+                &["demo.v2.Album"],
+                "default",
+                "jazz",
+                "",
+                pb::Access::Read,
+            )]))
+            .expect("within");
+        // Past a DENY the writer has.
+        let why = writer
+            .holds(&grant(vec![rule(
+                &["demo.v2.Artist"],
+                "default",
+                "jazz",
+                "",
+                pb::Access::Read,
+            )]))
+            .expect_err("overlaps a deny");
+        assert!(why.contains("read on demo.v2.Artist default/jazz"), "{why}");
+        // Beyond its namespace, and operator access it lacks.
+        let mut wider = grant(vec![rule(&["demo.*.*"], "*", "*", "", pb::Access::Write)]);
+        wider.policies.push((
+            "ops".into(),
+            std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                operator: pb::Access::Write as i32,
+                ..Default::default()
+            })),
+        ));
+        let why = writer.holds(&wider).expect_err("wider");
+        assert!(
+            why.contains("write on demo.*.* */*") && why.contains("operator write"),
+            "{why}"
         );
     }
 }

@@ -10,14 +10,17 @@ use std::sync::{Arc, RwLock};
 use proto::acl::v1 as pb;
 use proto::resource::v1::Id;
 
-use super::rules::{self, CompiledPolicy, Grants, MANAGEMENT_POLICY};
-use super::{Access, Authorizer, TokenResolver, Unauthenticated};
+use super::rules::{self, CompiledPolicy, Granted, Grants, MANAGEMENT_POLICY};
+use super::{Access, AclError, Authorizer, Grant, TokenResolver, Unauthenticated};
 
 /// A resolved token: its accessor (the resource's name) and what its policies grant.
 #[derive(Debug)]
 pub struct TokenAuthorizer {
     accessor: String,
     grants: Grants,
+    /// Every policy as this node knew them when the token was resolved: what a token this one
+    /// writes would be granted.
+    policies: Arc<HashMap<String, Arc<CompiledPolicy>>>,
 }
 
 impl Authorizer for TokenAuthorizer {
@@ -32,6 +35,38 @@ impl Authorizer for TokenAuthorizer {
     }
     fn reads_everything(&self) -> bool {
         self.grants.reads_everything()
+    }
+    fn acl(&self) -> Access {
+        self.grants.acl()
+    }
+    fn may_join(&self) -> bool {
+        self.grants.may_join()
+    }
+    fn is_management(&self) -> bool {
+        self.grants.is_management()
+    }
+    fn may_grant(&self, grant: Grant<'_>) -> Result<(), AclError> {
+        let granted = match grant {
+            Grant::Policy { name, policy } => Granted {
+                management: false,
+                policies: vec![(name.to_owned(), Arc::new(CompiledPolicy::new(policy)))],
+            },
+            Grant::Token(token) => Granted {
+                management: token.policies.iter().any(|p| p == MANAGEMENT_POLICY),
+                policies: token
+                    .policies
+                    .iter()
+                    .filter_map(|name| {
+                        self.policies
+                            .get(name)
+                            .map(|policy| (name.clone(), policy.clone()))
+                    })
+                    .collect(),
+            },
+        };
+        self.grants
+            .holds(&granted)
+            .map_err(AclError::PermissionDenied)
     }
 }
 
@@ -136,11 +171,13 @@ impl TokenStore {
         {
             let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
             change(&mut index);
-            let compiled: HashMap<&str, Arc<CompiledPolicy>> = index
-                .policies
-                .iter()
-                .map(|(name, policy)| (name.as_str(), Arc::new(CompiledPolicy::new(policy))))
-                .collect();
+            let compiled: Arc<HashMap<String, Arc<CompiledPolicy>>> = Arc::new(
+                index
+                    .policies
+                    .iter()
+                    .map(|(name, policy)| (name.clone(), Arc::new(CompiledPolicy::new(policy))))
+                    .collect(),
+            );
             let mut by_hash = HashMap::new();
             // Accessors in order: of two tokens with the same secret, the first name wins.
             for (accessor, token) in &index.tokens {
@@ -151,7 +188,7 @@ impl TokenStore {
                 let policies = token
                     .policies
                     .iter()
-                    .filter_map(|name| compiled.get(name.as_str()).cloned())
+                    .filter_map(|name| compiled.get(name).cloned())
                     .collect();
                 let entry = Entry {
                     info: TokenInfo {
@@ -164,6 +201,7 @@ impl TokenStore {
                     authorizer: Arc::new(TokenAuthorizer {
                         accessor: accessor.clone(),
                         grants: Grants::new(management, policies, self.default),
+                        policies: compiled.clone(),
                     }),
                 };
                 by_hash

@@ -41,12 +41,12 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 
     registry.register(
         Registration::new::<acl_v1::Policy>(ACL_POLICY, Scope::Cluster)
-            .with_acls(Acls::operator_only())
+            .with_acls(Acls::acl_managed(may_grant_policy))
             .with_validate(validate_policy),
     )?;
     registry.register(
         Registration::new::<acl_v1::Token>(ACL_TOKEN, Scope::Cluster)
-            .with_acls(Acls::operator_only())
+            .with_acls(Acls::acl_managed(may_grant_token))
             .with_mutate(mutate_token)
             .with_validate(validate_token)
             .with_references(token_policies),
@@ -198,6 +198,26 @@ fn mutate_token(resource: &mut Resource) -> Result<(), String> {
     acl::rules::hash_token_secret(&mut token).map_err(|why| format!("resource.{why}"))?;
     resource.data = Some(proto::to_any(&token));
     Ok(())
+}
+
+/// Whether `authorizer` holds everything the policy `resource` holds grants.
+fn may_grant_policy(authorizer: &dyn Authorizer, resource: &Resource) -> Result<(), AclError> {
+    let policy: acl_v1::Policy = decode_data(resource).map_err(AclError::PermissionDenied)?;
+    let name = resource
+        .id
+        .as_ref()
+        .map(|id| id.name.as_str())
+        .unwrap_or_default();
+    authorizer.may_grant(acl::Grant::Policy {
+        name,
+        policy: &policy,
+    })
+}
+
+/// Whether `authorizer` holds everything the token `resource` holds grants.
+fn may_grant_token(authorizer: &dyn Authorizer, resource: &Resource) -> Result<(), AclError> {
+    let token: acl_v1::Token = decode_data(resource).map_err(AclError::PermissionDenied)?;
+    authorizer.may_grant(acl::Grant::Token(&token))
 }
 
 fn validate_token(resource: &Resource) -> Result<(), String> {

@@ -219,6 +219,13 @@ enum Need {
     Token,
     /// Operator access at least this.
     Operator(Access),
+    /// The `join` right (what `--join-token` carries), not operator access.
+    Join,
+    /// Everything a snapshot holds: operator write, `acl` read (token records) and read on
+    /// every resource.
+    SnapshotSave,
+    /// Everything (a restore replaces every resource and every token): management.
+    Management,
 }
 
 /// An authorized caller: its token (forwarded with calls to other members) and connection.
@@ -254,9 +261,37 @@ impl ClusterGrpc {
             .tokens
             .resolve(caller.token.as_deref())
             .map_err(|error| Status::from(Error::from(error)))?;
-        if let Need::Operator(access) = need {
-            acl::require_operator(authorizer.as_ref(), access)
-                .map_err(|error| Status::from(Error::from(error)))?;
+        let refused =
+            |why: &str| Status::from(Error::from(acl::AclError::PermissionDenied(why.into())));
+        match need {
+            Need::Token => {}
+            Need::Operator(access) => acl::require_operator(authorizer.as_ref(), access)
+                .map_err(|error| Status::from(Error::from(error)))?,
+            Need::Join => {
+                if !authorizer.may_join() {
+                    return Err(refused(
+                        "token lacks the join right (a policy's `join: true` grants it; operator access does not)",
+                    ));
+                }
+            }
+            Need::SnapshotSave => {
+                acl::require_operator(authorizer.as_ref(), Access::Write)
+                    .and_then(|()| acl::require_acl(authorizer.as_ref(), Access::Read))
+                    .map_err(|error| Status::from(Error::from(error)))?;
+                if !authorizer.reads_everything() {
+                    return Err(refused(
+                        "token lacks read on some resources, and a snapshot holds every resource",
+                    ));
+                }
+            }
+            Need::Management => {
+                if !authorizer.is_management() {
+                    return Err(refused(&format!(
+                        "only a {} token may restore a snapshot (it replaces every resource and every token)",
+                        acl::MANAGEMENT_POLICY
+                    )));
+                }
+            }
         }
         Ok(caller)
     }
@@ -448,7 +483,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let authorized = self.authorize(&request, Need::Operator(Access::Write), true)?;
+        let authorized = self.authorize(&request, Need::Join, true)?;
         let raft = self.raft()?;
         let caller = authorized.conn.clone();
         let join_deadline = answer_by(&request);
@@ -551,7 +586,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<SnapshotSaveRequest>,
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        self.authorize(&request, Need::Operator(Access::Write), false)?;
+        self.authorize(&request, Need::SnapshotSave, false)?;
         let raft = self.raft()?;
         let chunks = raft
             .export()
@@ -572,7 +607,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<Streaming<SnapshotData>>,
     ) -> Result<Response<SnapshotRestoreResponse>, Status> {
-        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
+        let caller = self.authorize(&request, Need::Management, false)?;
         let raft = self.raft()?;
         let mut chunks = request.into_inner();
         let spooled =

@@ -647,7 +647,7 @@ mod tests {
         use crate::registry::Acls;
 
         assert!(Acls::default().read_is_default());
-        assert!(!Acls::operator_only().read_is_default());
+        assert!(!Acls::acl_managed(|_, _| Ok(())).read_is_default());
         let custom = Acls {
             read: Arc::new(|_, _, _| Err(AclError::NeedResource)),
             ..Acls::default()

@@ -97,6 +97,8 @@ fn policy(name: &str, rules: Vec<acl::Rule>, operator: acl::Access) -> Resource 
     Resource {
         id: Some(cluster_id("Policy", name)),
         data: Some(proto::to_any(&acl::Policy {
+            acl: 0,
+            join: false,
             description: String::new(),
             rules,
             operator: operator as i32,

@@ -146,12 +146,12 @@ async fn watch_filters_items_the_caller_cannot_read() {
 }
 
 #[tokio::test]
-async fn the_acl_types_need_operator_write_even_to_watch() {
+async fn the_acl_types_need_acl_read_even_to_watch_and_operator_write_is_not_it() {
     let h = harness().await;
     let result = h
         .service
         .watch_list(
-            Arc::new(KeyRules::default().operator(Access::Read)),
+            Arc::new(KeyRules::default().operator(Access::Write)),
             WatchListRequest {
                 r#type: Some(resource::parse_gvk("acl.v1.Token").expect("gvk")),
                 tenancy: Some(Tenancy::default()),
@@ -163,7 +163,7 @@ async fn the_acl_types_need_operator_write_even_to_watch() {
     expect_error(
         result.map(|_| ()),
         Code::PermissionDenied,
-        "token lacks operator write",
+        "token lacks acl read",
     );
 }
 
