@@ -105,8 +105,16 @@ pub struct AgentConfig {
     pub acl_enabled: bool,
     /// What rules grant where none speaks.
     pub acl_default_policy: DefaultPolicy,
-    /// Token a joining node presents without TLS (needs operator write).
+    /// Token a joining node presents without TLS (needs the join right).
     pub join_token: Option<String>,
+    /// A file holding the join token (kept out of the command line and the environment).
+    pub join_token_file: Option<PathBuf>,
+    /// A file holding the secret of the first management token: the cluster bootstraps its
+    /// ACLs with it by itself (Consul's `initial_management`), once.
+    pub acl_initial_management_file: Option<PathBuf>,
+    /// Serve without TLS. Refused with ACLs (an unauthenticated raft port makes them
+    /// decoration); without it, a node without certificates refuses to start.
+    pub insecure: bool,
 }
 
 /// What ACL rules grant where no rule speaks.
@@ -177,6 +185,9 @@ impl Default for AgentConfig {
             acl_enabled: false,
             acl_default_policy: DefaultPolicy::Deny,
             join_token: None,
+            join_token_file: None,
+            acl_initial_management_file: None,
+            insecure: false,
         }
     }
 }
@@ -246,6 +257,41 @@ pub struct Agent {
     http_listener: Option<TcpListener>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    /// The secret of `--acl-initial-management-file`.
+    initial_management: Option<String>,
+}
+
+/// Reads a secret kept in a file (trimmed): 16 to 512 printable characters. Warns when other
+/// users may read the file.
+fn read_secret_file(path: &std::path::Path, flag: &str) -> Result<String, AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        AgentError::Config(format!(
+            "{flag} {}: cannot read it: {error}",
+            path.display()
+        ))
+    })?;
+    let secret = text.trim().to_owned();
+    let len = secret.len();
+    if !(crate::acl::rules::MIN_SECRET_LEN..=crate::acl::rules::MAX_SECRET_LEN).contains(&len)
+        || !secret.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(AgentError::Config(format!(
+            "{flag} {}: a secret is {} to {} printable characters without spaces (this file holds {len})",
+            path.display(),
+            crate::acl::rules::MIN_SECRET_LEN,
+            crate::acl::rules::MAX_SECRET_LEN
+        )));
+    }
+    if let Ok(metadata) = std::fs::metadata(path)
+        && metadata.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            path = %path.display(),
+            "{flag}: other users may read this secret; chmod 600 it"
+        );
+    }
+    Ok(secret)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
@@ -275,6 +321,48 @@ impl Agent {
             }
             None => None,
         };
+        // Secure by default (DESIGN §12.2): plaintext only when asked for, and never with ACLs.
+        match (&tls, config.insecure) {
+            (None, false) => {
+                return Err(AgentError::Config(
+                    "this node has no TLS certificates: give --tls-ca, --tls-cert and --tls-key (make them with `resd tls ca create` and `resd tls cert create --node-id N`), or --insecure to serve in plaintext, where anyone who reaches a port can read and change everything".into(),
+                ));
+            }
+            (Some(_), true) => {
+                return Err(AgentError::Config(
+                    "--insecure and TLS certificates exclude each other: drop --insecure to serve TLS".into(),
+                ));
+            }
+            (None, true) if config.acl_enabled => {
+                return Err(AgentError::Config(
+                    "--acl-enabled with --insecure is refused: without TLS the raft port is unauthenticated, and anyone who reaches it can write tokens; give the node TLS certificates".into(),
+                ));
+            }
+            (None, true) => tracing::warn!(
+                "serving in plaintext (--insecure): anyone who reaches the API or raft port can read and change everything"
+            ),
+            (Some(_), false) => {}
+        }
+        let initial_management = match &config.acl_initial_management_file {
+            Some(path) if config.acl_enabled => {
+                Some(read_secret_file(path, "--acl-initial-management-file")?)
+            }
+            Some(_) => {
+                return Err(AgentError::Config(
+                    "--acl-initial-management-file needs --acl-enabled".into(),
+                ));
+            }
+            None => None,
+        };
+        let mut config = config;
+        if let Some(path) = config.join_token_file.clone() {
+            if config.join_token.is_some() {
+                return Err(AgentError::Config(
+                    "--join-token and --join-token-file exclude each other".into(),
+                ));
+            }
+            config.join_token = Some(read_secret_file(&path, "--join-token-file")?);
+        }
         let dialer = Dialer::new(tls.clone());
         let metrics = Arc::new(Metrics::new());
         // Before anything listens: a second process on the same directory is told so, not
@@ -411,6 +499,7 @@ impl Agent {
             http_listener,
             metrics,
             shutdown,
+            initial_management,
         })
     }
 
@@ -463,6 +552,7 @@ impl Agent {
             http_listener,
             metrics,
             shutdown,
+            initial_management,
         } = self;
         let net = Network {
             dialer: Dialer::new(tls.clone()),
@@ -504,6 +594,12 @@ impl Agent {
             tasks.push(tokio::spawn(
                 acl_feed::run(service.clone(), store, shutdown.clone()).in_current_span(),
             ));
+            if let Some(secret) = initial_management {
+                tasks.push(tokio::spawn(
+                    bootstrap_acls_with(service.clone(), secret, shutdown.clone())
+                        .in_current_span(),
+                ));
+            }
         }
 
         let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
@@ -864,6 +960,42 @@ async fn join_until_member(
             Ok(())
         }
     })
+    .await;
+}
+
+/// Bootstraps the cluster's ACLs with the secret of `--acl-initial-management-file` once the
+/// cluster takes writes; nothing when they were bootstrapped already (by this node, another, or
+/// `resctl acl bootstrap`).
+async fn bootstrap_acls_with(
+    service: Arc<ResourceService>,
+    secret: String,
+    shutdown: CancellationToken,
+) {
+    retry_until_done(
+        "ACLs not bootstrapped from the initial management file yet",
+        false,
+        shutdown,
+        || {
+            let service = service.clone();
+            let secret = secret.clone();
+            async move {
+                match service
+                    .bootstrap_acls(service::cluster::BOOTSTRAP_TOKEN, &secret, None)
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::warn!(
+                            accessor = service::cluster::BOOTSTRAP_TOKEN,
+                            "ACLs bootstrapped with the secret of --acl-initial-management-file"
+                        );
+                        Ok(())
+                    }
+                    Err(service::Error::FailedPrecondition(_)) => Ok(()),
+                    Err(error) => Err(error.to_string()),
+                }
+            }
+        },
+    )
     .await;
 }
 

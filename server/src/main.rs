@@ -219,9 +219,24 @@ struct AgentArgs {
     #[arg(long, value_enum, env = "RESD_ACL_DEFAULT_POLICY")]
     acl_default_policy: Option<DefaultPolicyArg>,
 
-    /// Token this node presents when it joins without TLS (needs operator write).
+    /// Token this node presents when it joins without TLS (needs the join right). Visible to
+    /// every local user in the process list: prefer --join-token-file.
     #[arg(long, env = "RESD_JOIN_TOKEN", hide_env_values = true)]
     join_token: Option<String>,
+
+    /// File holding the join token.
+    #[arg(long, env = "RESD_JOIN_TOKEN_FILE", value_name = "FILE")]
+    join_token_file: Option<PathBuf>,
+
+    /// File holding the secret of the first management token: with --acl-enabled the cluster
+    /// bootstraps its ACLs with it by itself, once (instead of `resctl acl bootstrap`).
+    #[arg(long, env = "RESD_ACL_INITIAL_MANAGEMENT_FILE", value_name = "FILE")]
+    acl_initial_management_file: Option<PathBuf>,
+
+    /// Serve in plaintext, without TLS certificates: anyone who reaches a port can read and
+    /// change everything. Refused with --acl-enabled.
+    #[arg(long, env = "RESD_INSECURE")]
+    insecure: bool,
 
     /// Threads serving requests [default: one per CPU]. Lower it when several nodes share a
     /// machine.
@@ -248,14 +263,12 @@ struct DevArgs {
     #[arg(long)]
     keep: bool,
 
-    /// Turn ACLs on, bootstrap them, and print the management token.
+    /// Serve in plaintext without ACLs. By default the cluster is secure: a throwaway CA,
+    /// node and client certificates in the temporary directory, client certificates required,
+    /// ACLs on and bootstrapped, and a resctl context `resd-dev` (made current while the
+    /// cluster runs) holding the certificates and the management token.
     #[arg(long)]
-    acl: bool,
-
-    /// Speak TLS only: make a throwaway CA, node certificates and a client certificate in the
-    /// temporary directory, require client certificates, and print the resctl flags to use.
-    #[arg(long)]
-    tls: bool,
+    insecure: bool,
 }
 
 fn main() -> ExitCode {
@@ -501,7 +514,21 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
         };
     }
     if args.join_token.is_some() {
+        if std::env::args().any(|arg| arg == "--join-token" || arg.starts_with("--join-token=")) {
+            tracing::warn!(
+                "--join-token on the command line is visible to every local user (ps, /proc/<pid>/cmdline); use --join-token-file"
+            );
+        }
         config.join_token = args.join_token;
+    }
+    if args.join_token_file.is_some() {
+        config.join_token_file = args.join_token_file;
+    }
+    if args.acl_initial_management_file.is_some() {
+        config.acl_initial_management_file = args.acl_initial_management_file;
+    }
+    if args.insecure {
+        config.insecure = true;
     }
     Ok(config)
 }
@@ -553,7 +580,12 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let mut connect_flags = String::new();
     let mut grpcurl_flags = "-plaintext".to_owned();
     let mut curl_flags = String::new();
-    if args.tls {
+    let secure = !args.insecure;
+    if args.insecure {
+        for config in configs.iter_mut() {
+            config.insecure = true;
+        }
+    } else {
         let dir = base.path().join("tls");
         let ca = server::tls::create_ca(&dir)?;
         for config in configs.iter_mut() {
@@ -593,11 +625,20 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    if args.acl {
+    // With TLS, ACLs: bootstrapped by the cluster itself from a secret in a file (0600).
+    let management_token = if secure {
+        let secret = proto::tls::new_secret()
+            .map_err(|why| anyhow::anyhow!("cannot make the management secret: {why}"))?;
+        let file = base.path().join("initial-management");
+        write_private(&file, &secret)?;
         for config in configs.iter_mut() {
             config.acl_enabled = true;
+            config.acl_initial_management_file = Some(file.clone());
         }
-    }
+        Some(secret)
+    } else {
+        None
+    };
     let client_tls = configs[0].tls_ca.as_ref().map(|ca| {
         let dir = ca
             .parent()
@@ -612,11 +653,9 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     let mut running = Vec::new();
     let mut first_api: Option<String> = None;
-    let mut management_token = None;
     for config in &configs {
         let mut config = config.clone();
         config.join = first_api.clone();
-        config.join_token = management_token.clone();
         let agent = Agent::start(config.clone(), shutdown.clone())
             .await
             .with_context(|| format!("cannot start node {}", config.node_id))?;
@@ -642,23 +681,41 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
         ));
         if first_api.is_none() {
             first_api = Some(api_addr.to_string());
-            if args.acl {
-                // The first node bootstraps ACLs; the others join with the management token.
-                let secret = bootstrap_acls(&api_addr.to_string(), client_tls.as_ref()).await?;
-                management_token = Some(secret);
-            }
         }
     }
     let first_api = first_api.unwrap_or_default();
+    let mut context = None;
     if let Some(secret) = &management_token {
-        connect_flags.push_str(&format!(" --token {secret}"));
         grpcurl_flags.push_str(&format!(" -H 'x-resd-token: {secret}'"));
         curl_flags.push_str(&format!(" -H 'X-Resd-Token: {secret}'"));
-        println!("resd: ACLs on; the management token (initial-management) is {secret}");
+        println!(
+            "resd: ACLs on; the management token (initial-management) is in {}",
+            base.path().join("initial-management").display()
+        );
+        // resctl and the dashboard find the cluster, its certificates and the token in a
+        // context: the README's commands work with no flag.
+        if let Some((ca, cert, key)) = &client_tls {
+            match DevContext::write(&first_api, secret, ca, cert, key) {
+                Ok(written) => {
+                    println!(
+                        "resd: resctl context {DEV_CONTEXT} (current while this runs) in {}",
+                        written.path.display()
+                    );
+                    connect_flags.clear();
+                    context = Some(written);
+                }
+                Err(error) => {
+                    eprintln!(
+                        "resd: cannot write the resctl context ({error:#}); pass the flags below"
+                    );
+                    connect_flags.push_str(&format!(" --token {secret}"));
+                }
+            }
+        }
     }
     let http = match configs.first().and_then(|c| c.http_addr) {
         Some(addr) if addr.port() != 0 => {
-            let scheme = if args.tls { "https" } else { "http" };
+            let scheme = if secure { "https" } else { "http" };
             format!(
                 "\n  curl{curl_flags} '{scheme}://{addr}/v1/resources/demo/v2/Artist?namespace=*'\n  curl{curl_flags} {scheme}://{addr}/metrics"
             )
@@ -679,6 +736,11 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     }
     signals.abort();
     let _ = signals.await;
+    if let Some(context) = context
+        && !args.keep
+    {
+        context.remove();
+    }
     if args.keep {
         let kept = base.keep();
         println!("resd: data kept in {}", kept.display());
@@ -689,41 +751,141 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Bootstraps ACLs through the dev cluster's first node once it leads, and returns the secret.
-async fn bootstrap_acls(
-    api_addr: &str,
-    tls: Option<&(PathBuf, PathBuf, PathBuf)>,
-) -> anyhow::Result<String> {
-    use proto::cluster::v1::AclBootstrapRequest;
-    use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-    let endpoint = match tls {
-        None => Endpoint::from_shared(format!("http://{api_addr}"))?,
-        Some((ca, cert, key)) => Endpoint::from_shared(format!("https://{api_addr}"))?.tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(std::fs::read(ca)?))
-                .identity(Identity::from_pem(
-                    std::fs::read(cert)?,
-                    std::fs::read(key)?,
-                )),
-        )?,
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let attempt = async {
-            let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
-            ClusterServiceClient::new(channel)
-                .acl_bootstrap(AclBootstrapRequest {})
-                .await
-                .map(|reply| reply.into_inner().secret)
-                .map_err(|status| status.message().to_owned())
-        };
-        match attempt.await {
-            Ok(secret) => return Ok(secret),
-            Err(why) if std::time::Instant::now() > deadline => {
-                anyhow::bail!("cannot bootstrap ACLs on {api_addr}: {why}")
+/// The resctl context `resd dev` writes for its secure cluster.
+const DEV_CONTEXT: &str = "resd-dev";
+
+/// Writes `contents` to a new file only its owner may read.
+fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(contents.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The `resd-dev` entry of resctl's contexts file (the format and location `resctl context`
+/// uses: `$RESCTL_CONFIG`, else `$XDG_CONFIG_HOME/resctl/contexts.yaml`, else
+/// `~/.config/resctl/contexts.yaml`), made current while the dev cluster runs.
+struct DevContext {
+    path: PathBuf,
+    /// The context that was current before, restored when the cluster stops.
+    previous: Option<String>,
+}
+
+impl DevContext {
+    fn path() -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os("RESCTL_CONFIG") {
+            return Some(PathBuf::from(path));
+        }
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
+        Some(base.join("resctl").join("contexts.yaml"))
+    }
+
+    fn load(path: &std::path::Path) -> anyhow::Result<serde_yaml_ng::Mapping> {
+        match std::fs::read_to_string(path) {
+            Ok(text) if text.trim().is_empty() => Ok(serde_yaml_ng::Mapping::new()),
+            Ok(text) => serde_yaml_ng::from_str(&text)
+                .with_context(|| format!("contexts file {} is not valid", path.display())),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                Ok(serde_yaml_ng::Mapping::new())
             }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Replaces the file atomically, readable by its owner only (it holds tokens).
+    fn save(path: &std::path::Path, document: &serde_yaml_ng::Mapping) -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let directory = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        std::fs::create_dir_all(directory)
+            .with_context(|| format!("cannot create {}", directory.display()))?;
+        let text = serde_yaml_ng::to_string(document)?;
+        let mut file = tempfile::NamedTempFile::new_in(directory)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.persist(path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(())
+    }
+
+    fn write(
+        server: &str,
+        token: &str,
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> anyhow::Result<DevContext> {
+        use serde_yaml_ng::Value;
+        let path = Self::path().context("neither RESCTL_CONFIG nor HOME is set")?;
+        let mut document = Self::load(&path)?;
+        let previous = document
+            .get("current")
+            .and_then(Value::as_str)
+            .filter(|current| *current != DEV_CONTEXT)
+            .map(str::to_owned);
+        let mut entry = serde_yaml_ng::Mapping::new();
+        for (field, value) in [
+            ("server", server.to_owned()),
+            ("token", token.to_owned()),
+            ("ca_cert", ca.display().to_string()),
+            ("client_cert", cert.display().to_string()),
+            ("client_key", key.display().to_string()),
+        ] {
+            entry.insert(field.into(), value.into());
+        }
+        let contexts = document
+            .entry("contexts".into())
+            .or_insert_with(|| Value::Mapping(serde_yaml_ng::Mapping::new()));
+        let Value::Mapping(contexts) = contexts else {
+            anyhow::bail!(
+                "contexts file {}: `contexts` is not a mapping",
+                path.display()
+            );
+        };
+        contexts.insert(DEV_CONTEXT.into(), Value::Mapping(entry));
+        document.insert("current".into(), DEV_CONTEXT.into());
+        Self::save(&path, &document)?;
+        Ok(DevContext { path, previous })
+    }
+
+    /// Removes the entry (its certificates are gone with the cluster) and makes the previous
+    /// context current again.
+    fn remove(self) {
+        use serde_yaml_ng::Value;
+        let restored = (|| -> anyhow::Result<()> {
+            let mut document = Self::load(&self.path)?;
+            if let Some(Value::Mapping(contexts)) = document.get_mut("contexts") {
+                contexts.remove(DEV_CONTEXT);
+            }
+            if document.get("current").and_then(Value::as_str) == Some(DEV_CONTEXT) {
+                match &self.previous {
+                    Some(previous) => {
+                        document.insert("current".into(), previous.as_str().into());
+                    }
+                    None => {
+                        document.remove("current");
+                    }
+                }
+            }
+            Self::save(&self.path, &document)
+        })();
+        if let Err(error) = restored {
+            eprintln!(
+                "resd: cannot remove the resctl context {DEV_CONTEXT} from {} ({error:#})",
+                self.path.display()
+            );
         }
     }
 }

@@ -317,6 +317,8 @@ pub struct Binary {
     pub config: PathBuf,
     /// With ACLs on: the token every command sends (through RESD_TOKEN).
     pub token: Option<String>,
+    /// With TLS: the certificates every command uses (through RESD_CA_CERT and friends).
+    pub tls: Option<tests::TestTls>,
 }
 
 impl Binary {
@@ -337,6 +339,12 @@ impl Binary {
             .kill_on_drop(true);
         if let Some(token) = &self.token {
             command.env("RESD_TOKEN", token);
+        }
+        if let Some(tls) = &self.tls {
+            command
+                .env("RESD_CA_CERT", tls.ca())
+                .env("RESD_CLIENT_CERT", tls.client_cert())
+                .env("RESD_CLIENT_KEY", tls.client_key());
         }
         for (key, value) in env {
             command.env(key, value);

@@ -33,6 +33,67 @@ fn request(
         .expect("request")
 }
 
+/// The CA each HTTPS authority (`host:port`) is trusted with, registered by the test that
+/// started it ([`trust`]).
+static TRUSTED: std::sync::Mutex<BTreeMap<String, std::path::PathBuf>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+/// Trusts the CA of `cluster` for its nodes' HTTPS servers.
+fn trust(cluster: &tests::Cluster) {
+    let tls = cluster.tls.as_ref().expect("a TLS cluster");
+    let mut trusted = TRUSTED.lock().unwrap_or_else(|p| p.into_inner());
+    for node in &cluster.nodes {
+        if let Some(addr) = &node.http_addr {
+            trusted.insert(addr.clone(), tls.ca());
+        }
+    }
+}
+
+/// Sends `request` over HTTPS to a trusted authority (one connection, HTTP/1.1).
+async fn send_tls(
+    request: http::Request<Full<Bytes>>,
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let authority = request.uri().authority().expect("an authority").to_string();
+    let ca = TRUSTED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&authority)
+        .cloned()
+        .ok_or_else(|| format!("no CA is trusted for {authority}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(&ca).map_err(|e| e.to_string())? {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let host = request.uri().host().expect("a host").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&authority)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| e.to_string())?;
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// One request, its status and whole body (bounded in time).
 async fn call(
     method: &str,
@@ -41,10 +102,23 @@ async fn call(
     body: Option<&str>,
 ) -> (u16, String) {
     let answer = tokio::time::timeout(Duration::from_secs(20), async {
-        let response = http()
-            .request(request(method, url, headers, body))
-            .await
-            .unwrap_or_else(|error| panic!("{method} {url}: {error}"));
+        let mut request = request(method, url, headers, body);
+        let response = if url.starts_with("https://") {
+            let authority = request.uri().authority().map(ToString::to_string);
+            if let Some(authority) = authority {
+                request.headers_mut().insert(
+                    http::header::HOST,
+                    authority.parse().expect("a host header"),
+                );
+            }
+            send_tls(request).await
+        } else {
+            http()
+                .request(request)
+                .await
+                .map_err(|error| error.to_string())
+        }
+        .unwrap_or_else(|error| panic!("{method} {url}: {error}"));
         let status = response.status().as_u16();
         let body = response
             .into_body()
@@ -431,6 +505,7 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_requests_carry_tokens_and_are_refused_like_grpc_ones() {
     let cluster = tests::Cluster::with_http(1, true).await;
+    trust(&cluster);
     let token = cluster.token.clone().expect("management token");
     let base = cluster.nodes[0].http_url();
     let artists = format!("{base}/v1/resources/demo/v2/Artist");

@@ -397,6 +397,7 @@ async fn the_cli_scenario_passes_through_the_resctl_binary_with_acls_on() {
         server: cluster.nodes[2].api_addr.clone(),
         config: config.path().join("contexts.yaml"),
         token: cluster.token.clone(),
+        tls: cluster.tls.clone(),
     };
     scenario(&driver).await;
     // Without the token, the same binary is refused.

@@ -111,13 +111,36 @@ impl Drop for Tmux {
     }
 }
 
-fn resctl(server: &str, token: &str, args: &[&str]) -> Output {
+/// What resctl and the dashboard present to a secure cluster: the management token and the
+/// client certificate (through the environment).
+struct Creds {
+    token: String,
+    tls: Option<tests::TestTls>,
+}
+
+impl Creds {
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("RESD_TOKEN".to_owned(), self.token.clone())];
+        if let Some(tls) = &self.tls {
+            for (name, path) in [
+                ("RESD_CA_CERT", tls.ca()),
+                ("RESD_CLIENT_CERT", tls.client_cert()),
+                ("RESD_CLIENT_KEY", tls.client_key()),
+            ] {
+                env.push((name.to_owned(), path.display().to_string()));
+            }
+        }
+        env
+    }
+}
+
+fn resctl(server: &str, token: &Creds, args: &[&str]) -> Output {
     let output = Command::new(tests::binary("resctl"))
         .arg("--server")
         .arg(server)
         .args(args)
         .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
-        .env("RESD_TOKEN", token)
+        .envs(token.env())
         .output()
         .expect("resctl runs");
     assert!(
@@ -138,9 +161,15 @@ fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
 }
 
 /// The shell line tmux runs: the dashboard, then what the terminal looks like after it.
-fn dashboard(server: &str, token: &str, scratch: &Path, editor: &Path, extra: &str) -> String {
+fn dashboard(server: &str, token: &Creds, scratch: &Path, editor: &Path, extra: &str) -> String {
+    let credentials: Vec<String> = token
+        .env()
+        .into_iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    let credentials = credentials.join(" ");
     format!(
-        "RESCTL_CONFIG=/nonexistent RESD_TOKEN={token} EDITOR={editor} {resctl} --server {server} tui {extra}; \
+        "RESCTL_CONFIG=/nonexistent {credentials} EDITOR={editor} {resctl} --server {server} tui {extra}; \
          echo RESCTL-EXITED $?; stty -a > {stty}; echo STTY-SAVED; sleep 600",
         editor = editor.display(),
         resctl = tests::binary("resctl").display(),
@@ -170,7 +199,10 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     }
     // ACLs on: the dashboard and resctl act with the management token.
     let mut cluster = tests::Cluster::start_with_acls(3).await;
-    let token = cluster.token.clone().expect("a management token");
+    let token = Creds {
+        token: cluster.token.clone().expect("a management token"),
+        tls: cluster.tls.clone(),
+    };
     let leader = cluster.nodes[0].api_addr.clone();
     let follower = cluster.nodes[2].api_addr.clone();
     resctl(

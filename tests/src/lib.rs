@@ -78,10 +78,16 @@ impl Node {
         }
     }
 
-    /// `http://HOST:PORT` of the node's HTTP server (started with [`Cluster::with_http`]).
+    /// `http://HOST:PORT` (`https` with TLS) of the node's HTTP server (started with
+    /// [`Cluster::with_http`]).
     pub fn http_url(&self) -> String {
+        let scheme = if self.args.iter().any(|arg| arg == "--tls-cert") {
+            "https"
+        } else {
+            "http"
+        };
         format!(
-            "http://{}",
+            "{scheme}://{}",
             self.http_addr
                 .as_deref()
                 .expect("the node was started without --http-addr")
@@ -119,9 +125,14 @@ impl Drop for Node {
 /// process and that address. The one launcher of every test harness (the `server` crate's
 /// integration tests and benches pass their own `CARGO_BIN_EXE_resd`).
 pub fn launch(resd: &Path, args: &[String]) -> (Child, String) {
+    // Plaintext must be asked for: a node given no certificates is started --insecure.
+    let insecure = !args
+        .iter()
+        .any(|arg| arg == "--tls-cert" || arg == "--insecure");
     let mut child = Command::new(resd)
         .arg("agent")
         .args(args)
+        .args(insecure.then_some("--insecure"))
         .env(
             "RUST_LOG",
             std::env::var("RESD_TEST_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
@@ -155,7 +166,87 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// With ACLs on: the management token (from AclBootstrap) every client sends.
     pub token: Option<String>,
+    /// With ACLs on (which need TLS): the certificates, made by `resd tls`.
+    pub tls: Option<TestTls>,
     _data: tempfile::TempDir,
+}
+
+/// A CA and the certificates of a test cluster: `node-N` for each node, the client `test`.
+#[derive(Debug, Clone)]
+pub struct TestTls {
+    pub dir: PathBuf,
+}
+
+impl TestTls {
+    /// Makes them with `resd tls` in `dir`.
+    pub fn make(dir: &Path, nodes: usize) -> TestTls {
+        let resd = |args: &[&str]| {
+            let output = Command::new(binary("resd"))
+                .arg("tls")
+                .args(args)
+                .arg("--dir")
+                .arg(dir)
+                .output()
+                .expect("run resd tls");
+            assert!(output.status.success(), "resd tls {args:?}: {output:?}");
+        };
+        resd(&["ca", "create"]);
+        for node_id in 1..=nodes {
+            resd(&["cert", "create", "--node-id", &node_id.to_string()]);
+        }
+        resd(&["cert", "create", "--client", "test"]);
+        TestTls {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("resd-ca.pem")
+    }
+
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.join("client-test.pem")
+    }
+
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client-test-key.pem")
+    }
+
+    /// The agent flags of node `node_id`.
+    pub fn node_flags(&self, node_id: usize) -> Vec<String> {
+        let path = |file: String| self.dir.join(file).display().to_string();
+        vec![
+            "--tls-ca".into(),
+            path("resd-ca.pem".into()),
+            "--tls-cert".into(),
+            path(format!("node-{node_id}.pem")),
+            "--tls-key".into(),
+            path(format!("node-{node_id}-key.pem")),
+        ]
+    }
+
+    /// The resctl flags of the client `test`.
+    pub fn client_flags(&self) -> Vec<String> {
+        vec![
+            "--ca-cert".into(),
+            self.ca().display().to_string(),
+            "--client-cert".into(),
+            self.client_cert().display().to_string(),
+            "--client-key".into(),
+            self.client_key().display().to_string(),
+        ]
+    }
+
+    /// The client library's TLS settings of the client `test`.
+    pub fn client(&self) -> proto::client::ClientTls {
+        proto::client::ClientTls::from_paths(
+            Some(self.ca()),
+            Some(self.client_cert()),
+            Some(self.client_key()),
+        )
+        .expect("TLS settings")
+        .expect("a CA")
+    }
 }
 
 impl Cluster {
@@ -168,8 +259,9 @@ impl Cluster {
         Self::start_inner(size, extra_args, false, false).await
     }
 
-    /// A cluster with ACLs on: node 1 bootstraps the cluster and its ACLs, the others join
-    /// with the management token, which every client of the cluster then sends.
+    /// A cluster with ACLs on (and so TLS): node 1 bootstraps the cluster and its ACLs, the
+    /// others join with their node certificates; every client of the cluster sends the
+    /// management token.
     pub async fn start_with_acls(size: usize) -> Cluster {
         Self::start_inner(size, &["--acl-enabled"], true, false).await
     }
@@ -185,6 +277,7 @@ impl Cluster {
         let data = tempfile::tempdir().expect("temp dir");
         let mut nodes: Vec<Node> = Vec::new();
         let mut token: Option<String> = None;
+        let tls = acls.then(|| TestTls::make(&data.path().join("tls"), size));
         for node_id in 1..=size {
             let mut args = vec![
                 "--node-id".to_owned(),
@@ -203,8 +296,8 @@ impl Cluster {
                 None => args.push("--bootstrap".to_owned()),
                 Some(first) => args.extend(["--join".to_owned(), first.api_addr.clone()]),
             }
-            if let Some(token) = &token {
-                args.extend(["--join-token".to_owned(), token.clone()]);
+            if let Some(tls) = &tls {
+                args.extend(tls.node_flags(node_id));
             }
             if http {
                 args.extend([
@@ -215,12 +308,13 @@ impl Cluster {
             args.extend(extra_args.iter().map(|arg| arg.to_string()));
             nodes.push(Node::spawn(&args));
             if acls && token.is_none() {
-                token = Some(bootstrap_acls(&nodes[0].api_addr).await);
+                token = Some(bootstrap_acls(&nodes[0].api_addr, tls.as_ref()).await);
             }
         }
         let cluster = Cluster {
             nodes,
             token,
+            tls,
             _data: data,
         };
         cluster.wait_for_voters(size).await;
@@ -230,7 +324,9 @@ impl Cluster {
     /// A client of node `index` (0-based).
     pub fn client(&self, index: usize) -> Client {
         Client::new(
-            ClientConfig::new(self.nodes[index].api_addr.clone()).with_token(self.token.clone()),
+            ClientConfig::new(self.nodes[index].api_addr.clone())
+                .with_token(self.token.clone())
+                .with_tls(self.tls.as_ref().map(TestTls::client)),
         )
         .expect("client")
     }
@@ -252,8 +348,10 @@ impl Cluster {
 }
 
 /// Bootstraps ACLs through `api_addr` (once a leader is elected) and returns the secret.
-async fn bootstrap_acls(api_addr: &str) -> String {
-    let client = Client::new(ClientConfig::new(api_addr.to_owned())).expect("client");
+async fn bootstrap_acls(api_addr: &str, tls: Option<&TestTls>) -> String {
+    let client =
+        Client::new(ClientConfig::new(api_addr.to_owned()).with_tls(tls.map(TestTls::client)))
+            .expect("client");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match client.acl_bootstrap().await {

@@ -14,6 +14,9 @@ use crate::acl::{self, Access, AclError, Authorizer};
 use crate::resource;
 
 pub const TOMBSTONE: &str = "internal.v1.Tombstone";
+/// The record that ACLs were bootstrapped (one, named [`ACL_BOOTSTRAP_NAME`]).
+pub const ACL_BOOTSTRAP: &str = "internal.v1.AclBootstrap";
+pub const ACL_BOOTSTRAP_NAME: &str = "acl-bootstrap";
 /// The group of the types only the server writes (tombstones).
 pub const INTERNAL_GROUP: &str = "internal";
 pub const PARTITION: &str = "tenancy.v1.Partition";
@@ -29,6 +32,22 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
     tombstone.max_name_len = MAX_TOMBSTONE_NAME_LEN;
     tombstone.server_written = true;
     registry.register(tombstone)?;
+    let mut bootstrapped =
+        Registration::new::<internal_v1::AclBootstrap>(ACL_BOOTSTRAP, Scope::Cluster).with_acls(
+            Acls::acl_managed(|authorizer, _| {
+                // Deleting it would reopen bootstrap: management only (it is never written).
+                if authorizer.is_management() {
+                    Ok(())
+                } else {
+                    Err(AclError::PermissionDenied(format!(
+                        "only a {} token may delete the record of the ACL bootstrap",
+                        acl::MANAGEMENT_POLICY
+                    )))
+                }
+            }),
+        );
+    bootstrapped.server_written = true;
+    registry.register(bootstrapped)?;
 
     registry.register(Registration::new::<tenancy_v1::Partition>(
         PARTITION,

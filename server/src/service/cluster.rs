@@ -24,6 +24,9 @@ use crate::tls::{ConnInfo, Dialer, Refusals};
 
 /// The token `AclBootstrap` creates.
 pub const BOOTSTRAP_TOKEN: &str = "initial-management";
+/// The file in a server's data directory that allows one more bootstrap: it names the reset
+/// index the refusal quoted (Consul's `acl-bootstrap-reset`).
+pub const ACL_BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
 
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -789,14 +792,29 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 "ACLs are disabled on this server: start every agent with --acl-enabled".into(),
             )));
         };
+        // A reset names the bootstrap's index in a file on this server's disk.
+        let reset_file = self
+            .raft
+            .as_ref()
+            .map(|raft| raft.data_dir().join(ACL_BOOTSTRAP_RESET_FILE));
+        let reset_index = reset_file
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .map(|text| text.trim().to_owned());
         let secret = proto::tls::new_secret()
             .map_err(|why| Status::from(Error::Internal(format!("cannot make a secret: {why}"))))?;
         service
-            .bootstrap_acl_token(BOOTSTRAP_TOKEN, &secret)
+            .bootstrap_acls(BOOTSTRAP_TOKEN, &secret, reset_index.as_deref())
             .await
             .map_err(Status::from)?;
+        if reset_index.is_some()
+            && let Some(path) = &reset_file
+        {
+            let _ = std::fs::remove_file(path);
+        }
         tracing::warn!(
             accessor = BOOTSTRAP_TOKEN,
+            reset = reset_index.is_some(),
             "ACLs bootstrapped: the management token was handed to the caller"
         );
         Ok(Response::new(pb::AclBootstrapResponse {

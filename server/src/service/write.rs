@@ -323,19 +323,82 @@ impl ResourceService {
 
     /// Creates the management token `name` with `secret` unless it exists (ACL bootstrap):
     /// `FailedPrecondition` once any node has done it.
-    pub async fn bootstrap_acl_token(&self, name: &str, secret: &str) -> Result<(), Error> {
-        let already = || Error::FailedPrecondition("ACLs are already bootstrapped".into());
-        let id = proto::resource::v1::Id {
+    /// Bootstraps ACLs (DESIGN §12.3): records that they were bootstrapped — for good, before
+    /// anything else — then writes the management token `accessor` with `secret`. Refused once
+    /// recorded, whatever happened to the tokens since, unless `reset_index` (what the file
+    /// `acl-bootstrap-reset` in the answering server's data directory holds) names the
+    /// record's version. A cluster bootstrapped before the record existed (it holds tokens) is
+    /// recorded now and refused.
+    pub async fn bootstrap_acls(
+        &self,
+        accessor: &str,
+        secret: &str,
+        reset_index: Option<&str>,
+    ) -> Result<(), Error> {
+        use crate::registry::builtin::{ACL_BOOTSTRAP, ACL_BOOTSTRAP_NAME};
+        let already = |index: &str| {
+            Error::FailedPrecondition(format!(
+                "ACLs are already bootstrapped (reset index {index}); to bootstrap again, write {index} into the file acl-bootstrap-reset in a server's data directory and call AclBootstrap on that server"
+            ))
+        };
+        let (group, version, kind) = ACL_BOOTSTRAP.split('.').fold(
+            (String::new(), String::new(), String::new()),
+            |(g, v, k), part| match (g.is_empty(), v.is_empty()) {
+                (true, _) => (part.to_owned(), v, k),
+                (false, true) => (g, part.to_owned(), k),
+                (false, false) => (g, v, part.to_owned()),
+            },
+        );
+        let mut record_id = proto::resource::v1::Id {
             uid: String::new(),
-            name: name.to_owned(),
-            r#type: Some(resource::new_type("acl", "v1", "Token")),
+            name: ACL_BOOTSTRAP_NAME.to_owned(),
+            r#type: Some(resource::new_type(&group, &version, &kind)),
             tenancy: Some(Default::default()),
         };
-        match self.backend.read(Consistency::Strong, &id).await {
-            Ok(_) | Err(StorageError::GroupVersionMismatch { .. }) => return Err(already()),
-            Err(StorageError::NotFound) => {}
+        match self.backend.read(Consistency::Strong, &record_id).await {
+            Ok(record) => {
+                if reset_index != Some(record.version.as_str()) {
+                    return Err(already(&record.version));
+                }
+                match self
+                    .backend
+                    .delete_cas_as(&record_id, &record.version, crate::acl::SERVER_IDENTITY)
+                    .await
+                {
+                    Ok(()) => tracing::warn!(
+                        reset_index = record.version,
+                        "ACL bootstrap reset: the reset file named the bootstrap's index"
+                    ),
+                    Err(StorageError::CasFailure) => return Err(already("changed")),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Err(StorageError::NotFound) => {
+                let tokens = self
+                    .backend
+                    .list(
+                        Consistency::Strong,
+                        &crate::storage::UnversionedType {
+                            group: "acl".into(),
+                            kind: "Token".into(),
+                        },
+                        &proto::resource::v1::Tenancy {
+                            partition: resource::WILDCARD.into(),
+                            namespace: resource::WILDCARD.into(),
+                        },
+                        "",
+                    )
+                    .await?;
+                if !tokens.is_empty() {
+                    // Bootstrapped by an earlier build, which kept no record: record it now.
+                    let record = self.acl_bootstrap_record(record_id.clone(), "").await?;
+                    return Err(already(&record));
+                }
+            }
             Err(error) => return Err(error.into()),
         }
+        record_id.uid = String::new();
+        self.acl_bootstrap_record(record_id, accessor).await?;
         let token = proto::acl::v1::Token {
             description: "Created by AclBootstrap: manages everything".into(),
             policies: vec![crate::acl::MANAGEMENT_POLICY.into()],
@@ -344,17 +407,51 @@ impl ResourceService {
             secret_hash: String::new(),
         };
         let resource = Resource {
-            id: Some(id),
+            id: Some(proto::resource::v1::Id {
+                uid: String::new(),
+                name: accessor.to_owned(),
+                r#type: Some(resource::new_type("acl", "v1", "Token")),
+                tenancy: Some(Default::default()),
+            }),
             data: Some(proto::to_any(&token)),
             ..Default::default()
         };
-        let prepared = self
-            .prepare_write(&crate::acl::AllowAll, Some(resource))
-            .await?;
-        match self.create(prepared.resource.clone(), &prepared).await {
-            Ok(_) => Ok(()),
-            Err(Error::CasFailed(_)) => Err(already()),
-            Err(error) => Err(error),
+        // A blind write: after a reset, the token replaces the one of that name.
+        self.write(
+            &crate::acl::AllowAll,
+            WriteRequest {
+                resource: Some(resource),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the bootstrap record (it must not exist) and returns its version, the reset index.
+    async fn acl_bootstrap_record(
+        &self,
+        mut id: proto::resource::v1::Id,
+        accessor: &str,
+    ) -> Result<String, Error> {
+        id.uid = new_ulid();
+        let record = Resource {
+            id: Some(id),
+            generation: new_ulid(),
+            data: Some(proto::to_any(&proto::internal::v1::AclBootstrap {
+                accessor: accessor.to_owned(),
+            })),
+            ..Default::default()
+        };
+        match self
+            .backend
+            .write_cas_as(record, crate::acl::SERVER_IDENTITY)
+            .await
+        {
+            Ok(stored) => Ok(stored.version),
+            Err(StorageError::CasFailure | StorageError::WrongUid) => Err(
+                Error::FailedPrecondition("ACLs are already bootstrapped".into()),
+            ),
+            Err(error) => Err(error.into()),
         }
     }
 

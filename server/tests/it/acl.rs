@@ -759,8 +759,11 @@ async fn bad_acl_input_is_refused_naming_the_field_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
-    // Node 1 bootstraps the cluster and its ACLs; nodes 2 and 3 join with the management token.
+    // Node 1 bootstraps the cluster and its ACLs; nodes 2 and 3 join (with their node
+    // certificates; ACLs need TLS).
     let base = tempfile::tempdir().expect("temp dir");
+    let ca = crate::process::TestCa::new(3);
+    let client = ca.client(Some(("client-test.pem", "client-test-key.pem")));
     let node_args = |node_id: u64, join: Option<(&str, &str)>| {
         let mut args = vec![
             "--node-id".to_owned(),
@@ -776,6 +779,7 @@ async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
             format!("127.0.0.1:{}", crate::process::free_port()),
             "--acl-enabled".to_owned(),
         ];
+        args.extend(ca.node_flags(node_id));
         match join {
             None => args.push("--bootstrap".to_owned()),
             Some((addr, token)) => args.extend([
@@ -787,13 +791,18 @@ async fn watches_see_only_what_their_token_reads_and_end_when_it_is_deleted() {
         }
         args
     };
-    let first = Resd::spawn(node_args(1, None));
+    let secure = |args: Vec<String>| {
+        let mut node = Resd::spawn(args);
+        node.client_tls = Some(client.clone());
+        node
+    };
+    let first = secure(node_args(1, None));
     let management = bootstrap(&first).await;
     let first_api = first.api_addr.to_string();
     let nodes = [
         first,
-        Resd::spawn(node_args(2, Some((&first_api, &management)))),
-        Resd::spawn(node_args(3, Some((&first_api, &management)))),
+        secure(node_args(2, Some((&first_api, &management)))),
+        secure(node_args(3, Some((&first_api, &management)))),
     ];
     let channel = nodes[0].channel().await;
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -196,6 +196,7 @@ fn a_data_directory_of_another_node_or_cluster_is_refused_at_start() {
                 "--raft-addr",
                 "127.0.0.1:0",
                 "--bootstrap",
+                "--insecure",
             ])
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())

@@ -22,6 +22,8 @@ pub struct Resd {
     _data: Option<tempfile::TempDir>,
     /// How the test connects when the node speaks TLS.
     pub client_tls: Option<ClientTlsConfig>,
+    /// The certificates of a node started secure by [`Resd::start_with`].
+    _ca: Option<std::sync::Arc<TestCa>>,
 }
 
 /// A CA with certificates for nodes 1..=`nodes` of cluster `resd` and a client `test`, made by
@@ -86,8 +88,13 @@ impl Resd {
         Self::start_with(&[])
     }
 
+    /// A single node with `extra_args`; with `--acl-enabled` it speaks TLS (ACLs are refused
+    /// without it), and the test connects with the client certificate `test`.
     pub fn start_with(extra_args: &[&str]) -> Resd {
         let data = tempfile::tempdir().expect("temp dir");
+        let ca = extra_args
+            .contains(&"--acl-enabled")
+            .then(|| std::sync::Arc::new(TestCa::new(1)));
         let mut args = vec![
             "--node-id".to_owned(),
             "1".to_owned(),
@@ -100,8 +107,15 @@ impl Resd {
             "--bootstrap".to_owned(),
         ];
         args.extend(extra_args.iter().map(|a| a.to_string()));
+        if let Some(ca) = &ca {
+            args.extend(ca.node_flags(1));
+        }
         let mut resd = Self::spawn(args);
         resd._data = Some(data);
+        resd.client_tls = ca
+            .as_ref()
+            .map(|ca| ca.client(Some(("client-test.pem", "client-test-key.pem"))));
+        resd._ca = ca;
         resd
     }
 
@@ -117,8 +131,15 @@ impl Resd {
         Self::spawn(args)
     }
 
-    /// Starts `resd agent ARGS` and waits for it to report its API address.
-    pub fn spawn(args: Vec<String>) -> Resd {
+    /// Starts `resd agent ARGS` and waits for it to report its API address. A node given no
+    /// certificates is started `--insecure` (plaintext must be asked for).
+    pub fn spawn(mut args: Vec<String>) -> Resd {
+        if !args
+            .iter()
+            .any(|arg| arg == "--tls-cert" || arg == "--insecure")
+        {
+            args.push("--insecure".to_owned());
+        }
         let (child, api_addr) = launch(&args);
         Resd {
             child: Some(child),
@@ -126,6 +147,7 @@ impl Resd {
             api_addr,
             _data: None,
             client_tls: None,
+            _ca: None,
         }
     }
 

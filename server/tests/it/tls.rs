@@ -96,12 +96,24 @@ fn startup_log(args: &[&str]) -> String {
 
 #[test]
 fn a_node_bound_beyond_loopback_without_tls_warns_once() {
-    let exposed = startup_log(&["--storage", "memory", "--api-addr", "0.0.0.0:0"]);
+    let exposed = startup_log(&[
+        "--insecure",
+        "--storage",
+        "memory",
+        "--api-addr",
+        "0.0.0.0:0",
+    ]);
     assert_eq!(
         exposed.matches("not on a loopback address").count(),
         1,
         "{exposed}"
     );
-    let quiet = startup_log(&["--storage", "memory", "--api-addr", "127.0.0.1:0"]);
+    let quiet = startup_log(&[
+        "--insecure",
+        "--storage",
+        "memory",
+        "--api-addr",
+        "127.0.0.1:0",
+    ]);
     assert!(!quiet.contains("loopback"), "{quiet}");
 }

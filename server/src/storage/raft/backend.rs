@@ -442,6 +442,11 @@ impl RaftBackend {
         self.data_dir.join(super::schema::RESTORE_SPOOL_DIR)
     }
 
+    /// This node's data directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
     /// Largest raft snapshot this node accepts.
     pub fn max_snapshot_bytes(&self) -> u64 {
         self.max_snapshot_bytes
