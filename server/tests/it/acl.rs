@@ -21,7 +21,7 @@ use tonic::{Code, Request};
 
 use crate::process::Resd;
 
-fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
+pub(crate) fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
     let mut request = Request::new(message);
     if let Some(token) = token {
         request.metadata_mut().insert(
@@ -34,7 +34,7 @@ fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
 }
 
 /// Bootstraps ACLs on `node` (waiting for it to lead) and returns the management secret.
-async fn bootstrap(node: &Resd) -> String {
+pub(crate) async fn bootstrap(node: &Resd) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match node
@@ -75,7 +75,7 @@ fn artist_in(namespace: &str, name: &str) -> Resource {
     }
 }
 
-fn cluster_id(kind: &str, name: &str) -> Id {
+pub(crate) fn cluster_id(kind: &str, name: &str) -> Id {
     Id {
         uid: String::new(),
         name: name.into(),
@@ -93,7 +93,7 @@ fn cluster_id(kind: &str, name: &str) -> Id {
     }
 }
 
-fn policy(name: &str, rules: Vec<acl::Rule>, operator: acl::Access) -> Resource {
+pub(crate) fn policy(name: &str, rules: Vec<acl::Rule>, operator: acl::Access) -> Resource {
     Resource {
         id: Some(cluster_id("Policy", name)),
         data: Some(proto::to_any(&acl::Policy {
@@ -107,7 +107,7 @@ fn policy(name: &str, rules: Vec<acl::Rule>, operator: acl::Access) -> Resource 
     }
 }
 
-fn demo_rule(namespace: &str, access: acl::Access) -> acl::Rule {
+pub(crate) fn demo_rule(namespace: &str, access: acl::Access) -> acl::Rule {
     acl::Rule {
         types: vec!["demo.*.*".into()],
         partition: "default".into(),
@@ -117,7 +117,7 @@ fn demo_rule(namespace: &str, access: acl::Access) -> acl::Rule {
     }
 }
 
-fn token(name: &str, secret: &str, policies: &[&str], expires_at: &str) -> Resource {
+pub(crate) fn token(name: &str, secret: &str, policies: &[&str], expires_at: &str) -> Resource {
     Resource {
         id: Some(cluster_id("Token", name)),
         data: Some(proto::to_any(&acl::Token {
@@ -131,7 +131,7 @@ fn token(name: &str, secret: &str, policies: &[&str], expires_at: &str) -> Resou
     }
 }
 
-async fn write_as(
+pub(crate) async fn write_as(
     channel: &Channel,
     token: &str,
     resource: Resource,

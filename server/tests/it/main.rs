@@ -2,6 +2,7 @@
 //! port, driven over gRPC, and stopped by its PID.
 
 mod acl;
+mod acl_attacks;
 mod cluster;
 mod controllers;
 mod crash;

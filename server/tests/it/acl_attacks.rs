@@ -1,0 +1,451 @@
+//! The red team's ACL attacks (issue: "ACLs an attacker cannot climb"), each against real
+//! processes: plaintext with ACLs, bootstrap twice, default-allow and operator access as
+//! management, escalation through the tokens and policies a token writes.
+
+use std::time::Duration;
+
+use proto::acl::v1 as acl;
+use proto::cluster::v1 as cluster_pb;
+use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
+use proto::resource::v1::resource_service_client::ResourceServiceClient;
+use proto::resource::v1::{DeleteRequest, Resource};
+use tonic::Code;
+
+use crate::acl::{bootstrap, cluster_id, demo_rule, policy, token, with_token, write_as};
+use crate::process::Resd;
+
+/// Runs `resd agent ARGS` expecting it to refuse to start: its exit code and stderr.
+fn refused(args: &[&str]) -> (Option<i32>, String) {
+    let data = tempfile::tempdir().expect("temp dir");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_resd"))
+        .arg("agent")
+        .args([
+            "--node-id",
+            "1",
+            "--data-dir",
+            &data.path().display().to_string(),
+            "--api-addr",
+            "127.0.0.1:0",
+            "--raft-addr",
+            "127.0.0.1:0",
+            "--bootstrap",
+        ])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run resd");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Attack 1: ACLs over plaintext protected nothing (the raft port took forged tokens). Now
+/// plaintext must be asked for, and ACLs are refused with it.
+#[test]
+fn plaintext_must_be_asked_for_and_never_carries_acls() {
+    let (code, stderr) = refused(&[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("no TLS certificates") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
+    let (code, stderr) = refused(&["--insecure", "--acl-enabled"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--acl-enabled with --insecure is refused"),
+        "{stderr}"
+    );
+}
+
+async fn delete_as(node: &Resd, secret: &str, resource: &Resource) -> Result<(), tonic::Status> {
+    ResourceServiceClient::new(node.channel().await)
+        .delete(with_token(
+            DeleteRequest {
+                id: resource.id.clone(),
+                version: String::new(),
+            },
+            Some(secret),
+        ))
+        .await
+        .map(drop)
+}
+
+async fn bootstrap_once_more(node: &Resd) -> Result<String, tonic::Status> {
+    ClusterServiceClient::new(node.channel().await)
+        .acl_bootstrap(cluster_pb::AclBootstrapRequest {})
+        .await
+        .map(|reply| reply.into_inner().secret)
+}
+
+async fn who_am_i(node: &Resd, secret: &str) -> Result<Vec<String>, tonic::Status> {
+    ClusterServiceClient::new(node.channel().await)
+        .acl_who_am_i(with_token(cluster_pb::AclWhoAmIRequest {}, Some(secret)))
+        .await
+        .map(|reply| reply.into_inner().policies)
+}
+
+/// Attack 2: deleting `initial-management` reopened AclBootstrap to anyone. Bootstrap is
+/// recorded for good; only a reset file on a server's disk naming its index allows one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_happens_once_even_after_every_management_token_is_deleted() {
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    write_as(
+        &channel,
+        &management,
+        token(
+            "admin2",
+            "admin2-secret-0123456789",
+            &["global-management"],
+            "",
+        ),
+    )
+    .await
+    .expect("a second management token");
+    delete_as(
+        &node,
+        "admin2-secret-0123456789",
+        &token("initial-management", "", &[], ""),
+    )
+    .await
+    .expect("ordinary hygiene: the bootstrap token deleted");
+
+    let refused = bootstrap_once_more(&node)
+        .await
+        .expect_err("no second bootstrap");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("already bootstrapped")
+            && refused.message().contains("acl-bootstrap-reset"),
+        "{refused:?}"
+    );
+    let index = refused
+        .message()
+        .split("reset index ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("the refusal names the reset index")
+        .to_owned();
+    // Nor can an acl writer reopen it by deleting the record.
+    let record = Resource {
+        id: Some(proto::resource::v1::Id {
+            r#type: Some(proto::resource::v1::Type {
+                group: "internal".into(),
+                group_version: "v1".into(),
+                kind: "AclBootstrap".into(),
+            }),
+            ..cluster_id("Token", "acl-bootstrap")
+        }),
+        ..Default::default()
+    };
+    let mut acl_admin = policy("acl-admin", Vec::new(), acl::Access::Unspecified);
+    acl_admin.data = Some(proto::to_any(&acl::Policy {
+        acl: acl::Access::Write as i32,
+        ..Default::default()
+    }));
+    write_as(&channel, "admin2-secret-0123456789", acl_admin)
+        .await
+        .expect("acl write");
+    write_as(
+        &channel,
+        "admin2-secret-0123456789",
+        token("keeper", "keeper-secret-0123456789", &["acl-admin"], ""),
+    )
+    .await
+    .expect("an acl writer");
+    let denied = delete_as(&node, "keeper-secret-0123456789", &record)
+        .await
+        .expect_err("only management deletes the record");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        bootstrap_once_more(&node).await.is_err(),
+        "still bootstrapped"
+    );
+
+    // A wrong index in the reset file changes nothing; the right one allows one more.
+    let reset = node
+        .data_dir()
+        .expect("data dir")
+        .join("acl-bootstrap-reset");
+    std::fs::write(&reset, "999999").expect("reset file");
+    assert!(bootstrap_once_more(&node).await.is_err(), "a wrong index");
+    std::fs::write(&reset, &index).expect("reset file");
+    let fresh = bootstrap_once_more(&node)
+        .await
+        .expect("the reset allows one bootstrap");
+    assert!(!reset.exists(), "the reset file is consumed");
+    assert_eq!(
+        who_am_i(&node, &fresh).await.expect("the new token works"),
+        ["global-management"]
+    );
+    assert!(bootstrap_once_more(&node).await.is_err(), "once again");
+}
+
+/// Attack 3: with `--acl-default-policy allow`, a token whose only policy denies something
+/// created a global-management token. The default never grants ACL management.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_never_grants_acl_management() {
+    let node = Resd::start_with(&["--acl-enabled", "--acl-default-policy", "allow"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    let deny_one = acl::Rule {
+        types: vec!["demo.v2.Artist".into()],
+        name_prefix: "secret-".into(),
+        access: acl::Access::Deny as i32,
+        ..Default::default()
+    };
+    write_as(
+        &channel,
+        &management,
+        policy("deny-secrets", vec![deny_one], acl::Access::Unspecified),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token(
+            "limited",
+            "limited-secret-0123456789",
+            &["deny-secrets"],
+            "",
+        ),
+    )
+    .await
+    .expect("token");
+    let climb = write_as(
+        &channel,
+        "limited-secret-0123456789",
+        token("mine", "mine-secret-0123456789", &["global-management"], ""),
+    )
+    .await
+    .expect_err("no management token from the default policy");
+    assert_eq!(climb.code(), Code::PermissionDenied, "{climb:?}");
+    assert!(climb.message().contains("acl write"), "{climb:?}");
+    let read = ResourceServiceClient::new(channel.clone())
+        .read(with_token(
+            proto::resource::v1::ReadRequest {
+                id: Some(cluster_id("Token", "limited")),
+            },
+            Some("limited-secret-0123456789"),
+        ))
+        .await
+        .expect_err("token records need acl read");
+    assert_eq!(read.code(), Code::PermissionDenied);
+}
+
+/// Attack 4: the fixture's "operator" policy saved snapshots holding every token hash, made
+/// management tokens, and every join token was one. Operator access is none of those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_access_is_neither_acl_management_nor_snapshots_nor_joining() {
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    write_as(
+        &channel,
+        &management,
+        policy("operator", Vec::new(), acl::Access::Write),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("ops", "ops-secret-0123456789", &["operator"], ""),
+    )
+    .await
+    .expect("token");
+    let ops = "ops-secret-0123456789";
+    let mut cluster = ClusterServiceClient::new(channel.clone());
+    let status = cluster
+        .status(with_token(cluster_pb::StatusRequest {}, Some(ops)))
+        .await;
+    assert!(
+        status.is_ok(),
+        "operator access runs the cluster: {status:?}"
+    );
+    let saved = cluster
+        .snapshot_save(with_token(cluster_pb::SnapshotSaveRequest {}, Some(ops)))
+        .await;
+    let code = match saved {
+        Err(status) => status.code(),
+        Ok(stream) => match tokio::time::timeout(Duration::from_secs(10), async {
+            let mut stream = stream.into_inner();
+            stream.message().await
+        })
+        .await
+        {
+            Ok(Err(status)) => status.code(),
+            other => panic!("a snapshot was served to operator access: {other:?}"),
+        },
+    };
+    assert_eq!(code, Code::PermissionDenied);
+    let minted = write_as(
+        &channel,
+        ops,
+        token("mine", "mine-secret-0123456789", &["global-management"], ""),
+    )
+    .await
+    .expect_err("no management token from operator access");
+    assert_eq!(minted.code(), Code::PermissionDenied);
+    let joined = cluster
+        .join(with_token(
+            cluster_pb::JoinRequest {
+                node_id: 9,
+                raft_addr: "127.0.0.1:1".into(),
+                api_addr: "127.0.0.1:2".into(),
+            },
+            Some(ops),
+        ))
+        .await
+        .expect_err("joining needs the join right");
+    assert_eq!(joined.code(), Code::PermissionDenied, "{joined:?}");
+    assert!(joined.message().contains("join right"), "{joined:?}");
+}
+
+/// No escalation: a token that manages ACLs within the jazz namespace hands out exactly what it
+/// holds — and is told what it lacks when it tries more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_grants_through_what_it_writes_only_what_it_holds() {
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    let mut delegate = policy("jazz-delegate", Vec::new(), acl::Access::Unspecified);
+    delegate.data = Some(proto::to_any(&acl::Policy {
+        rules: vec![
+            demo_rule("jazz", acl::Access::Write),
+            acl::Rule {
+                types: vec!["demo.v2.Artist".into()],
+                name_prefix: "secret-".into(),
+                access: acl::Access::Deny as i32,
+                ..Default::default()
+            },
+        ],
+        acl: acl::Access::Write as i32,
+        ..Default::default()
+    }));
+    write_as(&channel, &management, delegate)
+        .await
+        .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token(
+            "delegate",
+            "delegate-secret-0123456789",
+            &["jazz-delegate"],
+            "",
+        ),
+    )
+    .await
+    .expect("token");
+    let delegate = "delegate-secret-0123456789";
+
+    // Within: reading jazz albums.
+    let albums = acl::Rule {
+        types: vec!["demo.v2.Album".into()],
+        partition: "default".into(),
+        namespace: "jazz".into(),
+        name_prefix: String::new(),
+        access: acl::Access::Read as i32,
+    };
+    write_as(
+        &channel,
+        delegate,
+        policy("jazz-albums", vec![albums], acl::Access::Unspecified),
+    )
+    .await
+    .expect("within what it holds");
+    write_as(
+        &channel,
+        delegate,
+        token(
+            "listener",
+            "listener-secret-0123456789",
+            &["jazz-albums"],
+            "",
+        ),
+    )
+    .await
+    .expect("a token within what it holds");
+
+    // Beyond: another namespace, past its DENY, operator access, management.
+    let attempts: Vec<(Resource, &str)> = vec![
+        (
+            policy(
+                "everywhere",
+                vec![demo_rule("*", acl::Access::Write)],
+                acl::Access::Unspecified,
+            ),
+            "write on demo.*.* default/*",
+        ),
+        (
+            policy(
+                "secrets",
+                vec![acl::Rule {
+                    types: vec!["demo.v2.Artist".into()],
+                    partition: "default".into(),
+                    namespace: "jazz".into(),
+                    name_prefix: "secret-".into(),
+                    access: acl::Access::Read as i32,
+                }],
+                acl::Access::Unspecified,
+            ),
+            "read on demo.v2.Artist default/jazz secret-*",
+        ),
+        (
+            policy("ops", Vec::new(), acl::Access::Read),
+            "operator read",
+        ),
+        (
+            token("root", "root-secret-0123456789", &["global-management"], ""),
+            "only a global-management token grants global-management",
+        ),
+    ];
+    for (resource, lacks) in attempts {
+        let name = resource.id.clone().unwrap_or_default().name;
+        let refused = write_as(&channel, delegate, resource)
+            .await
+            .expect_err(&name);
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{name}: {refused:?}"
+        );
+        assert!(refused.message().contains(lacks), "{name}: {refused:?}");
+    }
+}
+
+/// `--acl-initial-management-file`: the cluster bootstraps itself with the operator's secret,
+/// and AclBootstrap is closed from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_management_secret_bootstraps_the_cluster_by_itself() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("initial-management");
+    std::fs::write(&file, "pre-seeded-secret-0123456789\n").expect("secret file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let node = Resd::start_with(&[
+        "--acl-enabled",
+        "--acl-initial-management-file",
+        &file.display().to_string(),
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let policies = loop {
+        match who_am_i(&node, "pre-seeded-secret-0123456789").await {
+            Ok(policies) => break policies,
+            Err(status) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the pre-seeded token never worked: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(policies, ["global-management"]);
+    let refused = bootstrap_once_more(&node).await.expect_err("bootstrapped");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+}
