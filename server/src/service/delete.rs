@@ -43,7 +43,18 @@ impl ResourceService {
                 // The named incarnation is already gone; the stored one is someone else's.
                 return Ok(DeleteResponse {});
             }
+            // Both the version asked through and the one stored (a DENY under either holds).
             (registration.acls.write)(authorizer, &existing)?;
+            if existing_id.r#type.as_ref().map(|t| &t.group_version)
+                != id.r#type.as_ref().map(|t| &t.group_version)
+            {
+                let mut requested = existing.clone();
+                requested.id = Some(proto::resource::v1::Id {
+                    uid: existing_id.uid.clone(),
+                    ..id.clone()
+                });
+                (registration.acls.write)(authorizer, &requested)?;
+            }
             if !blind && *version != existing.version {
                 return Err(Error::CasFailed(format!(
                     "{} is at version {}, the delete expected version {version}",

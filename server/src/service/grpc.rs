@@ -86,14 +86,16 @@ impl ResourceGrpc {
         let authorizer = self.authorizer(&request)?;
         let token = token_of(&request)?;
         let deadline = deadline(&request);
+        let (grants, live) = tokio::sync::watch::channel(authorizer);
         let events: SharedWatchStream = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .watch_list_shared(authorizer, request.into_inner()),
+            self.service.watch_list_shared(live, request.into_inner()),
         )
         .await?;
         let events = match self.tokens.changes() {
-            Some(changes) => while_token_valid(events, self.tokens.clone(), token, changes).boxed(),
+            Some(changes) => {
+                while_token_valid(events, self.tokens.clone(), token, changes, grants).boxed()
+            }
             None => events,
         };
         let open = self.watch_metrics.open_stream();
@@ -124,41 +126,70 @@ pub type SharedEventStream =
 /// How often an open watch re-checks its token when nothing changed (it may expire).
 const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Ends a watch with `Unauthenticated` once its token is deleted or expires: re-checked on
-/// every change of the ACL resources and every second.
+/// Keeps a watch on its token's current grants: re-resolved on every change of the ACL
+/// resources and every second, the new authorizer handed to the watch (which ends with
+/// PermissionDenied when it may no longer watch); ends with `Unauthenticated` once the token is
+/// deleted or expires.
 fn while_token_valid(
     events: SharedWatchStream,
     tokens: Arc<dyn TokenResolver>,
     token: Option<String>,
     changes: tokio::sync::watch::Receiver<u64>,
+    grants: tokio::sync::watch::Sender<Arc<dyn Authorizer>>,
 ) -> SharedWatchStream {
     use futures::StreamExt;
+    struct State {
+        events: SharedWatchStream,
+        tokens: Arc<dyn TokenResolver>,
+        token: Option<String>,
+        changes: tokio::sync::watch::Receiver<u64>,
+        recheck: tokio::time::Interval,
+        grants: tokio::sync::watch::Sender<Arc<dyn Authorizer>>,
+    }
     let mut recheck = tokio::time::interval(TOKEN_RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     futures::stream::unfold(
-        Some((events, tokens, token, changes, recheck)),
+        Some(State {
+            events,
+            tokens,
+            token,
+            changes,
+            recheck,
+            grants,
+        }),
         |state| async move {
-            let (mut events, tokens, token, mut changes, mut recheck) = state?;
+            let mut state = state?;
             loop {
                 tokio::select! {
-                    item = events.next() => {
+                    item = state.events.next() => {
                         let item = item?;
-                        return Some((item, Some((events, tokens, token, changes, recheck))));
+                        return Some((item, Some(state)));
                     }
-                    changed = changes.changed() => {
+                    changed = state.changes.changed() => {
                         if changed.is_err() {
                             // The store is gone (shutting down): keep streaming until the end.
-                            let item = events.next().await?;
-                            return Some((item, Some((events, tokens, token, changes, recheck))));
+                            let item = state.events.next().await?;
+                            return Some((item, Some(state)));
                         }
                     }
-                    _ = recheck.tick() => {}
+                    _ = state.recheck.tick() => {}
                 }
-                if let Err(error) = tokens.resolve(token.as_deref()) {
-                    return Some((
-                        Err(Error::Unauthenticated(format!("watch ended: {error}"))),
-                        None,
-                    ));
+                match state.tokens.resolve(state.token.as_deref()) {
+                    Err(error) => {
+                        return Some((
+                            Err(Error::Unauthenticated(format!("watch ended: {error}"))),
+                            None,
+                        ));
+                    }
+                    Ok(current) => {
+                        state.grants.send_if_modified(|held| {
+                            let changed = !Arc::ptr_eq(held, &current);
+                            if changed {
+                                *held = current;
+                            }
+                            changed
+                        });
+                    }
                 }
             }
         },

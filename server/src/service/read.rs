@@ -25,6 +25,16 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> 
 /// change holds (see [`SharedEvent::wire`]: the gRPC server encodes it once for all of them).
 pub type SharedWatchStream = Pin<Box<dyn Stream<Item = Result<SharedEvent, Error>> + Send>>;
 
+/// The grants a watch is checked against, as they are now: the gRPC layer replaces the
+/// authorizer whenever the caller's token or its policies change (DESIGN §12.3: watches follow
+/// the current grants).
+pub type LiveGrants = tokio::sync::watch::Receiver<Arc<dyn Authorizer>>;
+
+/// Grants that never change (the server's own watches, controllers).
+pub fn fixed_grants(authorizer: Arc<dyn Authorizer>) -> LiveGrants {
+    tokio::sync::watch::channel(authorizer).1
+}
+
 /// An event as it goes on the wire.
 pub fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
     let body = match &event.operation {
@@ -297,18 +307,23 @@ impl ResourceService {
         authorizer: Arc<dyn Authorizer>,
         request: WatchListRequest,
     ) -> Result<WatchStream, Error> {
-        let events = self.watch_list_shared(authorizer, request).await?;
+        let events = self
+            .watch_list_shared(fixed_grants(authorizer), request)
+            .await?;
         Ok(events
             .map(|item| item.map(|event| pb_event(event.event())))
             .boxed())
     }
 
-    /// WatchList with the events as the storage shares them.
+    /// WatchList with the events as the storage shares them. Every event is checked against
+    /// the grants of the moment; when they change so that the watch's type and tenancy are no
+    /// longer readable, it ends with PermissionDenied.
     pub async fn watch_list_shared(
         &self,
-        authorizer: Arc<dyn Authorizer>,
+        grants: LiveGrants,
         request: WatchListRequest,
     ) -> Result<SharedWatchStream, Error> {
+        let authorizer = grants.borrow().clone();
         let since = match request.since_version.as_str() {
             "" => None,
             text => Some(text.parse::<crate::storage::Version>().map_err(|why| {
@@ -333,26 +348,117 @@ impl ResourceService {
                 since,
             )
             .await?;
-        let read_acl = query.registration.acls.read.clone();
-        let resource_type = query.resource_type;
-        let events = watch.filter_map(move |event| {
-            let item = match event {
-                Err(error) => Some(Err(Error::from(error))),
-                Ok(event) => {
-                    let visible = match &event.event().operation {
-                        Operation::Upsert(resource) | Operation::Delete(resource) => {
-                            same_group_version(resource, &resource_type)
-                                && readable(&read_acl, authorizer.as_ref(), resource)
-                        }
-                        Operation::EndOfSnapshot => true,
-                    };
-                    visible.then_some(Ok(event))
-                }
-            };
-            std::future::ready(item)
-        });
-        Ok(until_shutdown(events.boxed(), self.shutdown.clone()))
+        let scope = WatchScope {
+            read_acl: query.registration.acls.read.clone(),
+            list_acl: query.registration.acls.list.clone(),
+            read_is_default: query.registration.acls.read_is_default(),
+            resource_type: query.resource_type,
+            tenancy: query.tenancy,
+            name_prefix: query.name_prefix,
+        };
+        let events = following_grants(watch, grants, scope);
+        Ok(until_shutdown(events, self.shutdown.clone()))
     }
+}
+
+/// What a watch covers, to check events and changed grants against.
+struct WatchScope {
+    read_acl: ReadAcl,
+    list_acl: crate::registry::ListAcl,
+    read_is_default: bool,
+    resource_type: Type,
+    tenancy: Tenancy,
+    name_prefix: String,
+}
+
+impl WatchScope {
+    fn visible(&self, authorizer: &dyn Authorizer, event: &SharedEvent) -> bool {
+        match &event.event().operation {
+            Operation::Upsert(resource) | Operation::Delete(resource) => {
+                same_group_version(resource, &self.resource_type)
+                    && readable(&self.read_acl, authorizer, resource)
+            }
+            Operation::EndOfSnapshot => true,
+        }
+    }
+
+    /// `Ok` while `authorizer` may still watch this: the type's list hook passes, and (for a
+    /// type read by resource rules, in one namespace) what the watch names is readable.
+    fn still_allowed(&self, authorizer: &dyn Authorizer) -> Result<(), Error> {
+        (self.list_acl)(authorizer, &self.tenancy)?;
+        let concrete = self.tenancy.partition != resource::WILDCARD
+            && self.tenancy.namespace != resource::WILDCARD;
+        if self.read_is_default && concrete {
+            let id = Id {
+                uid: String::new(),
+                name: self.name_prefix.clone(),
+                r#type: Some(self.resource_type.clone()),
+                tenancy: Some(self.tenancy.clone()),
+            };
+            if authorizer.resource(&id) < crate::acl::Access::List {
+                return Err(Error::from(AclError::PermissionDenied(format!(
+                    "token lost read on {} {}/{}: the watch ended",
+                    resource::gvk(&self.resource_type),
+                    self.tenancy.partition,
+                    self.tenancy.namespace
+                ))));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The storage watch's events that the grants of the moment let through; ends with
+/// PermissionDenied once changed grants no longer allow the watch.
+fn following_grants(
+    watch: crate::storage::Watch,
+    grants: LiveGrants,
+    scope: WatchScope,
+) -> SharedWatchStream {
+    struct State {
+        watch: crate::storage::Watch,
+        grants: LiveGrants,
+        /// Whether the grants may still change (their sender lives).
+        live: bool,
+        scope: WatchScope,
+    }
+    futures::stream::unfold(
+        Some(State {
+            watch,
+            grants,
+            live: true,
+            scope,
+        }),
+        |state| async move {
+            let mut state = state?;
+            loop {
+                tokio::select! {
+                    biased;
+                    changed = state.grants.changed(), if state.live => {
+                        if changed.is_err() {
+                            state.live = false;
+                            continue;
+                        }
+                        let current = state.grants.borrow_and_update().clone();
+                        if let Err(error) = state.scope.still_allowed(current.as_ref()) {
+                            return Some((Err(error), None));
+                        }
+                    }
+                    event = state.watch.next() => match event {
+                        None => return None,
+                        Some(Err(error)) => return Some((Err(Error::from(error)), None)),
+                        Some(Ok(event)) => {
+                            let current = state.grants.borrow().clone();
+                            if state.scope.visible(current.as_ref(), &event) {
+                                return Some((Ok(event), Some(state)));
+                            }
+                        }
+                    },
+                }
+            }
+        },
+    )
+    .boxed()
 }
 
 /// Ends a stream with `Unavailable` when the server shuts down, and after its first error.

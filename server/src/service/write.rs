@@ -49,9 +49,12 @@ impl ResourceService {
             } else {
                 Consistency::Strong
             };
-            match self.write_once(prepared, consistency).await? {
+            match self.write_once(authorizer, prepared, consistency).await? {
                 Attempt::Written(stored) => Ok(stored),
-                Attempt::Reread => match self.write_once(prepared, Consistency::Strong).await? {
+                Attempt::Reread => match self
+                    .write_once(authorizer, prepared, Consistency::Strong)
+                    .await?
+                {
                     Attempt::Written(stored) => Ok(stored),
                     Attempt::Reread => Err(Error::Internal(
                         "a strong read asked to be read again".into(),
@@ -156,6 +159,7 @@ impl ResourceService {
     /// One attempt at the storage write: decides create or update against what is stored now.
     async fn write_once(
         &self,
+        authorizer: &dyn Authorizer,
         prepared: &PreparedWrite,
         consistency: Consistency,
     ) -> Result<Attempt, Error> {
@@ -171,6 +175,9 @@ impl ResourceService {
                 .await
                 .map(|stored| Attempt::Written(Box::new(stored))),
             Some(existing) => {
+                // Stored under another group version: the write replaces that object, so it
+                // needs the access under the stored version too (a DENY there holds).
+                self.check_stored_access(authorizer, &existing, &id)?;
                 let blind = input.version.is_empty();
                 let existing_id = existing.id.clone().unwrap_or_default();
                 let uid_differs = !id.uid.is_empty() && id.uid != existing_id.uid;
@@ -323,6 +330,30 @@ impl ResourceService {
 
     /// Creates the management token `name` with `secret` unless it exists (ACL bootstrap):
     /// `FailedPrecondition` once any node has done it.
+    /// When `existing` is stored under another group version than `requested` names, runs the
+    /// write hook of the stored type on it: changing or deleting an object through another
+    /// version needs the access under both (DESIGN §12.3).
+    pub(super) fn check_stored_access(
+        &self,
+        authorizer: &dyn Authorizer,
+        existing: &Resource,
+        requested: &proto::resource::v1::Id,
+    ) -> Result<(), Error> {
+        let stored_type = existing.id.as_ref().and_then(|id| id.r#type.as_ref());
+        let requested_type = requested.r#type.as_ref();
+        if stored_type.map(|t| &t.group_version) == requested_type.map(|t| &t.group_version) {
+            return Ok(());
+        }
+        let Some(registration) = stored_type.and_then(|t| self.registry.resolve(t)) else {
+            return Err(Error::Internal(format!(
+                "{} is stored under a type this server does not know",
+                DisplayId(existing.id.as_ref().unwrap_or(requested))
+            )));
+        };
+        (registration.acls.write)(authorizer, existing)?;
+        Ok(())
+    }
+
     /// Bootstraps ACLs (DESIGN §12.3): records that they were bootstrapped — for good, before
     /// anything else — then writes the management token `accessor` with `secret`. Refused once
     /// recorded, whatever happened to the tokens since, unless `reset_index` (what the file

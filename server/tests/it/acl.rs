@@ -52,7 +52,7 @@ pub(crate) async fn bootstrap(node: &Resd) -> String {
     }
 }
 
-fn artist_in(namespace: &str, name: &str) -> Resource {
+pub(crate) fn artist_in(namespace: &str, name: &str) -> Resource {
     Resource {
         id: Some(Id {
             uid: String::new(),
@@ -583,7 +583,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
     }
 }
 
-fn artist_type_v2() -> proto::resource::v1::Type {
+pub(crate) fn artist_type_v2() -> proto::resource::v1::Type {
     proto::resource::v1::Type {
         group: "demo".into(),
         group_version: "v2".into(),

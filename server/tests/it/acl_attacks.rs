@@ -449,3 +449,217 @@ async fn an_initial_management_secret_bootstraps_the_cluster_by_itself() {
     let refused = bootstrap_once_more(&node).await.expect_err("bootstrapped");
     assert_eq!(refused.code(), Code::FailedPrecondition);
 }
+
+/// Attack 5: open watches kept streaming with the grants they were opened with after their
+/// policy was changed to DENY or deleted. A watch follows the grants of the moment: it ends with
+/// PermissionDenied, and nothing written after the change reaches it. (The HTTP API's NDJSON
+/// watch is the same stream.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_watches_end_when_their_grants_no_longer_cover_them() {
+    use proto::resource::v1::{Tenancy, WatchListRequest, watch_event};
+
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    write_as(
+        &channel,
+        &management,
+        crate::acl::artist_in("default", "before"),
+    )
+    .await
+    .expect("an artist");
+    for (round, change) in ["rewritten to deny", "deleted"].into_iter().enumerate() {
+        let reader = format!("reader-{round}-secret-0123456789");
+        write_as(
+            &channel,
+            &management,
+            policy(
+                "readers",
+                vec![demo_rule("default", acl::Access::Read)],
+                acl::Access::Unspecified,
+            ),
+        )
+        .await
+        .expect("policy");
+        write_as(
+            &channel,
+            &management,
+            token(&format!("reader-{round}"), &reader, &["readers"], ""),
+        )
+        .await
+        .expect("token");
+        let mut watch = ResourceServiceClient::new(channel.clone())
+            .watch_list(with_token(
+                WatchListRequest {
+                    r#type: Some(crate::acl::artist_type_v2()),
+                    tenancy: Some(Tenancy {
+                        partition: "default".into(),
+                        namespace: "default".into(),
+                    }),
+                    name_prefix: String::new(),
+                    since_version: String::new(),
+                },
+                Some(&reader),
+            ))
+            .await
+            .expect("the reader watches")
+            .into_inner();
+        // The snapshot, up to its end.
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
+                .await
+                .expect("the snapshot in time")
+                .expect("an event")
+                .expect("not ended");
+            if matches!(event.event, Some(watch_event::Event::EndOfSnapshot(_))) {
+                break;
+            }
+        }
+        match change {
+            "rewritten to deny" => write_as(
+                &channel,
+                &management,
+                policy(
+                    "readers",
+                    vec![demo_rule("default", acl::Access::Deny)],
+                    acl::Access::Unspecified,
+                ),
+            )
+            .await
+            .map(drop)
+            .expect("rewrite"),
+            _ => delete_as(
+                &node,
+                &management,
+                &policy("readers", Vec::new(), acl::Access::Unspecified),
+            )
+            .await
+            .expect("delete"),
+        }
+        write_as(
+            &channel,
+            &management,
+            crate::acl::artist_in("default", &format!("after-{round}")),
+        )
+        .await
+        .expect("an artist after the change");
+        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                match watch.message().await {
+                    Ok(Some(event)) => {
+                        let resource = match &event.event {
+                            Some(watch_event::Event::Upsert(upsert)) => upsert.resource.clone(),
+                            Some(watch_event::Event::Delete(delete)) => delete.resource.clone(),
+                            _ => None,
+                        };
+                        if let Some(resource) = resource {
+                            let name = resource.id.unwrap_or_default().name;
+                            assert!(
+                                !name.starts_with("after"),
+                                "{change}: {name} reached a watch whose grants no longer cover it"
+                            );
+                        }
+                    }
+                    Ok(None) => panic!("{change}: the watch ended without saying why"),
+                    Err(status) => return status,
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{change}: the watch still runs 3 s after its grants changed"));
+        assert_eq!(ended.code(), Code::PermissionDenied, "{change}: {ended:?}");
+        assert!(ended.message().contains("lost read"), "{change}: {ended:?}");
+    }
+}
+
+/// Attack 6: a DENY on `demo.v2.Artist secret-*` was bypassed by writing (and then deleting)
+/// the same object as `demo.v1.Artist`: storage keys have no version. Access is checked under
+/// the stored version as well as the requested one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_holds_through_every_group_version() {
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    let deny_secrets = acl::Rule {
+        types: vec!["demo.v2.Artist".into()],
+        partition: "*".into(),
+        namespace: "*".into(),
+        name_prefix: "secret-".into(),
+        access: acl::Access::Deny as i32,
+    };
+    write_as(
+        &channel,
+        &management,
+        policy(
+            "jazz-editor",
+            vec![demo_rule("default", acl::Access::Write), deny_secrets],
+            acl::Access::Unspecified,
+        ),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("editor", "editor-secret-0123456789", &["jazz-editor"], ""),
+    )
+    .await
+    .expect("token");
+    let stored = write_as(
+        &channel,
+        &management,
+        crate::acl::artist_in("default", "secret-agent"),
+    )
+    .await
+    .expect("the secret artist, as v2");
+    let mut as_v1 = crate::support::artist("secret-agent");
+    if let Some(id) = as_v1.id.as_mut() {
+        id.tenancy = Some(proto::resource::v1::Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        });
+    }
+    let refused = write_as(&channel, "editor-secret-0123456789", as_v1.clone())
+        .await
+        .expect_err("no write through v1");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("demo.v2.Artist"),
+        "names the stored version: {refused:?}"
+    );
+    let refused = delete_as(&node, "editor-secret-0123456789", &as_v1)
+        .await
+        .expect_err("no delete through v1");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let still = ResourceServiceClient::new(channel.clone())
+        .read(with_token(
+            proto::resource::v1::ReadRequest {
+                id: stored.id.clone(),
+            },
+            Some(&management),
+        ))
+        .await
+        .expect("still there")
+        .into_inner()
+        .resource
+        .expect("resource");
+    // Still the v2 object (its controller may have written statuses since).
+    let still_id = still.id.clone().unwrap_or_default();
+    assert_eq!(
+        still_id.r#type.map(|t| t.group_version).as_deref(),
+        Some("v2")
+    );
+    assert_eq!(still_id.uid, stored.id.clone().unwrap_or_default().uid);
+    assert_eq!(still.generation, stored.generation, "its data unchanged");
+    // Where both versions allow it, writing through v1 still works.
+    let mut other = crate::support::artist("open-agent");
+    if let Some(id) = other.id.as_mut() {
+        id.tenancy = Some(proto::resource::v1::Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        });
+    }
+    write_as(&channel, "editor-secret-0123456789", other)
+        .await
+        .expect("allowed under v1");
+}
