@@ -5,7 +5,7 @@
 #   cargo build --release -p server -p ctl
 #   scripts/bench-3node.sh plain|tls|acl WORKLOAD CONCURRENCY [COUNT]
 #   scripts/bench-3node.sh tls write 64        # mutual TLS on both ports, client certificates
-#   scripts/bench-3node.sh acl read 16         # ACLs on, with the management token
+#   scripts/bench-3node.sh acl read 16         # ACLs on (and so TLS), with the management token
 #
 # Interleave modes (plain tls plain tls …): this kind of machine drifts 10–15 % between minutes.
 set -euo pipefail
@@ -26,23 +26,24 @@ api=(); raft=()
 for n in 1 2 3; do api+=("$(port)"); raft+=("$(port)"); done
 
 node_flags=(); client=()
-case "$mode" in
-  plain) ;;
-  tls)
+make_certs() {
     "$bin/resd" tls ca create --dir "$work/tls" >/dev/null
     for n in 1 2 3; do "$bin/resd" tls cert create --node-id "$n" --dir "$work/tls" >/dev/null; done
     "$bin/resd" tls cert create --client bench --dir "$work/tls" >/dev/null
     client=(--ca-cert "$work/tls/resd-ca.pem" --client-cert "$work/tls/client-bench.pem"
             --client-key "$work/tls/client-bench-key.pem")
-    ;;
-  acl) node_flags=(--acl-enabled) ;;
+}
+case "$mode" in
+  plain) node_flags=(--insecure) ;;
+  tls) make_certs ;;
+  acl) make_certs; node_flags=(--acl-enabled) ;;
   *) echo "mode must be plain, tls or acl" >&2; exit 2 ;;
 esac
 
 start() {
   local n=$1; shift
   local extra=()
-  if [ "$mode" = tls ]; then
+  if [ "$mode" != plain ]; then
     extra=(--tls-ca "$work/tls/resd-ca.pem" --tls-cert "$work/tls/node-$n.pem"
            --tls-key "$work/tls/node-$n-key.pem" --tls-verify-clients)
   fi
@@ -56,8 +57,8 @@ start 1 --bootstrap
 sleep 1.5
 join=()
 if [ "$mode" = acl ]; then
-  secret="$("$bin/resctl" --server "127.0.0.1:${api[0]}" acl bootstrap -o name)"
-  client=(--token "$secret"); join=(--join-token "$secret")
+  secret="$("$bin/resctl" --server "127.0.0.1:${api[0]}" "${client[@]}" acl bootstrap -o name)"
+  client+=(--token "$secret")
 fi
 start 2 --join "127.0.0.1:${api[0]}" "${join[@]}"
 start 3 --join "127.0.0.1:${api[0]}" "${join[@]}"

@@ -601,6 +601,7 @@ async fn json_logs_are_one_object_per_line_and_a_lone_joiner_is_not_ready() {
             // Nobody answers there: the node never becomes a voter.
             "--join",
             &format!("127.0.0.1:{}", tests::free_port()),
+            "--insecure",
         ])
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())

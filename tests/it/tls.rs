@@ -1,6 +1,7 @@
-//! TLS as a user meets it: `resd dev --tls` prints flags that connect resctl and the dashboard;
-//! resctl without them, without a client certificate, or trusting another CA is refused with
-//! an error that says what to do; a context keeps the TLS files.
+//! TLS as a user meets it: `resd dev` (secure by default) writes a context whose certificates
+//! and token connect resctl and the dashboard; resctl without them, without a client
+//! certificate, or trusting another CA is refused with an error that says what to do; a context
+//! keeps the TLS files.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
@@ -9,19 +10,23 @@ use std::time::Duration;
 
 use crate::tui::Tmux;
 
-/// `resd dev --tls` on free ports, stopped by PID when dropped.
+/// `resd dev` on free ports, stopped by PID when dropped.
 struct DevTls {
     child: Child,
     server: String,
-    /// `--ca-cert X --client-cert Y --client-key Z`, as printed.
+    /// `--ca-cert X --client-cert Y --client-key Z --token T`, from the context it wrote.
     flags: Vec<String>,
+    _contexts: tempfile::TempDir,
 }
 
 impl DevTls {
     fn start() -> DevTls {
+        let contexts = tempfile::tempdir().expect("temp dir");
+        let written = contexts.path().join("contexts.yaml");
         let mut child = Command::new(tests::binary("resd"))
-            .args(["dev", "--tls", "--api-port", "0", "--raft-port", "0"])
+            .args(["dev", "--api-port", "0", "--raft-port", "0"])
             .env("RUST_LOG", "warn,openraft=error")
+            .env("RESCTL_CONFIG", &written)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -34,25 +39,33 @@ impl DevTls {
                 let _ = sender.send(line);
             }
         });
-        // "  resctl --server ADDR --ca-cert … --client-cert … --client-key … apply -f …"
-        let line = loop {
+        // "resd: resctl context resd-dev (current while this runs) in FILE"
+        loop {
             let line = receiver
                 .recv_timeout(Duration::from_secs(60))
-                .expect("resd dev --tls prints how to connect");
-            if line.trim_start().starts_with("resctl --server") {
-                break line;
+                .expect("resd dev says where its context is");
+            if line.contains("resctl context resd-dev") {
+                break;
             }
-        };
-        let words: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        let server = words[2].clone();
-        let end = words
-            .iter()
-            .position(|word| word == "apply")
-            .expect("the printed command applies the fixtures");
+        }
+        let text = std::fs::read_to_string(&written).expect("the context file");
+        let document: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
+        let entry = &document["contexts"]["resd-dev"];
+        let field = |name: &str| entry[name].as_str().expect(name).to_owned();
         DevTls {
             child,
-            server,
-            flags: words[3..end].to_vec(),
+            server: field("server"),
+            flags: vec![
+                "--ca-cert".into(),
+                field("ca_cert"),
+                "--client-cert".into(),
+                field("client_cert"),
+                "--client-key".into(),
+                field("client_key"),
+                "--token".into(),
+                field("token"),
+            ],
+            _contexts: contexts,
         }
     }
 
@@ -89,7 +102,7 @@ fn stderr(output: &Output) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resd_dev_tls_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
+async fn resd_dev_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
     let dev = DevTls::start();
     let scratch = tempfile::tempdir().expect("temp dir");
     let contexts = scratch.path().join("contexts.yaml").display().to_string();
@@ -201,6 +214,8 @@ async fn resd_dev_tls_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
         dev.flag("--client-cert"),
         "--to-client-key".into(),
         dev.flag("--client-key"),
+        "--to-token".into(),
+        dev.flag("--token"),
     ]);
     assert!(set.status.success(), "{}", stderr(&set));
     let listed = run(vec!["context".into(), "list".into()]);
