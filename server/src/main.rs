@@ -275,6 +275,10 @@ fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let cli = Cli::parse();
     let is_agent = matches!(cli.command, Command::Agent(_));
+    // Everything a node writes (its log, snapshots, markers, secrets) is its owner's only.
+    if !matches!(cli.command, Command::Tls(_)) {
+        rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
     match cli.log_format.unwrap_or(LogFormat::Text) {

@@ -133,12 +133,13 @@ pub async fn serve_api(
         })
     });
 
+    let api_descriptors = api_descriptor_set();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(&api_descriptors)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(&api_descriptors)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
@@ -240,4 +241,19 @@ async fn within_grace<E>(
             Ok(())
         }
     }
+}
+
+/// The descriptors the API port's reflection offers: every message, but only the services that
+/// port serves (the raft service is served on the raft port only).
+fn api_descriptor_set() -> Vec<u8> {
+    use prost::Message;
+    let Ok(mut set) = prost_types::FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET) else {
+        return proto::FILE_DESCRIPTOR_SET.to_vec();
+    };
+    for file in &mut set.file {
+        if file.package() == "resd.raft.v1" {
+            file.service.clear();
+        }
+    }
+    set.encode_to_vec()
 }

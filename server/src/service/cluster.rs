@@ -529,8 +529,18 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 raft_addr: join.raft_addr.clone(),
             };
             tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
-            raft.add_voter(join.node_id, node, join_deadline)
+            // In a task of its own: a client that goes away (its deadline, a cancel) must not
+            // cut the join short between adding the learner and promoting or removing it.
+            let adding = {
+                let raft = raft.clone();
+                let node_id = join.node_id;
+                tokio::spawn(async move { raft.add_voter(node_id, node, join_deadline).await })
+            };
+            adding
                 .await
+                .map_err(|error| {
+                    Status::from(Error::Internal(format!("the join failed: {error}")))
+                })?
                 .map_err(|why| Status::from(Error::Unavailable(why)))?;
         }
         Ok(Response::new(JoinResponse {

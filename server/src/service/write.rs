@@ -109,7 +109,19 @@ impl ResourceService {
             )));
         }
         if let Some(owner) = resource.owner.as_mut() {
-            self.scope_id(owner, "resource.owner", Wildcards::Forbidden)?;
+            let owner_registration =
+                self.scope_id(owner, "resource.owner", Wildcards::Forbidden)?;
+            // Owning makes the owner's deletion reap this: the writer must be able to read it
+            // (and an owner it cannot read tells it nothing, not even its uid).
+            match (owner_registration.acls.read)(authorizer, owner, None) {
+                Err(crate::acl::AclError::NeedResource) => {
+                    if let Ok(stored) = self.backend.read(Consistency::Eventual, owner).await {
+                        (owner_registration.acls.read)(authorizer, owner, Some(&stored))
+                            .map_err(|error| owner_refused(owner, error))?;
+                    }
+                }
+                other => other.map_err(|error| owner_refused(owner, error))?,
+            }
         }
 
         if let Some(data) = &resource.data {
@@ -543,6 +555,14 @@ impl ResourceService {
             }
         };
         let registration = self.scope_id(&mut id, "id", Wildcards::Forbidden)?;
+        // Access before existence: a caller without it learns nothing of what is stored.
+        (registration.acls.write)(
+            authorizer,
+            &Resource {
+                id: Some(id.clone()),
+                ..Default::default()
+            },
+        )?;
         let tenancy = id.tenancy.clone().unwrap_or_default();
         match self.tenancy_state(registration.scope, &tenancy).await {
             Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
@@ -658,4 +678,15 @@ fn check_frozen_write(
         violations.push(format!("no-op write rejected: {frozen}"));
     }
     violations.finish()
+}
+
+/// An owner reference the writer may not read: refused as the owner's read would be.
+fn owner_refused(owner: &proto::resource::v1::Id, error: crate::acl::AclError) -> Error {
+    match error {
+        crate::acl::AclError::PermissionDenied(why) => Error::PermissionDenied(format!(
+            "resource.owner {}: {why} (an owner must be readable by the writer)",
+            DisplayId(owner)
+        )),
+        other => Error::from(other),
+    }
 }

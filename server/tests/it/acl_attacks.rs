@@ -663,3 +663,70 @@ async fn a_deny_holds_through_every_group_version() {
         .await
         .expect("allowed under v1");
 }
+
+/// The weaker items of the red team's report: an owner reference to a token leaked its uid
+/// (and let a namespace writer hang resources on what it cannot read); Delete and WriteStatus
+/// answered differently for stored and missing resources before checking access; data
+/// directories and log segments were readable by other local users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_need_read_access_comes_before_existence_and_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    write_as(
+        &channel,
+        &management,
+        policy(
+            "ns-write",
+            vec![demo_rule("default", acl::Access::Write)],
+            acl::Access::Unspecified,
+        ),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("writer", "writer-secret-0123456789", &["ns-write"], ""),
+    )
+    .await
+    .expect("token");
+    let writer = "writer-secret-0123456789";
+
+    // An owner the writer cannot read (a token): refused, and nothing of it is returned.
+    let mut owned = crate::acl::artist_in("default", "owned");
+    owned.owner = Some(cluster_id("Token", "writer"));
+    let refused = write_as(&channel, writer, owned)
+        .await
+        .expect_err("an unreadable owner");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("owner"), "{refused:?}");
+
+    // Access before existence: deleting a token, stored or not, is refused alike.
+    for name in ["writer", "no-such-token"] {
+        let denied = delete_as(&node, writer, &token(name, "", &[], ""))
+            .await
+            .expect_err("no acl write");
+        assert_eq!(denied.code(), Code::PermissionDenied, "{name}: {denied:?}");
+    }
+
+    // Private files.
+    let data = node.data_dir().expect("data dir");
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(data), 0o700, "the data directory");
+    let segment = std::fs::read_dir(data.join("raft/wal"))
+        .expect("wal")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .expect("a segment");
+    assert_eq!(mode(&segment), 0o600, "{}", segment.display());
+}

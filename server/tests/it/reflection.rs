@@ -52,6 +52,11 @@ async fn reflection_v1_lists_the_services_and_resolves_data_messages() {
             "{expected} missing from {names:?}"
         );
     }
+    // The raft service is served on the raft port only: the API port does not advertise it.
+    assert!(
+        !names.iter().any(|n| n.contains("RaftService")),
+        "{names:?}"
+    );
 
     let file = responses.next().await.expect("a response").expect("ok");
     let Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =

@@ -159,6 +159,23 @@ impl DirLock {
             source,
         };
         std::fs::create_dir_all(data_dir).map_err(failed)?;
+        // The data directory holds every resource and the token hashes: its owner's only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(data_dir)
+                .map_err(failed)?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(failed)?;
+                tracing::warn!(
+                    dir = %data_dir.display(),
+                    was = format!("{:o}", mode & 0o777),
+                    "the data directory was readable by other users; it is 0700 now"
+                );
+            }
+        }
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
