@@ -61,6 +61,16 @@ pub struct GlobalArgs {
     /// ACL token sent with every request
     #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the ACL token (its first line)
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_TOKEN_FILE",
+        hide_env_values = true,
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) the server's certificate must chain to; turns TLS on
     #[arg(
         long,

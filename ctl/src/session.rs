@@ -55,9 +55,21 @@ impl Session {
             path(&global.client_cert, entry.client_cert),
             path(&global.client_key, entry.client_key),
         )?;
+        let from_file = match &global.token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --token-file {}", path.display()))?
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
         let config = ClientConfig::new(server)
             .with_tls(tls)
-            .with_token(global.token.clone().or(entry.token))
+            .with_token(global.token.clone().or(from_file).or(entry.token))
             .with_consistent(global.consistent);
         Ok(Session {
             client: Client::new(config)?,
