@@ -947,9 +947,30 @@ async fn join_until_member(
                 .map_err(|status| {
                     format!("{target} cannot list its members: {}", status.message())
                 })?
-                .into_inner()
-                .members;
-            raft.expect_peers(members.iter().map(|member| member.node_id));
+                .into_inner();
+            raft.expect_peers(members.members.iter().map(|member| member.node_id));
+            // The leader itself takes the join: with TLS it checks this node's own
+            // certificate, which a follower cannot pass on.
+            let leader_api = members
+                .members
+                .iter()
+                .find(|member| member.leader)
+                .map(|member| (member.node_id, member.api_addr.clone()));
+            if let Some((leader_id, api_addr)) = leader_api
+                && api_addr != target
+            {
+                let channel = dialer
+                    .endpoint(&api_addr, Some(leader_id))?
+                    .connect()
+                    .await
+                    .map_err(|error| {
+                        format!(
+                            "cannot reach the leader, node {leader_id} at {api_addr}: {}",
+                            crate::tls::describe_connect_error(&error)
+                        )
+                    })?;
+                client = ClusterServiceClient::new(channel);
+            }
             let leader = client
                 .join(with_token(token.as_deref(), request))
                 .await

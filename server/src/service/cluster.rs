@@ -314,20 +314,16 @@ impl ClusterGrpc {
     }
 
     /// With TLS, a node joins by proving who it is (DESIGN §12.2): the connection must present
-    /// the certificate of the node it joins as, or of a member forwarding the join to the
-    /// leader.
-    fn check_joiner(
-        &self,
-        raft: &RaftBackend,
-        caller: &ConnInfo,
-        joining: u64,
-    ) -> Result<(), Status> {
+    /// the certificate of the node it joins as (it asks the leader itself).
+    fn check_joiner(&self, caller: &ConnInfo, joining: u64) -> Result<(), Status> {
         if self.dialer.tls().is_none() {
             return Ok(());
         }
         let refused = match caller.peer.as_deref() {
+            // Its own id only: a member's certificate does not vouch for another node (with
+            // TLS a joiner asks the leader itself; followers do not forward joins).
             Some(peer) => match peer.node_id {
-                Some(id) if id == joining || raft.admits_peer(id) => return Ok(()),
+                Some(id) if id == joining => return Ok(()),
                 Some(id) => {
                     format!("node {id}'s certificate cannot join the cluster as node {joining}")
                 }
@@ -496,13 +492,22 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 "node_id is required and must not be 0".into(),
             )));
         }
-        self.check_joiner(raft, &caller, join.node_id)?;
+        self.check_joiner(&caller, join.node_id)?;
         if join.raft_addr.is_empty() || join.api_addr.is_empty() {
             return Err(Status::from(Error::InvalidArgument(
                 "api_addr and raft_addr are required".into(),
             )));
         }
         if let Some(leader) = self.leader_elsewhere(raft)? {
+            if self.dialer.tls().is_some() {
+                // The leader checks the joiner's own certificate: this node cannot pass it on.
+                return Err(Status::from(Error::FailedPrecondition(format!(
+                    "node {} is not the leader: join through the leader, node {} at {}",
+                    raft.id(),
+                    leader.id,
+                    leader.api_addr
+                ))));
+            }
             return self
                 .member_client(&leader)
                 .await?

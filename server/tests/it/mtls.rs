@@ -408,6 +408,23 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
         .await
         .expect_err("joining as another node");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Nor can a member's certificate vouch for another node.
+    let member_api = endpoint_of(
+        &cluster.nodes[leader].api_addr.to_string(),
+        Some(node_tls(&ca, follower as u64 + 1)),
+    )
+    .connect()
+    .await
+    .expect("connect to the API as the follower");
+    let refused = ClusterServiceClient::new(member_api)
+        .join(JoinRequest {
+            node_id: 7,
+            api_addr: "127.0.0.1:1".into(),
+            raft_addr: "127.0.0.1:2".into(),
+        })
+        .await
+        .expect_err("a member joining another node");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     // Nor can a client certificate join at all.
     let client_api = endpoint_of(
         &cluster.nodes[leader].api_addr.to_string(),
