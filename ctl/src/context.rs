@@ -56,14 +56,7 @@ pub fn expand_home(path: &str) -> PathBuf {
 
 /// Where the contexts file lives (it need not exist).
 pub fn path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("RESCTL_CONFIG") {
-        return Some(PathBuf::from(path));
-    }
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .map(PathBuf::from)
-        .filter(|path| path.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
-    Some(base.join("resctl").join("contexts.yaml"))
+    proto::contexts_path()
 }
 
 impl ContextsFile {

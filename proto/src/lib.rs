@@ -112,6 +112,21 @@ pub fn bytes_label(count: u64) -> String {
     }
 }
 
+/// Where resctl's contexts file lives (it need not exist): `$RESCTL_CONFIG` if set, else
+/// `$XDG_CONFIG_HOME/resctl/contexts.yaml`, else `~/.config/resctl/contexts.yaml`. Shared by
+/// resctl and `resd dev`, which writes a context for the cluster it runs.
+pub fn contexts_path() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    if let Some(path) = std::env::var_os("RESCTL_CONFIG") {
+        return Some(PathBuf::from(path));
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|path| path.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
+    Some(base.join("resctl").join("contexts.yaml"))
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;

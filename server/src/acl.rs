@@ -166,6 +166,34 @@ pub fn access_name(access: Access) -> &'static str {
     }
 }
 
+/// The methods of an identity that holds everything (ACLs off, the server's own steps,
+/// controllers): every access, ACL management, joining, and granting anything.
+macro_rules! everything {
+    () => {
+        fn operator(&self) -> Access {
+            Access::Write
+        }
+        fn resource(&self, _id: &Id) -> Access {
+            Access::Write
+        }
+        fn reads_everything(&self) -> bool {
+            true
+        }
+        fn acl(&self) -> Access {
+            Access::Write
+        }
+        fn may_join(&self) -> bool {
+            true
+        }
+        fn is_management(&self) -> bool {
+            true
+        }
+        fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
+            Ok(())
+        }
+    };
+}
+
 /// Allows everything: ACLs disabled, and the privileged identity of in-process callers (bootstrap
 /// steps). Not reachable from outside the crate: no client can present it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -177,30 +205,10 @@ pub const SERVER_IDENTITY: &str = "server";
 pub const CONTROLLER_IDENTITY_PREFIX: &str = "controller/";
 
 impl Authorizer for AllowAll {
-    fn operator(&self) -> Access {
-        Access::Write
-    }
-    fn resource(&self, _id: &Id) -> Access {
-        Access::Write
-    }
     fn identity(&self) -> &str {
         SERVER_IDENTITY
     }
-    fn reads_everything(&self) -> bool {
-        true
-    }
-    fn acl(&self) -> Access {
-        Access::Write
-    }
-    fn may_join(&self) -> bool {
-        true
-    }
-    fn is_management(&self) -> bool {
-        true
-    }
-    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
-        Ok(())
-    }
+    everything!();
 }
 
 /// The identity a controller acts with: everything allowed, recorded as `controller/<name>`.
@@ -219,30 +227,10 @@ impl ControllerIdentity {
 }
 
 impl Authorizer for ControllerIdentity {
-    fn operator(&self) -> Access {
-        Access::Write
-    }
-    fn resource(&self, _id: &Id) -> Access {
-        Access::Write
-    }
     fn identity(&self) -> &str {
         &self.identity
     }
-    fn reads_everything(&self) -> bool {
-        true
-    }
-    fn acl(&self) -> Access {
-        Access::Write
-    }
-    fn may_join(&self) -> bool {
-        true
-    }
-    fn is_management(&self) -> bool {
-        true
-    }
-    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
-        Ok(())
-    }
+    everything!();
 }
 
 /// ACLs disabled: everything allowed, without a token.
@@ -250,27 +238,7 @@ impl Authorizer for ControllerIdentity {
 pub struct Anonymous;
 
 impl Authorizer for Anonymous {
-    fn operator(&self) -> Access {
-        Access::Write
-    }
-    fn resource(&self, _id: &Id) -> Access {
-        Access::Write
-    }
-    fn reads_everything(&self) -> bool {
-        true
-    }
-    fn acl(&self) -> Access {
-        Access::Write
-    }
-    fn may_join(&self) -> bool {
-        true
-    }
-    fn is_management(&self) -> bool {
-        true
-    }
-    fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
-        Ok(())
-    }
+    everything!();
 }
 
 /// Key-prefix rules for tests: an operator level and rules over `resource/<gvk>/<name>` keys,

@@ -782,17 +782,6 @@ struct DevContext {
 }
 
 impl DevContext {
-    fn path() -> Option<PathBuf> {
-        if let Some(path) = std::env::var_os("RESCTL_CONFIG") {
-            return Some(PathBuf::from(path));
-        }
-        let base = std::env::var_os("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .filter(|path| path.is_absolute())
-            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
-        Some(base.join("resctl").join("contexts.yaml"))
-    }
-
     fn load(path: &std::path::Path) -> anyhow::Result<serde_yaml_ng::Mapping> {
         match std::fs::read_to_string(path) {
             Ok(text) if text.trim().is_empty() => Ok(serde_yaml_ng::Mapping::new()),
@@ -832,7 +821,7 @@ impl DevContext {
         key: &std::path::Path,
     ) -> anyhow::Result<DevContext> {
         use serde_yaml_ng::Value;
-        let path = Self::path().context("neither RESCTL_CONFIG nor HOME is set")?;
+        let path = proto::contexts_path().context("neither RESCTL_CONFIG nor HOME is set")?;
         let mut document = Self::load(&path)?;
         let previous = document
             .get("current")

@@ -199,6 +199,22 @@ impl Registration {
         self
     }
 
+    /// The write hook on `id` alone, before anything stored is read: a caller without the
+    /// access learns nothing of what is stored (its answer does not depend on it).
+    pub fn check_write_access_before_existence(
+        &self,
+        authorizer: &dyn Authorizer,
+        id: &Id,
+    ) -> Result<(), AclError> {
+        (self.acls.write)(
+            authorizer,
+            &Resource {
+                id: Some(id.clone()),
+                ..Default::default()
+            },
+        )
+    }
+
     pub fn gvk(&self) -> String {
         resource::gvk(&self.resource_type)
     }

@@ -17,14 +17,7 @@ impl ResourceService {
     ) -> Result<DeleteResponse, Error> {
         let DeleteRequest { id, version } = request;
         let (id, registration) = self.check_request_id(id, "id")?;
-        // Access before existence: a caller without it learns nothing of what is stored.
-        (registration.acls.write)(
-            authorizer,
-            &Resource {
-                id: Some(id.clone()),
-                ..Default::default()
-            },
-        )?;
+        registration.check_write_access_before_existence(authorizer, &id)?;
         let gvk = registration.gvk();
         if (gvk == builtin::NAMESPACE
             && id.name == resource::DEFAULT_NAMESPACE

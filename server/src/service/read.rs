@@ -448,8 +448,8 @@ fn following_grants(
                         None => return None,
                         Some(Err(error)) => return Some((Err(Error::from(error)), None)),
                         Some(Ok(event)) => {
-                            let current = state.grants.borrow().clone();
-                            if state.scope.visible(current.as_ref(), &event) {
+                            let visible = state.scope.visible(state.grants.borrow().as_ref(), &event);
+                            if visible {
                                 return Some((Ok(event), Some(state)));
                             }
                         }

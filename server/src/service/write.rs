@@ -555,14 +555,7 @@ impl ResourceService {
             }
         };
         let registration = self.scope_id(&mut id, "id", Wildcards::Forbidden)?;
-        // Access before existence: a caller without it learns nothing of what is stored.
-        (registration.acls.write)(
-            authorizer,
-            &Resource {
-                id: Some(id.clone()),
-                ..Default::default()
-            },
-        )?;
+        registration.check_write_access_before_existence(authorizer, &id)?;
         let tenancy = id.tenancy.clone().unwrap_or_default();
         match self.tenancy_state(registration.scope, &tenancy).await {
             Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),

@@ -55,17 +55,15 @@ fn write_members(data_dir: &Path, voters: &BTreeSet<NodeId>) -> std::io::Result<
 
 /// Keeps `raft/MEMBERS` naming the voters of the membership this node follows, until raft stops.
 pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
-    // Looked at twice a second, not at every change of the metrics (every commit): a task
-    // woken per commit costs every write CPU on every node. The state machine's membership
-    // names the voters too, so a change recorded half a second late loses nothing.
-    const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-    let metrics = raft.metrics();
+    // Raft's server metrics change with the vote, the role, the leader and the membership,
+    // not at every commit (a task woken per commit costs every write CPU on every node).
+    let mut metrics = raft.server_metrics();
     let mut recorded = BTreeSet::new();
     let mut seen = None;
     loop {
         // The membership changes only with its own log entries.
         let voters: Option<BTreeSet<NodeId>> = {
-            let now = metrics.borrow();
+            let now = metrics.borrow_and_update();
             let config = &now.membership_config;
             (seen != Some(*config.log_id())).then(|| {
                 seen = Some(*config.log_id());
@@ -79,7 +77,7 @@ pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
             match write_members(&data_dir, &voters) {
                 Ok(()) => recorded = voters,
                 Err(error) => {
-                    // Tried again at the next look.
+                    // Tried again at the next change.
                     seen = None;
                     tracing::warn!(
                     %error,
@@ -89,10 +87,9 @@ pub(super) async fn record_members(raft: Raft, data_dir: PathBuf) {
                 }
             }
         }
-        if metrics.has_changed().is_err() {
+        if metrics.changed().await.is_err() {
             return;
         }
-        tokio::time::sleep(LOOK_EVERY).await;
     }
 }
 

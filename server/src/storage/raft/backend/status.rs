@@ -9,9 +9,10 @@ use super::super::types::{NodeAddr, NodeId, Raft};
 use super::RaftBackend;
 use crate::storage::StorageError;
 
-/// Publishes whether this node leads whenever raft's metrics change.
+/// Publishes whether this node leads whenever raft's role changes (its server metrics: the
+/// vote, the role, the leader, the membership — not every commit).
 pub(super) async fn follow_leadership(raft: Raft, leading: tokio::sync::watch::Sender<bool>) {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     loop {
         let is_leader = metrics.borrow_and_update().state == openraft::ServerState::Leader;
         leading.send_if_modified(|current| std::mem::replace(current, is_leader) != is_leader);
