@@ -612,3 +612,62 @@ fn refused_handshakes_are_logged_once_per_peer() {
         .count();
     assert_eq!(refusals, 1, "one line for twenty refusals: {lines:#?}");
 }
+
+/// A Join whose client goes away (its deadline passes while the new node cannot be reached)
+/// still runs to its end: the learner it added is removed again, never left as a dead member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_cancelled_by_its_client_still_rolls_back() {
+    use proto::cluster::v1::MembersRequest;
+
+    let (ca, cluster) = tls_cluster(1, &[]).await;
+    let leader = &cluster.nodes[0];
+    let channel = endpoint_of(&leader.api_addr.to_string(), Some(node_tls(&ca, 2)))
+        .connect()
+        .await
+        .expect("connect as node 2");
+    // Nobody listens at this raft address: the join can only time out and roll back.
+    let nowhere = format!("127.0.0.1:{}", crate::process::free_port());
+    // The client gives up after 1.5 s without telling the server a deadline: the stream is
+    // reset under the handler, which would drop a join running inside it.
+    let mut client = ClusterServiceClient::new(channel);
+    let join = client.join(JoinRequest {
+        node_id: 2,
+        api_addr: nowhere.clone(),
+        raft_addr: nowhere,
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), join)
+            .await
+            .is_err(),
+        "the join answered before the client gave up"
+    );
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let members = leader
+            .cluster()
+            .await
+            .members(MembersRequest {})
+            .await
+            .expect("members")
+            .into_inner()
+            .members;
+        if members.iter().all(|member| member.node_id != 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 2 is still a member 40 s after its join was cancelled: {members:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The cluster takes writes as before.
+    leader
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("after-the-rollback")),
+        })
+        .await
+        .expect("a write");
+}
