@@ -211,6 +211,8 @@ impl ClusterGrpc {
 /// deadline, or in 30 s when it set none.
 fn answer_by<T>(request: &Request<T>) -> std::time::Instant {
     super::grpc::deadline(request)
+        .ok()
+        .flatten()
         .and_then(|at| at.checked_sub(Duration::from_millis(500)))
         .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(30))
 }

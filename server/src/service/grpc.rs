@@ -49,7 +49,7 @@ impl ResourceGrpc {
     ) -> Result<Response<super::read::EncodedList>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let list = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -66,7 +66,7 @@ impl ResourceGrpc {
     ) -> Result<Response<super::encoded::EncodedRead>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let resource = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -85,7 +85,7 @@ impl ResourceGrpc {
         use futures::StreamExt;
         let authorizer = self.authorizer(&request)?;
         let token = token_of(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let (grants, live) = tokio::sync::watch::channel(authorizer);
         let events: SharedWatchStream = crate::storage::deadline::scope(
             deadline,
@@ -222,11 +222,22 @@ pub fn resolve<T>(
     tokens.resolve(token.as_deref()).map_err(Error::from)
 }
 
-/// When the caller stops waiting, from the `grpc-timeout` header.
-pub(crate) fn deadline<T>(request: &Request<T>) -> Option<std::time::Instant> {
-    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let timeout = crate::storage::deadline::parse_grpc_timeout(value)?;
-    Some(std::time::Instant::now() + timeout)
+/// When the caller stops waiting, from the `grpc-timeout` header; none when it set none (or
+/// one past what a clock can hold). A header that is not a gRPC timeout is InvalidArgument.
+pub(crate) fn deadline<T>(request: &Request<T>) -> Result<Option<std::time::Instant>, Status> {
+    let Some(value) = request.metadata().get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let timeout = value
+        .to_str()
+        .ok()
+        .and_then(crate::storage::deadline::parse_grpc_timeout)
+        .ok_or_else(|| {
+            Status::invalid_argument(
+                "grpc-timeout is not a gRPC timeout: at most 8 digits and a unit of H, M, S, m, u or n",
+            )
+        })?;
+    Ok(std::time::Instant::now().checked_add(timeout))
 }
 
 fn consistency<T>(request: &Request<T>) -> Result<Consistency, Status> {
@@ -250,7 +261,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -265,7 +276,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -280,7 +291,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WriteStatusRequest>,
     ) -> Result<Response<WriteStatusResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -293,7 +304,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -308,7 +319,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<ListByOwnerRequest>,
     ) -> Result<Response<ListByOwnerResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -323,7 +334,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service
@@ -355,7 +366,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<MutateAndValidateRequest>,
     ) -> Result<Response<MutateAndValidateResponse>, Status> {
         let authorizer = self.authorizer(&request)?;
-        let deadline = deadline(&request);
+        let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
             self.service

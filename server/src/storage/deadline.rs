@@ -35,6 +35,10 @@ pub fn bounded(limit: Duration) -> Instant {
 /// Parses a `grpc-timeout` header value: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    // The gRPC spec: a positive integer of at most 8 ASCII digits.
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
         "H" => Duration::from_secs(amount.saturating_mul(3600)),
@@ -63,6 +67,14 @@ mod tests {
         assert_eq!(parse_grpc_timeout("10u"), Some(Duration::from_micros(10)));
         assert_eq!(parse_grpc_timeout("10n"), Some(Duration::from_nanos(10)));
         assert_eq!(parse_grpc_timeout(""), None);
+        // What an attacker sends: more than 8 digits, signs, nothing before the unit.
+        assert_eq!(parse_grpc_timeout("18446744073709551615S"), None);
+        assert_eq!(parse_grpc_timeout("123456789H"), None);
+        assert_eq!(parse_grpc_timeout("+5S"), None);
+        assert_eq!(
+            parse_grpc_timeout("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
         assert_eq!(parse_grpc_timeout("S"), None);
         assert_eq!(parse_grpc_timeout("5x"), None);
     }

@@ -472,3 +472,33 @@ async fn a_forward_retried_after_the_leader_committed_is_answered_with_its_first
     assert_eq!(now.len(), 1);
     assert_eq!(now[0].version, stored.version, "applied exactly once");
 }
+
+/// A `grpc-timeout` no clock can hold (the red team's `18446744073709551615S` panicked the
+/// handler) or that is not a gRPC timeout at all: InvalidArgument, and the node serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crafted_grpc_timeout_is_refused_and_panics_nothing() {
+    let node = Resd::start();
+    let mut client = node.resources().await;
+    for crafted in ["18446744073709551615S", "99999999999H", "-1S", "soon"] {
+        let mut request = tonic::Request::new(ReadRequest {
+            id: Some(crate::support::artist_id("anyone")),
+        });
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", crafted.parse().expect("ascii"));
+        let refused = client.read(request).await.expect_err(crafted);
+        assert_eq!(
+            refused.code(),
+            Code::InvalidArgument,
+            "{crafted}: {refused:?}"
+        );
+    }
+    // The largest valid one is accepted (a deadline past what the clock holds is none).
+    let mut request = tonic::Request::new(WriteRequest {
+        resource: Some(artist("still-serving")),
+    });
+    request
+        .metadata_mut()
+        .insert("grpc-timeout", "99999999H".parse().expect("ascii"));
+    client.write(request).await.expect("served");
+}
