@@ -51,18 +51,23 @@ impl Authorizer for TokenAuthorizer {
                 management: false,
                 policies: vec![(name.to_owned(), Arc::new(CompiledPolicy::new(policy)))],
             },
-            Grant::Token(token) => Granted {
-                management: token.policies.iter().any(|p| p == MANAGEMENT_POLICY),
-                policies: token
-                    .policies
-                    .iter()
-                    .filter_map(|name| {
-                        self.policies
-                            .get(name)
-                            .map(|policy| (name.clone(), policy.clone()))
-                    })
-                    .collect(),
-            },
+            Grant::Token(token) => {
+                let mut policies = Vec::with_capacity(token.policies.len());
+                for name in token.policies.iter().filter(|p| *p != MANAGEMENT_POLICY) {
+                    // A policy this node has not loaded yet (just written elsewhere) could
+                    // grant anything: what cannot be checked is refused, never assumed empty.
+                    let Some(policy) = self.policies.get(name) else {
+                        return Err(AclError::PermissionDenied(format!(
+                            "policy {name} is not known to this server yet, so what it grants cannot be checked; retry in a moment"
+                        )));
+                    };
+                    policies.push((name.clone(), policy.clone()));
+                }
+                Granted {
+                    management: token.policies.iter().any(|p| p == MANAGEMENT_POLICY),
+                    policies,
+                }
+            }
         };
         self.grants
             .holds(&granted)
@@ -366,5 +371,33 @@ mod tests {
         assert_eq!(bob.operator(), Access::Deny);
         assert!(store.has_policy(MANAGEMENT_POLICY));
         assert!(!store.has_policy("ops"));
+    }
+
+    #[test]
+    fn a_token_naming_a_policy_not_loaded_yet_is_not_granted() {
+        let store = TokenStore::new(Access::Deny);
+        store.replace_policies(vec![(
+            "delegate".into(),
+            pb::Policy {
+                acl: pb::Access::Write as i32,
+                ..Default::default()
+            },
+        )]);
+        store.replace_tokens(vec![(
+            "delegate".into(),
+            token("delegate-secret-0123456789", &["delegate"], ""),
+        )]);
+        let writer = store
+            .resolve(Some("delegate-secret-0123456789"))
+            .expect("writer");
+        let naming_unknown = token("x", &["written-elsewhere"], "");
+        let refused = writer
+            .may_grant(Grant::Token(&naming_unknown))
+            .expect_err("unknown policy");
+        assert!(refused.to_string().contains("not known"), "{refused}");
+        // A policy it holds (nothing) is fine.
+        writer
+            .may_grant(Grant::Token(&token("y", &["delegate"], "")))
+            .expect("within");
     }
 }
