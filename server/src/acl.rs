@@ -49,6 +49,19 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
     fn reads_everything(&self) -> bool {
         false
     }
+    /// Whether any resource of type `gvk` in `partition`/`namespace` whose name starts with
+    /// `name_prefix` may be readable (at least listable): false only when none can be. What an
+    /// open watch's grants must still allow.
+    fn may_read_some(
+        &self,
+        gvk: &str,
+        partition: &str,
+        namespace: &str,
+        name_prefix: &str,
+    ) -> bool {
+        let _ = (gvk, partition, namespace, name_prefix);
+        true
+    }
     /// ACL management (reading and writing tokens and policies). Never from a default policy.
     fn acl(&self) -> Access {
         Access::Deny
@@ -78,7 +91,10 @@ pub enum Grant<'a> {
         name: &'a str,
         policy: &'a proto::acl::v1::Policy,
     },
-    Token(&'a proto::acl::v1::Token),
+    Token {
+        name: &'a str,
+        token: &'a proto::acl::v1::Token,
+    },
 }
 
 /// What an ACL hook answers besides "allowed".

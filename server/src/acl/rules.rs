@@ -407,6 +407,37 @@ impl Grants {
         self.management || self.policies.iter().any(|p| p.join)
     }
 
+    /// Whether some resource of `gvk` in `partition`/`namespace` under `name_prefix` may be
+    /// listed: not when a DENY covers them all, nor when the default denies and no rule that
+    /// grants at least List may match one of them.
+    pub fn may_read_some(
+        &self,
+        gvk: &str,
+        partition: &str,
+        namespace: &str,
+        name_prefix: &str,
+    ) -> bool {
+        if self.management {
+            return true;
+        }
+        let watched = Rule {
+            types: vec![gvk.to_owned()],
+            partition: Some(partition.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            name_prefix: name_prefix.to_owned(),
+            access: Access::List,
+        };
+        let mut rules = self.policies.iter().flat_map(|policy| policy.rules.iter());
+        if rules
+            .clone()
+            .any(|rule| rule.access == Access::Deny && rule.contains(&watched))
+        {
+            return false;
+        }
+        self.default >= Access::List
+            || rules.any(|rule| rule.access >= Access::List && rule.may_overlap(&watched))
+    }
+
     /// Whether these are the management policy's grants (everything).
     pub fn is_management(&self) -> bool {
         self.management
@@ -980,5 +1011,43 @@ mod tests {
             why.contains("write on demo.*.* */*") && why.contains("operator write"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_watch_may_go_on_while_something_it_names_may_be_read() {
+        let some = Grants::new(
+            false,
+            vec![std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                rules: vec![rule(
+                    &["demo.v2.Artist"],
+                    "default",
+                    "jazz",
+                    "miles-",
+                    pb::Access::Read,
+                )],
+                ..Default::default()
+            }))],
+            Access::Deny,
+        );
+        assert!(some.may_read_some("demo.v2.Artist", "default", "jazz", ""));
+        assert!(some.may_read_some("demo.v2.Artist", "default", "jazz", "miles-d"));
+        assert!(!some.may_read_some("demo.v2.Artist", "default", "jazz", "john"));
+        assert!(!some.may_read_some("demo.v2.Artist", "default", "rock", ""));
+        let denied = Grants::new(
+            false,
+            vec![std::sync::Arc::new(CompiledPolicy::new(&pb::Policy {
+                rules: vec![rule(&["demo.*.*"], "default", "*", "", pb::Access::Deny)],
+                ..Default::default()
+            }))],
+            Access::Write,
+        );
+        assert!(!denied.may_read_some("demo.v2.Artist", "default", "jazz", ""));
+        assert!(denied.may_read_some("demo.v2.Artist", "other", "jazz", ""));
+        assert!(!Grants::new(false, Vec::new(), Access::Deny).may_read_some(
+            "demo.v2.Artist",
+            "default",
+            "jazz",
+            ""
+        ));
     }
 }

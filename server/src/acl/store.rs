@@ -21,6 +21,17 @@ pub struct TokenAuthorizer {
     /// Every policy as this node knew them when the token was resolved: what a token this one
     /// writes would be granted.
     policies: Arc<HashMap<String, Arc<CompiledPolicy>>>,
+    /// Of the same moment: which token holds each secret hash, and the policies tokens name.
+    tokens: Arc<TokenView>,
+}
+
+/// What the store knew of its tokens when an authorizer was made.
+#[derive(Debug, Default)]
+struct TokenView {
+    /// Secret hash -> accessor.
+    hashes: HashMap<String, String>,
+    /// Policies some token names.
+    named: std::collections::HashSet<String>,
 }
 
 impl Authorizer for TokenAuthorizer {
@@ -39,6 +50,16 @@ impl Authorizer for TokenAuthorizer {
     fn acl(&self) -> Access {
         self.grants.acl()
     }
+    fn may_read_some(
+        &self,
+        gvk: &str,
+        partition: &str,
+        namespace: &str,
+        name_prefix: &str,
+    ) -> bool {
+        self.grants
+            .may_read_some(gvk, partition, namespace, name_prefix)
+    }
     fn may_join(&self) -> bool {
         self.grants.may_join()
     }
@@ -47,11 +68,34 @@ impl Authorizer for TokenAuthorizer {
     }
     fn may_grant(&self, grant: Grant<'_>) -> Result<(), AclError> {
         let granted = match grant {
-            Grant::Policy { name, policy } => Granted {
-                management: false,
-                policies: vec![(name.to_owned(), Arc::new(CompiledPolicy::new(policy)))],
-            },
-            Grant::Token(token) => {
+            Grant::Policy { name, policy } => {
+                // Tokens combine policies: changing (or deleting) one that tokens name widens
+                // them as a whole (a DENY removed from one lifts a limit on the others) — the
+                // writer's own token among them. Only management may.
+                if self.tokens.named.contains(name) && !self.grants.is_management() {
+                    return Err(AclError::PermissionDenied(format!(
+                        "policy {name} is named by tokens: changing or deleting it changes what they grant together, so only a {MANAGEMENT_POLICY} token may"
+                    )));
+                }
+                Granted {
+                    management: false,
+                    policies: vec![(name.to_owned(), Arc::new(CompiledPolicy::new(policy)))],
+                }
+            }
+            Grant::Token { name, token } => {
+                // A secret is one token's: a hash copied from another token would make that
+                // token's secret resolve to this one (the hijack of a management secret).
+                if let Some(holder) = self.tokens.hashes.get(&token.secret_hash)
+                    && holder != name
+                {
+                    return Err(AclError::PermissionDenied(
+                        "data.secret_hash is another token's: give the new token a secret of its own".into(),
+                    ));
+                }
+                if self.grants.is_management() {
+                    // Holds everything; a policy that does not exist is the references check's.
+                    return Ok(());
+                }
                 let mut policies = Vec::with_capacity(token.policies.len());
                 for name in token.policies.iter().filter(|p| *p != MANAGEMENT_POLICY) {
                     // A policy this node has not loaded yet (just written elsewhere) could
@@ -183,6 +227,18 @@ impl TokenStore {
                     .map(|(name, policy)| (name.clone(), Arc::new(CompiledPolicy::new(policy))))
                     .collect(),
             );
+            let view = Arc::new(TokenView {
+                hashes: index
+                    .tokens
+                    .iter()
+                    .map(|(accessor, token)| (token.secret_hash.clone(), accessor.clone()))
+                    .collect(),
+                named: index
+                    .tokens
+                    .values()
+                    .flat_map(|token| token.policies.iter().cloned())
+                    .collect(),
+            });
             let mut by_hash = HashMap::new();
             // Accessors in order: of two tokens with the same secret, the first name wins.
             for (accessor, token) in &index.tokens {
@@ -207,6 +263,7 @@ impl TokenStore {
                         accessor: accessor.clone(),
                         grants: Grants::new(management, policies, self.default),
                         policies: compiled.clone(),
+                        tokens: view.clone(),
                     }),
                 };
                 by_hash
@@ -392,12 +449,18 @@ mod tests {
             .expect("writer");
         let naming_unknown = token("x", &["written-elsewhere"], "");
         let refused = writer
-            .may_grant(Grant::Token(&naming_unknown))
+            .may_grant(Grant::Token {
+                name: "x",
+                token: &naming_unknown,
+            })
             .expect_err("unknown policy");
         assert!(refused.to_string().contains("not known"), "{refused}");
         // A policy it holds (nothing) is fine.
         writer
-            .may_grant(Grant::Token(&token("y", &["delegate"], "")))
+            .may_grant(Grant::Token {
+                name: "y",
+                token: &token("y-secret-0123456789", &["delegate"], ""),
+            })
             .expect("within");
     }
 }

@@ -538,6 +538,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
             // In a task of its own: a client that goes away (its deadline, a cancel) must not
             // cut the join short between adding the learner and promoting or removing it.
+            // Bounded whatever deadline the client asked for: the join holds the membership
+            // lock until it ends.
+            let join_deadline = join_deadline.min(std::time::Instant::now() + MEMBERSHIP_TIMEOUT);
             let adding = {
                 let raft = raft.clone();
                 let node_id = join.node_id;

@@ -383,26 +383,27 @@ impl WatchScope {
     }
 
     /// `Ok` while `authorizer` may still watch this: the type's list hook passes, and (for a
-    /// type read by resource rules, in one namespace) what the watch names is readable.
+    /// type read by resource rules, in one namespace) something the watch names may still be
+    /// readable (each event is checked on its own as well).
     fn still_allowed(&self, authorizer: &dyn Authorizer) -> Result<(), Error> {
         (self.list_acl)(authorizer, &self.tenancy)?;
         let concrete = self.tenancy.partition != resource::WILDCARD
             && self.tenancy.namespace != resource::WILDCARD;
-        if self.read_is_default && concrete {
-            let id = Id {
-                uid: String::new(),
-                name: self.name_prefix.clone(),
-                r#type: Some(self.resource_type.clone()),
-                tenancy: Some(self.tenancy.clone()),
-            };
-            if authorizer.resource(&id) < crate::acl::Access::List {
-                return Err(Error::from(AclError::PermissionDenied(format!(
-                    "token lost read on {} {}/{}: the watch ended",
-                    resource::gvk(&self.resource_type),
-                    self.tenancy.partition,
-                    self.tenancy.namespace
-                ))));
-            }
+        if self.read_is_default
+            && concrete
+            && !authorizer.may_read_some(
+                &resource::gvk(&self.resource_type),
+                &self.tenancy.partition,
+                &self.tenancy.namespace,
+                &self.name_prefix,
+            )
+        {
+            return Err(Error::from(AclError::PermissionDenied(format!(
+                "token lost read on {} {}/{}: the watch ended",
+                resource::gvk(&self.resource_type),
+                self.tenancy.partition,
+                self.tenancy.namespace
+            ))));
         }
         Ok(())
     }

@@ -115,9 +115,14 @@ impl ResourceService {
             // (and an owner it cannot read tells it nothing, not even its uid).
             match (owner_registration.acls.read)(authorizer, owner, None) {
                 Err(crate::acl::AclError::NeedResource) => {
-                    if let Ok(stored) = self.backend.read(Consistency::Eventual, owner).await {
-                        (owner_registration.acls.read)(authorizer, owner, Some(&stored))
-                            .map_err(|error| owner_refused(owner, error))?;
+                    match self.backend.read(Consistency::Eventual, owner).await {
+                        Ok(stored) => {
+                            (owner_registration.acls.read)(authorizer, owner, Some(&stored))
+                                .map_err(|error| owner_refused(owner, error))?
+                        }
+                        // A missing owner is the create's business (it says so).
+                        Err(StorageError::NotFound) => {}
+                        Err(error) => return Err(error.into()),
                     }
                 }
                 other => other.map_err(|error| owner_refused(owner, error))?,

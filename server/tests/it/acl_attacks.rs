@@ -730,3 +730,85 @@ async fn owners_need_read_access_comes_before_existence_and_files_are_private() 
         .expect("a segment");
     assert_eq!(mode(&segment), 0o600, "{}", segment.display());
 }
+
+/// Found in review: a delegate with `acl` write lifted a limit of its own token by rewriting
+/// (or deleting) a policy the token names alongside others, and hijacked the management
+/// secret by writing a token with the management token's hash. Policies that tokens name change
+/// only by management; a secret hash belongs to one token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegate_cannot_lift_its_own_limits_or_take_another_tokens_secret() {
+    let node = Resd::start_with(&["--acl-enabled"]);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    let mut delegate = policy("delegate", Vec::new(), acl::Access::Unspecified);
+    delegate.data = Some(proto::to_any(&acl::Policy {
+        rules: vec![demo_rule("default", acl::Access::Write)],
+        acl: acl::Access::Write as i32,
+        ..Default::default()
+    }));
+    let limits = |rules: Vec<acl::Rule>| policy("limits", rules, acl::Access::Unspecified);
+    let deny_secrets = acl::Rule {
+        types: vec!["demo.v2.Artist".into()],
+        partition: "*".into(),
+        namespace: "*".into(),
+        name_prefix: "secret-".into(),
+        access: acl::Access::Deny as i32,
+    };
+    for resource in [
+        delegate,
+        limits(vec![deny_secrets]),
+        token(
+            "d",
+            "delegate-secret-0123456789",
+            &["delegate", "limits"],
+            "",
+        ),
+    ] {
+        write_as(&channel, &management, resource)
+            .await
+            .expect("set up");
+    }
+    let d = "delegate-secret-0123456789";
+    let lifted = write_as(&channel, d, limits(Vec::new()))
+        .await
+        .expect_err("no rewrite of a policy tokens name");
+    assert_eq!(lifted.code(), Code::PermissionDenied, "{lifted:?}");
+    assert!(lifted.message().contains("named by tokens"), "{lifted:?}");
+    let deleted = delete_as(&node, d, &limits(Vec::new()))
+        .await
+        .expect_err("no delete of a policy tokens name");
+    assert_eq!(deleted.code(), Code::PermissionDenied, "{deleted:?}");
+    // The management token's hash, copied onto a token the delegate may otherwise write.
+    let stored = ResourceServiceClient::new(channel.clone())
+        .read(with_token(
+            proto::resource::v1::ReadRequest {
+                id: Some(cluster_id("Token", "initial-management")),
+            },
+            Some(d),
+        ))
+        .await
+        .expect("acl read")
+        .into_inner()
+        .resource
+        .expect("resource");
+    let hash = <acl::Token as prost::Message>::decode(stored.data.expect("data").value.as_slice())
+        .expect("a token")
+        .secret_hash;
+    assert!(hash.starts_with("sha256:"), "{hash}");
+    let mut hijack = token("aaa-hijack", "", &["delegate"], "");
+    hijack.data = Some(proto::to_any(&acl::Token {
+        policies: vec!["delegate".into()],
+        secret_hash: hash,
+        ..Default::default()
+    }));
+    let refused = write_as(&channel, d, hijack)
+        .await
+        .expect_err("no copied secret");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(
+        who_am_i(&node, &management)
+            .await
+            .expect("still management"),
+        ["global-management"]
+    );
+}

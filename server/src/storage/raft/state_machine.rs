@@ -170,7 +170,13 @@ impl SmShared {
     ) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(sm_read_error)?;
-        let (last_applied, membership) = read_applied(&sm.dbs, &rtxn).map_err(sm_read_error)?;
+        let (last_applied, membership) = read_applied(&sm.dbs, &rtxn).map_err(|error| {
+            // Damage here stops raft: recorded first, so the node restarts to rebuild.
+            if let Some(damage) = damage_of(&error) {
+                self.found_damage(damage);
+            }
+            sm_read_error(error)
+        })?;
         Ok((last_applied, membership))
     }
 
