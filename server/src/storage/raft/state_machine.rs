@@ -214,7 +214,11 @@ impl SmShared {
         let sm = self.current();
         let file =
             schema::sm_generation_dir(&self.data_dir, sm.generation).join(schema::SNAPSHOT_DATA);
-        let why = format!("{damage}, in {}", file.display());
+        self.found_damage_saying(format!("{damage}, in {}", file.display()))
+    }
+
+    /// [`Self::found_damage`], with what was found in words.
+    fn found_damage_saying(&self, why: String) -> StorageError {
         let first = self.damage.send_if_modified(|found| {
             found
                 .is_none()

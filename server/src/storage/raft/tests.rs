@@ -777,6 +777,37 @@ mod restart {
         assert!(reopened.shared.damage().borrow().is_none());
     }
 
+    /// A record damaged in the live state and never read since does not become a snapshot (the
+    /// log would be purged behind it): the build fails and the damage is recorded.
+    #[tokio::test]
+    async fn a_snapshot_is_never_built_from_a_damaged_record() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut sm = StateMachineStore::open(dir.path(), Default::default()).expect("open");
+        sm.apply(vec![needle_entry(1, "needle", "NEEDLE-9876543210")])
+            .await
+            .expect("apply");
+        assert!(flip_needle(dir.path(), "NEEDLE-9876543210") >= 1);
+        let built = sm.get_snapshot_builder().await.build_snapshot().await;
+        assert!(built.is_err(), "a snapshot of a damaged state was built");
+        let found = sm
+            .shared
+            .damage()
+            .borrow()
+            .clone()
+            .expect("damage recorded");
+        assert!(
+            found.contains("snapshot") && found.contains("needle"),
+            "{found}"
+        );
+        assert!(
+            std::fs::read_dir(dir.path().join("raft/snapshots"))
+                .map(|entries| entries.count())
+                .unwrap_or(0)
+                == 0,
+            "nothing left behind"
+        );
+    }
+
     /// A state machine written before values were sealed (format 2) is sealed when it is first
     /// opened, and reads as it did.
     #[tokio::test]

@@ -39,6 +39,16 @@ impl SmShared {
             copy,
         )
         .map_err(snapshot_error)?;
+        // Every record of the copy passes its seal (as a follower receiving it will check): a
+        // record damaged in the live state, and never read since, must not become the snapshot
+        // the log is purged behind.
+        if let Err(why) = check_received(&building, self.map_size) {
+            let _ = std::fs::remove_dir_all(&building);
+            self.found_damage_saying(format!(
+                "building a raft snapshot found the state machine damaged: {why}"
+            ));
+            return Err(snapshot_error(why));
+        }
         // The copy is consistent on its own: read what it holds, not what the live state holds now.
         let (last_applied, membership) = {
             let (env, dbs) = schema::open_sm(&building, self.map_size).map_err(snapshot_error)?;
