@@ -389,18 +389,10 @@ impl ResourceService {
                 "ACLs are already bootstrapped (reset index {index}); to bootstrap again, write {index} into the file acl-bootstrap-reset in a server's data directory and call AclBootstrap on that server"
             ))
         };
-        let (group, version, kind) = ACL_BOOTSTRAP.split('.').fold(
-            (String::new(), String::new(), String::new()),
-            |(g, v, k), part| match (g.is_empty(), v.is_empty()) {
-                (true, _) => (part.to_owned(), v, k),
-                (false, true) => (g, part.to_owned(), k),
-                (false, false) => (g, v, part.to_owned()),
-            },
-        );
         let mut record_id = proto::resource::v1::Id {
             uid: String::new(),
             name: ACL_BOOTSTRAP_NAME.to_owned(),
-            r#type: Some(resource::new_type(&group, &version, &kind)),
+            r#type: Some(resource::parse_gvk(ACL_BOOTSTRAP).map_err(Error::Internal)?),
             tenancy: Some(Default::default()),
         };
         match self.backend.read(Consistency::Strong, &record_id).await {

@@ -17,27 +17,22 @@ use crate::process::Resd;
 /// Runs `resd agent ARGS` expecting it to refuse to start: its exit code and stderr.
 fn refused(args: &[&str]) -> (Option<i32>, String) {
     let data = tempfile::tempdir().expect("temp dir");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_resd"))
-        .arg("agent")
-        .args([
-            "--node-id",
-            "1",
-            "--data-dir",
-            &data.path().display().to_string(),
-            "--api-addr",
-            "127.0.0.1:0",
-            "--raft-addr",
-            "127.0.0.1:0",
-            "--bootstrap",
-        ])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run resd");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let mut all: Vec<String> = [
+        "--node-id",
+        "1",
+        "--data-dir",
+        &data.path().display().to_string(),
+        "--api-addr",
+        "127.0.0.1:0",
+        "--raft-addr",
+        "127.0.0.1:0",
+        "--bootstrap",
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    all.extend(args.iter().map(|arg| arg.to_string()));
+    crate::mtls::refused_start(&all)
 }
 
 /// Attack 1: ACLs over plaintext protected nothing (the raft port took forged tokens). Now

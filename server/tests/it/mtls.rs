@@ -474,7 +474,7 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
 }
 
 /// Runs `resd agent ARGS` expecting it to refuse to start; returns its exit code and stderr.
-fn refused_start(args: &[String]) -> (Option<i32>, String) {
+pub(crate) fn refused_start(args: &[String]) -> (Option<i32>, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_resd"))
         .arg("agent")
         .args(args)

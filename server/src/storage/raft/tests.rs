@@ -575,9 +575,14 @@ mod restart {
 
     fn write_entry(index: u64, name: &str) -> Entry {
         let fixture = crate::storage::conformance::Fixture::new();
+        entry_writing(index, fixture.artist(name))
+    }
+
+    /// The log entry at `index` that writes `resource` (created: no version expected).
+    fn entry_writing(index: u64, resource: proto::resource::v1::Resource) -> Entry {
         let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::by_test(
             super::super::op::Change::Write(
-                std::sync::Arc::new(fixture.artist(name)),
+                std::sync::Arc::new(resource),
                 crate::storage::WriteCondition::Version,
             ),
         )]);
@@ -658,17 +663,7 @@ mod restart {
         let fixture = crate::storage::conformance::Fixture::new();
         let mut resource = fixture.artist(name);
         resource.metadata.insert("mark".into(), needle.into());
-        Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Normal(Command::new(super::super::op::Op::Changes(
-                vec![super::super::op::Tagged::by_test(
-                    super::super::op::Change::Write(
-                        std::sync::Arc::new(resource),
-                        crate::storage::WriteCondition::Version,
-                    ),
-                )],
-            ))),
-        }
+        entry_writing(index, resource)
     }
 
     /// Flips one byte of every copy of `needle` in the state machine's current file (old copies

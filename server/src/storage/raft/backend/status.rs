@@ -282,13 +282,22 @@ impl RaftBackend {
     /// every commit, and a task woken for each cost about 4 µs of CPU per write on every node.
     pub async fn halted(&self) -> Option<String> {
         const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+        // `Stopped` is how raft reports a normal shutdown.
+        let fatal =
+            |metrics: &tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, NodeAddr>>| {
+                match &metrics.borrow().running_state {
+                    Err(openraft::error::Fatal::Stopped) | Ok(()) => None,
+                    Err(fatal) => Some(fatal.to_string()),
+                }
+            };
         let metrics = self.raft.metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow().running_state {
-                return Some(fatal.to_string());
+            if let Some(why) = fatal(&metrics) {
+                return Some(why);
             }
-            if metrics.has_changed().is_err() {
-                return None;
+            // Ended (cleanly, or with a fatal error sent just before), or stopped normally.
+            if metrics.has_changed().is_err() || metrics.borrow().running_state.is_err() {
+                return fatal(&metrics);
             }
             tokio::time::sleep(LOOK_EVERY).await;
         }
