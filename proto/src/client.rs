@@ -3,6 +3,7 @@
 //! cluster elects a leader, one decode of `tonic::Status` into [`ClientError`], and a
 //! resumable [`Watcher`] over `WatchList`.
 
+pub mod contexts;
 pub mod describe;
 pub mod edit;
 pub mod placement;

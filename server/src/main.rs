@@ -772,9 +772,8 @@ fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// The `resd-dev` entry of resctl's contexts file (the format and location `resctl context`
-/// uses: `$RESCTL_CONFIG`, else `$XDG_CONFIG_HOME/resctl/contexts.yaml`, else
-/// `~/.config/resctl/contexts.yaml`), made current while the dev cluster runs.
+/// The `resd-dev` entry of resctl's contexts file (`proto::client::contexts`, the file
+/// `resctl context` uses), made current while the dev cluster runs.
 struct DevContext {
     path: PathBuf,
     /// The context that was current before, restored when the cluster stops.
@@ -782,37 +781,6 @@ struct DevContext {
 }
 
 impl DevContext {
-    fn load(path: &std::path::Path) -> anyhow::Result<serde_yaml_ng::Mapping> {
-        match std::fs::read_to_string(path) {
-            Ok(text) if text.trim().is_empty() => Ok(serde_yaml_ng::Mapping::new()),
-            Ok(text) => serde_yaml_ng::from_str(&text)
-                .with_context(|| format!("contexts file {} is not valid", path.display())),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                Ok(serde_yaml_ng::Mapping::new())
-            }
-            Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
-        }
-    }
-
-    /// Replaces the file atomically, readable by its owner only (it holds tokens).
-    fn save(path: &std::path::Path, document: &serde_yaml_ng::Mapping) -> anyhow::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        let directory = path
-            .parent()
-            .filter(|parent| !parent.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        std::fs::create_dir_all(directory)
-            .with_context(|| format!("cannot create {}", directory.display()))?;
-        let text = serde_yaml_ng::to_string(document)?;
-        let mut file = tempfile::NamedTempFile::new_in(directory)?;
-        std::io::Write::write_all(&mut file, text.as_bytes())?;
-        file.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        file.persist(path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(())
-    }
-
     fn write(
         server: &str,
         token: &str,
@@ -820,65 +788,39 @@ impl DevContext {
         cert: &std::path::Path,
         key: &std::path::Path,
     ) -> anyhow::Result<DevContext> {
-        use serde_yaml_ng::Value;
-        let path = proto::contexts_path().context("neither RESCTL_CONFIG nor HOME is set")?;
-        let mut document = Self::load(&path)?;
-        let previous = document
-            .get("current")
-            .and_then(Value::as_str)
-            .filter(|current| *current != DEV_CONTEXT)
-            .map(str::to_owned);
-        let mut entry = serde_yaml_ng::Mapping::new();
-        for (field, value) in [
-            ("server", server.to_owned()),
-            ("token", token.to_owned()),
-            ("ca_cert", ca.display().to_string()),
-            ("client_cert", cert.display().to_string()),
-            ("client_key", key.display().to_string()),
-        ] {
-            entry.insert(field.into(), value.into());
-        }
-        let contexts = document
-            .entry("contexts".into())
-            .or_insert_with(|| Value::Mapping(serde_yaml_ng::Mapping::new()));
-        let Value::Mapping(contexts) = contexts else {
-            anyhow::bail!(
-                "contexts file {}: `contexts` is not a mapping",
-                path.display()
-            );
-        };
-        contexts.insert(DEV_CONTEXT.into(), Value::Mapping(entry));
-        document.insert("current".into(), DEV_CONTEXT.into());
-        Self::save(&path, &document)?;
+        use proto::client::contexts::{self, ContextEntry, ContextsFile};
+        let path = contexts::path().context("neither RESCTL_CONFIG nor HOME is set")?;
+        let mut file = ContextsFile::load(&path)?;
+        let previous = file.current.take().filter(|current| current != DEV_CONTEXT);
+        file.contexts.insert(
+            DEV_CONTEXT.to_owned(),
+            ContextEntry {
+                server: Some(server.to_owned()),
+                token: Some(token.to_owned()),
+                ca_cert: Some(ca.display().to_string()),
+                client_cert: Some(cert.display().to_string()),
+                client_key: Some(key.display().to_string()),
+                ..Default::default()
+            },
+        );
+        file.current = Some(DEV_CONTEXT.to_owned());
+        file.save(&path)?;
         Ok(DevContext { path, previous })
     }
 
     /// Removes the entry (its certificates are gone with the cluster) and makes the previous
     /// context current again.
     fn remove(self) {
-        use serde_yaml_ng::Value;
-        let restored = (|| -> anyhow::Result<()> {
-            let mut document = Self::load(&self.path)?;
-            if let Some(Value::Mapping(contexts)) = document.get_mut("contexts") {
-                contexts.remove(DEV_CONTEXT);
+        use proto::client::contexts::ContextsFile;
+        let restored = ContextsFile::load(&self.path).and_then(|mut file| {
+            file.contexts.remove(DEV_CONTEXT);
+            if file.current.as_deref() == Some(DEV_CONTEXT) {
+                file.current = self.previous.clone();
             }
-            if document.get("current").and_then(Value::as_str) == Some(DEV_CONTEXT) {
-                match &self.previous {
-                    Some(previous) => {
-                        document.insert("current".into(), previous.as_str().into());
-                    }
-                    None => {
-                        document.remove("current");
-                    }
-                }
-            }
-            Self::save(&self.path, &document)
-        })();
+            file.save(&self.path)
+        });
         if let Err(error) = restored {
-            eprintln!(
-                "resd: cannot remove the resctl context {DEV_CONTEXT} from {} ({error:#})",
-                self.path.display()
-            );
+            eprintln!("resd: cannot remove the resctl context {DEV_CONTEXT} ({error})");
         }
     }
 }
