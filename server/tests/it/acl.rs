@@ -131,12 +131,26 @@ pub(crate) fn token(name: &str, secret: &str, policies: &[&str], expires_at: &st
     }
 }
 
+/// Writes `resource` as `token`. A token written with a secret is waited for until the node
+/// resolves it (its token cache follows storage through a watch, a moment behind the write), so
+/// the next request can use it.
 pub(crate) async fn write_as(
     channel: &Channel,
     token: &str,
     resource: Resource,
 ) -> Result<Resource, tonic::Status> {
-    ResourceServiceClient::new(channel.clone())
+    let is_token = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .is_some_and(|t| t.group == "acl" && t.kind == "Token");
+    let secret = is_token
+        .then_some(resource.data.as_ref())
+        .flatten()
+        .and_then(|any| acl::Token::decode(any.value.as_slice()).ok())
+        .map(|token| token.secret)
+        .filter(|secret| !secret.is_empty());
+    let stored = ResourceServiceClient::new(channel.clone())
         .write(with_token(
             WriteRequest {
                 resource: Some(resource),
@@ -144,7 +158,22 @@ pub(crate) async fn write_as(
             Some(token),
         ))
         .await
-        .map(|reply| reply.into_inner().resource.expect("stored"))
+        .map(|reply| reply.into_inner().resource.expect("stored"))?;
+    if let Some(secret) = secret {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ClusterServiceClient::new(channel.clone())
+            .acl_who_am_i(with_token(cluster_pb::AclWhoAmIRequest {}, Some(&secret)))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the token written was not resolvable within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(stored)
 }
 
 fn rfc3339_in(seconds: i64) -> String {

@@ -53,6 +53,14 @@ fn plaintext_must_be_asked_for_and_never_carries_acls() {
     );
 }
 
+/// A single secure node with ACLs on (and `extra_args`), its management secret and a channel.
+async fn secure_node(extra_args: &[&str]) -> (Resd, String, tonic::transport::Channel) {
+    let node = Resd::start_with(extra_args);
+    let management = bootstrap(&node).await;
+    let channel = node.channel().await;
+    (node, management, channel)
+}
+
 async fn delete_as(node: &Resd, secret: &str, resource: &Resource) -> Result<(), tonic::Status> {
     ResourceServiceClient::new(node.channel().await)
         .delete(with_token(
@@ -84,9 +92,7 @@ async fn who_am_i(node: &Resd, secret: &str) -> Result<Vec<String>, tonic::Statu
 /// recorded for good; only a reset file on a server's disk naming its index allows one more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_happens_once_even_after_every_management_token_is_deleted() {
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
     write_as(
         &channel,
         &management,
@@ -182,9 +188,8 @@ async fn bootstrap_happens_once_even_after_every_management_token_is_deleted() {
 /// created a global-management token. The default never grants ACL management.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_never_grants_acl_management() {
-    let node = Resd::start_with(&["--acl-enabled", "--acl-default-policy", "allow"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (_node, management, channel) =
+        secure_node(&["--acl-enabled", "--acl-default-policy", "allow"]).await;
     let deny_one = acl::Rule {
         types: vec!["demo.v2.Artist".into()],
         name_prefix: "secret-".into(),
@@ -235,9 +240,7 @@ async fn the_default_policy_never_grants_acl_management() {
 /// management tokens, and every join token was one. Operator access is none of those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_access_is_neither_acl_management_nor_snapshots_nor_joining() {
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (_node, management, channel) = secure_node(&["--acl-enabled"]).await;
     write_as(
         &channel,
         &management,
@@ -304,9 +307,7 @@ async fn operator_access_is_neither_acl_management_nor_snapshots_nor_joining() {
 /// holds — and is told what it lacks when it tries more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_grants_through_what_it_writes_only_what_it_holds() {
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (_node, management, channel) = secure_node(&["--acl-enabled"]).await;
     let mut delegate = policy("jazz-delegate", Vec::new(), acl::Access::Unspecified);
     delegate.data = Some(proto::to_any(&acl::Policy {
         rules: vec![
@@ -453,9 +454,7 @@ async fn an_initial_management_secret_bootstraps_the_cluster_by_itself() {
 async fn open_watches_end_when_their_grants_no_longer_cover_them() {
     use proto::resource::v1::{Tenancy, WatchListRequest, watch_event};
 
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
     write_as(
         &channel,
         &management,
@@ -572,9 +571,7 @@ async fn open_watches_end_when_their_grants_no_longer_cover_them() {
 /// the stored version as well as the requested one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deny_holds_through_every_group_version() {
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
     let deny_secrets = acl::Rule {
         types: vec!["demo.v2.Artist".into()],
         partition: "*".into(),
@@ -667,9 +664,7 @@ async fn a_deny_holds_through_every_group_version() {
 async fn owners_need_read_access_comes_before_existence_and_files_are_private() {
     use std::os::unix::fs::PermissionsExt;
 
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
     write_as(
         &channel,
         &management,
@@ -732,9 +727,7 @@ async fn owners_need_read_access_comes_before_existence_and_files_are_private() 
 /// only by management; a secret hash belongs to one token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delegate_cannot_lift_its_own_limits_or_take_another_tokens_secret() {
-    let node = Resd::start_with(&["--acl-enabled"]);
-    let management = bootstrap(&node).await;
-    let channel = node.channel().await;
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
     let mut delegate = policy("delegate", Vec::new(), acl::Access::Unspecified);
     delegate.data = Some(proto::to_any(&acl::Policy {
         rules: vec![demo_rule("default", acl::Access::Write)],
