@@ -359,6 +359,10 @@ impl StaticTokens {
 
 #[cfg(test)]
 impl TokenResolver for StaticTokens {
+    fn enabled(&self) -> bool {
+        true
+    }
+
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
         let Some(token) = token.filter(|token| !token.is_empty()) else {
             return Err(Unauthenticated::Refused(

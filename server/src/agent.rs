@@ -112,6 +112,14 @@ pub struct AgentConfig {
     /// A file holding the secret of the first management token: the cluster bootstraps its
     /// ACLs with it by itself (Consul's `initial_management`), once.
     pub acl_initial_management_file: Option<PathBuf>,
+    /// Watches one token (one address with ACLs off) may hold open at once.
+    pub max_watches_per_token: usize,
+    /// Requests per second one token may send, twice that in a burst; 0: no limit. With ACLs
+    /// off there are no tokens to tell apart and no rate applies.
+    pub max_requests_per_second_per_token: u32,
+    /// Bytes of request bodies being received, and of lists being answered, each, at most on
+    /// this node; one caller may hold a quarter of it.
+    pub max_inflight_bytes: usize,
     /// Serve without TLS. Refused with ACLs (an unauthenticated raft port makes them
     /// decoration); without it, a node without certificates refuses to start.
     pub insecure: bool,
@@ -187,6 +195,10 @@ impl Default for AgentConfig {
             join_token: None,
             join_token_file: None,
             acl_initial_management_file: None,
+            max_watches_per_token: crate::limits::DEFAULT_MAX_WATCHES_PER_TOKEN,
+            max_requests_per_second_per_token:
+                crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
+            max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
             insecure: false,
         }
     }
@@ -444,6 +456,7 @@ impl Agent {
         };
         let service = ResourceService::new(backend, registry)
             .with_max_resource_bytes(config.max_resource_bytes)
+            .with_list_budget(config.max_inflight_bytes)
             .with_shutdown(shutdown.clone());
         if raft.is_none() {
             service
@@ -612,6 +625,15 @@ impl Agent {
             .with_acls(tokens.clone(), service.clone());
         let resources = ResourceGrpc::new(service.clone(), tokens.clone())
             .with_watch_metrics(metrics.watch.clone());
+        let limits = crate::limits::Limits::new(
+            crate::limits::LimitSettings {
+                max_watches_per_token: config.max_watches_per_token,
+                max_requests_per_second_per_token: config.max_requests_per_second_per_token,
+                max_inflight_bytes: config.max_inflight_bytes,
+                max_body_bytes: config.max_resource_bytes + serve::REQUEST_ENVELOPE_SLACK,
+            },
+            tokens.clone(),
+        );
         if let Some(listener) = http_listener {
             let router = crate::http::router(crate::http::HttpState {
                 resources: resources.clone(),
@@ -621,6 +643,7 @@ impl Agent {
                 tokens,
                 metrics: metrics.clone(),
                 max_body_bytes: config.max_resource_bytes + serve::REQUEST_ENVELOPE_SLACK,
+                limits: limits.clone(),
             });
             let listening = net.listening(tls.as_ref().map(|tls| tls.http_server_config()));
             tasks.push(tokio::spawn(
@@ -635,6 +658,7 @@ impl Agent {
                 resources,
                 cluster,
                 metrics: metrics.clone(),
+                limits,
             },
             raft.clone(),
             shutdown.clone(),

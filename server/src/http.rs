@@ -5,7 +5,7 @@
 //! `Authorization: Bearer`. Messages are converted with the protobuf JSON mapping through the
 //! published descriptors; errors are `{"code": "ABORTED", "message": "…"}`.
 
-mod api;
+pub(crate) mod api;
 mod json;
 
 use std::sync::Arc;
@@ -41,6 +41,8 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     /// Largest request body accepted (a resource at the size limit, and room for its envelope).
     pub max_body_bytes: usize,
+    /// What each caller may hold; every request is admitted against it before its body is read.
+    pub limits: Arc<crate::limits::Limits>,
 }
 
 impl std::fmt::Debug for HttpState {
@@ -60,6 +62,10 @@ pub fn router(state: HttpState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), record))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            state.limits.clone(),
+            crate::limits::guard::http_guard,
+        ))
         .with_state(state)
 }
 
@@ -179,10 +185,30 @@ pub async fn serve(
                 continue;
             }
         };
-        let service = TowerToHyperService::new(router.clone());
+        // Handlers learn who connected (admission counts callers by address without ACLs).
+        let info = tonic::transport::server::Connected::connect_info(&conn);
+        let router = router.clone();
+        let service = TowerToHyperService::new(tower::util::MapRequest::new(
+            router,
+            move |mut request: http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(info.clone());
+                request
+            },
+        ));
         let stopping = shutdown.clone();
         connections.spawn(async move {
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(crate::limits::BODY_TIMEOUT);
+            builder
+                .http2()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .max_concurrent_streams(crate::limits::MAX_STREAMS_PER_CONNECTION)
+                .max_header_list_size(crate::limits::MAX_HEADER_LIST_BYTES)
+                .keep_alive_interval(std::time::Duration::from_secs(30))
+                .max_pending_accept_reset_streams(64);
             let connection = builder.serve_connection(TokioIo::new(conn), service);
             tokio::pin!(connection);
             tokio::select! {

@@ -14,6 +14,7 @@ pub mod acl;
 pub mod agent;
 pub mod controller;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod registry;
 pub mod resource;

@@ -193,6 +193,22 @@ struct AgentArgs {
     #[arg(long, env = "RESD_WATCH_HISTORY_BYTES")]
     watch_history_bytes: Option<usize>,
 
+    /// Watches one token may hold open at once (with ACLs off: one client address); more are
+    /// refused with RESOURCE_EXHAUSTED [default: 1024].
+    #[arg(long, env = "RESD_MAX_WATCHES_PER_TOKEN")]
+    max_watches_per_token: Option<usize>,
+
+    /// Requests per second one token may send (twice that in a burst); past it requests are
+    /// refused with RESOURCE_EXHAUSTED saying when to retry. 0: no limit. With ACLs off no
+    /// rate applies (there are no tokens to tell apart) [default: 2000].
+    #[arg(long, env = "RESD_MAX_REQUESTS_PER_SECOND_PER_TOKEN")]
+    max_requests_per_second_per_token: Option<u32>,
+
+    /// Bytes of request bodies being received at once on this node, and bytes of lists being
+    /// answered, each; one caller may hold a quarter of it [default: 268435456].
+    #[arg(long, env = "RESD_MAX_INFLIGHT_BYTES")]
+    max_inflight_bytes: Option<usize>,
+
     /// CA certificate (PEM) that peer and client certificates must chain to. With --tls-cert
     /// and --tls-key, both ports speak TLS only and the raft port admits members only.
     #[arg(long, env = "RESD_TLS_CA", value_name = "FILE")]
@@ -271,6 +287,22 @@ struct DevArgs {
     insecure: bool,
 }
 
+/// Raises this process's soft limit on open files to its hard limit (as Go's runtime does): a
+/// node holds a descriptor per client connection, and the soft limit is often 1024.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
+    }
+}
+
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let cli = Cli::parse();
@@ -278,6 +310,9 @@ fn main() -> ExitCode {
     // Everything a node writes (its log, snapshots, markers, secrets) is its owner's only.
     if !matches!(cli.command, Command::Tls(_)) {
         rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
+    }
+    if is_agent || matches!(cli.command, Command::Dev(_)) {
+        raise_descriptor_limit();
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
@@ -495,6 +530,15 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.watch_history_bytes {
         config.watch_history_bytes = bytes;
+    }
+    if let Some(watches) = args.max_watches_per_token {
+        config.max_watches_per_token = watches;
+    }
+    if let Some(rate) = args.max_requests_per_second_per_token {
+        config.max_requests_per_second_per_token = rate;
+    }
+    if let Some(bytes) = args.max_inflight_bytes {
+        config.max_inflight_bytes = bytes;
     }
     if args.tls_ca.is_some() {
         config.tls_ca = args.tls_ca;

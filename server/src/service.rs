@@ -92,6 +92,8 @@ pub struct ResourceService {
     shutdown: CancellationToken,
     /// Partitions and namespaces found, while nothing of their group changed.
     tenancy_units: tenancy_units::TenancyUnits,
+    /// Bytes of lists being answered, node-wide.
+    list_budget: Arc<crate::limits::ByteBudget>,
 }
 
 impl std::fmt::Debug for ResourceService {
@@ -116,7 +118,14 @@ impl ResourceService {
             max_resource_bytes: DEFAULT_MAX_RESOURCE_BYTES,
             shutdown: CancellationToken::new(),
             tenancy_units: tenancy_units::TenancyUnits::default(),
+            list_budget: crate::limits::ByteBudget::new(crate::limits::DEFAULT_MAX_INFLIGHT_BYTES),
         }
+    }
+
+    /// Bounds the bytes of lists being answered at once (`--max-inflight-bytes`).
+    pub fn with_list_budget(mut self, bytes: usize) -> Self {
+        self.list_budget = crate::limits::ByteBudget::new(bytes);
+        self
     }
 
     pub fn with_max_resource_bytes(mut self, max_resource_bytes: usize) -> Self {

@@ -250,7 +250,26 @@ struct Counted {
     bytes: usize,
 }
 
+/// A [`SharedEvent`] that does not keep it alive.
+#[derive(Debug, Clone)]
+pub struct WeakEvent(std::sync::Weak<SharedInner>);
+
+impl WeakEvent {
+    pub fn upgrade(&self) -> Option<SharedEvent> {
+        self.0.upgrade().map(SharedEvent)
+    }
+}
+
 impl SharedEvent {
+    /// Whether both are the same shared event (not merely equal ones).
+    pub fn same(&self, other: &SharedEvent) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    pub fn downgrade(&self) -> WeakEvent {
+        WeakEvent(std::sync::Arc::downgrade(&self.0))
+    }
+
     pub fn new(event: WatchEvent) -> SharedEvent {
         SharedEvent(std::sync::Arc::new(SharedInner {
             event,

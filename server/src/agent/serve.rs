@@ -30,6 +30,8 @@ pub struct Api {
     pub resources: ResourceGrpc,
     pub cluster: ClusterGrpc,
     pub metrics: Arc<Metrics>,
+    /// What each caller may hold; every request is admitted against it before its body is read.
+    pub limits: Arc<crate::limits::Limits>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +100,7 @@ pub async fn serve_api(
         resources,
         cluster,
         metrics,
+        limits,
     } = api;
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
 
@@ -148,11 +151,16 @@ pub async fn serve_api(
 
     let stopping = shutdown.clone();
     let reporter = health_reporter.clone();
-    let served = tonic::transport::Server::builder()
+    let reflection_v1 =
+        reflection_v1.max_decoding_message_size(crate::limits::ANONYMOUS_BODY_BYTES);
+    let reflection_v1alpha =
+        reflection_v1alpha.max_decoding_message_size(crate::limits::ANONYMOUS_BODY_BYTES);
+    let served = with_connection_limits(tonic::transport::Server::builder())
         .layer(GrpcMetricsLayer::new(metrics))
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))
+        .layer(crate::limits::guard::GrpcGuardLayer::new(limits))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -189,6 +197,21 @@ async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {
         .await;
 }
 
+/// A connection whose peer does not answer a ping within this long is closed.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The per-connection HTTP/2 limits of a public port: streams, header size, pings that find
+/// dead peers, and few resets a client may provoke.
+fn with_connection_limits(server: tonic::transport::Server) -> tonic::transport::Server {
+    server
+        .max_concurrent_streams(crate::limits::MAX_STREAMS_PER_CONNECTION)
+        .http2_max_header_list_size(crate::limits::MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_max_pending_accept_reset_streams(Some(64))
+}
+
 /// Serves the raft service on `listener` until `shutdown` is cancelled.
 pub async fn serve_raft(
     listener: TcpListener,
@@ -197,7 +220,7 @@ pub async fn serve_raft(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let served = tonic::transport::Server::builder()
+    let served = with_connection_limits(tonic::transport::Server::builder())
         .tcp_nodelay(true)
         // Appends from a leader travel on one long-lived stream per peer: HTTP/2's default
         // 64 KiB window would hold a batch of appends back for window updates.

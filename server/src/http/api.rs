@@ -84,6 +84,26 @@ fn http_status(code: tonic::Code) -> StatusCode {
     }
 }
 
+/// A limit's refusal: 413 for a body too large for its caller, 429 for too much at once (a
+/// rate, watches, bytes in flight), 408 for a body that stopped arriving.
+impl From<crate::limits::LimitError> for ApiError {
+    fn from(error: crate::limits::LimitError) -> Self {
+        use crate::limits::LimitError;
+        let status = match &error {
+            LimitError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            LimitError::AnonymousBody { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            LimitError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            LimitError::Rate { .. }
+            | LimitError::Watches { .. }
+            | LimitError::CallerBytes { .. }
+            | LimitError::NodeBytes { .. }
+            | LimitError::ListBytes { .. } => StatusCode::TOO_MANY_REQUESTS,
+        };
+        let code = code_name(tonic::Status::from(error.clone()).code());
+        ApiError::new(status, code, error.to_string())
+    }
+}
+
 impl From<tonic::Status> for ApiError {
     fn from(status: tonic::Status) -> Self {
         ApiError::new(
@@ -210,6 +230,9 @@ fn resource_type(group: String, version: String, kind: String) -> Type {
 /// The JSON body of a request, parsed; too large is 413, not JSON is 400.
 fn body_json(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Value, ApiError> {
     let bytes = body.map_err(|rejection| {
+        if let Some(limit) = crate::limits::guard::limit_in(&rejection) {
+            return ApiError::from(limit.clone());
+        }
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -283,6 +306,7 @@ async fn list_or_watch(
     State(state): State<HttpState>,
     Path((group, version, kind)): Path<(String, String, String)>,
     Query(query): Query<BTreeMap<String, String>>,
+    admitted: Option<axum::Extension<crate::limits::Admitted>>,
     headers: HeaderMap,
 ) -> ApiResult {
     let mut params = Params(query);
@@ -303,11 +327,11 @@ async fn list_or_watch(
             name_prefix,
             since_version,
         };
-        let events = state
-            .resources
-            .watch_list(grpc_request(&headers, false, request)?)
-            .await?
-            .into_inner();
+        let mut request = grpc_request(&headers, false, request)?;
+        if let Some(axum::Extension(admitted)) = admitted {
+            request.extensions_mut().insert(admitted);
+        }
+        let events = state.resources.watch_list(request).await?.into_inner();
         return Ok(ndjson(events));
     }
     let consistent = params.flag("consistent")?;

@@ -259,6 +259,8 @@ async fn unary_message<M: prost::Message + Default>(
 struct ListBody {
     pending: std::collections::VecDeque<bytes::Bytes>,
     trailers: Option<http::HeaderMap>,
+    /// The list's bytes, counted against the node's budget until the answer is dropped.
+    _charge: Option<crate::limits::Charge>,
 }
 
 impl ListBody {
@@ -274,12 +276,14 @@ impl ListBody {
         header.extend_from_slice(&length.to_be_bytes());
         let mut pending = std::collections::VecDeque::new();
         pending.push_back(bytes::Bytes::from(header));
-        pending.extend(list.into_chunks().map(bytes::Bytes::from));
+        let (chunks, charge) = list.into_chunks();
+        pending.extend(chunks.into_iter().map(bytes::Bytes::from));
         let mut trailers = http::HeaderMap::new();
         trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
         Ok(ListBody {
             pending,
             trailers: Some(trailers),
+            _charge: charge,
         })
     }
 }

@@ -86,6 +86,13 @@ impl ResourceGrpc {
         let authorizer = self.authorizer(&request)?;
         let token = token_of(&request)?;
         let deadline = deadline(&request)?;
+        // Counted against the caller's watches while the stream lives (requests that came
+        // through a port's admission carry it).
+        let ticket = request
+            .extensions()
+            .get::<crate::limits::Admitted>()
+            .map(crate::limits::Admitted::open_watch)
+            .transpose()?;
         let (grants, live) = tokio::sync::watch::channel(authorizer);
         let events: SharedWatchStream = crate::storage::deadline::scope(
             deadline,
@@ -103,8 +110,9 @@ impl ResourceGrpc {
         Ok(Response::new(
             events
                 .map(move |item| {
-                    // The stream holds the guard: the gauge drops when the client goes away.
-                    let _open = &open;
+                    // The stream holds the guards: the gauge drops and the caller's watch is
+                    // given back when the client goes away.
+                    let _open = (&open, &ticket);
                     if item.is_ok() {
                         sent.inc();
                     }

@@ -239,7 +239,7 @@ impl ResourceService {
             everything_readable: query.registration.acls.read_is_default()
                 && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
-            list: EncodedList::default(),
+            list: EncodedList::charged_to(self.list_budget.clone()),
             failed: None,
         };
         self.backend
@@ -510,6 +510,9 @@ pub struct EncodedList {
     chunks: Vec<Vec<u8>>,
     bytes: usize,
     count: usize,
+    /// The node's budget for lists being answered, charged as the list grows and released
+    /// when it has been sent (dropped).
+    charge: Option<crate::limits::Charge>,
 }
 
 /// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
@@ -527,6 +530,28 @@ pub(crate) fn put_resource_field<B: bytes::BufMut>(dst: &mut B, resource: &[u8])
 const LIST_CHUNK: usize = 1 << 20;
 
 impl EncodedList {
+    /// An empty list whose bytes count against `budget` while it lives.
+    pub fn charged_to(budget: Arc<crate::limits::ByteBudget>) -> Self {
+        EncodedList {
+            charge: Some(crate::limits::Charge::new(budget)),
+            ..EncodedList::default()
+        }
+    }
+
+    /// Appends one resource's encoding, unless the budget it is charged to has no room.
+    pub fn try_push(&mut self, resource: &[u8]) -> Result<(), crate::limits::LimitError> {
+        if let Some(charge) = self.charge.as_mut() {
+            charge.add(resource.len() + 8).map_err(|used| {
+                crate::limits::LimitError::ListBytes {
+                    used,
+                    limit: charge.budget().limit(),
+                }
+            })?;
+        }
+        self.push(resource);
+        Ok(())
+    }
+
     /// Appends one resource's encoding.
     pub fn push(&mut self, resource: &[u8]) {
         let framed =
@@ -566,9 +591,10 @@ impl EncodedList {
         self.chunks.iter().map(Vec::as_slice)
     }
 
-    /// [`EncodedList::chunks`], handed over.
-    pub fn into_chunks(self) -> impl Iterator<Item = Vec<u8>> {
-        self.chunks.into_iter()
+    /// [`EncodedList::chunks`], handed over, with what they are charged to (keep it until
+    /// they are sent).
+    pub fn into_chunks(self) -> (Vec<Vec<u8>>, Option<crate::limits::Charge>) {
+        (self.chunks, self.charge)
     }
 
     /// The list decoded.
@@ -626,7 +652,12 @@ impl VisibleList<'_> {
 impl crate::storage::EncodedSink for VisibleList<'_> {
     fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
         match self.visible(encoded) {
-            Ok(true) => self.list.push(encoded),
+            Ok(true) => {
+                if let Err(exhausted) = self.list.try_push(encoded) {
+                    self.failed = Some(Error::ResourceExhausted(exhausted.to_string()));
+                    return std::ops::ControlFlow::Break(());
+                }
+            }
             Ok(false) => {}
             Err(error) => {
                 self.failed = Some(error);

@@ -8,7 +8,7 @@
 //! watcher whose next change has left the ring (it fell behind) gets an error, never a gap, and
 //! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::{
     Operation, SharedEvent, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent,
+    WeakEvent,
 };
 
 /// Changes kept for resuming watches (and for watchers that fall behind).
@@ -220,6 +221,50 @@ pub struct EventLog {
     /// The ring's `next_seq`, sent after each publish: wakes waiting watchers.
     published: watch::Sender<u64>,
     stamps: Arc<GroupStamps>,
+    snapshots: Mutex<SharedSnapshots>,
+}
+
+/// The snapshot events watchers hold, shared: a watcher whose snapshot holds a resource at the
+/// version another watcher's does gets the same event (and its encoding, made once). However
+/// many watchers start and however slowly they read, their snapshots together hold each
+/// resource version once. Only weak references are kept here.
+#[derive(Debug, Default)]
+struct SharedSnapshots {
+    events: HashMap<StorageKey, WeakEvent>,
+    /// Entries after the last sweep of dead ones; the next sweep is due at twice as many.
+    swept_to: usize,
+}
+
+/// Entries [`SharedSnapshots`] holds before it first sweeps out dead ones.
+const SNAPSHOTS_FIRST_SWEEP: usize = 1024;
+
+impl SharedSnapshots {
+    /// The snapshot event of `resource`: another watcher's if it holds this version.
+    fn event(&mut self, resource: Resource) -> SharedEvent {
+        let Some(key) = resource.id.as_ref().map(StorageKey::of) else {
+            return snapshot_event(resource);
+        };
+        if let Some(held) = self.events.get(&key).and_then(WeakEvent::upgrade)
+            && held.event().version == resource.version
+        {
+            return held;
+        }
+        let event = snapshot_event(resource);
+        self.events.insert(key, event.downgrade());
+        if self.events.len() >= (2 * self.swept_to).max(SNAPSHOTS_FIRST_SWEEP) {
+            self.events.retain(|_, weak| weak.upgrade().is_some());
+            self.swept_to = self.events.len();
+        }
+        event
+    }
+}
+
+fn snapshot_event(resource: Resource) -> SharedEvent {
+    SharedEvent::new(WatchEvent {
+        version: resource.version.clone(),
+        operation: Operation::Upsert(resource),
+        actor: String::new(),
+    })
 }
 
 fn lock(ring: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
@@ -266,6 +311,7 @@ impl EventLog {
             })),
             published,
             stamps: Arc::default(),
+            snapshots: Mutex::default(),
         }
     }
 
@@ -339,16 +385,13 @@ impl EventLog {
         let ring = lock(&self.ring);
         let current = ring.latest.max(applied);
         let initial: Vec<SharedEvent> = match since {
-            None => snapshot
-                .into_iter()
-                .map(|resource| {
-                    SharedEvent::new(WatchEvent {
-                        version: resource.version.clone(),
-                        operation: Operation::Upsert(resource),
-                        actor: String::new(),
-                    })
-                })
-                .collect(),
+            None => {
+                let mut shared = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+                snapshot
+                    .into_iter()
+                    .map(|resource| shared.event(resource))
+                    .collect()
+            }
             Some(since) if since > current => {
                 return Err(StorageError::ResumeUnavailable(format!(
                     "version {since} is ahead of this server, which has applied up to {current} (it may lag behind the leader); retry shortly or list again"

@@ -1,6 +1,7 @@
 //! Accepting connections for tonic: TCP with `TCP_NODELAY`, and with TLS, handshakes run
-//! concurrently (each bounded in time, at most [`MAX_HANDSHAKES`] at once) so a slow or silent
-//! client cannot stall the listener. A refused handshake (plaintext, another CA, an expired
+//! concurrently (each bounded in time) so a slow or silent client cannot stall the listener.
+//! Connections and handshakes are capped per address and per port ([`Admission`]); a failed
+//! accept (out of descriptors) backs the loop off instead of spinning. A refused handshake (plaintext, another CA, an expired
 //! certificate, no certificate where one is required) is logged once per peer address and
 //! reason, never per attempt. Each accepted connection carries a [`ConnInfo`]: the peer's
 //! address and, with TLS, the identity its certificate names.
@@ -18,14 +19,14 @@ use futures::stream::BoxStream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Coalesced, PeerCert};
 
-/// Handshakes in progress at once; the listener waits past this.
+/// Handshakes in progress at once on one port; connections past it are closed at once.
 pub const MAX_HANDSHAKES: usize = 256;
 /// How long a client has to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A refusal for the same peer address and reason is logged again after this long.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(600);
 /// Distinct (address, reason) pairs remembered; past it the oldest half is forgotten.
@@ -55,23 +56,24 @@ impl ConnInfo {
     }
 }
 
-/// An accepted connection, plain or TLS.
-pub enum Conn {
+/// An accepted connection, plain or TLS, holding its place in its port's [`Admission`] until
+/// it closes.
+pub struct Conn {
+    stream: Stream,
+    info: ConnInfo,
+    _slot: Slot,
+}
+
+enum Stream {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>, ConnInfo),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        match self {
-            Conn::Plain(stream) => ConnInfo {
-                remote: stream.peer_addr().ok(),
-                peer: None,
-            },
-            Conn::Tls(_, info) => info.clone(),
-        }
+        self.info.clone()
     }
 }
 
@@ -81,9 +83,9 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -94,9 +96,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -105,30 +107,129 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(stream) => stream.is_write_vectored(),
-            Conn::Tls(stream, _) => stream.is_write_vectored(),
+        match &self.stream {
+            Stream::Plain(stream) => stream.is_write_vectored(),
+            Stream::Tls(stream) => stream.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connections one address may hold open on a port at once.
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 512;
+/// Connections a port holds open at once, whoever they are from.
+pub const MAX_CONNECTIONS: usize = 16 * 1024;
+/// TLS handshakes one address may have in progress on a port at once.
+pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 16;
+
+/// What one port holds per address: connections open and handshakes in progress. A connection
+/// past a cap is closed as soon as it is accepted (and the refusal logged once per address), so
+/// a stranger opening sockets it never uses cannot take the places of other clients or members.
+#[derive(Debug, Default)]
+pub struct Admission {
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    connections: usize,
+    handshakes: usize,
+    by_address: HashMap<IpAddr, (usize, usize)>,
+}
+
+/// What a connection holds in its port's [`Admission`]; given back when dropped.
+struct Slot {
+    admission: Arc<Admission>,
+    ip: IpAddr,
+    handshaking: bool,
+}
+
+impl Admission {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a new connection from `ip` (in its handshake when `tls`), or why not.
+    fn admit(self: &Arc<Self>, ip: IpAddr, tls: bool) -> Result<Slot, &'static str> {
+        let mut held = self.held();
+        let handshakes_total = held.handshakes;
+        let connections_total = held.connections;
+        let (connections, handshakes) = held.by_address.entry(ip).or_default();
+        if *connections >= MAX_CONNECTIONS_PER_ADDRESS {
+            return Err("too many connections from this address");
+        }
+        if connections_total >= MAX_CONNECTIONS {
+            return Err("too many connections to this port");
+        }
+        if tls && *handshakes >= MAX_HANDSHAKES_PER_ADDRESS {
+            return Err("too many TLS handshakes in progress from this address");
+        }
+        if tls && handshakes_total >= MAX_HANDSHAKES {
+            return Err("too many TLS handshakes in progress on this port");
+        }
+        *connections += 1;
+        if tls {
+            *handshakes += 1;
+        }
+        held.connections += 1;
+        if tls {
+            held.handshakes += 1;
+        }
+        Ok(Slot {
+            admission: self.clone(),
+            ip,
+            handshaking: tls,
+        })
+    }
+
+    /// Connections open now (all addresses).
+    pub fn connections(&self) -> usize {
+        self.held().connections
+    }
+}
+
+impl Slot {
+    fn handshake_done(&mut self) {
+        if std::mem::replace(&mut self.handshaking, false) {
+            let mut held = self.admission.held();
+            held.handshakes -= 1;
+            if let Some((_, handshakes)) = held.by_address.get_mut(&self.ip) {
+                *handshakes -= 1;
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.handshake_done();
+        let mut held = self.admission.held();
+        held.connections -= 1;
+        if let Some((connections, _)) = held.by_address.get_mut(&self.ip) {
+            *connections -= 1;
+            if *connections == 0 {
+                held.by_address.remove(&self.ip);
+            }
         }
     }
 }
@@ -273,48 +374,60 @@ pub fn incoming(
     what: &'static str,
     refusals: Arc<Refusals>,
 ) -> BoxStream<'static, io::Result<Conn>> {
-    let Some(config) = tls else {
-        return TcpListenerStream::new(listener)
-            .map(|accepted| {
-                let stream = accepted?;
-                stream.set_nodelay(true)?;
-                Ok(Conn::Plain(stream))
-            })
-            .boxed();
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let (sender, receiver) = tokio::sync::mpsc::channel::<io::Result<Conn>>(64);
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let admission = Arc::new(Admission::default());
     let cluster_name: Arc<str> = cluster_name.into();
     tokio::spawn(async move {
+        let mut backoff = AcceptBackoff::default();
         loop {
-            let permit = tokio::select! {
-                () = sender.closed() => return,
-                permit = permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return,
-                },
-            };
             let accepted = tokio::select! {
                 () = sender.closed() => return,
                 accepted = listener.accept() => accepted,
             };
             let (stream, remote) = match accepted {
-                Ok(accepted) => accepted,
+                Ok(accepted) => {
+                    backoff.succeeded();
+                    accepted
+                }
                 Err(error) => {
-                    // Out of file descriptors and the like: pause instead of spinning.
-                    tracing::warn!(%error, "{what}: cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Out of file descriptors and the like: wait, longer each time, instead of
+                    // spinning; said once per cause until accepting works again.
+                    let pause = backoff.failed(what, &error);
+                    tokio::select! {
+                        () = sender.closed() => return,
+                        () = tokio::time::sleep(pause) => continue,
+                    }
+                }
+            };
+            let mut slot = match admission.admit(remote.ip(), acceptor.is_some()) {
+                Ok(slot) => slot,
+                Err(why) => {
+                    refusals.warn(what, Some(remote.ip()), why);
+                    drop(stream);
                     continue;
                 }
             };
             let _ = stream.set_nodelay(true);
-            let acceptor = acceptor.clone();
+            let Some(acceptor) = acceptor.clone() else {
+                let info = ConnInfo {
+                    remote: Some(remote),
+                    peer: None,
+                };
+                let conn = Conn {
+                    stream: Stream::Plain(stream),
+                    info,
+                    _slot: slot,
+                };
+                if sender.send(Ok(conn)).await.is_err() {
+                    return;
+                }
+                continue;
+            };
             let sender = sender.clone();
             let refusals = refusals.clone();
             let cluster_name = cluster_name.clone();
             tokio::spawn(async move {
-                let _permit = permit;
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
                 let stream = match handshake.await {
                     Ok(Ok(stream)) => stream,
@@ -331,6 +444,7 @@ pub fn incoming(
                         return;
                     }
                 };
+                slot.handshake_done();
                 let peer = stream
                     .get_ref()
                     .1
@@ -342,11 +456,48 @@ pub fn incoming(
                     remote: Some(remote),
                     peer,
                 };
-                let _ = sender.send(Ok(Conn::Tls(Box::new(stream), info))).await;
+                let conn = Conn {
+                    stream: Stream::Tls(Box::new(stream)),
+                    info,
+                    _slot: slot,
+                };
+                let _ = sender.send(Ok(conn)).await;
             });
         }
     });
     ReceiverStream::new(receiver).boxed()
+}
+
+/// How long the accept loop waits after a failed accept: doubling from 5 ms to 1 s, and back to
+/// nothing once one succeeds. Each cause is logged at warn when it starts.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    pause: Option<Duration>,
+    logged: Option<io::ErrorKind>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MOST: Duration = Duration::from_secs(1);
+
+    fn failed(&mut self, what: &str, error: &io::Error) -> Duration {
+        if self.logged != Some(error.kind()) {
+            self.logged = Some(error.kind());
+            tracing::warn!(%error, "{what}: cannot accept connections (out of file descriptors? raise `ulimit -n`); pausing the listener and retrying");
+        }
+        let pause = self
+            .pause
+            .map_or(Self::FIRST, |pause| (pause * 2).min(Self::MOST));
+        self.pause = Some(pause);
+        pause
+    }
+
+    fn succeeded(&mut self) {
+        if self.logged.take().is_some() {
+            tracing::info!("accepting connections again");
+        }
+        self.pause = None;
+    }
 }
 
 #[cfg(test)]

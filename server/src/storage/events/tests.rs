@@ -352,3 +352,55 @@ async fn a_reset_within_a_commit_ends_the_watches_and_empties_the_history() {
     assert!(watch.next().await.is_none());
     assert_eq!(log.history_size().1, 0, "the reset emptied the history");
 }
+
+fn artist_at(name: &str, version: u64) -> Resource {
+    let mut resource = Fixture::new().artist(name);
+    resource.version = Version::new(version).to_string();
+    resource
+}
+
+#[tokio::test]
+async fn watchers_of_the_same_resource_versions_share_their_snapshot_events() {
+    let log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let first_event = |watch: Watch| async move {
+        let mut watch = watch;
+        watch.next().await.expect("an event").expect("ok")
+    };
+    let snapshot = || vec![artist_at("a", 5)];
+    let a = first_event(
+        log.watch(everything(), snapshot(), Version::new(5), None)
+            .expect("watch"),
+    )
+    .await;
+    let b = first_event(
+        log.watch(everything(), snapshot(), Version::new(5), None)
+            .expect("watch"),
+    )
+    .await;
+    assert!(a.same(&b), "one event for both watchers");
+    let newer = first_event(
+        log.watch(everything(), vec![artist_at("a", 6)], Version::new(6), None)
+            .expect("watch"),
+    )
+    .await;
+    assert!(!newer.same(&a), "another version is another event");
+    assert_eq!(newer.event().version, Version::new(6).to_string());
+}
+
+#[test]
+fn shared_snapshot_entries_are_swept_once_no_watcher_holds_them() {
+    let log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    for i in 0..(4 * SNAPSHOTS_FIRST_SWEEP as u64) {
+        let watch = log
+            .watch(
+                everything(),
+                vec![artist_at(&format!("a{i}"), 1)],
+                Version::new(1),
+                None,
+            )
+            .expect("watch");
+        drop(watch);
+    }
+    let held = log.snapshots.lock().map_or(usize::MAX, |s| s.events.len());
+    assert!(held <= 2 * SNAPSHOTS_FIRST_SWEEP, "{held} entries kept");
+}

@@ -1,0 +1,463 @@
+//! What keeps one client, or a stranger, from exhausting a node (DESIGN §12.1).
+//!
+//! Every API request (gRPC and HTTP) is admitted here before its body is read
+//! ([`Limits::admit`]): the token in its headers is resolved first, so an unknown token is
+//! refused at once and a request without one may carry only a small body. Each caller is an
+//! [`Identity`] (its token with ACLs on, its address otherwise) with a [`Share`]: the rate of
+//! its requests, the bytes of its request bodies being received, its open watches. The node as
+//! a whole bounds the bytes of bodies being received ([`ByteBudget`]; the resource service
+//! holds another for the lists it answers). Refusals are [`LimitError`]s, mapped to gRPC codes in one place.
+//!
+//! [`guard`] wraps a request's body so what it receives is charged as it arrives and must
+//! arrive in time.
+
+pub mod guard;
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::acl::{TokenResolver, Unauthenticated};
+
+/// Watches one caller may hold open at once.
+pub const DEFAULT_MAX_WATCHES_PER_TOKEN: usize = 1024;
+/// Requests per second one token may send (twice as many in a burst).
+pub const DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN: u32 = 2000;
+/// Bytes of request bodies being received, and of list answers being sent, each, on one node.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 256 << 20;
+/// How long a request's body may take to arrive once its headers have.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest body a request without a token may carry with ACLs on (bootstrap, join,
+/// reflection and health requests are far smaller).
+pub const ANONYMOUS_BODY_BYTES: usize = 64 * 1024;
+/// Bytes of bodies all anonymous callers of one address may have in flight at once.
+const ANONYMOUS_INFLIGHT_BYTES: usize = 1 << 20;
+/// Streams one client connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Largest header block a client may send (HTTP/2 `MAX_HEADER_LIST_SIZE`).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Identities remembered before idle ones are forgotten.
+const IDENTITIES_REMEMBERED: usize = 4096;
+
+/// A node's limits (flags of `resd agent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSettings {
+    pub max_watches_per_token: usize,
+    /// 0: no limit.
+    pub max_requests_per_second_per_token: u32,
+    pub max_inflight_bytes: usize,
+    /// The largest request body a caller with a token may send (a resource at the size limit
+    /// and its envelope).
+    pub max_body_bytes: usize,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        LimitSettings {
+            max_watches_per_token: DEFAULT_MAX_WATCHES_PER_TOKEN,
+            max_requests_per_second_per_token: DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
+            max_body_bytes: crate::service::DEFAULT_MAX_RESOURCE_BYTES + 64 * 1024,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// Bytes of bodies one identity may have in flight: a quarter of the node's, and never
+    /// less than four requests at the size limit.
+    fn per_identity_bytes(&self) -> usize {
+        (self.max_inflight_bytes / 4).max(4 * self.max_body_bytes)
+    }
+}
+
+/// Why a request was refused or ended by a limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error(
+        "too many requests: {who} may send {per_second} per second (--max-requests-per-second-per-token); slow down and retry in {retry_ms} ms"
+    )]
+    Rate {
+        who: String,
+        per_second: u32,
+        retry_ms: u64,
+    },
+    #[error(
+        "too many watches: {who} has {open} open, the most this node allows (--max-watches-per-token); close watches it no longer reads"
+    )]
+    Watches { who: String, open: usize },
+    #[error(
+        "{who} is sending {used} bytes of requests at once, over its share of {limit} bytes on this node (a quarter of --max-inflight-bytes); wait for its requests to finish"
+    )]
+    CallerBytes {
+        who: String,
+        used: usize,
+        limit: usize,
+    },
+    #[error(
+        "this node is receiving {used} bytes of requests at once, over its limit of {limit} (--max-inflight-bytes); retry shortly or send to another member"
+    )]
+    NodeBytes { used: usize, limit: usize },
+    #[error(
+        "a request without a token may carry at most {limit} bytes; send a token (x-resd-token) with this request"
+    )]
+    AnonymousBody { limit: usize },
+    #[error(
+        "the request's body did not arrive within {} s of its headers (a stalled or very slow client); send it again",
+        .0.as_secs()
+    )]
+    BodyTimeout(Duration),
+    #[error(
+        "lists being answered on this node hold {used} bytes, over its limit of {limit} (--max-inflight-bytes); retry shortly, or list a narrower name prefix"
+    )]
+    ListBytes { used: usize, limit: usize },
+}
+
+impl From<LimitError> for tonic::Status {
+    fn from(error: LimitError) -> Self {
+        let code = match &error {
+            LimitError::Unauthenticated(_) => tonic::Code::Unauthenticated,
+            LimitError::BodyTimeout(_) => tonic::Code::DeadlineExceeded,
+            LimitError::Rate { .. }
+            | LimitError::Watches { .. }
+            | LimitError::CallerBytes { .. }
+            | LimitError::NodeBytes { .. }
+            | LimitError::AnonymousBody { .. }
+            | LimitError::ListBytes { .. } => tonic::Code::ResourceExhausted,
+        };
+        tonic::Status::new(code, error.to_string())
+    }
+}
+
+/// Bytes something holds at most, shared by everything charged to it.
+#[derive(Debug)]
+pub struct ByteBudget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteBudget {
+    pub fn new(limit: usize) -> Arc<ByteBudget> {
+        Arc::new(ByteBudget {
+            used: AtomicUsize::new(0),
+            limit,
+        })
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Charges `bytes` unless that would pass the limit; `Err` carries what the total would
+    /// have been. A single charge larger than the whole limit passes while nothing else is
+    /// charged, so one request at the size limit is never refused by an idle node.
+    fn try_charge(&self, bytes: usize) -> Result<(), usize> {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let total = used.saturating_add(bytes);
+            if total > self.limit && used > 0 {
+                return Err(total);
+            }
+            match self
+                .used
+                .compare_exchange_weak(used, total, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Bytes charged to a budget, released when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<ByteBudget>,
+    bytes: usize,
+}
+
+impl Charge {
+    pub fn new(budget: Arc<ByteBudget>) -> Charge {
+        Charge { budget, bytes: 0 }
+    }
+
+    /// Adds `bytes`; `Err` with the total it would have made when the budget has no room.
+    pub fn add(&mut self, bytes: usize) -> Result<(), usize> {
+        self.budget.try_charge(bytes)?;
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn budget(&self) -> &ByteBudget {
+        &self.budget
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+/// Who a request counts against.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// A token ACLs accepted (a keyed hash of its secret: the secret is not kept).
+    Token(u64),
+    /// ACLs on, no token: all such callers of one address share.
+    Anonymous(Option<IpAddr>),
+    /// ACLs off: every caller is the same anonymous one; callers are told apart by address.
+    Address(Option<IpAddr>),
+}
+
+/// Token bucket of one identity's requests.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// What one identity holds.
+#[derive(Debug)]
+pub struct Share {
+    /// How messages name it: "token <accessor>", "anonymous callers from <ip>".
+    who: String,
+    watches: AtomicUsize,
+    bytes: Arc<ByteBudget>,
+    bucket: Mutex<Bucket>,
+    rated: bool,
+}
+
+impl Share {
+    pub fn who(&self) -> &str {
+        &self.who
+    }
+
+    /// Takes one request from the bucket, or says when to retry.
+    fn take_request(&self, per_second: u32) -> Result<(), LimitError> {
+        if !self.rated || per_second == 0 {
+            return Ok(());
+        }
+        let rate = f64::from(per_second);
+        let burst = 2.0 * rate;
+        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refill = now.duration_since(bucket.at).as_secs_f64() * rate;
+        bucket.tokens = (bucket.tokens + refill).min(burst);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(LimitError::Rate {
+            who: self.who.clone(),
+            per_second,
+            retry_ms: ((1.0 - bucket.tokens) / rate * 1000.0).ceil() as u64,
+        })
+    }
+}
+
+/// An open watch, counted against its identity until dropped.
+#[derive(Debug)]
+pub struct WatchTicket(Arc<Share>);
+
+impl Drop for WatchTicket {
+    fn drop(&mut self) {
+        self.0.watches.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request that passed admission: who it counts against and how its body is bounded.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub share: Arc<Share>,
+    /// Largest body it may carry.
+    pub max_body: usize,
+    pub limits: Arc<Limits>,
+}
+
+impl Admitted {
+    /// Counts a watch this caller opens; refused past `--max-watches-per-token`.
+    pub fn open_watch(&self) -> Result<WatchTicket, LimitError> {
+        let max = self.limits.settings.max_watches_per_token;
+        let open = self.share.watches.fetch_add(1, Ordering::Relaxed);
+        let ticket = WatchTicket(self.share.clone());
+        if open >= max {
+            return Err(LimitError::Watches {
+                who: self.share.who.clone(),
+                open,
+            });
+        }
+        Ok(ticket)
+    }
+}
+
+/// The limits of one node and what each identity holds against them.
+#[derive(Debug)]
+pub struct Limits {
+    settings: LimitSettings,
+    tokens: Arc<dyn TokenResolver>,
+    identities: Mutex<HashMap<Identity, Arc<Share>>>,
+    /// Bodies being received, node-wide.
+    bodies: Arc<ByteBudget>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Limits {
+    pub fn new(settings: LimitSettings, tokens: Arc<dyn TokenResolver>) -> Arc<Limits> {
+        Arc::new(Limits {
+            settings,
+            tokens,
+            identities: Mutex::default(),
+            bodies: ByteBudget::new(settings.max_inflight_bytes),
+            hasher: std::collections::hash_map::RandomState::new(),
+        })
+    }
+
+    pub fn settings(&self) -> &LimitSettings {
+        &self.settings
+    }
+
+    /// The node's budget for bodies being received.
+    pub fn bodies(&self) -> Arc<ByteBudget> {
+        self.bodies.clone()
+    }
+
+    /// Admits a request from its headers, before its body is read: resolves its token
+    /// (refusing an unknown one at once), takes one request from its identity's rate, and says
+    /// how large its body may be.
+    pub fn admit(
+        self: &Arc<Self>,
+        headers: &http::HeaderMap,
+        remote: Option<IpAddr>,
+    ) -> Result<Admitted, LimitError> {
+        let token = token_in(headers)?;
+        let (identity, max_body) = if !self.tokens.enabled() {
+            (Identity::Address(remote), self.settings.max_body_bytes)
+        } else {
+            match token {
+                None => (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES),
+                Some(secret) => match self.tokens.resolve(Some(secret)) {
+                    Ok(_) => (
+                        Identity::Token(self.hasher.hash_one(secret)),
+                        self.settings.max_body_bytes,
+                    ),
+                    Err(Unauthenticated::Refused(why)) => {
+                        return Err(LimitError::Unauthenticated(why));
+                    }
+                    // ACLs not loaded yet: the handler answers UNAVAILABLE.
+                    Err(Unauthenticated::NotReady(_)) => {
+                        (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES)
+                    }
+                },
+            }
+        };
+        let share = self.share(identity, token);
+        share.take_request(self.settings.max_requests_per_second_per_token)?;
+        Ok(Admitted {
+            share,
+            max_body,
+            limits: self.clone(),
+        })
+    }
+
+    /// The share of `identity`, made on first sight; idle shares are forgotten once many are
+    /// remembered.
+    fn share(&self, identity: Identity, token: Option<&str>) -> Arc<Share> {
+        let mut identities = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(share) = identities.get(&identity) {
+            return share.clone();
+        }
+        if identities.len() >= IDENTITIES_REMEMBERED {
+            let per_second = f64::from(self.settings.max_requests_per_second_per_token);
+            identities.retain(|_, share| Arc::strong_count(share) > 1 || share.busy(per_second));
+        }
+        let (who, bytes, rated) = match &identity {
+            Identity::Token(_) => {
+                let accessor = self
+                    .tokens
+                    .describe(token)
+                    .and_then(Result::ok)
+                    .map(|info| info.accessor)
+                    .unwrap_or_else(|| "?".into());
+                (
+                    format!("token {accessor}"),
+                    self.settings.per_identity_bytes(),
+                    true,
+                )
+            }
+            Identity::Anonymous(ip) => (
+                format!("callers without a token from {}", show_ip(*ip)),
+                ANONYMOUS_INFLIGHT_BYTES,
+                true,
+            ),
+            // ACLs off: no tokens to be fair between (every client is the same caller).
+            Identity::Address(ip) => (
+                format!("clients at {}", show_ip(*ip)),
+                self.settings.per_identity_bytes(),
+                false,
+            ),
+        };
+        let share = Arc::new(Share {
+            who,
+            watches: AtomicUsize::new(0),
+            bytes: ByteBudget::new(bytes),
+            bucket: Mutex::new(Bucket {
+                tokens: 2.0 * f64::from(self.settings.max_requests_per_second_per_token),
+                at: Instant::now(),
+            }),
+            rated,
+        });
+        identities.insert(identity, share.clone());
+        share
+    }
+}
+
+impl Share {
+    /// Whether forgetting this share would forgive something: its bucket is not full yet.
+    fn busy(&self, per_second: f64) -> bool {
+        if !self.rated || per_second == 0.0 {
+            return false;
+        }
+        let bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        bucket.tokens + bucket.at.elapsed().as_secs_f64() * per_second < 2.0 * per_second
+    }
+}
+
+fn show_ip(ip: Option<IpAddr>) -> String {
+    ip.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())
+}
+
+/// The token a request's headers carry (`x-resd-token`, or `authorization: Bearer …`).
+fn token_in(headers: &http::HeaderMap) -> Result<Option<&str>, LimitError> {
+    let Some(value) = headers
+        .get(proto::TOKEN_HEADER)
+        .or_else(|| headers.get(http::header::AUTHORIZATION))
+    else {
+        return Ok(None);
+    };
+    let text = value.to_str().map_err(|_| {
+        LimitError::Unauthenticated(format!("{} is not valid ASCII", proto::TOKEN_HEADER))
+    })?;
+    Ok(Some(text.strip_prefix("Bearer ").unwrap_or(text).trim()))
+}
+
+#[cfg(test)]
+mod tests;
