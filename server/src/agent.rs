@@ -120,6 +120,9 @@ pub struct AgentConfig {
     /// Bytes of request bodies being received, and of lists being answered, each, at most on
     /// this node; one caller may hold a quarter of it.
     pub max_inflight_bytes: usize,
+    /// Seconds a watch may wait for its client to read what it was sent before it is ended
+    /// (with the version to resume from).
+    pub watch_stall_seconds: u64,
     /// Serve without TLS. Refused with ACLs (an unauthenticated raft port makes them
     /// decoration); without it, a node without certificates refuses to start.
     pub insecure: bool,
@@ -199,6 +202,7 @@ impl Default for AgentConfig {
             max_requests_per_second_per_token:
                 crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
             max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
+            watch_stall_seconds: service::stalls::STALLED_AFTER.as_secs(),
             insecure: false,
         }
     }
@@ -624,7 +628,8 @@ impl Agent {
             .with_dialer(net.dialer.clone())
             .with_acls(tokens.clone(), service.clone());
         let resources = ResourceGrpc::new(service.clone(), tokens.clone())
-            .with_watch_metrics(metrics.watch.clone());
+            .with_watch_metrics(metrics.watch.clone())
+            .with_watch_stall_timeout(Duration::from_secs(config.watch_stall_seconds.max(1)));
         let limits = crate::limits::Limits::new(
             crate::limits::LimitSettings {
                 max_watches_per_token: config.max_watches_per_token,

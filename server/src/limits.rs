@@ -343,12 +343,20 @@ impl Limits {
     /// Admits a request from its headers, before its body is read: resolves its token
     /// (refusing an unknown one at once), takes one request from its identity's rate, and says
     /// how large its body may be.
+    ///
+    /// A method that does not look at tokens (`ignores_token`: bootstrap, health, reflection)
+    /// counts a request whose token does not resolve as one without a token.
     pub fn admit(
         self: &Arc<Self>,
         headers: &http::HeaderMap,
         remote: Option<IpAddr>,
+        ignores_token: bool,
     ) -> Result<Admitted, LimitError> {
-        let token = token_in(headers)?;
+        let token = match token_in(headers) {
+            Ok(token) => token,
+            Err(_) if ignores_token => None,
+            Err(refused) => return Err(refused),
+        };
         let (identity, max_body) = if !self.tokens.enabled() {
             (Identity::Address(remote), self.settings.max_body_bytes)
         } else {
@@ -359,6 +367,9 @@ impl Limits {
                         Identity::Token(self.hasher.hash_one(secret)),
                         self.settings.max_body_bytes,
                     ),
+                    Err(Unauthenticated::Refused(_)) if ignores_token => {
+                        (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES)
+                    }
                     Err(Unauthenticated::Refused(why)) => {
                         return Err(LimitError::Unauthenticated(why));
                     }

@@ -209,6 +209,12 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_INFLIGHT_BYTES")]
     max_inflight_bytes: Option<usize>,
 
+    /// Seconds a watch may wait for its client to read what it was sent; past it the watch is
+    /// ended (ABORTED, naming the version to resume from) and what it held is freed
+    /// [default: 30].
+    #[arg(long, env = "RESD_WATCH_STALL_SECONDS")]
+    watch_stall_seconds: Option<u64>,
+
     /// CA certificate (PEM) that peer and client certificates must chain to. With --tls-cert
     /// and --tls-key, both ports speak TLS only and the raft port admits members only.
     #[arg(long, env = "RESD_TLS_CA", value_name = "FILE")]
@@ -539,6 +545,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.max_inflight_bytes {
         config.max_inflight_bytes = bytes;
+    }
+    if let Some(seconds) = args.watch_stall_seconds {
+        config.watch_stall_seconds = seconds;
     }
     if args.tls_ca.is_some() {
         config.tls_ca = args.tls_ca;

@@ -27,6 +27,7 @@ pub mod encoded;
 mod error;
 pub mod grpc;
 mod read;
+pub mod stalls;
 mod tenancy_units;
 pub use read::{SharedWatchStream, WatchStream, pb_event, wire_event};
 mod validate;

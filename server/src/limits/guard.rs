@@ -237,7 +237,11 @@ where
             .extensions()
             .get::<ConnInfo>()
             .and_then(ConnInfo::remote_ip);
-        let admitted = match self.limits.admit(request.headers(), remote) {
+        let path = request.uri().path();
+        let ignores_token = path == "/resd.cluster.v1.ClusterService/AclBootstrap"
+            || path.starts_with("/grpc.health.")
+            || path.starts_with("/grpc.reflection.");
+        let admitted = match self.limits.admit(request.headers(), remote, ignores_token) {
             Ok(admitted) => admitted,
             Err(refused) => {
                 let response = tonic::Status::from(refused).into_http();
@@ -271,7 +275,8 @@ pub async fn http_guard(
         .extensions()
         .get::<ConnInfo>()
         .and_then(ConnInfo::remote_ip);
-    let admitted = match limits.admit(request.headers(), remote) {
+    let ignores_token = matches!(request.uri().path(), "/healthz" | "/readyz");
+    let admitted = match limits.admit(request.headers(), remote, ignores_token) {
         Ok(admitted) => admitted,
         Err(refused) => {
             return crate::http::api::ApiError::from(refused).into_response();

@@ -1,3 +1,5 @@
+//! Admission, budgets, rates and guarded bodies: what a caller may hold and what happens past it.
+
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -43,16 +45,27 @@ fn a_budget_refuses_past_its_limit_and_takes_charges_back_when_dropped() {
 #[test]
 fn an_unknown_token_is_refused_from_the_headers_and_a_missing_one_is_anonymous() {
     let limits = acl_limits(LimitSettings::default());
-    let refused = limits.admit(&with_token("stolen"), ATTACKER).map(|_| ());
+    let refused = limits
+        .admit(&with_token("stolen"), ATTACKER, false)
+        .map(|_| ());
     assert!(
         matches!(refused, Err(LimitError::Unauthenticated(_))),
         "{refused:?}"
     );
+    let ignored = limits
+        .admit(&with_token("stolen"), ATTACKER, true)
+        .expect("anonymous");
+    assert_eq!(
+        ignored.max_body, ANONYMOUS_BODY_BYTES,
+        "bootstrap ignores the token"
+    );
     let anonymous = limits
-        .admit(&http::HeaderMap::new(), ATTACKER)
+        .admit(&http::HeaderMap::new(), ATTACKER, false)
         .expect("admitted");
     assert_eq!(anonymous.max_body, ANONYMOUS_BODY_BYTES);
-    let tenant = limits.admit(&with_token("tenant"), ATTACKER).expect("ok");
+    let tenant = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
     assert_eq!(tenant.max_body, LimitSettings::default().max_body_bytes);
     assert!(
         tenant.share.who().starts_with("token"),
@@ -68,17 +81,17 @@ fn a_token_past_its_rate_is_refused_with_when_to_retry_and_others_are_not() {
         ..LimitSettings::default()
     });
     let admitted = (0..100)
-        .filter(|_| limits.admit(&with_token("tenant"), ATTACKER).is_ok())
+        .filter(|_| limits.admit(&with_token("tenant"), ATTACKER, false).is_ok())
         .count();
     // The burst (twice the rate), and perhaps one more refilled meanwhile.
     assert!((20..=22).contains(&admitted), "{admitted} admitted");
-    match limits.admit(&with_token("tenant"), ATTACKER) {
+    match limits.admit(&with_token("tenant"), ATTACKER, false) {
         Err(LimitError::Rate { retry_ms, .. }) => assert!(retry_ms <= 100, "{retry_ms}"),
         other => panic!("expected a rate refusal, got {other:?}"),
     }
     // Callers without a token are another identity.
     limits
-        .admit(&http::HeaderMap::new(), ATTACKER)
+        .admit(&http::HeaderMap::new(), ATTACKER, false)
         .expect("another identity's rate");
 }
 
@@ -88,7 +101,9 @@ fn watches_are_counted_per_identity_and_given_back_when_they_end() {
         max_watches_per_token: 2,
         ..LimitSettings::default()
     });
-    let admitted = limits.admit(&with_token("tenant"), ATTACKER).expect("ok");
+    let admitted = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
     let one = admitted.open_watch().expect("first");
     let _two = admitted.open_watch().expect("second");
     let third = admitted.open_watch().map(|_| ());
@@ -105,7 +120,11 @@ fn identities_stay_bounded_when_strangers_come_from_everywhere() {
     let limits = Limits::new(LimitSettings::default(), Arc::new(AclsDisabled));
     for i in 0..(IDENTITIES_REMEMBERED as u32 * 3) {
         let ip = IpAddr::from(i.to_be_bytes());
-        drop(limits.admit(&http::HeaderMap::new(), Some(ip)).expect("ok"));
+        drop(
+            limits
+                .admit(&http::HeaderMap::new(), Some(ip), false)
+                .expect("ok"),
+        );
     }
     let remembered = limits.identities.lock().map_or(usize::MAX, |m| m.len());
     assert!(remembered <= IDENTITIES_REMEMBERED, "{remembered}");
@@ -125,7 +144,9 @@ use futures::StreamExt as _;
 #[tokio::test(start_paused = true)]
 async fn a_body_that_stops_arriving_ends_at_its_deadline_and_gives_its_bytes_back() {
     let limits = acl_limits(LimitSettings::default());
-    let admitted = limits.admit(&with_token("tenant"), ATTACKER).expect("ok");
+    let admitted = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
     let mut body = GuardedBody::new(
         stalled_body(b"12345"),
         admitted.clone(),
@@ -156,7 +177,9 @@ async fn a_body_that_stops_arriving_ends_at_its_deadline_and_gives_its_bytes_bac
 #[tokio::test]
 async fn a_body_over_what_a_caller_may_have_in_flight_is_ended() {
     let limits = acl_limits(LimitSettings::default());
-    let anonymous = limits.admit(&http::HeaderMap::new(), ATTACKER).expect("ok");
+    let anonymous = limits
+        .admit(&http::HeaderMap::new(), ATTACKER, false)
+        .expect("ok");
     static LARGE: [u8; ANONYMOUS_BODY_BYTES + 1] = [0; ANONYMOUS_BODY_BYTES + 1];
     let mut body = GuardedBody::new(
         stalled_body(&LARGE),
@@ -189,7 +212,9 @@ async fn a_body_over_what_a_caller_may_have_in_flight_is_ended() {
     let mut held = Vec::new();
     let mut refused = None;
     for _ in 0..8 {
-        let admitted = limits.admit(&with_token("tenant"), ATTACKER).expect("ok");
+        let admitted = limits
+            .admit(&with_token("tenant"), ATTACKER, false)
+            .expect("ok");
         let mut body = GuardedBody::new(stalled_body(b"0123456789"), admitted, rules);
         match body.frame().await {
             Some(Ok(_)) => held.push(body),

@@ -96,20 +96,6 @@ impl tonic::server::UnaryService<ReadRequest> for ReadEncoded {
     }
 }
 
-/// The WatchList handler over [`ResourceGrpc::watch_shared`].
-struct WatchShared(ResourceGrpc);
-
-impl tonic::server::ServerStreamingService<WatchListRequest> for WatchShared {
-    type Response = SharedEvent;
-    type ResponseStream = SharedEventStream;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<SharedEventStream>, Status>> + Send>>;
-
-    fn call(&mut self, request: Request<WatchListRequest>) -> Self::Future {
-        let grpc = self.0.clone();
-        Box::pin(async move { grpc.watch_shared(request).await })
-    }
-}
-
 /// `resd.resource.v1.ResourceService`: Read, List and WatchList through [`WireCodec`], the
 /// rest through the generated server.
 #[derive(Debug, Clone)]
@@ -158,8 +144,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for ResourceApi {
                 Box::pin(async move { Ok(list_unary(grpc, max, request).await) })
             }
             "/resd.resource.v1.ResourceService/WatchList" => {
-                let handler = WatchShared(self.grpc.clone());
-                Box::pin(async move { Ok(wire_grpc(max).server_streaming(handler, request).await) })
+                let grpc = self.grpc.clone();
+                Box::pin(async move { Ok(watch_streaming(grpc, max, request).await) })
             }
             _ => {
                 let mut generated = self.generated.clone();
@@ -207,6 +193,136 @@ async fn list_answer(
         http::HeaderValue::from_static("application/grpc"),
     );
     Ok(response)
+}
+
+/// WatchList, answered without tonic's encoder: each event's shared encoding (made once, for
+/// every watcher of the change) goes to HTTP/2 as it is, behind its own message header. A
+/// client that stops reading holds a reference to one event in its connection's queue, never a
+/// copy of it. Errors before the stream answer as tonic would; an error during it ends the
+/// stream with its status in the trailers.
+async fn watch_streaming(
+    grpc: ResourceGrpc,
+    max_decoding: usize,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let answer = async {
+        let (parts, body) = request.into_parts();
+        let message: WatchListRequest = unary_message(body, max_decoding).await?;
+        let request = Request::from_parts(
+            tonic::metadata::MetadataMap::from_headers(parts.headers),
+            parts.extensions,
+            message,
+        );
+        let (metadata, events, _) = grpc.watch_shared(request).await?.into_parts();
+        let mut response = http::Response::new(tonic::body::Body::new(WatchBody {
+            events,
+            payload: None,
+            ended: false,
+        }));
+        *response.headers_mut() = metadata.into_headers();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        Ok::<_, Status>(response)
+    };
+    match answer.await {
+        Ok(response) => response,
+        Err(status) => status.into_http(),
+    }
+}
+
+/// Events at most this large are sent as one frame with their header (copied); larger ones as
+/// the header and then the shared encoding itself.
+const SMALL_EVENT: usize = 16 * 1024;
+
+/// A WatchList answer's body: per event, the gRPC message header and the shared encoding; at the
+/// end, the status as trailers.
+struct WatchBody {
+    events: SharedEventStream,
+    /// The encoding whose header was just sent.
+    payload: Option<bytes::Bytes>,
+    ended: bool,
+}
+
+impl http_body::Body for WatchBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        if let Some(payload) = self.payload.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(payload))));
+        }
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let status = match self.events.as_mut().poll_next(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(event))) => {
+                let wire = super::read::wire_event(&event);
+                let Ok(length) = u32::try_from(wire.len()) else {
+                    // Past what a gRPC message can hold: nothing stored is this large.
+                    self.ended = true;
+                    return Poll::Ready(Some(Ok(trailers(&Status::internal(
+                        "an event is larger than a gRPC message can hold",
+                    )))));
+                };
+                let mut header = bytes::BytesMut::with_capacity(
+                    GRPC_HEADER
+                        + if wire.len() <= SMALL_EVENT {
+                            wire.len()
+                        } else {
+                            0
+                        },
+                );
+                header.extend_from_slice(&[0]);
+                header.extend_from_slice(&length.to_be_bytes());
+                if wire.len() <= SMALL_EVENT {
+                    header.extend_from_slice(&wire);
+                } else {
+                    // The payload keeps its event alive while the connection holds it: another
+                    // watcher of the same version then shares it instead of encoding its own.
+                    self.payload = Some(bytes::Bytes::from_owner(HeldWire {
+                        wire,
+                        _event: event,
+                    }));
+                }
+                return Poll::Ready(Some(Ok(http_body::Frame::data(header.freeze()))));
+            }
+            Poll::Ready(Some(Err(status))) => status,
+            Poll::Ready(None) => Status::ok(""),
+        };
+        self.ended = true;
+        Poll::Ready(Some(Ok(trailers(&status))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.payload.is_none()
+    }
+}
+
+/// An event's encoding that holds the event: see [`WatchBody`].
+struct HeldWire {
+    wire: bytes::Bytes,
+    _event: SharedEvent,
+}
+
+impl AsRef<[u8]> for HeldWire {
+    fn as_ref(&self) -> &[u8] {
+        &self.wire
+    }
+}
+
+/// A status as gRPC trailers.
+fn trailers(status: &Status) -> http_body::Frame<bytes::Bytes> {
+    let mut headers = http::HeaderMap::new();
+    if status.add_header(&mut headers).is_err() {
+        headers.insert("grpc-status", http::HeaderValue::from_static("13"));
+    }
+    http_body::Frame::trailers(headers)
 }
 
 /// The one message of a unary gRPC request, at most `max` bytes, uncompressed.

@@ -25,6 +25,8 @@ pub struct ResourceGrpc {
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     watch_metrics: WatchMetrics,
+    /// Open watches, ended when their client stops reading.
+    stalls: Arc<super::stalls::Stalls>,
 }
 
 impl ResourceGrpc {
@@ -33,7 +35,14 @@ impl ResourceGrpc {
             service,
             tokens,
             watch_metrics: WatchMetrics::default(),
+            stalls: Arc::default(),
         }
+    }
+
+    /// Ends watches whose client read nothing for `after` while events waited for it.
+    pub fn with_watch_stall_timeout(mut self, after: std::time::Duration) -> Self {
+        self.stalls = Arc::new(super::stalls::Stalls::new(after));
+        self
     }
 
     /// Counts open watch streams and the events they send into `metrics`.
@@ -105,6 +114,7 @@ impl ResourceGrpc {
             }
             None => events,
         };
+        let events = self.stalls.watch(events);
         let open = self.watch_metrics.open_stream();
         let sent = self.watch_metrics.events_sent.clone();
         Ok(Response::new(

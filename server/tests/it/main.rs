@@ -8,6 +8,7 @@ mod controllers;
 mod crash;
 mod dev;
 mod disk;
+mod exhaustion;
 mod hostile;
 mod membership;
 mod mtls;
