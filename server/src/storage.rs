@@ -511,6 +511,16 @@ pub struct IdOnly {
     pub id: Option<Id>,
 }
 
+/// A resource's id and version: what a watch's snapshot needs to find an event another watcher
+/// holds for the same version, without decoding the rest.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IdAndVersion {
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<Id>,
+    #[prost(string, tag = "3")]
+    pub version: String,
+}
+
 /// A resource without its data (fields 1 to 6 of `Resource`, the same tags and types): what
 /// the compare-and-swap check and the owner index read of a stored resource. prost skips the
 /// data field without copying it.

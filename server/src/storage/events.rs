@@ -239,14 +239,20 @@ struct SharedSnapshots {
 const SNAPSHOTS_FIRST_SWEEP: usize = 1024;
 
 impl SharedSnapshots {
+    /// The event another watcher holds for `key` at `version`.
+    fn held(&self, key: &StorageKey, version: &str) -> Option<SharedEvent> {
+        self.events
+            .get(key)
+            .and_then(WeakEvent::upgrade)
+            .filter(|held| held.event().version == version)
+    }
+
     /// The snapshot event of `resource`: another watcher's if it holds this version.
     fn event(&mut self, resource: Resource) -> SharedEvent {
         let Some(key) = resource.id.as_ref().map(StorageKey::of) else {
             return snapshot_event(resource);
         };
-        if let Some(held) = self.events.get(&key).and_then(WeakEvent::upgrade)
-            && held.event().version == resource.version
-        {
+        if let Some(held) = self.held(&key, &resource.version) {
             return held;
         }
         let event = snapshot_event(resource);
@@ -382,16 +388,47 @@ impl EventLog {
         applied: Version,
         since: Option<Version>,
     ) -> Result<Watch, StorageError> {
+        let snapshot = match since {
+            None => snapshot
+                .into_iter()
+                .map(|resource| self.snapshot_event(resource))
+                .collect(),
+            Some(_) => Vec::new(),
+        };
+        self.watch_events(filter, snapshot, applied, since)
+    }
+
+    /// The snapshot event of `resource`: the one another watcher holds for this version, or a
+    /// new one others will share.
+    pub fn snapshot_event(&self, resource: Resource) -> SharedEvent {
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .event(resource)
+    }
+
+    /// The snapshot event another watcher holds for the resource at `key` and `version`, if
+    /// any: a backend asks before it decodes a stored resource for a snapshot.
+    pub fn held_snapshot_event(&self, key: &StorageKey, version: &str) -> Option<SharedEvent> {
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .held(key, version)
+    }
+
+    /// [`EventLog::watch`] with the snapshot's events made already ([`EventLog::snapshot_event`],
+    /// [`EventLog::held_snapshot_event`]).
+    pub fn watch_events(
+        &self,
+        filter: WatchFilter,
+        snapshot: Vec<SharedEvent>,
+        applied: Version,
+        since: Option<Version>,
+    ) -> Result<Watch, StorageError> {
         let ring = lock(&self.ring);
         let current = ring.latest.max(applied);
         let initial: Vec<SharedEvent> = match since {
-            None => {
-                let mut shared = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-                snapshot
-                    .into_iter()
-                    .map(|resource| shared.event(resource))
-                    .collect()
-            }
+            None => snapshot,
             Some(since) if since > current => {
                 return Err(StorageError::ResumeUnavailable(format!(
                     "version {since} is ahead of this server, which has applied up to {current} (it may lag behind the leader); retry shortly or list again"

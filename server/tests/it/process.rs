@@ -151,6 +151,49 @@ impl Resd {
         }
     }
 
+    /// A single insecure node whose process may open at most `descriptors` files (its soft and
+    /// hard limit, so it cannot raise them), started through a shell that sets the limit and
+    /// then becomes the node (same PID).
+    pub fn start_with_descriptor_limit(descriptors: u32) -> Resd {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wrapper = dir.path().join("resd-limited");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nulimit -n {descriptors} || exit 1\nexec '{}' \"$@\"\n",
+                env!("CARGO_BIN_EXE_resd")
+            ),
+        )
+        .expect("write the wrapper");
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            .expect("make it executable");
+        let args: Vec<String> = [
+            "--node-id",
+            "1",
+            "--data-dir",
+            &dir.path().join("data").display().to_string(),
+            "--api-addr",
+            "127.0.0.1:0",
+            "--raft-addr",
+            "127.0.0.1:0",
+            "--bootstrap",
+            "--insecure",
+        ]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+        let (child, address) = tests::launch(&wrapper, &args);
+        Resd {
+            child: Some(child),
+            args,
+            api_addr: address.parse().expect("resd prints a socket address"),
+            _data: Some(dir),
+            client_tls: None,
+            _ca: None,
+        }
+    }
+
     /// The node's data directory, when it has one of its own.
     pub fn data_dir(&self) -> Option<&Path> {
         self._data.as_ref().map(|dir| dir.path())

@@ -641,12 +641,25 @@ impl SmShared {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
         let current = applied_index(&sm.dbs, &rtxn).map_err(|e| self.read_failed(e))?;
-        let snapshot = match since {
-            None => scan(&sm, &rtxn, resource_type, tenancy, name_prefix)
-                .map_err(|e| self.read_failed(e))?,
-            Some(_) => Vec::new(),
-        };
-        log.watch(
+        // Each resource is decoded only when no other watcher holds its version already.
+        let mut snapshot = Vec::new();
+        if since.is_none() {
+            scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
+                let undecodable = |error| heed::Error::Io(std::io::Error::other(error));
+                let head = crate::storage::IdAndVersion::decode(bytes).map_err(undecodable)?;
+                let held = head
+                    .id
+                    .as_ref()
+                    .and_then(|id| log.held_snapshot_event(&StorageKey::of(id), &head.version));
+                snapshot.push(match held {
+                    Some(event) => event,
+                    None => log.snapshot_event(Resource::decode(bytes).map_err(undecodable)?),
+                });
+                Ok(ControlFlow::Continue(()))
+            })
+            .map_err(|e| self.read_failed(e))?;
+        }
+        log.watch_events(
             WatchFilter::new(resource_type, tenancy, name_prefix),
             snapshot,
             Version::new(current),
