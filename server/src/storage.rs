@@ -240,6 +240,8 @@ pub struct SharedEvent(std::sync::Arc<SharedInner>);
 struct SharedInner {
     event: WatchEvent,
     wire: std::sync::OnceLock<bytes::Bytes>,
+    /// Its line in an NDJSON watch (the HTTP API), made once like `wire`.
+    json_line: std::sync::OnceLock<bytes::Bytes>,
     /// While the event is in a history: where its encoding's size is counted, and how much was.
     counted: std::sync::Mutex<Counted>,
 }
@@ -274,6 +276,7 @@ impl SharedEvent {
         SharedEvent(std::sync::Arc::new(SharedInner {
             event,
             wire: std::sync::OnceLock::new(),
+            json_line: std::sync::OnceLock::new(),
             counted: std::sync::Mutex::default(),
         }))
     }
@@ -319,16 +322,46 @@ impl SharedEvent {
     pub fn wire(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> bytes::Bytes {
         self.0
             .wire
-            .get_or_init(|| {
-                let bytes = encode(&self.0.event);
-                let mut counted = self.counted();
-                if let Some(into) = &counted.into {
-                    into.fetch_add(bytes.len(), std::sync::atomic::Ordering::Relaxed);
-                    counted.bytes = bytes.len();
-                }
-                bytes
-            })
+            .get_or_init(|| self.counted_encoding(encode))
             .clone()
+    }
+
+    /// The event's line in an NDJSON watch, shared like [`SharedEvent::wire`].
+    pub fn json_line(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> bytes::Bytes {
+        self.0
+            .json_line
+            .get_or_init(|| self.counted_encoding(encode))
+            .clone()
+    }
+
+    /// An encoding of the event, its size counted in the history that holds the event.
+    fn counted_encoding(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> bytes::Bytes {
+        let bytes = encode(&self.0.event);
+        let mut counted = self.counted();
+        if let Some(into) = &counted.into {
+            into.fetch_add(bytes.len(), std::sync::atomic::Ordering::Relaxed);
+            counted.bytes += bytes.len();
+        }
+        bytes
+    }
+
+    /// `bytes` (one of this event's encodings) holding the event alive while they live: a
+    /// connection that queues them keeps the event shareable with other watchers of its version
+    /// instead of leaving them to make their own.
+    pub fn holding(&self, bytes: bytes::Bytes) -> bytes::Bytes {
+        struct Held {
+            bytes: bytes::Bytes,
+            _event: SharedEvent,
+        }
+        impl AsRef<[u8]> for Held {
+            fn as_ref(&self) -> &[u8] {
+                &self.bytes
+            }
+        }
+        bytes::Bytes::from_owner(Held {
+            bytes,
+            _event: self.clone(),
+        })
     }
 }
 

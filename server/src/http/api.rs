@@ -331,7 +331,7 @@ async fn list_or_watch(
         if let Some(axum::Extension(admitted)) = admitted {
             request.extensions_mut().insert(admitted);
         }
-        let events = state.resources.watch_list(request).await?.into_inner();
+        let events = state.resources.watch_shared(request).await?.into_inner();
         return Ok(ndjson(events));
     }
     let consistent = params.flag("consistent")?;
@@ -358,24 +358,22 @@ async fn list_or_watch(
 
 /// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line
 /// `{"error": {"code": …, "message": …}}` (resume with `since_version` of the last event).
-fn ndjson(
-    events: impl futures::Stream<Item = Result<proto::resource::v1::WatchEvent, tonic::Status>>
-    + Send
-    + 'static,
-) -> Response {
+fn ndjson(events: crate::service::grpc::SharedEventStream) -> Response {
     let lines = events
         .map(|item| {
-            let value = match item {
-                Ok(event) => to_json(&event, "resd.resource.v1.WatchEvent").unwrap_or_else(
-                    |error| serde_json::json!({"error": error_body("INTERNAL", &error)}),
-                ),
-                Err(status) => serde_json::json!({
-                    "error": error_body(code_name(status.code()), status.message())
-                }),
+            let line = match item {
+                // Each event's line is made once and shared by every HTTP watcher of it.
+                Ok(event) => event.holding(event.json_line(json_line)),
+                Err(status) => {
+                    let mut line = serde_json::json!({
+                        "error": error_body(code_name(status.code()), status.message())
+                    })
+                    .to_string();
+                    line.push('\n');
+                    Bytes::from(line)
+                }
             };
-            let mut line = value.to_string();
-            line.push('\n');
-            Ok::<_, std::convert::Infallible>(Bytes::from(line))
+            Ok::<_, std::convert::Infallible>(line)
         })
         .boxed();
     (
@@ -383,6 +381,18 @@ fn ndjson(
         Body::from_stream(lines),
     )
         .into_response()
+}
+
+/// An event as one line of JSON.
+fn json_line(event: &crate::storage::WatchEvent) -> Bytes {
+    let value = to_json(
+        &crate::service::pb_event(event),
+        "resd.resource.v1.WatchEvent",
+    )
+    .unwrap_or_else(|error| serde_json::json!({"error": error_body("INTERNAL", &error)}));
+    let mut line = value.to_string();
+    line.push('\n');
+    Bytes::from(line)
 }
 
 fn id_of(

@@ -6,7 +6,9 @@
 //!   and a length; the answer is the same bytes the generated handler would send. A List
 //!   answer bypasses tonic's encoder ([`list_unary`]): its chunks go to HTTP/2 uncopied.
 //! - `ResourceService/WatchList`: each event is encoded once, by the first watcher to send it,
-//!   and the bytes are shared with every other watcher of the change ([`SharedEvent::wire`]).
+//!   and the bytes are shared with every other watcher of the change ([`SharedEvent::wire`]);
+//!   the answer bypasses tonic's encoder too ([`watch_streaming`]), so an event goes to HTTP/2
+//!   uncopied and a client that stops reading holds a reference, not a copy.
 //!
 //! [`ResourceApi`] routes these three here and every other method to the generated server.
 
@@ -285,10 +287,7 @@ impl http_body::Body for WatchBody {
                 } else {
                     // The payload keeps its event alive while the connection holds it: another
                     // watcher of the same version then shares it instead of encoding its own.
-                    self.payload = Some(bytes::Bytes::from_owner(HeldWire {
-                        wire,
-                        _event: event,
-                    }));
+                    self.payload = Some(event.holding(wire));
                 }
                 return Poll::Ready(Some(Ok(http_body::Frame::data(header.freeze()))));
             }
@@ -301,18 +300,6 @@ impl http_body::Body for WatchBody {
 
     fn is_end_stream(&self) -> bool {
         self.ended && self.payload.is_none()
-    }
-}
-
-/// An event's encoding that holds the event: see [`WatchBody`].
-struct HeldWire {
-    wire: bytes::Bytes,
-    _event: SharedEvent,
-}
-
-impl AsRef<[u8]> for HeldWire {
-    fn as_ref(&self) -> &[u8] {
-        &self.wire
     }
 }
 

@@ -160,8 +160,13 @@ async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<tokio::ne
     socket.connect(to).await
 }
 
-/// A TLS client trusting the test CA, without a certificate of its own.
+/// A TLS client trusting the test CA, without a certificate of its own, speaking HTTP/2.
 fn stranger_tls(ca: &TestCa) -> tokio_rustls::TlsConnector {
+    stranger_tls_with(ca, true)
+}
+
+/// [`stranger_tls`], asking for HTTP/2 or not.
+fn stranger_tls_with(ca: &TestCa, h2: bool) -> tokio_rustls::TlsConnector {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
@@ -176,7 +181,9 @@ fn stranger_tls(ca: &TestCa) -> tokio_rustls::TlsConnector {
     .with_root_certificates(roots)
     .with_no_client_auth();
     let mut config = config;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    if h2 {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+    }
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
@@ -321,14 +328,23 @@ fn watch_default(since_version: &str) -> WatchListRequest {
     }
 }
 
-/// Attack 2: a tenant writes ten ~4 MiB artists and opens 200 watches on one connection and
-/// 100 on as many connections, reading none. Before: 0.56 → 8.9 GB in ~10 s (each watch kept
+/// Attack 2: a tenant writes ten ~4 MiB artists and opens 200 watches on one connection, 100 on
+/// as many connections and 50 over HTTP, reading none. Before: 0.56 → 8.9 GB in ~10 s (each watch kept
 /// its own snapshot and its own encodings). Now watchers of the same versions share one
 /// snapshot, each event goes to the wire uncopied, and past `--max-watches-per-token` a watch
 /// is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_cannot_grow_a_node_with_watches_it_never_reads() {
-    let (node, _ca, management, _data) = secure_node(&["--max-watches-per-token", "300"]).await;
+    let http: SocketAddr = format!("127.0.0.1:{}", free_port())
+        .parse()
+        .expect("address");
+    let (node, ca, management, _data) = secure_node(&[
+        "--max-watches-per-token",
+        "350",
+        "--http-addr",
+        &http.to_string(),
+    ])
+    .await;
     let secret = tenant(&node, &management).await;
     let channel = node.channel().await;
     for i in 0..10 {
@@ -358,6 +374,29 @@ async fn a_tenant_cannot_grow_a_node_with_watches_it_never_reads() {
             .expect("a watch");
         unread.push(watch.into_inner());
     }
+    // And 50 NDJSON watches over HTTP, never read either.
+    let connector = stranger_tls_with(&ca, false);
+    let mut unread_http = Vec::new();
+    for _ in 0..50 {
+        use tokio::io::AsyncWriteExt as _;
+        let tcp = tokio::net::TcpStream::connect(http).await.expect("TCP");
+        let mut tls = connector
+            .connect(
+                rustls::pki_types::ServerName::IpAddress(http.ip().into()),
+                tcp,
+            )
+            .await
+            .expect("TLS");
+        tls.write_all(
+            format!(
+                "GET /v1/resources/demo/v2/Artist?namespace=default&watch=true HTTP/1.1\r\nHost: x\r\nX-Resd-Token: {secret}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("request");
+        unread_http.push(tls);
+    }
     let refused = ResourceServiceClient::new(shared.clone())
         .watch_list(with_token(watch_default(""), Some(&secret)))
         .await
@@ -371,8 +410,9 @@ async fn a_tenant_cannot_grow_a_node_with_watches_it_never_reads() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         legitimate_client_is_served(&node, &management, round).await;
     }
-    rss.assert_bounded("300 unread watches of 40 MB each");
+    rss.assert_bounded("350 unread watches (gRPC and HTTP) of 40 MB each");
     drop(unread);
+    drop(unread_http);
 }
 
 /// A watcher that stops reading while changes wait for it is ended (after
@@ -492,22 +532,7 @@ async fn unfinished_http_requests_are_ended_and_do_not_starve_others() {
     let (node, _ca, management, _data) = secure_node(&["--http-addr", &http.to_string()]).await;
     let rss = RssWatch::start(&node);
     // Plain TCP to a TLS port gets nowhere; the slow requests need TLS first.
-    let connector = {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject as _;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&_ca.read("resd-ca.pem")) {
-            roots.add(cert.expect("a CA certificate")).expect("trusted");
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        tokio_rustls::TlsConnector::from(Arc::new(config))
-    };
+    let connector = stranger_tls_with(&_ca, false);
     let mut slow = Vec::new();
     for i in 0..600 {
         let Ok(tcp) = connect_from(STRANGER, http).await else {

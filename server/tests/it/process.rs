@@ -162,7 +162,7 @@ impl Resd {
             &wrapper,
             format!(
                 "#!/bin/sh\nulimit -n {descriptors} || exit 1\nexec '{}' \"$@\"\n",
-                env!("CARGO_BIN_EXE_resd")
+                resd_binary().display()
             ),
         )
         .expect("write the wrapper");
@@ -334,8 +334,16 @@ pub fn endpoint_of(addr: &str, tls: Option<ClientTlsConfig>) -> tonic::transport
     }
 }
 
+/// The `resd` these tests start: this build's, or `RESD_TEST_BINARY` (to run an attack test
+/// against an older build and see it fail there).
+pub fn resd_binary() -> std::path::PathBuf {
+    std::env::var_os("RESD_TEST_BINARY")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_resd").into())
+}
+
 fn launch(args: &[String]) -> (Child, SocketAddr) {
-    let (child, address) = tests::launch(Path::new(env!("CARGO_BIN_EXE_resd")), args);
+    let (child, address) = tests::launch(&resd_binary(), args);
     (
         child,
         address.parse().expect("resd prints a socket address"),
