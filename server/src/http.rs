@@ -64,7 +64,7 @@ pub fn router(state: HttpState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(
             state.limits.clone(),
-            crate::limits::guard::http_guard,
+            guard,
         ))
         .with_state(state)
 }
@@ -131,6 +131,65 @@ async fn not_found(State(state): State<HttpState>, uri: http::Uri) -> Response {
         ),
     )
     .into_response()
+}
+
+/// Admission for the HTTP port, as `limits::guard` does for gRPC: the caller is admitted from
+/// the headers (the connection's `ConnInfo` is in the request's extensions), counted in flight
+/// until its answer is sent (a watch apart), and its body guarded.
+async fn guard(
+    State(limits): State<Arc<crate::limits::Limits>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let remote = request
+        .extensions()
+        .get::<crate::tls::ConnInfo>()
+        .and_then(crate::tls::ConnInfo::remote_ip);
+    let ignores_token = matches!(request.uri().path(), "/healthz" | "/readyz");
+    let admitted = match limits.admit(request.headers(), remote, ignores_token) {
+        Ok(admitted) => admitted,
+        Err(refused) => {
+            return api::ApiError::from(refused).into_response();
+        }
+    };
+    let watch = request
+        .uri()
+        .query()
+        .is_some_and(|query| query.split('&').any(|pair| pair == "watch=true"));
+    let in_flight = if watch {
+        None
+    } else {
+        match admitted.in_flight() {
+            Ok(in_flight) => Some(in_flight),
+            Err(refused) => return api::ApiError::from(refused).into_response(),
+        }
+    };
+    let (mut parts, body) = request.into_parts();
+    parts.extensions.insert(admitted.clone());
+    let body = axum::body::Body::new(crate::limits::guard::GuardedBody::new(
+        body,
+        admitted.clone(),
+        crate::limits::guard::HTTP_BODY,
+    ));
+    let response = next
+        .run(axum::extract::Request::from_parts(parts, body))
+        .await;
+    if in_flight.is_none() {
+        return response;
+    }
+    // An answer's bytes count against its caller until they are sent.
+    let size = http_body::Body::size_hint(response.body()).lower();
+    let charge = match admitted.charge_answer(usize::try_from(size).unwrap_or(usize::MAX)) {
+        Ok(charge) => charge,
+        Err(refused) => return api::ApiError::from(refused).into_response(),
+    };
+    response.map(|body| {
+        axum::body::Body::new(crate::limits::guard::Metered::new(
+            body,
+            in_flight,
+            Some(charge),
+        ))
+    })
 }
 
 /// Counts each request by route template and status, and logs it at debug.

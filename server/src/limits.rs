@@ -35,6 +35,17 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ANONYMOUS_BODY_BYTES: usize = 64 * 1024;
 /// Bytes of bodies all anonymous callers of one address may have in flight at once.
 const ANONYMOUS_INFLIGHT_BYTES: usize = 1 << 20;
+/// Bytes of bodies all anonymous callers together may have in flight on a node: apart from
+/// the budget callers with tokens share, which strangers cannot touch.
+const ANONYMOUS_NODE_BYTES: usize = 8 << 20;
+/// How long a reflection stream (its requests are a stream) may stay open.
+pub const REFLECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Requests one token may have in flight at once (until its answer has been sent), watches
+/// apart; callers without a token, per address, a few; with ACLs off, per address, many.
+const REQUESTS_IN_FLIGHT_PER_TOKEN: usize = 128;
+const REQUESTS_IN_FLIGHT_ANONYMOUS: usize = 32;
+const REQUESTS_IN_FLIGHT_PER_ADDRESS: usize = 1024;
+
 /// Streams one client connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// Largest header block a client may send (HTTP/2 `MAX_HEADER_LIST_SIZE`).
@@ -91,7 +102,11 @@ pub enum LimitError {
     )]
     Watches { who: String, open: usize },
     #[error(
-        "{who} is sending {used} bytes of requests at once, over its share of {limit} bytes on this node (a quarter of --max-inflight-bytes); wait for its requests to finish"
+        "too many requests at once: {who} has {in_flight} whose answers are not sent yet, the most this node allows; wait for answers (and read them) before sending more"
+    )]
+    InFlight { who: String, in_flight: usize },
+    #[error(
+        "{who} has {used} bytes of requests and answers in flight at once, over its share of {limit} bytes on this node (a quarter of --max-inflight-bytes); wait for its requests to finish and read their answers"
     )]
     CallerBytes {
         who: String,
@@ -112,25 +127,13 @@ pub enum LimitError {
     )]
     BodyTimeout(Duration),
     #[error(
+        "answers waiting to be sent on this node hold {used} bytes, over its limit of {limit} (--max-inflight-bytes); retry shortly"
+    )]
+    Answers { used: usize, limit: usize },
+    #[error(
         "lists being answered on this node hold {used} bytes, over its limit of {limit} (--max-inflight-bytes); retry shortly, or list a narrower name prefix"
     )]
     ListBytes { used: usize, limit: usize },
-}
-
-impl From<LimitError> for tonic::Status {
-    fn from(error: LimitError) -> Self {
-        let code = match &error {
-            LimitError::Unauthenticated(_) => tonic::Code::Unauthenticated,
-            LimitError::BodyTimeout(_) => tonic::Code::DeadlineExceeded,
-            LimitError::Rate { .. }
-            | LimitError::Watches { .. }
-            | LimitError::CallerBytes { .. }
-            | LimitError::NodeBytes { .. }
-            | LimitError::AnonymousBody { .. }
-            | LimitError::ListBytes { .. } => tonic::Code::ResourceExhausted,
-        };
-        tonic::Status::new(code, error.to_string())
-    }
 }
 
 /// Bytes something holds at most, shared by everything charged to it.
@@ -240,6 +243,9 @@ pub struct Share {
     /// How messages name it: "token <accessor>", "anonymous callers from <ip>".
     who: String,
     watches: AtomicUsize,
+    /// Requests admitted whose answers are not sent yet, and how many may be.
+    in_flight: AtomicUsize,
+    max_in_flight: usize,
     bytes: Arc<ByteBudget>,
     bucket: Mutex<Bucket>,
     rated: bool,
@@ -248,6 +254,11 @@ pub struct Share {
 impl Share {
     pub fn who(&self) -> &str {
         &self.who
+    }
+
+    /// What this caller has in flight: its request bodies and the lists answered to it.
+    pub fn bytes(&self) -> Arc<ByteBudget> {
+        self.bytes.clone()
     }
 
     /// Takes one request from the bucket, or says when to retry.
@@ -274,6 +285,16 @@ impl Share {
     }
 }
 
+/// A request whose answer is not sent yet, counted against its identity until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Share>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// An open watch, counted against its identity until dropped.
 #[derive(Debug)]
 pub struct WatchTicket(Arc<Share>);
@@ -290,10 +311,68 @@ pub struct Admitted {
     pub share: Arc<Share>,
     /// Largest body it may carry.
     pub max_body: usize,
+    /// The node-wide budget its body counts against (callers without a token have their own).
+    pub node_bytes: Arc<ByteBudget>,
     pub limits: Arc<Limits>,
 }
 
+/// An answer's bytes, charged to its caller's share and the node's answers until it is sent.
+#[derive(Debug)]
+pub struct AnswerCharge {
+    _caller: Charge,
+    _node: Charge,
+}
+
+/// An [`AnswerCharge`] a handler leaves in its response's extensions for the port's guard, which
+/// keeps it with the answer's body (extensions must be `Clone`).
+#[derive(Debug, Clone, Default)]
+pub struct HeldCharge(Arc<Mutex<Option<AnswerCharge>>>);
+
+impl HeldCharge {
+    pub fn new(charge: AnswerCharge) -> Self {
+        HeldCharge(Arc::new(Mutex::new(Some(charge))))
+    }
+
+    pub fn take(&self) -> Option<AnswerCharge> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 impl Admitted {
+    /// Charges an answer of `bytes` to this caller and the node until it is sent; refused when
+    /// either has too much waiting to be sent already.
+    pub fn charge_answer(&self, bytes: usize) -> Result<AnswerCharge, LimitError> {
+        let mut caller = Charge::new(self.share.bytes.clone());
+        caller.add(bytes).map_err(|used| LimitError::CallerBytes {
+            who: self.share.who.clone(),
+            used,
+            limit: self.share.bytes.limit(),
+        })?;
+        let mut node = Charge::new(self.limits.answers.clone());
+        node.add(bytes).map_err(|used| LimitError::Answers {
+            used,
+            limit: self.limits.answers.limit(),
+        })?;
+        Ok(AnswerCharge {
+            _caller: caller,
+            _node: node,
+        })
+    }
+
+    /// Counts this request until its answer is sent (the returned value is dropped); refused
+    /// when its caller has too many answers pending.
+    pub fn in_flight(&self) -> Result<InFlight, LimitError> {
+        let before = self.share.in_flight.fetch_add(1, Ordering::Relaxed);
+        let ticket = InFlight(self.share.clone());
+        if before >= self.share.max_in_flight {
+            return Err(LimitError::InFlight {
+                who: self.share.who.clone(),
+                in_flight: before,
+            });
+        }
+        Ok(ticket)
+    }
+
     /// Counts a watch this caller opens; refused past `--max-watches-per-token`.
     pub fn open_watch(&self) -> Result<WatchTicket, LimitError> {
         let max = self.limits.settings.max_watches_per_token;
@@ -317,6 +396,10 @@ pub struct Limits {
     identities: Mutex<HashMap<Identity, Arc<Share>>>,
     /// Bodies being received, node-wide.
     bodies: Arc<ByteBudget>,
+    /// Bodies of callers without a token being received, node-wide.
+    anonymous_bodies: Arc<ByteBudget>,
+    /// Answers (reads; lists have the resource service's budget) waiting to be sent, node-wide.
+    answers: Arc<ByteBudget>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -327,6 +410,8 @@ impl Limits {
             tokens,
             identities: Mutex::default(),
             bodies: ByteBudget::new(settings.max_inflight_bytes),
+            anonymous_bodies: ByteBudget::new(ANONYMOUS_NODE_BYTES),
+            answers: ByteBudget::new(settings.max_inflight_bytes),
             hasher: std::collections::hash_map::RandomState::new(),
         })
     }
@@ -352,6 +437,7 @@ impl Limits {
         remote: Option<IpAddr>,
         ignores_token: bool,
     ) -> Result<Admitted, LimitError> {
+        let remote = remote.map(network_of);
         let token = match token_in(headers) {
             Ok(token) => token,
             Err(_) if ignores_token => None,
@@ -380,11 +466,16 @@ impl Limits {
                 },
             }
         };
+        let node_bytes = match identity {
+            Identity::Anonymous(_) => self.anonymous_bodies.clone(),
+            Identity::Token(_) | Identity::Address(_) => self.bodies.clone(),
+        };
         let share = self.share(identity, token);
         share.take_request(self.settings.max_requests_per_second_per_token)?;
         Ok(Admitted {
             share,
             max_body,
+            node_bytes,
             limits: self.clone(),
         })
     }
@@ -400,6 +491,11 @@ impl Limits {
             let per_second = f64::from(self.settings.max_requests_per_second_per_token);
             identities.retain(|_, share| Arc::strong_count(share) > 1 || share.busy(per_second));
         }
+        let max_in_flight = match &identity {
+            Identity::Token(_) => REQUESTS_IN_FLIGHT_PER_TOKEN,
+            Identity::Anonymous(_) => REQUESTS_IN_FLIGHT_ANONYMOUS,
+            Identity::Address(_) => REQUESTS_IN_FLIGHT_PER_ADDRESS,
+        };
         let (who, bytes, rated) = match &identity {
             Identity::Token(_) => {
                 let accessor = self
@@ -429,6 +525,8 @@ impl Limits {
         let share = Arc::new(Share {
             who,
             watches: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight,
             bytes: ByteBudget::new(bytes),
             bucket: Mutex::new(Bucket {
                 tokens: 2.0 * f64::from(self.settings.max_requests_per_second_per_token),
@@ -449,6 +547,22 @@ impl Share {
         }
         let bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         bucket.tokens + bucket.at.elapsed().as_secs_f64() * per_second < 2.0 * per_second
+    }
+}
+
+/// The network an address stands for: itself (IPv4), its /64 (IPv6: one host may hold a
+/// whole /64, so counting its addresses apart would count nothing).
+pub fn network_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut octets = v6.octets();
+                octets[8..].fill(0);
+                IpAddr::V6(octets.into())
+            }
+        },
     }
 }
 

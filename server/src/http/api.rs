@@ -94,12 +94,18 @@ impl From<crate::limits::LimitError> for ApiError {
             LimitError::AnonymousBody { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             LimitError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             LimitError::Rate { .. }
+            | LimitError::InFlight { .. }
             | LimitError::Watches { .. }
             | LimitError::CallerBytes { .. }
             | LimitError::NodeBytes { .. }
-            | LimitError::ListBytes { .. } => StatusCode::TOO_MANY_REQUESTS,
+            | LimitError::ListBytes { .. }
+            | LimitError::Answers { .. } => StatusCode::TOO_MANY_REQUESTS,
         };
-        let code = code_name(tonic::Status::from(error.clone()).code());
+        let code = code_name(
+            crate::service::Error::from(error.clone())
+                .into_status()
+                .code(),
+        );
         ApiError::new(status, code, error.to_string())
     }
 }
@@ -347,13 +353,18 @@ async fn list_or_watch(
         tenancy: Some(tenancy),
         name_prefix,
     };
-    reply(
-        state
-            .resources
-            .list(grpc_request(&headers, consistent, request)?)
-            .await,
-        "resd.resource.v1.ListResponse",
-    )
+    let mut request = grpc_request(&headers, consistent, request)?;
+    if let Some(axum::Extension(admitted)) = admitted {
+        request.extensions_mut().insert(admitted);
+    }
+    // The list stays charged to the node's and the caller's budgets until its JSON is made.
+    let list = state.resources.list_encoded(request).await?.into_inner();
+    let decoded = list
+        .decode()
+        .map_err(|error| ApiError::from(error.into_status()))?;
+    let answer = json_response(&decoded, "resd.resource.v1.ListResponse");
+    drop(list);
+    answer
 }
 
 /// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line

@@ -1,5 +1,5 @@
-//! Admission at the edge of both API servers: [`GrpcGuardLayer`] for the gRPC port and
-//! [`http_guard`] for the HTTP port. Each admits a request from its headers
+//! Admission at the edge of both API servers: [`GrpcGuardLayer`] for the gRPC port (the HTTP
+//! port's is `crate::http::guard`, over the same [`GuardedBody`]). Each admits a request from its headers
 //! ([`super::Limits::admit`]) before anything reads its body, and wraps the body in a
 //! [`GuardedBody`]: every frame is charged to the caller's and the node's budgets as it
 //! arrives (released when the body is done with), a body larger than the caller may send ends
@@ -55,7 +55,7 @@ impl<B> GuardedBody<B> {
         GuardedBody {
             inner,
             caller: Charge::new(admitted.share.bytes.clone()),
-            node: Charge::new(admitted.limits.bodies.clone()),
+            node: Charge::new(admitted.node_bytes.clone()),
             admitted,
             received: 0,
             deadline: rules
@@ -100,7 +100,7 @@ impl<B> GuardedBody<B> {
         self.done = true;
         self.deadline = None;
         self.caller = Charge::new(self.admitted.share.bytes.clone());
-        self.node = Charge::new(self.admitted.limits.bodies.clone());
+        self.node = Charge::new(self.admitted.node_bytes.clone());
     }
 }
 
@@ -165,8 +165,15 @@ where
     }
 }
 
-/// gRPC methods whose requests are streams: no deadline for the whole body; a restore's
-/// chunks are not charged (the handler checks the caller before reading them, one at a time).
+/// The rules of an HTTP request's body: one request, one deadline.
+pub const HTTP_BODY: BodyRules = BodyRules {
+    deadline: Some(super::BODY_TIMEOUT),
+    charged: true,
+};
+
+/// gRPC methods whose requests are streams: a reflection session may last a minute; a
+/// restore's chunks are neither timed nor charged (the handler checks the caller before reading
+/// them, one at a time).
 fn grpc_rules(path: &str) -> BodyRules {
     let unary = BodyRules {
         deadline: Some(super::BODY_TIMEOUT),
@@ -179,7 +186,7 @@ fn grpc_rules(path: &str) -> BodyRules {
         },
         "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
         | "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo" => BodyRules {
-            deadline: None,
+            deadline: Some(super::REFLECTION_TIMEOUT),
             charged: true,
         },
         _ => unary,
@@ -237,63 +244,136 @@ where
             .extensions()
             .get::<ConnInfo>()
             .and_then(ConnInfo::remote_ip);
-        let path = request.uri().path();
+        let path = request.uri().path().to_owned();
+        let path = path.as_str();
         let ignores_token = path == "/resd.cluster.v1.ClusterService/AclBootstrap"
             || path.starts_with("/grpc.health.")
             || path.starts_with("/grpc.reflection.");
         let admitted = match self.limits.admit(request.headers(), remote, ignores_token) {
             Ok(admitted) => admitted,
             Err(refused) => {
-                let response = tonic::Status::from(refused).into_http();
+                let response = crate::service::Error::from(refused)
+                    .into_status()
+                    .into_http();
                 return Box::pin(async move { Ok(response) });
             }
         };
         let rules = grpc_rules(request.uri().path());
+        // A watch is counted by its own limit, not as a request in flight.
+        let in_flight = if path == "/resd.resource.v1.ResourceService/WatchList" {
+            None
+        } else {
+            match admitted.in_flight() {
+                Ok(in_flight) => Some(in_flight),
+                Err(refused) => {
+                    let response = crate::service::Error::from(refused)
+                        .into_status()
+                        .into_http();
+                    return Box::pin(async move { Ok(response) });
+                }
+            }
+        };
         request.extensions_mut().insert(admitted.clone());
         let request = request.map(|body| {
             tonic::body::Body::new(http_body_util::BodyExt::map_err(
                 GuardedBody::new(body, admitted, rules),
                 |error| match error {
-                    GuardError::Limit(limit) => tonic::Status::from(limit),
+                    GuardError::Limit(limit) => crate::service::Error::from(limit).into_status(),
                     GuardError::Body(error) => tonic::Status::from_error(error),
                 },
             ))
         });
-        Box::pin(self.inner.call(request))
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            if in_flight.is_none() {
+                return Ok(response);
+            }
+            let charge = response
+                .extensions()
+                .get::<super::HeldCharge>()
+                .and_then(super::HeldCharge::take);
+            Ok(response.map(|body| tonic::body::Body::new(Metered::new(body, in_flight, charge))))
+        })
     }
 }
 
-/// Admission for the HTTP port (an axum middleware; the connection's [`ConnInfo`] is in the
-/// request's extensions).
-pub async fn http_guard(
-    axum::extract::State(limits): axum::extract::State<Arc<Limits>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
-    let remote = request
-        .extensions()
-        .get::<ConnInfo>()
-        .and_then(ConnInfo::remote_ip);
-    let ignores_token = matches!(request.uri().path(), "/healthz" | "/readyz");
-    let admitted = match limits.admit(request.headers(), remote, ignores_token) {
-        Ok(admitted) => admitted,
-        Err(refused) => {
-            return crate::http::api::ApiError::from(refused).into_response();
+/// Data frames of an answer handed to the transport at most this large: HTTP/2 (and HTTP/1)
+/// queue a frame whole once its window opens at all, so larger ones would be held there
+/// uncounted while the rest of the answer is charged.
+const ANSWER_SLICE: usize = 64 * 1024;
+
+/// An answer's body, holding its request's place among its caller's requests in flight (and
+/// the charge for its bytes, when its handler made one) until it is dropped — sent, or its
+/// client gone — and handing its data out in slices of [`ANSWER_SLICE`].
+pub struct Metered<B> {
+    inner: B,
+    /// What is left of the last data frame taken from `inner`.
+    pending: Bytes,
+    _in_flight: Option<super::InFlight>,
+    _charge: Option<super::AnswerCharge>,
+}
+
+impl<B> Metered<B> {
+    pub fn new(
+        inner: B,
+        in_flight: Option<super::InFlight>,
+        charge: Option<super::AnswerCharge>,
+    ) -> Self {
+        Metered {
+            inner,
+            pending: Bytes::new(),
+            _in_flight: in_flight,
+            _charge: charge,
         }
-    };
-    let (mut parts, body) = request.into_parts();
-    parts.extensions.insert(admitted.clone());
-    let body = axum::body::Body::new(GuardedBody::new(
-        body,
-        admitted,
-        BodyRules {
-            deadline: Some(super::BODY_TIMEOUT),
-            charged: true,
-        },
-    ));
-    next.run(axum::extract::Request::from_parts(parts, body))
-        .await
+    }
+
+    fn slice(&mut self) -> Frame<Bytes> {
+        let take = self.pending.len().min(ANSWER_SLICE);
+        Frame::data(self.pending.split_to(take))
+    }
+}
+
+impl<B> Body for Metered<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if !self.pending.is_empty() {
+            return Poll::Ready(Some(Ok(self.slice())));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if data.len() > ANSWER_SLICE => {
+                    self.pending = data;
+                    Poll::Ready(Some(Ok(self.slice())))
+                }
+                Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.inner.size_hint();
+        let pending = self.pending.len() as u64;
+        hint.set_lower(hint.lower() + pending);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + pending);
+        }
+        hint
+    }
 }
 
 /// The limit that ended a body, if one did (found in an error's sources).

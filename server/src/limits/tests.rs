@@ -231,3 +231,72 @@ async fn a_body_over_what_a_caller_may_have_in_flight_is_ended() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn requests_in_flight_are_capped_per_caller_until_their_answers_are_dropped() {
+    let limits = acl_limits(LimitSettings::default());
+    let admitted = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
+    let held: Vec<_> = (0..REQUESTS_IN_FLIGHT_PER_TOKEN)
+        .map(|_| admitted.in_flight().expect("room"))
+        .collect();
+    let refused = admitted.in_flight().map(|_| ());
+    assert!(
+        matches!(refused, Err(LimitError::InFlight { .. })),
+        "{refused:?}"
+    );
+    drop(held);
+    admitted
+        .in_flight()
+        .expect("room once the answers are sent");
+}
+
+#[test]
+fn answers_count_against_their_caller_and_the_node_until_sent() {
+    let settings = LimitSettings {
+        max_inflight_bytes: 64,
+        max_body_bytes: 10,
+        ..LimitSettings::default()
+    };
+    let limits = acl_limits(settings);
+    let tenant = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
+    let first = tenant.charge_answer(30).expect("within the share of 40");
+    let refused = tenant.charge_answer(30).map(|_| ());
+    assert!(
+        matches!(refused, Err(LimitError::CallerBytes { .. })),
+        "{refused:?}"
+    );
+    drop(first);
+    tenant
+        .charge_answer(30)
+        .expect("room once the first answer was sent");
+}
+
+#[tokio::test]
+async fn an_answer_goes_out_in_slices_and_keeps_its_charge_until_dropped() {
+    use super::guard::Metered;
+    let limits = acl_limits(LimitSettings::default());
+    let tenant = limits
+        .admit(&with_token("tenant"), ATTACKER, false)
+        .expect("ok");
+    let charge = tenant.charge_answer(200 * 1024).expect("room");
+    let in_flight = tenant.in_flight().expect("room");
+    let answer = http_body_util::Full::new(bytes::Bytes::from(vec![7u8; 200 * 1024]));
+    let mut body = Metered::new(answer, Some(in_flight), Some(charge));
+    let mut sizes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("a frame").into_data() {
+            sizes.push(data.len());
+        }
+    }
+    assert_eq!(sizes, vec![65536, 65536, 65536, 8192]);
+    assert!(
+        tenant.share.bytes().used() > 0,
+        "charged while the body lives"
+    );
+    drop(body);
+    assert_eq!(tenant.share.bytes().used(), 0);
+}

@@ -216,11 +216,7 @@ async fn watch_streaming(
             message,
         );
         let (metadata, events, _) = grpc.watch_shared(request).await?.into_parts();
-        let mut response = http::Response::new(tonic::body::Body::new(WatchBody {
-            events,
-            payload: None,
-            ended: false,
-        }));
+        let mut response = http::Response::new(tonic::body::Body::new(WatchBody::new(events)));
         *response.headers_mut() = metadata.into_headers();
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -234,17 +230,85 @@ async fn watch_streaming(
     }
 }
 
-/// Events at most this large are sent as one frame with their header (copied); larger ones as
-/// the header and then the shared encoding itself.
+/// Events at most this large are copied, with their headers, into one frame with the events
+/// ready after them (up to [`BATCH_BYTES`]: one HTTP/2 write for a burst, as tonic's encoder
+/// does); larger ones go as their header and then the shared encoding itself.
 const SMALL_EVENT: usize = 16 * 1024;
+/// Bytes of small events gathered into one frame at most.
+const BATCH_BYTES: usize = 32 * 1024;
 
 /// A WatchList answer's body: per event, the gRPC message header and the shared encoding; at the
 /// end, the status as trailers.
 struct WatchBody {
     events: SharedEventStream,
-    /// The encoding whose header was just sent.
-    payload: Option<bytes::Bytes>,
+    /// Frames ready to go before anything else is taken from `events`.
+    queued: std::collections::VecDeque<http_body::Frame<bytes::Bytes>>,
     ended: bool,
+}
+
+impl WatchBody {
+    fn new(events: SharedEventStream) -> Self {
+        WatchBody {
+            events,
+            queued: std::collections::VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// Queues what the next poll sends: the ready events (small ones gathered into one frame),
+    /// or the trailers once the stream ends. `Pending` when nothing is ready.
+    fn fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut batch = bytes::BytesMut::new();
+        let end = loop {
+            match self.events.as_mut().poll_next(cx) {
+                Poll::Pending if batch.is_empty() => return Poll::Pending,
+                Poll::Pending => break None,
+                Poll::Ready(Some(Ok(event))) => {
+                    let wire = super::read::wire_event(&event);
+                    let Ok(length) = u32::try_from(wire.len()) else {
+                        // Past what a gRPC message can hold: nothing stored is this large.
+                        break Some(Status::internal(
+                            "an event is larger than a gRPC message can hold",
+                        ));
+                    };
+                    let mut header = [0u8; GRPC_HEADER];
+                    header[1..].copy_from_slice(&length.to_be_bytes());
+                    if wire.len() <= SMALL_EVENT {
+                        batch.extend_from_slice(&header);
+                        batch.extend_from_slice(&wire);
+                        if batch.len() >= BATCH_BYTES {
+                            break None;
+                        }
+                        continue;
+                    }
+                    if !batch.is_empty() {
+                        let gathered = std::mem::take(&mut batch).freeze();
+                        self.queued.push_back(http_body::Frame::data(gathered));
+                    }
+                    self.queued
+                        .push_back(http_body::Frame::data(bytes::Bytes::copy_from_slice(
+                            &header,
+                        )));
+                    // The payload keeps its event alive while the connection holds it: another
+                    // watcher of the same version then shares it instead of encoding its own.
+                    self.queued
+                        .push_back(http_body::Frame::data(event.holding(wire)));
+                    return Poll::Ready(());
+                }
+                Poll::Ready(Some(Err(status))) => break Some(status),
+                Poll::Ready(None) => break Some(Status::ok("")),
+            }
+        };
+        if !batch.is_empty() {
+            self.queued
+                .push_back(http_body::Frame::data(batch.freeze()));
+        }
+        if let Some(status) = end {
+            self.ended = true;
+            self.queued.push_back(trailers(&status));
+        }
+        Poll::Ready(())
+    }
 }
 
 impl http_body::Body for WatchBody {
@@ -255,51 +319,14 @@ impl http_body::Body for WatchBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
-        if let Some(payload) = self.payload.take() {
-            return Poll::Ready(Some(Ok(http_body::Frame::data(payload))));
+        if self.queued.is_empty() && !self.ended && self.fill(cx).is_pending() {
+            return Poll::Pending;
         }
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        let status = match self.events.as_mut().poll_next(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(event))) => {
-                let wire = super::read::wire_event(&event);
-                let Ok(length) = u32::try_from(wire.len()) else {
-                    // Past what a gRPC message can hold: nothing stored is this large.
-                    self.ended = true;
-                    return Poll::Ready(Some(Ok(trailers(&Status::internal(
-                        "an event is larger than a gRPC message can hold",
-                    )))));
-                };
-                let mut header = bytes::BytesMut::with_capacity(
-                    GRPC_HEADER
-                        + if wire.len() <= SMALL_EVENT {
-                            wire.len()
-                        } else {
-                            0
-                        },
-                );
-                header.extend_from_slice(&[0]);
-                header.extend_from_slice(&length.to_be_bytes());
-                if wire.len() <= SMALL_EVENT {
-                    header.extend_from_slice(&wire);
-                } else {
-                    // The payload keeps its event alive while the connection holds it: another
-                    // watcher of the same version then shares it instead of encoding its own.
-                    self.payload = Some(event.holding(wire));
-                }
-                return Poll::Ready(Some(Ok(http_body::Frame::data(header.freeze()))));
-            }
-            Poll::Ready(Some(Err(status))) => status,
-            Poll::Ready(None) => Status::ok(""),
-        };
-        self.ended = true;
-        Poll::Ready(Some(Ok(trailers(&status))))
+        Poll::Ready(self.queued.pop_front().map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.payload.is_none()
+        self.ended && self.queued.is_empty()
     }
 }
 
@@ -362,8 +389,9 @@ async fn unary_message<M: prost::Message + Default>(
 struct ListBody {
     pending: std::collections::VecDeque<bytes::Bytes>,
     trailers: Option<http::HeaderMap>,
-    /// The list's bytes, counted against the node's budget until the answer is dropped.
-    _charge: Option<crate::limits::Charge>,
+    /// The list's bytes, counted against the node's budget and the caller's share until the
+    /// answer is dropped.
+    _charge: super::read::ListCharges,
 }
 
 impl ListBody {
@@ -547,5 +575,63 @@ mod tests {
             assert_eq!(wire, expected.encode_to_vec());
             assert_eq!(pb::WatchEvent::decode(wire).expect("decodes"), expected);
         }
+    }
+
+    #[tokio::test]
+    async fn a_watch_answer_is_the_framed_events_then_their_status() {
+        use futures::StreamExt as _;
+        use http_body_util::BodyExt as _;
+
+        let small = |name: &str, version: &str| {
+            SharedEvent::new(WatchEvent {
+                version: version.into(),
+                operation: Operation::Upsert(Fixture::new().artist(name)),
+                actor: String::new(),
+            })
+        };
+        let mut large_artist = Fixture::new().artist("large");
+        large_artist
+            .metadata
+            .insert("blob".into(), "x".repeat(2 * super::SMALL_EVENT));
+        let large = SharedEvent::new(WatchEvent {
+            version: "4".into(),
+            operation: Operation::Upsert(large_artist),
+            actor: String::new(),
+        });
+        let events = vec![small("a", "1"), small("b", "2"), small("c", "3"), large];
+        let expected: Vec<pb::WatchEvent> = events
+            .iter()
+            .map(|event| super::super::read::pb_event(event))
+            .collect();
+        let stream: super::SharedEventStream =
+            futures::stream::iter(events.into_iter().map(Ok)).boxed();
+        let mut body = super::WatchBody::new(stream);
+        let mut data = Vec::new();
+        let mut frames = 0;
+        let mut status = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.expect("a frame");
+            frames += 1;
+            match frame.into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => {
+                    status = frame
+                        .into_trailers()
+                        .ok()
+                        .and_then(|t| t.get("grpc-status").cloned())
+                }
+            }
+        }
+        assert_eq!(status.as_ref().map(|s| s.as_bytes()), Some(&b"0"[..]));
+        // The three small events in one frame, the large one's header and payload, the trailers.
+        assert_eq!(frames, 4);
+        let mut decoded = Vec::new();
+        let mut rest = data.as_slice();
+        while let Some((header, tail)) = rest.split_first_chunk::<5>() {
+            let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            decoded.push(pb::WatchEvent::decode(&tail[..length]).expect("an event"));
+            rest = &tail[length..];
+        }
+        assert_eq!(decoded, expected);
     }
 }

@@ -38,6 +38,9 @@ pub enum Error {
     /// Over a size limit; the message names the limit.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The request did not arrive in time (its body stalled).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -112,6 +115,31 @@ impl From<Unauthenticated> for Error {
     }
 }
 
+impl From<crate::limits::LimitError> for Error {
+    fn from(error: crate::limits::LimitError) -> Self {
+        use crate::limits::LimitError;
+        match error {
+            LimitError::Unauthenticated(why) => Error::Unauthenticated(why),
+            LimitError::BodyTimeout(_) => Error::DeadlineExceeded(error.to_string()),
+            LimitError::Rate { .. }
+            | LimitError::InFlight { .. }
+            | LimitError::Watches { .. }
+            | LimitError::CallerBytes { .. }
+            | LimitError::NodeBytes { .. }
+            | LimitError::AnonymousBody { .. }
+            | LimitError::ListBytes { .. }
+            | LimitError::Answers { .. } => Error::ResourceExhausted(error.to_string()),
+        }
+    }
+}
+
+impl Error {
+    /// The status a client gets (the one mapping, [`From<Error> for tonic::Status`]).
+    pub fn into_status(self) -> tonic::Status {
+        tonic::Status::from(self)
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
         use tonic::Code;
@@ -127,6 +155,7 @@ impl From<Error> for tonic::Status {
             Error::Aborted(_) => Code::Aborted,
             Error::OutOfRange(_) => Code::OutOfRange,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
             Error::Internal(_) => {
                 tracing::error!(error = %error, "internal error");
                 Code::Internal

@@ -59,10 +59,18 @@ impl ResourceGrpc {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
+        let caller = request
+            .extensions()
+            .get::<crate::limits::Admitted>()
+            .cloned();
         let list = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .list_encoded(authorizer.as_ref(), consistency, request.into_inner()),
+            self.service.list_encoded_for(
+                authorizer.as_ref(),
+                consistency,
+                request.into_inner(),
+                caller.as_ref(),
+            ),
         )
         .await?;
         Ok(Response::new(list))
@@ -76,13 +84,28 @@ impl ResourceGrpc {
         let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
+        let caller = request
+            .extensions()
+            .get::<crate::limits::Admitted>()
+            .cloned();
         let resource = crate::storage::deadline::scope(
             deadline,
             self.service
                 .read_encoded(authorizer.as_ref(), consistency, request.into_inner()),
         )
         .await?;
-        Ok(Response::new(super::encoded::EncodedRead(resource)))
+        let mut response = Response::new(super::encoded::EncodedRead(resource));
+        // The answer counts against its caller until sent (the port's guard keeps the charge
+        // with the answer's body).
+        if let Some(caller) = caller {
+            let charge = caller
+                .charge_answer(response.get_ref().0.len())
+                .map_err(|refused| Error::from(refused).into_status())?;
+            response
+                .extensions_mut()
+                .insert(crate::limits::HeldCharge::new(charge));
+        }
+        Ok(response)
     }
 
     /// WatchList with the events as the storage shares them (see `service::encoded`: the gRPC
@@ -101,7 +124,8 @@ impl ResourceGrpc {
             .extensions()
             .get::<crate::limits::Admitted>()
             .map(crate::limits::Admitted::open_watch)
-            .transpose()?;
+            .transpose()
+            .map_err(|refused| Error::from(refused).into_status())?;
         let (grants, live) = tokio::sync::watch::channel(authorizer);
         let events: SharedWatchStream = crate::storage::deadline::scope(
             deadline,

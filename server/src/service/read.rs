@@ -226,6 +226,19 @@ impl ResourceService {
         consistency: Consistency,
         request: ListRequest,
     ) -> Result<EncodedList, Error> {
+        self.list_encoded_for(authorizer, consistency, request, None)
+            .await
+    }
+
+    /// [`Self::list_encoded`] for a caller that came through a port's admission: the list's
+    /// bytes count against its share as well as the node's, until the answer is dropped.
+    pub async fn list_encoded_for(
+        &self,
+        authorizer: &dyn Authorizer,
+        consistency: Consistency,
+        request: ListRequest,
+        caller: Option<&crate::limits::Admitted>,
+    ) -> Result<EncodedList, Error> {
         let query = self.query(
             request.r#type,
             request.tenancy,
@@ -239,7 +252,7 @@ impl ResourceService {
             everything_readable: query.registration.acls.read_is_default()
                 && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
-            list: EncodedList::charged_to(self.list_budget.clone()),
+            list: EncodedList::charged_to(self.list_budget.clone(), caller),
             failed: None,
         };
         self.backend
@@ -513,6 +526,16 @@ pub struct EncodedList {
     /// The node's budget for lists being answered, charged as the list grows and released
     /// when it has been sent (dropped).
     charge: Option<crate::limits::Charge>,
+    /// The caller's share, likewise, and who the caller is (for the refusal).
+    caller: Option<(crate::limits::Charge, String)>,
+}
+
+/// What a list answer's bytes are charged to (the node's budget, the caller's share), released
+/// when dropped.
+#[derive(Debug)]
+pub struct ListCharges {
+    _node: Option<crate::limits::Charge>,
+    _caller: Option<crate::limits::Charge>,
 }
 
 /// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
@@ -530,22 +553,38 @@ pub(crate) fn put_resource_field<B: bytes::BufMut>(dst: &mut B, resource: &[u8])
 const LIST_CHUNK: usize = 1 << 20;
 
 impl EncodedList {
-    /// An empty list whose bytes count against `budget` while it lives.
-    pub fn charged_to(budget: Arc<crate::limits::ByteBudget>) -> Self {
+    /// An empty list whose bytes count against `budget`, and the caller's share, while it lives.
+    pub fn charged_to(
+        budget: Arc<crate::limits::ByteBudget>,
+        caller: Option<&crate::limits::Admitted>,
+    ) -> Self {
         EncodedList {
             charge: Some(crate::limits::Charge::new(budget)),
+            caller: caller.map(|admitted| {
+                (
+                    crate::limits::Charge::new(admitted.share.bytes()),
+                    admitted.share.who().to_owned(),
+                )
+            }),
             ..EncodedList::default()
         }
     }
 
-    /// Appends one resource's encoding, unless the budget it is charged to has no room.
+    /// Appends one resource's encoding, unless a budget it is charged to has no room.
     pub fn try_push(&mut self, resource: &[u8]) -> Result<(), crate::limits::LimitError> {
+        use crate::limits::LimitError;
+        let framed = resource.len() + 8;
+        if let Some((charge, who)) = self.caller.as_mut() {
+            charge.add(framed).map_err(|used| LimitError::CallerBytes {
+                who: who.clone(),
+                used,
+                limit: charge.budget().limit(),
+            })?;
+        }
         if let Some(charge) = self.charge.as_mut() {
-            charge.add(resource.len() + 8).map_err(|used| {
-                crate::limits::LimitError::ListBytes {
-                    used,
-                    limit: charge.budget().limit(),
-                }
+            charge.add(framed).map_err(|used| LimitError::ListBytes {
+                used,
+                limit: charge.budget().limit(),
             })?;
         }
         self.push(resource);
@@ -593,8 +632,14 @@ impl EncodedList {
 
     /// [`EncodedList::chunks`], handed over, with what they are charged to (keep it until
     /// they are sent).
-    pub fn into_chunks(self) -> (Vec<Vec<u8>>, Option<crate::limits::Charge>) {
-        (self.chunks, self.charge)
+    pub fn into_chunks(self) -> (Vec<Vec<u8>>, ListCharges) {
+        (
+            self.chunks,
+            ListCharges {
+                _node: self.charge,
+                _caller: self.caller.map(|(charge, _)| charge),
+            },
+        )
     }
 
     /// The list decoded.
@@ -654,7 +699,7 @@ impl crate::storage::EncodedSink for VisibleList<'_> {
         match self.visible(encoded) {
             Ok(true) => {
                 if let Err(exhausted) = self.list.try_push(encoded) {
-                    self.failed = Some(Error::ResourceExhausted(exhausted.to_string()));
+                    self.failed = Some(Error::from(exhausted));
                     return std::ops::ControlFlow::Break(());
                 }
             }

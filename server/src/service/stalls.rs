@@ -55,8 +55,8 @@ impl std::fmt::Debug for Slot {
 struct SlotState {
     /// `None` once the watch ended or was cut.
     events: Option<SharedWatchStream>,
-    /// When the last event was handed out, while its reader has not asked for the next one;
-    /// `None` while the reader waits for events.
+    /// Since when the reader has not asked for what waits for it (the watch's start, or the
+    /// last event handed out); `None` while the reader waits for events.
     handed_at: Option<Instant>,
     /// The version a resumed watch starts after: the snapshot's end, then each change's.
     /// `None` while the snapshot is being sent.
@@ -79,7 +79,9 @@ impl Stalls {
         let slot = Arc::new(Slot {
             state: Mutex::new(SlotState {
                 events: Some(events),
-                handed_at: None,
+                // A new watch has its snapshot's end (at least) to send: a client that never
+                // asks for it (an HTTP/2 window of zero) is stalled from the start.
+                handed_at: Some(Instant::now()),
                 resume_from: None,
                 cut: None,
             }),
@@ -282,5 +284,18 @@ mod tests {
         assert_eq!(stalls.open(), 1);
         drop(watch);
         assert_eq!(stalls.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_watch_whose_reader_never_asks_is_cut_too() {
+        let stalls = Arc::new(Stalls::new(Duration::ZERO));
+        let mut watch = stalls.watch(events());
+        // An HTTP/2 window of zero: the transport never polls the watch.
+        assert_eq!(stalls.sweep_once(), 1);
+        let error = watch.next().await.expect("the cut").expect_err("an error");
+        assert!(
+            matches!(&error, Error::Aborted(m) if m.contains("snapshot")),
+            "{error}"
+        );
     }
 }

@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Coalesced, PeerCert};
 
-/// Handshakes in progress at once on one port; connections past it are closed at once.
+/// Handshakes in progress at once on one port; past it the oldest is closed to make room.
 pub const MAX_HANDSHAKES: usize = 256;
 /// How long a client has to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -143,8 +143,10 @@ pub const MAX_CONNECTIONS: usize = 16 * 1024;
 pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 16;
 
 /// What one port holds per address: connections open and handshakes in progress. A connection
-/// past a cap is closed as soon as it is accepted (and the refusal logged once per address), so
-/// a stranger opening sockets it never uses cannot take the places of other clients or members.
+/// past an address's cap is closed as soon as it is accepted (and the refusal logged once per
+/// address); when the port's handshakes are all taken, the oldest in progress is closed to make
+/// room. A stranger opening sockets it never uses, from one address or many, cannot take the
+/// places of other clients or members: they finish their handshakes in milliseconds.
 #[derive(Debug, Default)]
 pub struct Admission {
     held: Mutex<Held>,
@@ -155,13 +157,42 @@ struct Held {
     connections: usize,
     handshakes: usize,
     by_address: HashMap<IpAddr, (usize, usize)>,
+    /// Handshakes in progress, oldest first: when the port's are all taken, the oldest of the
+    /// address holding the most is closed to make room (a peer that finishes in milliseconds is
+    /// never the oldest for long, and never the address holding the most).
+    in_progress: std::collections::VecDeque<(u64, IpAddr, tokio_util::sync::CancellationToken)>,
+    next_handshake: u64,
 }
 
 /// What a connection holds in its port's [`Admission`]; given back when dropped.
 struct Slot {
     admission: Arc<Admission>,
     ip: IpAddr,
-    handshaking: bool,
+    /// While its TLS handshake is in progress: its place in the queue, and what closes it to
+    /// make room.
+    handshake: Option<(u64, tokio_util::sync::CancellationToken)>,
+}
+
+impl Held {
+    /// Closes the oldest handshake of the address with the most in progress.
+    fn make_room(&mut self) {
+        let Some(busiest) = self
+            .by_address
+            .iter()
+            .max_by_key(|(_, (_, handshakes))| *handshakes)
+            .map(|(ip, _)| *ip)
+        else {
+            return;
+        };
+        if let Some(at) = self
+            .in_progress
+            .iter()
+            .position(|(_, ip, _)| *ip == busiest)
+            && let Some((_, _, oldest)) = self.in_progress.remove(at)
+        {
+            oldest.cancel();
+        }
+    }
 }
 
 impl Admission {
@@ -172,33 +203,39 @@ impl Admission {
     /// A place for a new connection from `ip` (in its handshake when `tls`), or why not.
     fn admit(self: &Arc<Self>, ip: IpAddr, tls: bool) -> Result<Slot, &'static str> {
         let mut held = self.held();
-        let handshakes_total = held.handshakes;
-        let connections_total = held.connections;
-        let (connections, handshakes) = held.by_address.entry(ip).or_default();
-        if *connections >= MAX_CONNECTIONS_PER_ADDRESS {
+        // Looked up, not inserted: a refused address leaves nothing behind.
+        let (connections, handshakes) = held.by_address.get(&ip).copied().unwrap_or_default();
+        if connections >= MAX_CONNECTIONS_PER_ADDRESS {
             return Err("too many connections from this address");
         }
-        if connections_total >= MAX_CONNECTIONS {
+        if held.connections >= MAX_CONNECTIONS {
             return Err("too many connections to this port");
         }
-        if tls && *handshakes >= MAX_HANDSHAKES_PER_ADDRESS {
+        if tls && handshakes >= MAX_HANDSHAKES_PER_ADDRESS {
             return Err("too many TLS handshakes in progress from this address");
         }
-        if tls && handshakes_total >= MAX_HANDSHAKES {
-            return Err("too many TLS handshakes in progress on this port");
+        if tls && held.handshakes >= MAX_HANDSHAKES {
+            held.make_room();
         }
+        let (connections, handshakes) = held.by_address.entry(ip).or_default();
         *connections += 1;
         if tls {
             *handshakes += 1;
         }
         held.connections += 1;
+        let mut handshake = None;
         if tls {
             held.handshakes += 1;
+            let id = held.next_handshake;
+            held.next_handshake += 1;
+            let token = tokio_util::sync::CancellationToken::new();
+            held.in_progress.push_back((id, ip, token.clone()));
+            handshake = Some((id, token));
         }
         Ok(Slot {
             admission: self.clone(),
             ip,
-            handshaking: tls,
+            handshake,
         })
     }
 
@@ -210,12 +247,27 @@ impl Admission {
 
 impl Slot {
     fn handshake_done(&mut self) {
-        if std::mem::replace(&mut self.handshaking, false) {
+        if let Some((id, _)) = self.handshake.take() {
             let mut held = self.admission.held();
             held.handshakes -= 1;
             if let Some((_, handshakes)) = held.by_address.get_mut(&self.ip) {
                 *handshakes -= 1;
             }
+            if let Some(at) = held
+                .in_progress
+                .iter()
+                .position(|(queued, _, _)| *queued == id)
+            {
+                held.in_progress.remove(at);
+            }
+        }
+    }
+
+    /// Resolves when the handshake is closed to make room for a newer one.
+    fn made_room(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        match &self.handshake {
+            Some((_, token)) => token.clone().cancelled_owned(),
+            None => tokio_util::sync::CancellationToken::new().cancelled_owned(),
         }
     }
 }
@@ -429,7 +481,19 @@ pub fn incoming(
             let cluster_name = cluster_name.clone();
             tokio::spawn(async move {
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                let stream = match handshake.await {
+                let made_room = slot.made_room();
+                let handshake = tokio::select! {
+                    handshake = handshake => handshake,
+                    () = made_room => {
+                        refusals.warn(
+                            what,
+                            Some(remote.ip()),
+                            "TLS handshake closed unfinished to make room for newer connections (the port's handshakes were all taken)",
+                        );
+                        return;
+                    }
+                };
+                let stream = match handshake {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
                         refusals.warn(what, Some(remote.ip()), &explain_handshake_error(&error));
@@ -502,6 +566,8 @@ impl AcceptBackoff {
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt as _;
+
     use super::*;
 
     #[test]
@@ -528,5 +594,55 @@ mod tests {
             .map(|m| m.len())
             .unwrap_or(usize::MAX);
         assert!(remembered <= REFUSALS_REMEMBERED, "{remembered} remembered");
+    }
+
+    #[tokio::test]
+    async fn a_full_port_closes_the_oldest_handshake_of_the_busiest_address() {
+        let admission = Arc::new(Admission::default());
+        let busy = IpAddr::from([10, 0, 0, 1]);
+        let mut slots = Vec::new();
+        // Fill the port: the busy address to its own cap, the rest from one address each.
+        for _ in 0..MAX_HANDSHAKES_PER_ADDRESS {
+            slots.push(admission.admit(busy, true).expect("room"));
+        }
+        for i in 0..(MAX_HANDSHAKES - MAX_HANDSHAKES_PER_ADDRESS) as u32 {
+            let ip = IpAddr::from((0x0b00_0000 + i).to_be_bytes());
+            slots.push(admission.admit(ip, true).expect("room"));
+        }
+        let newcomer = admission
+            .admit(IpAddr::from([127, 0, 0, 1]), true)
+            .expect("a full port makes room");
+        let oldest_of_busy = slots.first().expect("a slot");
+        assert!(
+            oldest_of_busy.made_room().now_or_never().is_some(),
+            "the busiest address's oldest handshake was closed"
+        );
+        assert!(
+            slots[MAX_HANDSHAKES_PER_ADDRESS]
+                .made_room()
+                .now_or_never()
+                .is_none(),
+            "others' handshakes go on"
+        );
+        drop(newcomer);
+    }
+
+    #[test]
+    fn a_refused_address_leaves_nothing_behind() {
+        let admission = Arc::new(Admission::default());
+        let held: Vec<_> = (0..MAX_CONNECTIONS as u32)
+            .map(|i| {
+                admission
+                    .admit(IpAddr::from((0x0a00_0000 + i).to_be_bytes()), false)
+                    .expect("room")
+            })
+            .collect();
+        for i in 0..1000u32 {
+            let refused = admission.admit(IpAddr::from((0x0c00_0000 + i).to_be_bytes()), false);
+            assert!(refused.is_err(), "the port is full");
+        }
+        assert_eq!(admission.held().by_address.len(), MAX_CONNECTIONS);
+        drop(held);
+        assert_eq!(admission.held().by_address.len(), 0);
     }
 }

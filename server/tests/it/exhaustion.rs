@@ -520,6 +520,30 @@ async fn idle_connections_from_one_address_do_not_lock_out_other_clients() {
     drop(idle);
 }
 
+/// Attack 3 from many addresses: 16 idle connections (the most one address may have in its
+/// handshake) from each of 40 loopback addresses, 640 in all, more than the port's 256
+/// handshakes. The oldest handshake makes room for each new connection: a client (or a member,
+/// on the raft port) that finishes its handshake in milliseconds is served within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_many_addresses_do_not_lock_out_other_clients() {
+    let (node, _ca, management, _data) = secure_node(&[]).await;
+    let mut idle = Vec::new();
+    for address in 10..50u8 {
+        for _ in 0..16 {
+            if let Ok(stream) =
+                connect_from(IpAddr::V4(Ipv4Addr::new(127, 0, 1, address)), node.api_addr).await
+            {
+                idle.push(stream);
+            }
+        }
+    }
+    assert!(idle.len() > 256, "{} idle connections", idle.len());
+    for round in 0..5 {
+        legitimate_client_is_served(&node, &management, round).await;
+    }
+    drop(idle);
+}
+
 /// Attack 4: 300 HTTP requests whose headers never end and 300 whose bodies stop one byte
 /// short, all from one address. Before: held for as long as the client liked. Now headers must
 /// arrive within 10 s and bodies within 10 s of them; the node serves others meanwhile.
@@ -736,4 +760,85 @@ async fn a_node_out_of_descriptors_backs_off_and_serves_again() {
         })
         .await
         .expect("served again");
+}
+
+/// The reviewer's attack on answers: a tenant asks for a 4 MiB resource 300 times over
+/// connections whose HTTP/2 windows are zero, so no answer ever leaves. Each answer counts
+/// against its caller until sent: past the caller's share the reads are refused, and the node
+/// holds no more than that share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_nobody_reads_are_bounded_by_their_callers_share() {
+    use prost::Message as _;
+    let (node, ca, management, _data) = secure_node(&[]).await;
+    let secret = tenant(&node, &management).await;
+    let channel = node.channel().await;
+    let big = write_as(&channel, &secret, large_artist("big", 3_900_000))
+        .await
+        .expect("a large artist");
+    let rss = RssWatch::start(&node);
+    let mut message = vec![0u8; 5];
+    ReadRequest { id: big.id.clone() }
+        .encode(&mut message)
+        .expect("encode");
+    let length = u32::try_from(message.len() - 5).expect("small");
+    message[1..5].copy_from_slice(&length.to_be_bytes());
+    let message = bytes::Bytes::from(message);
+    let connector = stranger_tls(&ca);
+    let mut answers = Vec::new();
+    let mut connections = Vec::new();
+    for _ in 0..2 {
+        let tcp = connect_from(STRANGER, node.api_addr).await.expect("TCP");
+        let tls = connector
+            .connect(
+                rustls::pki_types::ServerName::IpAddress(node.api_addr.ip().into()),
+                tcp,
+            )
+            .await
+            .expect("TLS");
+        let (sender, connection) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .initial_stream_window_size(0)
+                .handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .expect("HTTP/2");
+        connections.push(tokio::spawn(connection));
+        for _ in 0..150 {
+            let mut sender = sender.clone();
+            let request = http::Request::post(format!(
+                "https://{}/resd.resource.v1.ResourceService/Read",
+                node.api_addr
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("x-resd-token", &secret)
+            .body(http_body_util::Full::new(message.clone()))
+            .expect("request");
+            answers.push(tokio::spawn(async move {
+                sender.ready().await.ok()?;
+                sender.send_request(request).await.ok()
+            }));
+        }
+    }
+    let (mut held, mut refused) = (0, 0);
+    for answer in answers {
+        match tokio::time::timeout(Duration::from_secs(10), answer).await {
+            Ok(Ok(Some(response))) => match response.headers().get("grpc-status") {
+                Some(code) if code == "8" => refused += 1,
+                Some(code) => panic!("unexpected status {code:?}"),
+                // An answer on its way, that will never arrive.
+                None => {
+                    held += 1;
+                    std::mem::forget(response);
+                }
+            },
+            other => panic!("no answer: {other:?}"),
+        }
+    }
+    eprintln!("{held} answers held, {refused} refused");
+    assert!(refused > 0, "past the caller's share answers are refused");
+    legitimate_client_is_served(&node, &management, 0).await;
+    rss.assert_bounded("300 reads of 4 MiB never read");
+    for connection in connections {
+        connection.abort();
+    }
 }
