@@ -160,14 +160,15 @@ impl ByteBudget {
         self.limit
     }
 
-    /// Charges `bytes` unless that would pass the limit; `Err` carries what the total would
-    /// have been. A single charge larger than the whole limit passes while nothing else is
-    /// charged, so one request at the size limit is never refused by an idle node.
-    fn try_charge(&self, bytes: usize) -> Result<(), usize> {
+    /// Charges `bytes` on top of `own` (what the same holder charged already) unless that
+    /// would pass the limit; `Err` carries what the total would have been. A holder with nothing
+    /// else charged may pass the limit, so one request or answer larger than the whole budget is
+    /// never refused by an idle node.
+    fn try_charge(&self, bytes: usize, own: usize) -> Result<(), usize> {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let total = used.saturating_add(bytes);
-            if total > self.limit && used > 0 {
+            if total > self.limit && used > own {
                 return Err(total);
             }
             match self
@@ -199,7 +200,7 @@ impl Charge {
 
     /// Adds `bytes`; `Err` with the total it would have made when the budget has no room.
     pub fn add(&mut self, bytes: usize) -> Result<(), usize> {
-        self.budget.try_charge(bytes)?;
+        self.budget.try_charge(bytes, self.bytes)?;
         self.bytes += bytes;
         Ok(())
     }

@@ -395,6 +395,12 @@ async fn a_tenant_cannot_grow_a_node_with_watches_it_never_reads() {
         )
         .await
         .expect("request");
+        // The answer's head, so the watch is open before the next; its events stay unread.
+        let mut head = [0u8; 12];
+        tokio::io::AsyncReadExt::read_exact(&mut tls, &mut head)
+            .await
+            .expect("the answer's head");
+        assert_eq!(&head, b"HTTP/1.1 200", "the HTTP watch opens");
         unread_http.push(tls);
     }
     let refused = ResourceServiceClient::new(shared.clone())
@@ -554,6 +560,8 @@ async fn unfinished_http_requests_are_ended_and_do_not_starve_others() {
         .parse()
         .expect("address");
     let (node, _ca, management, _data) = secure_node(&["--http-addr", &http.to_string()]).await;
+    // The slow writer is a tenant: the legitimate client is another caller.
+    let secret = tenant(&node, &management).await;
     let rss = RssWatch::start(&node);
     // Plain TCP to a TLS port gets nowhere; the slow requests need TLS first.
     let connector = stranger_tls_with(&_ca, false);
@@ -575,7 +583,7 @@ async fn unfinished_http_requests_are_ended_and_do_not_starve_others() {
             "GET /v1/types HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_owned()
         } else {
             format!(
-                "PUT /v1/resources/demo/v2/Artist/slow-{i}?namespace=default HTTP/1.1\r\nHost: x\r\nX-Resd-Token: {management}\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{{\"data\": \"{}",
+                "PUT /v1/resources/demo/v2/Artist/slow-{i}?namespace=default HTTP/1.1\r\nHost: x\r\nX-Resd-Token: {secret}\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{{\"data\": \"{}",
                 "x".repeat(64 * 1024)
             )
         };
@@ -622,11 +630,13 @@ async fn many_large_lists_at_once_are_bounded_by_bytes_in_flight() {
         .await
         .expect("a large artist");
     }
+    // The lists are a tenant's: the legitimate client is another caller.
+    let secret = tenant(&node, &management).await;
     let rss = RssWatch::start(&node);
     let mut lists = Vec::new();
     for _ in 0..40 {
         let channel = node.channel().await;
-        let management = management.clone();
+        let secret = secret.clone();
         lists.push(tokio::spawn(async move {
             ResourceServiceClient::new(channel)
                 .max_decoding_message_size(usize::MAX)
@@ -639,7 +649,7 @@ async fn many_large_lists_at_once_are_bounded_by_bytes_in_flight() {
                         }),
                         name_prefix: String::new(),
                     },
-                    Some(&management),
+                    Some(&secret),
                 ))
                 .await
                 .map(|reply| reply.into_inner().resources.len())
