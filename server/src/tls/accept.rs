@@ -62,6 +62,54 @@ pub struct Conn {
     stream: Stream,
     info: ConnInfo,
     _slot: Slot,
+    idle: Idle,
+}
+
+/// How long a connection may send nothing: before its first byte (a client that connects and
+/// stays silent), and later (a live HTTP/2 peer answers the server's pings every 30 s).
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// When a connection last sent something, and the timer that ends it once it is silent too long.
+struct Idle {
+    last_read: Option<Instant>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Idle {
+    fn new() -> Self {
+        Idle {
+            last_read: None,
+            timer: Box::pin(tokio::time::sleep(FIRST_BYTE_TIMEOUT)),
+        }
+    }
+
+    /// While a read waits: an error once the peer has been silent past its timeout.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match self.last_read {
+                None => {
+                    return Poll::Ready(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent nothing within 10 s of connecting",
+                    ));
+                }
+                Some(at) if at.elapsed() >= IDLE_TIMEOUT => {
+                    return Poll::Ready(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent nothing for 5 minutes",
+                    ));
+                }
+                Some(at) => {
+                    let deadline = tokio::time::Instant::from_std(at + IDLE_TIMEOUT);
+                    self.timer.as_mut().reset(deadline);
+                }
+            }
+        }
+    }
 }
 
 enum Stream {
@@ -83,9 +131,22 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = match &mut this.stream {
             Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.idle.last_read = Some(Instant::now());
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match this.idle.poll_expired(cx) {
+                Poll::Ready(error) => Poll::Ready(Err(error)),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
         }
     }
 }
@@ -470,6 +531,7 @@ pub fn incoming(
                     stream: Stream::Plain(stream),
                     info,
                     _slot: slot,
+                    idle: Idle::new(),
                 };
                 if sender.send(Ok(conn)).await.is_err() {
                     return;
@@ -524,6 +586,7 @@ pub fn incoming(
                     stream: Stream::Tls(Box::new(stream)),
                     info,
                     _slot: slot,
+                    idle: Idle::new(),
                 };
                 let _ = sender.send(Ok(conn)).await;
             });

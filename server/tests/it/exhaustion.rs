@@ -852,3 +852,37 @@ async fn answers_nobody_reads_are_bounded_by_their_callers_share() {
         connection.abort();
     }
 }
+
+/// The reviewer's idle connections: a stranger finishes TLS and then sends nothing (no HTTP/2
+/// preface), or connects and sends nothing at all. Such connections used to stay open as long
+/// as the stranger liked (each taking a place of its address and of the port); now a
+/// connection that sends nothing within 10 s is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_nothing_are_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let (node, ca, _management, _data) = secure_node(&[]).await;
+    let connector = stranger_tls(&ca);
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let tcp = connect_from(STRANGER, node.api_addr).await.expect("TCP");
+        let tls = connector
+            .connect(
+                rustls::pki_types::ServerName::IpAddress(node.api_addr.ip().into()),
+                tcp,
+            )
+            .await
+            .expect("TLS");
+        silent.push(tls);
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    for mut tls in silent {
+        // Whatever the node sent (its HTTP/2 settings), then the end.
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(2), tls.read_to_end(&mut sink)).await;
+        assert!(
+            matches!(read, Ok(Ok(_)) | Ok(Err(_))),
+            "a silent connection is still open after {} bytes",
+            sink.len()
+        );
+    }
+}
