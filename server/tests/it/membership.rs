@@ -362,14 +362,28 @@ async fn leadership_moves_on_an_idle_cluster() {
         let started = Instant::now();
         let reply = tokio::time::timeout(
             Duration::from_secs(5),
-            cluster.nodes[leader].cluster().await.transfer_leader(request),
+            cluster.nodes[leader]
+                .cluster()
+                .await
+                .transfer_leader(request),
         )
         .await
-        .unwrap_or_else(|_| panic!("round {round}: the transfer to node {} took over 5 s", target + 1))
-        .unwrap_or_else(|status| panic!("round {round}: transfer to node {}: {status:?}", target + 1))
+        .unwrap_or_else(|_| {
+            panic!(
+                "round {round}: the transfer to node {} took over 5 s",
+                target + 1
+            )
+        })
+        .unwrap_or_else(|status| {
+            panic!("round {round}: transfer to node {}: {status:?}", target + 1)
+        })
         .into_inner();
         assert_eq!(reply.leader_id, target as u64 + 1);
-        eprintln!("round {round}: leadership moved to node {} in {:?}", target + 1, started.elapsed());
+        eprintln!(
+            "round {round}: leadership moved to node {} in {:?}",
+            target + 1,
+            started.elapsed()
+        );
         leader = cluster.wait_for_leader().await;
         assert_eq!(leader, target, "node {} leads", target + 1);
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -44,10 +44,12 @@ pub(super) async fn run_proposer(
     permits: Arc<tokio::sync::Semaphore>,
 ) {
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
+        // The permit is taken once there is something to propose: an idle proposer holding one
+        // would keep a leadership transfer waiting for the next write.
+        let Some(first) = queue.recv().await else {
             break;
         };
-        let Some(first) = queue.recv().await else {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
         let mut bytes = first.change.change.size();

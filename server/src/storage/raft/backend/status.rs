@@ -489,7 +489,16 @@ impl RaftBackend {
         target: NodeId,
         deadline: std::time::Instant,
     ) -> Result<TransferPause, String> {
-        let membership = self.membership.clone().lock_owned().await;
+        let until = tokio::time::Instant::from_std(deadline);
+        tracing::info!(
+            to = target,
+            "leadership transfer: waiting for membership changes in progress"
+        );
+        let membership = tokio::time::timeout_at(until, self.membership.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                "a membership change in progress did not finish before the deadline".to_owned()
+            })?;
         let member = self
             .members()
             .into_iter()
@@ -501,12 +510,23 @@ impl RaftBackend {
         if !member.reachable {
             return Err(format!("node {target} is not reachable from the leader"));
         }
-        let permits = self
-            .proposal_permits
-            .clone()
-            .acquire_many_owned(super::proposer::MAX_PROPOSALS_IN_FLIGHT as u32)
-            .await
-            .map_err(|_| "this node is shutting down".to_owned())?;
+        tracing::info!(
+            to = target,
+            "leadership transfer: pausing new writes, waiting for those in flight"
+        );
+        let permits = tokio::time::timeout_at(
+            until,
+            self.proposal_permits
+                .clone()
+                .acquire_many_owned(super::proposer::MAX_PROPOSALS_IN_FLIGHT as u32),
+        )
+        .await
+        .map_err(|_| "writes in flight did not finish before the deadline".to_owned())?
+        .map_err(|_| "this node is shutting down".to_owned())?;
+        tracing::info!(
+            to = target,
+            "leadership transfer: waiting for the target to hold the whole log"
+        );
         let pause = TransferPause {
             raft: self.raft.clone(),
             _permits: permits,
@@ -538,6 +558,11 @@ impl RaftBackend {
                 .await;
         }
         self.raft.runtime_config().heartbeat(false);
+        tracing::info!(
+            to = target,
+            lease_ms = self.leader_lease.as_millis() as u64,
+            "leadership transfer: heartbeats stopped, waiting out the followers' leader lease"
+        );
         tokio::time::sleep(self.leader_lease + std::time::Duration::from_millis(100)).await;
         Ok(pause)
     }
