@@ -179,12 +179,17 @@ pub async fn serve_api(
     Ok(())
 }
 
+/// The whole server's status (service `""`, what load balancers and `grpc_health_probe` ask
+/// for by default) follows the node's readiness with the services'.
 async fn set_serving(reporter: &tonic_health::server::HealthReporter) {
     reporter
         .set_serving::<ResourceServiceServer<ResourceGrpc>>()
         .await;
     reporter
         .set_serving::<ClusterServiceServer<ClusterGrpc>>()
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 }
 
@@ -194,6 +199,9 @@ async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {
         .await;
     reporter
         .set_not_serving::<ClusterServiceServer<ClusterGrpc>>()
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
 }
 

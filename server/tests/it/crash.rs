@@ -28,14 +28,23 @@ async fn count_artists(node: &Resd) -> Result<usize, tonic::Status> {
         .map(|reply| reply.into_inner().resources.len())
 }
 
+/// The resource service's health, after checking that the whole server's (service `""`, what
+/// load balancers ask for) says the same.
 async fn health(node: &Resd) -> i32 {
-    HealthClient::new(node.channel().await)
-        .check(HealthCheckRequest {
-            service: "resd.resource.v1.ResourceService".into(),
-        })
-        .await
-        .map(|reply| reply.into_inner().status)
-        .unwrap_or(ServingStatus::Unknown as i32)
+    let check = |service: &str| {
+        let service = service.to_owned();
+        async move {
+            HealthClient::new(node.channel().await)
+                .check(HealthCheckRequest { service })
+                .await
+                .map(|reply| reply.into_inner().status)
+                .unwrap_or(ServingStatus::Unknown as i32)
+        }
+    };
+    let resources = check("resd.resource.v1.ResourceService").await;
+    let overall = check("").await;
+    assert_eq!(overall, resources, "the overall status follows the node's");
+    resources
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -472,6 +472,16 @@ async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
                 .expect("health")
                 .into_inner()
                 .status;
+            // The whole server's status (what load balancers ask for) follows.
+            let overall = HealthClient::new(channel.clone())
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .expect("health")
+                .into_inner()
+                .status;
+            let health = if overall == health { health } else { -1 };
             let status =
                 proto::cluster::v1::cluster_service_client::ClusterServiceClient::new(channel)
                     .status(StatusRequest {})
