@@ -958,6 +958,8 @@ async fn join_until_member(
                 node_id: raft.id(),
                 api_addr: raft.node().api_addr.clone(),
                 raft_addr: raft.node().raft_addr.clone(),
+                // Checked above: this node's data carries no removal.
+                from_node: true,
             };
             let channel = dialer
                 .endpoint(&target, None)?

@@ -192,6 +192,8 @@ pub async fn run(session: &Session, command: ClusterCommand) -> anyhow::Result<u
                     node_id: args.node_id,
                     api_addr: args.api_addr.clone(),
                     raft_addr: args.raft_addr.clone(),
+                    // On the node's behalf: a removed id is refused (the node must join itself).
+                    from_node: false,
                 })
                 .await?;
             format!(

@@ -17,6 +17,8 @@ pub const TOMBSTONE: &str = "internal.v1.Tombstone";
 /// The record that ACLs were bootstrapped (one, named [`ACL_BOOTSTRAP_NAME`]).
 pub const ACL_BOOTSTRAP: &str = "internal.v1.AclBootstrap";
 pub const ACL_BOOTSTRAP_NAME: &str = "acl-bootstrap";
+/// The records of removed members (`node-<id>`).
+pub const REMOVED_MEMBER: &str = "internal.v1.RemovedMember";
 /// The group of the types only the server writes (tombstones).
 pub const INTERNAL_GROUP: &str = "internal";
 pub const PARTITION: &str = "tenancy.v1.Partition";
@@ -48,6 +50,10 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         );
     bootstrapped.server_written = true;
     registry.register(bootstrapped)?;
+    let mut removed =
+        Registration::new::<internal_v1::RemovedMember>(REMOVED_MEMBER, Scope::Cluster);
+    removed.server_written = true;
+    registry.register(removed)?;
 
     registry.register(Registration::new::<tenancy_v1::Partition>(
         PARTITION,

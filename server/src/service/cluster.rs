@@ -516,6 +516,24 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 .join(Self::on_behalf(&authorized, join, MEMBERSHIP_TIMEOUT))
                 .await;
         }
+        // A removed node keeps its removal in its data directory and serves nothing: adding it
+        // again would make a voter that never answers.
+        let removed = match &self.service {
+            Some(service) => service
+                .removed_member(join.node_id)
+                .await
+                .map_err(Status::from)?,
+            None => None,
+        };
+        if let Some(record) = &removed
+            && !join.from_node
+            && !raft.is_voter(join.node_id)
+        {
+            return Err(Status::from(Error::FailedPrecondition(format!(
+                "node {} was removed from this cluster (it was at {}): its data directory remembers the removal, so it would serve nothing; stop it, move its data directory away, and start it again with --join (it asks to join for itself)",
+                join.node_id, record.raft_addr
+            ))));
+        }
         if raft.is_voter(join.node_id) {
             let known = raft
                 .members()
@@ -552,6 +570,13 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                     Status::from(Error::Internal(format!("the join failed: {error}")))
                 })?
                 .map_err(|why| Status::from(Error::Unavailable(why)))?;
+        }
+        // It joined again with a data directory that carries no removal.
+        if removed.is_some()
+            && let Some(service) = &self.service
+            && let Err(error) = service.forget_removed_member(join.node_id).await
+        {
+            tracing::warn!(node_id = join.node_id, %error, "the record of the node's earlier removal stays");
         }
         Ok(Response::new(JoinResponse {
             leader_id: raft.id(),
@@ -705,11 +730,11 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         raft.check_removal(remove.node_id, remove.force)
             .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
         tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
-        let removed_addr = raft
+        let removed_member = raft
             .members()
             .into_iter()
             .find(|m| m.node_id == remove.node_id)
-            .map(|m| m.node.raft_addr);
+            .map(|m| m.node);
         // A forced removal below quorum cannot commit until enough voters are back: answer
         // before the caller's deadline instead of hanging to it.
         let answer_by = deadline.saturating_duration_since(std::time::Instant::now());
@@ -722,10 +747,22 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 ))));
             }
         }
-        if let Some(raft_addr) = removed_addr
+        if let Some(member) = &removed_member
+            && let Some(service) = &self.service
+            && let Err(error) = service
+                .record_removed_member(proto::internal::v1::RemovedMember {
+                    node_id: remove.node_id,
+                    raft_addr: member.raft_addr.clone(),
+                    api_addr: member.api_addr.clone(),
+                })
+                .await
+        {
+            tracing::warn!(node_id = remove.node_id, %error, "the removal is not recorded: a join of this id with its old data directory is not refused");
+        }
+        if let Some(member) = removed_member
             && remove.node_id != raft.id()
         {
-            raft.notify_removed(remove.node_id, raft_addr, self.cluster_name.clone());
+            raft.notify_removed(remove.node_id, member.raft_addr, self.cluster_name.clone());
         }
         Ok(Response::new(RemoveResponse {}))
     }

@@ -467,6 +467,75 @@ impl ResourceService {
         Ok(())
     }
 
+    /// Records that member `node_id` was removed (blind: a later removal of the same id
+    /// replaces the record).
+    pub async fn record_removed_member(
+        &self,
+        member: proto::internal::v1::RemovedMember,
+    ) -> Result<(), Error> {
+        let mut id = removed_member_id(member.node_id)?;
+        let version = match self.backend.read(Consistency::Strong, &id).await {
+            Ok(stored) => {
+                id.uid = stored.id.map(|id| id.uid).unwrap_or_default();
+                stored.version
+            }
+            Err(StorageError::NotFound) => {
+                id.uid = new_ulid();
+                String::new()
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let record = Resource {
+            id: Some(id),
+            version,
+            generation: new_ulid(),
+            data: Some(proto::to_any(&member)),
+            ..Default::default()
+        };
+        self.backend
+            .write_cas_as(record, crate::acl::SERVER_IDENTITY)
+            .await
+            .map(drop)
+            .map_err(Error::from)
+    }
+
+    /// The record of member `node_id`'s removal, if it was removed.
+    pub async fn removed_member(
+        &self,
+        node_id: u64,
+    ) -> Result<Option<proto::internal::v1::RemovedMember>, Error> {
+        match self
+            .backend
+            .read(Consistency::Strong, &removed_member_id(node_id)?)
+            .await
+        {
+            Ok(record) => Ok(record
+                .data
+                .as_ref()
+                .and_then(|any| Message::decode(any.value.as_slice()).ok())),
+            Err(StorageError::NotFound) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Forgets member `node_id`'s removal (it joined again with an empty data directory).
+    pub async fn forget_removed_member(&self, node_id: u64) -> Result<(), Error> {
+        let id = removed_member_id(node_id)?;
+        let record = match self.backend.read(Consistency::Strong, &id).await {
+            Ok(record) => record,
+            Err(StorageError::NotFound) => return Ok(()),
+            Err(error) => return Err(error.into()),
+        };
+        match self
+            .backend
+            .delete_cas_as(&id, &record.version, crate::acl::SERVER_IDENTITY)
+            .await
+        {
+            Ok(()) | Err(StorageError::NotFound | StorageError::CasFailure) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Writes the bootstrap record (it must not exist) and returns its version, the reset index.
     async fn acl_bootstrap_record(
         &self,
@@ -679,4 +748,17 @@ fn owner_refused(owner: &proto::resource::v1::Id, error: crate::acl::AclError) -
         )),
         other => Error::from(other),
     }
+}
+
+/// The id of the record of member `node_id`'s removal.
+fn removed_member_id(node_id: u64) -> Result<proto::resource::v1::Id, Error> {
+    Ok(proto::resource::v1::Id {
+        uid: String::new(),
+        name: format!("node-{node_id}"),
+        r#type: Some(
+            resource::parse_gvk(crate::registry::builtin::REMOVED_MEMBER)
+                .map_err(Error::Internal)?,
+        ),
+        tenancy: Some(Default::default()),
+    })
 }

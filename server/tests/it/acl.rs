@@ -540,6 +540,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                         node_id: 0,
                         api_addr: "127.0.0.1:1".into(),
                         raft_addr: "127.0.0.1:2".into(),
+                        from_node: false,
                     },
                     token,
                 ))

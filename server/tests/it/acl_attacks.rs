@@ -294,6 +294,7 @@ async fn operator_access_is_neither_acl_management_nor_snapshots_nor_joining() {
                 node_id: 9,
                 raft_addr: "127.0.0.1:1".into(),
                 api_addr: "127.0.0.1:2".into(),
+                from_node: false,
             },
             Some(ops),
         ))

@@ -47,6 +47,7 @@ async fn joining_an_address_where_nothing_listens_fails_and_changes_nothing() {
             node_id: 4,
             api_addr: format!("127.0.0.1:{}", free_port()),
             raft_addr: dead_raft.clone(),
+            from_node: false,
         })
         .await
         .expect_err("nothing listens there");
@@ -434,8 +435,31 @@ async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
     let mut cluster = Cluster::start(3, &[]).await;
+    let node_3 = members(&cluster)
+        .await
+        .members
+        .into_iter()
+        .find(|member| member.node_id == 3)
+        .expect("node 3 is a member");
     remove(&cluster, 3, false).await.expect("remove node 3");
     let removed = &cluster.nodes[2];
+    // An operator's join of the removed id (its data directory remembers the removal) is
+    // refused, naming the removal; the members stay two.
+    let leader = cluster.wait_for_leader().await;
+    let refused = cluster.nodes[leader]
+        .cluster()
+        .await
+        .join(JoinRequest {
+            node_id: 3,
+            api_addr: node_3.api_addr.clone(),
+            raft_addr: node_3.raft_addr.clone(),
+            from_node: false,
+        })
+        .await
+        .expect_err("a removed id joins again only by itself, with an empty data directory");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("was removed"), "{refused:?}");
+    assert_eq!(members(&cluster).await.members.len(), 2);
     let deadline = Instant::now() + Duration::from_secs(20);
     let refused = loop {
         let read = removed

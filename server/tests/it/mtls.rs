@@ -404,6 +404,7 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
             node_id: 7,
             api_addr: "127.0.0.1:1".into(),
             raft_addr: "127.0.0.1:2".into(),
+            from_node: false,
         })
         .await
         .expect_err("joining as another node");
@@ -421,6 +422,7 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
             node_id: 7,
             api_addr: "127.0.0.1:1".into(),
             raft_addr: "127.0.0.1:2".into(),
+            from_node: false,
         })
         .await
         .expect_err("a member joining another node");
@@ -438,6 +440,7 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
             node_id: 3,
             api_addr: "127.0.0.1:1".into(),
             raft_addr: "127.0.0.1:2".into(),
+            from_node: false,
         })
         .await
         .expect_err("a client certificate joining");
@@ -634,6 +637,7 @@ async fn a_join_cancelled_by_its_client_still_rolls_back() {
         node_id: 2,
         api_addr: nowhere.clone(),
         raft_addr: nowhere,
+        from_node: false,
     });
     assert!(
         tokio::time::timeout(Duration::from_millis(1500), join)
