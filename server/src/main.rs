@@ -18,7 +18,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// resd: a cluster server for typed, versioned resources.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(name = "resd", version, about, long_about = None)]
 struct Cli {
     /// How log lines look on stderr: text for people, json for log pipelines (one object per
     /// line: time, level, target, message, fields). Levels come from RUST_LOG [default: text].

@@ -121,8 +121,12 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
             result,
         } => match result {
             Ok(()) if finalizers > 0 => state.flash(format!(
-                "{label} marked for deletion; it goes once its {finalizers} finalizers are \
-                 removed (w shows what holds it)"
+                "{label} marked for deletion; it goes once {} removed (w shows what holds it)",
+                if finalizers == 1 {
+                    "its finalizer is".to_owned()
+                } else {
+                    format!("its {finalizers} finalizers are")
+                }
             )),
             Ok(()) => state.flash(format!("deleted {label}")),
             Err(error) => state.flash_error(format!("cannot delete {label}: {error}")),

@@ -47,6 +47,20 @@ pub async fn list(
     Ok(resources)
 }
 
+/// What an empty listing says: where it looked, and how to look elsewhere.
+fn nothing_found(type_name: &str, tenancy: &proto::resource::v1::Tenancy, all: bool) -> String {
+    match (all, tenancy.partition.as_str(), tenancy.namespace.as_str()) {
+        (true, _, _) => format!("no {type_name} found in any tenancy"),
+        (false, "", "") => format!("no {type_name} found"),
+        (false, partition, "") => {
+            format!("no {type_name} found in partition {partition} (-A: every partition)")
+        }
+        (false, partition, namespace) => format!(
+            "no {type_name} found in namespace {namespace} of partition {partition} (-n NAMESPACE: another one, -A: every namespace)"
+        ),
+    }
+}
+
 pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
     let codec = session.codec().await?;
     let text = match &args.name {
@@ -63,7 +77,12 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
             )
             .await?;
             if resources.is_empty() && !session.output.is_structured() {
-                eprintln!("no {} found", args.resource_type);
+                let info = session.resolve_type(&args.resource_type).await?;
+                let tenancy = session.tenancy(info.scope(), args.all_namespaces);
+                eprintln!(
+                    "{}",
+                    nothing_found(&args.resource_type, &tenancy, args.all_namespaces)
+                );
                 return Ok(0);
             }
             output::render_resources(codec, &resources, session.output, false)?
@@ -75,4 +94,27 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         eprintln!("served by {}", session.client.server());
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::resource::v1::Tenancy;
+
+    #[test]
+    fn an_empty_listing_says_where_it_looked() {
+        let in_default = Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        };
+        let said = super::nothing_found("Artist", &in_default, false);
+        assert!(
+            said.contains("namespace default") && said.contains("-A"),
+            "{said}"
+        );
+        assert_eq!(
+            super::nothing_found("Partition", &Tenancy::default(), false),
+            "no Partition found"
+        );
+        assert!(super::nothing_found("Artist", &in_default, true).contains("any tenancy"));
+    }
 }

@@ -24,7 +24,15 @@ async fn resd_dev_runs_a_secure_three_node_cluster_with_a_context_and_stops_clea
     )
     .expect("an existing contexts file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
-        .args(["dev", "--api-port", "0", "--raft-port", "0"])
+        .args([
+            "dev",
+            "--api-port",
+            "0",
+            "--raft-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
         .env("RUST_LOG", "warn,openraft=error")
         .env("RESCTL_CONFIG", &contexts)
         .stdin(Stdio::null())
@@ -168,4 +176,15 @@ async fn a_config_file_with_an_unknown_key_is_rejected_with_its_name() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("node_name"), "{stderr}");
     assert!(stderr.contains("node.yaml"), "{stderr}");
+}
+
+/// `resd --version` names the program, not its crate.
+#[test]
+fn the_version_names_resd() {
+    let output = Command::new(env!("CARGO_BIN_EXE_resd"))
+        .arg("--version")
+        .output()
+        .expect("run resd --version");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("resd "), "{text}");
 }
