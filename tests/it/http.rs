@@ -333,6 +333,16 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
 
     // The HTTP API on a follower: create, read, a CAS conflict, an NDJSON watch and its resume.
     let artists = format!("{}/v1/resources/demo/v2/Artist", bases[1]);
+    // An empty list is a list, not `{}`.
+    let (status, empty) = call_json(
+        "GET",
+        &format!("{artists}?namespace=default&name_prefix=nobody"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{empty}");
+    assert_eq!(empty, serde_json::json!({"resources": []}));
     let (status, created) = call_json(
         "PUT",
         &format!("{artists}/nina?namespace=default"),

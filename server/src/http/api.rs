@@ -362,9 +362,16 @@ async fn list_or_watch(
     let decoded = list
         .decode()
         .map_err(|error| ApiError::from(error.into_status()))?;
-    let answer = json_response(&decoded, "resd.resource.v1.ListResponse");
+    let mut value =
+        to_json(&decoded, "resd.resource.v1.ListResponse").map_err(ApiError::internal)?;
+    // An empty list is `{"resources": []}`, not `{}` (the JSON mapping leaves empty fields out).
+    if let Some(object) = value.as_object_mut() {
+        object
+            .entry("resources")
+            .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+    }
     drop(list);
-    answer
+    Ok(axum::Json(value).into_response())
 }
 
 /// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line
