@@ -533,3 +533,66 @@ mod tests {
         Cli::command().debug_assert();
     }
 }
+
+/// The (type, name) pairs of `delete`'s arguments: `TYPE NAME…`, or `TYPE/NAME…` (what
+/// `get -o name` prints), not both.
+pub fn typed_names<'a>(
+    first: &'a str,
+    rest: &'a [String],
+) -> Result<Vec<(&'a str, &'a str)>, crate::UsageError> {
+    let slashed = |arg: &'a str| -> Result<(&'a str, &'a str), crate::UsageError> {
+        match arg.split_once('/') {
+            Some((type_name, name)) if !type_name.is_empty() && !name.is_empty() => {
+                Ok((type_name, name))
+            }
+            _ => Err(crate::UsageError(format!(
+                "{arg:?} is not TYPE/NAME: give TYPE NAME… or TYPE/NAME… (as `get -o name` prints)"
+            ))),
+        }
+    };
+    if first.contains('/') {
+        return std::iter::once(first)
+            .chain(rest.iter().map(String::as_str))
+            .map(slashed)
+            .collect();
+    }
+    if rest.is_empty() {
+        return Err(crate::UsageError(format!(
+            "delete needs the name of the {first} to delete"
+        )));
+    }
+    rest.iter()
+        .map(|name| {
+            if name.contains('/') {
+                Err(crate::UsageError(format!(
+                    "{name:?} is not a name: give TYPE NAME… or TYPE/NAME…, not both"
+                )))
+            } else {
+                Ok((first, name.as_str()))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod typed_names_tests {
+    #[test]
+    fn delete_takes_type_and_names_or_what_get_o_name_prints() {
+        let names = vec!["a".to_owned(), "b".to_owned()];
+        assert_eq!(
+            super::typed_names("Artist", &names).expect("TYPE NAME…"),
+            vec![("Artist", "a"), ("Artist", "b")]
+        );
+        let slashed = vec!["demo.v1.Album/y".to_owned()];
+        assert_eq!(
+            super::typed_names("demo.v1.Artist/x", &slashed).expect("TYPE/NAME…"),
+            vec![("demo.v1.Artist", "x"), ("demo.v1.Album", "y")]
+        );
+        assert!(super::typed_names("Artist", &slashed).is_err(), "not both");
+        assert!(
+            super::typed_names("Artist", &[]).is_err(),
+            "a name is needed"
+        );
+        assert!(super::typed_names("demo.v1.Artist/", &[]).is_err());
+    }
+}

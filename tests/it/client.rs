@@ -482,6 +482,23 @@ async fn resctl_diff_shows_what_apply_would_change_and_jsonpath_picks_fields() {
     .await
     .expect("get");
     assert_eq!(String::from_utf8_lossy(&one.stdout), "Nina Simone");
+    // What `-o name` prints can be piped back: get TYPE/NAME, delete TYPE/NAME.
+    let named = run(args(&["get", "Artist", "-n", "records", "-o", "name"]))
+        .await
+        .expect("get -o name");
+    let name = String::from_utf8_lossy(&named.stdout).trim().to_owned();
+    assert_eq!(name, "demo.v2.Artist/nina", "{named:?}");
+    let again = run(args(&[
+        "get",
+        &name,
+        "-n",
+        "records",
+        "-o",
+        "jsonpath={.name}",
+    ]))
+    .await
+    .expect("get TYPE/NAME");
+    assert_eq!(String::from_utf8_lossy(&again.stdout), "nina", "{again:?}");
     let bad = run(args(&["get", "Artist", "-o", "jsonpath={.items[0"]))
         .await
         .expect("get");

@@ -218,17 +218,11 @@ pub fn explain_blockers(report: &DeleteReport) -> String {
 
 pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
     let ids = if args.files.is_empty() {
-        let Some(type_name) = &args.resource_type else {
+        let Some(first) = &args.resource_type else {
             return Err(crate::UsageError("delete needs TYPE NAME… or -f FILE".into()).into());
         };
-        if args.names.is_empty() {
-            return Err(crate::UsageError(format!(
-                "delete needs the name of the {type_name} to delete"
-            ))
-            .into());
-        }
         let mut ids = Vec::new();
-        for name in &args.names {
+        for (type_name, name) in crate::cli::typed_names(first, &args.names)? {
             ids.push(session.id(type_name, name).await?);
         }
         ids

@@ -63,6 +63,17 @@ fn nothing_found(type_name: &str, tenancy: &proto::resource::v1::Tenancy, all: b
 
 pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
     let codec = session.codec().await?;
+    // `TYPE/NAME` (what `-o name` prints) reads that one resource.
+    let (type_name, name) = match (&args.name, args.resource_type.split_once('/')) {
+        (None, Some((type_name, name))) if !name.is_empty() => (type_name, Some(name.to_owned())),
+        _ => (args.resource_type.as_str(), args.name.clone()),
+    };
+    let args = &GetArgs {
+        resource_type: type_name.to_owned(),
+        name,
+        all_namespaces: args.all_namespaces,
+        prefix: args.prefix.clone(),
+    };
     let text = match &args.name {
         Some(name) => {
             let resource = read(session, &args.resource_type, name).await?;
