@@ -148,7 +148,7 @@ pub enum Command {
     Status(NamedArgs),
     /// Wait until a resource has a condition, or is gone (exit 0 when met, 1 on timeout)
     #[command(
-        after_help = "Examples:\n  resctl wait Album kind-of-blue -n jazz --for condition=Accepted\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted=False --timeout 30s\n  resctl wait Album kind-of-blue -n jazz --for delete --timeout 2m"
+        after_help = "Examples:\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted=False --timeout 30s\n  resctl wait Album kind-of-blue -n jazz --for delete --timeout 2m"
     )]
     Wait(WaitArgs),
     /// Show a resource's owner tree: ancestors up to the root and every descendant

@@ -121,8 +121,13 @@ pub async fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<u8> {
     loop {
         let update = match tokio::time::timeout_at(deadline, watcher.next()).await {
             Err(_) => {
+                let state = if current.is_some() {
+                    "has not reached the condition"
+                } else {
+                    "does not exist"
+                };
                 eprintln!(
-                    "timed out after {}: {label} is not there yet; last seen: {last}",
+                    "timed out after {}: {label} {state}; last seen: {last}",
                     humanize(timeout)
                 );
                 return Ok(1);

@@ -203,7 +203,14 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
             Some(WatchUpdate::Disconnected { error, retry_in }) => notice(
                 session.output,
                 "disconnected",
-                format!("watch disconnected ({error}); retrying in {retry_in:?}"),
+                match retry_in.as_millis() {
+                    0 => format!("watch disconnected ({error}); retrying now"),
+                    ms @ 1..1000 => format!("watch disconnected ({error}); retrying in {ms} ms"),
+                    _ => format!(
+                        "watch disconnected ({error}); retrying in {:.1} s",
+                        retry_in.as_secs_f64()
+                    ),
+                },
             )?,
             Some(WatchUpdate::Resumed {
                 since_version,
