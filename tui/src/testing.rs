@@ -400,6 +400,8 @@ pub fn demo_state() -> State {
             .collect(),
         leader_id: 1,
         term: 3,
+        no_leader: false,
+        answered_by: 1,
     });
     state.cluster.nodes = (1..=3)
         .map(|node_id| {

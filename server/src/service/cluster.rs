@@ -28,6 +28,9 @@ pub const BOOTSTRAP_TOKEN: &str = "initial-management";
 /// index the refusal quoted (Consul's `acl-bootstrap-reset`).
 pub const ACL_BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
 
+/// How long `Members` waits for the leader before answering with this node's own view.
+const LEADER_ANSWER: Duration = Duration::from_secs(1);
+
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -163,6 +166,28 @@ impl ClusterGrpc {
     }
 
     /// The leader's API address when another node leads; `None` when this node leads.
+    /// This node's view of the members, for when no leader can be asked.
+    fn own_view(raft: &RaftBackend) -> MembersResponse {
+        let status = raft.status();
+        MembersResponse {
+            members: raft
+                .members()
+                .into_iter()
+                .map(|member| pb::Member {
+                    node_id: member.node_id,
+                    api_addr: member.node.api_addr,
+                    raft_addr: member.node.raft_addr,
+                    voter: member.voter,
+                    ..Default::default()
+                })
+                .collect(),
+            leader_id: 0,
+            term: status.term,
+            no_leader: true,
+            answered_by: status.node_id,
+        }
+    }
+
     fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<Peer>, Status> {
         let status = raft.status();
         match status.leader {
@@ -398,7 +423,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             }));
         };
         let status = raft.status();
-        let not_ready = raft.readiness().borrow().reason();
+        // The same test as /readyz: ready means serving (caught up, a voter, a leader known).
+        let not_ready = raft.serving().err();
         if raft.removed().is_some() {
             return Ok(Response::new(StatusResponse {
                 node_id: status.node_id,
@@ -450,16 +476,30 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<MembersResponse>, Status> {
         let caller = self.authorize(&request, Need::Operator(Access::Read), true)?;
         let raft = self.raft()?;
-        if let Some(leader) = self.leader_elsewhere(raft)? {
-            return self
-                .member_client(&leader)
-                .await?
-                .members(Self::on_behalf(
-                    &caller,
-                    request.into_inner(),
-                    MEMBERSHIP_TIMEOUT,
-                ))
-                .await;
+        // Without a leader to ask (none known, or it does not answer within a second), this
+        // node's own view, marked as such: an operator whose cluster lost its quorum sees at
+        // once who the members are.
+        let leader = match self.leader_elsewhere(raft) {
+            Ok(leader) => leader,
+            Err(_) => return Ok(Response::new(Self::own_view(raft))),
+        };
+        if let Some(leader) = leader {
+            let asked = tokio::time::timeout(LEADER_ANSWER, async {
+                self.member_client(&leader)
+                    .await?
+                    .members(Self::on_behalf(
+                        &caller,
+                        request.into_inner(),
+                        MEMBERSHIP_TIMEOUT,
+                    ))
+                    .await
+            })
+            .await;
+            return match asked {
+                Ok(Err(status)) if status.code() != tonic::Code::Unavailable => Err(status),
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(_)) | Err(_) => Ok(Response::new(Self::own_view(raft))),
+            };
         }
         let status = raft.status();
         let members = raft
@@ -480,6 +520,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             members,
             leader_id: status.node_id,
             term: status.term,
+            no_leader: false,
+            answered_by: status.node_id,
         }))
     }
 

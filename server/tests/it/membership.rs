@@ -581,3 +581,64 @@ async fn the_leader_removes_itself_and_the_others_go_on() {
         .expect("a write after the old leader left");
     cluster.nodes[leader].kill9();
 }
+
+/// Quorum loss, as the operator meets it: with two of three nodes killed, the survivor's
+/// `Status` and `Members` answer at once, both saying there is no leader, and `Status.ready`
+/// agrees with `/readyz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_quorum_says_so_at_once() {
+    use proto::cluster::v1::StatusRequest;
+    let mut cluster = Cluster::start_with_http(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let survivor = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    cluster.nodes[leader].kill9();
+    cluster.nodes[other].kill9();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let started = Instant::now();
+        let status = tokio::time::timeout(
+            Duration::from_secs(1),
+            cluster.nodes[survivor]
+                .cluster()
+                .await
+                .status(StatusRequest {}),
+        )
+        .await
+        .expect("Status answers within 1 s")
+        .expect("status")
+        .into_inner();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        if status.leader_id == 0 {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the survivor still knows a leader: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!status.ready, "{status:?}");
+    assert!(status.not_ready_reason.contains("no leader"), "{status:?}");
+    let (code, body) = cluster.nodes[survivor]
+        .http_get("/readyz")
+        .expect("/readyz answers");
+    assert_eq!(code, 503, "{body}");
+    let started = Instant::now();
+    let view = tokio::time::timeout(
+        Duration::from_secs(1),
+        cluster.nodes[survivor]
+            .cluster()
+            .await
+            .members(MembersRequest {}),
+    )
+    .await
+    .expect("Members answers within 1 s")
+    .expect("members")
+    .into_inner();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(view.no_leader, "{view:?}");
+    assert_eq!(view.leader_id, 0);
+    assert_eq!(view.members.len(), 3, "{view:?}");
+    assert_eq!(view.answered_by, survivor as u64 + 1);
+}
