@@ -642,3 +642,50 @@ async fn a_node_that_lost_its_quorum_says_so_at_once() {
     assert_eq!(view.members.len(), 3, "{view:?}");
     assert_eq!(view.answered_by, survivor as u64 + 1);
 }
+
+/// Pre-vote: a node cut off from the others (here: they are paused) stands for election only
+/// once a quorum would vote for it, so its term does not move while it is alone, and when the
+/// others come back the leader they had stays leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_node_keeps_its_term_and_deposes_no_one() {
+    use proto::cluster::v1::StatusRequest;
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let alone = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let term_of = |index: usize| {
+        let node = &cluster.nodes[index];
+        async move {
+            node.cluster()
+                .await
+                .status(StatusRequest {})
+                .await
+                .expect("status")
+                .into_inner()
+                .term
+        }
+    };
+    let before = term_of(alone).await;
+    cluster.nodes[leader].signal("STOP");
+    cluster.nodes[other].signal("STOP");
+    // Several election timeouts (0.75–1.5 s each) alone.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let while_alone = term_of(alone).await;
+    cluster.nodes[leader].signal("CONT");
+    cluster.nodes[other].signal("CONT");
+    assert_eq!(
+        while_alone, before,
+        "the isolated node raised its term from {before} to {while_alone}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        cluster.wait_for_leader().await,
+        leader,
+        "the leader stays leader when the isolated node returns"
+    );
+    assert_eq!(
+        term_of(alone).await,
+        before,
+        "and the term is the one they had"
+    );
+}

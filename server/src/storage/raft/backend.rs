@@ -34,6 +34,7 @@ use crate::storage::{
 use crate::tls::Dialer;
 
 mod forward;
+mod prevote;
 mod proposer;
 mod read_index;
 mod readiness;
@@ -162,6 +163,10 @@ pub struct RaftBackend {
     leader_lease: Duration,
     /// Clients of peers' raft services, by node and raft address.
     peers: Mutex<HashMap<(NodeId, String), RaftServiceClient<Channel>>>,
+    /// When an append from the leader was last taken (pre-vote: see `prevote`).
+    last_heard_leader: Mutex<Option<Instant>>,
+    /// When this backend started.
+    started: Instant,
     /// Members of the cluster this node is joining, told by the member it joins through: they
     /// may speak to this node's raft service before its own log names them (DESIGN §12.2).
     joining_through: Mutex<std::collections::BTreeSet<NodeId>>,
@@ -310,7 +315,9 @@ impl RaftBackend {
             election_timeout_max: options.election_timeout.1.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
             max_in_snapshot_log_to_keep: options.snapshot_every.min(1000),
-            enable_elect: !repairing,
+            // Elections open only after a pre-vote a quorum granted (`prevote`); a node being
+            // repaired stays out until its repair ends.
+            enable_elect: false,
             ..Default::default()
         }
         .validate()
@@ -377,6 +384,8 @@ impl RaftBackend {
             proposal_permits,
             leader_lease: options.election_timeout.1,
             peers: Mutex::new(HashMap::new()),
+            last_heard_leader: Mutex::new(None),
+            started: Instant::now(),
             joining_through: Mutex::new(std::collections::BTreeSet::new()),
             membership: Arc::new(tokio::sync::Mutex::new(())),
             leadership,
@@ -391,6 +400,10 @@ impl RaftBackend {
             me: me.clone(),
         });
         tokio::spawn(watch_disk(Arc::downgrade(&backend)));
+        tokio::spawn(prevote::gate_elections(
+            Arc::downgrade(&backend),
+            options.election_timeout.0 / 3,
+        ));
         tokio::spawn(readiness::watch_damage(
             Arc::downgrade(&backend),
             backend.sm.damage(),

@@ -148,7 +148,7 @@ impl RaftBackend {
                 self.id
             ));
         }
-        if metrics.current_leader.is_none() {
+        if self.known_leader(&metrics).is_none() {
             return Err("no leader is known (an election is under way, or no quorum)".into());
         }
         Ok(())
@@ -179,8 +179,8 @@ impl RaftBackend {
             openraft::ServerState::Learner => Role::Learner,
             openraft::ServerState::Shutdown => Role::Shutdown,
         };
-        let leader = metrics
-            .current_leader
+        let leader = self
+            .known_leader(&metrics)
             .map(|id| (id, membership.get_node(&id).cloned().unwrap_or_default()));
         let applied_index = super::applied_index(&metrics);
         NodeStatus {

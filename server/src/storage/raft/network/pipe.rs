@@ -289,6 +289,13 @@ mod tests {
             Err(Status::unimplemented("vote"))
         }
 
+        async fn pre_vote(
+            &self,
+            _: Request<pb::PreVoteRequest>,
+        ) -> Result<Response<pb::PreVoteResponse>, Status> {
+            Err(Status::unimplemented("pre_vote"))
+        }
+
         async fn install_snapshot(
             &self,
             _: Request<Streaming<pb::SnapshotChunk>>,

@@ -186,6 +186,15 @@ impl RaftGrpc {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(bad_payload)?;
         self.check_claim(info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
         let answer = self.raft.append_entries(rpc).await;
+        // Taken (or to be repaired from): the sender leads this node's term or a later one.
+        if matches!(
+            answer,
+            Ok(openraft::raft::AppendEntriesResponse::Success
+                | openraft::raft::AppendEntriesResponse::PartialSuccess(_)
+                | openraft::raft::AppendEntriesResponse::Conflict)
+        ) {
+            self.backend.heard_from_leader();
+        }
         if let Some(histogram) = &self.append_duration {
             histogram.observe(started.elapsed().as_secs_f64());
         }
@@ -281,6 +290,28 @@ impl RaftService for RaftGrpc {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(answered),
         )))
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<pb::PreVoteRequest>,
+    ) -> Result<Response<pb::PreVoteResponse>, Status> {
+        let info = ConnInfo::of(&request);
+        let caller = self.caller(&info)?;
+        let ask = request.into_inner();
+        self.check_claim(&info, caller, Some(ask.candidate), "a pre-vote request")?;
+        Ok(Response::new(
+            match self.backend.pre_vote(ask.candidate, ask.last_log_index) {
+                Ok(()) => pb::PreVoteResponse {
+                    granted: true,
+                    reason: String::new(),
+                },
+                Err(reason) => pb::PreVoteResponse {
+                    granted: false,
+                    reason,
+                },
+            },
+        ))
     }
 
     async fn vote(
