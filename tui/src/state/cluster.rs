@@ -13,6 +13,9 @@ pub struct ClusterInfo {
     /// The node the dashboard talks to.
     pub status: Option<StatusResponse>,
     pub members: Option<MembersResponse>,
+    /// Why the members could not be asked since `members` was fetched, and since when: the
+    /// list shown is that old.
+    pub members_error: Option<(String, std::time::SystemTime)>,
     /// Each member's own status (commit and applied index), or why it could not be asked.
     pub nodes: BTreeMap<u64, Result<StatusResponse, String>>,
     pub placement: Option<PlacementMap>,

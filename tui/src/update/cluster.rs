@@ -108,8 +108,21 @@ pub(super) fn on_cluster(state: &mut State, report: ClusterReport) {
             state.link = Link::Disconnected { error };
         }
     }
-    if let Some(Ok(members)) = report.members {
-        state.cluster.members = Some(members);
+    match report.members {
+        Some(Ok(members)) => {
+            state.cluster.members = Some(members);
+            state.cluster.members_error = None;
+        }
+        Some(Err(error)) => {
+            // The list stays, marked with its age: a member seen an hour ago is not "healthy".
+            let since = state
+                .cluster
+                .members_error
+                .as_ref()
+                .map_or(state.now, |(_, since)| *since);
+            state.cluster.members_error = Some((error, since));
+        }
+        None => {}
     }
     if !report.nodes.is_empty() {
         state.cluster.nodes = report.nodes;

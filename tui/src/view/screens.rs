@@ -235,7 +235,27 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
             .block(Block::bordered().title(Span::styled(" This node ", title_style()))),
         top,
     );
-    let block = Block::bordered().title(Span::styled(" Members ", title_style()));
+    let title = match (&state.cluster.members_error, &state.cluster.members) {
+        (Some((error, since)), _) => format!(
+            " Members — as of {} ago: they cannot be asked now ({error}) ",
+            describe::age_label(state.now.duration_since(*since).unwrap_or_default())
+        ),
+        (None, Some(members)) if members.no_leader => format!(
+            " Members — no leader answers: node {}'s own view ",
+            members.answered_by
+        ),
+        _ => " Members ".to_owned(),
+    };
+    let stale = state.cluster.members_error.is_some()
+        || state.cluster.members.as_ref().is_some_and(|m| m.no_leader);
+    let title_style = if stale {
+        Style::default()
+            .fg(Color::Yellow)
+            .add_modifier(Modifier::BOLD)
+    } else {
+        title_style()
+    };
+    let block = Block::bordered().title(Span::styled(title, title_style));
     let Some(members) = &state.cluster.members else {
         frame.render_widget(
             Paragraph::new("Asking for the members…").block(block),
@@ -315,6 +335,11 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 }
                 _ if lag.is_some_and(|lag| lag > 100) => Span::styled(
                     format!("catching up ({} behind)", lag.unwrap_or_default()),
+                    Style::default().fg(Color::Yellow),
+                ),
+                // What is known is old: no health is claimed.
+                _ if stale => Span::styled(
+                    "unknown (no leader answers)",
                     Style::default().fg(Color::Yellow),
                 ),
                 _ => Span::styled("healthy", Style::default().fg(Color::Green)),
