@@ -238,7 +238,7 @@ fn cluster_screen_with_an_unreachable_member() {
 #[test]
 fn members_that_cannot_be_asked_are_shown_with_their_age_and_no_health() {
     let mut state = demo_state();
-    let since = state.now - std::time::Duration::from_secs(40);
+    let since = state.now - Duration::from_secs(40);
     state.cluster.members_error = Some(("no raft leader is elected right now".into(), since));
     key(&mut state, KeyCode::Char('3'));
     let shown = screen(&mut state);
