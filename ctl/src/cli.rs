@@ -101,6 +101,16 @@ pub struct GlobalArgs {
     /// Named server and token from the contexts file (see `resctl context`)
     #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]
     pub context: Option<String>,
+    /// How long each call to the cluster may take, retries included (`10s`, `2m`); past it the
+    /// command fails saying what it waited for [default: the context's, else 30s]
+    #[arg(
+        long,
+        global = true,
+        env = "RESD_REQUEST_TIMEOUT",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    pub request_timeout: Option<Duration>,
     /// Output format: table, wide, yaml, json, name, or jsonpath=TEMPLATE (kubectl's subset:
     /// `{.data.name}`, `{.items[*].name}`, `{.items[0]}`, `{range .items[*]}…{end}`, `{"\n"}`;
     /// a list is `{.items}`)
@@ -459,6 +469,13 @@ pub struct SetContextArgs {
     /// Private key of that client certificate
     #[arg(id = "to_client_key", long = "to-client-key", value_name = "FILE")]
     pub client_key: Option<String>,
+    /// How long each call may take with this context (`10s`, `2m`)
+    #[arg(
+        id = "to_request_timeout",
+        long = "to-request-timeout",
+        value_name = "DURATION"
+    )]
+    pub request_timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -67,10 +67,20 @@ impl Session {
             ),
             None => None,
         };
-        let config = ClientConfig::new(server)
+        let request_timeout = match (global.request_timeout, &entry.request_timeout) {
+            (Some(timeout), _) => Some(timeout),
+            (None, Some(text)) => Some(crate::cli::parse_duration(text).map_err(|why| {
+                crate::UsageError(format!("the context's request_timeout {text:?}: {why}"))
+            })?),
+            (None, None) => None,
+        };
+        let mut config = ClientConfig::new(server)
             .with_tls(tls)
             .with_token(global.token.clone().or(from_file).or(entry.token))
             .with_consistent(global.consistent);
+        if let Some(timeout) = request_timeout {
+            config = config.with_request_timeout(timeout);
+        }
         Ok(Session {
             client: Client::new(config)?,
             output: global.output.format,

@@ -133,6 +133,16 @@ impl ClientConfig {
         }
     }
 
+    /// Bounds each call, its retries included (`--request-timeout`): the deadline sent with a
+    /// call, and how long it keeps retrying without a leader or a reachable server.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self.election_retry = self.election_retry.min(timeout);
+        self.unreachable_retry = self.unreachable_retry.min(timeout);
+        self.connect_timeout = self.connect_timeout.min(timeout);
+        self
+    }
+
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token.filter(|token| !token.is_empty());
         self

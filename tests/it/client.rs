@@ -551,3 +551,21 @@ async fn sixty_four_blind_writers_on_ten_keys_all_succeed() {
         &failures[..failures.len().min(5)]
     );
 }
+
+/// `--request-timeout` bounds a command against a server that does not answer, and a bad one
+/// is a usage error.
+#[test]
+fn resctl_gives_up_at_its_request_timeout() {
+    // A port nothing listens on: the calls retry until the timeout.
+    let server = format!("127.0.0.1:{}", tests::free_port());
+    let started = std::time::Instant::now();
+    let output = resctl(&server, &["--request-timeout", "1s", "cluster", "status"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    let bad = resctl(&server, &["--request-timeout", "soon", "cluster", "status"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}

@@ -66,6 +66,10 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
             output::print(&format!("now using context {name}\n"))?;
         }
         ContextCommand::Set(args) => {
+            if let Some(timeout) = args.request_timeout.as_deref().filter(|t| !t.is_empty()) {
+                crate::cli::parse_duration(timeout)
+                    .map_err(|why| crate::UsageError(format!("--to-request-timeout: {why}")))?;
+            }
             let entry = file
                 .contexts
                 .entry(args.name.clone())
@@ -78,6 +82,7 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
                 (&mut entry.ca_cert, args.ca_cert.map(absolute)),
                 (&mut entry.client_cert, args.client_cert.map(absolute)),
                 (&mut entry.client_key, args.client_key.map(absolute)),
+                (&mut entry.request_timeout, args.request_timeout),
             ] {
                 if let Some(value) = value {
                     *field = Some(value).filter(|v| !v.is_empty());

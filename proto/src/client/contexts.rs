@@ -34,6 +34,9 @@ pub struct ContextEntry {
     pub client_cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_key: Option<String>,
+    /// How long each call may take (`10s`, `2m`), retries included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
