@@ -562,7 +562,7 @@ fn resctl_gives_up_at_its_request_timeout() {
     let output = resctl(&server, &["--request-timeout", "1s", "cluster", "status"]);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(5),
         "took {:?}",
         started.elapsed()
     );
