@@ -343,6 +343,8 @@ pub struct Client {
     /// Index of the server calls go to now.
     current: Arc<AtomicUsize>,
     config: ClientConfig,
+    /// Why the last read or list may be stale, as the server said ([`crate::STALE_HEADER`]).
+    stale: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// The clients of one server.
@@ -381,6 +383,7 @@ impl Client {
             servers: Arc::new(connections),
             current: Arc::new(AtomicUsize::new(0)),
             config,
+            stale: Arc::default(),
         })
     }
 
@@ -601,10 +604,27 @@ impl Client {
             })
             .await;
         match result {
-            Ok(response) => Ok(response.into_inner().resource),
+            Ok(response) => {
+                self.note_staleness(response.metadata());
+                Ok(response.into_inner().resource)
+            }
             Err(ClientError::NotFound(_)) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// Remembers whether the server said its answer may be stale.
+    fn note_staleness(&self, metadata: &tonic::metadata::MetadataMap) {
+        let stale = metadata
+            .get(crate::STALE_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        *self.stale.lock().unwrap_or_else(|p| p.into_inner()) = stale;
+    }
+
+    /// Why the last read or list may be stale (the answering node knew no leader), if it may.
+    pub fn last_stale(&self) -> Option<String> {
+        self.stale.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Writes a resource (create, blind update, or compare-and-swap when it carries a version)
@@ -684,7 +704,10 @@ impl Client {
             async move { resources.list(request).await }
         })
         .await
-        .map(|response| response.into_inner().resources)
+        .map(|response| {
+            self.note_staleness(response.metadata());
+            response.into_inner().resources
+        })
     }
 
     /// The resources whose owner is `owner` (which must carry its uid).

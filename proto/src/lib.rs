@@ -31,6 +31,9 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const TOKEN_HEADER: &str = "x-resd-token";
 /// Metadata key selecting read consistency; `consistent` asks for a linearizable read.
 pub const CONSISTENCY_HEADER: &str = "x-resd-consistency-mode";
+/// Response metadata of a default (eventual) read or list answered by a node that knows no
+/// leader: why what it answered may be stale.
+pub const STALE_HEADER: &str = "x-resd-stale";
 
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";

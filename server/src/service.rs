@@ -144,6 +144,11 @@ impl ResourceService {
         &self.registry
     }
 
+    /// Why a default read answered now may be stale ([`crate::storage::Backend::stale_reads`]).
+    pub fn stale_reads(&self) -> Option<String> {
+        self.backend.stale_reads()
+    }
+
     pub fn max_resource_bytes(&self) -> usize {
         self.max_resource_bytes
     }

@@ -496,6 +496,12 @@ pub trait Backend: Send + Sync + 'static {
     /// state is replaced. `None`: this backend keeps no stamps (nothing may be cached). No
     /// default: a wrapper that forgot to forward it would turn caching off.
     fn group_stamp(&self, group: &str) -> Option<u64>;
+
+    /// Why a default (eventual) read answered now may be stale: this node knows no leader.
+    /// `None` when it follows one (or has no leader to follow).
+    fn stale_reads(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Checks a finished resource that reaches storage without passing through the node's own
@@ -763,6 +769,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
         (**self).group_stamp(group)
+    }
+    fn stale_reads(&self) -> Option<String> {
+        (**self).stale_reads()
     }
 }
 

@@ -100,6 +100,9 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         }
     };
     output::print(&text)?;
+    if let Some(why) = session.client.last_stale() {
+        eprintln!("warning: {why}; --consistent reads through the leader");
+    }
     if session.output == output::OutputFormat::Wide {
         // Which member answered (with several --server addresses it may not be the first).
         eprintln!("served by {}", session.client.server());

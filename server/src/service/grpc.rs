@@ -73,7 +73,22 @@ impl ResourceGrpc {
             ),
         )
         .await?;
-        Ok(Response::new(list))
+        let mut response = Response::new(list);
+        self.mark_stale(consistency, response.metadata_mut());
+        Ok(response)
+    }
+
+    /// Says in the answer's metadata when a default read comes from a node that knows no
+    /// leader (DESIGN §8: quorum loss is named, not served silently).
+    fn mark_stale(&self, consistency: Consistency, metadata: &mut tonic::metadata::MetadataMap) {
+        if consistency != Consistency::Eventual {
+            return;
+        }
+        if let Some(why) = self.service.stale_reads()
+            && let Ok(value) = tonic::metadata::MetadataValue::try_from(why)
+        {
+            metadata.insert(proto::STALE_HEADER, value);
+        }
     }
 
     /// Read answered with the stored encoding (see `service::encoded`).
@@ -95,6 +110,7 @@ impl ResourceGrpc {
         )
         .await?;
         let mut response = Response::new(super::encoded::EncodedRead(resource));
+        self.mark_stale(consistency, response.metadata_mut());
         // The answer counts against its caller until sent (the port's guard keeps the charge
         // with the answer's body).
         if let Some(caller) = caller {

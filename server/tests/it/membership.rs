@@ -592,6 +592,19 @@ async fn a_node_that_lost_its_quorum_says_so_at_once() {
     let leader = cluster.wait_for_leader().await;
     let survivor = (leader + 1) % 3;
     let other = (leader + 2) % 3;
+    let written = cluster.nodes[leader]
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(artist("before-the-loss")),
+        })
+        .await
+        .expect("a write")
+        .into_inner()
+        .resource
+        .expect("stored");
+    // Let the followers apply it before the leader goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.nodes[leader].kill9();
     cluster.nodes[other].kill9();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -641,6 +654,22 @@ async fn a_node_that_lost_its_quorum_says_so_at_once() {
     assert_eq!(view.leader_id, 0);
     assert_eq!(view.members.len(), 3, "{view:?}");
     assert_eq!(view.answered_by, survivor as u64 + 1);
+    // A default read is still answered, saying it may be stale.
+    let read = cluster.nodes[survivor]
+        .resources()
+        .await
+        .read(proto::resource::v1::ReadRequest {
+            id: written.id.clone(),
+        })
+        .await
+        .expect("a default read is answered");
+    let stale = read
+        .metadata()
+        .get(proto::STALE_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(stale.contains("knows no leader"), "{stale:?}");
 }
 
 /// Pre-vote: a node cut off from the others (here: they are paused) stands for election only

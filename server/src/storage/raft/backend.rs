@@ -853,4 +853,15 @@ impl Backend for RaftBackend {
     fn group_stamp(&self, group: &str) -> Option<u64> {
         Some(self.sm.group_stamp(group))
     }
+
+    fn stale_reads(&self) -> Option<String> {
+        let metrics = self.metrics();
+        if self.known_leader(&metrics).is_some() {
+            return None;
+        }
+        Some(format!(
+            "node {} knows no leader (no quorum, or an election): what it answers may be stale",
+            self.id
+        ))
+    }
 }
