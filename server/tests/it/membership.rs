@@ -632,7 +632,12 @@ async fn a_node_that_lost_its_quorum_says_so_at_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(!status.ready, "{status:?}");
-    assert!(status.not_ready_reason.contains("no leader"), "{status:?}");
+    assert!(
+        status
+            .not_ready_reason
+            .contains("no leader: this node has heard from 1 of 3 voters"),
+        "{status:?}"
+    );
     let (code, body) = cluster.nodes[survivor]
         .http_get("/readyz")
         .expect("/readyz answers");

@@ -167,6 +167,9 @@ pub struct RaftBackend {
     last_heard_leader: Mutex<Option<Instant>>,
     /// When this backend started.
     started: Instant,
+    /// The voters (this node included) that answered its last pre-vote round, of how many,
+    /// and when.
+    voters_heard: Mutex<Option<(usize, usize, Instant)>>,
     /// Members of the cluster this node is joining, told by the member it joins through: they
     /// may speak to this node's raft service before its own log names them (DESIGN §12.2).
     joining_through: Mutex<std::collections::BTreeSet<NodeId>>,
@@ -386,6 +389,7 @@ impl RaftBackend {
             peers: Mutex::new(HashMap::new()),
             last_heard_leader: Mutex::new(None),
             started: Instant::now(),
+            voters_heard: Mutex::new(None),
             joining_through: Mutex::new(std::collections::BTreeSet::new()),
             membership: Arc::new(tokio::sync::Mutex::new(())),
             leadership,

@@ -100,8 +100,12 @@ impl RaftBackend {
                 Attempt::Done(reply) => return reply,
                 Attempt::Retry(reason) => {
                     if Instant::now() >= deadline {
+                        let heard = self
+                            .voters_heard()
+                            .map(|heard| format!("; {heard}"))
+                            .unwrap_or_default();
                         return Err(StorageError::Inconsistent(format!(
-                            "could not reach a raft leader before the request's deadline: {reason}"
+                            "could not reach a raft leader before the request's deadline: {reason}{heard}"
                         )));
                     }
                     last_reason = reason;

@@ -48,6 +48,15 @@ impl RaftBackend {
         (never_heard && self.started.elapsed() < 2 * self.leader_lease).then_some(leader)
     }
 
+    /// How many voters (this node included) answered this node's last pre-vote round, if it
+    /// ran one in the last few seconds: "no leader: this node has heard from 1 of 3 voters".
+    pub fn voters_heard(&self) -> Option<String> {
+        let heard = *self.voters_heard.lock().unwrap_or_else(|p| p.into_inner());
+        let (answered, voters, at) = heard?;
+        (at.elapsed() < Duration::from_secs(5))
+            .then(|| format!("no leader: this node has heard from {answered} of {voters} voters"))
+    }
+
     /// Whether this node heard from a leader within `within`.
     fn heard_within(&self, within: Duration) -> bool {
         self.last_heard_leader
@@ -146,7 +155,7 @@ async fn pre_vote_round(node: &RaftBackend, voters: &[NodeId]) -> bool {
             };
             async move {
                 let Ok(mut client) = client else {
-                    return false;
+                    return None;
                 };
                 let mut call = tonic::Request::new(request);
                 call.set_timeout(PRE_VOTE_TIMEOUT);
@@ -156,17 +165,20 @@ async fn pre_vote_round(node: &RaftBackend, voters: &[NodeId]) -> bool {
                         if !answer.granted {
                             tracing::debug!(voter = id, reason = answer.reason, "pre-vote refused");
                         }
-                        answer.granted
+                        Some(answer.granted)
                     }
-                    _ => false,
+                    _ => None,
                 }
             }
         });
-    let granted = futures::future::join_all(asks)
-        .await
-        .into_iter()
-        .filter(|granted| *granted)
+    let answers = futures::future::join_all(asks).await;
+    let answered = answers.iter().filter(|answer| answer.is_some()).count();
+    let granted = answers
+        .iter()
+        .filter(|answer| **answer == Some(true))
         .count();
+    *node.voters_heard.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((answered + 1, voters.len(), Instant::now()));
     granted + 1 >= quorum
 }
 

@@ -149,7 +149,9 @@ impl RaftBackend {
             ));
         }
         if self.known_leader(&metrics).is_none() {
-            return Err("no leader is known (an election is under way, or no quorum)".into());
+            return Err(self.voters_heard().unwrap_or_else(|| {
+                "no leader is known (an election is under way, or no quorum)".into()
+            }));
         }
         Ok(())
     }
