@@ -428,8 +428,11 @@ pub struct BenchArgs {
     /// Namespace-scoped type to write (its data needs a `name` and a `description` string)
     #[arg(long = "type", default_value = "demo.v1.Artist", value_name = "TYPE")]
     pub resource_type: String,
-    /// Delete the resources the benchmark wrote when it ends
+    /// Keep the resources the benchmark wrote (by default they are deleted when it ends)
     #[arg(long)]
+    pub keep: bool,
+    /// Delete what the benchmark wrote: the default now, accepted for older scripts
+    #[arg(long, hide = true, conflicts_with = "keep")]
     pub cleanup: bool,
 }
 

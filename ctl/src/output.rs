@@ -210,6 +210,11 @@ pub fn finalizers_label(resource: &Resource) -> String {
 }
 
 fn condition_cell(resource: &Resource) -> String {
+    // A deletion in progress says so first (kubectl's "Terminating"): the resource stays
+    // until its finalizers are removed.
+    if proto::meta::is_marked_for_deletion(resource) {
+        return "Terminating".to_owned();
+    }
     let mut cell = describe::worst_condition(resource)
         .map(describe::condition_label)
         .unwrap_or_else(|| "-".to_owned());
@@ -303,5 +308,15 @@ mod tests {
             table.render(),
             "NAME          VERSION\nmiles-davis   12\na             3\n"
         );
+    }
+
+    #[test]
+    fn a_resource_being_deleted_says_terminating() {
+        let mut resource = Resource::default();
+        assert_eq!(condition_cell(&resource), "-");
+        resource
+            .metadata
+            .insert("deletionTimestamp".into(), "2026-11-26T00:00:00Z".into());
+        assert_eq!(condition_cell(&resource), "Terminating");
     }
 }

@@ -303,7 +303,7 @@ pub async fn bench(
             Some(Percentiles::of(&mut delays))
         }
     };
-    if args.cleanup {
+    if !args.keep {
         bar.set_message("cleaning up");
         futures::stream::iter(0..args.keys.min(args.count))
             .map(|key| {

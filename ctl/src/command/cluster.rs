@@ -93,7 +93,8 @@ pub async fn members(session: &Session) -> anyhow::Result<Vec<MemberView>> {
             role: if member.leader {
                 "leader"
             } else if member.voter {
-                "voter"
+                // The raft role, as the dashboard and `cluster status` name it.
+                "follower"
             } else {
                 "learner"
             }

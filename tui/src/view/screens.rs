@@ -289,7 +289,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     if member.leader {
                         "leader"
                     } else if member.voter {
-                        "voter"
+                        "follower"
                     } else {
                         "learner"
                     }
