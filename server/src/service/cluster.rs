@@ -165,29 +165,44 @@ impl ClusterGrpc {
         })
     }
 
-    /// The leader's API address when another node leads; `None` when this node leads.
-    /// This node's view of the members, for when no leader can be asked.
-    fn own_view(raft: &RaftBackend) -> MembersResponse {
+    /// The members as this node knows them. The leader's view (`leading`) adds who leads,
+    /// matches, lags and reachability; another node's own view (no leader answers) has none of
+    /// them and says so (`no_leader`).
+    fn members_view(raft: &RaftBackend, leading: bool) -> MembersResponse {
         let status = raft.status();
-        MembersResponse {
-            members: raft
-                .members()
-                .into_iter()
-                .map(|member| pb::Member {
+        let members = raft
+            .members()
+            .into_iter()
+            .map(|member| {
+                let known = pb::Member {
                     node_id: member.node_id,
                     api_addr: member.node.api_addr,
                     raft_addr: member.node.raft_addr,
                     voter: member.voter,
                     ..Default::default()
-                })
-                .collect(),
-            leader_id: 0,
+                };
+                if !leading {
+                    return known;
+                }
+                pb::Member {
+                    leader: member.leader,
+                    match_index: member.match_index.unwrap_or(0),
+                    lag: member.lag,
+                    reachable: member.reachable,
+                    ..known
+                }
+            })
+            .collect();
+        MembersResponse {
+            members,
+            leader_id: if leading { status.node_id } else { 0 },
             term: status.term,
-            no_leader: true,
+            no_leader: !leading,
             answered_by: status.node_id,
         }
     }
 
+    /// The leader's API address when another node leads; `None` when this node leads.
     fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<Peer>, Status> {
         let status = raft.status();
         match status.leader {
@@ -481,7 +496,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         // once who the members are.
         let leader = match self.leader_elsewhere(raft) {
             Ok(leader) => leader,
-            Err(_) => return Ok(Response::new(Self::own_view(raft))),
+            Err(_) => return Ok(Response::new(Self::members_view(raft, false))),
         };
         if let Some(leader) = leader {
             let asked = tokio::time::timeout(LEADER_ANSWER, async {
@@ -498,31 +513,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             return match asked {
                 Ok(Err(status)) if status.code() != tonic::Code::Unavailable => Err(status),
                 Ok(Ok(answer)) => Ok(answer),
-                Ok(Err(_)) | Err(_) => Ok(Response::new(Self::own_view(raft))),
+                Ok(Err(_)) | Err(_) => Ok(Response::new(Self::members_view(raft, false))),
             };
         }
-        let status = raft.status();
-        let members = raft
-            .members()
-            .into_iter()
-            .map(|member| pb::Member {
-                node_id: member.node_id,
-                api_addr: member.node.api_addr,
-                raft_addr: member.node.raft_addr,
-                voter: member.voter,
-                leader: member.leader,
-                match_index: member.match_index.unwrap_or(0),
-                lag: member.lag,
-                reachable: member.reachable,
-            })
-            .collect();
-        Ok(Response::new(MembersResponse {
-            members,
-            leader_id: status.node_id,
-            term: status.term,
-            no_leader: false,
-            answered_by: status.node_id,
-        }))
+        Ok(Response::new(Self::members_view(raft, true)))
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {

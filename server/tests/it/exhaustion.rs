@@ -187,6 +187,45 @@ fn stranger_tls_with(ca: &TestCa, h2: bool) -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
+/// A stranger's HTTP/2 connection to `node`'s API over TLS without a client certificate, from
+/// [`STRANGER`]; with `zero_window`, it never lets the node send a byte of any answer. The task
+/// drives the connection (abort it to close).
+async fn stranger_h2<B>(
+    node: &Resd,
+    ca: &TestCa,
+    zero_window: bool,
+) -> (
+    hyper::client::conn::http2::SendRequest<B>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = connect_from(STRANGER, node.api_addr).await.expect("TCP");
+    let tls = stranger_tls(ca)
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(node.api_addr.ip().into()),
+            tcp,
+        )
+        .await
+        .expect("TLS without a client certificate");
+    let mut builder =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    if zero_window {
+        builder.initial_stream_window_size(0);
+    }
+    let (sender, connection) = builder
+        .handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .expect("HTTP/2");
+    let driving = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (sender, driving)
+}
+
 type StalledBody = http_body_util::StreamBody<
     std::pin::Pin<
         Box<
@@ -216,25 +255,11 @@ fn stalled_grpc_body(declared: u32) -> StalledBody {
 async fn strangers_without_a_token_cannot_make_a_node_buffer_their_bodies() {
     let (node, ca, management, _data) = secure_node(&[]).await;
     let rss = RssWatch::start(&node);
-    let connector = stranger_tls(&ca);
     let mut streams = Vec::new();
     let mut connections = Vec::new();
     for _ in 0..4 {
-        let tcp = connect_from(STRANGER, node.api_addr).await.expect("TCP");
-        let tls = connector
-            .connect(
-                rustls::pki_types::ServerName::IpAddress(node.api_addr.ip().into()),
-                tcp,
-            )
-            .await
-            .expect("TLS without a client certificate");
-        let (sender, connection) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(tls),
-        )
-        .await
-        .expect("HTTP/2");
-        connections.push(tokio::spawn(connection));
+        let (sender, connection) = stranger_h2::<StalledBody>(&node, &ca, false).await;
+        connections.push(connection);
         for _ in 0..200 {
             let mut sender = sender.clone();
             let request = http::Request::post(format!(
@@ -793,25 +818,12 @@ async fn answers_nobody_reads_are_bounded_by_their_callers_share() {
     let length = u32::try_from(message.len() - 5).expect("small");
     message[1..5].copy_from_slice(&length.to_be_bytes());
     let message = bytes::Bytes::from(message);
-    let connector = stranger_tls(&ca);
     let mut answers = Vec::new();
     let mut connections = Vec::new();
     for _ in 0..2 {
-        let tcp = connect_from(STRANGER, node.api_addr).await.expect("TCP");
-        let tls = connector
-            .connect(
-                rustls::pki_types::ServerName::IpAddress(node.api_addr.ip().into()),
-                tcp,
-            )
-            .await
-            .expect("TLS");
         let (sender, connection) =
-            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                .initial_stream_window_size(0)
-                .handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .expect("HTTP/2");
-        connections.push(tokio::spawn(connection));
+            stranger_h2::<http_body_util::Full<bytes::Bytes>>(&node, &ca, true).await;
+        connections.push(connection);
         for _ in 0..150 {
             let mut sender = sender.clone();
             let request = http::Request::post(format!(
