@@ -301,3 +301,18 @@ async fn an_answer_goes_out_in_slices_and_keeps_its_charge_until_dropped() {
     drop(body);
     assert_eq!(tenant.share.bytes().used(), 0);
 }
+
+#[test]
+fn an_ipv6_host_is_counted_by_its_64_and_a_mapped_ipv4_as_itself() {
+    let one: IpAddr = "2001:db8:1:2::1".parse().expect("v6");
+    let other: IpAddr = "2001:db8:1:2:ffff::9".parse().expect("v6");
+    let elsewhere: IpAddr = "2001:db8:1:3::1".parse().expect("v6");
+    assert_eq!(network_of(one), network_of(other));
+    assert_ne!(network_of(one), network_of(elsewhere));
+    let mapped: IpAddr = "::ffff:10.0.0.9".parse().expect("mapped");
+    assert_eq!(network_of(mapped), IpAddr::from([10, 0, 0, 9]));
+    assert_eq!(
+        network_of(IpAddr::from([10, 0, 0, 9])),
+        IpAddr::from([10, 0, 0, 9])
+    );
+}

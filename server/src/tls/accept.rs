@@ -513,7 +513,9 @@ pub fn incoming(
                     }
                 }
             };
-            let mut slot = match admission.admit(remote.ip(), acceptor.is_some()) {
+            // Counted per network: one IPv6 host may hold a whole /64.
+            let network = crate::limits::network_of(remote.ip());
+            let mut slot = match admission.admit(network, acceptor.is_some()) {
                 Ok(slot) => slot,
                 Err(why) => {
                     refusals.warn(what, Some(remote.ip()), why);
