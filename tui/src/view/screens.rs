@@ -30,6 +30,15 @@ fn ago(rfc3339: &str, now: std::time::SystemTime) -> String {
         .unwrap_or_else(|| rfc3339.to_owned())
 }
 
+/// The items of `all` at the indexes `keep` (columns a narrow terminal shows).
+fn keep_columns<T>(all: Vec<T>, keep: &[usize]) -> Vec<T> {
+    all.into_iter()
+        .enumerate()
+        .filter(|(index, _)| keep.contains(index))
+        .map(|(_, item)| item)
+        .collect()
+}
+
 fn bold_header<'a>(cells: Vec<&'a str>) -> Row<'a> {
     Row::new(cells).style(Style::default().add_modifier(Modifier::BOLD))
 }
@@ -271,6 +280,13 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
         .and_then(|status| status.as_ref().ok())
         .map(|status| status.commit_index);
     let height = usize::from(bottom.height.saturating_sub(3)).max(1);
+    // A narrow terminal keeps whole addresses and the health, and leaves the figures out
+    // (the node panel above has this node's).
+    let columns: Vec<usize> = if bottom.width < 120 {
+        vec![0, 1, 2, 8, 12]
+    } else {
+        (0..13).collect()
+    };
     let rows: Vec<Row> = members
         .members
         .iter()
@@ -351,7 +367,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
             } else {
                 Style::default()
             };
-            Row::new(vec![
+            let cells = vec![
                 Line::from(member.node_id.to_string()),
                 Line::from(member.api_addr.clone()),
                 Line::from(Span::styled(role, role_style)),
@@ -365,42 +381,57 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(activity.1),
                 Line::from(Span::styled(activity.2, Style::default().fg(Color::Cyan))),
                 Line::from(health),
-            ])
+            ];
+            Row::new(keep_columns(cells, &columns))
         })
         .collect();
+    let api_width = members
+        .members
+        .iter()
+        .map(|m| m.api_addr.len())
+        .max()
+        .unwrap_or(0)
+        .max(3) as u16
+        + 1;
     let table = Table::new(
         rows,
-        [
-            Constraint::Length(4),
-            Constraint::Length(16),
-            Constraint::Length(10),
-            Constraint::Length(5),
-            Constraint::Length(5),
-            Constraint::Length(8),
-            Constraint::Length(8),
-            Constraint::Length(8),
-            Constraint::Length(6),
-            Constraint::Length(8),
-            Constraint::Length(6),
-            Constraint::Length(12),
-            Constraint::Fill(1),
-        ],
+        keep_columns(
+            vec![
+                Constraint::Length(4),
+                Constraint::Length(api_width),
+                Constraint::Length(10),
+                Constraint::Length(5),
+                Constraint::Length(5),
+                Constraint::Length(8),
+                Constraint::Length(8),
+                Constraint::Length(8),
+                Constraint::Length(6),
+                Constraint::Length(8),
+                Constraint::Length(6),
+                Constraint::Length(12),
+                Constraint::Fill(1),
+            ],
+            &columns,
+        ),
     )
-    .header(bold_header(vec![
-        "NODE",
-        "API",
-        "ROLE",
-        "VOTER",
-        "TERM",
-        "COMMIT",
-        "APPLIED",
-        "MATCH",
-        "LAG",
-        "WRITES/S",
-        "P99 MS",
-        "LAST 12 S",
-        "HEALTH",
-    ]))
+    .header(bold_header(keep_columns(
+        vec![
+            "NODE",
+            "API",
+            "ROLE",
+            "VOTER",
+            "TERM",
+            "COMMIT",
+            "APPLIED",
+            "MATCH",
+            "LAG",
+            "WRITES/S",
+            "P99 MS",
+            "LAST 12 S",
+            "HEALTH",
+        ],
+        &columns,
+    )))
     .block(block);
     render_window(frame, bottom, table, state.nodes.cursor);
 }
@@ -433,7 +464,7 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     header.extend(map.node_ids.iter().map(|id| format!("NODE {id}")));
     let height = usize::from(top.height.saturating_sub(3)).max(1);
     let cursor = state.controllers.cursor;
-    let rows: Vec<Row> = map
+    let rows_cells: Vec<Vec<Line>> = map
         .controllers
         .iter()
         .skip(cursor.offset)
@@ -472,17 +503,41 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
                 };
                 cells.push(Line::from(cell));
             }
-            Row::new(cells)
+            cells
         })
         .collect();
+    // Whole controller names always; a narrow terminal leaves the type out (the panel below
+    // names it) and gives the nodes what is left.
+    let name_width = map
+        .controllers
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(0)
+        .max("CONTROLLER".len()) as u16
+        + 1;
+    let narrow = top.width < 110;
     let mut widths = vec![
-        Constraint::Fill(2),
+        Constraint::Length(name_width),
         Constraint::Fill(2),
         Constraint::Length(11),
     ];
-    widths.extend(map.node_ids.iter().map(|_| Constraint::Length(18)));
-    let table = Table::new(rows, widths)
-        .header(Row::new(header).style(Style::default().add_modifier(Modifier::BOLD)))
+    let node_width = if narrow {
+        Constraint::Fill(1)
+    } else {
+        Constraint::Length(18)
+    };
+    widths.extend(map.node_ids.iter().map(|_| node_width));
+    let keep: Vec<usize> = (0..widths.len()).filter(|i| !(narrow && *i == 1)).collect();
+    let rows: Vec<Row> = rows_cells
+        .into_iter()
+        .map(|cells| Row::new(keep_columns(cells, &keep)))
+        .collect();
+    let table = Table::new(rows, keep_columns(widths, &keep))
+        .header(
+            Row::new(keep_columns(header, &keep))
+                .style(Style::default().add_modifier(Modifier::BOLD)),
+        )
         .block(block);
     render_window(frame, top, table, cursor);
 

@@ -248,6 +248,25 @@ fn members_that_cannot_be_asked_are_shown_with_their_age_and_no_health() {
 }
 
 #[test]
+fn at_80_by_24_the_cluster_and_placement_screens_show_whole_names_and_addresses() {
+    let mut state = demo_state();
+    key(&mut state, KeyCode::Char('3'));
+    let cluster = text(&draw_at(&mut state, 80, 24));
+    for address in ["127.0.0.1:8502", "127.0.0.1:8503", "127.0.0.1:8504"] {
+        assert!(cluster.contains(address), "{cluster}");
+    }
+    assert!(cluster.contains("healthy"), "{cluster}");
+    key(&mut state, KeyCode::Char('4'));
+    let placement = text(&draw_at(&mut state, 80, 24));
+    for name in ["demo-album", "demo-artist", "namespace", "observer"] {
+        assert!(
+            placement.contains(&format!("{name} ")),
+            "{name} is cut:\n{placement}"
+        );
+    }
+}
+
+#[test]
 fn controllers_screen() {
     let mut state = demo_state();
     key(&mut state, KeyCode::Char('4'));
