@@ -152,6 +152,7 @@ impl ByteBudget {
     }
 
     /// Bytes charged now.
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
@@ -203,10 +204,6 @@ impl Charge {
         self.budget.try_charge(bytes, self.bytes)?;
         self.bytes += bytes;
         Ok(())
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.bytes
     }
 
     pub fn budget(&self) -> &ByteBudget {
@@ -314,6 +311,8 @@ pub struct Admitted {
     pub max_body: usize,
     /// The node-wide budget its body counts against (callers without a token have their own).
     pub node_bytes: Arc<ByteBudget>,
+    /// ACLs are on and the request carries no token that resolves.
+    pub anonymous: bool,
     pub limits: Arc<Limits>,
 }
 
@@ -417,11 +416,8 @@ impl Limits {
         })
     }
 
-    pub fn settings(&self) -> &LimitSettings {
-        &self.settings
-    }
-
     /// The node's budget for bodies being received.
+    #[cfg(test)]
     pub fn bodies(&self) -> Arc<ByteBudget> {
         self.bodies.clone()
     }
@@ -467,9 +463,11 @@ impl Limits {
                 },
             }
         };
-        let node_bytes = match identity {
-            Identity::Anonymous(_) => self.anonymous_bodies.clone(),
-            Identity::Token(_) | Identity::Address(_) => self.bodies.clone(),
+        let anonymous = matches!(identity, Identity::Anonymous(_));
+        let node_bytes = if anonymous {
+            self.anonymous_bodies.clone()
+        } else {
+            self.bodies.clone()
         };
         let share = self.share(identity, token);
         share.take_request(self.settings.max_requests_per_second_per_token)?;
@@ -477,6 +475,7 @@ impl Limits {
             share,
             max_body,
             node_bytes,
+            anonymous,
             limits: self.clone(),
         })
     }
@@ -571,8 +570,9 @@ fn show_ip(ip: Option<IpAddr>) -> String {
     ip.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())
 }
 
-/// The token a request's headers carry (`x-resd-token`, or `authorization: Bearer …`).
-fn token_in(headers: &http::HeaderMap) -> Result<Option<&str>, LimitError> {
+/// The token a request's headers carry (`x-resd-token`, or `authorization: Bearer …`): the
+/// one reading of it, for admission and for the services.
+pub fn token_in(headers: &http::HeaderMap) -> Result<Option<&str>, LimitError> {
     let Some(value) = headers
         .get(proto::TOKEN_HEADER)
         .or_else(|| headers.get(http::header::AUTHORIZATION))

@@ -70,7 +70,7 @@ impl<B> GuardedBody<B> {
     fn take(&mut self, len: usize) -> Result<(), LimitError> {
         self.received = self.received.saturating_add(len);
         if self.received > self.admitted.max_body {
-            if self.admitted.max_body == super::ANONYMOUS_BODY_BYTES {
+            if self.admitted.anonymous {
                 return Err(LimitError::AnonymousBody {
                     limit: super::ANONYMOUS_BODY_BYTES,
                 });

@@ -257,18 +257,9 @@ fn while_token_valid(
 
 /// The token a request carries (`x-resd-token`, or `authorization: Bearer …`).
 pub fn token_of<T>(request: &Request<T>) -> Result<Option<String>, Error> {
-    let value = match request.metadata().get(TOKEN_HEADER) {
-        Some(value) => value,
-        None => match request.metadata().get("authorization") {
-            Some(value) => value,
-            None => return Ok(None),
-        },
-    };
-    let text = value
-        .to_str()
-        .map_err(|_| Error::Unauthenticated(format!("{TOKEN_HEADER} is not valid ASCII")))?;
-    let text = text.strip_prefix("Bearer ").unwrap_or(text).trim();
-    Ok(Some(text.to_owned()))
+    crate::limits::token_in(request.metadata().as_ref())
+        .map(|token| token.map(str::to_owned))
+        .map_err(Error::from)
 }
 
 /// The authorizer of a request's token.

@@ -133,6 +133,7 @@ impl Stalls {
     }
 
     /// Watches open now.
+    #[cfg(test)]
     pub fn open(&self) -> usize {
         self.lock()
             .iter()

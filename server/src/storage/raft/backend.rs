@@ -859,8 +859,8 @@ impl Backend for RaftBackend {
     }
 
     fn stale_reads(&self) -> Option<String> {
-        let metrics = self.metrics();
-        if self.known_leader(&metrics).is_some() {
+        // On every default read: the metrics are borrowed, not cloned.
+        if self.known_leader(&self.raft.metrics().borrow()).is_some() {
             return None;
         }
         Some(format!(

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use openraft::error::RaftError;
 
 use super::super::codec;
-use super::super::network;
 use super::super::op::{ListQuery, Reply, ReplyResult, Request};
 use super::super::types::{NodeAddr, NodeId};
 use super::RaftBackend;
@@ -116,21 +115,10 @@ impl RaftBackend {
     }
 
     async fn forward(&self, leader: NodeId, node: &NodeAddr, request: &Request) -> Attempt {
-        let client = {
-            let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (leader, node.raft_addr.clone());
-            match peers.get(&key) {
-                Some(client) => client.clone(),
-                None => match network::raft_client(&self.dialer, &node.raft_addr, leader) {
-                    Ok(client) => {
-                        peers.insert(key, client.clone());
-                        client
-                    }
-                    Err(why) => return Attempt::Retry(why),
-                },
-            }
+        let mut client = match self.peer_client(leader, &node.raft_addr) {
+            Ok(client) => client,
+            Err(why) => return Attempt::Retry(why),
         };
-        let mut client = client;
         let mut call = tonic::Request::new(codec::forward_request_of(request));
         call.set_timeout(
             crate::storage::deadline::bounded(self.forward_timeout)

@@ -183,8 +183,9 @@ async fn pre_vote_round(node: &RaftBackend, voters: &[NodeId]) -> bool {
 }
 
 impl RaftBackend {
-    /// A client of `id`'s raft service at `addr`, made once and kept.
-    fn peer_client(
+    /// A client of `id`'s raft service at `addr`, made once and kept (forwarding and pre-votes
+    /// share them).
+    pub(super) fn peer_client(
         &self,
         id: NodeId,
         addr: &str,
