@@ -93,8 +93,8 @@ pub async fn members(session: &Session) -> anyhow::Result<Vec<MemberView>> {
             role: if member.leader {
                 "leader"
             } else if member.voter {
-                // The raft role, as the dashboard and `cluster status` name it.
-                "follower"
+                // The membership role: scripts read `"role": "voter"` (the bench harness does).
+                "voter"
             } else {
                 "learner"
             }

@@ -305,7 +305,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
                     if member.leader {
                         "leader"
                     } else if member.voter {
-                        "follower"
+                        "voter"
                     } else {
                         "learner"
                     }
