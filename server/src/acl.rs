@@ -14,6 +14,7 @@ use std::sync::Arc;
 use proto::resource::v1::Id;
 
 pub mod rules;
+pub mod secrets;
 pub mod store;
 
 pub use rules::{MANAGEMENT_POLICY, check_policy, check_token};

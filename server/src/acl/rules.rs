@@ -205,28 +205,10 @@ pub fn check_token(token: &pb::Token) -> Result<(), String> {
     }
 }
 
-/// `sha256:` and 64 lowercase hex digits.
+/// Whether `value` is a stored secret: `sha256:<hex>` or `pbkdf2-sha256:…`
+/// ([`super::secrets::StoredSecret`]).
 pub fn is_secret_hash(value: &str) -> bool {
-    value.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
-/// The stored form of a secret.
-pub fn hash_secret(secret: &str) -> String {
-    use sha2::Digest;
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha2::Sha256::digest(secret.as_bytes());
-    let mut hex = String::with_capacity(64 + 7);
-    hex.push_str("sha256:");
-    for byte in digest {
-        hex.push(char::from(HEX[usize::from(byte >> 4)]));
-        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    hex
+    super::secrets::StoredSecret::parse(value).is_some()
 }
 
 /// Shortest secret a writer may choose.
@@ -248,7 +230,7 @@ pub fn hash_token_secret(token: &mut pb::Token) -> Result<(), String> {
     if !token.secret.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("data.secret must be printable ASCII without spaces".into());
     }
-    token.secret_hash = hash_secret(&token.secret);
+    token.secret_hash = super::secrets::store(&token.secret)?;
     token.secret.clear();
     Ok(())
 }
@@ -644,14 +626,6 @@ mod tests {
                 namespace: namespace.into(),
             }),
         }
-    }
-
-    #[test]
-    fn a_secret_hashes_to_its_sha256_in_hex() {
-        assert_eq!(
-            hash_secret("abc"),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use proto::acl::v1 as pb;
 use proto::resource::v1::Id;
 
 use super::rules::{self, CompiledPolicy, Granted, Grants, MANAGEMENT_POLICY};
+use super::secrets::{self, Salt, StoredSecret};
 use super::{Access, AclError, Authorizer, Grant, TokenResolver, Unauthenticated};
 
 /// A resolved token: its accessor (the resource's name) and what its policies grant.
@@ -139,8 +140,33 @@ struct Entry {
 struct Index {
     policies: BTreeMap<String, pb::Policy>,
     tokens: BTreeMap<String, pb::Token>,
+    /// Stored secret hash -> token.
     by_hash: HashMap<String, Arc<Entry>>,
+    /// The salts (and rounds) of the tokens with chosen secrets, the most used first: what a
+    /// secret not found by its SHA-256 is hashed with, one by one.
+    salts: Vec<(Salt, u32)>,
 }
+
+/// Chosen secrets this node has verified, by the SHA-256 of the secret presented (memory only),
+/// so that each costs one slow hash per process; and a node-wide budget of slow hashes, so that
+/// strangers sending made-up tokens cannot keep the node's cores busy.
+#[derive(Debug)]
+struct Verified {
+    /// SHA-256 of a presented secret -> the stored hash it matched.
+    known: HashMap<String, String>,
+    /// SHA-256 of presented secrets that matched nothing since the tokens last changed.
+    missed: std::collections::HashSet<String>,
+    /// Seconds of slow hashing left to spend, refilled over time.
+    budget: f64,
+    refilled: std::time::Instant,
+}
+
+/// Seconds of one core a node spends per second hashing secrets it has not verified yet (a
+/// quarter of a core, whatever a hash costs on this machine), and at most in a burst.
+const SLOW_HASHING_PER_SECOND: f64 = 0.25;
+const SLOW_HASHING_BURST: f64 = 0.5;
+/// Verified (and unmatched) secrets remembered; past it the memory starts over.
+const MAX_VERIFIED: usize = 4096;
 
 /// The token cache of one node.
 #[derive(Debug)]
@@ -151,6 +177,7 @@ pub struct TokenStore {
     policies_loaded: std::sync::atomic::AtomicBool,
     tokens_loaded: std::sync::atomic::AtomicBool,
     index: RwLock<Index>,
+    verified: std::sync::Mutex<Verified>,
     changes: tokio::sync::watch::Sender<u64>,
 }
 
@@ -163,6 +190,12 @@ impl TokenStore {
             policies_loaded: std::sync::atomic::AtomicBool::new(false),
             tokens_loaded: std::sync::atomic::AtomicBool::new(false),
             index: RwLock::new(Index::default()),
+            verified: std::sync::Mutex::new(Verified {
+                known: HashMap::new(),
+                missed: Default::default(),
+                budget: SLOW_HASHING_BURST,
+                refilled: std::time::Instant::now(),
+            }),
             changes: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -271,7 +304,32 @@ impl TokenStore {
                     .or_insert_with(|| Arc::new(entry));
             }
             index.by_hash = by_hash;
+            let mut salts: HashMap<(Salt, u32), usize> = HashMap::new();
+            for token in index.tokens.values() {
+                if let Some(StoredSecret::Slow {
+                    iterations, salt, ..
+                }) = StoredSecret::parse(&token.secret_hash)
+                {
+                    *salts.entry((salt, iterations)).or_default() += 1;
+                }
+            }
+            let mut salts: Vec<((Salt, u32), usize)> = salts.into_iter().collect();
+            salts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            index.salts = salts
+                .into_iter()
+                .take(secrets::MAX_SALTS)
+                .map(|(salt, _)| salt)
+                .collect();
+            if let Some((salt, _)) = index.salts.first() {
+                secrets::prefer_salt(*salt);
+            }
         }
+        // A secret that matched nothing may match a token written since.
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .missed
+            .clear();
         self.changes.send_modify(|generation| *generation += 1);
     }
 
@@ -299,8 +357,7 @@ impl TokenStore {
                 "this server is still loading its ACL tokens; retry in a moment".into(),
             ));
         }
-        let hash = rules::hash_secret(token);
-        let entry = self.read().by_hash.get(&hash).cloned().ok_or_else(|| {
+        let entry = self.find(token)?.ok_or_else(|| {
             Unauthenticated::Refused("ACL token not found (deleted, or mistyped?)".into())
         })?;
         if let Some(expires_at) = entry.expires_at
@@ -312,6 +369,75 @@ impl TokenStore {
             )));
         }
         Ok(entry)
+    }
+
+    /// The token whose secret is `secret`: by its SHA-256 (a generated secret), else by the
+    /// memory of verified secrets, else by a slow hash with each salt in use, within the node's
+    /// budget of slow hashes.
+    fn find(&self, secret: &str) -> Result<Option<Arc<Entry>>, Unauthenticated> {
+        let fast = secrets::fast_hash(secret);
+        let salts = {
+            let index = self.read();
+            if let Some(entry) = index.by_hash.get(&fast) {
+                return Ok(Some(entry.clone()));
+            }
+            if secrets::is_generated(secret) || index.salts.is_empty() {
+                return Ok(None);
+            }
+            let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(stored) = verified.known.get(&fast) {
+                // Verified before: found, or deleted since.
+                return Ok(index.by_hash.get(stored).cloned());
+            }
+            if verified.missed.contains(&fast) {
+                return Ok(None);
+            }
+            index.salts.clone()
+        };
+        {
+            let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            let elapsed = now.duration_since(verified.refilled).as_secs_f64();
+            verified.refilled = now;
+            verified.budget =
+                (verified.budget + elapsed * SLOW_HASHING_PER_SECOND).min(SLOW_HASHING_BURST);
+            if verified.budget <= 0.0 {
+                return Err(Unauthenticated::NotReady(
+                    "this server is checking too many unrecognised tokens at once; retry in a second"
+                        .into(),
+                ));
+            }
+        }
+        let started = std::time::Instant::now();
+        let charge = |store: &TokenStore| {
+            let mut verified = store.verified.lock().unwrap_or_else(|p| p.into_inner());
+            verified.budget -= started.elapsed().as_secs_f64();
+        };
+        for (salt, iterations) in salts {
+            let stored = StoredSecret::Slow {
+                iterations,
+                salt,
+                hash: secrets::slow_hash(secret, &salt, iterations),
+            }
+            .to_string();
+            let found = self.read().by_hash.get(&stored).cloned();
+            if let Some(entry) = found {
+                charge(self);
+                let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+                if verified.known.len() >= MAX_VERIFIED {
+                    verified.known.clear();
+                }
+                verified.known.insert(fast, stored);
+                return Ok(Some(entry));
+            }
+        }
+        charge(self);
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if verified.missed.len() >= MAX_VERIFIED {
+            verified.missed.clear();
+        }
+        verified.missed.insert(fast);
+        Ok(None)
     }
 
     /// The accessor, policies and expiry of a valid token.
@@ -349,8 +475,15 @@ mod tests {
             policies: policies.iter().map(|p| p.to_string()).collect(),
             expires_at: expires_at.into(),
             secret: String::new(),
-            secret_hash: rules::hash_secret(secret),
+            secret_hash: secrets::store(secret).expect("stored"),
         }
+    }
+
+    /// A secret of the generated shape (hashed fast), named for the reader.
+    fn generated(name: &str) -> String {
+        let secret = secrets::fast_hash(name)[7..].to_owned();
+        assert!(secrets::is_generated(&secret), "{secret}");
+        secret
     }
 
     #[test]
@@ -370,28 +503,21 @@ mod tests {
                 ..Default::default()
             },
         );
-        store.put_token("alice", token("alice-secret-0123456789", &["ops"], ""));
-        store.put_token(
-            "root",
-            token("root-secret-0123456789", &[MANAGEMENT_POLICY], ""),
-        );
+        store.put_token("alice", token(&generated("alice"), &["ops"], ""));
+        store.put_token("root", token(&generated("root"), &[MANAGEMENT_POLICY], ""));
         store.put_token(
             "old",
-            token("old-secret-0123456789", &["ops"], "2001-01-01T00:00:00Z"),
+            token(&generated("old"), &["ops"], "2001-01-01T00:00:00Z"),
         );
         assert!(changes.has_changed().unwrap_or(false));
 
-        let alice = store
-            .resolve(Some("alice-secret-0123456789"))
-            .expect("alice");
+        let alice = store.resolve(Some(&generated("alice"))).expect("alice");
         assert_eq!(alice.identity(), "alice");
         assert_eq!(alice.operator(), Access::Read);
-        let root = store.resolve(Some("root-secret-0123456789")).expect("root");
+        let root = store.resolve(Some(&generated("root"))).expect("root");
         assert_eq!(root.operator(), Access::Write);
 
-        let error = store
-            .resolve(Some("old-secret-0123456789"))
-            .expect_err("expired");
+        let error = store.resolve(Some(&generated("old"))).expect_err("expired");
         assert!(error.to_string().contains("expired"), "{error}");
         assert!(
             store
@@ -419,15 +545,89 @@ mod tests {
         changes.mark_unchanged();
         store.remove_token("alice");
         assert!(changes.has_changed().unwrap_or(false));
-        assert!(store.resolve(Some("alice-secret-0123456789")).is_err());
+        assert!(store.resolve(Some(&generated("alice"))).is_err());
 
         // Deleting a policy takes its grants away from the tokens that name it.
-        store.put_token("bob", token("bob-secret-0123456789", &["ops"], ""));
+        store.put_token("bob", token(&generated("bob"), &["ops"], ""));
         store.remove_policy("ops");
-        let bob = store.resolve(Some("bob-secret-0123456789")).expect("bob");
+        let bob = store.resolve(Some(&generated("bob"))).expect("bob");
         assert_eq!(bob.operator(), Access::Deny);
         assert!(store.has_policy(MANAGEMENT_POLICY));
         assert!(!store.has_policy("ops"));
+    }
+
+    #[test]
+    fn chosen_secrets_are_found_by_their_salted_hash_within_a_budget_of_slow_hashes() {
+        let store = TokenStore::new(Access::Deny);
+        store.replace_policies(Vec::new());
+        let generated = proto::tls::new_secret().expect("secret");
+        store.replace_tokens(vec![
+            (
+                "chosen".into(),
+                token("correct-horse-battery-staple", &[], ""),
+            ),
+            ("generated".into(), token(&generated, &[], "")),
+        ]);
+        let stored = store.read().tokens["chosen"].secret_hash.clone();
+        assert!(stored.starts_with("pbkdf2-sha256:"), "{stored}");
+        assert!(
+            store.read().tokens["generated"]
+                .secret_hash
+                .starts_with("sha256:")
+        );
+        assert_eq!(store.read().salts.len(), 1);
+
+        let spend = |store: &TokenStore| store.verified.lock().expect("lock").budget;
+        let before = spend(&store);
+        assert_eq!(
+            store
+                .resolve(Some("correct-horse-battery-staple"))
+                .expect("chosen")
+                .identity(),
+            "chosen"
+        );
+        assert!(spend(&store) < before, "a first lookup costs a slow hash");
+        // A generated secret never costs one, found or not.
+        let after_first = spend(&store);
+        assert_eq!(
+            store
+                .resolve(Some(&generated))
+                .expect("generated")
+                .identity(),
+            "generated"
+        );
+        let unknown = proto::tls::new_secret().expect("secret");
+        assert!(matches!(
+            store.resolve(Some(&unknown)),
+            Err(Unauthenticated::Refused(_))
+        ));
+        assert!(spend(&store) >= after_first);
+
+        // Made-up tokens of another shape spend the budget, then wait; a verified chosen
+        // secret is still found from memory.
+        let mut refused_for_now = false;
+        for attempt in 0..256 {
+            match store.resolve(Some(&format!("made-up-token-number-{attempt}"))) {
+                Err(Unauthenticated::Refused(_)) => {}
+                Err(Unauthenticated::NotReady(why)) => {
+                    assert!(why.contains("retry"), "{why}");
+                    refused_for_now = true;
+                    break;
+                }
+                Ok(_) => panic!("a made-up token resolved"),
+            }
+        }
+        assert!(refused_for_now, "the budget of slow hashes ran out");
+        assert_eq!(
+            store
+                .resolve(Some("correct-horse-battery-staple"))
+                .expect("remembered")
+                .identity(),
+            "chosen"
+        );
+        // Deleting the token forgets it, memory or not.
+        store.remove_token("chosen");
+        assert!(store.resolve(Some("correct-horse-battery-staple")).is_err());
     }
 
     #[test]

@@ -801,3 +801,95 @@ async fn a_delegate_cannot_lift_its_own_limits_or_take_another_tokens_secret() {
         ["global-management"]
     );
 }
+
+/// Issue 35, item 6: a secret a person chose is stored salted and slow (PBKDF2), so a stolen
+/// snapshot or WAL does not give it away at the speed of SHA-256; a generated one keeps its fast
+/// hash. Strangers sending made-up secrets spend a bounded share of the node, and a token in use
+/// is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chosen_secrets_are_stored_salted_and_slow_and_made_up_ones_cost_a_bounded_share() {
+    let (node, management, channel) = secure_node(&["--acl-enabled"]).await;
+    let chosen = "correct-horse-battery-staple";
+    let generated = proto::tls::new_secret().expect("secret");
+    for resource in [
+        token("chosen", chosen, &["global-management"], ""),
+        token("generated", &generated, &["global-management"], ""),
+    ] {
+        write_as(&channel, &management, resource)
+            .await
+            .expect("written");
+    }
+    let stored_hash = |name: &'static str| {
+        let channel = channel.clone();
+        let management = management.clone();
+        async move {
+            let stored = ResourceServiceClient::new(channel)
+                .read(with_token(
+                    proto::resource::v1::ReadRequest {
+                        id: Some(cluster_id("Token", name)),
+                    },
+                    Some(&management),
+                ))
+                .await
+                .expect("read")
+                .into_inner()
+                .resource
+                .expect("resource");
+            <acl::Token as prost::Message>::decode(stored.data.expect("data").value.as_slice())
+                .expect("a token")
+                .secret_hash
+        }
+    };
+    let slow = stored_hash("chosen").await;
+    assert!(slow.starts_with("pbkdf2-sha256:100000:"), "{slow}");
+    let sha256 = {
+        use sha2::Digest;
+        sha2::Sha256::digest(chosen.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    assert!(!slow.contains(&sha256), "{slow}");
+    assert!(stored_hash("generated").await.starts_with("sha256:"));
+    assert_eq!(
+        who_am_i(&node, chosen).await.expect("the chosen secret"),
+        vec!["global-management".to_owned()]
+    );
+
+    // A stranger's flood of made-up secrets: refused (or told to wait), while the generated
+    // token is answered at once.
+    let flood = {
+        let node_channel = channel.clone();
+        tokio::spawn(async move {
+            let mut refused = 0;
+            for attempt in 0..200 {
+                let answer = ClusterServiceClient::new(node_channel.clone())
+                    .acl_who_am_i(with_token(
+                        cluster_pb::AclWhoAmIRequest {},
+                        Some(&format!("made-up-secret-number-{attempt}")),
+                    ))
+                    .await;
+                match answer {
+                    Err(status)
+                        if matches!(status.code(), Code::Unauthenticated | Code::Unavailable) =>
+                    {
+                        refused += 1
+                    }
+                    other => panic!("a made-up secret was answered {other:?}"),
+                }
+            }
+            refused
+        })
+    };
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        who_am_i(&node, &generated).await.expect("served");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "a valid token waited {:?} behind the flood",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(flood.await.expect("flood"), 200);
+}
