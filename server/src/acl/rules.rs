@@ -596,7 +596,7 @@ fn combine(accesses: impl Iterator<Item = Access>) -> Option<Access> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn rule(
@@ -772,16 +772,16 @@ mod tests {
 
     /// A small deterministic generator (xorshift): the property below runs over the same
     /// thousands of cases every time.
-    struct Gen(u64);
+    pub(crate) struct Gen(pub(crate) u64);
 
     impl Gen {
-        fn next(&mut self) -> u64 {
+        pub(crate) fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             self.0
         }
-        fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
             &items[(self.next() % items.len() as u64) as usize]
         }
     }
@@ -803,7 +803,7 @@ mod tests {
         pb::Access::Write,
     ];
 
-    fn random_policy(g: &mut Gen) -> pb::Policy {
+    pub(crate) fn random_policy(g: &mut Gen) -> pb::Policy {
         let rules = (0..g.next() % 4)
             .map(|_| {
                 let types = (0..1 + g.next() % 2)
@@ -833,7 +833,7 @@ mod tests {
     }
 
     /// Every resource the generated rules can tell apart.
-    fn universe() -> Vec<Id> {
+    pub(crate) fn universe() -> Vec<Id> {
         let mut ids = Vec::new();
         for gvk in [
             "demo.v2.Artist",

@@ -20,6 +20,7 @@ use crate::storage::{Backend, Consistency, StorageError, UnversionedType, Watch}
 mod absent_tenancy;
 mod acl;
 mod delete;
+mod escalation;
 mod grpc;
 mod read;
 mod status;
