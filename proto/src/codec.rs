@@ -427,9 +427,25 @@ impl Codec {
 
     /// A resource as a document value (the shape `read_value` reads).
     pub fn to_value(&self, resource: &Resource) -> Result<serde_json::Value, CodecError> {
+        self.value_of(resource, true)
+    }
+
+    /// Like [`Codec::to_yaml`], with the fields at their default value written out too
+    /// (`criticallyAcclaimed: false`): what a diff shows, so that a field set back to its
+    /// default appears as a change rather than only as a line gone.
+    pub fn to_yaml_with_defaults(&self, resource: &Resource) -> Result<String, CodecError> {
+        serde_yaml_ng::to_string(&self.value_of(resource, false)?)
+            .map_err(|error| CodecError::new(error.to_string()))
+    }
+
+    fn value_of(
+        &self,
+        resource: &Resource,
+        skip_defaults: bool,
+    ) -> Result<serde_json::Value, CodecError> {
         let id = resource.id.clone().unwrap_or_default();
         let resource_type = id.r#type.clone().unwrap_or_default();
-        let options = SerializeOptions::new().skip_default_fields(true);
+        let options = SerializeOptions::new().skip_default_fields(skip_defaults);
         let data = match &resource.data {
             None => None,
             Some(any) => {

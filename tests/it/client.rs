@@ -168,6 +168,119 @@ async fn an_edit_that_loses_a_race_shows_the_server_change_and_saves_the_merge()
     );
 }
 
+/// A field set back to its default by someone else shows in the conflict as both lines, and the
+/// text kept for a script applies as it is (it carries the server's version, not the stale one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_conflict_shows_a_field_reset_to_its_default_and_keeps_an_applicable_merge() {
+    let cluster = tests::Cluster::start(1).await;
+    let client = cluster.client(0);
+    let album = |acclaimed: bool, year: u32| {
+        format!(
+            "type: demo.v2.Album\nname: kind-of-blue\ntenancy: {{partition: default, namespace: default}}\n\
+             data: {{name: Kind of Blue, yearOfRelease: {year}, criticallyAcclaimed: {acclaimed}}}\n"
+        )
+    };
+    write_document(&client, &album(true, 1959)).await;
+    let session = Session::new(client.clone(), OutputFormat::Json);
+    let racing_client = client.clone();
+    let mut editor = |path: &Path| -> Result<(), proto::client::edit::EditError> {
+        let text = std::fs::read_to_string(path).expect("readable");
+        std::fs::write(path, text.replace("1959", "1960")).expect("writable");
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current()
+                .block_on(write_document(&racing_client, &album(false, 1959)))
+        });
+        Ok(())
+    };
+    let mut problems = Vec::new();
+    let mut script = |problem: &Problem| {
+        problems.push(problem.clone());
+        false
+    };
+    let error = edit::edit(
+        &session,
+        "demo.v2.Album",
+        "kind-of-blue",
+        &mut editor,
+        &mut script,
+    )
+    .await
+    .expect_err("a script does not retry")
+    .to_string();
+    match problems.as_slice() {
+        [Problem::Conflict { changes, .. }] => {
+            assert!(
+                changes.contains("-   criticallyAcclaimed: true"),
+                "{changes}"
+            );
+            assert!(
+                changes.contains("+   criticallyAcclaimed: false"),
+                "{changes}"
+            );
+        }
+        other => panic!("expected one conflict, got {other:?}"),
+    }
+    let kept = error
+        .split("your edit is kept in ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no kept file named in: {error}"));
+    let text = std::fs::read_to_string(kept).expect("the kept edit is readable");
+    let saved = write_document(&client, &text).await;
+    let codec = session.codec().await.expect("codec");
+    let stored = codec.to_value(&saved).expect("value");
+    assert_eq!(
+        stored["data"]["yearOfRelease"], 1960,
+        "the edit is in the kept text"
+    );
+    assert_eq!(
+        stored["data"].get("criticallyAcclaimed"),
+        None,
+        "the server's change too"
+    );
+    let _ = std::fs::remove_file(kept);
+}
+
+/// A rejected document reopens at once with the error on top; closing the editor without a
+/// change then gives up, keeping the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_edit_reopens_and_closing_it_unchanged_gives_up() {
+    let cluster = tests::Cluster::start(1).await;
+    let client = cluster.client(0);
+    write_document(
+        &client,
+        "type: demo.v1.Executive\nname: bo\ndata: {name: Bo, position: CEO}\n",
+    )
+    .await;
+    let session = Session::new(client.clone(), OutputFormat::Json);
+    let mut opened = Vec::new();
+    let mut editor = |path: &Path| -> Result<(), proto::client::edit::EditError> {
+        let text = std::fs::read_to_string(path).expect("readable");
+        if opened.is_empty() {
+            std::fs::write(
+                path,
+                text.replace("position: CEO", "position: CEO\n  salary: lots"),
+            )
+            .expect("writable");
+        }
+        opened.push(text);
+        Ok(())
+    };
+    let mut person = |_: &Problem| true;
+    let error = edit::edit(&session, "Executive", "bo", &mut editor, &mut person)
+        .await
+        .expect_err("given up")
+        .to_string();
+    assert_eq!(opened.len(), 2, "reopened once");
+    assert!(
+        opened[1].contains("# error:") && opened[1].contains("salary"),
+        "{}",
+        opened[1]
+    );
+    assert!(error.contains("closed without a change"), "{error}");
+    assert!(error.contains("your edit is kept in "), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_that_does_not_save_keeps_the_users_text_and_says_where() {
     let cluster = tests::Cluster::start(1).await;

@@ -413,6 +413,23 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         narrow.lines().all(|line| line.chars().count() <= 80),
         "{narrow}"
     );
+    // The cluster screen keeps whole addresses at 80×24, and the placement screen whole
+    // controller names.
+    tmux.keys(&["3"]);
+    let addresses: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|node| node.api_addr.clone())
+        .collect();
+    let needles: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    tmux.wait_for("whole addresses at 80×24", &needles).await;
+    tmux.keys(&["4"]);
+    tmux.wait_for(
+        "whole controller names at 80×24",
+        &["demo-artist", "demo-concept-observer", "reaper"],
+    )
+    .await;
+    tmux.keys(&["2"]);
     tmux.resize(160, 45);
     cluster.nodes[2].kill();
     tmux.wait_for(

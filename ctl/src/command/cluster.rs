@@ -90,15 +90,9 @@ pub async fn members(session: &Session) -> anyhow::Result<Vec<MemberView>> {
         .members
         .into_iter()
         .map(|member| MemberView {
-            role: if member.leader {
-                "leader"
-            } else if member.voter {
-                // The membership role: scripts read `"role": "voter"` (the bench harness does).
-                "voter"
-            } else {
-                "learner"
-            }
-            .to_owned(),
+            // The membership role, as the dashboard names it: scripts read `"role": "voter"`
+            // (the bench harness does).
+            role: describe::member_role(member.leader, member.voter, None),
             node_id: member.node_id,
             api_addr: member.api_addr,
             raft_addr: member.raft_addr,

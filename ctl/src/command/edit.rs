@@ -17,7 +17,12 @@ use crate::session::Session;
 const MAX_ROUNDS: usize = 10;
 
 /// Runs the edit loop. `editor` edits the file in place; `retry` decides whether to reopen
-/// after a problem (a script says no).
+/// after a problem (a script says no; a person gets the editor again at once, with the problem
+/// on top, as DESIGN §9 says).
+///
+/// After a rejected document, quitting the editor without a change ends the edit (the text is
+/// kept and its path given). After a conflict the editor opens the server's version with the
+/// user's changes merged in, and saving it as it is saves that.
 pub async fn edit(
     session: &Session,
     type_name: &str,
@@ -28,28 +33,41 @@ pub async fn edit(
     let codec = session.codec().await?;
     let resource = super::get::read(session, type_name, name).await?;
     let mut edit = EditSession::new(codec, &resource)?;
-    let mut last_edit = String::new();
+    let mut rejected: Option<Problem> = None;
     for _ in 0..MAX_ROUNDS {
         let edited = edit.edit_with(editor)?;
-        last_edit = edited.clone();
+        if let Some(problem) = &rejected
+            && proto::client::edit::strip_comments(&edited).trim() == edit.body().trim()
+        {
+            anyhow::bail!(
+                "edit of {} not saved: the editor was closed without a change after: {}{}",
+                edit.label(),
+                problem.explain("resctl edit"),
+                keep_edit(name, edit.body())
+            );
+        }
         match edit.submit(&session.client, codec, &edited).await? {
             Round::Done(outcome) => return Ok(outcome),
             Round::Problem(problem) => {
+                // What the user would apply next: their text after a rejection; after a
+                // conflict, the server's version with their changes merged in (so `apply -f`
+                // of the kept file compares against the current version).
                 if !retry(&problem) {
                     anyhow::bail!(
                         "edit of {} not saved: {}{}",
                         edit.label(),
                         problem.explain("resctl edit"),
-                        keep_edit(name, &last_edit)
+                        keep_edit(name, edit.body())
                     );
                 }
+                rejected = matches!(problem, Problem::Rejected(_)).then_some(problem);
             }
         }
     }
     anyhow::bail!(
         "edit of {} abandoned after {MAX_ROUNDS} rounds{}",
         edit.label(),
-        keep_edit(name, &last_edit)
+        keep_edit(name, edit.body())
     )
 }
 
@@ -73,12 +91,15 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
             return false;
         }
         match problem {
-            Problem::Conflict { changes, .. } => {
-                eprintln!("the resource changed on the server while you edited:\n{changes}");
-            }
-            Problem::Rejected(message) => eprintln!("error: {message}"),
+            Problem::Conflict { changes, .. } => eprintln!(
+                "the resource changed on the server while you edited:\n{changes}\
+                 reopening the editor on the server's version with your changes merged in"
+            ),
+            Problem::Rejected(message) => eprintln!(
+                "error: {message}\nreopening the editor with the error on top (close it without a change to give up)"
+            ),
         }
-        crate::session::confirm("edit again?", true)
+        true
     };
     match edit(
         session,

@@ -159,6 +159,25 @@ pub fn activity_label(write_rate: f64, apply_p99_ms: f64) -> String {
     format!("{write_rate:.1}/s · apply p99 {apply_p99_ms} ms")
 }
 
+/// A member's role as `resctl cluster members` and the dashboard both name it: its place in the
+/// membership (`leader`, `voter`, `learner`), and the node's own raft state after it when that
+/// says more (`voter (candidate)`, `voter (removed)`); a follower is a voter.
+pub fn member_role(leader: bool, voter: bool, raft_role: Option<i32>) -> String {
+    let place = if leader {
+        "leader"
+    } else if voter {
+        "voter"
+    } else {
+        "learner"
+    };
+    match raft_role.map(Role::try_from) {
+        None | Some(Ok(Role::Follower | Role::Leader | Role::Learner | Role::Unspecified)) => {
+            place.to_owned()
+        }
+        Some(_) => format!("{place} ({})", role_label(raft_role.unwrap_or_default())),
+    }
+}
+
 pub fn role_label(role: i32) -> &'static str {
     match Role::try_from(role) {
         Ok(Role::Leader) => "leader",

@@ -237,10 +237,18 @@ impl EditSession {
                     .await?
                     .ok_or_else(|| EditError::Gone(self.label.clone()))?;
                 let current_yaml = editable_yaml(codec, &current)?;
-                let changes = line_diff(&self.base, &current_yaml);
+                let mut theirs = current.clone();
+                theirs.status.clear();
+                // Diffs with defaults written out: a field set back to its default shows as
+                // `- x: true` / `+ x: false`, not as a line gone.
+                let full = |resource: &Resource| codec.to_yaml_with_defaults(resource);
+                let base_full = full(&self.base_resource)?;
+                let changes = line_diff(&base_full, &full(&theirs)?);
+                let mut mine = desired.clone();
+                mine.generation = self.base_resource.generation.clone();
                 let problem = Problem::Conflict {
                     changes: changes.clone(),
-                    yours: line_diff(&self.base, &edited),
+                    yours: line_diff(&base_full, &full(&mine)?),
                     read_version: desired.version.clone(),
                     server_version: current.version.clone(),
                 };
@@ -250,8 +258,6 @@ impl EditSession {
                      both changed).",
                     self.label, desired.version, current.version
                 ));
-                let mut theirs = current.clone();
-                theirs.status.clear();
                 let mut merged = three_way_merge(
                     &codec.to_value(&self.base_resource)?,
                     &codec.to_value(&parsed)?,

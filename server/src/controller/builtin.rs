@@ -354,7 +354,10 @@ impl Reconciler for ArtistController {
                 "Accepted",
                 State::True,
                 "AlbumsReconciled",
-                format!("{} albums", desired.len()),
+                match desired.len() {
+                    1 => "1 album".to_owned(),
+                    n => format!("{n} albums"),
+                },
             )],
             updated_at: None,
         };

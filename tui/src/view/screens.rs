@@ -296,20 +296,13 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
             let node = state.cluster.nodes.get(&member.node_id);
             let (role, term, commit, applied) = match node {
                 Some(Ok(status)) => (
-                    describe::role_label(status.role).to_owned(),
+                    describe::member_role(member.leader, member.voter, Some(status.role)),
                     status.term.to_string(),
                     status.commit_index.to_string(),
                     status.applied_index.to_string(),
                 ),
                 _ => (
-                    if member.leader {
-                        "leader"
-                    } else if member.voter {
-                        "voter"
-                    } else {
-                        "learner"
-                    }
-                    .to_owned(),
+                    describe::member_role(member.leader, member.voter, None),
                     "-".to_owned(),
                     "-".to_owned(),
                     "-".to_owned(),
