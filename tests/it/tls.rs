@@ -246,7 +246,7 @@ async fn resd_dev_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
     )
     .await;
     tmux.keys(&["3"]);
-    tmux.wait_for("the cluster screen over TLS", &["follower", "healthy"])
+    tmux.wait_for("the cluster screen over TLS", &["voter", "healthy"])
         .await;
     tmux.keys(&["q"]);
 }
