@@ -10,6 +10,7 @@ const FILES: &[&str] = &[
     "resd/cluster/v1/cluster.proto",
     "resd/tenancy/v1/tenancy.proto",
     "resd/acl/v1/acl.proto",
+    "resd/registry/v1/registry.proto",
     "resd/internal/v1/tombstone.proto",
     "resd/demo/v1/demo.proto",
     "resd/demo/v2/demo.proto",

@@ -66,6 +66,12 @@ pub mod acl {
     }
 }
 
+pub mod registry {
+    pub mod v1 {
+        tonic::include_proto!("resd.registry.v1");
+    }
+}
+
 #[allow(clippy::all, unused_qualifications)]
 pub mod internal {
     pub mod v1 {

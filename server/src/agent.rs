@@ -114,6 +114,8 @@ pub struct AgentConfig {
     pub acl_initial_management_file: Option<PathBuf>,
     /// Watches one token (one address with ACLs off) may hold open at once.
     pub max_watches_per_token: usize,
+    /// Types registered at runtime (`registry.v1.Type`), at most.
+    pub max_types: usize,
     /// Requests per second one token may send, twice that in a burst; 0: no limit. With ACLs
     /// off there are no tokens to tell apart and no rate applies.
     pub max_requests_per_second_per_token: u32,
@@ -199,6 +201,7 @@ impl Default for AgentConfig {
             join_token_file: None,
             acl_initial_management_file: None,
             max_watches_per_token: crate::limits::DEFAULT_MAX_WATCHES_PER_TOKEN,
+            max_types: crate::registry::DEFAULT_MAX_TYPES,
             max_requests_per_second_per_token:
                 crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
             max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
@@ -323,6 +326,7 @@ impl Agent {
         shutdown: CancellationToken,
     ) -> Result<Agent, AgentError> {
         let registry = Arc::new(Registry::builtin()?);
+        registry.dynamic().set_max_types(config.max_types);
         let tls = match config.tls_settings()? {
             Some(settings) => {
                 let tls = NodeTls::load(&settings, &config.cluster_name, config.node_id)?;
@@ -606,6 +610,14 @@ impl Agent {
         }
         tasks.push(tokio::spawn(
             manager.run(leadership, shutdown.clone()).in_current_span(),
+        ));
+        tasks.push(tokio::spawn(
+            acl_feed::follow(
+                service.clone(),
+                TypesFeed(service.registry().dynamic().clone()),
+                shutdown.clone(),
+            )
+            .in_current_span(),
         ));
         if let Some(store) = acl_store {
             tasks.push(tokio::spawn(
@@ -1091,6 +1103,33 @@ pub fn dev_cluster(
             }
         })
         .collect()
+}
+
+/// Keeps the registry's dynamic part on the stored `registry.v1.Type` resources (DESIGN §15).
+struct TypesFeed(Arc<crate::registry::DynamicTypes>);
+
+impl acl_feed::Feed for TypesFeed {
+    fn resource_type(&self) -> proto::resource::v1::Type {
+        crate::resource::new_type("registry", "v1", "Type")
+    }
+    fn replace(&self, items: Vec<proto::resource::v1::Resource>) {
+        let names: Vec<String> = items
+            .iter()
+            .filter_map(|item| item.id.as_ref().map(|id| id.name.clone()))
+            .collect();
+        self.0.retain_only(&names);
+        for item in &items {
+            self.0.install_stored(item);
+        }
+    }
+    fn upsert(&self, item: &proto::resource::v1::Resource) {
+        self.0.install_stored(item);
+    }
+    fn delete(&self, item: &proto::resource::v1::Resource) {
+        if let Some(id) = &item.id {
+            self.0.uninstall(&id.name);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -198,6 +198,11 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_WATCHES_PER_TOKEN")]
     max_watches_per_token: Option<usize>,
 
+    /// Resource types teams may register at runtime (`registry.v1.Type`), at most; a Type past
+    /// it is refused [default: 1000].
+    #[arg(long, env = "RESD_MAX_TYPES")]
+    max_types: Option<usize>,
+
     /// Requests per second one token may send (twice that in a burst); past it requests are
     /// refused with RESOURCE_EXHAUSTED saying when to retry. 0: no limit. With ACLs off no
     /// rate applies (there are no tokens to tell apart) [default: 2000].
@@ -539,6 +544,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(watches) = args.max_watches_per_token {
         config.max_watches_per_token = watches;
+    }
+    if let Some(types) = args.max_types {
+        config.max_types = types;
     }
     if let Some(rate) = args.max_requests_per_second_per_token {
         config.max_requests_per_second_per_token = rate;

@@ -1,8 +1,12 @@
 //! The type registry: which resource types exist, how they are scoped, and the hooks (validate,
 //! mutate, ACLs) the resource service runs for them.
 //!
-//! A [`Registry`] is built once at startup ([`Registry::builtin`]) and then shared read-only.
-//! Registration errors are programming errors; they surface at startup and in tests.
+//! A [`Registry`] has two parts. The built-in part is made once at startup
+//! ([`Registry::builtin`]); registration errors there are programming errors, surfacing at
+//! startup and in tests. The dynamic part holds the types teams register at runtime as
+//! `registry.v1.Type` resources (DESIGN §15, [`dynamic`]): it follows the stored Types (the
+//! agent's feed, and a read of them when a request names a type this node does not know yet),
+//! and is read on the request path by cloning one `Arc` under a lock held for no await.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,6 +18,7 @@ use crate::acl::{self, AclError, Authorizer};
 use crate::resource;
 
 pub mod builtin;
+pub mod dynamic;
 #[cfg(test)]
 mod tests;
 
@@ -110,6 +115,17 @@ type DecodeCheck = fn(&[u8]) -> Result<(), prost::DecodeError>;
 /// Compares two encodings by their decoded messages (encodings of equal messages may differ).
 type DataEq = fn(&[u8], &[u8]) -> bool;
 
+/// How a type's data is decoded: a message compiled into the server, or one registered at
+/// runtime (decoded through its descriptor).
+#[derive(Clone)]
+enum DataCodec {
+    Compiled {
+        decode_check: DecodeCheck,
+        data_eq: DataEq,
+    },
+    Registered(prost_reflect::MessageDescriptor),
+}
+
 /// One registered type.
 #[derive(Clone)]
 pub struct Registration {
@@ -127,8 +143,9 @@ pub struct Registration {
     pub max_name_len: usize,
     /// Clients may not write it; only the server does (tombstones).
     pub server_written: bool,
-    decode_check: DecodeCheck,
-    data_eq: DataEq,
+    /// For a type registered at runtime: its Type (rules, whether it is being deleted).
+    pub registered: Option<dynamic::Installed>,
+    codec: DataCodec,
 }
 
 impl fmt::Debug for Registration {
@@ -163,10 +180,49 @@ impl Registration {
             acls: Acls::default(),
             max_name_len: resource::MAX_NAME_LEN,
             server_written: false,
-            decode_check: |bytes| M::decode(bytes).map(|_| ()),
-            data_eq: |a, b| {
-                a == b || matches!((M::decode(a), M::decode(b)), (Ok(a), Ok(b)) if a == b)
+            registered: None,
+            codec: DataCodec::Compiled {
+                decode_check: |bytes| M::decode(bytes).map(|_| ()),
+                data_eq: |a, b| {
+                    a == b || matches!((M::decode(a), M::decode(b)), (Ok(a), Ok(b)) if a == b)
+                },
             },
+        }
+    }
+
+    /// The registration of a type registered at runtime: its message through its descriptor,
+    /// its rules (those without `old`) as the validate hook, its defaults as the mutate hook.
+    pub fn registered(installed: dynamic::Installed) -> Self {
+        let compiled = installed.compiled.clone();
+        let rules = compiled.clone();
+        let defaults = compiled.clone();
+        Registration {
+            resource_type: compiled.resource_type.clone(),
+            message_name: compiled.message.full_name().to_owned(),
+            scope: compiled.scope,
+            validate: Some(Arc::new(move |resource: &Resource| {
+                let data = resource
+                    .data
+                    .as_ref()
+                    .map(|d| d.value.as_slice())
+                    .unwrap_or_default();
+                rules.check_rules(data, None)
+            })),
+            references: None,
+            mutate: Some(Arc::new(move |resource: &mut Resource| {
+                let Some(data) = resource.data.as_mut() else {
+                    return Ok(());
+                };
+                if let Some(with_defaults) = defaults.apply_defaults(&data.value)? {
+                    data.value = with_defaults;
+                }
+                Ok(())
+            })),
+            acls: Acls::default(),
+            max_name_len: resource::MAX_NAME_LEN,
+            server_written: false,
+            codec: DataCodec::Registered(compiled.message.clone()),
+            registered: Some(installed),
         }
     }
 
@@ -230,7 +286,14 @@ impl Registration {
                 data.type_url
             ));
         }
-        (self.decode_check)(&data.value).map_err(|error| {
+        let decoded = match &self.codec {
+            DataCodec::Compiled { decode_check, .. } => decode_check(&data.value),
+            DataCodec::Registered(message) => {
+                prost_reflect::DynamicMessage::decode(message.clone(), data.value.as_slice())
+                    .map(drop)
+            }
+        };
+        decoded.map_err(|error| {
             format!(
                 "resource.data invalid: cannot decode {}: {error}",
                 self.message_name
@@ -244,7 +307,19 @@ impl Registration {
     pub fn same_data(&self, a: Option<&prost_types::Any>, b: Option<&prost_types::Any>) -> bool {
         match (a, b) {
             (None, None) => true,
-            (Some(a), Some(b)) => a.type_url == b.type_url && (self.data_eq)(&a.value, &b.value),
+            (Some(a), Some(b)) => {
+                a.type_url == b.type_url
+                    && (a.value == b.value
+                        || match &self.codec {
+                            DataCodec::Compiled { data_eq, .. } => data_eq(&a.value, &b.value),
+                            DataCodec::Registered(message) => {
+                                let decode = |bytes: &[u8]| {
+                                    prost_reflect::DynamicMessage::decode(message.clone(), bytes)
+                                };
+                                matches!((decode(&a.value), decode(&b.value)), (Ok(a), Ok(b)) if a == b)
+                            }
+                        })
+            }
             _ => false,
         }
     }
@@ -275,10 +350,210 @@ pub enum RegistryError {
     Duplicate(String),
 }
 
-/// The set of registered types. Built at startup, then shared read-only.
+type Key = (String, String, String);
+
+fn key_of(resource_type: &Type) -> Key {
+    (
+        resource_type.group.clone(),
+        resource_type.group_version.clone(),
+        resource_type.kind.clone(),
+    )
+}
+
+/// The set of registered types: the built-in ones, and those registered at runtime.
 #[derive(Debug, Default)]
 pub struct Registry {
-    types: BTreeMap<(String, String, String), Arc<Registration>>,
+    types: BTreeMap<Key, Arc<Registration>>,
+    dynamic: Arc<DynamicTypes>,
+}
+
+/// The types registered at runtime, as this node knows them (DESIGN §15).
+#[derive(Debug)]
+pub struct DynamicTypes {
+    state: std::sync::RwLock<Arc<DynamicState>>,
+    /// `--max-types`.
+    max_types: std::sync::atomic::AtomicUsize,
+    /// Built-in types' keys (a Type may not take one).
+    builtin: std::sync::RwLock<std::collections::BTreeSet<Key>>,
+}
+
+impl Default for DynamicTypes {
+    fn default() -> Self {
+        DynamicTypes {
+            state: Default::default(),
+            max_types: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_TYPES),
+            builtin: Default::default(),
+        }
+    }
+}
+
+/// Default of `--max-types`.
+pub const DEFAULT_MAX_TYPES: usize = 1000;
+
+#[derive(Debug, Default)]
+struct DynamicState {
+    by_key: BTreeMap<Key, Arc<Registration>>,
+    /// Type resource name -> (key, the stored Type's version).
+    by_name: BTreeMap<String, (Key, String)>,
+    /// The built-in descriptor set with every registered file added (ListTypes' answer).
+    descriptor_set: Option<Arc<Vec<u8>>>,
+}
+
+/// What ListTypes says of a type.
+#[derive(Debug, Clone)]
+pub struct TypeListing {
+    pub registration: Arc<Registration>,
+    pub builtin: bool,
+}
+
+impl DynamicTypes {
+    fn read(&self) -> Arc<DynamicState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut DynamicState)) {
+        let mut guard = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = DynamicState {
+            by_key: guard.by_key.clone(),
+            by_name: guard.by_name.clone(),
+            descriptor_set: None,
+        };
+        change(&mut next);
+        *guard = Arc::new(next);
+    }
+
+    pub fn set_max_types(&self, max: usize) {
+        self.max_types
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The registered type a Type resource named `name` installed.
+    pub fn installed(&self, name: &str) -> Option<dynamic::Installed> {
+        let state = self.read();
+        let (key, _) = state.by_name.get(name)?;
+        state.by_key.get(key)?.registered.clone()
+    }
+
+    /// Whether a Type resource may register `resource_type` under `name` (DESIGN §15): not a
+    /// built-in type, not one another Type registered, within `--max-types`.
+    pub fn check_claim(&self, name: &str, resource_type: &Type) -> Result<(), String> {
+        let key = key_of(resource_type);
+        let gvk = resource::gvk(resource_type);
+        if self
+            .builtin
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key)
+        {
+            return Err(format!("data: {gvk} is a built-in type"));
+        }
+        let state = self.read();
+        if let Some(owner) = state
+            .by_key
+            .get(&key)
+            .and_then(|r| r.registered.as_ref())
+            .filter(|installed| installed.name != name)
+        {
+            return Err(format!(
+                "data: {gvk} is already registered by Type {}",
+                owner.name
+            ));
+        }
+        let max = self.max_types.load(std::sync::atomic::Ordering::Relaxed);
+        if !state.by_name.contains_key(name) && state.by_name.len() >= max {
+            return Err(format!(
+                "this cluster has {} registered types, the most --max-types allows ({max}); delete one or raise the limit",
+                state.by_name.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Installs (or replaces) what the stored Type `name` at `version` registers. A Type that
+    /// cannot be loaded (it passed the checks of the build that wrote it) is logged and left
+    /// out.
+    pub fn install(
+        &self,
+        name: &str,
+        version: &str,
+        t: &proto::registry::v1::Type,
+        deleting: bool,
+    ) {
+        if self
+            .read()
+            .by_name
+            .get(name)
+            .is_some_and(|(_, installed)| installed == version)
+            && self.installed(name).is_some_and(|i| i.deleting == deleting)
+        {
+            return;
+        }
+        let compiled = match dynamic::CompiledType::load(t) {
+            Ok(compiled) => Arc::new(compiled),
+            Err(why) => {
+                tracing::warn!(r#type = name, %why, "a stored Type cannot be loaded; its resources are unavailable");
+                return;
+            }
+        };
+        let key = key_of(&compiled.resource_type);
+        let registration = Arc::new(Registration::registered(dynamic::Installed {
+            name: name.to_owned(),
+            compiled,
+            deleting,
+        }));
+        self.update(|state| {
+            if let Some((old_key, _)) = state.by_name.remove(name) {
+                state.by_key.remove(&old_key);
+            }
+            state.by_key.insert(key.clone(), registration);
+            state
+                .by_name
+                .insert(name.to_owned(), (key, version.to_owned()));
+        });
+        tracing::info!(r#type = name, deleting, "registered type installed");
+    }
+
+    /// Installs what a stored `registry.v1.Type` resource registers (a Type whose data does not
+    /// decode is logged and left out).
+    pub fn install_stored(&self, stored: &Resource) {
+        let Some(id) = &stored.id else { return };
+        match decode_data::<proto::registry::v1::Type>(stored) {
+            Ok(t) => self.install(
+                &id.name,
+                &stored.version,
+                &t,
+                resource::is_marked_for_deletion(stored),
+            ),
+            Err(why) => tracing::warn!(r#type = %id.name, %why, "a stored Type does not decode"),
+        }
+    }
+
+    /// Removes what the Type `name` registered.
+    pub fn uninstall(&self, name: &str) {
+        if !self.read().by_name.contains_key(name) {
+            return;
+        }
+        self.update(|state| {
+            if let Some((key, _)) = state.by_name.remove(name) {
+                state.by_key.remove(&key);
+            }
+        });
+        tracing::info!(r#type = name, "registered type removed");
+    }
+
+    /// Removes every registered type but those the Types named `names` registered.
+    pub fn retain_only(&self, names: &[String]) {
+        let gone: Vec<String> = self
+            .read()
+            .by_name
+            .keys()
+            .filter(|name| !names.contains(name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.uninstall(&name);
+        }
+    }
 }
 
 impl Registry {
@@ -293,6 +568,11 @@ impl Registry {
         Ok(registry)
     }
 
+    /// The part types registered at runtime live in.
+    pub fn dynamic(&self) -> &Arc<DynamicTypes> {
+        &self.dynamic
+    }
+
     pub fn register(&mut self, registration: Registration) -> Result<(), RegistryError> {
         let gvk = registration.gvk();
         let violations = resource::type_violations(&registration.resource_type);
@@ -302,37 +582,33 @@ impl Registry {
                 why: violations.join("; "),
             });
         }
-        let resource_type = &registration.resource_type;
-        let key = (
-            resource_type.group.clone(),
-            resource_type.group_version.clone(),
-            resource_type.kind.clone(),
-        );
+        let key = key_of(&registration.resource_type);
         if self.types.contains_key(&key) {
             return Err(RegistryError::Duplicate(gvk));
         }
+        self.dynamic
+            .builtin
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
         self.types.insert(key, Arc::new(registration));
         Ok(())
     }
 
     pub fn resolve(&self, resource_type: &Type) -> Option<Arc<Registration>> {
-        self.types
-            .get(&(
-                resource_type.group.clone(),
-                resource_type.group_version.clone(),
-                resource_type.kind.clone(),
-            ))
-            .cloned()
+        let key = key_of(resource_type);
+        if let Some(registration) = self.types.get(&key) {
+            return Some(registration.clone());
+        }
+        self.dynamic.read().by_key.get(&key).cloned()
     }
 
     /// Registered types a mistyped one probably meant: kinds of the same group within two edits,
     /// those of the requested version first; otherwise the same kind in other versions.
     pub fn similar(&self, resource_type: &Type) -> Vec<String> {
         let wanted_kind = resource_type.kind.to_lowercase();
-        let near: Vec<&Registration> = self
-            .types
-            .values()
-            .map(Arc::as_ref)
+        let near: Vec<Arc<Registration>> = self
+            .types()
             .filter(|registration| {
                 let candidate = &registration.resource_type;
                 candidate.group == resource_type.group
@@ -353,9 +629,55 @@ impl Registry {
         }
     }
 
-    /// Every registration, ordered by group, version and kind.
-    pub fn types(&self) -> impl Iterator<Item = &Arc<Registration>> {
-        self.types.values()
+    /// Every registration, built-in and registered, ordered by group, version and kind.
+    pub fn types(&self) -> std::vec::IntoIter<Arc<Registration>> {
+        let dynamic = self.dynamic.read();
+        let mut all: BTreeMap<&Key, &Arc<Registration>> = self.types.iter().collect();
+        all.extend(dynamic.by_key.iter());
+        all.into_values().cloned().collect::<Vec<_>>().into_iter()
+    }
+
+    /// The encoded descriptor set of every data message, built-in and registered, with their
+    /// imports (what ListTypes publishes).
+    pub fn descriptor_set(&self) -> Arc<Vec<u8>> {
+        let state = self.dynamic.read();
+        if let Some(set) = &state.descriptor_set {
+            return set.clone();
+        }
+        let mut set: prost_types::FileDescriptorSet =
+            prost::Message::decode(proto::FILE_DESCRIPTOR_SET).unwrap_or_default();
+        let mut names: std::collections::BTreeSet<String> =
+            set.file.iter().map(|f| f.name().to_owned()).collect();
+        for registration in state.by_key.values() {
+            let Some(installed) = &registration.registered else {
+                continue;
+            };
+            let Ok(files) = <prost_types::FileDescriptorSet as prost::Message>::decode(
+                installed.compiled.descriptor_set.as_slice(),
+            ) else {
+                continue;
+            };
+            for file in files.file {
+                if names.insert(file.name().to_owned()) {
+                    set.file.push(file);
+                }
+            }
+        }
+        let encoded = Arc::new(prost::Message::encode_to_vec(&set));
+        // Kept with the state it was made from (a change makes a new state without it).
+        let mut guard = self
+            .dynamic
+            .state
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if Arc::ptr_eq(&guard, &state) {
+            *guard = Arc::new(DynamicState {
+                by_key: state.by_key.clone(),
+                by_name: state.by_name.clone(),
+                descriptor_set: Some(encoded.clone()),
+            });
+        }
+        encoded
     }
 }
 

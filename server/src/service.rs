@@ -95,6 +95,9 @@ pub struct ResourceService {
     tenancy_units: tenancy_units::TenancyUnits,
     /// Bytes of lists being answered, node-wide.
     list_budget: Arc<crate::limits::ByteBudget>,
+    /// One read of the stored Types at a time ([`Self::learn_type`]), and how many started.
+    type_read: tokio::sync::Mutex<()>,
+    type_reads: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ResourceService {
@@ -120,6 +123,51 @@ impl ResourceService {
             shutdown: CancellationToken::new(),
             tenancy_units: tenancy_units::TenancyUnits::default(),
             list_budget: crate::limits::ByteBudget::new(crate::limits::DEFAULT_MAX_INFLIGHT_BYTES),
+            type_read: tokio::sync::Mutex::new(()),
+            type_reads: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Makes sure this node knows `resource_type` when a committed Type registers it, before a
+    /// request naming it is answered (DESIGN §15: a resource written right after its Type is
+    /// accepted on every node). A node learns Types from its feed a moment after they apply;
+    /// a request that names a type it does not know yet reads the stored Types (strongly)
+    /// first. One read at a time; a read that started after a request arrived answers it too.
+    pub(crate) async fn learn_type(&self, resource_type: Option<&proto::resource::v1::Type>) {
+        use std::sync::atomic::Ordering;
+        let Some(resource_type) = resource_type else {
+            return;
+        };
+        if resource_type.group.is_empty()
+            || crate::registry::dynamic::RESERVED_GROUPS.contains(&resource_type.group.as_str())
+            || self.registry.resolve(resource_type).is_some()
+        {
+            return;
+        }
+        let arrived = self.type_reads.load(Ordering::Acquire);
+        let _one = self.type_read.lock().await;
+        if self.type_reads.load(Ordering::Acquire) != arrived {
+            return;
+        }
+        self.type_reads.fetch_add(1, Ordering::AcqRel);
+        let types = match self
+            .backend
+            .list(
+                Consistency::Strong,
+                &crate::storage::UnversionedType::of(&resource::new_type("registry", "v1", "Type")),
+                &Tenancy::default(),
+                "",
+            )
+            .await
+        {
+            Ok(types) => types,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the stored Types");
+                return;
+            }
+        };
+        for stored in types {
+            self.registry.dynamic().install_stored(&stored);
         }
     }
 

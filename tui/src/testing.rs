@@ -67,6 +67,8 @@ pub fn info(group: &str, version: &str, kind: &str, scope: Scope) -> TypeInfo {
         }),
         scope: scope as i32,
         message_name: format!("resd.{group}.{version}.{kind}"),
+        builtin: true,
+        ..Default::default()
     }
 }
 

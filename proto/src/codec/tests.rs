@@ -14,6 +14,8 @@ fn codec() -> Codec {
             }),
             scope: scope as i32,
             message_name: format!("resd.{gvk}"),
+            builtin: true,
+            ..Default::default()
         }
     };
     Codec::new(ListTypesResponse {

@@ -1,7 +1,8 @@
 //! Keeps a node's [`TokenStore`] current: a watch of `acl.v1.Policy` and one of `acl.v1.Token`
 //! on the local state, each replacing its half of the store from the watch's snapshot and then
 //! applying every change. A watch that ends (a restore, a node catching up, shutdown) is opened
-//! again after a pause.
+//! again after a pause. [`follow`] is the loop; the registry's feed of `registry.v1.Type` uses it
+//! too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,24 +86,66 @@ pub async fn run(
 ) {
     let policies = follow(
         service.clone(),
-        store.clone(),
-        Kind::Policy,
+        AclFeed {
+            store: store.clone(),
+            kind: Kind::Policy,
+        },
         shutdown.clone(),
     );
-    let tokens = follow(service, store, Kind::Token, shutdown);
+    let tokens = follow(
+        service,
+        AclFeed {
+            store,
+            kind: Kind::Token,
+        },
+        shutdown,
+    );
     tokio::join!(policies, tokens);
 }
 
-async fn follow(
-    service: Arc<ResourceService>,
+struct AclFeed {
     store: Arc<TokenStore>,
     kind: Kind,
-    shutdown: CancellationToken,
-) {
+}
+
+impl Feed for AclFeed {
+    fn resource_type(&self) -> proto::resource::v1::Type {
+        resource::new_type("acl", "v1", self.kind.name())
+    }
+    fn replace(&self, items: Vec<Resource>) {
+        tracing::debug!(
+            kind = self.kind.name(),
+            count = items.len(),
+            "ACL cache loaded"
+        );
+        self.kind.replace(&self.store, items);
+    }
+    fn upsert(&self, item: &Resource) {
+        self.kind.upsert(&self.store, item);
+    }
+    fn delete(&self, item: &Resource) {
+        self.kind.delete(&self.store, item);
+    }
+}
+
+/// What follows one cluster-scoped type of the local state: the whole set from a watch's
+/// snapshot, then every change.
+pub trait Feed: Send + Sync {
+    fn resource_type(&self) -> proto::resource::v1::Type;
+    fn replace(&self, items: Vec<Resource>);
+    fn upsert(&self, item: &Resource);
+    fn delete(&self, item: &Resource);
+}
+
+/// Follows `feed`'s type until `shutdown`; a watch that ends (a restore, a node catching up) is
+/// opened again after a pause.
+pub async fn follow(service: Arc<ResourceService>, feed: impl Feed, shutdown: CancellationToken) {
     let mut pause = Duration::from_millis(100);
+    let resource_type = feed.resource_type();
+    let gvk = resource::gvk(&resource_type);
     loop {
         let request = WatchListRequest {
-            r#type: Some(resource::new_type("acl", "v1", kind.name())),
+            r#type: Some(resource_type.clone()),
             tenancy: Some(Tenancy::default()),
             name_prefix: String::new(),
             since_version: String::new(),
@@ -128,22 +171,17 @@ async fn follow(
                         }
                         (Some(watch_event::Event::EndOfSnapshot(_)), Some(_)) => {
                             if let Some(items) = snapshot.take() {
-                                tracing::debug!(
-                                    kind = kind.name(),
-                                    count = items.len(),
-                                    "ACL cache loaded"
-                                );
-                                kind.replace(&store, items);
+                                feed.replace(items);
                             }
                         }
                         (Some(watch_event::Event::Upsert(upsert)), None) => {
                             if let Some(item) = &upsert.resource {
-                                kind.upsert(&store, item);
+                                feed.upsert(item);
                             }
                         }
                         (Some(watch_event::Event::Delete(delete)), _) => {
                             if let Some(item) = &delete.resource {
-                                kind.delete(&store, item);
+                                feed.delete(item);
                             }
                         }
                         _ => {}
@@ -151,7 +189,7 @@ async fn follow(
                 }
             }
         };
-        tracing::debug!(kind = kind.name(), %why, retry_in = ?pause, "following the ACL resources again");
+        tracing::debug!(r#type = %gvk, %why, retry_in = ?pause, "following the stored resources again");
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(pause) => {}

@@ -4,6 +4,7 @@
 use proto::acl::v1 as acl_v1;
 use proto::demo::{v1 as demo_v1, v2 as demo_v2};
 use proto::internal::v1 as internal_v1;
+use proto::registry::v1 as registry_v1;
 use proto::resource::v1::{Id, Resource};
 use proto::tenancy::v1 as tenancy_v1;
 
@@ -25,6 +26,11 @@ pub const PARTITION: &str = "tenancy.v1.Partition";
 pub const NAMESPACE: &str = "tenancy.v1.Namespace";
 pub const ACL_POLICY: &str = "acl.v1.Policy";
 pub const ACL_TOKEN: &str = "acl.v1.Token";
+/// Types registered at runtime (DESIGN §15).
+pub const REGISTRY_TYPE: &str = "registry.v1.Type";
+/// The finalizer the type controller holds on every Type: released once every resource of the
+/// type is deleted.
+pub const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
 
 /// Longest tombstone name: `tombstone-` + a resource name + `-` + a 26-character uid.
 pub const MAX_TOMBSTONE_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
@@ -77,6 +83,13 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_references(token_policies),
     )?;
 
+    let types = registry.dynamic().clone();
+    registry.register(
+        Registration::new::<registry_v1::Type>(REGISTRY_TYPE, Scope::Cluster)
+            .with_mutate(compile_type)
+            .with_validate(move |resource| validate_type(&types, resource)),
+    )?;
+
     registry.register(
         Registration::new::<demo_v2::Artist>("demo.v2.Artist", Scope::Namespace)
             .with_acls(demo_acls(false))
@@ -107,6 +120,37 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         Registration::new::<demo_v1::Executive>("demo.v1.Executive", Scope::Cluster)
             .with_acls(demo_acls(false)),
     )?;
+    Ok(())
+}
+
+/// Compiles a Type's `.proto` source in the request handler (before proposing), storing the
+/// descriptor set beside it: every node then loads the same compiled schema.
+fn compile_type(resource: &mut Resource) -> Result<(), String> {
+    let written: registry_v1::Type = decode_data(resource)?;
+    let compiled = super::dynamic::compile(&written).map_err(|why| format!("resource.{why}"))?;
+    resource.data = Some(proto::to_any(&compiled));
+    Ok(())
+}
+
+/// A Type may claim its group.version.Kind (not built in, not another Type's, within
+/// `--max-types`), and an update of one stays compatible with what it replaces.
+fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(), String> {
+    let t: registry_v1::Type = decode_data(resource)?;
+    let name = resource
+        .id
+        .as_ref()
+        .map(|id| id.name.as_str())
+        .unwrap_or_default();
+    let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
+    types
+        .check_claim(name, &resource_type)
+        .map_err(|why| format!("resource.{why}"))?;
+    let compiled =
+        super::dynamic::CompiledType::load(&t).map_err(|why| format!("resource.{why}"))?;
+    if let Some(installed) = types.installed(name) {
+        super::dynamic::check_update(&installed.compiled, &compiled)
+            .map_err(|why| format!("resource.data: {why}"))?;
+    }
     Ok(())
 }
 

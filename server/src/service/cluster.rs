@@ -413,11 +413,21 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                     Scope::Any => pb::Scope::Any,
                 } as i32,
                 message_name: registration.message_name.clone(),
+                builtin: registration.registered.is_none(),
+                registered_by: registration
+                    .registered
+                    .as_ref()
+                    .map(|installed| installed.name.clone())
+                    .unwrap_or_default(),
+                deleting: registration
+                    .registered
+                    .as_ref()
+                    .is_some_and(|installed| installed.deleting),
             })
             .collect();
         Ok(Response::new(ListTypesResponse {
             types,
-            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+            file_descriptor_set: self.registry.descriptor_set().as_ref().clone(),
         }))
     }
 

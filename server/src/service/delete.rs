@@ -16,6 +16,8 @@ impl ResourceService {
         request: DeleteRequest,
     ) -> Result<DeleteResponse, Error> {
         let DeleteRequest { id, version } = request;
+        self.learn_type(id.as_ref().and_then(|id| id.r#type.as_ref()))
+            .await;
         let (id, registration) = self.check_request_id(id, "id")?;
         registration.check_write_access_before_existence(authorizer, &id)?;
         let gvk = registration.gvk();

@@ -89,6 +89,10 @@ impl ResourceService {
         resource: Option<Resource>,
     ) -> Result<PreparedWrite, Error> {
         let mut resource = resource.ok_or_else(|| Error::invalid("resource is required"))?;
+        self.learn_type(resource.id.as_ref().and_then(|id| id.r#type.as_ref()))
+            .await;
+        self.learn_type(resource.owner.as_ref().and_then(|id| id.r#type.as_ref()))
+            .await;
         let size = resource.encoded_len();
         if size > self.max_resource_bytes {
             return Err(Error::invalid(format!(
@@ -219,6 +223,19 @@ impl ResourceService {
                     )));
                 }
                 let marked = resource::is_marked_for_deletion(&existing);
+                if !marked && let Some(registered) = &prepared.registration.registered {
+                    // A resource being deleted may still release its finalizers.
+                    refuse_while_type_is_deleted(registered, &existing_id)?;
+                    if registered.compiled.has_transition_rules() {
+                        let data = |r: &Resource| {
+                            r.data.as_ref().map(|d| d.value.clone()).unwrap_or_default()
+                        };
+                        registered
+                            .compiled
+                            .check_rules(&data(&input), Some(&data(&existing)))
+                            .map_err(Error::InvalidArgument)?;
+                    }
+                }
                 if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) && !marked {
                     return Err(Error::invalid(format!(
                         "cannot update {}: its partition or namespace is marked for deletion",
@@ -306,6 +323,9 @@ impl ResourceService {
             );
         }
         violations.finish()?;
+        if let Some(registered) = &prepared.registration.registered {
+            refuse_while_type_is_deleted(registered, &id)?;
+        }
         if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) {
             return Err(Error::invalid(format!(
                 "cannot create {}: its partition or namespace is marked for deletion",
@@ -575,6 +595,8 @@ impl ResourceService {
             key,
             status,
         } = request;
+        self.learn_type(id.as_ref().and_then(|id| id.r#type.as_ref()))
+            .await;
         let mut violations = Violations::default();
         validate::check_id(
             &mut violations,
@@ -761,4 +783,21 @@ fn removed_member_id(node_id: u64) -> Result<proto::resource::v1::Id, Error> {
         ),
         tenancy: Some(Default::default()),
     })
+}
+
+/// Writes of a registered type whose Type is being deleted are refused (DESIGN §15): the type
+/// controller is emptying it.
+fn refuse_while_type_is_deleted(
+    registered: &crate::registry::dynamic::Installed,
+    id: &proto::resource::v1::Id,
+) -> Result<(), Error> {
+    if registered.deleting {
+        return Err(Error::FailedPrecondition(format!(
+            "cannot write {}: type {} is being deleted (Type {} is marked for deletion; its resources are being removed)",
+            DisplayId(id),
+            resource::gvk(&registered.compiled.resource_type),
+            registered.name
+        )));
+    }
+    Ok(())
 }

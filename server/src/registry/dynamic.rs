@@ -1,0 +1,719 @@
+//! Types registered at runtime (DESIGN §15): a `registry.v1.Type` compiled into what the
+//! resource service needs to treat its resources like a built-in type's — the data message (a
+//! [`MessageDescriptor`] from the stored descriptor set), its CEL rules and its defaults.
+//!
+//! [`compile`] runs in the request handler of a Type write, before proposing: protox turns the
+//! `.proto` source into the descriptor set stored beside it, and everything else is checked
+//! against that. [`CompiledType::load`] rebuilds the same thing from a stored Type on every node
+//! (from the stored descriptor set, never recompiling), so all nodes agree.
+//!
+//! Rules are CEL over `self` (the decoded data, proto field names) and, on an update, `old`.
+//! Their cost is bounded before they run: a rule's size times (the largest list or map in the
+//! data + 1) to the power of its comprehension nesting must stay within [`COST_BUDGET`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use cel_interpreter::{Context, Value as CelValue};
+use cel_parser::{Expression, Member};
+use prost::Message as _;
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, SerializeOptions,
+};
+use proto::registry::v1 as pb;
+
+use super::Scope;
+use crate::resource;
+
+/// Groups of the built-in types: no Type may register in them.
+pub const RESERVED_GROUPS: [&str; 6] = [
+    "internal",
+    "tenancy",
+    "acl",
+    "registry",
+    "coordination",
+    "demo",
+];
+/// Largest `.proto` source.
+pub const MAX_SCHEMA_BYTES: usize = 1 << 20;
+/// Most rules, and most defaults, of one type.
+pub const MAX_RULES: usize = 64;
+pub const MAX_DEFAULTS: usize = 64;
+/// Longest rule expression, message or field path.
+const MAX_RULE_TEXT: usize = 4096;
+/// Most evaluation steps a rule may be estimated to take on one resource.
+pub const COST_BUDGET: u64 = 1_000_000;
+/// CEL functions that iterate (comprehensions): each level of nesting multiplies the cost.
+const COMPREHENSIONS: [&str; 5] = ["all", "exists", "exists_one", "map", "filter"];
+
+/// A compiled rule.
+#[derive(Debug)]
+struct Rule {
+    index: usize,
+    expression: Expression,
+    message: String,
+    field: String,
+    /// Whether it reads `old` (then it runs on updates only, as a transition rule).
+    uses_old: bool,
+    /// Nodes of the expression, and how deeply its comprehensions nest.
+    size: u64,
+    depth: u32,
+}
+
+/// A registered type, ready to use.
+#[derive(Debug)]
+pub struct CompiledType {
+    pub resource_type: proto::resource::v1::Type,
+    pub scope: Scope,
+    pub message: MessageDescriptor,
+    /// The stored descriptor set (the type's file and its imports).
+    pub descriptor_set: Vec<u8>,
+    rules: Vec<Rule>,
+    defaults: Vec<(FieldDescriptor, prost_reflect::Value)>,
+}
+
+/// The file name the server compiles a Type's source as.
+pub fn file_name(t: &pb::Type) -> String {
+    format!(
+        "resd/{}/{}/{}.proto",
+        t.group,
+        t.group_version,
+        t.kind.to_lowercase()
+    )
+}
+
+/// The package a Type's source must declare.
+pub fn package(t: &pb::Type) -> String {
+    format!("resd.{}.{}", t.group, t.group_version)
+}
+
+/// Checks a Type as written and compiles its source: the Type to store (its `descriptor_set`
+/// the compiler's), or every problem found, each naming its field.
+pub fn compile(t: &pb::Type) -> Result<pb::Type, String> {
+    let mut problems = Vec::new();
+    let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
+    for violation in resource::type_violations(&resource_type) {
+        problems.push(format!("data.{violation}"));
+    }
+    if RESERVED_GROUPS.contains(&t.group.as_str()) {
+        problems.push(format!(
+            "data.group {:?} is reserved for built-in types ({}); choose a group of your own",
+            t.group,
+            RESERVED_GROUPS.join(", ")
+        ));
+    }
+    if scope_of(t.scope).is_none() {
+        problems.push(
+            "data.scope is required: SCOPE_CLUSTER, SCOPE_PARTITION or SCOPE_NAMESPACE".into(),
+        );
+    }
+    if t.proto.trim().is_empty() {
+        problems.push("data.proto is required: the text of one .proto file".into());
+    } else if t.proto.len() > MAX_SCHEMA_BYTES {
+        problems.push(format!(
+            "data.proto is {} bytes; a schema may have at most {MAX_SCHEMA_BYTES}",
+            t.proto.len()
+        ));
+    }
+    if t.rules.len() > MAX_RULES {
+        problems.push(format!(
+            "data.rules has {} rules; a type may have at most {MAX_RULES}",
+            t.rules.len()
+        ));
+    }
+    if t.defaults.len() > MAX_DEFAULTS {
+        problems.push(format!(
+            "data.defaults has {} entries; a type may have at most {MAX_DEFAULTS}",
+            t.defaults.len()
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    let descriptor_set = compile_source(t)?;
+    let compiled = pb::Type {
+        descriptor_set,
+        ..t.clone()
+    };
+    CompiledType::load(&compiled)?;
+    Ok(compiled)
+}
+
+/// Compiles the `.proto` source of `t` (with the well-known types importable) into an encoded
+/// descriptor set with source info (comments, for `resctl explain`).
+fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
+    let name = file_name(t);
+    let mut resolver = protox::file::ChainFileResolver::new();
+    resolver.add(SourceResolver {
+        name: name.clone(),
+        source: t.proto.clone(),
+    });
+    resolver.add(protox::file::GoogleFileResolver::new());
+    let mut compiler = protox::Compiler::with_file_resolver(resolver);
+    compiler.include_imports(true).include_source_info(true);
+    compiler.open_file(&name).map_err(|error| {
+        // The Debug form carries the file, line and column: `resd/…/invoice.proto:3:9: …`.
+        format!("data.proto does not compile: {error:?}")
+    })?;
+    let package = package(t);
+    let set = compiler.file_descriptor_set();
+    let file = set
+        .file
+        .iter()
+        .find(|file| file.name() == name)
+        .ok_or_else(|| "data.proto does not compile: the file is missing".to_owned())?;
+    if file.package() != package {
+        return Err(format!(
+            "data.proto declares package {:?}; a Type {}.{}.{} must declare `package {package};`",
+            file.package(),
+            t.group,
+            t.group_version,
+            t.kind
+        ));
+    }
+    if !file.message_type.iter().any(|m| m.name() == t.kind) {
+        let declared: Vec<&str> = file.message_type.iter().map(|m| m.name()).collect();
+        return Err(format!(
+            "data.proto has no message {} (the kind); it declares {}",
+            t.kind,
+            if declared.is_empty() {
+                "none".to_owned()
+            } else {
+                declared.join(", ")
+            }
+        ));
+    }
+    Ok(compiler.encode_file_descriptor_set())
+}
+
+/// Serves the one source file of a Type to protox.
+struct SourceResolver {
+    name: String,
+    source: String,
+}
+
+impl protox::file::FileResolver for SourceResolver {
+    fn open_file(&self, name: &str) -> Result<protox::file::File, protox::Error> {
+        if name == self.name {
+            protox::file::File::from_source(name, &self.source)
+        } else {
+            Err(protox::Error::file_not_found(name))
+        }
+    }
+}
+
+/// The scope a Type names.
+pub fn scope_of(scope: i32) -> Option<Scope> {
+    match pb::Scope::try_from(scope) {
+        Ok(pb::Scope::Cluster) => Some(Scope::Cluster),
+        Ok(pb::Scope::Partition) => Some(Scope::Partition),
+        Ok(pb::Scope::Namespace) => Some(Scope::Namespace),
+        _ => None,
+    }
+}
+
+impl CompiledType {
+    /// Builds a type from a stored (compiled) Type: its message, rules and defaults.
+    pub fn load(t: &pb::Type) -> Result<CompiledType, String> {
+        let pool = DescriptorPool::decode(t.descriptor_set.as_slice())
+            .map_err(|error| format!("data.descriptor_set is not a descriptor set: {error}"))?;
+        let message_name = format!("{}.{}", package(t), t.kind);
+        let message = pool
+            .get_message_by_name(&message_name)
+            .ok_or_else(|| format!("data.descriptor_set holds no message {message_name}"))?;
+        let scope = scope_of(t.scope).ok_or_else(|| "data.scope is required".to_owned())?;
+        let mut problems = Vec::new();
+        let mut rules = Vec::new();
+        for (index, rule) in t.rules.iter().enumerate() {
+            match compile_rule(index, rule, &message) {
+                Ok(rule) => rules.push(rule),
+                Err(why) => problems.push(why),
+            }
+        }
+        let mut defaults = Vec::new();
+        for (index, default) in t.defaults.iter().enumerate() {
+            match compile_default(&message, default) {
+                Ok(value) => defaults.push(value),
+                Err(why) => problems.push(format!("data.defaults[{index}]: {why}")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
+        Ok(CompiledType {
+            resource_type: resource::new_type(&t.group, &t.group_version, &t.kind),
+            scope,
+            message,
+            descriptor_set: t.descriptor_set.clone(),
+            rules,
+            defaults,
+        })
+    }
+
+    /// Sets the defaults on unset fields of `data` (the mutate step). `None` when nothing was
+    /// set.
+    pub fn apply_defaults(&self, data: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        if self.defaults.is_empty() {
+            return Ok(None);
+        }
+        let mut message = DynamicMessage::decode(self.message.clone(), data)
+            .map_err(|error| format!("resource.data invalid: {error}"))?;
+        let mut changed = false;
+        for (field, value) in &self.defaults {
+            if !message.has_field(field) {
+                message.set_field(field, value.clone());
+                changed = true;
+            }
+        }
+        Ok(changed.then(|| message.encode_to_vec()))
+    }
+
+    /// Checks the rules on `data`: those without `old` always, those with `old` when `old` (the
+    /// stored data) is given. Every violation, each naming the rule's field and message.
+    pub fn check_rules(&self, data: &[u8], old: Option<&[u8]>) -> Result<(), String> {
+        let relevant: Vec<&Rule> = self
+            .rules
+            .iter()
+            .filter(|rule| rule.uses_old == old.is_some() || !rule.uses_old)
+            .collect();
+        if relevant.is_empty() {
+            return Ok(());
+        }
+        let (value, mut largest) = self.cel_value(data)?;
+        let mut context = Context::default();
+        context.add_variable_from_value("self", value);
+        if let Some(old) = old {
+            let (old_value, old_largest) = self.cel_value(old)?;
+            largest = largest.max(old_largest);
+            context.add_variable_from_value("old", old_value);
+        }
+        let mut problems = Vec::new();
+        for rule in relevant {
+            let at = if rule.field.is_empty() {
+                "resource.data".to_owned()
+            } else {
+                format!("resource.data.{}", rule.field)
+            };
+            let cost = rule
+                .size
+                .saturating_mul((largest + 1).saturating_pow(rule.depth));
+            if cost > COST_BUDGET {
+                problems.push(format!(
+                    "{at}: rule {} ({}) is over its cost budget for this resource (about {cost} steps, at most {COST_BUDGET}): its lists are too large for it",
+                    rule.index, rule.message
+                ));
+                continue;
+            }
+            match CelValue::resolve(&rule.expression, &context) {
+                Ok(CelValue::Bool(true)) => {}
+                Ok(CelValue::Bool(false)) => problems.push(format!("{at}: {}", rule.message)),
+                Ok(other) => problems.push(format!(
+                    "{at}: rule {} ({}) gave {other:?}, not a bool",
+                    rule.index, rule.message
+                )),
+                Err(error) => problems.push(format!(
+                    "{at}: rule {} ({}) could not be evaluated: {error}",
+                    rule.index, rule.message
+                )),
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
+    /// The data as a CEL value (proto field names, every scalar field present, 64-bit integers
+    /// as numbers), and the size of its largest list or map.
+    fn cel_value(&self, data: &[u8]) -> Result<(CelValue, u64), String> {
+        let message = DynamicMessage::decode(self.message.clone(), data)
+            .map_err(|error| format!("resource.data invalid: {error}"))?;
+        let options = SerializeOptions::new()
+            .use_proto_field_name(true)
+            .stringify_64_bit_integers(false)
+            .skip_default_fields(false);
+        let json = message
+            .serialize_with_options(serde_json::value::Serializer, &options)
+            .map_err(|error| format!("resource.data invalid: {error}"))?;
+        let largest = largest_collection(&json);
+        let value = cel_interpreter::to_value(&json)
+            .map_err(|error| format!("resource.data cannot be read by rules: {error}"))?;
+        Ok((value, largest))
+    }
+
+    /// Whether any rule reads `old` (the write path then checks on the stored object).
+    pub fn has_transition_rules(&self) -> bool {
+        self.rules.iter().any(|rule| rule.uses_old)
+    }
+}
+
+fn largest_collection(value: &serde_json::Value) -> u64 {
+    match value {
+        serde_json::Value::Array(items) => {
+            (items.len() as u64).max(items.iter().map(largest_collection).max().unwrap_or(0))
+        }
+        serde_json::Value::Object(fields) => {
+            (fields.len() as u64).max(fields.values().map(largest_collection).max().unwrap_or(0))
+        }
+        _ => 0,
+    }
+}
+
+fn compile_rule(
+    index: usize,
+    rule: &pb::Rule,
+    message: &MessageDescriptor,
+) -> Result<Rule, String> {
+    let at = format!("data.rules[{index}]");
+    for (what, text) in [
+        ("expression", &rule.expression),
+        ("message", &rule.message),
+        ("field", &rule.field),
+    ] {
+        if text.len() > MAX_RULE_TEXT {
+            return Err(format!(
+                "{at}.{what} is {} bytes; at most {MAX_RULE_TEXT}",
+                text.len()
+            ));
+        }
+    }
+    if rule.expression.trim().is_empty() {
+        return Err(format!("{at}.expression is required"));
+    }
+    if rule.message.trim().is_empty() {
+        return Err(format!(
+            "{at}.message is required: what a violation says to the writer"
+        ));
+    }
+    let expression = cel_parser::parse(&rule.expression).map_err(|error| {
+        format!(
+            "{at}.expression {:?} does not compile: {} at {}",
+            rule.expression, error.msg, error.span
+        )
+    })?;
+    let mut unknown = BTreeSet::new();
+    let mut uses_old = false;
+    let mut size = 0u64;
+    let depth = walk(&expression, message, &mut unknown, &mut uses_old, &mut size);
+    if !unknown.is_empty() {
+        return Err(format!(
+            "{at}.expression {:?} names unknown fields: {}",
+            rule.expression,
+            unknown.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if !rule.field.is_empty() {
+        check_field_path(message, &rule.field).map_err(|why| format!("{at}.field: {why}"))?;
+    }
+    Ok(Rule {
+        index,
+        expression,
+        message: rule.message.clone(),
+        field: rule.field.clone(),
+        uses_old,
+        size,
+        depth,
+    })
+}
+
+/// A dot-separated path of proto field names, each but the last a singular message.
+fn check_field_path(message: &MessageDescriptor, path: &str) -> Result<(), String> {
+    let mut current = message.clone();
+    let parts: Vec<&str> = path.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let field = current
+            .get_field_by_name(part)
+            .ok_or_else(|| format!("{} has no field {part:?}", current.full_name()))?;
+        if i + 1 < parts.len() {
+            match field.kind() {
+                Kind::Message(next) if !field.is_list() && !field.is_map() => current = next,
+                _ => {
+                    return Err(format!(
+                        "{part} is not a message field, so {path} names nothing"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Walks a rule: field selections on `self`/`old` that the message lacks go to `unknown`;
+/// counts nodes into `size`; returns the comprehension nesting depth.
+fn walk(
+    expression: &Expression,
+    message: &MessageDescriptor,
+    unknown: &mut BTreeSet<String>,
+    uses_old: &mut bool,
+    size: &mut u64,
+) -> u32 {
+    use Expression as E;
+    *size += 1;
+    let recurse = |e: &Expression,
+                   unknown: &mut BTreeSet<String>,
+                   uses_old: &mut bool,
+                   size: &mut u64| walk(e, message, unknown, uses_old, size);
+    match expression {
+        E::Arithmetic(a, _, b) | E::Relation(a, _, b) | E::Or(a, b) | E::And(a, b) => {
+            recurse(a, unknown, uses_old, size).max(recurse(b, unknown, uses_old, size))
+        }
+        E::Ternary(a, b, c) => recurse(a, unknown, uses_old, size)
+            .max(recurse(b, unknown, uses_old, size))
+            .max(recurse(c, unknown, uses_old, size)),
+        E::Unary(_, a) => recurse(a, unknown, uses_old, size),
+        E::Member(target, member) => {
+            if let Member::Attribute(name) = member.as_ref()
+                && let Some(of) = selected_message(target, message, uses_old)
+                && of.get_field_by_name(name).is_none()
+            {
+                unknown.insert(format!("{} of {}", name, of.full_name()));
+            }
+            let inner = match member.as_ref() {
+                Member::Index(index) => recurse(index, unknown, uses_old, size),
+                Member::Fields(fields) => fields
+                    .iter()
+                    .map(|(_, e)| recurse(e, unknown, uses_old, size))
+                    .max()
+                    .unwrap_or(0),
+                Member::Attribute(_) => 0,
+            };
+            recurse(target, unknown, uses_old, size).max(inner)
+        }
+        E::FunctionCall(function, target, arguments) => {
+            let iterates = matches!(function.as_ref(), E::Ident(name) if COMPREHENSIONS.contains(&name.as_str()));
+            let mut depth = recurse(function, unknown, uses_old, size);
+            if let Some(target) = target {
+                depth = depth.max(recurse(target, unknown, uses_old, size));
+            }
+            for argument in arguments {
+                depth = depth.max(recurse(argument, unknown, uses_old, size));
+            }
+            depth + u32::from(iterates)
+        }
+        E::List(items) => items
+            .iter()
+            .map(|e| recurse(e, unknown, uses_old, size))
+            .max()
+            .unwrap_or(0),
+        E::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| {
+                recurse(k, unknown, uses_old, size).max(recurse(v, unknown, uses_old, size))
+            })
+            .max()
+            .unwrap_or(0),
+        E::Ident(name) => {
+            if name.as_str() == "old" {
+                *uses_old = true;
+            }
+            0
+        }
+        E::Atom(_) => 0,
+    }
+}
+
+/// The message a selection's target is, when it is `self`/`old` or a chain of singular message
+/// fields from them.
+fn selected_message(
+    target: &Expression,
+    message: &MessageDescriptor,
+    uses_old: &mut bool,
+) -> Option<MessageDescriptor> {
+    use Expression as E;
+    match target {
+        E::Ident(name) if name.as_str() == "self" => Some(message.clone()),
+        E::Ident(name) if name.as_str() == "old" => {
+            *uses_old = true;
+            Some(message.clone())
+        }
+        E::Member(inner, member) => {
+            let Member::Attribute(name) = member.as_ref() else {
+                return None;
+            };
+            let of = selected_message(inner, message, uses_old)?;
+            let field = of.get_field_by_name(name)?;
+            match field.kind() {
+                Kind::Message(next) if !field.is_list() && !field.is_map() => Some(next),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+fn compile_default(
+    message: &MessageDescriptor,
+    default: &pb::Default,
+) -> Result<(FieldDescriptor, prost_reflect::Value), String> {
+    let field = message.get_field_by_name(&default.field).ok_or_else(|| {
+        format!(
+            "field {:?}: {} has no such field",
+            default.field,
+            message.full_name()
+        )
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&default.value).map_err(|error| {
+        format!(
+            "value {:?} of {} is not JSON ({error}); a string is written \"\\\"EUR\\\"\"",
+            default.value, default.field
+        )
+    })?;
+    let document = serde_json::json!({ field.json_name(): value });
+    let parsed = DynamicMessage::deserialize(message.clone(), document).map_err(|error| {
+        format!(
+            "value {} does not fit field {} ({}): {error}",
+            default.value,
+            default.field,
+            kind_name(&field)
+        )
+    })?;
+    if !parsed.has_field(&field) {
+        return Err(format!(
+            "value {} of {} is the field's zero value, which is what an unset field reads as already",
+            default.value, default.field
+        ));
+    }
+    let value = parsed.get_field(&field).into_owned();
+    Ok((field, value))
+}
+
+/// `string`, `repeated int64`, `map<string, int32>`, `payments.v1.Address`: a field's type as the
+/// `.proto` spells it.
+pub fn kind_name(field: &FieldDescriptor) -> String {
+    fn scalar(kind: &Kind) -> String {
+        match kind {
+            Kind::Double => "double".into(),
+            Kind::Float => "float".into(),
+            Kind::Int32 => "int32".into(),
+            Kind::Int64 => "int64".into(),
+            Kind::Uint32 => "uint32".into(),
+            Kind::Uint64 => "uint64".into(),
+            Kind::Sint32 => "sint32".into(),
+            Kind::Sint64 => "sint64".into(),
+            Kind::Fixed32 => "fixed32".into(),
+            Kind::Fixed64 => "fixed64".into(),
+            Kind::Sfixed32 => "sfixed32".into(),
+            Kind::Sfixed64 => "sfixed64".into(),
+            Kind::Bool => "bool".into(),
+            Kind::String => "string".into(),
+            Kind::Bytes => "bytes".into(),
+            Kind::Message(m) => m.full_name().into(),
+            Kind::Enum(e) => e.full_name().into(),
+        }
+    }
+    if field.is_map()
+        && let Kind::Message(entry) = field.kind()
+    {
+        let key = entry.map_entry_key_field();
+        let value = entry.map_entry_value_field();
+        return format!("map<{}, {}>", scalar(&key.kind()), scalar(&value.kind()));
+    }
+    if field.is_list() {
+        return format!("repeated {}", scalar(&field.kind()));
+    }
+    scalar(&field.kind())
+}
+
+/// Whether `new` may replace `old` (DESIGN §15): the same group, version, kind and scope, and a
+/// wire-compatible schema — fields and enum values may be added, none removed, renumbered,
+/// renamed, retyped or changed in cardinality. Every problem, each naming the field.
+pub fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if old.resource_type != new.resource_type {
+        problems.push(format!(
+            "data.group, group_version and kind cannot change ({} → {}): register a new Type for a new version",
+            resource::gvk(&old.resource_type),
+            resource::gvk(&new.resource_type)
+        ));
+    }
+    if old.scope != new.scope {
+        problems.push(format!(
+            "data.scope cannot change ({} → {}): stored resources live where the old scope put them",
+            old.scope.name(),
+            new.scope.name()
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    compare_messages(&old.message, &new.message, &mut seen, &mut problems);
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}; a breaking change is a new group_version, i.e. a new Type",
+            problems.join("; ")
+        ))
+    }
+}
+
+fn compare_messages(
+    old: &MessageDescriptor,
+    new: &MessageDescriptor,
+    seen: &mut BTreeSet<String>,
+    problems: &mut Vec<String>,
+) {
+    if !seen.insert(old.full_name().to_owned()) {
+        return;
+    }
+    let by_number: HashMap<u32, FieldDescriptor> =
+        new.fields().map(|field| (field.number(), field)).collect();
+    for field in old.fields() {
+        let name = format!("{}.{}", old.full_name(), field.name());
+        let Some(now) = by_number.get(&field.number()) else {
+            match new.get_field_by_name(field.name()) {
+                Some(moved) => problems.push(format!(
+                    "field {name} changes its number from {} to {}",
+                    field.number(),
+                    moved.number()
+                )),
+                None => problems.push(format!(
+                    "field {name} (number {}) is removed",
+                    field.number()
+                )),
+            }
+            continue;
+        };
+        if now.name() != field.name() {
+            problems.push(format!(
+                "field {name} (number {}) is renamed to {}",
+                field.number(),
+                now.name()
+            ));
+        }
+        let (was, is) = (kind_name(&field), kind_name(now));
+        if was != is {
+            problems.push(format!("field {name} changes type from {was} to {is}"));
+        } else if field.is_list() != now.is_list() || field.is_map() != now.is_map() {
+            problems.push(format!("field {name} changes cardinality"));
+        } else {
+            match (field.kind(), now.kind()) {
+                (Kind::Message(a), Kind::Message(b)) => compare_messages(&a, &b, seen, problems),
+                (Kind::Enum(a), Kind::Enum(b)) => {
+                    let kept: BTreeSet<i32> = b.values().map(|v| v.number()).collect();
+                    for value in a.values().filter(|v| !kept.contains(&v.number())) {
+                        problems.push(format!(
+                            "enum value {} ({}) of {} is removed",
+                            value.name(),
+                            value.number(),
+                            a.full_name()
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A registered type's pieces the registry keeps.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    /// The `registry.v1.Type` resource's name.
+    pub name: String,
+    pub compiled: Arc<CompiledType>,
+    /// Whether its Type is marked for deletion.
+    pub deleting: bool,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,327 @@
+//! Compiling Types, their rules and defaults, and what an update may change.
+
+use super::*;
+
+/// A change to a Type, and what its refusal must say.
+type Change = Box<dyn Fn(&mut pb::Type)>;
+
+pub(crate) const INVOICE: &str = r#"
+syntax = "proto3";
+package resd.payments.v1;
+
+import "google/protobuf/timestamp.proto";
+
+// An invoice a customer owes.
+message Invoice {
+  // What is owed, in cents.
+  int64 amount_cents = 1;
+  // ISO 4217 code.
+  string currency = 2;
+  string customer = 3;
+  repeated Line lines = 4;
+  Address billing = 5;
+  google.protobuf.Timestamp due = 6;
+  Status status = 7;
+}
+
+message Line {
+  string item = 1;
+  int64 cents = 2;
+}
+
+message Address {
+  string city = 1;
+}
+
+enum Status {
+  STATUS_UNSPECIFIED = 0;
+  STATUS_OPEN = 1;
+  STATUS_PAID = 2;
+}
+"#;
+
+pub(crate) fn invoice_type() -> pb::Type {
+    pb::Type {
+        group: "payments".into(),
+        group_version: "v1".into(),
+        kind: "Invoice".into(),
+        scope: pb::Scope::Namespace as i32,
+        description: "Invoices".into(),
+        proto: INVOICE.into(),
+        descriptor_set: Vec::new(),
+        rules: vec![
+            pb::Rule {
+                expression: "self.amount_cents >= 0".into(),
+                message: "amount_cents must not be negative".into(),
+                field: "amount_cents".into(),
+            },
+            pb::Rule {
+                expression: "self.lines.all(l, l.cents >= 0)".into(),
+                message: "every line's cents must not be negative".into(),
+                field: "lines".into(),
+            },
+        ],
+        defaults: vec![pb::Default {
+            field: "currency".into(),
+            value: "\"EUR\"".into(),
+        }],
+    }
+}
+
+fn data(compiled: &CompiledType, json: serde_json::Value) -> Vec<u8> {
+    DynamicMessage::deserialize(compiled.message.clone(), json)
+        .expect("valid data")
+        .encode_to_vec()
+}
+
+fn decoded(compiled: &CompiledType, bytes: &[u8]) -> serde_json::Value {
+    DynamicMessage::decode(compiled.message.clone(), bytes)
+        .expect("decodes")
+        .serialize_with_options(
+            serde_json::value::Serializer,
+            &SerializeOptions::new().use_proto_field_name(true),
+        )
+        .expect("serializes")
+}
+
+fn load(t: &pb::Type) -> CompiledType {
+    CompiledType::load(&compile(t).expect("compiles")).expect("loads")
+}
+
+#[test]
+fn a_type_compiles_and_its_rules_and_defaults_apply() {
+    let stored = compile(&invoice_type()).expect("compiles");
+    assert!(!stored.descriptor_set.is_empty());
+    let compiled = CompiledType::load(&stored).expect("loads");
+    assert_eq!(compiled.message.full_name(), "resd.payments.v1.Invoice");
+    assert_eq!(compiled.scope, Scope::Namespace);
+
+    // The default fills an unset currency, and leaves a set one alone.
+    let bare = data(&compiled, serde_json::json!({"amountCents": 1200}));
+    let filled = compiled
+        .apply_defaults(&bare)
+        .expect("defaults")
+        .expect("changed");
+    assert_eq!(decoded(&compiled, &filled)["currency"], "EUR");
+    let usd = data(&compiled, serde_json::json!({"currency": "USD"}));
+    assert_eq!(compiled.apply_defaults(&usd).expect("defaults"), None);
+
+    // Rules.
+    compiled.check_rules(&filled, None).expect("valid");
+    let negative = data(&compiled, serde_json::json!({"amountCents": -5}));
+    let error = compiled.check_rules(&negative, None).expect_err("negative");
+    assert!(
+        error.contains("resource.data.amount_cents: amount_cents must not be negative"),
+        "{error}"
+    );
+    let bad_line = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5, "lines": [{"item": "a", "cents": 3}, {"item": "b", "cents": -1}]}),
+    );
+    let error = compiled.check_rules(&bad_line, None).expect_err("bad line");
+    assert!(error.contains("every line's cents"), "{error}");
+}
+
+#[test]
+fn transition_rules_see_the_stored_data() {
+    let mut t = invoice_type();
+    t.rules.push(pb::Rule {
+        expression: "self.amount_cents >= old.amount_cents".into(),
+        message: "amount_cents may only grow".into(),
+        field: String::new(),
+    });
+    let compiled = load(&t);
+    assert!(compiled.has_transition_rules());
+    let low = data(&compiled, serde_json::json!({"amountCents": 5}));
+    let high = data(&compiled, serde_json::json!({"amountCents": 9}));
+    // On create (no old) only the others run.
+    compiled.check_rules(&low, None).expect("create");
+    compiled.check_rules(&high, Some(&low)).expect("grows");
+    let error = compiled
+        .check_rules(&low, Some(&high))
+        .expect_err("shrinks");
+    assert!(
+        error.contains("resource.data: amount_cents may only grow"),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_types_are_refused_naming_what_is_wrong() {
+    let cases: Vec<(Change, &str)> = vec![
+        (
+            Box::new(|t| {
+                t.proto = "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Invoice { int64 amount_cents = 1 }\n".into()
+            }),
+            "invoice.proto:3:",
+        ),
+        (
+            Box::new(|t| t.proto = t.proto.replace("resd.payments.v1", "resd.billing.v1")),
+            "must declare `package resd.payments.v1;`",
+        ),
+        (Box::new(|t| t.kind = "Bill".into()), "has no message Bill"),
+        (
+            Box::new(|t| {
+                t.proto = t
+                    .proto
+                    .replace("google/protobuf/timestamp.proto", "team/secret.proto")
+            }),
+            "team/secret.proto",
+        ),
+        (
+            Box::new(|t| t.group = "acl".into()),
+            "reserved for built-in types",
+        ),
+        (Box::new(|t| t.scope = 0), "data.scope is required"),
+        (
+            Box::new(|t| t.proto = "x".repeat(MAX_SCHEMA_BYTES + 1)),
+            "at most 1048576",
+        ),
+        (
+            Box::new(|t| t.rules[0].expression = "self.amount_cents >=".into()),
+            "data.rules[0].expression",
+        ),
+        (
+            Box::new(|t| t.rules[0].expression = "self.amount > 0".into()),
+            "unknown fields: amount of resd.payments.v1.Invoice",
+        ),
+        (
+            Box::new(|t| t.rules[0].expression = "self.billing.town == ''".into()),
+            "town of resd.payments.v1.Address",
+        ),
+        (
+            Box::new(|t| t.rules[0].field = "amount".into()),
+            "data.rules[0].field",
+        ),
+        (
+            Box::new(|t| t.rules[0].message = String::new()),
+            "data.rules[0].message is required",
+        ),
+        (
+            Box::new(|t| t.rules = vec![t.rules[0].clone(); MAX_RULES + 1]),
+            "at most 64",
+        ),
+        (
+            Box::new(|t| t.defaults[0].value = "42".into()),
+            "does not fit field currency",
+        ),
+        (
+            Box::new(|t| t.defaults[0].value = "EUR".into()),
+            "is not JSON",
+        ),
+        (
+            Box::new(|t| t.defaults[0].field = "money".into()),
+            "has no such field",
+        ),
+    ];
+    for (change, needle) in cases {
+        let mut t = invoice_type();
+        change(&mut t);
+        let error = compile(&t).expect_err(needle);
+        assert!(error.contains(needle), "{needle:?} in {error}");
+    }
+}
+
+#[test]
+fn updates_stay_wire_compatible() {
+    let old = load(&invoice_type());
+    // Added fields, enum values and rules are fine.
+    let mut grown = invoice_type();
+    grown.proto = grown
+        .proto
+        .replace(
+            "  Status status = 7;",
+            "  Status status = 7;\n  string note = 8;",
+        )
+        .replace(
+            "  STATUS_PAID = 2;",
+            "  STATUS_PAID = 2;\n  STATUS_VOID = 3;",
+        );
+    grown.rules.push(pb::Rule {
+        expression: "size(self.note) < 100".into(),
+        message: "note is short".into(),
+        field: "note".into(),
+    });
+    check_update(&old, &load(&grown)).expect("compatible");
+
+    let cases: Vec<(Change, &str)> = vec![
+        (
+            Box::new(|t| t.proto = t.proto.replace("  string customer = 3;\n", "")),
+            "field resd.payments.v1.Invoice.customer (number 3) is removed",
+        ),
+        (
+            Box::new(|t| {
+                t.proto = t
+                    .proto
+                    .replace("string customer = 3;", "string customer = 9;")
+            }),
+            "customer changes its number from 3 to 9",
+        ),
+        (
+            Box::new(|t| {
+                t.proto = t
+                    .proto
+                    .replace("string customer = 3;", "int64 customer = 3;")
+            }),
+            "customer changes type from string to int64",
+        ),
+        (
+            Box::new(|t| {
+                t.proto = t
+                    .proto
+                    .replace("string customer = 3;", "repeated string customer = 3;")
+            }),
+            "customer changes type from string to repeated string",
+        ),
+        (
+            Box::new(|t| {
+                t.proto = t
+                    .proto
+                    .replace("string customer = 3;", "string client = 3;")
+            }),
+            "renamed to client",
+        ),
+        (
+            Box::new(|t| t.proto = t.proto.replace("  string city = 1;", "  int32 city = 1;")),
+            "Address.city changes type",
+        ),
+        (
+            Box::new(|t| t.proto = t.proto.replace("  STATUS_PAID = 2;\n", "")),
+            "enum value STATUS_PAID (2)",
+        ),
+        (
+            Box::new(|t| t.scope = pb::Scope::Cluster as i32),
+            "data.scope cannot change",
+        ),
+    ];
+    for (change, needle) in cases {
+        let mut t = invoice_type();
+        change(&mut t);
+        let error = check_update(&old, &load(&t)).expect_err(needle);
+        assert!(error.contains(needle), "{needle:?} in {error}");
+        assert!(error.contains("new group_version"), "{error}");
+    }
+}
+
+#[test]
+fn a_rule_over_its_cost_budget_fails_the_write_and_never_runs_long() {
+    let mut t = invoice_type();
+    t.rules = vec![pb::Rule {
+        expression: "self.lines.all(a, self.lines.all(b, self.lines.all(c, a.cents + b.cents + c.cents >= 0)))".into(),
+        message: "no negative triples".into(),
+        field: "lines".into(),
+    }];
+    let compiled = load(&t);
+    let small: Vec<serde_json::Value> = (0..10).map(|i| serde_json::json!({"cents": i})).collect();
+    compiled
+        .check_rules(&data(&compiled, serde_json::json!({"lines": small})), None)
+        .expect("ten lines are within budget");
+    let large: Vec<serde_json::Value> =
+        (0..2000).map(|i| serde_json::json!({"cents": i})).collect();
+    let started = std::time::Instant::now();
+    let error = compiled
+        .check_rules(&data(&compiled, serde_json::json!({"lines": large})), None)
+        .expect_err("over budget");
+    assert!(error.contains("over its cost budget"), "{error}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
