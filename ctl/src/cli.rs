@@ -165,8 +165,13 @@ pub enum Command {
     Tree(NamedArgs),
     /// Edit a resource in $EDITOR and save it with compare-and-swap
     Edit(NamedArgs),
-    /// List the types the server knows
+    /// List the types the server knows (built in, or registered by a registry.v1.Type)
     Types,
+    /// Describe a type's schema, or one field of it: each field's type and its .proto comment
+    #[command(
+        after_help = "Examples:\n  resctl explain payments.v1.Invoice\n  resctl explain Invoice.amount_cents\n  resctl explain payments.v1.Invoice.lines.cents\n  resctl explain Invoice -o json"
+    )]
+    Explain(ExplainArgs),
     /// Stream changes to resources of a type, one line per event
     Watch(WatchArgs),
     /// Cluster membership and raft state
@@ -615,4 +620,10 @@ mod typed_names_tests {
         );
         assert!(super::typed_names("demo.v1.Artist/", &[]).is_err());
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A type (Kind, or group.version.Kind), then field names: `Invoice.lines.cents`
+    pub path: String,
 }

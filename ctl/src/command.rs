@@ -11,6 +11,7 @@ pub mod controllers;
 pub mod delete;
 pub mod diff;
 pub mod edit;
+pub mod explain;
 pub mod get;
 pub mod snapshot;
 pub mod status;
@@ -46,6 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Tree(args) => tree::run(&session, &args).await,
                 Command::Edit(args) => edit::run(&session, &args).await,
                 Command::Types => types::run(&session).await,
+                Command::Explain(args) => explain::run(&session, &args).await,
                 Command::Watch(args) => watch::run(&session, &args).await,
                 Command::Cluster(command) => cluster::run(&session, command).await,
                 Command::Acl(command) => acl::run(&session, command).await,

@@ -291,6 +291,17 @@ impl Codec {
     /// Reads every document of a (multi-document) YAML text. Empty documents are skipped; each
     /// result says which document it came from.
     pub fn read_yaml(&self, text: &str) -> Vec<Result<Resource, CodecError>> {
+        self.read_yaml_from(text, None)
+    }
+
+    /// [`Codec::read_yaml`] of a file in `base` (a directory): a `registry.v1.Type` document's
+    /// `data.protoFile` names its `.proto` source relative to it (else to the current
+    /// directory), and is replaced by the file's text as `data.proto`.
+    pub fn read_yaml_from(
+        &self,
+        text: &str,
+        base: Option<&std::path::Path>,
+    ) -> Vec<Result<Resource, CodecError>> {
         let mut results = Vec::new();
         for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
             let number = index + 1;
@@ -322,8 +333,9 @@ impl Codec {
                 value => vec![value],
             };
             let several = items.len() > 1;
-            for (position, item) in items.into_iter().enumerate() {
-                results.push(self.read_value(item).map_err(|error| {
+            for (position, mut item) in items.into_iter().enumerate() {
+                let read = inline_proto_file(&mut item, base).and_then(|()| self.read_value(item));
+                results.push(read.map_err(|error| {
                     let error = if several {
                         CodecError::new(format!("item {}: {}", position + 1, error.message))
                     } else {
@@ -336,7 +348,8 @@ impl Codec {
         results
     }
 
-    /// Reads one document given as JSON (or any serde value).
+    /// Reads one document given as JSON (or any serde value). A `registry.v1.Type` document's
+    /// `data.protoFile` must have been inlined ([`Codec::read_yaml_from`]).
     pub fn read_value(&self, value: serde_json::Value) -> Result<Resource, CodecError> {
         let document: Document =
             serde_json::from_value(value).map_err(|error| CodecError::new(error.to_string()))?;
@@ -509,6 +522,11 @@ impl Codec {
             .map_err(|error| CodecError::new(error.to_string()))
     }
 
+    /// The descriptor of a data message the server published.
+    pub fn message_descriptor(&self, name: &str) -> Option<prost_reflect::MessageDescriptor> {
+        self.pool.get_message_by_name(name)
+    }
+
     /// The scope of a registered type.
     /// Whether two `data` payloads hold the same message, compared decoded (so two encodings
     /// of equal values are equal).
@@ -562,3 +580,98 @@ fn tenancy_document(tenancy: Option<&Tenancy>) -> Option<TenancyDocument> {
 
 #[cfg(test)]
 mod tests;
+
+/// Replaces `data.protoFile` of a `registry.v1.Type` document by the file's text as
+/// `data.proto` (DESIGN §15), the path relative to `base`.
+fn inline_proto_file(
+    document: &mut serde_json::Value,
+    base: Option<&std::path::Path>,
+) -> Result<(), CodecError> {
+    let is_type = document.get("type").and_then(|t| t.as_str()) == Some("registry.v1.Type");
+    let Some(data) = document
+        .get_mut("data")
+        .and_then(|d| d.as_object_mut())
+        .filter(|_| is_type)
+    else {
+        return Ok(());
+    };
+    let Some(file) = data.remove("protoFile") else {
+        return Ok(());
+    };
+    let Some(file) = file.as_str() else {
+        return Err(CodecError::new("data.protoFile must be a path (a string)"));
+    };
+    if data.contains_key("proto") {
+        return Err(CodecError::new(
+            "data.proto and data.protoFile are both given: keep one",
+        ));
+    }
+    let path = match base {
+        Some(base) => base.join(file),
+        None => std::path::PathBuf::from(file),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|error| {
+        CodecError::new(format!(
+            "data.protoFile: cannot read {}: {error}",
+            path.display()
+        ))
+    })?;
+    data.insert("proto".into(), serde_json::Value::String(text));
+    Ok(())
+}
+
+/// `string`, `repeated int64`, `map<string, int32>`, `resd.payments.v1.Line`: a field's type as
+/// the `.proto` spells it.
+pub fn field_type_name(field: &prost_reflect::FieldDescriptor) -> String {
+    use prost_reflect::Kind;
+    fn scalar(kind: &Kind) -> String {
+        match kind {
+            Kind::Double => "double".into(),
+            Kind::Float => "float".into(),
+            Kind::Int32 => "int32".into(),
+            Kind::Int64 => "int64".into(),
+            Kind::Uint32 => "uint32".into(),
+            Kind::Uint64 => "uint64".into(),
+            Kind::Sint32 => "sint32".into(),
+            Kind::Sint64 => "sint64".into(),
+            Kind::Fixed32 => "fixed32".into(),
+            Kind::Fixed64 => "fixed64".into(),
+            Kind::Sfixed32 => "sfixed32".into(),
+            Kind::Sfixed64 => "sfixed64".into(),
+            Kind::Bool => "bool".into(),
+            Kind::String => "string".into(),
+            Kind::Bytes => "bytes".into(),
+            Kind::Message(m) => m.full_name().into(),
+            Kind::Enum(e) => e.full_name().into(),
+        }
+    }
+    if field.is_map()
+        && let Kind::Message(entry) = field.kind()
+    {
+        let key = entry.map_entry_key_field();
+        let value = entry.map_entry_value_field();
+        return format!("map<{}, {}>", scalar(&key.kind()), scalar(&value.kind()));
+    }
+    if field.is_list() {
+        return format!("repeated {}", scalar(&field.kind()));
+    }
+    scalar(&field.kind())
+}
+
+/// The comment above a declaration in its `.proto` file (when the descriptor set kept source
+/// info), trimmed: what `resctl explain` shows.
+pub fn leading_comment(file: &prost_types::FileDescriptorProto, path: &[i32]) -> Option<String> {
+    let location = file
+        .source_code_info
+        .as_ref()?
+        .location
+        .iter()
+        .find(|location| location.path == path)?;
+    let text = location.leading_comments();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join(" "))
+}

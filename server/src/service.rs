@@ -134,7 +134,6 @@ impl ResourceService {
     /// a request that names a type it does not know yet reads the stored Types (strongly)
     /// first. One read at a time; a read that started after a request arrived answers it too.
     pub(crate) async fn learn_type(&self, resource_type: Option<&proto::resource::v1::Type>) {
-        use std::sync::atomic::Ordering;
         let Some(resource_type) = resource_type else {
             return;
         };
@@ -144,6 +143,13 @@ impl ResourceService {
         {
             return;
         }
+        self.learn_types().await;
+    }
+
+    /// Reads the stored Types (strongly) and installs what this node lacks or has older; a read
+    /// that started after the call, by another caller, serves it too.
+    pub async fn learn_types(&self) {
+        use std::sync::atomic::Ordering;
         let arrived = self.type_reads.load(Ordering::Acquire);
         let _one = self.type_read.lock().await;
         if self.type_reads.load(Ordering::Acquire) != arrived {
@@ -166,8 +172,10 @@ impl ResourceService {
                 return;
             }
         };
+        // Only additions and later versions: removals are the feed's (it may be ahead of
+        // this read).
         for stored in types {
-            self.registry.dynamic().install_stored(&stored);
+            self.registry.dynamic().install_if_newer(&stored);
         }
     }
 

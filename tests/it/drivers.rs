@@ -102,9 +102,7 @@ impl Library {
         let session = self.session("default");
         let result = async {
             let sources = command::apply::read_sources(&[path.to_owned()])?;
-            let codec = session.codec().await?;
-            let documents = command::apply::decode(&session, codec, &sources);
-            command::apply::apply(&session, &documents, dry_run, |_| {}).await
+            command::apply::decode_and_apply(&session, &sources, dry_run, |_| {}).await
         }
         .await;
         match result {

@@ -163,7 +163,14 @@ fn collect_yaml_files(directory: &Path, files: &mut Vec<PathBuf>) -> anyhow::Res
 pub fn decode(session: &Session, codec: &Codec, sources: &[Source]) -> Vec<Document> {
     let mut documents = Vec::new();
     for source in sources {
-        for (position, result) in codec.read_yaml(&source.text).into_iter().enumerate() {
+        let base = (source.file != "-")
+            .then(|| Path::new(&source.file).parent())
+            .flatten();
+        for (position, result) in codec
+            .read_yaml_from(&source.text, base)
+            .into_iter()
+            .enumerate()
+        {
             let index = match &result {
                 Err(error) => error.document.unwrap_or(position + 1),
                 Ok(_) => position + 1,
@@ -348,14 +355,61 @@ fn merge_metadata(desired: &mut Resource, stored: &Resource) {
 /// How many writes run at once within one ordering group.
 const PARALLEL_WRITES: usize = 16;
 
-/// Applies decoded documents in dependency order; `on_result` sees each outcome as it lands.
-pub async fn apply(
+/// Whether a document registers a type (`registry.v1.Type`).
+fn registers_a_type(document: &Document) -> bool {
+    document.resource.as_ref().is_ok_and(|resource| {
+        resource
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .is_some_and(|t| gvk(t) == "registry.v1.Type")
+    })
+}
+
+/// Decodes and applies `sources`. When some documents are of a type that Type documents of the
+/// same input register (DESIGN §15), the Types are applied first and the rest decoded with the
+/// schemas the server publishes then.
+pub async fn decode_and_apply(
     session: &Session,
-    documents: &[Document],
+    sources: &[Source],
     dry_run: bool,
     mut on_result: impl FnMut(&Applied),
 ) -> anyhow::Result<ApplyReport> {
     let codec = session.codec().await?;
+    let documents = decode(session, codec, sources);
+    let unregistered = documents.iter().any(|document| {
+        document
+            .resource
+            .as_ref()
+            .is_err_and(|error| error.contains("is not registered"))
+    });
+    if dry_run || !unregistered || !documents.iter().any(registers_a_type) {
+        return apply(session, codec, &documents, dry_run, on_result).await;
+    }
+    let types: Vec<Document> = documents
+        .iter()
+        .filter(|d| registers_a_type(d))
+        .cloned()
+        .collect();
+    let mut report = apply(session, codec, &types, dry_run, &mut on_result).await?;
+    let fresh = Codec::new(session.client.list_types().await?)?;
+    let rest: Vec<Document> = decode(session, &fresh, sources)
+        .into_iter()
+        .filter(|d| !registers_a_type(d))
+        .collect();
+    let more = apply(session, &fresh, &rest, dry_run, on_result).await?;
+    report.results.extend(more.results);
+    Ok(report)
+}
+
+/// Applies decoded documents in dependency order; `on_result` sees each outcome as it lands.
+pub async fn apply(
+    session: &Session,
+    codec: &Codec,
+    documents: &[Document],
+    dry_run: bool,
+    mut on_result: impl FnMut(&Applied),
+) -> anyhow::Result<ApplyReport> {
     let mut results: Vec<Option<Applied>> = vec![None; documents.len()];
     // A dry run simulates the whole apply: partitions and namespaces it would create count as
     // existing for the documents after them.
@@ -699,15 +753,17 @@ mod tests;
 /// `resctl apply -f …`.
 pub async fn run(session: &Session, args: &crate::cli::ApplyArgs) -> anyhow::Result<u8> {
     let sources = read_sources(&args.files)?;
-    let codec = session.codec().await?;
-    let documents = decode(session, codec, &sources);
     // A progress bar once the output would scroll past a screenful.
-    let bar = if documents.len() > 40 {
-        session.progress(documents.len() as u64, "applying")
+    let documents: usize = sources
+        .iter()
+        .map(|source| source.text.matches("\n---").count() + 1)
+        .sum();
+    let bar = if documents > 40 {
+        session.progress(documents as u64, "applying")
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let report = apply(session, &documents, args.dry_run, |_| bar.inc(1)).await?;
+    let report = decode_and_apply(session, &sources, args.dry_run, |_| bar.inc(1)).await?;
     bar.finish_and_clear();
     output::print(&render(&report, session.output)?)?;
     let failures = failures(&report);

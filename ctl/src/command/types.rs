@@ -13,6 +13,25 @@ pub struct TypeRow {
     pub resource_type: String,
     pub scope: String,
     pub message: String,
+    /// Compiled into the server, or registered at runtime by a `registry.v1.Type`.
+    pub builtin: bool,
+    /// The Type resource that registered it (empty for a built-in type).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub registered_by: String,
+    /// Whether its Type is being deleted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
+}
+
+impl TypeRow {
+    /// `built-in`, `Type payments-invoice`, `Type payments-invoice (deleting)`.
+    pub fn source(&self) -> String {
+        match (self.builtin, self.deleting) {
+            (true, _) => "built-in".to_owned(),
+            (false, false) => format!("Type {}", self.registered_by),
+            (false, true) => format!("Type {} (deleting)", self.registered_by),
+        }
+    }
 }
 
 pub fn scope_label(scope: Scope) -> &'static str {
@@ -34,6 +53,9 @@ pub async fn types(session: &Session) -> anyhow::Result<Vec<TypeRow>> {
             resource_type: info.r#type.as_ref().map(gvk).unwrap_or_default(),
             scope: scope_label(info.scope()).to_owned(),
             message: info.message_name.clone(),
+            builtin: info.builtin,
+            registered_by: info.registered_by.clone(),
+            deleting: info.deleting,
         })
         .collect();
     rows.sort_by(|a, b| a.resource_type.cmp(&b.resource_type));
@@ -50,12 +72,13 @@ pub async fn run(session: &Session) -> anyhow::Result<u8> {
             .map(|r| format!("{}\n", r.resource_type))
             .collect(),
         OutputFormat::Table | OutputFormat::Wide => {
-            let mut table = Table::new(["TYPE", "SCOPE", "MESSAGE"]);
+            let mut table = Table::new(["TYPE", "SCOPE", "MESSAGE", "SOURCE"]);
             for row in &rows {
                 table.row([
                     row.resource_type.clone(),
                     row.scope.clone(),
                     row.message.clone(),
+                    row.source(),
                 ]);
             }
             table.render()

@@ -578,41 +578,9 @@ fn compile_default(
     Ok((field, value))
 }
 
-/// `string`, `repeated int64`, `map<string, int32>`, `payments.v1.Address`: a field's type as the
-/// `.proto` spells it.
+/// A field's type as the `.proto` spells it.
 pub fn kind_name(field: &FieldDescriptor) -> String {
-    fn scalar(kind: &Kind) -> String {
-        match kind {
-            Kind::Double => "double".into(),
-            Kind::Float => "float".into(),
-            Kind::Int32 => "int32".into(),
-            Kind::Int64 => "int64".into(),
-            Kind::Uint32 => "uint32".into(),
-            Kind::Uint64 => "uint64".into(),
-            Kind::Sint32 => "sint32".into(),
-            Kind::Sint64 => "sint64".into(),
-            Kind::Fixed32 => "fixed32".into(),
-            Kind::Fixed64 => "fixed64".into(),
-            Kind::Sfixed32 => "sfixed32".into(),
-            Kind::Sfixed64 => "sfixed64".into(),
-            Kind::Bool => "bool".into(),
-            Kind::String => "string".into(),
-            Kind::Bytes => "bytes".into(),
-            Kind::Message(m) => m.full_name().into(),
-            Kind::Enum(e) => e.full_name().into(),
-        }
-    }
-    if field.is_map()
-        && let Kind::Message(entry) = field.kind()
-    {
-        let key = entry.map_entry_key_field();
-        let value = entry.map_entry_value_field();
-        return format!("map<{}, {}>", scalar(&key.kind()), scalar(&value.kind()));
-    }
-    if field.is_list() {
-        return format!("repeated {}", scalar(&field.kind()));
-    }
-    scalar(&field.kind())
+    proto::codec::field_type_name(field)
 }
 
 /// Whether `new` may replace `old` (DESIGN §15): the same group, version, kind and scope, and a
