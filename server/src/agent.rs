@@ -1119,7 +1119,7 @@ impl acl_feed::Feed for TypesFeed {
             .collect();
         self.0.retain_only(&names);
         for item in &items {
-            self.0.install_stored(item);
+            self.0.reinstall_stored(item);
         }
     }
     fn upsert(&self, item: &proto::resource::v1::Resource) {

@@ -547,14 +547,21 @@ impl DynamicTypes {
     /// Installs what a stored `registry.v1.Type` resource registers (a Type whose data does not
     /// decode is logged and left out).
     pub fn install_stored(&self, stored: &Resource) {
+        self.install_stored_with(stored, false);
+    }
+
+    /// [`DynamicTypes::install_stored`] even when this node has the same version installed: a
+    /// restore may bring back another history's Type at a version this node has seen.
+    pub fn reinstall_stored(&self, stored: &Resource) {
+        self.install_stored_with(stored, true);
+    }
+
+    fn install_stored_with(&self, stored: &Resource, always: bool) {
         let Some(id) = &stored.id else { return };
+        let deleting = resource::is_marked_for_deletion(stored);
         match decode_data::<proto::registry::v1::Type>(stored) {
-            Ok(t) => self.install(
-                &id.name,
-                &stored.version,
-                &t,
-                resource::is_marked_for_deletion(stored),
-            ),
+            Ok(t) if always => self.install_unchecked(&id.name, &stored.version, &t, deleting),
+            Ok(t) => self.install(&id.name, &stored.version, &t, deleting),
             Err(why) => tracing::warn!(r#type = %id.name, %why, "a stored Type does not decode"),
         }
     }

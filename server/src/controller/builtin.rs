@@ -1,6 +1,7 @@
 //! The built-in controllers: the reaper (cascading deletes through tombstones), the namespace
-//! controller (deleting a namespace deletes what is in it), and the demo controllers that make
-//! ownership, statuses, finalizers and placement visible.
+//! controller (deleting a namespace deletes what is in it), the type controller (deleting a
+//! registered Type deletes its resources), and the demo controllers that make ownership,
+//! statuses, finalizers and placement visible.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -47,6 +48,11 @@ pub fn register(
         )
         .with_reconciler(NamespaceController { registry })
         .with_finalizer(NAMESPACE_FINALIZER),
+    )?;
+    manager.register(
+        Controller::new("type", resource::new_type("registry", "v1", "Type"))
+            .with_reconciler(TypeController)
+            .with_finalizer(crate::registry::builtin::TYPE_FINALIZER),
     )?;
     manager.register(
         Controller::new(
@@ -159,7 +165,11 @@ impl Reconciler for Reaper {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&tombstone_id.uid);
-        let children = runtime.list_by_owner(&deleted).await?;
+        // By the stored id: the owner's type may be unregistered by now.
+        let children = runtime
+            .service
+            .children_of(runtime.identity.as_ref(), &deleted)
+            .await?;
         if !children.is_empty() {
             for child in &children {
                 if !resource::is_marked_for_deletion(child)
@@ -254,6 +264,110 @@ impl Reconciler for NamespaceController {
         if resource::has_finalizer(&namespace, NAMESPACE_FINALIZER) {
             let mut released = namespace.clone();
             resource::remove_finalizer(&mut released, NAMESPACE_FINALIZER);
+            runtime.write(released).await?;
+        }
+        Ok(Action::await_change())
+    }
+}
+
+/// Holds a finalizer on every registered Type (DESIGN §15); when one is marked for deletion
+/// (writes of its type are refused from then on), deletes every resource of its type, then
+/// releases the finalizer, and with it the Type and its registration.
+pub struct TypeController;
+
+#[async_trait]
+impl Reconciler for TypeController {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        use crate::registry::builtin::TYPE_FINALIZER;
+        let Some(stored) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        if !resource::is_marked_for_deletion(&stored) {
+            if !resource::has_finalizer(&stored, TYPE_FINALIZER) {
+                let mut held = stored.clone();
+                resource::add_finalizer(&mut held, TYPE_FINALIZER);
+                runtime.write(held).await?;
+            }
+            return Ok(Action::await_change());
+        }
+        let Ok(t) = decode_data::<proto::registry::v1::Type>(&stored) else {
+            return Ok(Action::await_change());
+        };
+        let wildcard = resource::WILDCARD.to_owned();
+        let tenancy = match crate::registry::dynamic::scope_of(t.scope) {
+            Some(Scope::Namespace) => Tenancy {
+                partition: wildcard.clone(),
+                namespace: wildcard,
+            },
+            Some(Scope::Partition) => Tenancy {
+                partition: wildcard,
+                namespace: String::new(),
+            },
+            _ => Tenancy::default(),
+        };
+        let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
+        let listed = match runtime
+            .service
+            .list(
+                &AllowAll,
+                crate::storage::Consistency::Eventual,
+                ListRequest {
+                    r#type: Some(resource_type.clone()),
+                    tenancy: Some(tenancy.clone()),
+                    name_prefix: String::new(),
+                },
+            )
+            .await
+        {
+            Ok(listed) => listed.resources,
+            // Not known here (a Type that never loaded): nothing of it can be stored.
+            Err(crate::service::Error::InvalidArgument(_)) => Vec::new(),
+            Err(error) => return Err(error.into()),
+        };
+        let remaining = listed.len();
+        for inside in listed {
+            if !resource::is_marked_for_deletion(&inside)
+                && let Some(inside_id) = &inside.id
+            {
+                runtime.delete(inside_id).await?;
+            }
+        }
+        if remaining > 0 {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        // The reaper still cascading from one of its resources (a tombstone names it) needs the
+        // type registered: what those resources owned is written, to release finalizers, with
+        // its owner reference.
+        let tombstones = runtime
+            .service
+            .list(
+                &AllowAll,
+                crate::storage::Consistency::Eventual,
+                ListRequest {
+                    r#type: Some(resource::new_type("internal", "v1", "Tombstone")),
+                    tenancy: Some(tenancy),
+                    name_prefix: String::new(),
+                },
+            )
+            .await?
+            .resources;
+        let cascading = tombstones.iter().any(|tombstone| {
+            decode_data::<Tombstone>(tombstone)
+                .ok()
+                .and_then(|t| t.owner)
+                .and_then(|owner| owner.r#type)
+                .is_some_and(|t| t.group == resource_type.group && t.kind == resource_type.kind)
+        });
+        if cascading {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        if resource::has_finalizer(&stored, TYPE_FINALIZER) {
+            let mut released = stored.clone();
+            resource::remove_finalizer(&mut released, TYPE_FINALIZER);
             runtime.write(released).await?;
         }
         Ok(Action::await_change())

@@ -86,6 +86,9 @@ impl ForwardAdmission {
 #[async_trait]
 impl Admission for ForwardAdmission {
     async fn admit(&self, resource: &Resource) -> Result<(), StorageError> {
+        self.service
+            .learn_type(resource.id.as_ref().and_then(|id| id.r#type.as_ref()))
+            .await;
         let registration = check_record(
             self.service.registry(),
             self.service.max_resource_bytes(),

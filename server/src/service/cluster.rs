@@ -712,17 +712,12 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let spooled =
             restore::receive(&mut chunks, &raft.spool_dir(), self.max_snapshot_bytes).await?;
         let spooled = {
-            let registry = self.registry.clone();
             let max_resource_bytes = self.max_resource_bytes;
-            tokio::task::spawn_blocking(move || {
-                spooled
-                    .check(&registry, max_resource_bytes)
-                    .map(|()| spooled)
-            })
-            .await
-            .map_err(|error| {
-                Status::from(Error::Internal(format!("checking the snapshot: {error}")))
-            })??
+            tokio::task::spawn_blocking(move || spooled.check(max_resource_bytes).map(|()| spooled))
+                .await
+                .map_err(|error| {
+                    Status::from(Error::Internal(format!("checking the snapshot: {error}")))
+                })??
         };
         let header = spooled.header.clone();
         if let Some(leader) = self.leader_elsewhere(raft)? {

@@ -318,6 +318,31 @@ impl ResourceService {
         Ok(ListByOwnerResponse { resources })
     }
 
+    /// The resources `owner` (a complete id, uid included, as stored) owns that `authorizer` may
+    /// read, without resolving the owner's type: what the reaper asks of a resource already
+    /// deleted, whose type may have been unregistered since (a registered type's last resources
+    /// are reaped after their Type is gone).
+    pub(crate) async fn children_of(
+        &self,
+        authorizer: &dyn Authorizer,
+        owner: &Id,
+    ) -> Result<Vec<Resource>, Error> {
+        let children = self.backend.list_by_owner(owner).await?;
+        Ok(children
+            .into_iter()
+            .filter(|child| {
+                child
+                    .id
+                    .as_ref()
+                    .and_then(|id| id.r#type.as_ref())
+                    .and_then(|child_type| self.registry.resolve(child_type))
+                    .is_some_and(|registration| {
+                        readable(&registration.acls.read, authorizer, child)
+                    })
+            })
+            .collect())
+    }
+
     /// Opens a watch: an Upsert per current match, one EndOfSnapshot, then every change. Errors in
     /// the request are returned before the stream starts; later errors end the stream.
     pub async fn watch_list(

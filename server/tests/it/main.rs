@@ -20,3 +20,4 @@ mod snapshot;
 mod support;
 mod tidy;
 mod tls;
+mod types;

@@ -135,8 +135,33 @@ impl Spooled {
         Ok(BufReader::with_capacity(1 << 20, file))
     }
 
-    /// Reads every record back and checks it; blocking (run it on a blocking thread).
-    pub fn check(&self, registry: &Registry, max_resource_bytes: usize) -> Result<(), Error> {
+    /// The registry as it will be once the snapshot is restored: the built-in types, and the
+    /// types the snapshot's `registry.v1.Type` records register (a restore replaces the
+    /// registry: a type the snapshot lacks is unregistered, DESIGN §15).
+    fn registry_of_snapshot(&self) -> Result<Registry, Error> {
+        let view = Registry::builtin()
+            .map_err(|error| Error::Internal(format!("the built-in registry: {error}")))?;
+        view.dynamic().set_max_types(usize::MAX);
+        let mut body = self.body()?;
+        let mut index = 0u64;
+        while let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? {
+            let is_type = record
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref())
+                .is_some_and(|t| t.group == "registry" && t.kind == "Type");
+            if is_type {
+                view.dynamic().install_stored(&record);
+            }
+            index += 1;
+        }
+        Ok(view)
+    }
+
+    /// Reads every record back and checks it against the registry the snapshot makes ([`Self::registry_of_snapshot`]); blocking (run it on a blocking thread).
+    pub fn check(&self, max_resource_bytes: usize) -> Result<(), Error> {
+        let view = self.registry_of_snapshot()?;
+        let registry = &view;
         let mut body = self.body()?;
         let mut seen: HashSet<StorageKey> = HashSet::new();
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();
