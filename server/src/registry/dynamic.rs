@@ -41,6 +41,8 @@ pub const MAX_RULES: usize = 64;
 pub const MAX_DEFAULTS: usize = 64;
 /// Longest rule expression, message or field path.
 const MAX_RULE_TEXT: usize = 4096;
+/// Deepest expression a rule may nest (evaluating it recurses once per level).
+pub const MAX_RULE_DEPTH: usize = 48;
 /// Most evaluation steps a rule may be estimated to take on one resource.
 pub const COST_BUDGET: u64 = 1_000_000;
 /// CEL functions that iterate (comprehensions): each level of nesting multiplies the cost.
@@ -392,6 +394,13 @@ fn compile_rule(
             rule.expression, error.msg, error.span
         )
     })?;
+    // Measured without recursion, before anything recurses over it.
+    let nesting = nesting_depth(&expression);
+    if nesting > MAX_RULE_DEPTH {
+        return Err(format!(
+            "{at}.expression nests {nesting} levels deep; at most {MAX_RULE_DEPTH} (split it into several rules)"
+        ));
+    }
     let mut unknown = BTreeSet::new();
     let mut uses_old = false;
     let mut size = 0u64;
@@ -415,6 +424,50 @@ fn compile_rule(
         size,
         depth,
     })
+}
+
+/// How deeply an expression nests, found with an explicit stack (a rule written to nest
+/// thousands of levels must not overflow the stack of whoever measures it).
+fn nesting_depth(expression: &Expression) -> usize {
+    let mut deepest = 0;
+    let mut pending: Vec<(&Expression, usize)> = vec![(expression, 1)];
+    while let Some((node, depth)) = pending.pop() {
+        deepest = deepest.max(depth);
+        if depth <= MAX_RULE_DEPTH {
+            pending.extend(children(node).into_iter().map(|child| (child, depth + 1)));
+        }
+    }
+    deepest
+}
+
+/// The expressions directly inside `node`.
+fn children(node: &Expression) -> Vec<&Expression> {
+    match node {
+        Expression::Arithmetic(a, _, b)
+        | Expression::Relation(a, _, b)
+        | Expression::Or(a, b)
+        | Expression::And(a, b) => vec![a, b],
+        Expression::Ternary(a, b, c) => vec![a, b, c],
+        Expression::Unary(_, a) => vec![a],
+        Expression::Member(target, member) => {
+            let mut inside = vec![target.as_ref()];
+            match member.as_ref() {
+                Member::Index(index) => inside.push(index),
+                Member::Fields(fields) => inside.extend(fields.iter().map(|(_, e)| e)),
+                Member::Attribute(_) => {}
+            }
+            inside
+        }
+        Expression::FunctionCall(function, target, arguments) => {
+            let mut inside = vec![function.as_ref()];
+            inside.extend(target.as_deref());
+            inside.extend(arguments.iter());
+            inside
+        }
+        Expression::List(items) => items.iter().collect(),
+        Expression::Map(entries) => entries.iter().flat_map(|(k, v)| [k, v]).collect(),
+        Expression::Atom(_) | Expression::Ident(_) => Vec::new(),
+    }
 }
 
 /// A dot-separated path of proto field names, each but the last a singular message.

@@ -325,3 +325,90 @@ fn a_rule_over_its_cost_budget_fails_the_write_and_never_runs_long() {
     assert!(error.contains("over its cost budget"), "{error}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }
+
+/// Rules and schemas written to nest thousands of levels are refused with a message, and never
+/// overflow the stack of the handler (a tokio worker's 2 MiB) or of a node loading them; a rule
+/// as deep as allowed evaluates there.
+#[test]
+fn hostile_nesting_is_refused_without_overflowing_the_stack() {
+    let worker = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            for expression in [
+                format!("size({}1{}) > 0", "[".repeat(2000), "]".repeat(2000)),
+                format!("{}1 >= 0", "1 + ".repeat(1000)),
+                format!("{}0{} >= 0", "(1 + ".repeat(580), ")".repeat(580)),
+                format!("{}true", "!".repeat(3000)),
+                format!("self{} == 0", ".amount_cents".repeat(300)),
+                format!("{}1{}", "{1: ".repeat(700), "}".repeat(700)),
+            ] {
+                let mut t = invoice_type();
+                t.rules[0].expression = expression.clone();
+                let error = compile(&t).expect_err("refused");
+                assert!(
+                    error.contains("nests") || error.contains("does not compile"),
+                    "{}: {error}",
+                    &expression[..40]
+                );
+            }
+            let mut source = String::from(
+                "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Invoice { int64 amount_cents = 1; }\n",
+            );
+            source.push_str(&"message A {".repeat(20_000));
+            source.push_str(&"}".repeat(20_000));
+            let mut t = invoice_type();
+            t.proto = source;
+            let error = compile(&t).expect_err("too deep");
+            assert!(error.contains("does not compile"), "{error}");
+
+            // As deep as allowed: compiles, and evaluates on this stack.
+            let mut t = invoice_type();
+            t.rules[0].expression = format!("{} >= 0", vec!["self.amount_cents"; 40].join(" + "));
+            let compiled = load(&t);
+            let bytes = data(&compiled, serde_json::json!({"amountCents": 1, "customer": "x"}));
+            compiled.check_rules(&bytes, None).expect("evaluates");
+        })
+        .expect("thread");
+    worker.join().expect("no stack overflow");
+}
+
+/// Past `--max-types`, a new Type is refused (an existing one may still change); a built-in or
+/// another Type's group.version.Kind is never claimed.
+#[test]
+fn types_are_bounded_and_claims_are_exclusive() {
+    let registry = crate::registry::Registry::builtin().expect("registry");
+    let types = registry.dynamic();
+    types.set_max_types(2);
+    let stored = compile(&invoice_type()).expect("compiles");
+    types.install("invoice", "10", &stored, false);
+    let mut other = invoice_type();
+    other.kind = "Receipt".into();
+    other.proto = other.proto.replace("message Invoice", "message Receipt");
+    let receipt = compile(&other).expect("compiles");
+    types.install("receipt", "11", &receipt, false);
+    assert_eq!(
+        registry.types().filter(|r| r.registered.is_some()).count(),
+        2
+    );
+
+    let invoice_gvk = resource::new_type("payments", "v1", "Invoice");
+    types.check_claim("invoice", &invoice_gvk).expect("its own");
+    let taken = types.check_claim("copy", &invoice_gvk).expect_err("taken");
+    assert!(
+        taken.contains("already registered by Type invoice"),
+        "{taken}"
+    );
+    let full = types
+        .check_claim("third", &resource::new_type("payments", "v1", "Refund"))
+        .expect_err("full");
+    assert!(full.contains("--max-types allows (2)"), "{full}");
+    let builtin = types
+        .check_claim("mine", &resource::new_type("demo", "v2", "Artist"))
+        .expect_err("built in");
+    assert!(builtin.contains("built-in type"), "{builtin}");
+
+    // Resolving a registered type is a map lookup; uninstalling removes it.
+    assert!(registry.resolve(&invoice_gvk).is_some());
+    types.uninstall("invoice");
+    assert!(registry.resolve(&invoice_gvk).is_none());
+}
