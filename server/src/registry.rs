@@ -395,8 +395,9 @@ struct DynamicState {
     by_key: BTreeMap<Key, Arc<Registration>>,
     /// Type resource name -> (key, the stored Type's version).
     by_name: BTreeMap<String, (Key, String)>,
-    /// The built-in descriptor set with every registered file added (ListTypes' answer).
-    descriptor_set: Option<Arc<Vec<u8>>>,
+    /// The built-in descriptor set with every registered file added (ListTypes' answer), and
+    /// a pool of it (the HTTP API's JSON), made when first asked for.
+    published: std::sync::OnceLock<Published>,
 }
 
 /// What ListTypes says of a type.
@@ -416,7 +417,7 @@ impl DynamicTypes {
         let mut next = DynamicState {
             by_key: guard.by_key.clone(),
             by_name: guard.by_name.clone(),
-            descriptor_set: None,
+            published: std::sync::OnceLock::new(),
         };
         change(&mut next);
         *guard = Arc::new(next);
@@ -678,14 +679,38 @@ impl Registry {
     /// The encoded descriptor set of every data message, built-in and registered, with their
     /// imports (what ListTypes publishes).
     pub fn descriptor_set(&self) -> Arc<Vec<u8>> {
+        self.published().set.clone()
+    }
+
+    /// A pool of [`Registry::descriptor_set`]: what converts resources of any type to and from
+    /// JSON (an `Any` resolves its message in it).
+    pub fn descriptor_pool(&self) -> Arc<prost_reflect::DescriptorPool> {
+        self.published().pool.clone()
+    }
+
+    fn published(&self) -> Published {
         let state = self.dynamic.read();
-        if let Some(set) = &state.descriptor_set {
-            return set.clone();
-        }
+        state
+            .published
+            .get_or_init(|| Published::of(&state))
+            .clone()
+    }
+}
+
+/// What the registry publishes of its schemas.
+#[derive(Debug, Clone)]
+struct Published {
+    set: Arc<Vec<u8>>,
+    pool: Arc<prost_reflect::DescriptorPool>,
+}
+
+impl Published {
+    fn of(state: &DynamicState) -> Published {
         let mut set: prost_types::FileDescriptorSet =
             prost::Message::decode(proto::FILE_DESCRIPTOR_SET).unwrap_or_default();
         let mut names: std::collections::BTreeSet<String> =
             set.file.iter().map(|f| f.name().to_owned()).collect();
+        let builtin = set.clone();
         for registration in state.by_key.values() {
             let Some(installed) = &registration.registered else {
                 continue;
@@ -701,21 +726,15 @@ impl Registry {
                 }
             }
         }
-        let encoded = Arc::new(prost::Message::encode_to_vec(&set));
-        // Kept with the state it was made from (a change makes a new state without it).
-        let mut guard = self
-            .dynamic
-            .state
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        if Arc::ptr_eq(&guard, &state) {
-            *guard = Arc::new(DynamicState {
-                by_key: state.by_key.clone(),
-                by_name: state.by_name.clone(),
-                descriptor_set: Some(encoded.clone()),
-            });
+        // Registered files were each checked when compiled; should their union not make a
+        // pool, the built-in one still serves every built-in type.
+        let pool = prost_reflect::DescriptorPool::from_file_descriptor_set(set.clone())
+            .or_else(|_| prost_reflect::DescriptorPool::from_file_descriptor_set(builtin))
+            .unwrap_or_default();
+        Published {
+            set: Arc::new(prost::Message::encode_to_vec(&set)),
+            pool: Arc::new(pool),
         }
-        encoded
     }
 }
 

@@ -24,6 +24,7 @@ use super::HttpState;
 use super::json::{from_json, to_json, type_url};
 use crate::metrics::grpc::code_name;
 use crate::service::grpc::{CONSISTENCY_HEADER, TOKEN_HEADER};
+use prost_reflect::DescriptorPool;
 
 pub fn routes() -> Router<HttpState> {
     Router::new()
@@ -137,15 +138,16 @@ impl IntoResponse for ApiError {
 type ApiResult = Result<Response, ApiError>;
 
 /// A gRPC implementation's answer as the HTTP answer: its message as JSON, or its error.
-fn reply<M: prost::Message>(
+fn answer<M: prost::Message>(
+    pool: &DescriptorPool,
     answer: Result<tonic::Response<M>, tonic::Status>,
     name: &str,
 ) -> ApiResult {
-    json_response(&answer?.into_inner(), name)
+    json_response(pool, &answer?.into_inner(), name)
 }
 
-fn json_response<M: prost::Message>(message: &M, name: &str) -> ApiResult {
-    let value = to_json(message, name).map_err(ApiError::internal)?;
+fn json_response<M: prost::Message>(pool: &DescriptorPool, message: &M, name: &str) -> ApiResult {
+    let value = to_json(pool, message, name).map_err(ApiError::internal)?;
     Ok(axum::Json(value).into_response())
 }
 
@@ -274,7 +276,11 @@ async fn types(
         // a few hundred KiB of base64 (?descriptors=true includes them).
         response.file_descriptor_set.clear();
     }
-    json_response(&response, "resd.cluster.v1.ListTypesResponse")
+    json_response(
+        &state.registry.descriptor_pool(),
+        &response,
+        "resd.cluster.v1.ListTypesResponse",
+    )
 }
 
 async fn cluster_status(
@@ -283,7 +289,8 @@ async fn cluster_status(
     headers: HeaderMap,
 ) -> ApiResult {
     Params(query).finish(&[])?;
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .cluster
             .status(grpc_request(&headers, false, StatusRequest {})?)
@@ -298,7 +305,8 @@ async fn members(
     headers: HeaderMap,
 ) -> ApiResult {
     Params(query).finish(&[])?;
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .cluster
             .members(grpc_request(&headers, false, MembersRequest {})?)
@@ -338,7 +346,7 @@ async fn list_or_watch(
             request.extensions_mut().insert(admitted);
         }
         let events = state.resources.watch_shared(request).await?.into_inner();
-        return Ok(ndjson(events));
+        return Ok(ndjson(events, state.registry.descriptor_pool()));
     }
     let consistent = params.flag("consistent")?;
     params.finish(&[
@@ -362,8 +370,12 @@ async fn list_or_watch(
     let decoded = list
         .decode()
         .map_err(|error| ApiError::from(error.into_status()))?;
-    let mut value =
-        to_json(&decoded, "resd.resource.v1.ListResponse").map_err(ApiError::internal)?;
+    let mut value = to_json(
+        &state.registry.descriptor_pool(),
+        &decoded,
+        "resd.resource.v1.ListResponse",
+    )
+    .map_err(ApiError::internal)?;
     // An empty list is `{"resources": []}`, not `{}` (the JSON mapping leaves empty fields out).
     if let Some(object) = value.as_object_mut() {
         object
@@ -376,12 +388,15 @@ async fn list_or_watch(
 
 /// A watch as NDJSON: one `WatchEvent` per line; an error ends the stream with a last line
 /// `{"error": {"code": …, "message": …}}` (resume with `since_version` of the last event).
-fn ndjson(events: crate::service::grpc::SharedEventStream) -> Response {
+fn ndjson(
+    events: crate::service::grpc::SharedEventStream,
+    pool: std::sync::Arc<DescriptorPool>,
+) -> Response {
     let lines = events
-        .map(|item| {
+        .map(move |item| {
             let line = match item {
                 // Each event's line is made once and shared by every HTTP watcher of it.
-                Ok(event) => event.holding(event.json_line(json_line)),
+                Ok(event) => event.holding(event.json_line(|event| json_line(&pool, event))),
                 Err(status) => {
                     let mut line = serde_json::json!({
                         "error": error_body(code_name(status.code()), status.message())
@@ -402,8 +417,9 @@ fn ndjson(events: crate::service::grpc::SharedEventStream) -> Response {
 }
 
 /// An event as one line of JSON.
-fn json_line(event: &crate::storage::WatchEvent) -> Bytes {
+fn json_line(pool: &DescriptorPool, event: &crate::storage::WatchEvent) -> Bytes {
     let value = to_json(
+        pool,
         &crate::service::pb_event(event),
         "resd.resource.v1.WatchEvent",
     )
@@ -442,7 +458,8 @@ async fn read(
     let request = ReadRequest {
         id: Some(id_of(group, version, kind, name, tenancy, String::new())),
     };
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .resources
             .read(grpc_request(&headers, consistent, request)?)
@@ -467,6 +484,8 @@ async fn write(
     params.finish(&["partition", "namespace"])?;
     let path_type = resource_type(group, version, kind);
     let mut value = body_json(body)?;
+    // A type registered a moment ago on another node: its schema reads the body.
+    state.resources.service().learn_type(Some(&path_type)).await;
     if let Some(data) = value.get_mut("data").and_then(|d| d.as_object_mut())
         && !data.contains_key("@type")
         && let Some(registration) = state.registry.resolve(&path_type)
@@ -476,8 +495,12 @@ async fn write(
             serde_json::Value::String(type_url(&registration.message_name)),
         );
     }
-    let mut resource: Resource = from_json(value, "resd.resource.v1.Resource")
-        .map_err(|error| ApiError::invalid(format!("the body is not a Resource: {error}")))?;
+    let mut resource: Resource = from_json(
+        &state.registry.descriptor_pool(),
+        value,
+        "resd.resource.v1.Resource",
+    )
+    .map_err(|error| ApiError::invalid(format!("the body is not a Resource: {error}")))?;
     let id = resource.id.get_or_insert_with(Id::default);
     match &id.r#type {
         None => id.r#type = Some(path_type.clone()),
@@ -505,7 +528,8 @@ async fn write(
     if id.tenancy.is_none() {
         id.tenancy = Some(tenancy);
     }
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .resources
             .write(grpc_request(
@@ -533,15 +557,20 @@ async fn write_status(
     let resource_version = params.take("version");
     let uid = params.take("uid");
     params.finish(&["partition", "namespace", "version", "uid"])?;
-    let status: ResourceStatus = from_json(body_json(body)?, "resd.resource.v1.Status")
-        .map_err(|error| ApiError::invalid(format!("the body is not a Status: {error}")))?;
+    let status: ResourceStatus = from_json(
+        &state.registry.descriptor_pool(),
+        body_json(body)?,
+        "resd.resource.v1.Status",
+    )
+    .map_err(|error| ApiError::invalid(format!("the body is not a Status: {error}")))?;
     let request = WriteStatusRequest {
         id: Some(id_of(group, version, kind, name, tenancy, uid)),
         version: resource_version,
         key,
         status: Some(status),
     };
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .resources
             .write_status(grpc_request(&headers, false, request)?)
@@ -566,7 +595,8 @@ async fn delete(
         id: Some(id_of(group, version, kind, name, tenancy, uid)),
         version: resource_version,
     };
-    reply(
+    answer(
+        &state.registry.descriptor_pool(),
         state
             .resources
             .delete(grpc_request(&headers, false, request)?)

@@ -1,25 +1,27 @@
-//! Protobuf messages to and from JSON (the protobuf JSON mapping) through the published
-//! descriptors, so `data` (an `Any`) reads and writes as the type's own fields with `@type`.
-
-use std::sync::LazyLock;
+//! Protobuf messages to and from JSON (the protobuf JSON mapping) through the descriptors the
+//! registry publishes (built-in and registered types), so `data` (an `Any`) reads and writes
+//! as the type's own fields with `@type`.
 
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
 
-static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
-    DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET).map_err(|error| error.to_string())
-});
-
-fn descriptor(name: &str) -> Result<prost_reflect::MessageDescriptor, String> {
-    let pool = POOL.as_ref().map_err(Clone::clone)?;
+fn descriptor(
+    pool: &DescriptorPool,
+    name: &str,
+) -> Result<prost_reflect::MessageDescriptor, String> {
     pool.get_message_by_name(name)
         .ok_or_else(|| format!("the descriptors do not define {name}"))
 }
 
 /// A message as protobuf JSON (`name` is its full protobuf name).
-pub fn to_json<M: prost::Message>(message: &M, name: &str) -> Result<serde_json::Value, String> {
-    let dynamic = DynamicMessage::decode(descriptor(name)?, message.encode_to_vec().as_slice())
-        .map_err(|error| format!("cannot convert {name}: {error}"))?;
+pub fn to_json<M: prost::Message>(
+    pool: &DescriptorPool,
+    message: &M,
+    name: &str,
+) -> Result<serde_json::Value, String> {
+    let dynamic =
+        DynamicMessage::decode(descriptor(pool, name)?, message.encode_to_vec().as_slice())
+            .map_err(|error| format!("cannot convert {name}: {error}"))?;
     dynamic
         .serialize_with_options(
             serde_json::value::Serializer,
@@ -30,11 +32,12 @@ pub fn to_json<M: prost::Message>(message: &M, name: &str) -> Result<serde_json:
 
 /// A message from protobuf JSON; unknown fields are errors that name them.
 pub fn from_json<M: prost::Message + Default>(
+    pool: &DescriptorPool,
     value: serde_json::Value,
     name: &str,
 ) -> Result<M, String> {
     let dynamic = DynamicMessage::deserialize_with_options(
-        descriptor(name)?,
+        descriptor(pool, name)?,
         value,
         &DeserializeOptions::new(),
     )
@@ -62,8 +65,9 @@ mod tests {
             },
             "data": {"@type": "type.googleapis.com/resd.demo.v2.Artist", "name": "Nina Simone"}
         });
+        let pool = DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET).expect("pool");
         let resource: Resource =
-            from_json(value.clone(), "resd.resource.v1.Resource").expect("decodes");
+            from_json(&pool, value.clone(), "resd.resource.v1.Resource").expect("decodes");
         assert_eq!(
             resource.id,
             Some(Id {
@@ -80,9 +84,10 @@ mod tests {
                 }),
             })
         );
-        let back = to_json(&resource, "resd.resource.v1.Resource").expect("encodes");
+        let back = to_json(&pool, &resource, "resd.resource.v1.Resource").expect("encodes");
         assert_eq!(back, value);
         let error = from_json::<Resource>(
+            &pool,
             serde_json::json!({"id": {"nmae": "x"}}),
             "resd.resource.v1.Resource",
         )

@@ -39,6 +39,11 @@ impl ResourceGrpc {
         }
     }
 
+    /// The resource service it serves.
+    pub fn service(&self) -> &Arc<ResourceService> {
+        &self.service
+    }
+
     /// Ends watches whose client read nothing for `after` while events waited for it.
     pub fn with_watch_stall_timeout(mut self, after: std::time::Duration) -> Self {
         self.stalls = Arc::new(super::stalls::Stalls::new(after));

@@ -148,7 +148,7 @@ async fn registered(node: &Resd) -> Vec<(String, bool, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and_restores() {
-    let mut cluster = Cluster::start(3, &[]).await;
+    let mut cluster = Cluster::start_with_http(3, &[]).await;
     let leader = cluster.wait_for_leader().await;
     let follower = (leader + 1) % 3;
     let other = (leader + 2) % 3;
@@ -174,6 +174,16 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
             )]
         );
     }
+
+    // The HTTP API reads and writes it as JSON with the registered schema's field names.
+    let (status, body) = cluster.nodes[follower]
+        .http_get("/v1/resources/payments/v1/Invoice/acme-1?partition=default&namespace=default")
+        .expect("HTTP answers");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""amountCents":"1250""#) && body.contains(r#""currency":"EUR""#),
+        "{body}"
+    );
 
     // A rule refuses, naming the field and the rule's message.
     let refused = write(&cluster.nodes[leader], invoice("acme-2", -5))
