@@ -20,10 +20,20 @@ use crate::resource;
 
 /// Expands to one `#[tokio::test]` per conformance case, each on a fresh backend built by the
 /// given closure (returning a future of the backend).
+///
+/// `conformance_tests!(registered: make)` runs the same cases with the resources of a type
+/// registered at runtime (`payments.*.Invoice` and `Receipt`, DESIGN §15) in place of the demo
+/// types: storage must not care which.
 #[macro_export]
 macro_rules! conformance_tests {
+    (registered: $make:expr) => {
+        $crate::conformance_tests!(@all $make, $crate::storage::conformance::Fixture::registered());
+    };
     ($make:expr) => {
-        $crate::conformance_tests!(@cases $make;
+        $crate::conformance_tests!(@all $make, $crate::storage::conformance::Fixture::default());
+    };
+    (@all $make:expr, $fixture:expr) => {
+        $crate::conformance_tests!(@cases $make, $fixture;
             read_returns_the_stored_resource,
             read_of_a_missing_resource_is_not_found,
             read_with_another_uid_is_not_found,
@@ -51,7 +61,7 @@ macro_rules! conformance_tests {
             watch_resume_from_a_future_version_is_refused,
         );
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
+    (@cases $make:expr, $fixture:expr; $($case:ident),* $(,)?) => {
         mod conformance {
             #[allow(unused_imports)]
             use super::*;
@@ -60,7 +70,9 @@ macro_rules! conformance_tests {
                 async fn $case() {
                     let make = $make;
                     let backend = make().await;
-                    $crate::storage::conformance::$case(&backend).await;
+                    $crate::storage::conformance::FIXTURE
+                        .scope($fixture, $crate::storage::conformance::$case(&backend))
+                        .await;
                 }
             )*
         }
@@ -91,19 +103,57 @@ where
     panic!("{what}: still failing after {EVENTUALLY_ATTEMPTS} attempts: {last}");
 }
 
-/// Builds ids and resources for the cases.
-#[derive(Debug, Default)]
-pub struct Fixture;
+tokio::task_local! {
+    /// The fixture a case builds its resources with ([`conformance_tests!`] sets it).
+    pub static FIXTURE: Fixture;
+}
+
+/// Builds ids and resources for the cases: of the demo types, or of a registered type.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    group: String,
+    /// The kinds the cases call `Artist` and `Album`.
+    primary: String,
+    secondary: String,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Fixture {
+            group: "demo".into(),
+            primary: "Artist".into(),
+            secondary: "Album".into(),
+        }
+    }
+}
 
 impl Fixture {
+    /// The fixture of the running case (the demo types outside one).
     pub fn new() -> Self {
-        Fixture
+        FIXTURE.try_with(Clone::clone).unwrap_or_default()
+    }
+
+    /// Resources of a type registered at runtime instead of the demo types.
+    pub fn registered() -> Self {
+        Fixture {
+            group: "payments".into(),
+            primary: "Invoice".into(),
+            secondary: "Receipt".into(),
+        }
+    }
+
+    fn kind(&self, kind: &str) -> String {
+        match kind {
+            "Artist" => self.primary.clone(),
+            "Album" => self.secondary.clone(),
+            other => other.to_owned(),
+        }
     }
 
     pub fn artist_type(&self) -> UnversionedType {
         UnversionedType {
-            group: "demo".into(),
-            kind: "Artist".into(),
+            group: self.group.clone(),
+            kind: self.primary.clone(),
         }
     }
 
@@ -128,9 +178,9 @@ impl Fixture {
                 uid: ulid::Ulid::new().to_string(),
                 name: name.into(),
                 r#type: Some(Type {
-                    group: "demo".into(),
+                    group: self.group.clone(),
                     group_version: group_version.into(),
-                    kind: kind.into(),
+                    kind: self.kind(kind),
                 }),
                 tenancy: Some(tenancy),
             }),

@@ -301,6 +301,10 @@ mod tests {
 
     crate::conformance_tests!(|| async { super::InMemBackend::new() });
 
+    mod registered_type {
+        crate::conformance_tests!(registered: || async { super::super::InMemBackend::new() });
+    }
+
     #[tokio::test]
     async fn a_watcher_that_falls_behind_gets_an_error_not_a_gap() {
         use super::super::Backend;

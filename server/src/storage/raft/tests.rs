@@ -290,6 +290,13 @@ mod follower_of_three {
     crate::conformance_tests!(|| async { Member::follower_of_three().await });
 }
 
+/// The suite once more with a type registered at runtime in place of the demo types.
+mod registered_type_on_a_follower_of_three {
+    #[allow(unused_imports)]
+    use super::Member;
+    crate::conformance_tests!(registered: || async { Member::follower_of_three().await });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_deadline() {
     use crate::storage::{Backend, StorageError};
