@@ -449,3 +449,44 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
         .await;
     tmux.keys(&["q"]);
 }
+
+/// DESIGN §15: the dashboard learns a type registered after it started — the Type's event makes
+/// it list the types again, and the new type is watched and can be jumped to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_learns_a_type_registered_after_it_started() {
+    if !Tmux::available() {
+        eprintln!("SKIPPED the_dashboard_learns_a_type_registered_after_it_started: no tmux");
+        return;
+    }
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let token = Creds {
+        token: cluster.token.clone().expect("a management token"),
+        tls: cluster.tls.clone(),
+    };
+    let server = cluster.nodes[0].api_addr.clone();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let editor = write_script(scratch.path(), "editor.sh", "true");
+    let tmux = Tmux::new("types");
+    tmux.start(&dashboard(&server, &token, scratch.path(), &editor, ""));
+    tmux.wait_for("the dashboard", &["● live"]).await;
+    resctl(
+        &server,
+        &token,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    tmux.wait_for("the new type on the types screen", &["payments.v1.Invoice"])
+        .await;
+    tmux.text(":");
+    tmux.text("Invoice");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for(
+        "the invoices",
+        &["acme-2026-001", "globex-2026-001", "payments.v1.Invoice"],
+    )
+    .await;
+    tmux.keys(&["q"]);
+}

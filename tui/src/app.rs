@@ -220,6 +220,15 @@ impl Tasks {
                     self.background.push(self.watch(info));
                 }
             }
+            Effect::RefreshTypes => {
+                let client = self.client.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(types) = client.list_types().await {
+                        let _ = tx.send(Msg::Types(Ok(types)));
+                    }
+                });
+            }
             // The event loop runs the editor itself: it needs the terminal and the key reader.
             Effect::Edit(_) => {}
             Effect::Delete {

@@ -174,6 +174,41 @@ impl Store {
         Store { types, index }
     }
 
+    /// Follows a new list of the server's types (DESIGN §15: types registered and deleted while
+    /// the dashboard runs): types it lacked are added, empty, and returned (to be watched);
+    /// types the server no longer has are dropped with their resources and named in the second
+    /// list. The types it kept keep their resources.
+    pub fn merge(&mut self, infos: Vec<TypeInfo>) -> (Vec<TypeInfo>, Vec<String>) {
+        let listed: HashSet<String> = infos
+            .iter()
+            .map(|info| info.r#type.as_ref().map(gvk).unwrap_or_default())
+            .collect();
+        let gone: Vec<String> = self
+            .types
+            .iter()
+            .filter(|data| !listed.contains(&data.gvk))
+            .map(|data| data.gvk.clone())
+            .collect();
+        let added: Vec<TypeInfo> = infos
+            .into_iter()
+            .filter(|info| {
+                self.position(&info.r#type.as_ref().map(gvk).unwrap_or_default())
+                    .is_none()
+            })
+            .collect();
+        let mut types = std::mem::take(&mut self.types);
+        types.retain(|data| listed.contains(&data.gvk));
+        types.extend(added.iter().cloned().map(TypeData::new));
+        types.sort_by(|a, b| a.gvk.cmp(&b.gvk));
+        self.index = types
+            .iter()
+            .enumerate()
+            .map(|(i, data)| (data.gvk.clone(), i))
+            .collect();
+        self.types = types;
+        (added, gone)
+    }
+
     pub fn position(&self, gvk: &str) -> Option<usize> {
         self.index.get(gvk).copied()
     }

@@ -76,6 +76,8 @@ pub enum Msg {
 pub enum Effect {
     /// Start one watch per type (all tenancies).
     Watch(Vec<TypeInfo>),
+    /// List the server's types again (a `registry.v1.Type` changed).
+    RefreshTypes,
     /// Suspend the terminal, run `$EDITOR` on the session's document, restore the terminal,
     /// submit the result.
     Edit(Box<EditSession>),

@@ -17,14 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossterm::event::KeyEvent;
+use proto::client::WatchUpdate;
 use proto::client::describe;
 use proto::client::edit::{EditOutcome, Round};
-use proto::codec::Codec;
+use proto::codec::{Codec, gvk};
+use proto::resource::v1::watch_event::Event;
 
 use crate::keymap::{self, Action, Scope};
 use crate::model::Store;
 use crate::msg::{Effect, Msg};
-use crate::state::{Dialog, Input, InputKind, Link, Screen, State};
+use crate::state::{Dialog, EventKind, Input, InputKind, Link, Screen, State};
 
 /// What a screen does with the keys whose meaning depends on the screen.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +58,9 @@ fn keys_of(screen: Screen) -> &'static Keys {
 /// How long a footer message stays.
 const FLASH_FOR: Duration = Duration::from_secs(6);
 
+/// The type whose resources register the others.
+const REGISTRY_TYPE: &str = "registry.v1.Type";
+
 pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
     let mut effects = Vec::new();
     match msg {
@@ -72,6 +77,24 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
                 state.flash = None;
             }
         }
+        Msg::Types(Ok(response)) if state.codec.is_some() => match Codec::new(response.clone()) {
+            // A later list: types registered or deleted while the dashboard runs.
+            Ok(codec) => {
+                state.codec = Some(Arc::new(codec));
+                let (added, gone) = state.store.merge(response.types);
+                for info in &added {
+                    let name = info.r#type.as_ref().map(gvk).unwrap_or_default();
+                    state.push_event(EventKind::Notice, format!("type {name} registered"));
+                }
+                for name in gone {
+                    state.push_event(EventKind::Notice, format!("type {name} is gone"));
+                }
+                if !added.is_empty() {
+                    effects.push(Effect::Watch(added));
+                }
+            }
+            Err(error) => state.types_error = Some(error.to_string()),
+        },
         Msg::Types(Ok(response)) => match Codec::new(response.clone()) {
             Ok(codec) => {
                 state.codec = Some(Arc::new(codec));
@@ -90,7 +113,19 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
             };
             state.types_error = Some(error);
         }
-        Msg::Watch { gvk, update } => events::on_watch(state, &gvk, update),
+        Msg::Watch { gvk, update } => {
+            // A Type written or deleted after the first list: the server's types changed.
+            let types_changed = gvk == REGISTRY_TYPE
+                && state.store.get(&gvk).is_some_and(|data| data.synced)
+                && matches!(
+                    &update,
+                    WatchUpdate::Event(event) if matches!(event.event, Some(Event::Upsert(_) | Event::Delete(_)))
+                );
+            events::on_watch(state, &gvk, update);
+            if types_changed {
+                effects.push(Effect::RefreshTypes);
+            }
+        }
         Msg::Cluster(report) => cluster::on_cluster(state, *report),
         Msg::EditRound { session, result } => match result {
             Ok(Round::Done(EditOutcome::Saved(saved))) => {

@@ -1095,3 +1095,98 @@ fn giving_up_on_an_edit_keeps_the_users_text() {
     );
     let _ = std::fs::remove_file(path);
 }
+
+/// A Type written while the dashboard runs makes it list the types again; a type new to it is
+/// added and watched, the others keep their resources, and a type the server dropped goes.
+#[test]
+fn types_registered_while_running_are_learned_and_watched() {
+    let mut state = demo_state();
+    let with_registry = || {
+        let mut types = testing::demo_types();
+        types.push(testing::info(
+            "registry",
+            "v1",
+            "Type",
+            proto::cluster::v1::Scope::Cluster,
+        ));
+        types
+    };
+    state.store = Store::new(with_registry());
+    state
+        .store
+        .get_mut("demo.v2.Artist")
+        .expect("artists")
+        .apply(upsert(resource(
+            "demo.v2.Artist",
+            "default/jazz",
+            "miles-davis",
+            5,
+        )));
+    for data in &mut state.store.types {
+        data.apply(testing::end_of_snapshot("100"));
+    }
+    // A Type upserted after the first snapshot: list the types again.
+    let effects = update(
+        &mut state,
+        Msg::Watch {
+            gvk: "registry.v1.Type".into(),
+            update: WatchUpdate::Event(upsert(resource(
+                "registry.v1.Type",
+                "",
+                "payments-invoice",
+                101,
+            ))),
+        },
+    );
+    assert!(
+        matches!(effects.as_slice(), [Effect::RefreshTypes]),
+        "{effects:?}"
+    );
+    let mut types = with_registry();
+    types.retain(|info| info.r#type.as_ref().is_some_and(|t| t.kind != "Concept"));
+    let mut invoice = testing::info(
+        "payments",
+        "v1",
+        "Invoice",
+        proto::cluster::v1::Scope::Namespace,
+    );
+    invoice.builtin = false;
+    invoice.registered_by = "payments-invoice".into();
+    types.push(invoice);
+    let effects = update(
+        &mut state,
+        Msg::Types(Ok(ListTypesResponse {
+            types,
+            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+        })),
+    );
+    match effects.as_slice() {
+        [Effect::Watch(added)] => {
+            assert_eq!(added.len(), 1);
+            assert_eq!(added[0].registered_by, "payments-invoice");
+        }
+        other => panic!("expected a Watch of the new type, got {other:?}"),
+    }
+    assert!(state.store.get("payments.v1.Invoice").is_some());
+    assert!(state.store.get("demo.v1.Concept").is_none(), "dropped");
+    assert_eq!(
+        state
+            .store
+            .get("demo.v2.Artist")
+            .map(|data| data.resources.len()),
+        Some(1),
+        "kept with its resources"
+    );
+    let notices: Vec<&str> = state
+        .events
+        .lines
+        .iter()
+        .map(|line| line.text.as_str())
+        .collect();
+    assert!(
+        notices
+            .iter()
+            .any(|text| text.contains("type payments.v1.Invoice registered")),
+        "{notices:?}"
+    );
+}
