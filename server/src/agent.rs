@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod acl_feed;
+mod reflection;
 mod serve;
 
 pub use serve::ServeError;

@@ -36,8 +36,6 @@ pub struct Api {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot build the reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -136,15 +134,10 @@ pub async fn serve_api(
         })
     });
 
-    let api_descriptors = api_descriptor_set();
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(&api_descriptors)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(&api_descriptors)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    // Reflection follows the registry: types registered at runtime are reflected too.
+    let reflection = super::reflection::Reflection::new(service.registry().clone());
+    let reflection_v1 = super::reflection::v1_service(reflection.clone());
+    let reflection_v1alpha = super::reflection::v1alpha_service(reflection);
 
     let resource_service = crate::service::encoded::ResourceApi::new(resources, max_message);
     let cluster_service = ClusterServiceServer::new(cluster);
@@ -272,19 +265,4 @@ async fn within_grace<E>(
             Ok(())
         }
     }
-}
-
-/// The descriptors the API port's reflection offers: every message, but only the services that
-/// port serves (the raft service is served on the raft port only).
-fn api_descriptor_set() -> Vec<u8> {
-    use prost::Message;
-    let Ok(mut set) = prost_types::FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET) else {
-        return proto::FILE_DESCRIPTOR_SET.to_vec();
-    };
-    for file in &mut set.file {
-        if file.package() == "resd.raft.v1" {
-            file.service.clear();
-        }
-    }
-    set.encode_to_vec()
 }

@@ -737,4 +737,4 @@ pub struct Installed {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

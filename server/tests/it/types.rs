@@ -185,6 +185,42 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
         "{body}"
     );
 
+    // Reflection knows the registered message (grpcurl resolves `data`'s @type through it).
+    {
+        use tokio_stream::StreamExt;
+        use tonic_reflection::pb::v1;
+        let mut client = v1::server_reflection_client::ServerReflectionClient::new(
+            cluster.nodes[other].channel().await,
+        );
+        let asked = tokio_stream::iter(vec![v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(
+                v1::server_reflection_request::MessageRequest::FileContainingSymbol(
+                    "resd.payments.v1.Invoice".into(),
+                ),
+            ),
+        }]);
+        let answer = client
+            .server_reflection_info(asked)
+            .await
+            .expect("reflection")
+            .into_inner()
+            .next()
+            .await
+            .expect("an answer")
+            .expect("ok");
+        let Some(v1::server_reflection_response::MessageResponse::FileDescriptorResponse(files)) =
+            answer.message_response
+        else {
+            panic!("expected the file of the invoice, got {answer:?}");
+        };
+        let first = <prost_types::FileDescriptorProto as prost::Message>::decode(
+            files.file_descriptor_proto[0].as_slice(),
+        )
+        .expect("a file");
+        assert_eq!(first.name(), "resd/payments/v1/invoice.proto");
+    }
+
     // A rule refuses, naming the field and the rule's message.
     let refused = write(&cluster.nodes[leader], invoice("acme-2", -5))
         .await
