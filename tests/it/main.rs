@@ -7,5 +7,6 @@ mod client;
 mod drivers;
 mod http;
 mod scenario;
+mod teams;
 mod tls;
 mod tui;

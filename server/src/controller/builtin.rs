@@ -328,6 +328,18 @@ impl Reconciler for TypeController {
             Err(crate::service::Error::InvalidArgument(_)) => Vec::new(),
             Err(error) => return Err(error.into()),
         };
+        // Stored objects are keyed without their version (DESIGN §2): those written through
+        // another version belong to that version's Type, if one is registered.
+        let listed: Vec<Resource> = listed
+            .into_iter()
+            .filter(|inside| {
+                inside
+                    .id
+                    .as_ref()
+                    .and_then(|id| id.r#type.as_ref())
+                    .is_none_or(|stored| stored.group_version == t.group_version)
+            })
+            .collect();
         let remaining = listed.len();
         for inside in listed {
             if !resource::is_marked_for_deletion(&inside)
