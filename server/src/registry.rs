@@ -492,25 +492,12 @@ impl DynamicTypes {
         self.install_unchecked(name, version, t, deleting);
     }
 
-    /// [`DynamicTypes::install`] unless this node has a later version of the Type already: what
-    /// a read of the stored Types installs (the feed may have applied a later change since).
-    pub fn install_if_newer(&self, stored: &Resource) {
-        let Some(id) = &stored.id else { return };
-        let newer = match self.read().by_name.get(&id.name) {
-            None => true,
-            Some((_, installed)) => {
-                match (
-                    installed.parse::<crate::storage::Version>(),
-                    stored.version.parse::<crate::storage::Version>(),
-                ) {
-                    (Ok(installed), Ok(stored)) => stored > installed,
-                    _ => false,
-                }
-            }
-        };
-        if newer {
-            self.install_stored(stored);
-        }
+    /// The version of the Type `name` this node installed.
+    pub fn installed_version(&self, name: &str) -> Option<String> {
+        self.read()
+            .by_name
+            .get(name)
+            .map(|(_, version)| version.clone())
     }
 
     fn install_unchecked(

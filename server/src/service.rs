@@ -174,8 +174,22 @@ impl ResourceService {
         };
         // Only additions and later versions: removals are the feed's (it may be ahead of
         // this read).
+        let dynamic = self.registry.dynamic();
         for stored in types {
-            self.registry.dynamic().install_if_newer(&stored);
+            let Some(id) = &stored.id else { continue };
+            let newer = match dynamic.installed_version(&id.name) {
+                None => true,
+                Some(installed) => match (
+                    installed.parse::<crate::storage::Version>(),
+                    stored.version.parse::<crate::storage::Version>(),
+                ) {
+                    (Ok(installed), Ok(stored)) => stored > installed,
+                    _ => false,
+                },
+            };
+            if newer {
+                dynamic.install_stored(&stored);
+            }
         }
     }
 
