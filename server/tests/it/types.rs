@@ -148,7 +148,8 @@ async fn registered(node: &Resd) -> Vec<(String, bool, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and_restores() {
-    let mut cluster = Cluster::start_with_http(3, &[]).await;
+    // Snapshots every 20 entries: the node added at the end gets the state as a snapshot.
+    let mut cluster = Cluster::start_with_http(3, &["--snapshot-every", "20"]).await;
     let leader = cluster.wait_for_leader().await;
     let follower = (leader + 1) % 3;
     let other = (leader + 2) % 3;
@@ -363,8 +364,18 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
         }
     }
 
-    // A new node, which gets the state as a raft snapshot or the log, knows the type.
-    let added = cluster.add_node(&[]).await;
+    // A new node, which gets the state as a raft snapshot (the log before it is purged), knows
+    // the type.
+    let leader = cluster.wait_for_leader().await;
+    for index in 0..60 {
+        write(
+            &cluster.nodes[leader],
+            invoice(&format!("filler-{index}"), index),
+        )
+        .await
+        .expect("an invoice");
+    }
+    let added = cluster.add_node(&["--snapshot-every", "20"]).await;
     cluster.wait_for_members(4).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -388,7 +399,12 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
         .expect("list")
         .into_inner()
         .resources;
-    assert_eq!(listed.len(), 1);
+    assert_eq!(listed.len(), 61);
+    let status = cluster.nodes[added].status().await.expect("status");
+    assert!(
+        status.snapshot_index > 0,
+        "the new node installed a snapshot: {status:?}"
+    );
 }
 
 /// An ACL policy on `payments.*.*` grants exactly that: the registered type, not the demo ones
