@@ -11,6 +11,7 @@ const FILES: &[&str] = &[
     "resd/tenancy/v1/tenancy.proto",
     "resd/acl/v1/acl.proto",
     "resd/registry/v1/registry.proto",
+    "resd/coordination/v1/coordination.proto",
     "resd/internal/v1/tombstone.proto",
     "resd/demo/v1/demo.proto",
     "resd/demo/v2/demo.proto",

@@ -72,6 +72,12 @@ pub mod registry {
     }
 }
 
+pub mod coordination {
+    pub mod v1 {
+        tonic::include_proto!("resd.coordination.v1");
+    }
+}
+
 #[allow(clippy::all, unused_qualifications)]
 pub mod internal {
     pub mod v1 {

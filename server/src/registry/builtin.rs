@@ -28,6 +28,8 @@ pub const ACL_POLICY: &str = "acl.v1.Policy";
 pub const ACL_TOKEN: &str = "acl.v1.Token";
 /// Types registered at runtime (DESIGN §15).
 pub const REGISTRY_TYPE: &str = "registry.v1.Type";
+/// Leases of controllers placed across replicas (DESIGN §16).
+pub const LEASE: &str = "coordination.v1.Lease";
 /// The finalizer the type controller holds on every Type: released once every resource of the
 /// type is deleted.
 pub const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
@@ -82,6 +84,11 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_validate(validate_token)
             .with_references(token_policies),
     )?;
+
+    registry.register(Registration::new::<proto::coordination::v1::Lease>(
+        LEASE,
+        Scope::Namespace,
+    ))?;
 
     let types = registry.dynamic().clone();
     registry.register(

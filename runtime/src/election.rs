@@ -1,0 +1,319 @@
+//! Leader election over a `coordination.v1.Lease` (DESIGN §16), with client-go's rules:
+//!
+//! - taking and renewing are compare-and-swap writes of the lease;
+//! - a holder renews every `retry_period`, and stops leading as soon as it has not renewed for
+//!   `renew_deadline` (well inside `duration`), whatever its renewal loop was doing (a process
+//!   paused past it finds, the moment it runs again, that it no longer leads: [`Leadership::holds`]);
+//! - a candidate takes the lease over only after it has seen it unchanged (same version) for
+//!   the whole `duration` on its own clock. Clocks are never compared across machines: the
+//!   lease's times are informational.
+//!
+//! A lease whose data cannot be read (written by hand) is a lease held by nobody known: it is
+//! taken over once it has stayed unchanged for the duration, never trusted, never a panic.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::coordination::v1::Lease;
+use proto::resource::v1::{Id, Resource, Tenancy, Type};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How a replica reads and writes its lease.
+#[async_trait::async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// The stored lease, or `None`.
+    async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError>;
+    /// Writes `lease` with compare-and-swap on its `version` (empty: create).
+    async fn write(&self, lease: Resource) -> Result<Resource, StoreError>;
+}
+
+/// Why a read or write of the lease failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// Someone else wrote it since it was read (or created it first).
+    #[error("the lease changed since it was read")]
+    Conflict,
+    /// Anything else (the server unreachable, the token refused…): the attempt failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The timings of an election, client-go's defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The lease: `coordination.v1.Lease` `<namespace>/<name>`.
+    pub partition: String,
+    pub namespace: String,
+    pub name: String,
+    /// This replica, as the lease's `holder` says it.
+    pub identity: String,
+    /// How long a lease is held without renewal before a candidate may take it.
+    pub duration: Duration,
+    /// How long the holder keeps leading without a successful renewal.
+    pub renew_deadline: Duration,
+    /// How often the holder renews and candidates try.
+    pub retry_period: Duration,
+}
+
+impl Config {
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Config {
+        Config {
+            partition: "default".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// The lease's id.
+    pub fn lease_id(&self) -> Id {
+        Id {
+            uid: String::new(),
+            name: self.name.clone(),
+            r#type: Some(Type {
+                group: "coordination".into(),
+                group_version: "v1".into(),
+                kind: "Lease".into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition: self.partition.clone(),
+                namespace: self.namespace.clone(),
+            }),
+        }
+    }
+
+    /// Timings that cannot work are refused: the holder must give up before others may take over.
+    pub fn check(&self) -> Result<(), String> {
+        if self.renew_deadline >= self.duration {
+            return Err(format!(
+                "the renew deadline ({:?}) must be shorter than the lease duration ({:?}): the holder must stop before another may take over",
+                self.renew_deadline, self.duration
+            ));
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err(format!(
+                "the retry period ({:?}) must be shorter than the renew deadline ({:?})",
+                self.retry_period, self.renew_deadline
+            ));
+        }
+        if self.identity.is_empty() {
+            return Err("a replica needs an identity to hold a lease".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a replica knows of its leadership, shared with the code that reconciles.
+#[derive(Debug, Default)]
+pub struct Leadership {
+    /// Until when this replica leads (its last successful take or renewal + the renew
+    /// deadline), on its own clock; `None`: it does not.
+    until: std::sync::Mutex<Option<Instant>>,
+    /// Who holds the lease as last seen (empty: nobody known).
+    holder: std::sync::Mutex<String>,
+    changed: tokio::sync::Notify,
+}
+
+impl Leadership {
+    /// Whether this replica leads now. Checked before every reconcile and every write on
+    /// the lease holder's behalf: a replica that was paused past its renew deadline answers
+    /// `false` the moment it runs again, before its renewal loop has noticed.
+    pub fn holds(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Who holds the lease, as this replica last saw it.
+    pub fn holder(&self) -> String {
+        self.holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Resolves at the next change of leadership.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    fn lead_until(&self, until: Option<Instant>) {
+        let was = self.holds();
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        if was != self.holds() {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn saw_holder(&self, holder: &str) {
+        let mut seen = self.holder.lock().unwrap_or_else(|p| p.into_inner());
+        if *seen != holder {
+            *seen = holder.to_owned();
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// One replica's side of an election.
+pub struct Elector<S> {
+    config: Config,
+    store: S,
+    /// The lease version last seen, and when (on this replica's clock) it was first seen.
+    observed: Option<(String, Instant)>,
+    leadership: Arc<Leadership>,
+}
+
+impl<S: LeaseStore> Elector<S> {
+    pub fn new(config: Config, store: S) -> Result<Self, String> {
+        config.check()?;
+        Ok(Elector {
+            config,
+            store,
+            observed: None,
+            leadership: Arc::new(Leadership::default()),
+        })
+    }
+
+    /// What the reconciling code consults.
+    pub fn leadership(&self) -> Arc<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// One attempt to take or renew the lease (client-go's `tryAcquireOrRenew`): whether this
+    /// replica holds it after the attempt.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let id = self.config.lease_id();
+        let stored = self.store.read(&id).await?;
+        let (version, lease) = match &stored {
+            None => (String::new(), None),
+            Some(resource) => (resource.version.clone(), Some(decode(resource))),
+        };
+        // A version not seen before restarts this replica's count of the lease's duration.
+        if stored.is_some()
+            && self
+                .observed
+                .as_ref()
+                .is_none_or(|(seen, _)| *seen != version)
+        {
+            self.observed = Some((version.clone(), now));
+        }
+        let holder = lease
+            .as_ref()
+            .and_then(|lease| lease.as_ref().ok())
+            .map(|lease| lease.holder.clone())
+            .unwrap_or_default();
+        self.leadership.saw_holder(&holder);
+        let mine = holder == self.config.identity;
+        let unreadable = lease.as_ref().is_some_and(Result::is_err);
+        let held_by_another = stored.is_some() && !mine && !holder.is_empty();
+        if held_by_another || unreadable {
+            // Held by another (or unreadable): taken over only once unchanged for the duration.
+            let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
+            if now.duration_since(seen_at) < self.config.duration {
+                return Ok(false);
+            }
+        }
+        let previous = lease.and_then(Result::ok).unwrap_or_default();
+        let wall = now_timestamp();
+        let next = Lease {
+            holder: self.config.identity.clone(),
+            duration_seconds: u32::try_from(self.config.duration.as_secs()).unwrap_or(u32::MAX),
+            acquired_at: if mine {
+                previous.acquired_at.or(Some(wall))
+            } else {
+                Some(wall)
+            },
+            renewed_at: Some(wall),
+            transitions: if mine || stored.is_none() {
+                previous.transitions
+            } else {
+                previous.transitions.saturating_add(1)
+            },
+        };
+        let mut resource = stored.unwrap_or_else(|| Resource {
+            id: Some(id),
+            ..Default::default()
+        });
+        resource.data = Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.coordination.v1.Lease".into(),
+            value: prost::Message::encode_to_vec(&next),
+        });
+        resource.status.clear();
+        match self.store.write(resource).await {
+            Ok(written) => {
+                self.observed = Some((written.version.clone(), now));
+                self.leadership.saw_holder(&self.config.identity);
+                Ok(true)
+            }
+            Err(StoreError::Conflict) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Campaigns and leads until `shutdown`: tries every `retry_period` until it holds the
+    /// lease, then renews every `retry_period`; a holder that has not renewed for
+    /// `renew_deadline` stops leading and campaigns again.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut last_renewal: Option<Instant> = None;
+        loop {
+            let attempt = tokio::select! {
+                () = shutdown.cancelled() => break,
+                attempt = tokio::time::timeout(self.config.retry_period, self.try_acquire_or_renew()) => attempt,
+            };
+            let now = Instant::now();
+            match attempt {
+                Ok(Ok(true)) => {
+                    if last_renewal.is_none() {
+                        tracing::info!(lease = %self.config.name, identity = %self.config.identity, "took the lease: leading");
+                    }
+                    last_renewal = Some(now);
+                    self.leadership
+                        .lead_until(Some(now + self.config.renew_deadline));
+                }
+                other => {
+                    if let Ok(Err(error)) = &other {
+                        tracing::debug!(lease = %self.config.name, %error, "lease attempt failed");
+                    }
+                    if let Some(renewed) = last_renewal
+                        && now.duration_since(renewed) >= self.config.renew_deadline
+                    {
+                        tracing::warn!(lease = %self.config.name, identity = %self.config.identity, "could not renew the lease within the renew deadline: no longer leading");
+                        last_renewal = None;
+                        self.leadership.lead_until(None);
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(self.config.retry_period) => {}
+            }
+        }
+        self.leadership.lead_until(None);
+    }
+}
+
+/// The lease in a stored resource, or why it cannot be read.
+fn decode(resource: &Resource) -> Result<Lease, String> {
+    let data = resource
+        .data
+        .as_ref()
+        .ok_or_else(|| "the lease has no data".to_owned())?;
+    <Lease as prost::Message>::decode(data.value.as_slice()).map_err(|error| error.to_string())
+}
+
+fn now_timestamp() -> prost_types::Timestamp {
+    let now = time::OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: i32::try_from(now.nanosecond()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+//! Elections on a fake store and a paused clock: client-go's rules, garbage leases, pauses.
+
+use std::sync::Mutex;
+
+use super::*;
+
+/// A store of one lease with compare-and-swap on a version counter.
+#[derive(Default, Clone)]
+struct Store(Arc<Mutex<StoreState>>);
+
+#[derive(Default)]
+struct StoreState {
+    lease: Option<Resource>,
+    version: u64,
+    /// Every write fails (the server is unreachable).
+    down: bool,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Store {
+    async fn read(&self, _id: &Id) -> Result<Option<Resource>, StoreError> {
+        let state = self.0.lock().expect("lock");
+        if state.down {
+            return Err(StoreError::Failed("unreachable".into()));
+        }
+        Ok(state.lease.clone())
+    }
+
+    async fn write(&self, mut lease: Resource) -> Result<Resource, StoreError> {
+        let mut state = self.0.lock().expect("lock");
+        if state.down {
+            return Err(StoreError::Failed("unreachable".into()));
+        }
+        let current = state
+            .lease
+            .as_ref()
+            .map(|l| l.version.clone())
+            .unwrap_or_default();
+        if lease.version != current {
+            return Err(StoreError::Conflict);
+        }
+        state.version += 1;
+        lease.version = state.version.to_string();
+        state.lease = Some(lease.clone());
+        Ok(lease)
+    }
+}
+
+impl Store {
+    fn holder(&self) -> String {
+        let state = self.0.lock().expect("lock");
+        state
+            .lease
+            .as_ref()
+            .and_then(|l| decode(l).ok())
+            .map(|l| l.holder)
+            .unwrap_or_default()
+    }
+
+    fn transitions(&self) -> u64 {
+        let state = self.0.lock().expect("lock");
+        state
+            .lease
+            .as_ref()
+            .and_then(|l| decode(l).ok())
+            .map(|l| l.transitions)
+            .unwrap_or_default()
+    }
+}
+
+fn config(identity: &str) -> Config {
+    Config::new("default", "invoices", identity)
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_replica_takes_the_lease_and_another_waits_out_the_whole_duration() {
+    let store = Store::default();
+    let mut a = Elector::new(config("a"), store.clone()).expect("a");
+    let mut b = Elector::new(config("b"), store.clone()).expect("b");
+    assert!(a.try_acquire_or_renew().await.expect("a tries"));
+    assert!(!b.try_acquire_or_renew().await.expect("b tries"));
+    assert_eq!(b.leadership().holder(), "a");
+    // a renews within the duration: b never takes over, however long it tries.
+    for _ in 0..20 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(a.try_acquire_or_renew().await.expect("a renews"));
+        assert!(!b.try_acquire_or_renew().await.expect("b waits"));
+    }
+    // a stops renewing: b takes over only once it has seen the lease unchanged for the
+    // whole duration on its own clock.
+    assert!(
+        !b.try_acquire_or_renew()
+            .await
+            .expect("first sight of the last version")
+    );
+    tokio::time::advance(Duration::from_secs(14)).await;
+    assert!(!b.try_acquire_or_renew().await.expect("not yet"));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(b.try_acquire_or_renew().await.expect("taken over"));
+    assert_eq!(store.holder(), "b");
+    assert_eq!(store.transitions(), 1);
+    // a, back, finds b holding it.
+    assert!(!a.try_acquire_or_renew().await.expect("a sees b"));
+    assert_eq!(a.leadership().holder(), "b");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_written_by_hand_with_garbage_expires_after_the_duration() {
+    let store = Store::default();
+    store
+        .write(Resource {
+            id: Some(config("x").lease_id()),
+            data: Some(prost_types::Any {
+                type_url: "type.googleapis.com/resd.coordination.v1.Lease".into(),
+                value: vec![0xff, 0xff, 0xff],
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("garbage");
+    let mut a = Elector::new(config("a"), store.clone()).expect("a");
+    assert!(
+        !a.try_acquire_or_renew()
+            .await
+            .expect("never trusted at once")
+    );
+    tokio::time::advance(Duration::from_secs(15)).await;
+    assert!(a.try_acquire_or_renew().await.expect("taken over"));
+    assert_eq!(store.holder(), "a");
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_candidates_of_an_empty_lease_one_wins() {
+    let store = Store::default();
+    let mut a = Elector::new(config("a"), store.clone()).expect("a");
+    let mut b = Elector::new(config("b"), store.clone()).expect("b");
+    let (won_a, won_b) = tokio::join!(a.try_acquire_or_renew(), b.try_acquire_or_renew());
+    assert_ne!(won_a.expect("a"), won_b.expect("b"), "exactly one holds it");
+}
+
+/// A holder paused past its renew deadline leads no more the moment it runs again, before
+/// its renewal loop notices; another replica takes over after the duration.
+#[tokio::test(start_paused = true)]
+async fn a_holder_paused_past_its_deadline_stops_leading_at_once() {
+    let store = Store::default();
+    let a = Elector::new(config("a"), store.clone()).expect("a");
+    let leadership = a.leadership();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(a.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(leadership.holds());
+    // The server becomes unreachable: renewals fail; within the renew deadline a still
+    // leads, past it it does not.
+    store.0.lock().expect("lock").down = true;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(leadership.holds());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!leadership.holds(), "past the renew deadline");
+    shutdown.cancel();
+    running.await.expect("stops");
+
+    // A pause: no loop runs at all, time passes; holds() alone says no.
+    let store = Store::default();
+    let mut b = Elector::new(config("b"), store.clone()).expect("b");
+    let leadership = b.leadership();
+    assert!(b.try_acquire_or_renew().await.expect("b takes"));
+    b.leadership
+        .lead_until(Some(Instant::now() + b.config.renew_deadline));
+    assert!(leadership.holds());
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert!(
+        !leadership.holds(),
+        "a paused holder leads no more when it resumes"
+    );
+}
+
+#[test]
+fn timings_that_cannot_work_are_refused() {
+    let mut bad = config("a");
+    bad.renew_deadline = bad.duration;
+    assert!(
+        bad.check()
+            .expect_err("deadline")
+            .contains("renew deadline")
+    );
+    let mut bad = config("a");
+    bad.retry_period = bad.renew_deadline;
+    assert!(bad.check().expect_err("retry").contains("retry period"));
+    let mut bad = config("");
+    bad.identity.clear();
+    assert!(bad.check().expect_err("identity").contains("identity"));
+    config("a").check().expect("the defaults work");
+}
