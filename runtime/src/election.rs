@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 pub trait LeaseStore: Send + Sync {
     /// The stored lease, or `None`.
     async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError>;
-    /// Writes `lease` with compare-and-swap on its `version` (empty: create).
+    /// Writes `lease`: compare-and-swap on its `version`; without one, a create whose id
+    /// carries a uid of its own (refused as [`StoreError::Conflict`] when the lease exists).
     async fn write(&self, lease: Resource) -> Result<Resource, StoreError>;
 }
 
@@ -236,8 +237,14 @@ impl<S: LeaseStore> Elector<S> {
                 previous.transitions.saturating_add(1)
             },
         };
+        // A write without a version is blind in resd: a create carries a uid of its own, which
+        // the server ignores when it creates and refuses (uid mismatch) when someone created
+        // the lease first, so two candidates of an empty lease cannot both win.
         let mut resource = stored.unwrap_or_else(|| Resource {
-            id: Some(id),
+            id: Some(Id {
+                uid: ulid::Ulid::new().to_string(),
+                ..id
+            }),
             ..Default::default()
         });
         resource.data = Some(prost_types::Any {
@@ -294,7 +301,39 @@ impl<S: LeaseStore> Elector<S> {
                 () = tokio::time::sleep(self.config.retry_period) => {}
             }
         }
+        let leading = self.leadership.holds();
         self.leadership.lead_until(None);
+        if leading {
+            // Handed back so the next replica need not wait out the duration (client-go's
+            // ReleaseOnCancel); a holder that cannot is simply waited out.
+            match tokio::time::timeout(self.config.retry_period, self.release()).await {
+                Ok(Ok(())) => tracing::info!(lease = %self.config.name, "lease released"),
+                _ => {
+                    tracing::debug!(lease = %self.config.name, "could not release the lease; it expires")
+                }
+            }
+        }
+    }
+
+    /// Gives the lease back if this replica holds it: a compare-and-swap that empties the
+    /// holder.
+    pub async fn release(&mut self) -> Result<(), StoreError> {
+        let Some(mut stored) = self.store.read(&self.config.lease_id()).await? else {
+            return Ok(());
+        };
+        let Ok(mut lease) = decode(&stored) else {
+            return Ok(());
+        };
+        if lease.holder != self.config.identity {
+            return Ok(());
+        }
+        lease.holder.clear();
+        stored.data = Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.coordination.v1.Lease".into(),
+            value: prost::Message::encode_to_vec(&lease),
+        });
+        stored.status.clear();
+        self.store.write(stored).await.map(drop)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The controller runtime for programs of their own (DESIGN §16). This crate starts with
 //! placement across replicas: [`election`] takes, renews and gives up a
-//! `coordination.v1.Lease` with client-go's rules, over a [`election::LeaseStore`] that a gRPC
-//! client or the server's own service implements.
+//! `coordination.v1.Lease` with client-go's rules, over a [`election::LeaseStore`]:
+//! [`grpc::ClientLeases`] for a program talking to a cluster.
 
 pub mod election;
+pub mod grpc;

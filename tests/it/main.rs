@@ -6,6 +6,7 @@ mod chaos;
 mod client;
 mod drivers;
 mod http;
+mod lease;
 mod scenario;
 mod teams;
 mod tls;

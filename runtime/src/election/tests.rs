@@ -31,13 +31,28 @@ impl LeaseStore for Store {
         if state.down {
             return Err(StoreError::Failed("unreachable".into()));
         }
-        let current = state
-            .lease
-            .as_ref()
-            .map(|l| l.version.clone())
-            .unwrap_or_default();
-        if lease.version != current {
+        // resd's semantics: a version is a compare-and-swap; no version is a blind write, which
+        // a uid other than the stored one refuses.
+        if let Some(stored) = &state.lease {
+            let stored_uid = stored
+                .id
+                .as_ref()
+                .map(|id| id.uid.clone())
+                .unwrap_or_default();
+            let uid = lease
+                .id
+                .as_ref()
+                .map(|id| id.uid.clone())
+                .unwrap_or_default();
+            if (!lease.version.is_empty() && lease.version != stored.version)
+                || (!uid.is_empty() && uid != stored_uid)
+            {
+                return Err(StoreError::Conflict);
+            }
+        } else if !lease.version.is_empty() {
             return Err(StoreError::Conflict);
+        } else if let Some(id) = lease.id.as_mut() {
+            id.uid = format!("stored-{}", state.version);
         }
         state.version += 1;
         lease.version = state.version.to_string();
@@ -127,6 +142,35 @@ async fn a_lease_written_by_hand_with_garbage_expires_after_the_duration() {
     tokio::time::advance(Duration::from_secs(15)).await;
     assert!(a.try_acquire_or_renew().await.expect("taken over"));
     assert_eq!(store.holder(), "a");
+}
+
+/// Both read "no lease", then both write: the second create is refused by its own uid.
+#[tokio::test(start_paused = true)]
+async fn two_candidates_creating_the_lease_at_once_cannot_both_win() {
+    struct Racing {
+        store: Store,
+        reads: tokio::sync::Barrier,
+    }
+    #[async_trait::async_trait]
+    impl LeaseStore for Arc<Racing> {
+        async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
+            let read = self.store.read(id).await;
+            self.reads.wait().await;
+            read
+        }
+        async fn write(&self, lease: Resource) -> Result<Resource, StoreError> {
+            self.store.write(lease).await
+        }
+    }
+    let racing = Arc::new(Racing {
+        store: Store::default(),
+        reads: tokio::sync::Barrier::new(2),
+    });
+    let mut a = Elector::new(config("a"), racing.clone()).expect("a");
+    let mut b = Elector::new(config("b"), racing.clone()).expect("b");
+    let (won_a, won_b) = tokio::join!(a.try_acquire_or_renew(), b.try_acquire_or_renew());
+    let (won_a, won_b) = (won_a.expect("a"), won_b.expect("b"));
+    assert!(won_a ^ won_b, "exactly one holds it: a {won_a}, b {won_b}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,86 @@
+//! Leader election over a real cluster (DESIGN §16): two replicas' electors on a
+//! `coordination.v1.Lease` through the resource service; one holds it and renews, the other
+//! waits; when the holder stops, the other takes over after the lease duration.
+
+use std::time::{Duration, Instant};
+
+use runtime::election::{Config, Elector};
+use runtime::grpc::ClientLeases;
+use tokio_util::sync::CancellationToken;
+
+fn config(identity: &str) -> Config {
+    let mut config = Config::new("default", "invoices", identity);
+    config.duration = Duration::from_secs(3);
+    config.renew_deadline = Duration::from_secs(2);
+    config.retry_period = Duration::from_millis(300);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() {
+    let cluster = tests::Cluster::start(3).await;
+    let a = Elector::new(config("replica-a"), ClientLeases(cluster.client(0))).expect("a");
+    let b = Elector::new(config("replica-b"), ClientLeases(cluster.client(2))).expect("b");
+    let (lead_a, lead_b) = (a.leadership(), b.leadership());
+    let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+    let (stop_a_for_release, stop_b_for_release) = (stop_a.clone(), stop_b.clone());
+    let running_a = tokio::spawn(a.run(stop_a.clone()));
+    let running_b = tokio::spawn(b.run(stop_b.clone()));
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(lead_a.holds() || lead_b.holds()) {
+        assert!(Instant::now() < deadline, "nobody took the lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Exactly one leads, and goes on leading while it renews.
+    for _ in 0..20 {
+        assert!(lead_a.holds() ^ lead_b.holds(), "exactly one replica leads");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (holder_stop, holder_running, other, other_name) = if lead_a.holds() {
+        (stop_a, running_a, lead_b.clone(), "replica-b")
+    } else {
+        (stop_b, running_b, lead_a.clone(), "replica-a")
+    };
+    // The holder crashes (its task is gone, nothing released): the other waits the lease out.
+    drop(holder_stop);
+    holder_running.abort();
+    let _ = holder_running.await;
+    let stopped = Instant::now();
+    let deadline = stopped + Duration::from_secs(3 + 5);
+    while !other.holds() {
+        assert!(
+            Instant::now() < deadline,
+            "the other replica did not take over within the duration and some"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(2),
+        "taken over before the holder's lease could have run out ({:?})",
+        stopped.elapsed()
+    );
+    assert_eq!(other.holder(), other_name);
+    let other_stop = if other_name == "replica-b" {
+        stop_b_for_release
+    } else {
+        stop_a_for_release
+    };
+
+    // The new holder stops cleanly and hands the lease back: a third replica takes it at once.
+    other_stop.cancel();
+    let c = Elector::new(config("replica-c"), ClientLeases(cluster.client(1))).expect("c");
+    let lead_c = c.leadership();
+    let stop_c = CancellationToken::new();
+    let handed_back = Instant::now();
+    let running_c = tokio::spawn(c.run(stop_c.clone()));
+    while !lead_c.holds() {
+        assert!(
+            handed_back.elapsed() < Duration::from_secs(2),
+            "a released lease was not taken at once"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_c.cancel();
+    running_c.await.expect("c stops");
+}
