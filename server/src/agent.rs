@@ -1111,7 +1111,7 @@ struct TypesFeed(Arc<crate::registry::DynamicTypes>);
 
 impl acl_feed::Feed for TypesFeed {
     fn resource_type(&self) -> proto::resource::v1::Type {
-        crate::resource::new_type("registry", "v1", "Type")
+        crate::registry::builtin::registry_type()
     }
     fn replace(&self, items: Vec<proto::resource::v1::Resource>) {
         let names: Vec<String> = items

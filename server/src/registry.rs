@@ -392,13 +392,50 @@ pub const DEFAULT_MAX_TYPES: usize = 1000;
 
 #[derive(Debug, Default)]
 struct DynamicState {
+    /// The owner of each group.version.Kind: of the Types claiming it, the one created first
+    /// (least uid), so every node picks the same one whatever order it learned them in.
     by_key: BTreeMap<Key, Arc<Registration>>,
-    /// Type resource name -> (key, the stored Type's version).
-    by_name: BTreeMap<String, (Key, String)>,
+    /// Every installed Type, owner of its key or not.
+    by_name: BTreeMap<String, InstalledType>,
+    /// Types removed, with the version they were removed at: an older read of the stored
+    /// Types does not bring them back.
+    retired: BTreeMap<String, String>,
     /// The built-in descriptor set with every registered file added (ListTypes' answer), and
     /// a pool of it (the HTTP API's JSON), made when first asked for.
     published: std::sync::OnceLock<Published>,
 }
+
+#[derive(Debug, Clone)]
+struct InstalledType {
+    key: Key,
+    /// The stored Type's version and uid.
+    version: String,
+    uid: String,
+    registration: Arc<Registration>,
+}
+
+impl DynamicState {
+    /// Makes the earliest-created Type claiming `key` its owner (or nobody).
+    fn elect(&mut self, key: &Key) {
+        let owner = self
+            .by_name
+            .iter()
+            .filter(|(_, installed)| installed.key == *key)
+            .min_by(|a, b| (&a.1.uid, a.0).cmp(&(&b.1.uid, b.0)))
+            .map(|(_, installed)| installed.registration.clone());
+        match owner {
+            Some(owner) => {
+                self.by_key.insert(key.clone(), owner);
+            }
+            None => {
+                self.by_key.remove(key);
+            }
+        }
+    }
+}
+
+/// Bound on [`DynamicState::retired`].
+const MAX_RETIRED: usize = 10_000;
 
 /// What ListTypes says of a type.
 #[derive(Debug, Clone)]
@@ -417,6 +454,7 @@ impl DynamicTypes {
         let mut next = DynamicState {
             by_key: guard.by_key.clone(),
             by_name: guard.by_name.clone(),
+            retired: guard.retired.clone(),
             published: std::sync::OnceLock::new(),
         };
         change(&mut next);
@@ -430,9 +468,12 @@ impl DynamicTypes {
 
     /// The registered type a Type resource named `name` installed.
     pub fn installed(&self, name: &str) -> Option<dynamic::Installed> {
-        let state = self.read();
-        let (key, _) = state.by_name.get(name)?;
-        state.by_key.get(key)?.registered.clone()
+        self.read()
+            .by_name
+            .get(name)?
+            .registration
+            .registered
+            .clone()
     }
 
     /// Whether a Type resource may register `resource_type` under `name` (DESIGN §15): not a
@@ -449,11 +490,14 @@ impl DynamicTypes {
             return Err(format!("data: {gvk} is a built-in type"));
         }
         let state = self.read();
+        // A Type already stored with this claim may still change (and be deleted), whether it
+        // owns the key or lost it to one created earlier.
+        let claimed_before = state.by_name.get(name).is_some_and(|i| i.key == key);
         if let Some(owner) = state
             .by_key
             .get(&key)
             .and_then(|r| r.registered.as_ref())
-            .filter(|installed| installed.name != name)
+            .filter(|installed| installed.name != name && !claimed_before)
         {
             return Err(format!(
                 "data: {gvk} is already registered by Type {}",
@@ -470,26 +514,34 @@ impl DynamicTypes {
         Ok(())
     }
 
-    /// Installs (or replaces) what the stored Type `name` at `version` registers. A Type that
-    /// cannot be loaded (it passed the checks of the build that wrote it) is logged and left
-    /// out.
-    pub fn install(
+    /// Whether the schema a Type named `name` compiled fits beside every other registered
+    /// schema: a message or enum another Type declares (two Types of one group and version
+    /// share a package) would make the published descriptors unusable for every client.
+    pub fn check_symbols(
         &self,
         name: &str,
-        version: &str,
-        t: &proto::registry::v1::Type,
-        deleting: bool,
-    ) {
-        if self
-            .read()
-            .by_name
-            .get(name)
-            .is_some_and(|(_, installed)| installed == version)
-            && self.installed(name).is_some_and(|i| i.deleting == deleting)
-        {
-            return;
+        compiled: &dynamic::CompiledType,
+    ) -> Result<(), String> {
+        let state = self.read();
+        let mut pool = prost_reflect::DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET)
+            .map_err(|error| format!("the built-in descriptors: {error}"))?;
+        for registration in state.by_key.values() {
+            let Some(installed) = &registration.registered else {
+                continue;
+            };
+            if installed.name == name {
+                continue;
+            }
+            // Each other Type's files were accepted beside the rest when it was written.
+            let _ = pool.decode_file_descriptor_set(installed.compiled.descriptor_set.as_slice());
         }
-        self.install_unchecked(name, version, t, deleting);
+        pool.decode_file_descriptor_set(compiled.descriptor_set.as_slice())
+            .map(drop)
+            .map_err(|error| {
+                format!(
+                    "data.proto declares a name another type already declares (two Types of one group and version share their package): {error}"
+                )
+            })
     }
 
     /// The version of the Type `name` this node installed.
@@ -497,20 +549,43 @@ impl DynamicTypes {
         self.read()
             .by_name
             .get(name)
-            .map(|(_, version)| version.clone())
+            .map(|installed| installed.version.clone())
     }
 
-    fn install_unchecked(
-        &self,
-        name: &str,
-        version: &str,
-        t: &proto::registry::v1::Type,
-        deleting: bool,
-    ) {
-        let compiled = match dynamic::CompiledType::load(t) {
+    /// Installs what a stored `registry.v1.Type` resource registers, unless this node has that
+    /// version already (the feed's changes).
+    pub fn install_stored(&self, stored: &Resource) {
+        self.install_when(stored, |_, _| true, false);
+    }
+
+    /// [`DynamicTypes::install_stored`] even when this node has the same version installed: a
+    /// restore may bring back another history's Type at a version this node has seen.
+    pub fn reinstall_stored(&self, stored: &Resource) {
+        self.install_when(stored, |_, _| true, true);
+    }
+
+    /// Installs a stored Type read outside the feed only if it is newer (by `newer(had,
+    /// stored)` on versions) than what this node has installed or removed: the feed may be
+    /// ahead of the read. Decided under the same lock as the install.
+    pub fn install_if_newer(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool) {
+        self.install_when(stored, newer, false);
+    }
+
+    fn install_when(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool, always: bool) {
+        let Some(id) = &stored.id else { return };
+        let name = id.name.as_str();
+        let deleting = resource::is_marked_for_deletion(stored);
+        let t = match decode_data::<proto::registry::v1::Type>(stored) {
+            Ok(t) => t,
+            Err(why) => {
+                tracing::warn!(r#type = %name, %why, "a stored Type does not decode");
+                return;
+            }
+        };
+        let compiled = match dynamic::CompiledType::load(&t) {
             Ok(compiled) => Arc::new(compiled),
             Err(why) => {
-                tracing::warn!(r#type = name, %why, "a stored Type cannot be loaded; its resources are unavailable");
+                tracing::warn!(r#type = %name, %why, "a stored Type cannot be loaded; its resources are unavailable");
                 return;
             }
         };
@@ -520,48 +595,70 @@ impl DynamicTypes {
             compiled,
             deleting,
         }));
+        let mut installed = false;
         self.update(|state| {
-            if let Some((old_key, _)) = state.by_name.remove(name) {
-                state.by_key.remove(&old_key);
-            }
-            state.by_key.insert(key.clone(), registration);
-            state
+            let had = state
                 .by_name
-                .insert(name.to_owned(), (key, version.to_owned()));
+                .get(name)
+                .map(|i| {
+                    (
+                        i.version.clone(),
+                        i.registration
+                            .registered
+                            .as_ref()
+                            .is_some_and(|r| r.deleting),
+                    )
+                })
+                .or_else(|| state.retired.get(name).map(|v| (v.clone(), false)));
+            let wanted = match &had {
+                None => true,
+                Some((version, was_deleting)) => {
+                    always
+                        || (version != &stored.version && newer(version, &stored.version))
+                        || (version == &stored.version
+                            && *was_deleting != deleting
+                            && !state.retired.contains_key(name))
+                }
+            };
+            if !wanted {
+                return;
+            }
+            state.retired.remove(name);
+            let previous = state.by_name.insert(
+                name.to_owned(),
+                InstalledType {
+                    key: key.clone(),
+                    version: stored.version.clone(),
+                    uid: id.uid.clone(),
+                    registration,
+                },
+            );
+            if let Some(previous) = previous
+                && previous.key != key
+            {
+                state.elect(&previous.key);
+            }
+            state.elect(&key);
+            installed = true;
         });
-        tracing::info!(r#type = name, deleting, "registered type installed");
-    }
-
-    /// Installs what a stored `registry.v1.Type` resource registers (a Type whose data does not
-    /// decode is logged and left out).
-    pub fn install_stored(&self, stored: &Resource) {
-        self.install_stored_with(stored, false);
-    }
-
-    /// [`DynamicTypes::install_stored`] even when this node has the same version installed: a
-    /// restore may bring back another history's Type at a version this node has seen.
-    pub fn reinstall_stored(&self, stored: &Resource) {
-        self.install_stored_with(stored, true);
-    }
-
-    fn install_stored_with(&self, stored: &Resource, always: bool) {
-        let Some(id) = &stored.id else { return };
-        let deleting = resource::is_marked_for_deletion(stored);
-        match decode_data::<proto::registry::v1::Type>(stored) {
-            Ok(t) if always => self.install_unchecked(&id.name, &stored.version, &t, deleting),
-            Ok(t) => self.install(&id.name, &stored.version, &t, deleting),
-            Err(why) => tracing::warn!(r#type = %id.name, %why, "a stored Type does not decode"),
+        if installed {
+            tracing::info!(r#type = %name, deleting, "registered type installed");
         }
     }
 
-    /// Removes what the Type `name` registered.
+    /// Removes what the Type `name` registered (its deletion, at `version`, the stored Type's
+    /// last).
     pub fn uninstall(&self, name: &str) {
         if !self.read().by_name.contains_key(name) {
             return;
         }
         self.update(|state| {
-            if let Some((key, _)) = state.by_name.remove(name) {
-                state.by_key.remove(&key);
+            if let Some(removed) = state.by_name.remove(name) {
+                if state.retired.len() >= MAX_RETIRED {
+                    state.retired.clear();
+                }
+                state.retired.insert(name.to_owned(), removed.version);
+                state.elect(&removed.key);
             }
         });
         tracing::info!(r#type = name, "registered type removed");
@@ -695,9 +792,12 @@ impl Published {
     fn of(state: &DynamicState) -> Published {
         let mut set: prost_types::FileDescriptorSet =
             prost::Message::decode(proto::FILE_DESCRIPTOR_SET).unwrap_or_default();
+        let mut pool = prost_reflect::DescriptorPool::from_file_descriptor_set(set.clone())
+            .unwrap_or_default();
         let mut names: std::collections::BTreeSet<String> =
             set.file.iter().map(|f| f.name().to_owned()).collect();
-        let builtin = set.clone();
+        // Type by Type, each added only if it fits beside those before it (two Types written
+        // at once may both declare a name): one bad Type never hides the others.
         for registration in state.by_key.values() {
             let Some(installed) = &registration.registered else {
                 continue;
@@ -707,17 +807,25 @@ impl Published {
             ) else {
                 continue;
             };
-            for file in files.file {
-                if names.insert(file.name().to_owned()) {
-                    set.file.push(file);
+            let new: Vec<prost_types::FileDescriptorProto> = files
+                .file
+                .into_iter()
+                .filter(|file| !names.contains(file.name()))
+                .collect();
+            let mut candidate = pool.clone();
+            match candidate.add_file_descriptor_protos(new.clone()) {
+                Ok(()) => {
+                    pool = candidate;
+                    names.extend(new.iter().map(|file| file.name().to_owned()));
+                    set.file.extend(new);
                 }
+                Err(error) => tracing::warn!(
+                    r#type = %installed.name,
+                    %error,
+                    "a registered schema clashes with another: it is left out of the published descriptors"
+                ),
             }
         }
-        // Registered files were each checked when compiled; should their union not make a
-        // pool, the built-in one still serves every built-in type.
-        let pool = prost_reflect::DescriptorPool::from_file_descriptor_set(set.clone())
-            .or_else(|_| prost_reflect::DescriptorPool::from_file_descriptor_set(builtin))
-            .unwrap_or_default();
         Published {
             set: Arc::new(prost::Message::encode_to_vec(&set)),
             pool: Arc::new(pool),

@@ -160,7 +160,7 @@ impl ResourceService {
             .backend
             .list(
                 Consistency::Strong,
-                &crate::storage::UnversionedType::of(&resource::new_type("registry", "v1", "Type")),
+                &crate::storage::UnversionedType::of(&builtin::registry_type()),
                 &Tenancy::default(),
                 "",
             )
@@ -174,22 +174,15 @@ impl ResourceService {
         };
         // Only additions and later versions: removals are the feed's (it may be ahead of
         // this read).
-        let dynamic = self.registry.dynamic();
+        let newer = |had: &str, stored: &str| match (
+            had.parse::<crate::storage::Version>(),
+            stored.parse::<crate::storage::Version>(),
+        ) {
+            (Ok(had), Ok(stored)) => stored > had,
+            _ => false,
+        };
         for stored in types {
-            let Some(id) = &stored.id else { continue };
-            let newer = match dynamic.installed_version(&id.name) {
-                None => true,
-                Some(installed) => match (
-                    installed.parse::<crate::storage::Version>(),
-                    stored.version.parse::<crate::storage::Version>(),
-                ) {
-                    (Ok(installed), Ok(stored)) => stored > installed,
-                    _ => false,
-                },
-            };
-            if newer {
-                dynamic.install_stored(&stored);
-            }
+            self.registry.dynamic().install_if_newer(&stored, newer);
         }
     }
 

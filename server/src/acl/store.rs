@@ -385,9 +385,14 @@ impl TokenStore {
                 return Ok(None);
             }
             let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(stored) = verified.known.get(&fast) {
-                // Verified before: found, or deleted since.
-                return Ok(index.by_hash.get(stored).cloned());
+            // Verified before and still stored that way (a token rewritten with the same secret
+            // and another salt is verified again below).
+            if let Some(entry) = verified
+                .known
+                .get(&fast)
+                .and_then(|stored| index.by_hash.get(stored))
+            {
+                return Ok(Some(entry.clone()));
             }
             if verified.missed.contains(&fast) {
                 return Ok(None);

@@ -83,21 +83,19 @@ impl Reflection {
         }
     }
 
-    fn answer(&self, request: Request_) -> Answer {
+    fn answer(&self, request: Asked) -> Answer {
         match request {
-            Request_::File(name) => self.file_by_name(&name),
-            Request_::Symbol(symbol) => self.file_of_symbol(&symbol),
-            Request_::Extension(symbol) => Answer::NotFound(format!("{symbol} has no extensions")),
-            Request_::ExtensionNumbers(symbol) => Answer::NoExtensions(symbol),
-            Request_::Services => {
-                Answer::Services(SERVICES.iter().map(|s| (*s).to_owned()).collect())
-            }
+            Asked::File(name) => self.file_by_name(&name),
+            Asked::Symbol(symbol) => self.file_of_symbol(&symbol),
+            Asked::Extension(symbol) => Answer::NotFound(format!("{symbol} has no extensions")),
+            Asked::ExtensionNumbers(symbol) => Answer::NoExtensions(symbol),
+            Asked::Services => Answer::Services(SERVICES.iter().map(|s| (*s).to_owned()).collect()),
         }
     }
 }
 
 /// A reflection request, whichever protocol version asked.
-enum Request_ {
+enum Asked {
     File(String),
     Symbol(String),
     Extension(String),
@@ -164,15 +162,15 @@ macro_rules! reflection_version {
                 let answers = request.into_inner().map(move |request| {
                     let request = request?;
                     let asked = match request.message_request.clone() {
-                        Some(In::FileByFilename(name)) => Request_::File(name),
-                        Some(In::FileContainingSymbol(symbol)) => Request_::Symbol(symbol),
+                        Some(In::FileByFilename(name)) => Asked::File(name),
+                        Some(In::FileContainingSymbol(symbol)) => Asked::Symbol(symbol),
                         Some(In::FileContainingExtension(extension)) => {
-                            Request_::Extension(extension.containing_type)
+                            Asked::Extension(extension.containing_type)
                         }
                         Some(In::AllExtensionNumbersOfType(symbol)) => {
-                            Request_::ExtensionNumbers(symbol)
+                            Asked::ExtensionNumbers(symbol)
                         }
-                        Some(In::ListServices(_)) => Request_::Services,
+                        Some(In::ListServices(_)) => Asked::Services,
                         None => {
                             return Err(Status::invalid_argument(
                                 "a reflection request must ask for something",
@@ -254,7 +252,7 @@ mod tests {
         let registry = Arc::new(Registry::builtin().expect("registry"));
         let reflection = Reflection::new(registry.clone());
         assert!(matches!(
-            reflection.answer(Request_::Symbol("resd.payments.v1.Invoice".into())),
+            reflection.answer(Asked::Symbol("resd.payments.v1.Invoice".into())),
             Answer::NotFound(_)
         ));
         let stored =
@@ -262,16 +260,21 @@ mod tests {
                 .expect("compiles");
         registry
             .dynamic()
-            .install("payments-invoice", "7", &stored, false);
-        let found = files(reflection.answer(Request_::Symbol("resd.payments.v1.Invoice".into())));
-        assert_eq!(found[0].name(), "resd/payments/v1/invoice.proto");
+            .install_stored(&crate::registry::dynamic::tests::stored(
+                "payments-invoice",
+                "7",
+                "01A",
+                &stored,
+            ));
+        let found = files(reflection.answer(Asked::Symbol("resd.payments.v1.Invoice".into())));
+        assert_eq!(found[0].name(), "resd/payments/v1/Invoice.proto");
         assert!(
             found
                 .iter()
                 .any(|f| f.name() == "google/protobuf/timestamp.proto"),
             "its imports come along"
         );
-        let method = files(reflection.answer(Request_::Symbol(
+        let method = files(reflection.answer(Asked::Symbol(
             "resd.resource.v1.ResourceService.Write".into(),
         )));
         assert!(
@@ -281,12 +284,12 @@ mod tests {
                 .any(|s| s.name() == "ResourceService")
         );
         assert!(matches!(
-            reflection.answer(Request_::Symbol("resd.raft.v1.RaftService".into())),
+            reflection.answer(Asked::Symbol("resd.raft.v1.RaftService".into())),
             Answer::NotFound(_)
         ));
-        let health = files(reflection.answer(Request_::Symbol("grpc.health.v1.Health".into())));
+        let health = files(reflection.answer(Asked::Symbol("grpc.health.v1.Health".into())));
         assert_eq!(health[0].package(), "grpc.health.v1");
-        match reflection.answer(Request_::Services) {
+        match reflection.answer(Asked::Services) {
             Answer::Services(names) => assert!(!names.iter().any(|n| n.contains("raft"))),
             _ => panic!("services"),
         }

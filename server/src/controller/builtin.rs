@@ -50,8 +50,8 @@ pub fn register(
         .with_finalizer(NAMESPACE_FINALIZER),
     )?;
     manager.register(
-        Controller::new("type", resource::new_type("registry", "v1", "Type"))
-            .with_reconciler(TypeController)
+        Controller::new("type", crate::registry::builtin::registry_type())
+            .with_reconciler(TypeController::default())
             .with_finalizer(crate::registry::builtin::TYPE_FINALIZER),
     )?;
     manager.register(
@@ -273,7 +273,17 @@ impl Reconciler for NamespaceController {
 /// Holds a finalizer on every registered Type (DESIGN §15); when one is marked for deletion
 /// (writes of its type are refused from then on), deletes every resource of its type, then
 /// releases the finalizer, and with it the Type and its registration.
-pub struct TypeController;
+#[derive(Default)]
+pub struct TypeController {
+    /// Passes that found no resource of a Type being deleted, per Type uid.
+    empty_passes: Mutex<HashMap<String, u32>>,
+}
+
+impl TypeController {
+    fn empty_passes(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.empty_passes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 #[async_trait]
 impl Reconciler for TypeController {
@@ -310,23 +320,37 @@ impl Reconciler for TypeController {
             _ => Tenancy::default(),
         };
         let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
-        let listed = match runtime
+        // A Type that registered nothing here (it never loaded, or another Type owns its
+        // group.version.Kind) has no resources of its own to delete.
+        let loads = crate::registry::dynamic::CompiledType::load(&t).is_ok();
+        runtime.service.learn_type(Some(&resource_type)).await;
+        let owner = runtime
             .service
-            .list(
-                &AllowAll,
-                crate::storage::Consistency::Eventual,
-                ListRequest {
-                    r#type: Some(resource_type.clone()),
-                    tenancy: Some(tenancy.clone()),
-                    name_prefix: String::new(),
-                },
-            )
-            .await
-        {
-            Ok(listed) => listed.resources,
-            // Not known here (a Type that never loaded): nothing of it can be stored.
-            Err(crate::service::Error::InvalidArgument(_)) => Vec::new(),
-            Err(error) => return Err(error.into()),
+            .registry()
+            .resolve(&resource_type)
+            .and_then(|registration| registration.registered.as_ref().map(|i| i.name.clone()));
+        if loads && owner.is_none() {
+            // This node's registry has not loaded it yet (just started): wait for it rather
+            // than release a Type whose resources may exist.
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        let owns = owner.is_some_and(|owner| owner == request.id.name);
+        let listed = if !owns {
+            Vec::new()
+        } else {
+            runtime
+                .service
+                .list(
+                    &AllowAll,
+                    crate::storage::Consistency::Eventual,
+                    ListRequest {
+                        r#type: Some(resource_type.clone()),
+                        tenancy: Some(tenancy.clone()),
+                        name_prefix: String::new(),
+                    },
+                )
+                .await?
+                .resources
         };
         // Stored objects are keyed without their version (DESIGN §2): those written through
         // another version belong to that version's Type, if one is registered.
@@ -348,9 +372,27 @@ impl Reconciler for TypeController {
                 runtime.delete(inside_id).await?;
             }
         }
+        let uid = stored
+            .id
+            .as_ref()
+            .map(|id| id.uid.clone())
+            .unwrap_or_default();
         if remaining > 0 {
+            self.empty_passes().remove(&uid);
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
+        // One more pass a second later: a node whose registry had not yet seen the deletion
+        // may have accepted a last write of the type meanwhile.
+        let passes = {
+            let mut passes = self.empty_passes();
+            let count = passes.entry(uid.clone()).or_insert(0);
+            *count += 1;
+            *count
+        };
+        if passes < 2 {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        self.empty_passes().remove(&uid);
         // The reaper still cascading from one of its resources (a tombstone names it) needs the
         // type registered: what those resources owned is written, to release finalizers, with
         // its owner reference.

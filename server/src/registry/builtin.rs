@@ -28,6 +28,11 @@ pub const ACL_POLICY: &str = "acl.v1.Policy";
 pub const ACL_TOKEN: &str = "acl.v1.Token";
 /// Types registered at runtime (DESIGN §15).
 pub const REGISTRY_TYPE: &str = "registry.v1.Type";
+
+/// The type of [`REGISTRY_TYPE`] resources.
+pub fn registry_type() -> proto::resource::v1::Type {
+    resource::new_type("registry", "v1", "Type")
+}
 /// Leases of controllers placed across replicas (DESIGN §16).
 pub const LEASE: &str = "coordination.v1.Lease";
 /// The finalizer the type controller holds on every Type: released once every resource of the
@@ -158,6 +163,9 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
         super::dynamic::check_update(&installed.compiled, &compiled)
             .map_err(|why| format!("resource.data: {why}"))?;
     }
+    types
+        .check_symbols(name, &compiled)
+        .map_err(|why| format!("resource.{why}"))?;
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 //! [`compile`] runs in the request handler of a Type write, before proposing: protox turns the
 //! `.proto` source into the descriptor set stored beside it, and everything else is checked
 //! against that. [`CompiledType::load`] rebuilds the same thing from a stored Type on every node
-//! (from the stored descriptor set, never recompiling), so all nodes agree.
+//! (from the stored descriptor set, never recompiling): nodes that have the same version of a
+//! Type have the same type.
 //!
 //! Rules are CEL over `self` (the decoded data, proto field names) and, on an update, `old`.
 //! Their cost is bounded before they run: a rule's size times (the largest list or map in the
@@ -25,20 +26,27 @@ use proto::registry::v1 as pb;
 use super::Scope;
 use crate::resource;
 
-/// Groups of the built-in types: no Type may register in them.
-pub const RESERVED_GROUPS: [&str; 6] = [
+/// Groups of the built-in types and packages: no Type may register in them (its package
+/// `resd.<group>.<version>` would share theirs).
+pub const RESERVED_GROUPS: [&str; 9] = [
     "internal",
     "tenancy",
     "acl",
     "registry",
     "coordination",
     "demo",
+    "resource",
+    "cluster",
+    "raft",
 ];
 /// Largest `.proto` source.
 pub const MAX_SCHEMA_BYTES: usize = 1 << 20;
-/// Most rules, and most defaults, of one type.
+/// Most rules of one type.
 pub const MAX_RULES: usize = 64;
+/// Most defaults of one type.
 pub const MAX_DEFAULTS: usize = 64;
+/// Most messages and enums one schema may declare (nested ones included).
+pub const MAX_DECLARATIONS: usize = 256;
 /// Longest rule expression, message or field path.
 const MAX_RULE_TEXT: usize = 4096;
 /// Deepest expression a rule may nest (evaluating it recurses once per level).
@@ -76,12 +84,7 @@ pub struct CompiledType {
 
 /// The file name the server compiles a Type's source as.
 pub fn file_name(t: &pb::Type) -> String {
-    format!(
-        "resd/{}/{}/{}.proto",
-        t.group,
-        t.group_version,
-        t.kind.to_lowercase()
-    )
+    format!("resd/{}/{}/{}.proto", t.group, t.group_version, t.kind)
 }
 
 /// The package a Type's source must declare.
@@ -154,7 +157,7 @@ fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
     let mut compiler = protox::Compiler::with_file_resolver(resolver);
     compiler.include_imports(true).include_source_info(true);
     compiler.open_file(&name).map_err(|error| {
-        // The Debug form carries the file, line and column: `resd/…/invoice.proto:3:9: …`.
+        // The Debug form carries the file, line and column: `resd/…/Invoice.proto:3:9: …`.
         format!("data.proto does not compile: {error:?}")
     })?;
     let package = package(t);
@@ -173,6 +176,12 @@ fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
             t.kind
         ));
     }
+    let declarations = count_declarations(file);
+    if declarations > MAX_DECLARATIONS {
+        return Err(format!(
+            "data.proto declares {declarations} messages and enums; a schema may declare at most {MAX_DECLARATIONS}"
+        ));
+    }
     if !file.message_type.iter().any(|m| m.name() == t.kind) {
         let declared: Vec<&str> = file.message_type.iter().map(|m| m.name()).collect();
         return Err(format!(
@@ -186,6 +195,17 @@ fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(compiler.encode_file_descriptor_set())
+}
+
+/// Messages and enums a file declares, nested ones included (counted without recursion).
+fn count_declarations(file: &prost_types::FileDescriptorProto) -> usize {
+    let mut count = file.enum_type.len();
+    let mut pending: Vec<&prost_types::DescriptorProto> = file.message_type.iter().collect();
+    while let Some(message) = pending.pop() {
+        count += 1 + message.enum_type.len();
+        pending.extend(message.nested_type.iter());
+    }
+    count
 }
 
 /// Serves the one source file of a Type to protox.
@@ -281,14 +301,15 @@ impl CompiledType {
         if relevant.is_empty() {
             return Ok(());
         }
-        let (value, mut largest) = self.cel_value(data)?;
+        let (value, mut sizes) = self.cel_value(data)?;
         let mut context = Context::default();
         context.add_variable_from_value("self", value);
         if let Some(old) = old {
-            let (old_value, old_largest) = self.cel_value(old)?;
-            largest = largest.max(old_largest);
+            let (old_value, old_sizes) = self.cel_value(old)?;
+            sizes = sizes.max(old_sizes);
             context.add_variable_from_value("old", old_value);
         }
+        let Sizes { largest, longest } = sizes;
         let mut problems = Vec::new();
         for rule in relevant {
             let at = if rule.field.is_empty() {
@@ -296,9 +317,12 @@ impl CompiledType {
             } else {
                 format!("resource.data.{}", rule.field)
             };
+            // Steps, and the bytes a step may make: a rule that builds strings from long ones
+            // in a comprehension costs in memory what it costs in time.
             let cost = rule
                 .size
-                .saturating_mul((largest + 1).saturating_pow(rule.depth));
+                .saturating_mul((largest + 1).saturating_pow(rule.depth))
+                .saturating_mul(1 + longest / 64);
             if cost > COST_BUDGET {
                 problems.push(format!(
                     "{at}: rule {} ({}) is over its cost budget for this resource (about {cost} steps, at most {COST_BUDGET}): its lists are too large for it",
@@ -306,7 +330,19 @@ impl CompiledType {
                 ));
                 continue;
             }
-            match CelValue::resolve(&rule.expression, &context) {
+            // The interpreter panics on some inputs (an integer divided by zero): a rule that
+            // cannot be evaluated fails the write, never the handler.
+            let evaluated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                CelValue::resolve(&rule.expression, &context)
+            }));
+            let Ok(evaluated) = evaluated else {
+                problems.push(format!(
+                    "{at}: rule {} ({}) could not be evaluated (an integer divided by zero?)",
+                    rule.index, rule.message
+                ));
+                continue;
+            };
+            match evaluated {
                 Ok(CelValue::Bool(true)) => {}
                 Ok(CelValue::Bool(false)) => problems.push(format!("{at}: {}", rule.message)),
                 Ok(other) => problems.push(format!(
@@ -327,8 +363,8 @@ impl CompiledType {
     }
 
     /// The data as a CEL value (proto field names, every scalar field present, 64-bit integers
-    /// as numbers), and the size of its largest list or map.
-    fn cel_value(&self, data: &[u8]) -> Result<(CelValue, u64), String> {
+    /// as numbers), and the sizes its rules' cost is estimated from.
+    fn cel_value(&self, data: &[u8]) -> Result<(CelValue, Sizes), String> {
         let message = DynamicMessage::decode(self.message.clone(), data)
             .map_err(|error| format!("resource.data invalid: {error}"))?;
         let options = SerializeOptions::new()
@@ -338,10 +374,10 @@ impl CompiledType {
         let json = message
             .serialize_with_options(serde_json::value::Serializer, &options)
             .map_err(|error| format!("resource.data invalid: {error}"))?;
-        let largest = largest_collection(&json);
+        let sizes = sizes_of(&json);
         let value = cel_interpreter::to_value(&json)
             .map_err(|error| format!("resource.data cannot be read by rules: {error}"))?;
-        Ok((value, largest))
+        Ok((value, sizes))
     }
 
     /// Whether any rule reads `old` (the write path then checks on the stored object).
@@ -350,16 +386,44 @@ impl CompiledType {
     }
 }
 
-fn largest_collection(value: &serde_json::Value) -> u64 {
-    match value {
-        serde_json::Value::Array(items) => {
-            (items.len() as u64).max(items.iter().map(largest_collection).max().unwrap_or(0))
+/// What a rule's cost is estimated from: the largest list or map in the data (what a
+/// comprehension iterates), and the longest string (what a step may copy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Sizes {
+    largest: u64,
+    longest: u64,
+}
+
+impl Sizes {
+    fn max(self, other: Sizes) -> Sizes {
+        Sizes {
+            largest: self.largest.max(other.largest),
+            longest: self.longest.max(other.longest),
         }
-        serde_json::Value::Object(fields) => {
-            (fields.len() as u64).max(fields.values().map(largest_collection).max().unwrap_or(0))
-        }
-        _ => 0,
     }
+}
+
+/// [`Sizes`] of a decoded message, measured with an explicit stack.
+fn sizes_of(value: &serde_json::Value) -> Sizes {
+    let mut sizes = Sizes::default();
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        match value {
+            serde_json::Value::Array(items) => {
+                sizes.largest = sizes.largest.max(items.len() as u64);
+                pending.extend(items.iter());
+            }
+            serde_json::Value::Object(fields) => {
+                sizes.largest = sizes.largest.max(fields.len() as u64);
+                pending.extend(fields.values());
+            }
+            serde_json::Value::String(text) => {
+                sizes.longest = sizes.longest.max(text.len() as u64);
+            }
+            _ => {}
+        }
+    }
+    sizes
 }
 
 fn compile_rule(
@@ -606,6 +670,19 @@ fn compile_default(
             message.full_name()
         )
     })?;
+    if field
+        .containing_oneof()
+        .is_some_and(|oneof| !oneof.is_synthetic())
+    {
+        return Err(format!(
+            "field {:?} is a member of oneof {}: a default there would replace whichever member a writer set",
+            default.field,
+            field
+                .containing_oneof()
+                .map(|o| o.name().to_owned())
+                .unwrap_or_default()
+        ));
+    }
     let value: serde_json::Value = serde_json::from_str(&default.value).map_err(|error| {
         format!(
             "value {:?} of {} is not JSON ({error}); a string is written \"\\\"EUR\\\"\"",
@@ -655,8 +732,7 @@ pub fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(), String
             new.scope.name()
         ));
     }
-    let mut seen = BTreeSet::new();
-    compare_messages(&old.message, &new.message, &mut seen, &mut problems);
+    compare_messages(&old.message, &new.message, &mut problems);
     if problems.is_empty() {
         Ok(())
     } else {
@@ -667,60 +743,61 @@ pub fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(), String
     }
 }
 
-fn compare_messages(
-    old: &MessageDescriptor,
-    new: &MessageDescriptor,
-    seen: &mut BTreeSet<String>,
-    problems: &mut Vec<String>,
-) {
-    if !seen.insert(old.full_name().to_owned()) {
-        return;
-    }
-    let by_number: HashMap<u32, FieldDescriptor> =
-        new.fields().map(|field| (field.number(), field)).collect();
-    for field in old.fields() {
-        let name = format!("{}.{}", old.full_name(), field.name());
-        let Some(now) = by_number.get(&field.number()) else {
-            match new.get_field_by_name(field.name()) {
-                Some(moved) => problems.push(format!(
-                    "field {name} changes its number from {} to {}",
-                    field.number(),
-                    moved.number()
-                )),
-                None => problems.push(format!(
-                    "field {name} (number {}) is removed",
-                    field.number()
-                )),
-            }
+/// Compares every message reachable from `old` with its counterpart in `new`, with an explicit
+/// stack (a schema may chain thousands of messages; nothing here recurses over them).
+fn compare_messages(old: &MessageDescriptor, new: &MessageDescriptor, problems: &mut Vec<String>) {
+    let mut seen = BTreeSet::new();
+    let mut pending = vec![(old.clone(), new.clone())];
+    while let Some((old, new)) = pending.pop() {
+        if !seen.insert(old.full_name().to_owned()) {
             continue;
-        };
-        if now.name() != field.name() {
-            problems.push(format!(
-                "field {name} (number {}) is renamed to {}",
-                field.number(),
-                now.name()
-            ));
         }
-        let (was, is) = (kind_name(&field), kind_name(now));
-        if was != is {
-            problems.push(format!("field {name} changes type from {was} to {is}"));
-        } else if field.is_list() != now.is_list() || field.is_map() != now.is_map() {
-            problems.push(format!("field {name} changes cardinality"));
-        } else {
-            match (field.kind(), now.kind()) {
-                (Kind::Message(a), Kind::Message(b)) => compare_messages(&a, &b, seen, problems),
-                (Kind::Enum(a), Kind::Enum(b)) => {
-                    let kept: BTreeSet<i32> = b.values().map(|v| v.number()).collect();
-                    for value in a.values().filter(|v| !kept.contains(&v.number())) {
-                        problems.push(format!(
-                            "enum value {} ({}) of {} is removed",
-                            value.name(),
-                            value.number(),
-                            a.full_name()
-                        ));
-                    }
+        let by_number: HashMap<u32, FieldDescriptor> =
+            new.fields().map(|field| (field.number(), field)).collect();
+        for field in old.fields() {
+            let name = format!("{}.{}", old.full_name(), field.name());
+            let Some(now) = by_number.get(&field.number()) else {
+                match new.get_field_by_name(field.name()) {
+                    Some(moved) => problems.push(format!(
+                        "field {name} changes its number from {} to {}",
+                        field.number(),
+                        moved.number()
+                    )),
+                    None => problems.push(format!(
+                        "field {name} (number {}) is removed",
+                        field.number()
+                    )),
                 }
-                _ => {}
+                continue;
+            };
+            if now.name() != field.name() {
+                problems.push(format!(
+                    "field {name} (number {}) is renamed to {}",
+                    field.number(),
+                    now.name()
+                ));
+            }
+            let (was, is) = (kind_name(&field), kind_name(now));
+            if was != is {
+                problems.push(format!("field {name} changes type from {was} to {is}"));
+            } else if field.is_list() != now.is_list() || field.is_map() != now.is_map() {
+                problems.push(format!("field {name} changes cardinality"));
+            } else {
+                match (field.kind(), now.kind()) {
+                    (Kind::Message(a), Kind::Message(b)) => pending.push((a, b)),
+                    (Kind::Enum(a), Kind::Enum(b)) => {
+                        let kept: BTreeSet<i32> = b.values().map(|v| v.number()).collect();
+                        for value in a.values().filter(|v| !kept.contains(&v.number())) {
+                            problems.push(format!(
+                                "enum value {} ({}) of {} is removed",
+                                value.name(),
+                                value.number(),
+                                a.full_name()
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
     }

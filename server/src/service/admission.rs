@@ -55,7 +55,11 @@ pub fn check_record(
             .check_data(data)
             .map_err(Error::InvalidArgument)?;
     }
-    if let Some(validate) = &registration.validate {
+    // A registered type's rules are checked when a resource is written (DESIGN §15): rules
+    // added later do not make stored resources, or a snapshot of them, unacceptable.
+    if let Some(validate) = &registration.validate
+        && registration.registered.is_none()
+    {
         validate(resource).map_err(Error::InvalidArgument)?;
     }
     Ok(registration)

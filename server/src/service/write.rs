@@ -138,6 +138,13 @@ impl ResourceService {
                 .check_data(data)
                 .map_err(Error::InvalidArgument)?;
         }
+        if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE
+            && let Some(id) = &resource.id
+        {
+            // Compiling a schema costs: only a caller who may write the Type makes the server
+            // do it.
+            registration.check_write_access_before_existence(authorizer, id)?;
+        }
         if let Some(mutate) = &registration.mutate {
             mutate(&mut resource).map_err(Error::InvalidArgument)?;
         }
@@ -223,6 +230,12 @@ impl ResourceService {
                     )));
                 }
                 let marked = resource::is_marked_for_deletion(&existing);
+                let is_type =
+                    prepared.registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
+                if is_type {
+                    // Compatible with the Type as stored (not only as this node installed it).
+                    check_type_update(&existing, &input)?;
+                }
                 if !marked && let Some(registered) = &prepared.registration.registered {
                     // A resource being deleted may still release its finalizers.
                     refuse_while_type_is_deleted(registered, &existing_id)?;
@@ -274,7 +287,9 @@ impl ResourceService {
                 // A blind update may land over a later version too, as long as nothing merged
                 // above from the stored resource changed (storage checks): concurrent blind
                 // writers of one resource then do not retry each lost race.
-                let written = if blind {
+                // A Type is replaced only over the version its compatibility was checked against:
+                // two blind updates each compatible with it could merge into one that is not.
+                let written = if blind && !is_type {
                     self.backend.write_merged_as(input, &prepared.actor).await
                 } else {
                     self.backend.write_cas_as(input, &prepared.actor).await
@@ -800,4 +815,21 @@ fn refuse_while_type_is_deleted(
         )));
     }
     Ok(())
+}
+
+/// An update of a `registry.v1.Type` keeps what its stored version registered compatible
+/// (DESIGN §15).
+fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error> {
+    use crate::registry::dynamic::{CompiledType, check_update};
+    let load = |resource: &Resource| {
+        crate::registry::decode_data::<proto::registry::v1::Type>(resource)
+            .and_then(|t| CompiledType::load(&t))
+    };
+    // A stored Type that does not load registered nothing: any valid replacement will do.
+    let Ok(stored) = load(existing) else {
+        return Ok(());
+    };
+    let written = load(input).map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
+    check_update(&stored, &written)
+        .map_err(|why| Error::InvalidArgument(format!("resource.data: {why}")))
 }

@@ -219,7 +219,7 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
             files.file_descriptor_proto[0].as_slice(),
         )
         .expect("a file");
-        assert_eq!(first.name(), "resd/payments/v1/invoice.proto");
+        assert_eq!(first.name(), "resd/payments/v1/Invoice.proto");
     }
 
     // A rule refuses, naming the field and the rule's message.

@@ -84,6 +84,26 @@ fn decoded(compiled: &CompiledType, bytes: &[u8]) -> serde_json::Value {
         .expect("serializes")
 }
 
+/// A stored `registry.v1.Type` resource named `name` at `version`, created with `uid`.
+pub(crate) fn stored(
+    name: &str,
+    version: &str,
+    uid: &str,
+    t: &pb::Type,
+) -> proto::resource::v1::Resource {
+    proto::resource::v1::Resource {
+        id: Some(proto::resource::v1::Id {
+            uid: uid.into(),
+            name: name.into(),
+            r#type: Some(crate::registry::builtin::registry_type()),
+            tenancy: Some(Default::default()),
+        }),
+        version: version.into(),
+        data: Some(proto::to_any(t)),
+        ..Default::default()
+    }
+}
+
 fn load(t: &pb::Type) -> CompiledType {
     CompiledType::load(&compile(t).expect("compiles")).expect("loads")
 }
@@ -153,7 +173,7 @@ fn bad_types_are_refused_naming_what_is_wrong() {
             Box::new(|t| {
                 t.proto = "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Invoice { int64 amount_cents = 1 }\n".into()
             }),
-            "invoice.proto:3:",
+            "Invoice.proto:3:",
         ),
         (
             Box::new(|t| t.proto = t.proto.replace("resd.payments.v1", "resd.billing.v1")),
@@ -361,6 +381,27 @@ fn hostile_nesting_is_refused_without_overflowing_the_stack() {
             let error = compile(&t).expect_err("too deep");
             assert!(error.contains("does not compile"), "{error}");
 
+            // A flat chain of messages, each holding the next: refused for its size, and an
+            // update of one as long as allowed is compared without recursion.
+            let chain = |count: usize| {
+                let mut source = String::from(
+                    "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Invoice { int64 amount_cents = 1; M0 next = 2; }\n",
+                );
+                for i in 0..count {
+                    source.push_str(&format!("message M{i} {{ M{} next = 1; }}\n", i + 1));
+                }
+                source.push_str(&format!("message M{count} {{ int64 end = 1; }}\n"));
+                let mut t = invoice_type();
+                t.proto = source;
+                t.rules.truncate(1);
+                t.defaults.clear();
+                t
+            };
+            let error = compile(&chain(20_000)).expect_err("too many messages");
+            assert!(error.contains("at most 256"), "{error}");
+            let long = load(&chain(250));
+            check_update(&long, &long).expect("the same schema is compatible");
+
             // As deep as allowed: compiles, and evaluates on this stack.
             let mut t = invoice_type();
             t.rules[0].expression = format!("{} >= 0", vec!["self.amount_cents"; 40].join(" + "));
@@ -379,13 +420,13 @@ fn types_are_bounded_and_claims_are_exclusive() {
     let registry = crate::registry::Registry::builtin().expect("registry");
     let types = registry.dynamic();
     types.set_max_types(2);
-    let stored = compile(&invoice_type()).expect("compiles");
-    types.install("invoice", "10", &stored, false);
+    let invoice = compile(&invoice_type()).expect("compiles");
+    types.install_stored(&stored("invoice", "10", "01A", &invoice));
     let mut other = invoice_type();
     other.kind = "Receipt".into();
     other.proto = other.proto.replace("message Invoice", "message Receipt");
     let receipt = compile(&other).expect("compiles");
-    types.install("receipt", "11", &receipt, false);
+    types.install_stored(&stored("receipt", "11", "01B", &receipt));
     assert_eq!(
         registry.types().filter(|r| r.registered.is_some()).count(),
         2
@@ -411,4 +452,134 @@ fn types_are_bounded_and_claims_are_exclusive() {
     assert!(registry.resolve(&invoice_gvk).is_some());
     types.uninstall("invoice");
     assert!(registry.resolve(&invoice_gvk).is_none());
+}
+
+/// A rule that builds strings from a long one inside a comprehension is over budget (memory,
+/// not only steps); one that divides by zero fails the write, it does not panic the handler.
+#[test]
+fn rules_that_would_exhaust_memory_or_panic_fail_the_write() {
+    let mut t = invoice_type();
+    t.rules = vec![pb::Rule {
+        expression: "size(self.lines.map(l, self.customer + self.customer)) >= 0".into(),
+        message: "grows".into(),
+        field: String::new(),
+    }];
+    let compiled = load(&t);
+    let lines: Vec<serde_json::Value> =
+        (0..2000).map(|i| serde_json::json!({"cents": i})).collect();
+    let bytes = data(
+        &compiled,
+        serde_json::json!({"customer": "x".repeat(100_000), "lines": lines}),
+    );
+    let error = compiled.check_rules(&bytes, None).expect_err("over budget");
+    assert!(error.contains("over its cost budget"), "{error}");
+    // The same rule over short strings is fine.
+    let small: Vec<serde_json::Value> = (0..20).map(|i| serde_json::json!({"cents": i})).collect();
+    compiled
+        .check_rules(
+            &data(
+                &compiled,
+                serde_json::json!({"customer": "acme", "lines": small}),
+            ),
+            None,
+        )
+        .expect("within budget");
+
+    let mut t = invoice_type();
+    t.rules = vec![pb::Rule {
+        expression: "self.amount_cents / size(self.lines) >= 0".into(),
+        message: "average".into(),
+        field: String::new(),
+    }];
+    let compiled = load(&t);
+    let error = compiled
+        .check_rules(
+            &data(&compiled, serde_json::json!({"amountCents": 10})),
+            None,
+        )
+        .expect_err("divided by zero");
+    assert!(error.contains("could not be evaluated"), "{error}");
+}
+
+/// Two Types of one group and version share a package: a second one declaring a message the
+/// first declares is refused, and defaults on oneof members are refused.
+#[test]
+fn clashing_declarations_and_oneof_defaults_are_refused() {
+    let registry = crate::registry::Registry::builtin().expect("registry");
+    let types = registry.dynamic();
+    let invoice = compile(&invoice_type()).expect("compiles");
+    types.install_stored(&stored("invoice", "1", "01A", &invoice));
+    let mut receipt = invoice_type();
+    receipt.kind = "Receipt".into();
+    receipt.proto = receipt.proto.replace("message Invoice", "message Receipt");
+    receipt.rules.clear();
+    let compiled = load(&receipt);
+    let error = types
+        .check_symbols("receipt", &compiled)
+        .expect_err("Line twice");
+    assert!(error.contains("another type already declares"), "{error}");
+    // The invoice itself, rewritten, fits beside the rest.
+    types
+        .check_symbols("invoice", &load(&invoice_type()))
+        .expect("its own names");
+
+    let mut t = invoice_type();
+    t.proto = t.proto.replace(
+        "  Status status = 7;",
+        "  Status status = 7;\n  oneof payment { string iban = 8; string card = 9; }",
+    );
+    t.defaults = vec![pb::Default {
+        field: "iban".into(),
+        value: "\"DE00\"".into(),
+    }];
+    let error = compile(&t).expect_err("oneof default");
+    assert!(error.contains("member of oneof payment"), "{error}");
+    // A reserved package is refused.
+    let mut t = invoice_type();
+    t.group = "resource".into();
+    assert!(compile(&t).expect_err("reserved").contains("reserved"));
+}
+
+/// Two Types claiming one group.version.Kind (written at once on two nodes): every node makes
+/// the earlier-created one the owner, whatever order it learns them in; the other owns
+/// nothing, and its removal leaves the owner in place. A read older than a removal does not
+/// bring a Type back, nor an older version replace a newer one.
+#[test]
+fn concurrent_claims_resolve_the_same_way_everywhere_and_installs_only_move_forward() {
+    let invoice = compile(&invoice_type()).expect("compiles");
+    let gvk = resource::new_type("payments", "v1", "Invoice");
+    let owner_of = |registry: &crate::registry::Registry| {
+        registry
+            .resolve(&gvk)
+            .and_then(|r| r.registered.as_ref().map(|i| i.name.clone()))
+    };
+    for order in [["first", "second"], ["second", "first"]] {
+        let registry = crate::registry::Registry::builtin().expect("registry");
+        for name in order {
+            let uid = if name == "first" { "01A" } else { "01B" };
+            registry
+                .dynamic()
+                .install_stored(&stored(name, "5", uid, &invoice));
+        }
+        assert_eq!(owner_of(&registry).as_deref(), Some("first"), "{order:?}");
+        registry.dynamic().uninstall("second");
+        assert_eq!(owner_of(&registry).as_deref(), Some("first"));
+        registry.dynamic().uninstall("first");
+        assert_eq!(owner_of(&registry), None);
+    }
+
+    let registry = crate::registry::Registry::builtin().expect("registry");
+    let types = registry.dynamic();
+    let newer = |had: &str, stored: &str| stored.parse::<u64>().ok() > had.parse::<u64>().ok();
+    types.install_stored(&stored("invoice", "10", "01A", &invoice));
+    types.install_if_newer(&stored("invoice", "9", "01A", &invoice), newer);
+    assert_eq!(types.installed_version("invoice").as_deref(), Some("10"));
+    types.uninstall("invoice");
+    types.install_if_newer(&stored("invoice", "10", "01A", &invoice), newer);
+    assert!(
+        types.installed("invoice").is_none(),
+        "a read from before the removal"
+    );
+    types.install_if_newer(&stored("invoice", "12", "01C", &invoice), newer);
+    assert!(types.installed("invoice").is_some(), "created again since");
 }

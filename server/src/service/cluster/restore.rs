@@ -149,7 +149,7 @@ impl Spooled {
                 .id
                 .as_ref()
                 .and_then(|id| id.r#type.as_ref())
-                .is_some_and(|t| t.group == "registry" && t.kind == "Type");
+                .is_some_and(|t| resource::gvk(t) == builtin::REGISTRY_TYPE);
             if is_type {
                 view.dynamic().install_stored(&record);
             }
