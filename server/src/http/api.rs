@@ -484,8 +484,16 @@ async fn write(
     params.finish(&["partition", "namespace"])?;
     let path_type = resource_type(group, version, kind);
     let mut value = body_json(body)?;
-    // A type registered a moment ago on another node: its schema reads the body.
-    state.resources.service().learn_type(Some(&path_type)).await;
+    // A type registered a moment ago on another node: its schema reads the body. Only for a
+    // caller the node would serve (a stranger makes it read nothing).
+    let known_caller = !state.tokens.enabled()
+        || crate::limits::token_in(&headers)
+            .ok()
+            .flatten()
+            .is_some_and(|token| state.tokens.resolve(Some(token)).is_ok());
+    if known_caller {
+        state.resources.service().learn_type(Some(&path_type)).await;
+    }
     if let Some(data) = value.get_mut("data").and_then(|d| d.as_object_mut())
         && !data.contains_key("@type")
         && let Some(registration) = state.registry.resolve(&path_type)
