@@ -1,17 +1,29 @@
-//! [`LeaseStore`] over the resource service, for a controller program talking to a cluster
-//! (`proto::client::Client`: several servers, failover, TLS, a token).
+//! [`LeaseStore`] and [`ReportStore`] over the resource service, for a controller program
+//! talking to a cluster (`proto::client::Client`: several servers, failover, TLS, a token).
 
 use proto::client::{Client, ClientError};
 use proto::resource::v1::{Id, Resource};
 
 use crate::election::{LeaseStore, StoreError};
+use crate::report::ReportStore;
 
-/// Leases read and written through a cluster client.
+/// Leases and reports read and written through a cluster client.
 #[derive(Clone)]
-pub struct ClientLeases(pub Client);
+pub struct ClusterStore(pub Client);
 
 #[async_trait::async_trait]
-impl LeaseStore for ClientLeases {
+impl ReportStore for ClusterStore {
+    async fn write_report(&self, report: Resource) -> Result<Resource, StoreError> {
+        self.0.write(&report).await.map_err(failed)
+    }
+
+    async fn delete_report(&self, id: &Id) -> Result<(), StoreError> {
+        self.0.delete(id, "").await.map(drop).map_err(failed)
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for ClusterStore {
     async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
         self.0.read(id).await.map_err(failed)
     }

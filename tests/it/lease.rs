@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use runtime::election::{Config, Elector};
-use runtime::grpc::ClientLeases;
+use runtime::grpc::ClusterStore;
 use tokio_util::sync::CancellationToken;
 
 fn config(identity: &str) -> Config {
@@ -19,8 +19,8 @@ fn config(identity: &str) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() {
     let cluster = tests::Cluster::start(3).await;
-    let a = Elector::new(config("replica-a"), ClientLeases(cluster.client(0))).expect("a");
-    let b = Elector::new(config("replica-b"), ClientLeases(cluster.client(2))).expect("b");
+    let a = Elector::new(config("replica-a"), ClusterStore(cluster.client(0))).expect("a");
+    let b = Elector::new(config("replica-b"), ClusterStore(cluster.client(2))).expect("b");
     let (lead_a, lead_b) = (a.leadership(), b.leadership());
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
     let (stop_a_for_release, stop_b_for_release) = (stop_a.clone(), stop_b.clone());
@@ -69,7 +69,7 @@ async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() 
 
     // The new holder stops cleanly and hands the lease back: a third replica takes it at once.
     other_stop.cancel();
-    let c = Elector::new(config("replica-c"), ClientLeases(cluster.client(1))).expect("c");
+    let c = Elector::new(config("replica-c"), ClusterStore(cluster.client(1))).expect("c");
     let lead_c = c.leadership();
     let stop_c = CancellationToken::new();
     let handed_back = Instant::now();
@@ -83,4 +83,90 @@ async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() 
     }
     stop_c.cancel();
     running_c.await.expect("c stops");
+}
+
+/// DESIGN §16: a replica outside the server is in every view — `ListControllers` lists it with
+/// its lease, the placement map blames it by the finalizer it declares, and its report goes
+/// when it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_outside_the_server_is_listed_and_blamed_by_its_finalizer() {
+    use proto::client::placement::placement_map;
+    use runtime::report::{Identity, Stats};
+    let cluster = tests::Cluster::start(1).await;
+    let client = cluster.client(0);
+    let elector = Elector::new(config("replica-a"), ClusterStore(client.clone())).expect("a");
+    let leadership = elector.leadership();
+    let stop = CancellationToken::new();
+    let electing = tokio::spawn(elector.run(stop.clone()));
+    let stats = std::sync::Arc::new(Stats::default());
+    stats.reconciled(None);
+    stats.reconciled(Some("the receipt could not be written"));
+    let identity = Identity {
+        controller: "invoices".into(),
+        identity: "replica-a".into(),
+        host: "host-1".into(),
+        partition: "default".into(),
+        namespace: "default".into(),
+        lease: Some("invoices".into()),
+        managed_type: proto::resource::v1::Type {
+            group: "payments".into(),
+            group_version: "v1".into(),
+            kind: "Invoice".into(),
+        },
+        watched_types: Vec::new(),
+        finalizers: vec!["payments.example.com/receipt".into()],
+        every: Duration::from_millis(500),
+    };
+    let reporting = tokio::spawn(runtime::report::run(
+        ClusterStore(client.clone()),
+        identity,
+        stats,
+        Some(leadership),
+        stop.clone(),
+    ));
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let map = loop {
+        let response = client.list_controllers(true).await.expect("controllers");
+        let map = placement_map(&response);
+        let holds = map
+            .controllers
+            .iter()
+            .flat_map(|c| c.replicas.iter())
+            .any(|r| r.identity == "replica-a" && r.holds_lease && r.running);
+        if holds {
+            break map;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never showed as the holder: {map:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let invoices = map
+        .controllers
+        .iter()
+        .find(|c| c.name == "invoices")
+        .expect("listed");
+    assert_eq!(invoices.placement, "singleton (external)");
+    assert_eq!(invoices.replicas[0].host, "host-1");
+    assert_eq!(invoices.replicas[0].reconciles_failed, 1);
+    let (labels, unowned) = map.release_labels(&["payments.example.com/receipt".to_owned()]);
+    assert!(unowned.is_empty(), "{unowned:?}");
+    assert!(
+        labels[0].contains(
+            "invoices releases payments.example.com/receipt, in replica replica-a on host-1"
+        ) && labels[0].contains("holds the lease"),
+        "{labels:?}"
+    );
+
+    stop.cancel();
+    reporting.await.expect("the reporter stops");
+    electing.await.expect("the elector stops");
+    let response = client.list_controllers(true).await.expect("controllers");
+    assert!(
+        response.external.is_empty(),
+        "the report is deleted: {:?}",
+        response.external
+    );
 }

@@ -368,7 +368,10 @@ pub fn demo_controllers() -> ListControllersResponse {
             }
         })
         .collect();
-    ListControllersResponse { nodes }
+    ListControllersResponse {
+        nodes,
+        external: Vec::new(),
+    }
 }
 
 /// A dashboard connected to node 2 of a healthy 3-node cluster holding the demo fixtures.

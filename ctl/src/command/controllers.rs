@@ -14,7 +14,7 @@ pub fn render_table(map: &PlacementMap, wide: bool) -> String {
     ];
     headers.extend(map.node_ids.iter().map(|id| format!("NODE {id}")));
     let mut table = Table::new(headers);
-    for controller in &map.controllers {
+    for controller in map.controllers.iter().filter(|c| c.replicas.is_empty()) {
         let mut row = vec![
             controller.name.clone(),
             controller.managed_type.clone(),
@@ -44,6 +44,51 @@ pub fn render_table(map: &PlacementMap, wide: bool) -> String {
         table.row(row);
     }
     let mut text = table.render();
+    // Controllers outside the server: one line per replica.
+    let mut replicas = Table::new([
+        "EXTERNAL", "REPLICA", "HOST", "TENANCY", "STATE", "QUEUE", "OK", "FAILED",
+    ]);
+    let mut any = false;
+    for controller in map.controllers.iter().filter(|c| !c.replicas.is_empty()) {
+        for replica in &controller.replicas {
+            any = true;
+            let state = if replica.stale {
+                "stale (no report)"
+            } else if replica.holds_lease {
+                "holds the lease"
+            } else if replica.running {
+                "running"
+            } else {
+                "waiting for the lease"
+            };
+            replicas.row([
+                controller.name.clone(),
+                replica.identity.clone(),
+                replica.host.clone(),
+                replica.tenancy.clone(),
+                state.to_owned(),
+                replica.queue_depth.to_string(),
+                replica.reconciles_ok.to_string(),
+                replica.reconciles_failed.to_string(),
+            ]);
+        }
+    }
+    if any {
+        text.push('\n');
+        text.push_str(&replicas.render());
+    }
+    for controller in map.controllers.iter().filter(|c| !c.replicas.is_empty()) {
+        for replica in controller
+            .replicas
+            .iter()
+            .filter(|r| !r.last_error.is_empty())
+        {
+            text.push_str(&format!(
+                "! {} in replica {}: {}\n",
+                controller.name, replica.identity, replica.last_error
+            ));
+        }
+    }
     for controller in &map.controllers {
         for node in &controller.nodes {
             if !node.last_error.is_empty() {

@@ -24,7 +24,27 @@ pub struct ControllerOnNode {
     pub last_reconcile: String,
 }
 
-/// One controller on every node that reported it.
+/// One replica of a controller running outside the server (DESIGN §16).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaView {
+    pub identity: String,
+    pub host: String,
+    /// `partition/namespace` of its report and Lease.
+    pub tenancy: String,
+    /// Whether it reconciles now (holds the lease, or every replica runs).
+    pub running: bool,
+    pub holds_lease: bool,
+    /// Its report stopped changing: the replica is probably gone.
+    pub stale: bool,
+    pub queue_depth: u64,
+    pub reconciles_ok: u64,
+    pub reconciles_failed: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub last_error: String,
+}
+
+/// One controller on every node that reported it (or, for a controller outside the server,
+/// every replica that reports).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControllerPlacement {
     pub name: String,
@@ -35,6 +55,9 @@ pub struct ControllerPlacement {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub finalizers: Vec<String>,
     pub nodes: Vec<ControllerOnNode>,
+    /// For a controller outside the server: its replicas (and no nodes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaView>,
 }
 
 impl ControllerPlacement {
@@ -89,6 +112,13 @@ impl PlacementMap {
                 unowned.push(finalizer.clone());
             }
             for controller in owners {
+                if !controller.replicas.is_empty() {
+                    labels.extend(replica_labels(
+                        controller,
+                        &format!("releases {finalizer}, "),
+                    ));
+                    continue;
+                }
                 let running: Vec<&ControllerOnNode> = controller.running().collect();
                 if running.is_empty() {
                     labels.push(format!(
@@ -116,6 +146,10 @@ impl PlacementMap {
     pub fn running_labels(&self, gvk: &str) -> Vec<String> {
         let mut labels = Vec::new();
         for controller in self.managing(gvk) {
+            if !controller.replicas.is_empty() {
+                labels.extend(replica_labels(controller, ""));
+                continue;
+            }
             for node in controller.running() {
                 let mut line = format!(
                     "{} on node {} (running, queue {})",
@@ -131,10 +165,45 @@ impl PlacementMap {
     }
 }
 
+/// Where the replicas of an external controller that run stand: "invoices releases F, in
+/// replica r1 on host-1 (holds the lease, queue 0)", or that none runs.
+fn replica_labels(controller: &ControllerPlacement, doing: &str) -> Vec<String> {
+    let running: Vec<&ReplicaView> = controller.replicas.iter().filter(|r| r.running).collect();
+    if running.is_empty() {
+        return vec![format!(
+            "{} {doing}but none of its {} replica(s) outside the server runs right now",
+            controller.name,
+            controller.replicas.len()
+        )];
+    }
+    running
+        .into_iter()
+        .map(|replica| {
+            let mut line = format!(
+                "{} {doing}in replica {} on {} (outside the server, {}queue {})",
+                controller.name,
+                replica.identity,
+                replica.host,
+                if replica.holds_lease {
+                    "holds the lease, "
+                } else {
+                    ""
+                },
+                replica.queue_depth
+            );
+            if !replica.last_error.is_empty() {
+                line.push_str(&format!(", last error: {}", replica.last_error));
+            }
+            line
+        })
+        .collect()
+}
+
 pub fn placement_label(placement: i32) -> &'static str {
     match Placement::try_from(placement) {
         Ok(Placement::Singleton) => "singleton",
         Ok(Placement::EachServer) => "each-server",
+        Ok(Placement::EachReplica) => "each-replica",
         _ => "unspecified",
     }
 }
@@ -161,6 +230,7 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
                     placement: placement_label(controller.placement).to_owned(),
                     finalizers: controller.finalizers.clone(),
                     nodes: Vec::new(),
+                    replicas: Vec::new(),
                 });
             entry.nodes.push(ControllerOnNode {
                 node_id: node.node_id,
@@ -177,8 +247,47 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
             });
         }
     }
+    // Controllers outside the server, keyed apart from the built-in ones of the same name.
+    for external in &response.external {
+        let Some(controller) = &external.controller else {
+            continue;
+        };
+        let entry = controllers
+            .entry(format!("\u{10ffff}{}", controller.name))
+            .or_insert_with(|| ControllerPlacement {
+                name: controller.name.clone(),
+                managed_type: controller
+                    .managed_type
+                    .as_ref()
+                    .map(gvk)
+                    .unwrap_or_default(),
+                placement: format!("{} (external)", placement_label(controller.placement)),
+                finalizers: controller.finalizers.clone(),
+                nodes: Vec::new(),
+                replicas: Vec::new(),
+            });
+        entry.replicas.push(ReplicaView {
+            identity: external.identity.clone(),
+            host: external.host.clone(),
+            tenancy: external
+                .tenancy
+                .as_ref()
+                .map(|t| format!("{}/{}", t.partition, t.namespace))
+                .unwrap_or_default(),
+            running: controller.running,
+            holds_lease: external.holds_lease,
+            stale: external.stale,
+            queue_depth: controller.queue_depth,
+            reconciles_ok: controller.reconciles_ok,
+            reconciles_failed: controller.reconciles_failed,
+            last_error: controller.last_error.clone(),
+        });
+    }
     node_ids.sort_unstable();
     for controller in controllers.values_mut() {
+        controller
+            .replicas
+            .sort_by(|a, b| a.identity.cmp(&b.identity));
         controller.nodes.sort_by_key(|node| node.node_id);
     }
     PlacementMap {
@@ -235,6 +344,7 @@ mod tests {
                     error: "connection refused".into(),
                 },
             ],
+            external: Vec::new(),
         };
         let map = placement_map(&response);
         assert_eq!(map.node_ids, vec![1, 2, 3]);
@@ -289,6 +399,7 @@ mod finalizer_tests {
                     error: String::new(),
                 },
             ],
+            external: Vec::new(),
         });
         let (labels, unowned) = map.release_labels(&[
             "demo.resd.io/album-cleanup".into(),

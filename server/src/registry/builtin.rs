@@ -35,6 +35,8 @@ pub fn registry_type() -> proto::resource::v1::Type {
 }
 /// Leases of controllers placed across replicas (DESIGN §16).
 pub const LEASE: &str = "coordination.v1.Lease";
+/// What each replica of a controller outside the server reports of itself (DESIGN §16).
+pub const REPLICA: &str = "coordination.v1.Replica";
 /// The finalizer the type controller holds on every Type: released once every resource of the
 /// type is deleted.
 pub const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
@@ -92,6 +94,10 @@ pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 
     registry.register(Registration::new::<proto::coordination::v1::Lease>(
         LEASE,
+        Scope::Namespace,
+    ))?;
+    registry.register(Registration::new::<proto::coordination::v1::Replica>(
+        REPLICA,
         Scope::Namespace,
     ))?;
 

@@ -34,6 +34,7 @@ const LEADER_ANSWER: Duration = Duration::from_secs(1);
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 
+mod external;
 mod restore;
 
 /// Another member, to forward a call to.
@@ -61,6 +62,8 @@ pub struct ClusterGrpc {
     tokens: Arc<dyn TokenResolver>,
     /// The resource service, for bootstrapping ACLs.
     service: Option<Arc<super::ResourceService>>,
+    /// When this server saw each external replica's report change.
+    reports: Arc<external::ReportClock>,
 }
 
 /// What this node's controllers report for `ListControllers`, asked at each call (the
@@ -88,6 +91,7 @@ impl ClusterGrpc {
             refusals: Arc::default(),
             tokens: Arc::new(AclsDisabled),
             service: None,
+            reports: Arc::default(),
         }
     }
 
@@ -640,9 +644,17 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<pb::ListControllersResponse>, Status> {
         let caller = self.authorize(&request, Need::Operator(Access::Read), false)?;
         let local = self.local_controllers();
+        // Replicas outside the server are the cluster's, not a node's: listed once, here.
+        let external = match &self.service {
+            Some(service) => external::external_replicas(service, &self.reports)
+                .await
+                .map_err(Status::from)?,
+            None => Vec::new(),
+        };
         let Some(raft) = self.raft.as_ref().filter(|_| request.get_ref().all_nodes) else {
             return Ok(Response::new(pb::ListControllersResponse {
                 nodes: vec![local],
+                external,
             }));
         };
         let mut nodes = Vec::new();
@@ -675,7 +687,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 }),
             }
         }
-        Ok(Response::new(pb::ListControllersResponse { nodes }))
+        Ok(Response::new(pb::ListControllersResponse {
+            nodes,
+            external,
+        }))
     }
 
     type SnapshotSaveStream =

@@ -1,0 +1,175 @@
+//! What a replica of a controller running outside the server reports of itself (DESIGN §16):
+//! a `coordination.v1.Replica` written every few seconds (and when its leadership changes),
+//! deleted when it stops cleanly, so that `ListControllers`, `resctl controllers`, the
+//! dashboard and "why is this stuck" show and blame it like a built-in controller.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proto::coordination::v1::{Replica, ReplicaPlacement};
+use proto::resource::v1::{Id, Resource, Tenancy, Type};
+use tokio_util::sync::CancellationToken;
+
+use crate::election::{Leadership, StoreError};
+
+/// How a replica writes and removes its report.
+#[async_trait::async_trait]
+pub trait ReportStore: Send + Sync {
+    /// Writes the report (a blind write: only this replica writes it).
+    async fn write_report(&self, report: Resource) -> Result<Resource, StoreError>;
+    async fn delete_report(&self, id: &Id) -> Result<(), StoreError>;
+}
+
+/// What a replica counts as it reconciles, shared with the reporter.
+#[derive(Debug, Default)]
+pub struct Stats {
+    queue_depth: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    /// The last error, and when the last reconcile ended (seconds since the epoch).
+    last: std::sync::Mutex<(String, Option<prost_types::Timestamp>)>,
+}
+
+impl Stats {
+    /// Records a reconcile that ended now, with its error if it failed.
+    pub fn reconciled(&self, error: Option<&str>) {
+        match error {
+            None => self.ok.fetch_add(1, Ordering::Relaxed),
+            Some(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(error) = error {
+            last.0 = error.to_owned();
+        }
+        last.1 = Some(now_timestamp());
+    }
+
+    pub fn set_queue_depth(&self, depth: u64) {
+        self.queue_depth.store(depth, Ordering::Relaxed);
+    }
+}
+
+/// Who the replica is and what it runs.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub controller: String,
+    pub identity: String,
+    pub host: String,
+    /// Where its report (and, for a singleton, its Lease) lives.
+    pub partition: String,
+    pub namespace: String,
+    /// The Lease of a singleton controller; `None`: every replica runs.
+    pub lease: Option<String>,
+    pub managed_type: Type,
+    pub watched_types: Vec<Type>,
+    pub finalizers: Vec<String>,
+    /// How often it reports.
+    pub every: Duration,
+}
+
+impl Identity {
+    /// The report's id: named after the controller and a hash of the replica's identity (a
+    /// DNS label, whatever the identity holds).
+    pub fn report_id(&self) -> Id {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in self.identity.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        let prefix: String = self.controller.chars().take(63 - 17).collect();
+        Id {
+            uid: String::new(),
+            name: format!("{}-{hash:016x}", prefix.trim_end_matches('-')),
+            r#type: Some(Type {
+                group: "coordination".into(),
+                group_version: "v1".into(),
+                kind: "Replica".into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition: self.partition.clone(),
+                namespace: self.namespace.clone(),
+            }),
+        }
+    }
+
+    fn report(&self, stats: &Stats, holds_lease: bool) -> Replica {
+        let (last_error, last_reconcile) =
+            stats.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Replica {
+            controller: self.controller.clone(),
+            identity: self.identity.clone(),
+            host: self.host.clone(),
+            placement: if self.lease.is_some() {
+                ReplicaPlacement::Singleton
+            } else {
+                ReplicaPlacement::EachReplica
+            } as i32,
+            lease: self.lease.clone().unwrap_or_default(),
+            holds_lease,
+            managed_type: Some(self.managed_type.clone()),
+            watched_types: self.watched_types.clone(),
+            finalizers: self.finalizers.clone(),
+            queue_depth: stats.queue_depth.load(Ordering::Relaxed),
+            reconciles_ok: stats.ok.load(Ordering::Relaxed),
+            reconciles_failed: stats.failed.load(Ordering::Relaxed),
+            last_error,
+            last_reconcile,
+            report_every_seconds: u32::try_from(self.every.as_secs().max(1)).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Reports every `identity.every` and at each change of `leadership`, until `shutdown`; then
+/// deletes the report. A failed write is retried at the next period (the store says why once).
+pub async fn run(
+    store: impl ReportStore,
+    identity: Identity,
+    stats: Arc<Stats>,
+    leadership: Option<Arc<Leadership>>,
+    shutdown: CancellationToken,
+) {
+    let id = identity.report_id();
+    let mut failing = false;
+    loop {
+        let holds = leadership.as_ref().is_some_and(|l| l.holds());
+        let resource = Resource {
+            id: Some(id.clone()),
+            data: Some(prost_types::Any {
+                type_url: "type.googleapis.com/resd.coordination.v1.Replica".into(),
+                value: prost::Message::encode_to_vec(&identity.report(&stats, holds)),
+            }),
+            ..Default::default()
+        };
+        match store.write_report(resource).await {
+            Ok(_) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(controller = %identity.controller, %error, "cannot write this replica's report; retrying");
+            }
+            Err(_) => {}
+        }
+        let changed = async {
+            match &leadership {
+                Some(leadership) => leadership.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(identity.every) => {}
+            () = changed => {}
+        }
+    }
+    if let Err(error) = store.delete_report(&id).await {
+        tracing::debug!(controller = %identity.controller, %error, "cannot delete this replica's report; it goes stale");
+    }
+}
+
+fn now_timestamp() -> prost_types::Timestamp {
+    let now = time::OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: i32::try_from(now.nanosecond()).unwrap_or(0),
+    }
+}

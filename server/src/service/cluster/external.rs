@@ -1,0 +1,116 @@
+//! Replicas of controllers running outside the server (DESIGN §16), as `ListControllers`
+//! shows them: from their `coordination.v1.Replica` reports. A report is stale when its version
+//! has not changed for three report periods on this server's own clock (clocks are never
+//! compared across machines).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proto::cluster::v1 as pb;
+use proto::coordination::v1::{Replica, ReplicaPlacement};
+use proto::resource::v1::{ListRequest, Resource, Tenancy};
+
+use super::super::{Error, ResourceService};
+use crate::acl::AllowAll;
+use crate::registry::decode_data;
+use crate::resource;
+
+/// When this server first saw each report's current version.
+#[derive(Debug, Default)]
+pub struct ReportClock {
+    seen: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl ReportClock {
+    /// Whether a report at `version` has stayed unchanged for longer than `stale_after`.
+    fn stale(&self, key: &str, version: &str, stale_after: Duration) -> bool {
+        let now = Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = seen
+            .entry(key.to_owned())
+            .or_insert_with(|| (version.to_owned(), now));
+        if entry.0 != version {
+            *entry = (version.to_owned(), now);
+        }
+        now.duration_since(entry.1) > stale_after
+    }
+
+    /// Forgets reports that are gone.
+    fn keep(&self, keys: &[String]) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| keys.contains(key));
+    }
+}
+
+/// Every replica report in the cluster, as `ListControllers` answers them.
+pub async fn external_replicas(
+    service: &ResourceService,
+    clock: &ReportClock,
+) -> Result<Vec<pb::ExternalReplica>, Error> {
+    let reports = service
+        .list(
+            &AllowAll,
+            crate::storage::Consistency::Eventual,
+            ListRequest {
+                r#type: Some(resource::new_type("coordination", "v1", "Replica")),
+                tenancy: Some(Tenancy {
+                    partition: resource::WILDCARD.into(),
+                    namespace: resource::WILDCARD.into(),
+                }),
+                name_prefix: String::new(),
+            },
+        )
+        .await?
+        .resources;
+    let keys: Vec<String> = reports.iter().map(key_of).collect();
+    clock.keep(&keys);
+    Ok(reports
+        .iter()
+        .filter_map(|stored| {
+            let report: Replica = decode_data(stored).ok()?;
+            let every = Duration::from_secs(u64::from(report.report_every_seconds.max(1)));
+            let stale = clock.stale(&key_of(stored), &stored.version, every * 3);
+            Some(external_of(stored, report, stale))
+        })
+        .collect())
+}
+
+fn key_of(stored: &Resource) -> String {
+    stored
+        .id
+        .as_ref()
+        .map(|id| resource::DisplayId(id).to_string())
+        .unwrap_or_default()
+}
+
+fn external_of(stored: &Resource, report: Replica, stale: bool) -> pb::ExternalReplica {
+    let each = report.placement() == ReplicaPlacement::EachReplica;
+    pb::ExternalReplica {
+        controller: Some(pb::ControllerInfo {
+            name: report.controller,
+            managed_type: report.managed_type,
+            watched_types: report.watched_types,
+            placement: if each {
+                pb::Placement::EachReplica
+            } else {
+                pb::Placement::Singleton
+            } as i32,
+            running: !stale && (each || report.holds_lease),
+            queue_depth: report.queue_depth,
+            reconciles_ok: report.reconciles_ok,
+            reconciles_failed: report.reconciles_failed,
+            last_error: report.last_error,
+            last_reconcile: report.last_reconcile,
+            finalizers: report.finalizers,
+        }),
+        identity: report.identity,
+        host: report.host,
+        tenancy: stored.id.as_ref().and_then(|id| id.tenancy.clone()),
+        lease: report.lease,
+        holds_lease: report.holds_lease,
+        stale,
+    }
+}
