@@ -468,6 +468,33 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
                 Line::from(controller.managed_type.clone()),
                 Line::from(controller.placement.clone()),
             ];
+            if !controller.replicas.is_empty() {
+                // Outside the server: who runs (holds the lease), then how many wait, in the
+                // node columns.
+                cells[2] = Line::from("external");
+                let running: Vec<&str> = controller
+                    .replicas
+                    .iter()
+                    .filter(|r| r.running)
+                    .map(|r| r.identity.as_str())
+                    .collect();
+                let waiting = controller.replicas.len() - running.len();
+                let (first, color) = match running.as_slice() {
+                    [] => ("none runs".to_owned(), Color::Yellow),
+                    [one] => (format!("● {one} leads"), Color::Green),
+                    many => (format!("● {} run", many.len()), Color::Green),
+                };
+                let mut summary = vec![
+                    Line::from(Span::styled(first, Style::default().fg(color))),
+                    Line::from(Span::styled(format!("{waiting} waiting"), dim())),
+                ];
+                summary.truncate(map.node_ids.len().max(1));
+                cells.extend(summary);
+                while cells.len() < 3 + map.node_ids.len() {
+                    cells.push(Line::from(""));
+                }
+                return cells;
+            }
             for node_id in &map.node_ids {
                 let cell = match controller.on(*node_id) {
                     _ if map.unreachable.contains_key(node_id) => {
@@ -546,6 +573,33 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
                 controller.managed_type, controller.placement
             )),
         ]));
+        for replica in &controller.replicas {
+            let state = if replica.stale {
+                "stale (no report)"
+            } else if replica.holds_lease {
+                "holds the lease"
+            } else if replica.running {
+                "running"
+            } else {
+                "waiting for the lease"
+            };
+            let mut spans = vec![Span::raw(format!(
+                "  replica {} on {} ({}): {state} · queue {} · {} ok · {} failed",
+                replica.identity,
+                replica.host,
+                replica.tenancy,
+                replica.queue_depth,
+                replica.reconciles_ok,
+                replica.reconciles_failed,
+            ))];
+            if !replica.last_error.is_empty() {
+                spans.push(Span::styled(
+                    format!(" · last error: {}", replica.last_error),
+                    Style::default().fg(Color::Red),
+                ));
+            }
+            lines.push(Line::from(spans));
+        }
         for node in &controller.nodes {
             let mut spans = vec![Span::raw(format!(
                 "  node {}: {} · queue {} · {} ok · {} failed · last reconcile {}",

@@ -273,6 +273,47 @@ fn controllers_screen() {
     snapshot!("controllers", &mut state);
 }
 
+/// A controller outside the server: its row says which replica holds the lease, and the panel
+/// lists every replica.
+#[test]
+fn controllers_screen_with_replicas_outside_the_server() {
+    use proto::cluster::v1::{ControllerInfo, ExternalReplica, Placement};
+    let mut state = demo_state();
+    let mut listing = testing::demo_controllers();
+    for (identity, holds) in [("invoices-a", true), ("invoices-b", false)] {
+        listing.external.push(ExternalReplica {
+            controller: Some(ControllerInfo {
+                name: "invoices".into(),
+                placement: Placement::Singleton as i32,
+                running: holds,
+                queue_depth: 2,
+                reconciles_ok: 7,
+                ..Default::default()
+            }),
+            identity: identity.into(),
+            host: "host-1".into(),
+            holds_lease: holds,
+            ..Default::default()
+        });
+    }
+    state.cluster.placement = Some(proto::client::placement::placement_map(&listing));
+    key(&mut state, KeyCode::Char('4'));
+    let screen = text(&draw(&mut state));
+    assert!(
+        screen.contains("● invoices-a leads") && screen.contains("1 waiting"),
+        "{screen}"
+    );
+    // Select it (external controllers sort after the built-in ones) and read the panel.
+    for _ in 0..10 {
+        key(&mut state, KeyCode::Down);
+    }
+    let screen = text(&draw(&mut state));
+    assert!(
+        screen.contains("replica invoices-b on host-1") && screen.contains("waiting for the lease"),
+        "{screen}"
+    );
+}
+
 #[test]
 fn events_screen() {
     let mut state = demo_state();
