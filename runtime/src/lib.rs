@@ -1,9 +1,13 @@
-//! The controller runtime for programs of their own (DESIGN §16). This crate starts with
-//! placement across replicas: [`election`] takes, renews and gives up a
-//! `coordination.v1.Lease` with client-go's rules, over a [`election::LeaseStore`]:
-//! [`grpc::ClusterStore`] for a program talking to a cluster; [`report`] makes a replica visible in
-//! every view.
+//! The controller runtime for programs of their own (DESIGN §16), which the server's built-in
+//! controllers share as it grows:
+//! - [`queue`]: deduplicated keys, one run per key at a time, per-key backoff (the server's
+//!   controllers use it already);
+//! - [`election`]: placement across replicas, taking, renewing and giving up a
+//!   `coordination.v1.Lease` with client-go's rules over an [`election::LeaseStore`];
+//! - [`report`]: what makes a replica visible in every view;
+//! - [`grpc::ClusterStore`]: both stores for a program talking to a cluster.
 
 pub mod election;
 pub mod grpc;
+pub mod queue;
 pub mod report;

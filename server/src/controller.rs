@@ -29,7 +29,8 @@ use crate::service::{self, ResourceService};
 
 pub mod builtin;
 pub mod manager;
-pub mod queue;
+/// The work queue (shared with controller programs outside the server: the `runtime` crate).
+pub use runtime::queue;
 
 #[cfg(test)]
 mod tests;
