@@ -5,8 +5,10 @@
 //! - [`election`]: placement across replicas, taking, renewing and giving up a
 //!   `coordination.v1.Lease` with client-go's rules over an [`election::LeaseStore`];
 //! - [`report`]: what makes a replica visible in every view;
+//! - [`controller`]: a controller of a program outside the server, built from the above;
 //! - [`grpc::ClusterStore`]: both stores for a program talking to a cluster.
 
+pub mod controller;
 pub mod election;
 pub mod grpc;
 pub mod queue;

@@ -6,6 +6,7 @@ mod chaos;
 mod client;
 mod drivers;
 mod http;
+mod invoices;
 mod lease;
 mod scenario;
 mod teams;

@@ -32,7 +32,7 @@ async fn a_team_registers_its_type_and_uses_it_with_resctl() {
     let server = cluster.nodes[0].api_addr.clone();
     let teams = tests::fixtures().join("teams");
     let applied = ok(&server, &["apply", "-f", &teams.display().to_string()]);
-    assert!(applied.contains("3 created"), "{applied}");
+    assert!(applied.contains("4 created"), "{applied}");
 
     let types: serde_json::Value =
         serde_json::from_str(&ok(&server, &["types", "-o", "json"])).expect("json");

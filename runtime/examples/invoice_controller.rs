@@ -1,0 +1,195 @@
+//! The payments team's invoice controller, a program of its own (DESIGN §16, README "Run your
+//! own controller"). For every `payments.v1.Invoice` it holds a finalizer, issues a
+//! `payments.v1.Receipt` the invoice owns, and writes an `Accepted` condition; when an invoice
+//! is deleted it releases the finalizer (the receipt goes with the invoice). Run two or more
+//! replicas: one holds the `invoices` lease and reconciles, the others wait to take over.
+//!
+//! ```sh
+//! resctl apply -f fixtures/teams             # the Invoice and Receipt types, two invoices
+//! RESD_SERVER=127.0.0.1:8502 cargo run -p runtime --example invoice_controller -- replica-1
+//! ```
+//!
+//! Settings come from the environment, as resctl's do: `RESD_SERVER` (several, comma
+//! separated: failover), `RESD_TOKEN`, `RESD_CA_CERT`, `RESD_CLIENT_CERT`, `RESD_CLIENT_KEY`.
+
+use std::time::Duration;
+
+use proto::client::{Client, ClientConfig, ClientTls};
+use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, finalizers};
+use proto::resource::v1::{Condition, Id, Resource, State, Status, Type};
+use runtime::controller::{Action, Context, Controller, ReconcileError, Reconciler, Request};
+use tokio_util::sync::CancellationToken;
+
+const FINALIZER: &str = "payments.example.com/receipt";
+const STATUS_KEY: &str = "payments.example.com/invoice-controller";
+
+/// The invoice's fields this controller reads (what prost-build makes of invoice.proto).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Invoice {
+    #[prost(int64, tag = "1")]
+    amount_cents: i64,
+    #[prost(string, tag = "3")]
+    customer: String,
+}
+
+/// receipt.proto's message.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Receipt {
+    #[prost(string, tag = "1")]
+    invoice: String,
+    #[prost(int64, tag = "2")]
+    amount_cents: i64,
+}
+
+fn payments(kind: &str) -> Type {
+    Type {
+        group: "payments".into(),
+        group_version: "v1".into(),
+        kind: kind.into(),
+    }
+}
+
+struct Invoices;
+
+#[async_trait::async_trait]
+impl Reconciler for Invoices {
+    async fn reconcile(
+        &self,
+        context: &Context,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let client = &context.client;
+        let mut lookup = request.id.clone();
+        lookup.uid.clear();
+        let Some(invoice) = client.read(&lookup).await? else {
+            return Ok(Action::AwaitChange);
+        };
+        let id = invoice.id.clone().unwrap_or_default();
+        let held = finalizers(&invoice).contains(FINALIZER);
+        if invoice.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
+            if held && context.leads() {
+                // Nothing to clean up outside the cluster here; the receipt is owned by the
+                // invoice and goes with it. Release, compare-and-swap on what was read.
+                let mut released = invoice.clone();
+                set_finalizer(&mut released, false);
+                client.write(&released).await?;
+            }
+            return Ok(Action::AwaitChange);
+        }
+        if !held {
+            let mut holding = invoice.clone();
+            set_finalizer(&mut holding, true);
+            client.write(&holding).await?;
+            // The write comes back as an event: the rest happens on the next reconcile.
+            return Ok(Action::AwaitChange);
+        }
+        let data = invoice
+            .data
+            .as_ref()
+            .map(|any| <Invoice as prost::Message>::decode(any.value.as_slice()))
+            .transpose()
+            .map_err(|error| ReconcileError(format!("the invoice's data: {error}")))?
+            .unwrap_or_default();
+        let receipt_id = Id {
+            uid: String::new(),
+            name: format!("receipt-{}", id.name),
+            r#type: Some(payments("Receipt")),
+            tenancy: id.tenancy.clone(),
+        };
+        if client.read(&receipt_id).await?.is_none() {
+            let receipt = Resource {
+                id: Some(receipt_id.clone()),
+                owner: Some(id.clone()),
+                data: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/resd.payments.v1.Receipt".into(),
+                    value: prost::Message::encode_to_vec(&Receipt {
+                        invoice: id.name.clone(),
+                        amount_cents: data.amount_cents,
+                    }),
+                }),
+                ..Default::default()
+            };
+            client.write(&receipt).await?;
+        }
+        let status = Status {
+            observed_generation: invoice.generation.clone(),
+            conditions: vec![Condition {
+                r#type: "Accepted".into(),
+                state: State::True as i32,
+                reason: "ReceiptIssued".into(),
+                message: format!(
+                    "receipt {} issued to {} for {} cents",
+                    receipt_id.name, data.customer, data.amount_cents
+                ),
+                resource: None,
+            }],
+            updated_at: None,
+        };
+        let current = invoice.status.get(STATUS_KEY);
+        if current.is_none_or(|stored| {
+            stored.observed_generation != status.observed_generation
+                || stored.conditions != status.conditions
+        }) {
+            client
+                .write_status(&id, &invoice.version, STATUS_KEY, &status)
+                .await?;
+        }
+        Ok(Action::AwaitChange)
+    }
+}
+
+/// Adds or removes this controller's finalizer in the invoice's metadata.
+fn set_finalizer(resource: &mut Resource, hold: bool) {
+    let mut set: std::collections::BTreeSet<String> = finalizers(resource)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    if hold {
+        set.insert(FINALIZER.to_owned());
+    } else {
+        set.remove(FINALIZER);
+    }
+    if set.is_empty() {
+        resource.metadata.remove(FINALIZERS_KEY);
+    } else {
+        let joined: Vec<String> = set.into_iter().collect();
+        resource
+            .metadata
+            .insert(FINALIZERS_KEY.to_owned(), joined.join(" "));
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let identity = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| format!("invoices-{}", std::process::id()));
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut config =
+        ClientConfig::new(env("RESD_SERVER").unwrap_or_else(|| "127.0.0.1:8502".into()));
+    config.token = env("RESD_TOKEN");
+    config.tls = ClientTls::from_paths(
+        env("RESD_CA_CERT").map(Into::into),
+        env("RESD_CLIENT_CERT").map(Into::into),
+        env("RESD_CLIENT_KEY").map(Into::into),
+    )
+    .map_err(|error| error.to_string())?;
+    let client = Client::new(config).map_err(|error| error.to_string())?;
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    let mut controller =
+        Controller::new("invoices", payments("Invoice"), &identity).with_finalizer(FINALIZER);
+    if let Some(seconds) = env("LEASE_SECONDS").and_then(|s| s.parse::<u64>().ok()) {
+        // Shorter leases for demos and tests: renew within two thirds, retry every sixth.
+        controller.lease_duration = Duration::from_secs(seconds.max(3));
+        controller.renew_deadline = controller.lease_duration * 2 / 3;
+        controller.retry_period = controller.lease_duration / 6;
+        controller.report_every = controller.retry_period;
+    }
+    eprintln!("invoice controller {identity}: running (ctrl-c stops it and hands the lease back)");
+    controller.run(client, Invoices, shutdown).await
+}

@@ -1,0 +1,200 @@
+//! The example controller program (`runtime/examples/invoice_controller.rs`, DESIGN §16) with
+//! real processes: two replicas against a 3-node cluster. One holds the lease and reconciles —
+//! a finalizer, a receipt the invoice owns, an `Accepted` condition — and both are listed;
+//! the holder is killed (-9) and the other takes over within the lease duration and a second;
+//! deleting an invoice waits for the controller's finalizer and takes its receipt along.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::client::Client;
+use proto::resource::v1::{Id, Tenancy, Type};
+
+/// A replica of the example; killed when dropped.
+struct Replica(Child);
+
+impl Replica {
+    fn start(identity: &str, servers: &str) -> Replica {
+        let binary = tests::binary("examples/invoice_controller");
+        let child = Command::new(binary)
+            .arg(identity)
+            .env("RESD_SERVER", servers)
+            .env("LEASE_SECONDS", "3")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the example starts");
+        Replica(child)
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn invoice_id(name: &str) -> Id {
+    Id {
+        uid: String::new(),
+        name: name.into(),
+        r#type: Some(Type {
+            group: "payments".into(),
+            group_version: "v1".into(),
+            kind: "Invoice".into(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
+    }
+}
+
+fn receipt_id(invoice: &str) -> Id {
+    let mut id = invoice_id(&format!("receipt-{invoice}"));
+    if let Some(t) = id.r#type.as_mut() {
+        t.kind = "Receipt".into();
+    }
+    id
+}
+
+/// Waits until the controller has accepted `invoice`: its receipt exists, owned by it, and
+/// its status says Accepted.
+async fn accepted(client: &Client, invoice: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let stored = client.read(&invoice_id(invoice)).await.ok().flatten();
+        let receipt = client.read(&receipt_id(invoice)).await.ok().flatten();
+        let done = stored.as_ref().is_some_and(|invoice| {
+            proto::meta::finalizers(invoice).contains("payments.example.com/receipt")
+                && invoice
+                    .status
+                    .get("payments.example.com/invoice-controller")
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.r#type == "Accepted"))
+        }) && receipt
+            .as_ref()
+            .is_some_and(|r| r.owner.as_ref().map(|o| o.name.as_str()) == Some(invoice));
+        if done {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{invoice} was not accepted within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn resctl(server: &str, args: &[&str]) {
+    let output = Command::new(tests::binary("resctl"))
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+        .output()
+        .expect("resctl runs");
+    assert!(
+        output.status.success(),
+        "resctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_finalizers() {
+    let cluster = tests::Cluster::start(3).await;
+    let servers: Vec<String> = cluster.nodes.iter().map(|n| n.api_addr.clone()).collect();
+    let client = cluster.client(0);
+    resctl(
+        &servers[0],
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let first = Replica::start("replica-1", &servers.join(","));
+    let second = Replica::start("replica-2", &format!("{},{}", servers[2], servers[1]));
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    accepted(&client, "globex-2026-001", Duration::from_secs(10)).await;
+
+    // Both replicas are listed; one holds the lease.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let holder = loop {
+        let response = client.list_controllers(true).await.expect("controllers");
+        let replicas: Vec<_> = response
+            .external
+            .iter()
+            .filter(|r| r.controller.as_ref().is_some_and(|c| c.name == "invoices"))
+            .collect();
+        let holders: Vec<&str> = replicas
+            .iter()
+            .filter(|r| r.holds_lease)
+            .map(|r| r.identity.as_str())
+            .collect();
+        if replicas.len() == 2 && holders.len() == 1 {
+            break holders[0].to_owned();
+        }
+        assert!(Instant::now() < deadline, "listed: {replicas:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // The holder is killed (SIGKILL: nothing handed back): the other takes over within the
+    // lease (3 s) and a second, and accepts a new invoice.
+    let (mut killed_replica, survivor) = if holder == "replica-1" {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let _ = killed_replica.0.kill();
+    let _ = killed_replica.0.wait();
+    let killed = Instant::now();
+    let invoice = proto::resource::v1::Resource {
+        id: Some(invoice_id("initech-1")),
+        data: Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.payments.v1.Invoice".into(),
+            value: {
+                let mut value = Vec::new();
+                prost::encoding::int64::encode(1, &4200, &mut value);
+                prost::encoding::string::encode(3, &"Initech".to_owned(), &mut value);
+                value
+            },
+        }),
+        ..Default::default()
+    };
+    client.write(&invoice).await.expect("a new invoice");
+    accepted(&client, "initech-1", Duration::from_secs(3 + 1 + 5)).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(3 + 1 + 5),
+        "taken over in {:?}",
+        killed.elapsed()
+    );
+
+    // Deleting an invoice waits for the finalizer, which the live replica releases; the
+    // receipt goes with it.
+    resctl(
+        &servers[0],
+        &[
+            "delete",
+            "payments.v1.Invoice",
+            "initech-1",
+            "--wait",
+            "--timeout",
+            "30s",
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client
+        .read(&receipt_id("initech-1"))
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        assert!(Instant::now() < deadline, "the receipt was not reaped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(survivor);
+}
