@@ -161,6 +161,13 @@ fn set_finalizer(resource: &mut Resource, hold: bool) {
 
 #[tokio::main]
 async fn main() -> Result<(), String> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let identity = std::env::args()
         .nth(1)
         .unwrap_or_else(|| format!("invoices-{}", std::process::id()));
@@ -178,7 +185,19 @@ async fn main() -> Result<(), String> {
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        // ctrl-c or SIGTERM (a supervisor's stop): hand the lease back and remove the report.
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
+        }
         stop.cancel();
     });
     let mut controller =
@@ -190,6 +209,6 @@ async fn main() -> Result<(), String> {
         controller.retry_period = controller.lease_duration / 6;
         controller.report_every = controller.retry_period;
     }
-    eprintln!("invoice controller {identity}: running (ctrl-c stops it and hands the lease back)");
+    tracing::info!(%identity, "invoice controller running (ctrl-c or SIGTERM stops it and hands the lease back)");
     controller.run(client, Invoices, shutdown).await
 }

@@ -232,7 +232,8 @@ fn key_of(id: &Id) -> String {
 }
 
 /// Watches the managed type everywhere and queues what changes (the watcher resumes or lists
-/// again across disconnections and failovers).
+/// again across disconnections and failovers). A watch refused for good (the type not
+/// registered yet, a token without read) is said once and opened again with backoff.
 async fn watch(
     client: Client,
     managed_type: Type,
@@ -240,47 +241,61 @@ async fn watch(
     ids: Arc<Mutex<HashMap<String, Id>>>,
     shutdown: CancellationToken,
 ) {
-    let mut watcher = client.watcher(WatchListRequest {
-        r#type: Some(managed_type),
-        tenancy: Some(Tenancy {
-            partition: "*".into(),
-            namespace: "*".into(),
-        }),
-        name_prefix: String::new(),
-        since_version: String::new(),
-    });
-    let mut failing = false;
+    let mut refused: Option<String> = None;
+    let mut pause = Duration::from_millis(500);
     loop {
-        let update = tokio::select! {
-            () = shutdown.cancelled() => return,
-            update = watcher.next() => update,
-        };
-        match update {
-            None => return,
-            Some(WatchUpdate::Event(event)) => {
-                failing = false;
-                let resource: Option<Resource> = match event.event {
-                    Some(Event::Upsert(upsert)) => upsert.resource,
-                    Some(Event::Delete(delete)) => delete.resource,
-                    _ => None,
-                };
-                if let Some(id) = resource.and_then(|r| r.id) {
-                    let key = key_of(&id);
-                    ids.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key.clone(), id);
-                    queue.add(key);
+        let mut watcher = client.watcher(WatchListRequest {
+            r#type: Some(managed_type.clone()),
+            tenancy: Some(Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            }),
+            name_prefix: String::new(),
+            since_version: String::new(),
+        });
+        let mut failing = false;
+        let why = loop {
+            let update = tokio::select! {
+                () = shutdown.cancelled() => return,
+                update = watcher.next() => update,
+            };
+            match update {
+                None => break "the watch ended".to_owned(),
+                Some(WatchUpdate::Event(event)) => {
+                    failing = false;
+                    if refused.take().is_some() {
+                        tracing::info!("watching again");
+                        pause = Duration::from_millis(500);
+                    }
+                    let resource: Option<Resource> = match event.event {
+                        Some(Event::Upsert(upsert)) => upsert.resource,
+                        Some(Event::Delete(delete)) => delete.resource,
+                        _ => None,
+                    };
+                    if let Some(id) = resource.and_then(|r| r.id) {
+                        let key = key_of(&id);
+                        ids.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(key.clone(), id);
+                        queue.add(key);
+                    }
                 }
+                Some(WatchUpdate::Disconnected { error, retry_in }) if !failing => {
+                    failing = true;
+                    tracing::warn!(%error, ?retry_in, "the watch broke; retrying");
+                }
+                Some(WatchUpdate::Failed(error)) => break error.to_string(),
+                Some(_) => {}
             }
-            Some(WatchUpdate::Disconnected { error, retry_in }) if !failing => {
-                failing = true;
-                tracing::warn!(%error, ?retry_in, "the watch broke; retrying");
-            }
-            Some(WatchUpdate::Failed(error)) => {
-                tracing::error!(%error, "the watch stopped for good (a type not registered, or a token without read?)");
-                return;
-            }
-            Some(_) => {}
+        };
+        if refused.as_deref() != Some(why.as_str()) {
+            tracing::error!(error = %why, retry_in = ?pause, "the watch was refused (a type not registered yet, or a token without read?); trying again");
+            refused = Some(why);
         }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(30));
     }
 }
