@@ -1,5 +1,6 @@
 //! The example controller program (`runtime/examples/invoice_controller.rs`, DESIGN §16) with
-//! real processes: two replicas against a 3-node cluster. One holds the lease and reconciles —
+//! real processes: two replicas against a 3-node cluster, started before their types are
+//! registered (they retry). One holds the lease and reconciles —
 //! a finalizer, a receipt the invoice owns, an `Accepted` condition — and both are listed;
 //! the holder is killed (-9) and the other takes over within the lease duration and a second;
 //! deleting an invoice waits for the controller's finalizer and takes its receipt along.
@@ -107,6 +108,11 @@ async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_
     let cluster = tests::Cluster::start(3).await;
     let servers: Vec<String> = cluster.nodes.iter().map(|n| n.api_addr.clone()).collect();
     let client = cluster.client(0);
+    // The replicas start before their types exist: their watches are refused, and they try
+    // again until the types are registered.
+    let first = Replica::start("replica-1", &servers.join(","));
+    let second = Replica::start("replica-2", &format!("{},{}", servers[2], servers[1]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
     resctl(
         &servers[0],
         &[
@@ -115,8 +121,6 @@ async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_
             &tests::fixtures().join("teams").display().to_string(),
         ],
     );
-    let first = Replica::start("replica-1", &servers.join(","));
-    let second = Replica::start("replica-2", &format!("{},{}", servers[2], servers[1]));
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     accepted(&client, "globex-2026-001", Duration::from_secs(10)).await;
 
