@@ -76,6 +76,11 @@ impl Reconciler for Invoices {
             }
             return Ok(Action::AwaitChange);
         }
+        // Reads can be slow; a replica that lost the lease meanwhile (paused, partitioned)
+        // writes nothing.
+        if !context.leads() {
+            return Ok(Action::AwaitChange);
+        }
         if !held {
             let mut holding = invoice.clone();
             set_finalizer(&mut holding, true);
@@ -96,7 +101,7 @@ impl Reconciler for Invoices {
             r#type: Some(payments("Receipt")),
             tenancy: id.tenancy.clone(),
         };
-        if client.read(&receipt_id).await?.is_none() {
+        if client.read(&receipt_id).await?.is_none() && context.leads() {
             let receipt = Resource {
                 id: Some(receipt_id.clone()),
                 owner: Some(id.clone()),
@@ -126,10 +131,12 @@ impl Reconciler for Invoices {
             updated_at: None,
         };
         let current = invoice.status.get(STATUS_KEY);
-        if current.is_none_or(|stored| {
-            stored.observed_generation != status.observed_generation
-                || stored.conditions != status.conditions
-        }) {
+        if context.leads()
+            && current.is_none_or(|stored| {
+                stored.observed_generation != status.observed_generation
+                    || stored.conditions != status.conditions
+            })
+        {
             client
                 .write_status(&id, &invoice.version, STATUS_KEY, &status)
                 .await?;

@@ -202,3 +202,80 @@ async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_
     }
     drop(survivor);
 }
+
+fn signal(replica: &Replica, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(replica.0.id().to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The lease's holder and how often it changed hands.
+async fn lease(client: &Client) -> (String, u64) {
+    let id = Id {
+        uid: String::new(),
+        name: "invoices".into(),
+        r#type: Some(Type {
+            group: "coordination".into(),
+            group_version: "v1".into(),
+            kind: "Lease".into(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
+    };
+    let stored = client.read(&id).await.expect("read").expect("the lease");
+    let lease = <proto::coordination::v1::Lease as prost::Message>::decode(
+        stored.data.expect("data").value.as_slice(),
+    )
+    .expect("a lease");
+    (lease.holder, lease.transitions)
+}
+
+/// A holder paused (SIGSTOP) past its lease: the other replica takes over; when the paused one
+/// resumes it writes nothing as the former holder (the lease keeps its new holder, and changes
+/// hands no more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_lease_is_replaced_and_writes_nothing_when_it_resumes() {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    resctl(
+        &server,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let first = Replica::start("replica-1", &server);
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    let second = Replica::start("replica-2", &server);
+    let (holder, _) = lease(&client).await;
+    assert_eq!(holder, "replica-1");
+    signal(&first, "STOP");
+    let deadline = Instant::now() + Duration::from_secs(3 + 1 + 5);
+    loop {
+        let (holder, transitions) = lease(&client).await;
+        if holder == "replica-2" {
+            assert_eq!(transitions, 1);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nobody took over from the paused holder"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal(&first, "CONT");
+    // Resumed, the former holder neither renews nor takes the lease back while replica-2 holds it.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(lease(&client).await, ("replica-2".to_owned(), 1));
+    }
+    drop(second);
+    drop(first);
+}
