@@ -279,3 +279,48 @@ async fn a_holder_paused_past_its_lease_is_replaced_and_writes_nothing_when_it_r
     drop(second);
     drop(first);
 }
+
+/// The server node a replica talks to is killed: the replica moves to the next address it was
+/// given (its watch resumes there, its lease is renewed or taken again) and goes on
+/// reconciling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_fails_over_when_its_server_node_dies() {
+    let mut cluster = tests::Cluster::start(3).await;
+    let servers: Vec<String> = cluster.nodes.iter().map(|n| n.api_addr.clone()).collect();
+    resctl(
+        &servers[1],
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let client = cluster.client(1);
+    let replica = Replica::start("replica-1", &format!("{},{}", servers[0], servers[1]));
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    cluster.nodes[0].kill();
+    let invoice = proto::resource::v1::Resource {
+        id: Some(invoice_id("after-failover")),
+        data: Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.payments.v1.Invoice".into(),
+            value: {
+                let mut value = Vec::new();
+                prost::encoding::int64::encode(1, &100, &mut value);
+                prost::encoding::string::encode(3, &"Hooli".to_owned(), &mut value);
+                value
+            },
+        }),
+        ..Default::default()
+    };
+    // The write waits out an election if the killed node led.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.write(&invoice).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not take writes again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    accepted(&client, "after-failover", Duration::from_secs(30)).await;
+    drop(replica);
+}
