@@ -324,3 +324,112 @@ async fn a_replica_fails_over_when_its_server_node_dies() {
     accepted(&client, "after-failover", Duration::from_secs(30)).await;
     drop(replica);
 }
+
+/// DESIGN §16's ACL story: the controller runs with a token whose policy covers only its types
+/// (payments, and its lease and reports); it does its work, and every change it makes names its
+/// token as the actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of_its_changes() {
+    use proto::client::WatchUpdate;
+    use proto::resource::v1::WatchListRequest;
+    use proto::resource::v1::watch_event::Event;
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let management = cluster.token.clone().expect("a management token");
+    let tls = cluster.tls.clone().expect("TLS");
+    let as_management = |args: &[&str]| {
+        let mut all: Vec<String> = tls.client_flags();
+        all.extend(["--token".to_owned(), management.clone()]);
+        all.extend(args.iter().map(|a| a.to_string()));
+        let output = Command::new(tests::binary("resctl"))
+            .arg("--server")
+            .arg(&server)
+            .args(&all)
+            .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+            .output()
+            .expect("resctl runs");
+        assert!(
+            output.status.success(),
+            "resctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    as_management(&[
+        "apply",
+        "-f",
+        &tests::fixtures().join("teams").display().to_string(),
+    ]);
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let policy = scratch.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "type: acl.v1.Policy\nname: invoice-controller\ndata:\n  rules:\n\
+         \x20   - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n\
+         \x20   - {types: [\"coordination.v1.*\"], partition: default, namespace: default, access: ACCESS_WRITE}\n",
+    )
+    .expect("policy");
+    as_management(&["apply", "-f", &policy.display().to_string()]);
+    let created = as_management(&[
+        "acl",
+        "token",
+        "create",
+        "invoice-controller",
+        "--policy",
+        "invoice-controller",
+        "-o",
+        "json",
+    ]);
+    let secret = serde_json::from_str::<serde_json::Value>(&created).expect("json")["secret"]
+        .as_str()
+        .expect("a secret")
+        .to_owned();
+
+    let binary = tests::binary("examples/invoice_controller");
+    let replica = Replica(
+        Command::new(binary)
+            .arg("replica-1")
+            .env("RESD_SERVER", &server)
+            .env("RESD_TOKEN", &secret)
+            .env("RESD_CA_CERT", tls.ca())
+            .env("RESD_CLIENT_CERT", tls.client_cert())
+            .env("RESD_CLIENT_KEY", tls.client_key())
+            .env("LEASE_SECONDS", "3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the example starts"),
+    );
+    let client = cluster.client(0);
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+
+    // The receipts it wrote name its token as the actor.
+    let mut watcher = client.watcher(WatchListRequest {
+        r#type: Some(Type {
+            group: "payments".into(),
+            group_version: "v1".into(),
+            kind: "Receipt".into(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: "*".into(),
+            namespace: "*".into(),
+        }),
+        name_prefix: String::new(),
+        since_version: "1".into(),
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let update = tokio::time::timeout(Duration::from_secs(10), watcher.next())
+            .await
+            .expect("an event")
+            .expect("the watch goes on");
+        if let WatchUpdate::Event(event) = update
+            && matches!(event.event, Some(Event::Upsert(_)))
+        {
+            assert_eq!(event.actor, "invoice-controller");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no receipt event");
+    }
+    drop(replica);
+}
