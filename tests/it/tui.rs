@@ -490,3 +490,56 @@ async fn the_dashboard_learns_a_type_registered_after_it_started() {
     .await;
     tmux.keys(&["q"]);
 }
+
+/// DESIGN §16: the dashboard's placement map shows a controller running outside the server,
+/// with both replicas and which one holds the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_placement_map_shows_both_replicas_of_a_controller_outside_the_server() {
+    if !Tmux::available() {
+        eprintln!("SKIPPED the_placement_map_shows_both_replicas…: no tmux");
+        return;
+    }
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let token = Creds {
+        token: cluster.token.clone().expect("a management token"),
+        tls: cluster.tls.clone(),
+    };
+    let server = cluster.nodes[0].api_addr.clone();
+    resctl(
+        &server,
+        &token,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let replica = |identity: &str| {
+        Command::new(tests::binary("examples/invoice_controller"))
+            .arg(identity)
+            .env("RESD_SERVER", &server)
+            .envs(token.env())
+            .env("LEASE_SECONDS", "3")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the example starts")
+    };
+    let mut replicas = [replica("replica-1"), replica("replica-2")];
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let editor = write_script(scratch.path(), "editor.sh", "true");
+    let tmux = Tmux::new("external");
+    tmux.start(&dashboard(&server, &token, scratch.path(), &editor, ""));
+    tmux.wait_for("the dashboard", &["● live"]).await;
+    tmux.keys(&["4"]);
+    tmux.wait_for(
+        "the external controller's replicas",
+        &["invoices", "external (2)", "leads"],
+    )
+    .await;
+    tmux.keys(&["q"]);
+    for replica in &mut replicas {
+        let _ = replica.kill();
+        let _ = replica.wait();
+    }
+}

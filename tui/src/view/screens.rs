@@ -471,7 +471,8 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
             if !controller.replicas.is_empty() {
                 // Outside the server: who runs (holds the lease), then how many wait, in the
                 // node columns.
-                cells[2] = Line::from("external");
+                // The placement column counts the replicas (the node columns may be one).
+                cells[2] = Line::from(format!("external ({})", controller.replicas.len()));
                 let running: Vec<&str> = controller
                     .replicas
                     .iter()
@@ -540,7 +541,7 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     let mut widths = vec![
         Constraint::Length(name_width),
         Constraint::Fill(2),
-        Constraint::Length(11),
+        Constraint::Length(13),
     ];
     let node_width = if narrow {
         Constraint::Fill(1)

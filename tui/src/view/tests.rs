@@ -300,7 +300,7 @@ fn controllers_screen_with_replicas_outside_the_server() {
     key(&mut state, KeyCode::Char('4'));
     let screen = text(&draw(&mut state));
     assert!(
-        screen.contains("● invoices-a leads") && screen.contains("1 waiting"),
+        screen.contains("● invoices-a leads") && screen.contains("external (2)"),
         "{screen}"
     );
     // Select it (external controllers sort after the built-in ones) and read the panel.
