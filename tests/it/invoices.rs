@@ -53,6 +53,22 @@ fn invoice_id(name: &str) -> Id {
     }
 }
 
+/// An invoice's resource, its data encoded as invoice.proto says (amount_cents = 1,
+/// customer = 3): what a team's client would build from its schema.
+fn new_invoice(name: &str, amount_cents: i64, customer: &str) -> proto::resource::v1::Resource {
+    let mut value = Vec::new();
+    prost::encoding::int64::encode(1, &amount_cents, &mut value);
+    prost::encoding::string::encode(3, &customer.to_owned(), &mut value);
+    proto::resource::v1::Resource {
+        id: Some(invoice_id(name)),
+        data: Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.payments.v1.Invoice".into(),
+            value,
+        }),
+        ..Default::default()
+    }
+}
+
 fn receipt_id(invoice: &str) -> Id {
     let mut id = invoice_id(&format!("receipt-{invoice}"));
     if let Some(t) = id.r#type.as_mut() {
@@ -155,19 +171,7 @@ async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_
     let _ = killed_replica.0.kill();
     let _ = killed_replica.0.wait();
     let killed = Instant::now();
-    let invoice = proto::resource::v1::Resource {
-        id: Some(invoice_id("initech-1")),
-        data: Some(prost_types::Any {
-            type_url: "type.googleapis.com/resd.payments.v1.Invoice".into(),
-            value: {
-                let mut value = Vec::new();
-                prost::encoding::int64::encode(1, &4200, &mut value);
-                prost::encoding::string::encode(3, &"Initech".to_owned(), &mut value);
-                value
-            },
-        }),
-        ..Default::default()
-    };
+    let invoice = new_invoice("initech-1", 4200, "Initech");
     client.write(&invoice).await.expect("a new invoice");
     accepted(&client, "initech-1", Duration::from_secs(3 + 1 + 5)).await;
     assert!(
@@ -299,19 +303,7 @@ async fn a_replica_fails_over_when_its_server_node_dies() {
     let replica = Replica::start("replica-1", &format!("{},{}", servers[0], servers[1]));
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     cluster.nodes[0].kill();
-    let invoice = proto::resource::v1::Resource {
-        id: Some(invoice_id("after-failover")),
-        data: Some(prost_types::Any {
-            type_url: "type.googleapis.com/resd.payments.v1.Invoice".into(),
-            value: {
-                let mut value = Vec::new();
-                prost::encoding::int64::encode(1, &100, &mut value);
-                prost::encoding::string::encode(3, &"Hooli".to_owned(), &mut value);
-                value
-            },
-        }),
-        ..Default::default()
-    };
+    let invoice = new_invoice("after-failover", 100, "Hooli");
     // The write waits out an election if the killed node led.
     let deadline = Instant::now() + Duration::from_secs(30);
     while client.write(&invoice).await.is_err() {

@@ -52,15 +52,7 @@ pub fn render_table(map: &PlacementMap, wide: bool) -> String {
     for controller in map.controllers.iter().filter(|c| !c.replicas.is_empty()) {
         for replica in &controller.replicas {
             any = true;
-            let state = if replica.stale {
-                "stale (no report)"
-            } else if replica.holds_lease {
-                "holds the lease"
-            } else if replica.running {
-                "running"
-            } else {
-                "waiting for the lease"
-            };
+            let state = replica.state_label();
             replicas.row([
                 controller.name.clone(),
                 replica.identity.clone(),

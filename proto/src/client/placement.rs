@@ -43,6 +43,21 @@ pub struct ReplicaView {
     pub last_error: String,
 }
 
+impl ReplicaView {
+    /// Where the replica stands, in words: stale, holds the lease, running, or waiting.
+    pub fn state_label(&self) -> &'static str {
+        if self.stale {
+            "stale (no report)"
+        } else if self.holds_lease {
+            "holds the lease"
+        } else if self.running {
+            "running"
+        } else {
+            "waiting for the lease"
+        }
+    }
+}
+
 /// One controller on every node that reported it (or, for a controller outside the server,
 /// every replica that reports).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -208,6 +223,25 @@ pub fn placement_label(placement: i32) -> &'static str {
     }
 }
 
+/// A controller's entry in the map, before its nodes or replicas are added.
+fn entry_of(
+    controller: &crate::cluster::v1::ControllerInfo,
+    placement: String,
+) -> ControllerPlacement {
+    ControllerPlacement {
+        name: controller.name.clone(),
+        managed_type: controller
+            .managed_type
+            .as_ref()
+            .map(gvk)
+            .unwrap_or_default(),
+        placement,
+        finalizers: controller.finalizers.clone(),
+        nodes: Vec::new(),
+        replicas: Vec::new(),
+    }
+}
+
 pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
     let mut controllers: BTreeMap<String, ControllerPlacement> = BTreeMap::new();
     let mut unreachable = BTreeMap::new();
@@ -220,17 +254,8 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
         for controller in &node.controllers {
             let entry = controllers
                 .entry(controller.name.clone())
-                .or_insert_with(|| ControllerPlacement {
-                    name: controller.name.clone(),
-                    managed_type: controller
-                        .managed_type
-                        .as_ref()
-                        .map(gvk)
-                        .unwrap_or_default(),
-                    placement: placement_label(controller.placement).to_owned(),
-                    finalizers: controller.finalizers.clone(),
-                    nodes: Vec::new(),
-                    replicas: Vec::new(),
+                .or_insert_with(|| {
+                    entry_of(controller, placement_label(controller.placement).to_owned())
                 });
             entry.nodes.push(ControllerOnNode {
                 node_id: node.node_id,
@@ -254,17 +279,11 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
         };
         let entry = controllers
             .entry(format!("\u{10ffff}{}", controller.name))
-            .or_insert_with(|| ControllerPlacement {
-                name: controller.name.clone(),
-                managed_type: controller
-                    .managed_type
-                    .as_ref()
-                    .map(gvk)
-                    .unwrap_or_default(),
-                placement: format!("{} (external)", placement_label(controller.placement)),
-                finalizers: controller.finalizers.clone(),
-                nodes: Vec::new(),
-                replicas: Vec::new(),
+            .or_insert_with(|| {
+                entry_of(
+                    controller,
+                    format!("{} (external)", placement_label(controller.placement)),
+                )
             });
         entry.replicas.push(ReplicaView {
             identity: external.identity.clone(),

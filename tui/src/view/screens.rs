@@ -575,15 +575,7 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
             )),
         ]));
         for replica in &controller.replicas {
-            let state = if replica.stale {
-                "stale (no report)"
-            } else if replica.holds_lease {
-                "holds the lease"
-            } else if replica.running {
-                "running"
-            } else {
-                "waiting for the lease"
-            };
+            let state = replica.state_label();
             let mut spans = vec![Span::raw(format!(
                 "  replica {} on {} ({}): {state} · queue {} · {} ok · {} failed",
                 replica.identity,
