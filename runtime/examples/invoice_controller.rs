@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Settings come from the environment, as resctl's do: `RESD_SERVER` (several, comma
-//! separated: failover), `RESD_TOKEN`, `RESD_CA_CERT`, `RESD_CLIENT_CERT`, `RESD_CLIENT_KEY`.
+//! separated: failover), `RESD_TOKEN`, `RESD_CA_CERT`, `RESD_CLIENT_CERT`, `RESD_CLIENT_KEY`;
+//! `LEASE_SECONDS` shortens the lease for demos, `PLACEMENT=each-replica` runs every replica.
 
 use std::time::Duration;
 
@@ -209,6 +210,11 @@ async fn main() -> Result<(), String> {
     });
     let mut controller =
         Controller::new("invoices", payments("Invoice"), &identity).with_finalizer(FINALIZER);
+    if env("PLACEMENT").as_deref() == Some("each-replica") {
+        // Every replica reconciles (its writes are compare-and-swap: concurrent replicas
+        // retry rather than overwrite).
+        controller.placement = runtime::controller::Placement::EachReplica;
+    }
     if let Some(seconds) = env("LEASE_SECONDS").and_then(|s| s.parse::<u64>().ok()) {
         // Shorter leases for demos and tests: renew within two thirds, retry every sixth.
         controller.lease_duration = Duration::from_secs(seconds.max(3));

@@ -425,3 +425,54 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
     }
     drop(replica);
 }
+
+/// `EachReplica` placement: no lease; every replica reconciles and is listed as running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_placed_on_every_replica_all_run_and_are_listed_running() {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    resctl(
+        &server,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let start = |identity: &str| {
+        let child = Command::new(tests::binary("examples/invoice_controller"))
+            .arg(identity)
+            .env("RESD_SERVER", &server)
+            .env("PLACEMENT", "each-replica")
+            .env("LEASE_SECONDS", "3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the example starts");
+        Replica(child)
+    };
+    let replicas = [start("replica-1"), start("replica-2")];
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    accepted(&client, "globex-2026-001", Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let response = client.list_controllers(true).await.expect("controllers");
+        let running = response
+            .external
+            .iter()
+            .filter(|r| {
+                r.controller
+                    .as_ref()
+                    .is_some_and(|c| c.name == "invoices" && c.running)
+                    && !r.holds_lease
+            })
+            .count();
+        if running == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "listed: {:?}", response.external);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(replicas);
+}
