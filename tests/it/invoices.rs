@@ -476,3 +476,44 @@ async fn replicas_placed_on_every_replica_all_run_and_are_listed_running() {
     }
     drop(replicas);
 }
+
+/// A replica killed (no clean stop, its report stays) is forgotten: the server deletes a report
+/// that has not changed for ten of its periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    resctl(
+        &server,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let mut replica = Replica::start("replica-1", &server);
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    let _ = replica.0.kill();
+    let _ = replica.0.wait();
+    let killed = Instant::now();
+    // Reports every second (the least a report names): forgotten after about ten.
+    let deadline = killed + Duration::from_secs(10 + 15);
+    loop {
+        let response = client.list_controllers(true).await.expect("controllers");
+        if response.external.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead replica's report is still there: {:?}",
+            response.external
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        killed.elapsed() >= Duration::from_secs(9),
+        "forgotten too early ({:?})",
+        killed.elapsed()
+    );
+}

@@ -50,6 +50,13 @@ pub fn register(
         .with_finalizer(NAMESPACE_FINALIZER),
     )?;
     manager.register(
+        Controller::new(
+            "replica-reports",
+            resource::new_type("coordination", "v1", "Replica"),
+        )
+        .with_reconciler(ReplicaReports::default()),
+    )?;
+    manager.register(
         Controller::new("type", crate::registry::builtin::registry_type())
             .with_reconciler(TypeController::default())
             .with_finalizer(crate::registry::builtin::TYPE_FINALIZER),
@@ -424,6 +431,58 @@ impl Reconciler for TypeController {
             resource::remove_finalizer(&mut released, TYPE_FINALIZER);
             runtime.write(released).await?;
         }
+        Ok(Action::await_change())
+    }
+}
+
+/// Deletes the reports of replicas outside the server that stopped reporting (killed, not
+/// stopped cleanly): a report whose version has not changed for ten of its periods, timed on
+/// this node's clock from when it first saw that version (clocks are never compared).
+#[derive(Default)]
+pub struct ReplicaReports {
+    /// Report uid -> (version, when this node first saw it).
+    seen: Mutex<HashMap<String, (String, tokio::time::Instant)>>,
+}
+
+/// How many report periods without a change make a report gone.
+const REPORT_PERIODS_TO_FORGET: u32 = 10;
+
+#[async_trait]
+impl Reconciler for ReplicaReports {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(report) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let id = report.id.clone().unwrap_or_default();
+        let every = decode_data::<proto::coordination::v1::Replica>(&report)
+            .map(|r| Duration::from_secs(u64::from(r.report_every_seconds.max(1))))
+            .unwrap_or(Duration::from_secs(5));
+        let forget_after = every * REPORT_PERIODS_TO_FORGET;
+        let now = tokio::time::Instant::now();
+        let first_seen = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = seen
+                .entry(id.uid.clone())
+                .or_insert_with(|| (report.version.clone(), now));
+            if entry.0 != report.version {
+                *entry = (report.version.clone(), now);
+            }
+            entry.1
+        };
+        let unchanged = now.duration_since(first_seen);
+        if unchanged < forget_after {
+            return Ok(Action::requeue(forget_after - unchanged));
+        }
+        tracing::info!(report = %DisplayId(&id), ?unchanged, "a replica outside the server stopped reporting: its report is deleted");
+        runtime.delete(&id).await?;
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id.uid);
         Ok(Action::await_change())
     }
 }
