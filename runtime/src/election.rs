@@ -221,7 +221,7 @@ impl<S: LeaseStore> Elector<S> {
             }
         }
         let previous = lease.and_then(Result::ok).unwrap_or_default();
-        let wall = now_timestamp();
+        let wall = crate::now_timestamp();
         let next = Lease {
             holder: self.config.identity.clone(),
             duration_seconds: u32::try_from(self.config.duration.as_secs()).unwrap_or(u32::MAX),
@@ -247,10 +247,7 @@ impl<S: LeaseStore> Elector<S> {
             }),
             ..Default::default()
         });
-        resource.data = Some(prost_types::Any {
-            type_url: "type.googleapis.com/resd.coordination.v1.Lease".into(),
-            value: prost::Message::encode_to_vec(&next),
-        });
+        resource.data = Some(proto::to_any(&next));
         resource.status.clear();
         match self.store.write(resource).await {
             Ok(written) => {
@@ -328,10 +325,7 @@ impl<S: LeaseStore> Elector<S> {
             return Ok(());
         }
         lease.holder.clear();
-        stored.data = Some(prost_types::Any {
-            type_url: "type.googleapis.com/resd.coordination.v1.Lease".into(),
-            value: prost::Message::encode_to_vec(&lease),
-        });
+        stored.data = Some(proto::to_any(&lease));
         stored.status.clear();
         self.store.write(stored).await.map(drop)
     }
@@ -344,14 +338,6 @@ fn decode(resource: &Resource) -> Result<Lease, String> {
         .as_ref()
         .ok_or_else(|| "the lease has no data".to_owned())?;
     <Lease as prost::Message>::decode(data.value.as_slice()).map_err(|error| error.to_string())
-}
-
-fn now_timestamp() -> prost_types::Timestamp {
-    let now = time::OffsetDateTime::now_utc();
-    prost_types::Timestamp {
-        seconds: now.unix_timestamp(),
-        nanos: i32::try_from(now.nanosecond()).unwrap_or(0),
-    }
 }
 
 #[cfg(test)]

@@ -13,3 +13,13 @@ pub mod election;
 pub mod grpc;
 pub mod queue;
 pub mod report;
+
+/// Now, as the informational times of leases and reports carry it (this machine's clock: never
+/// compared with another's).
+fn now_timestamp() -> prost_types::Timestamp {
+    let now = time::OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: i32::try_from(now.nanosecond()).unwrap_or(0),
+    }
+}

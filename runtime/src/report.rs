@@ -42,7 +42,7 @@ impl Stats {
         if let Some(error) = error {
             last.0 = error.to_owned();
         }
-        last.1 = Some(now_timestamp());
+        last.1 = Some(crate::now_timestamp());
     }
 
     pub fn set_queue_depth(&self, depth: u64) {
@@ -135,10 +135,7 @@ pub async fn run(
         let holds = leadership.as_ref().is_some_and(|l| l.holds());
         let resource = Resource {
             id: Some(id.clone()),
-            data: Some(prost_types::Any {
-                type_url: "type.googleapis.com/resd.coordination.v1.Replica".into(),
-                value: prost::Message::encode_to_vec(&identity.report(&stats, holds)),
-            }),
+            data: Some(proto::to_any(&identity.report(&stats, holds))),
             ..Default::default()
         };
         match store.write_report(resource).await {
@@ -163,13 +160,5 @@ pub async fn run(
     }
     if let Err(error) = store.delete_report(&id).await {
         tracing::debug!(controller = %identity.controller, %error, "cannot delete this replica's report; it goes stale");
-    }
-}
-
-fn now_timestamp() -> prost_types::Timestamp {
-    let now = time::OffsetDateTime::now_utc();
-    prost_types::Timestamp {
-        seconds: now.unix_timestamp(),
-        nanos: i32::try_from(now.nanosecond()).unwrap_or(0),
     }
 }

@@ -437,13 +437,6 @@ impl DynamicState {
 /// Bound on [`DynamicState::retired`].
 const MAX_RETIRED: usize = 10_000;
 
-/// What ListTypes says of a type.
-#[derive(Debug, Clone)]
-pub struct TypeListing {
-    pub registration: Arc<Registration>,
-    pub builtin: bool,
-}
-
 impl DynamicTypes {
     fn read(&self) -> Arc<DynamicState> {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -545,6 +538,7 @@ impl DynamicTypes {
     }
 
     /// The version of the Type `name` this node installed.
+    #[cfg(test)]
     pub fn installed_version(&self, name: &str) -> Option<String> {
         self.read()
             .by_name

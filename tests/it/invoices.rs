@@ -16,12 +16,17 @@ struct Replica(Child);
 
 impl Replica {
     fn start(identity: &str, servers: &str) -> Replica {
-        let binary = tests::binary("examples/invoice_controller");
-        let child = Command::new(binary)
+        Replica::start_with(identity, servers, &[])
+    }
+
+    /// A replica with more settings in its environment (a token, certificates, placement).
+    fn start_with(identity: &str, servers: &str, env: &[(&str, String)]) -> Replica {
+        let child = Command::new(tests::binary("examples/invoice_controller"))
             .arg(identity)
             .env("RESD_SERVER", servers)
             .env("LEASE_SECONDS", "3")
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -104,6 +109,18 @@ async fn accepted(client: &Client, invoice: &str, within: Duration) {
     }
 }
 
+/// `resctl apply -f fixtures/teams`: the Invoice and Receipt types, and two invoices.
+fn apply_teams(server: &str) {
+    resctl(
+        server,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+}
+
 fn resctl(server: &str, args: &[&str]) {
     let output = Command::new(tests::binary("resctl"))
         .arg("--server")
@@ -129,14 +146,7 @@ async fn two_replicas_of_the_example_controller_reconcile_fail_over_and_release_
     let first = Replica::start("replica-1", &servers.join(","));
     let second = Replica::start("replica-2", &format!("{},{}", servers[2], servers[1]));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    resctl(
-        &servers[0],
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&servers[0]);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     accepted(&client, "globex-2026-001", Duration::from_secs(10)).await;
 
@@ -247,14 +257,7 @@ async fn a_holder_paused_past_its_lease_is_replaced_and_writes_nothing_when_it_r
     let cluster = tests::Cluster::start(1).await;
     let server = cluster.nodes[0].api_addr.clone();
     let client = cluster.client(0);
-    resctl(
-        &server,
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&server);
     let first = Replica::start("replica-1", &server);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     let second = Replica::start("replica-2", &server);
@@ -291,14 +294,7 @@ async fn a_holder_paused_past_its_lease_is_replaced_and_writes_nothing_when_it_r
 async fn a_replica_fails_over_when_its_server_node_dies() {
     let mut cluster = tests::Cluster::start(3).await;
     let servers: Vec<String> = cluster.nodes.iter().map(|n| n.api_addr.clone()).collect();
-    resctl(
-        &servers[1],
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&servers[1]);
     let client = cluster.client(1);
     let replica = Replica::start("replica-1", &format!("{},{}", servers[0], servers[1]));
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
@@ -377,20 +373,15 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
         .expect("a secret")
         .to_owned();
 
-    let binary = tests::binary("examples/invoice_controller");
-    let replica = Replica(
-        Command::new(binary)
-            .arg("replica-1")
-            .env("RESD_SERVER", &server)
-            .env("RESD_TOKEN", &secret)
-            .env("RESD_CA_CERT", tls.ca())
-            .env("RESD_CLIENT_CERT", tls.client_cert())
-            .env("RESD_CLIENT_KEY", tls.client_key())
-            .env("LEASE_SECONDS", "3")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the example starts"),
+    let replica = Replica::start_with(
+        "replica-1",
+        &server,
+        &[
+            ("RESD_TOKEN", secret),
+            ("RESD_CA_CERT", tls.ca().display().to_string()),
+            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
+            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
+        ],
     );
     let client = cluster.client(0);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
@@ -432,25 +423,13 @@ async fn replicas_placed_on_every_replica_all_run_and_are_listed_running() {
     let cluster = tests::Cluster::start(1).await;
     let server = cluster.nodes[0].api_addr.clone();
     let client = cluster.client(0);
-    resctl(
-        &server,
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&server);
     let start = |identity: &str| {
-        let child = Command::new(tests::binary("examples/invoice_controller"))
-            .arg(identity)
-            .env("RESD_SERVER", &server)
-            .env("PLACEMENT", "each-replica")
-            .env("LEASE_SECONDS", "3")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the example starts");
-        Replica(child)
+        Replica::start_with(
+            identity,
+            &server,
+            &[("PLACEMENT", "each-replica".to_owned())],
+        )
     };
     let replicas = [start("replica-1"), start("replica-2")];
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
@@ -484,14 +463,7 @@ async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
     let cluster = tests::Cluster::start(1).await;
     let server = cluster.nodes[0].api_addr.clone();
     let client = cluster.client(0);
-    resctl(
-        &server,
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&server);
     let mut replica = Replica::start("replica-1", &server);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     let _ = replica.0.kill();

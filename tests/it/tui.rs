@@ -119,6 +119,14 @@ struct Creds {
 }
 
 impl Creds {
+    /// What a cluster started with ACLs hands its clients.
+    fn of(cluster: &tests::Cluster) -> Creds {
+        Creds {
+            token: cluster.token.clone().expect("a management token"),
+            tls: cluster.tls.clone(),
+        }
+    }
+
     fn env(&self) -> Vec<(String, String)> {
         let mut env = vec![("RESD_TOKEN".to_owned(), self.token.clone())];
         if let Some(tls) = &self.tls {
@@ -450,6 +458,19 @@ async fn the_dashboard_shows_a_live_cluster_and_edits_through_the_editor() {
     tmux.keys(&["q"]);
 }
 
+/// The payments team's types and invoices (`fixtures/teams`), applied as management.
+fn apply_teams(server: &str, token: &Creds) {
+    resctl(
+        server,
+        token,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+}
+
 /// DESIGN §15: the dashboard learns a type registered after it started — the Type's event makes
 /// it list the types again, and the new type is watched and can be jumped to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,25 +480,14 @@ async fn the_dashboard_learns_a_type_registered_after_it_started() {
         return;
     }
     let cluster = tests::Cluster::start_with_acls(1).await;
-    let token = Creds {
-        token: cluster.token.clone().expect("a management token"),
-        tls: cluster.tls.clone(),
-    };
+    let token = Creds::of(&cluster);
     let server = cluster.nodes[0].api_addr.clone();
     let scratch = tempfile::tempdir().expect("temp dir");
     let editor = write_script(scratch.path(), "editor.sh", "true");
     let tmux = Tmux::new("types");
     tmux.start(&dashboard(&server, &token, scratch.path(), &editor, ""));
     tmux.wait_for("the dashboard", &["● live"]).await;
-    resctl(
-        &server,
-        &token,
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&server, &token);
     tmux.wait_for("the new type on the types screen", &["payments.v1.Invoice"])
         .await;
     tmux.text(":");
@@ -500,20 +510,9 @@ async fn the_placement_map_shows_both_replicas_of_a_controller_outside_the_serve
         return;
     }
     let cluster = tests::Cluster::start_with_acls(1).await;
-    let token = Creds {
-        token: cluster.token.clone().expect("a management token"),
-        tls: cluster.tls.clone(),
-    };
+    let token = Creds::of(&cluster);
     let server = cluster.nodes[0].api_addr.clone();
-    resctl(
-        &server,
-        &token,
-        &[
-            "apply",
-            "-f",
-            &tests::fixtures().join("teams").display().to_string(),
-        ],
-    );
+    apply_teams(&server, &token);
     let replica = |identity: &str| {
         Command::new(tests::binary("examples/invoice_controller"))
             .arg(identity)

@@ -21,6 +21,7 @@ use prost::Message as _;
 use prost_reflect::{
     DescriptorPool, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, SerializeOptions,
 };
+use proto::codec::field_type_name;
 use proto::registry::v1 as pb;
 
 use super::Scope;
@@ -695,7 +696,7 @@ fn compile_default(
             "value {} does not fit field {} ({}): {error}",
             default.value,
             default.field,
-            kind_name(&field)
+            field_type_name(&field)
         )
     })?;
     if !parsed.has_field(&field) {
@@ -706,11 +707,6 @@ fn compile_default(
     }
     let value = parsed.get_field(&field).into_owned();
     Ok((field, value))
-}
-
-/// A field's type as the `.proto` spells it.
-pub fn kind_name(field: &FieldDescriptor) -> String {
-    proto::codec::field_type_name(field)
 }
 
 /// Whether `new` may replace `old` (DESIGN §15): the same group, version, kind and scope, and a
@@ -777,7 +773,7 @@ fn compare_messages(old: &MessageDescriptor, new: &MessageDescriptor, problems: 
                     now.name()
                 ));
             }
-            let (was, is) = (kind_name(&field), kind_name(now));
+            let (was, is) = (field_type_name(&field), field_type_name(now));
             if was != is {
                 problems.push(format!("field {name} changes type from {was} to {is}"));
             } else if field.is_list() != now.is_list() || field.is_map() != now.is_map() {
