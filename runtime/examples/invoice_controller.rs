@@ -18,7 +18,10 @@ use std::time::Duration;
 use proto::client::{Client, ClientConfig, ClientTls};
 use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, finalizers};
 use proto::resource::v1::{Condition, Id, Resource, State, Status, Type};
-use runtime::controller::{Action, Context, Controller, ReconcileError, Reconciler, Request};
+use runtime::controller::{
+    Action, Context, Controller, Placement, ReconcileError, Reconciler, Request,
+};
+use runtime::replica::Replica;
 use tokio_util::sync::CancellationToken;
 
 const FINALIZER: &str = "payments.example.com/receipt";
@@ -53,16 +56,15 @@ fn payments(kind: &str) -> Type {
 struct Invoices;
 
 #[async_trait::async_trait]
-impl Reconciler for Invoices {
+impl Reconciler<Client> for Invoices {
     async fn reconcile(
         &self,
-        context: &Context,
+        context: &Context<Client>,
         request: Request,
     ) -> Result<Action, ReconcileError> {
-        let client = &context.client;
         let mut lookup = request.id.clone();
         lookup.uid.clear();
-        let Some(invoice) = client.read(&lookup).await? else {
+        let Some(invoice) = context.read(&lookup).await? else {
             return Ok(Action::AwaitChange);
         };
         let id = invoice.id.clone().unwrap_or_default();
@@ -73,7 +75,7 @@ impl Reconciler for Invoices {
                 // invoice and goes with it. Release, compare-and-swap on what was read.
                 let mut released = invoice.clone();
                 set_finalizer(&mut released, false);
-                client.write(&released).await?;
+                context.write(released).await?;
             }
             return Ok(Action::AwaitChange);
         }
@@ -85,7 +87,7 @@ impl Reconciler for Invoices {
         if !held {
             let mut holding = invoice.clone();
             set_finalizer(&mut holding, true);
-            client.write(&holding).await?;
+            context.write(holding).await?;
             // The write comes back as an event: the rest happens on the next reconcile.
             return Ok(Action::AwaitChange);
         }
@@ -102,7 +104,7 @@ impl Reconciler for Invoices {
             r#type: Some(payments("Receipt")),
             tenancy: id.tenancy.clone(),
         };
-        if client.read(&receipt_id).await?.is_none() && context.leads() {
+        if context.read(&receipt_id).await?.is_none() && context.leads() {
             let receipt = Resource {
                 id: Some(receipt_id.clone()),
                 owner: Some(id.clone()),
@@ -115,7 +117,7 @@ impl Reconciler for Invoices {
                 }),
                 ..Default::default()
             };
-            client.write(&receipt).await?;
+            context.write(receipt).await?;
         }
         let status = Status {
             observed_generation: invoice.generation.clone(),
@@ -131,15 +133,11 @@ impl Reconciler for Invoices {
             }],
             updated_at: None,
         };
-        let current = invoice.status.get(STATUS_KEY);
-        if context.leads()
-            && current.is_none_or(|stored| {
-                stored.observed_generation != status.observed_generation
-                    || stored.conditions != status.conditions
-            })
-        {
-            client
-                .write_status(&id, &invoice.version, STATUS_KEY, &status)
+        if context.leads() {
+            // Unless it says what the stored one says (no write, no event, no loop); its
+            // observed generation tells readers which spec it speaks of.
+            context
+                .write_status_if_changed(&invoice, STATUS_KEY, status)
                 .await?;
         }
         Ok(Action::AwaitChange)
@@ -208,20 +206,22 @@ async fn main() -> Result<(), String> {
         }
         stop.cancel();
     });
-    let mut controller =
-        Controller::new("invoices", payments("Invoice"), &identity).with_finalizer(FINALIZER);
+    let mut controller = Controller::new("invoices", payments("Invoice"))
+        .with_reconciler(Invoices)
+        .with_finalizer(FINALIZER);
     if env("PLACEMENT").as_deref() == Some("each-replica") {
         // Every replica reconciles (its writes are compare-and-swap: concurrent replicas
         // retry rather than overwrite).
-        controller.placement = runtime::controller::Placement::EachReplica;
+        controller = controller.with_placement(Placement::EachReplica);
     }
+    let mut replica = Replica::new(&identity);
     if let Some(seconds) = env("LEASE_SECONDS").and_then(|s| s.parse::<u64>().ok()) {
-        // Shorter leases for demos and tests: renew within two thirds, retry every sixth.
-        controller.lease_duration = Duration::from_secs(seconds.max(3));
-        controller.renew_deadline = controller.lease_duration * 2 / 3;
-        controller.retry_period = controller.lease_duration / 6;
-        controller.report_every = controller.retry_period;
+        // Shorter leases for demos and tests.
+        replica = replica.with_lease_duration(Duration::from_secs(seconds.max(3)));
     }
     tracing::info!(%identity, "invoice controller running (ctrl-c or SIGTERM stops it and hands the lease back)");
-    controller.run(client, Invoices, shutdown).await
+    replica
+        .run(controller, client, shutdown)
+        .await
+        .map_err(|error| error.to_string())
 }

@@ -19,6 +19,8 @@ use proto::resource::v1::{Id, Resource, Tenancy, Type};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::{Api, ApiError};
+
 /// How a replica reads and writes its lease.
 #[async_trait::async_trait]
 pub trait LeaseStore: Send + Sync {
@@ -88,23 +90,63 @@ impl Config {
     }
 
     /// Timings that cannot work are refused: the holder must give up before others may take over.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         if self.renew_deadline >= self.duration {
-            return Err(format!(
-                "the renew deadline ({:?}) must be shorter than the lease duration ({:?}): the holder must stop before another may take over",
-                self.renew_deadline, self.duration
-            ));
+            return Err(ConfigError::RenewDeadline {
+                renew_deadline: self.renew_deadline,
+                duration: self.duration,
+            });
         }
         if self.retry_period >= self.renew_deadline {
-            return Err(format!(
-                "the retry period ({:?}) must be shorter than the renew deadline ({:?})",
-                self.retry_period, self.renew_deadline
-            ));
+            return Err(ConfigError::RetryPeriod {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
         }
         if self.identity.is_empty() {
-            return Err("a replica needs an identity to hold a lease".into());
+            return Err(ConfigError::NoIdentity);
         }
         Ok(())
+    }
+}
+
+/// Election settings that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "the renew deadline ({renew_deadline:?}) must be shorter than the lease duration ({duration:?}): the holder must stop before another may take over"
+    )]
+    RenewDeadline {
+        renew_deadline: Duration,
+        duration: Duration,
+    },
+    #[error(
+        "the retry period ({retry_period:?}) must be shorter than the renew deadline ({renew_deadline:?})"
+    )]
+    RetryPeriod {
+        retry_period: Duration,
+        renew_deadline: Duration,
+    },
+    #[error("a replica needs an identity to hold a lease")]
+    NoIdentity,
+}
+
+/// Any [`Api`] keeps leases: a lost compare-and-swap or a create that met a lease created
+/// first is [`StoreError::Conflict`].
+#[async_trait::async_trait]
+impl<A: Api> LeaseStore for A {
+    async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
+        Api::read(self, id)
+            .await
+            .map_err(|error| StoreError::Failed(error.to_string()))
+    }
+
+    async fn write(&self, lease: Resource) -> Result<Resource, StoreError> {
+        match Api::write(self, lease).await {
+            Ok(written) => Ok(written),
+            Err(ApiError::Conflict(_)) => Err(StoreError::Conflict),
+            Err(error) => Err(StoreError::Failed(error.to_string())),
+        }
     }
 }
 
@@ -143,7 +185,7 @@ impl Leadership {
         self.changed.notified().await;
     }
 
-    fn lead_until(&self, until: Option<Instant>) {
+    pub(crate) fn lead_until(&self, until: Option<Instant>) {
         let was = self.holds();
         *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
         if was != self.holds() {
@@ -170,7 +212,7 @@ pub struct Elector<S> {
 }
 
 impl<S: LeaseStore> Elector<S> {
-    pub fn new(config: Config, store: S) -> Result<Self, String> {
+    pub fn new(config: Config, store: S) -> Result<Self, ConfigError> {
         config.check()?;
         Ok(Elector {
             config,

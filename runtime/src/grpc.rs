@@ -1,46 +1,120 @@
-//! [`LeaseStore`] and [`ReportStore`] over the resource service, for a controller program
-//! talking to a cluster (`proto::client::Client`: several servers, failover, TLS, a token).
+//! [`Api`] over a cluster client (`proto::client::Client`: several servers, failover, TLS, a
+//! token), for a controller program of its own. Its watches resume across disconnections and
+//! failovers ([`proto::client::Watcher`]); one the server cannot resume ends with
+//! [`ApiError::Relist`], and the controller starts over from a fresh snapshot.
 
-use proto::client::{Client, ClientError};
-use proto::resource::v1::{Id, Resource};
+use futures::StreamExt;
+use proto::client::{Client, ClientError, WatchUpdate};
+use proto::resource::v1::{Id, Resource, Status, Tenancy, Type, WatchListRequest};
 
-use crate::election::{LeaseStore, StoreError};
-use crate::report::ReportStore;
+use crate::api::{Api, ApiError, EventStream};
 
-/// Leases and reports read and written through a cluster client.
-#[derive(Clone)]
-pub struct ClusterStore(pub Client);
-
-#[async_trait::async_trait]
-impl ReportStore for ClusterStore {
-    async fn write_report(&self, report: Resource) -> Result<Resource, StoreError> {
-        self.0.write(&report).await.map_err(failed)
-    }
-
-    async fn delete_report(&self, id: &Id) -> Result<(), StoreError> {
-        self.0.delete(id, "").await.map(drop).map_err(failed)
-    }
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for ClusterStore {
-    async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
-        self.0.read(id).await.map_err(failed)
-    }
-
-    async fn write(&self, lease: Resource) -> Result<Resource, StoreError> {
-        match self.0.write(&lease).await {
-            Ok(written) => Ok(written),
-            // A lost compare-and-swap, a create refused by its uid (someone created the lease
-            // first), or a lease deleted and recreated since it was read: not this replica's.
-            Err(ClientError::Conflict(_) | ClientError::FailedPrecondition(_)) => {
-                Err(StoreError::Conflict)
+impl From<ClientError> for ApiError {
+    fn from(error: ClientError) -> Self {
+        let message = error.to_string();
+        match error {
+            ClientError::NotFound(_) => ApiError::NotFound(message),
+            // A lost compare-and-swap, or a create refused by its uid (created first by
+            // someone else).
+            ClientError::Conflict(_) | ClientError::FailedPrecondition(_) => {
+                ApiError::Conflict(message)
             }
-            Err(error) => Err(failed(error)),
+            ClientError::Unavailable(_)
+            | ClientError::Unreachable { .. }
+            | ClientError::DeadlineExceeded(_) => ApiError::Unavailable(message),
+            ClientError::OutOfRange(_) => ApiError::Relist(message),
+            ClientError::InvalidServer { .. }
+            | ClientError::Settings(_)
+            | ClientError::Tls { .. }
+            | ClientError::InvalidArgument(_)
+            | ClientError::PermissionDenied(_)
+            | ClientError::Unauthenticated(_)
+            | ClientError::Other { .. } => ApiError::Failed(message),
         }
     }
 }
 
-fn failed(error: ClientError) -> StoreError {
-    StoreError::Failed(error.to_string())
+#[async_trait::async_trait]
+impl Api for Client {
+    async fn read(&self, id: &Id) -> Result<Option<Resource>, ApiError> {
+        Ok(Client::read(self, id).await?)
+    }
+
+    async fn write(&self, resource: Resource) -> Result<Resource, ApiError> {
+        Ok(Client::write(self, &resource).await?)
+    }
+
+    async fn delete(&self, id: &Id, version: &str) -> Result<(), ApiError> {
+        Ok(Client::delete(self, id, version).await?)
+    }
+
+    async fn list(
+        &self,
+        resource_type: &Type,
+        tenancy: &Tenancy,
+    ) -> Result<Vec<Resource>, ApiError> {
+        Ok(Client::list(self, resource_type, tenancy, "").await?)
+    }
+
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ApiError> {
+        Ok(Client::list_by_owner(self, owner).await?)
+    }
+
+    async fn write_status(
+        &self,
+        id: &Id,
+        version: &str,
+        key: &str,
+        status: Status,
+    ) -> Result<Resource, ApiError> {
+        Ok(Client::write_status(self, id, version, key, &status).await?)
+    }
+
+    /// A resumable watch: disconnections are retried by the watcher (said once per outage);
+    /// a watch the server cannot resume, or refuses, ends the stream.
+    async fn watch(&self, request: WatchListRequest) -> Result<EventStream, ApiError> {
+        let gvk = request
+            .r#type
+            .as_ref()
+            .map(|t| format!("{}.{}.{}", t.group, t.group_version, t.kind))
+            .unwrap_or_default();
+        let watcher = self.watcher(request);
+        let stream = futures::stream::unfold(
+            (Some(watcher), false),
+            move |(watcher, disconnected)| {
+                let gvk = gvk.clone();
+                async move {
+                    let mut watcher = watcher?;
+                    let mut disconnected = disconnected;
+                    loop {
+                        match watcher.next().await {
+                            None => return None,
+                            Some(WatchUpdate::Event(event)) => {
+                                return Some((Ok(event), (Some(watcher), false)));
+                            }
+                            Some(WatchUpdate::Disconnected { error, retry_in }) => {
+                                if !disconnected {
+                                    tracing::warn!(r#type = %gvk, %error, ?retry_in, "the watch broke; resuming");
+                                }
+                                disconnected = true;
+                            }
+                            Some(WatchUpdate::Resumed { server, .. }) => {
+                                if disconnected {
+                                    tracing::info!(r#type = %gvk, %server, "the watch resumed");
+                                }
+                                disconnected = false;
+                            }
+                            Some(WatchUpdate::Relisting { reason }) => {
+                                return Some((Err(ApiError::Relist(reason)), (None, false)));
+                            }
+                            Some(WatchUpdate::Failed(error)) => {
+                                return Some((Err(error.into()), (None, false)));
+                            }
+                        }
+                    }
+                }
+            },
+        );
+        Ok(stream.boxed())
+    }
 }

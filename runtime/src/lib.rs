@@ -1,21 +1,25 @@
-//! The controller runtime for programs of their own (DESIGN §16), which the server's built-in
-//! controllers share as it grows:
-//! - [`queue`]: deduplicated keys, one run per key at a time, per-key backoff (the server's
-//!   controllers use it already);
+//! resd's controller runtime (DESIGN §7, §16): one library for the server's built-in
+//! controllers (in process, over the resource service) and for a team's program (over gRPC,
+//! with a token and several servers):
+//! - [`api`]: the small client a controller acts through ([`api::Api`]), implemented by the
+//!   server in process and by [`grpc`] over a cluster client;
+//! - [`controller`]: definitions, the cache, the runner (prime, map, reconcile, retry, resync);
+//! - [`queue`]: deduplicated keys, one run per key at a time, per-key backoff;
 //! - [`election`]: placement across replicas, taking, renewing and giving up a
-//!   `coordination.v1.Lease` with client-go's rules over an [`election::LeaseStore`];
-//! - [`report`]: what makes a replica visible in every view;
-//! - [`controller`]: a controller of a program outside the server, built from the above;
-//! - [`grpc::ClusterStore`]: both stores for a program talking to a cluster.
+//!   `coordination.v1.Lease` with client-go's rules;
+//! - [`report`]: what makes a program's replica visible in every view;
+//! - [`replica`]: a program's replica of a controller, built from the above.
 
+pub mod api;
 pub mod controller;
 pub mod election;
 pub mod grpc;
 pub mod queue;
+pub mod replica;
 pub mod report;
 
-/// Now, as the informational times of leases and reports carry it (this machine's clock: never
-/// compared with another's).
+/// Now, as the informational times of leases carry it (this machine's clock: never compared
+/// with another's).
 fn now_timestamp() -> prost_types::Timestamp {
     let now = time::OffsetDateTime::now_utc();
     prost_types::Timestamp {

@@ -4,13 +4,14 @@
 //! dashboard and "why is this stuck" show and blame it like a built-in controller.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proto::coordination::v1::{Replica, ReplicaPlacement};
 use proto::resource::v1::{Id, Resource, Tenancy, Type};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::Api;
+use crate::controller::Stats;
 use crate::election::{Leadership, StoreError};
 
 /// How a replica writes and removes its report.
@@ -21,32 +22,19 @@ pub trait ReportStore: Send + Sync {
     async fn delete_report(&self, id: &Id) -> Result<(), StoreError>;
 }
 
-/// What a replica counts as it reconciles, shared with the reporter.
-#[derive(Debug, Default)]
-pub struct Stats {
-    queue_depth: AtomicU64,
-    ok: AtomicU64,
-    failed: AtomicU64,
-    /// The last error, and when the last reconcile ended (seconds since the epoch).
-    last: std::sync::Mutex<(String, Option<prost_types::Timestamp>)>,
-}
-
-impl Stats {
-    /// Records a reconcile that ended now, with its error if it failed.
-    pub fn reconciled(&self, error: Option<&str>) {
-        match error {
-            None => self.ok.fetch_add(1, Ordering::Relaxed),
-            Some(_) => self.failed.fetch_add(1, Ordering::Relaxed),
-        };
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(error) = error {
-            last.0 = error.to_owned();
-        }
-        last.1 = Some(crate::now_timestamp());
+/// Any [`Api`] keeps reports.
+#[async_trait::async_trait]
+impl<A: Api> ReportStore for A {
+    async fn write_report(&self, report: Resource) -> Result<Resource, StoreError> {
+        Api::write(self, report)
+            .await
+            .map_err(|error| StoreError::Failed(error.to_string()))
     }
 
-    pub fn set_queue_depth(&self, depth: u64) {
-        self.queue_depth.store(depth, Ordering::Relaxed);
+    async fn delete_report(&self, id: &Id) -> Result<(), StoreError> {
+        Api::delete(self, id, "")
+            .await
+            .map_err(|error| StoreError::Failed(error.to_string()))
     }
 }
 
@@ -94,8 +82,6 @@ impl Identity {
     }
 
     fn report(&self, stats: &Stats, holds_lease: bool) -> Replica {
-        let (last_error, last_reconcile) =
-            stats.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
         Replica {
             controller: self.controller.clone(),
             identity: self.identity.clone(),
@@ -110,11 +96,11 @@ impl Identity {
             managed_type: Some(self.managed_type.clone()),
             watched_types: self.watched_types.clone(),
             finalizers: self.finalizers.clone(),
-            queue_depth: stats.queue_depth.load(Ordering::Relaxed),
-            reconciles_ok: stats.ok.load(Ordering::Relaxed),
-            reconciles_failed: stats.failed.load(Ordering::Relaxed),
-            last_error,
-            last_reconcile,
+            queue_depth: stats.queue_depth(),
+            reconciles_ok: stats.reconciles_ok(),
+            reconciles_failed: stats.reconciles_failed(),
+            last_error: stats.last_error().unwrap_or_default(),
+            last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
             report_every_seconds: u32::try_from(self.every.as_secs().max(1)).unwrap_or(u32::MAX),
         }
     }

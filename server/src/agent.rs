@@ -26,7 +26,6 @@ pub use serve::ServeError;
 use crate::tls::accept::Listening;
 
 use crate::acl::{AclsDisabled, TokenResolver, TokenStore};
-use crate::controller::Runtime;
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
 use crate::metrics::{ControllerSample, Metrics, RaftSample, Sample};
@@ -546,7 +545,7 @@ impl Agent {
 
     /// The built-in controllers, ready to run.
     fn controllers(&self) -> Result<Manager, AgentError> {
-        let mut manager = Manager::new(Runtime::new(self.service.clone()));
+        let mut manager = Manager::new(self.service.clone());
         builtin::register(
             &mut manager,
             self.service.registry().clone(),
@@ -760,15 +759,14 @@ fn sampler(
     raft: Option<Arc<RaftBackend>>,
     controllers: std::collections::BTreeMap<String, crate::controller::manager::Registered>,
 ) -> crate::metrics::Sampler {
-    use std::sync::atomic::Ordering;
     Arc::new(move || {
         let controllers = controllers
             .values()
             .map(|registered| ControllerSample {
                 name: registered.controller.name.clone(),
-                reconciles_ok: registered.stats.reconciles_ok.load(Ordering::Relaxed),
-                reconciles_failed: registered.stats.reconciles_failed.load(Ordering::Relaxed),
-                queue_depth: registered.stats.queue_depth.load(Ordering::Relaxed),
+                reconciles_ok: registered.stats.reconciles_ok(),
+                reconciles_failed: registered.stats.reconciles_failed(),
+                queue_depth: registered.stats.queue_depth(),
             })
             .collect();
         let Some(raft) = &raft else {

@@ -10,13 +10,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use proto::demo::v2 as demo_v2;
 use proto::internal::v1::Tombstone;
-use proto::resource::v1::{Condition, Id, ListRequest, Resource, State, Status, Tenancy};
+use proto::resource::v1::{Condition, Id, Resource, State, Status, Tenancy};
 
 use super::manager::{Manager, ManagerError};
 use super::{
-    Action, Controller, Placement, ReconcileError, Reconciler, Request, Runtime, map_owner_filtered,
+    Action, Controller, InProcess, Placement, ReconcileError, Reconciler, Request, Runtime,
+    map_owner_filtered,
 };
-use crate::acl::AllowAll;
 use crate::registry::{Registry, Scope, decode_data};
 use crate::resource::{self, DisplayId};
 
@@ -83,7 +83,7 @@ pub fn register(
             resource::new_type("demo", "v1", "Concept"),
         )
         .with_reconciler(ConceptObserver::default())
-        .with_placement(Placement::EachServer),
+        .with_placement(Placement::EachReplica),
     )?;
     Ok(())
 }
@@ -130,7 +130,7 @@ impl Reaper {
 }
 
 #[async_trait]
-impl Reconciler for Reaper {
+impl Reconciler<InProcess> for Reaper {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -174,8 +174,9 @@ impl Reconciler for Reaper {
             .remove(&tombstone_id.uid);
         // By the stored id: the owner's type may be unregistered by now.
         let children = runtime
+            .api()
             .service
-            .children_of(runtime.identity.as_ref(), &deleted)
+            .children_of(runtime.api().identity.as_ref(), &deleted)
             .await?;
         if !children.is_empty() {
             for child in &children {
@@ -211,7 +212,7 @@ pub struct NamespaceController {
 }
 
 #[async_trait]
-impl Reconciler for NamespaceController {
+impl Reconciler<InProcess> for NamespaceController {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -243,19 +244,7 @@ impl Reconciler for NamespaceController {
             .types()
             .filter(|r| r.scope == Scope::Namespace)
         {
-            let listed = runtime
-                .service
-                .list(
-                    &AllowAll,
-                    crate::storage::Consistency::Eventual,
-                    ListRequest {
-                        r#type: Some(registration.resource_type.clone()),
-                        tenancy: Some(tenancy.clone()),
-                        name_prefix: String::new(),
-                    },
-                )
-                .await?
-                .resources;
+            let listed = runtime.list(&registration.resource_type, &tenancy).await?;
             for inside in listed {
                 remaining += 1;
                 if !resource::is_marked_for_deletion(&inside)
@@ -293,7 +282,7 @@ impl TypeController {
 }
 
 #[async_trait]
-impl Reconciler for TypeController {
+impl Reconciler<InProcess> for TypeController {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -330,8 +319,9 @@ impl Reconciler for TypeController {
         // A Type that registered nothing here (it never loaded, or another Type owns its
         // group.version.Kind) has no resources of its own to delete.
         let loads = crate::registry::dynamic::CompiledType::load(&t).is_ok();
-        runtime.service.learn_type(Some(&resource_type)).await;
+        runtime.api().service.learn_type(Some(&resource_type)).await;
         let owner = runtime
+            .api()
             .service
             .registry()
             .resolve(&resource_type)
@@ -345,19 +335,7 @@ impl Reconciler for TypeController {
         let listed = if !owns {
             Vec::new()
         } else {
-            runtime
-                .service
-                .list(
-                    &AllowAll,
-                    crate::storage::Consistency::Eventual,
-                    ListRequest {
-                        r#type: Some(resource_type.clone()),
-                        tenancy: Some(tenancy.clone()),
-                        name_prefix: String::new(),
-                    },
-                )
-                .await?
-                .resources
+            runtime.list(&resource_type, &tenancy).await?
         };
         // Stored objects are keyed without their version (DESIGN §2): those written through
         // another version belong to that version's Type, if one is registered.
@@ -404,18 +382,8 @@ impl Reconciler for TypeController {
         // type registered: what those resources owned is written, to release finalizers, with
         // its owner reference.
         let tombstones = runtime
-            .service
-            .list(
-                &AllowAll,
-                crate::storage::Consistency::Eventual,
-                ListRequest {
-                    r#type: Some(resource::new_type("internal", "v1", "Tombstone")),
-                    tenancy: Some(tenancy),
-                    name_prefix: String::new(),
-                },
-            )
-            .await?
-            .resources;
+            .list(&resource::new_type("internal", "v1", "Tombstone"), &tenancy)
+            .await?;
         let cascading = tombstones.iter().any(|tombstone| {
             decode_data::<Tombstone>(tombstone)
                 .ok()
@@ -448,7 +416,7 @@ pub struct ReplicaReports {
 const REPORT_PERIODS_TO_FORGET: u32 = 10;
 
 #[async_trait]
-impl Reconciler for ReplicaReports {
+impl Reconciler<InProcess> for ReplicaReports {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -522,7 +490,7 @@ fn desired_albums(artist_name: &str, artist: &demo_v2::Artist) -> BTreeMap<Strin
 pub struct ArtistController;
 
 #[async_trait]
-impl Reconciler for ArtistController {
+impl Reconciler<InProcess> for ArtistController {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -600,7 +568,7 @@ impl Reconciler for ArtistController {
 pub struct AlbumController;
 
 #[async_trait]
-impl Reconciler for AlbumController {
+impl Reconciler<InProcess> for AlbumController {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -644,7 +612,7 @@ impl Reconciler for AlbumController {
     }
 }
 
-/// Runs on every server (EachServer placement) and only observes: it counts the concepts this
+/// Runs on every server (placed on each replica) and only observes: it counts the concepts this
 /// node has seen, so placement across nodes is visible in `ListControllers`.
 #[derive(Default)]
 pub struct ConceptObserver {
@@ -652,7 +620,7 @@ pub struct ConceptObserver {
 }
 
 #[async_trait]
-impl Reconciler for ConceptObserver {
+impl Reconciler<InProcess> for ConceptObserver {
     async fn reconcile(
         &self,
         runtime: &Runtime,

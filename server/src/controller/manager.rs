@@ -1,6 +1,6 @@
-//! [`Manager`]: runs a node's controllers. EachServer controllers run for the node's whole life;
-//! Singleton controllers run only while the node is the raft leader, and stop (queues and all)
-//! when it loses leadership.
+//! [`Manager`]: runs a node's controllers. Controllers placed on each replica run on every
+//! server for the node's whole life; Singleton controllers run only while the node is the raft
+//! leader, and stop (queues and all) when it loses leadership.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,14 +8,17 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{Controller, ControllerStats, DefinitionError, Placement, Runtime, run};
+use runtime::controller::run;
+
+use super::{Controller, DefinitionError, InProcess, Placement, Stats};
 use crate::resource;
+use crate::service::ResourceService;
 
 /// A controller registered with a manager, and its live statistics.
 #[derive(Debug, Clone)]
 pub struct Registered {
     pub controller: Arc<Controller>,
-    pub stats: Arc<ControllerStats>,
+    pub stats: Arc<Stats>,
 }
 
 /// What `ClusterService.ListControllers` reports for these controllers now.
@@ -23,7 +26,6 @@ pub fn report(
     controllers: &BTreeMap<String, Registered>,
 ) -> Vec<proto::cluster::v1::ControllerInfo> {
     use proto::cluster::v1 as pb;
-    use std::sync::atomic::Ordering;
     controllers
         .values()
         .map(|registered| {
@@ -35,12 +37,12 @@ pub fn report(
                 watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
                 placement: match controller.placement {
                     Placement::Singleton => pb::Placement::Singleton,
-                    Placement::EachServer => pb::Placement::EachServer,
+                    Placement::EachReplica => pb::Placement::EachServer,
                 } as i32,
-                running: stats.running.load(Ordering::Relaxed),
-                queue_depth: stats.queue_depth.load(Ordering::Relaxed),
-                reconciles_ok: stats.reconciles_ok.load(Ordering::Relaxed),
-                reconciles_failed: stats.reconciles_failed.load(Ordering::Relaxed),
+                running: stats.running(),
+                queue_depth: stats.queue_depth(),
+                reconciles_ok: stats.reconciles_ok(),
+                reconciles_failed: stats.reconciles_failed(),
                 last_error: stats.last_error().unwrap_or_default(),
                 last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
                 finalizers: controller.finalizers.clone(),
@@ -51,7 +53,7 @@ pub fn report(
 
 #[derive(Debug)]
 pub struct Manager {
-    runtime: Runtime,
+    service: Arc<ResourceService>,
     controllers: BTreeMap<String, Registered>,
 }
 
@@ -73,9 +75,9 @@ pub enum ManagerError {
 }
 
 impl Manager {
-    pub fn new(runtime: Runtime) -> Self {
+    pub fn new(service: Arc<ResourceService>) -> Self {
         Manager {
-            runtime,
+            service,
             controllers: BTreeMap::new(),
         }
     }
@@ -100,7 +102,7 @@ impl Manager {
             controller.name.clone(),
             Registered {
                 controller: Arc::new(controller),
-                stats: Arc::new(ControllerStats::default()),
+                stats: Arc::new(Stats::default()),
             },
         );
         Ok(())
@@ -133,7 +135,7 @@ impl Manager {
         &self.controllers
     }
 
-    /// Runs every controller until `shutdown`: EachServer ones throughout, Singleton ones while
+    /// Runs every controller until `shutdown`: those on each replica throughout, Singleton ones while
     /// `leader` says this node leads.
     pub async fn run(self, mut leader: watch::Receiver<bool>, shutdown: CancellationToken) {
         for (first, second) in self.watch_cycles() {
@@ -153,8 +155,9 @@ impl Manager {
         for registered in everywhere {
             tasks.spawn(run(
                 registered.controller.clone(),
-                self.runtime.clone(),
+                InProcess::controller(self.service.clone(), &registered.controller.name),
                 registered.stats.clone(),
+                None,
                 scope.clone(),
             ));
         }
@@ -168,8 +171,12 @@ impl Manager {
                     for registered in &singletons {
                         tasks.spawn(run(
                             registered.controller.clone(),
-                            self.runtime.clone(),
+                            InProcess::controller(
+                                self.service.clone(),
+                                &registered.controller.name,
+                            ),
                             registered.stats.clone(),
+                            None,
                             term.clone(),
                         ));
                     }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::registry::Registry;
+use crate::resource;
 use crate::storage::inmem::InMemBackend;
 
 fn artist_type() -> Type {
@@ -47,7 +48,7 @@ async fn runtime() -> Runtime {
     let registry = Arc::new(Registry::builtin().expect("registry"));
     let service = ResourceService::new(Arc::new(InMemBackend::new()), registry);
     service.ensure_default_tenancy().await.expect("tenancy");
-    Runtime::new(Arc::new(service))
+    Runtime::new(InProcess::privileged(Arc::new(service)))
 }
 
 /// Reports every call and answers with what `answer` says for the n-th call (1-based).
@@ -58,7 +59,7 @@ struct Recorder {
 }
 
 #[async_trait]
-impl Reconciler for Recorder {
+impl Reconciler<InProcess> for Recorder {
     async fn reconcile(
         &self,
         _runtime: &Runtime,
@@ -87,7 +88,7 @@ fn recorder(
 struct Running {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
-    stats: Arc<ControllerStats>,
+    stats: Arc<Stats>,
 }
 
 impl Running {
@@ -99,11 +100,13 @@ impl Running {
 
 fn start(controller: Controller, runtime: &Runtime) -> Running {
     let shutdown = CancellationToken::new();
-    let stats = Arc::new(ControllerStats::default());
-    let task = tokio::spawn(run(
+    let stats = Arc::new(Stats::default());
+    let api = InProcess::controller(runtime.api().service.clone(), &controller.name);
+    let task = tokio::spawn(runtime::controller::run(
         Arc::new(controller),
-        runtime.clone(),
+        api,
         stats.clone(),
+        None,
         shutdown.clone(),
     ));
     Running {
@@ -139,7 +142,7 @@ async fn existing_resources_are_reconciled_once_at_start_then_each_write() {
     no_call_for(&mut calls, Duration::from_millis(200)).await;
     runtime.write(artist("late")).await.expect("write");
     assert_eq!(next_call(&mut calls).await.1, "late");
-    assert_eq!(running.stats.reconciles_ok.load(Ordering::Relaxed), 2);
+    assert_eq!(running.stats.reconciles_ok(), 2);
     running.stop().await;
 }
 
@@ -187,7 +190,7 @@ async fn errors_are_retried_with_backoff_until_they_succeed() {
     );
     assert!(third - second >= Duration::from_millis(100), "then doubled");
     no_call_for(&mut calls, Duration::from_millis(300)).await;
-    assert_eq!(running.stats.reconciles_failed.load(Ordering::Relaxed), 2);
+    assert_eq!(running.stats.reconciles_failed(), 2);
     assert_eq!(running.stats.last_error().as_deref(), Some("failure 2"));
     running.stop().await;
 }
@@ -197,7 +200,7 @@ struct Panicker {
 }
 
 #[async_trait]
-impl Reconciler for Panicker {
+impl Reconciler<InProcess> for Panicker {
     async fn reconcile(
         &self,
         _runtime: &Runtime,
@@ -222,7 +225,7 @@ async fn a_panicking_reconciler_is_an_error_and_a_retry_not_a_dead_controller() 
         .with_backoff(Duration::from_millis(20), Duration::from_millis(100));
     let running = start(controller, &runtime);
     for _ in 0..200 {
-        if running.stats.reconciles_ok.load(Ordering::Relaxed) == 1 {
+        if running.stats.reconciles_ok() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -232,7 +235,7 @@ async fn a_panicking_reconciler_is_an_error_and_a_retry_not_a_dead_controller() 
         2,
         "it ran again after the panic"
     );
-    assert_eq!(running.stats.reconciles_failed.load(Ordering::Relaxed), 1);
+    assert_eq!(running.stats.reconciles_failed(), 1);
     assert_eq!(
         running.stats.last_error().as_deref(),
         Some("the reconciler panicked")
@@ -264,7 +267,7 @@ struct FlakyInitializer {
 }
 
 #[async_trait]
-impl Initializer for FlakyInitializer {
+impl Initializer<InProcess> for FlakyInitializer {
     async fn initialize(&self, _runtime: &Runtime) -> Result<(), ReconcileError> {
         if self.attempts.fetch_add(1, Ordering::SeqCst) < 2 {
             Err(ReconcileError("not yet".into()))
@@ -347,7 +350,7 @@ fn mappers_find_owners_and_same_named_resources() {
 async fn an_identical_status_is_not_written_again() {
     let runtime = runtime().await;
     let stored = runtime.write(artist("miles")).await.expect("write");
-    let status = proto::resource::v1::Status {
+    let status = Status {
         observed_generation: stored.generation.clone(),
         conditions: vec![],
         updated_at: None,
@@ -383,7 +386,7 @@ struct CacheProbe {
 }
 
 #[async_trait]
-impl Reconciler for CacheProbe {
+impl Reconciler<InProcess> for CacheProbe {
     async fn reconcile(
         &self,
         runtime: &Runtime,
@@ -442,24 +445,27 @@ async fn the_cache_is_primed_before_the_first_reconcile_and_follows_changes() {
     running.stop().await;
 }
 
+/// The runtime waits quietly for a server that cannot serve yet and warns of anything else:
+/// what it is told is the service's error, typed.
 #[test]
-fn a_node_that_cannot_serve_a_watch_yet_is_a_wait_not_a_failure() {
-    let catching_up = Stopped::watch_refused(
-        &artist_type(),
-        &service::Error::Unavailable(
-            "this node is catching up after an unclean stop: applied 3 of 9".into(),
-        ),
-    );
-    assert!(catching_up.waiting);
+fn a_node_that_cannot_serve_yet_is_a_wait_and_a_refusal_is_a_failure() {
+    let catching_up = api_error(service::Error::Unavailable(
+        "this node is catching up after an unclean stop: applied 3 of 9".into(),
+    ));
     assert!(
-        catching_up.reason.contains("catching up"),
-        "{}",
-        catching_up.reason
+        matches!(&catching_up, ApiError::Unavailable(message) if message.contains("catching up")),
+        "{catching_up:?}"
     );
-    let refused = Stopped::watch_refused(
-        &artist_type(),
-        &service::Error::PermissionDenied("no".into()),
-    );
-    assert!(!refused.waiting);
-    assert!(!Stopped::from("the watch ended").waiting);
+    assert!(matches!(
+        api_error(service::Error::PermissionDenied("no".into())),
+        ApiError::Failed(_)
+    ));
+    assert!(matches!(
+        api_error(service::Error::CasFailed("stale".into())),
+        ApiError::Conflict(_)
+    ));
+    assert!(matches!(
+        api_error(service::Error::OutOfRange("history moved on".into())),
+        ApiError::Relist(_)
+    ));
 }

@@ -1,7 +1,6 @@
 //! Manager tests: placement by leadership, registration rules, watch cycles.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::controller::{
-    Action, Controller, Placement, ReconcileError, Reconciler, Request, Runtime, map_owner,
+    Action, Controller, InProcess, Placement, ReconcileError, Reconciler, Request, Runtime,
+    map_owner,
 };
 use crate::registry::Registry;
 use crate::service::ResourceService;
@@ -19,7 +19,7 @@ use crate::storage::inmem::InMemBackend;
 struct Idle;
 
 #[async_trait]
-impl Reconciler for Idle {
+impl Reconciler<InProcess> for Idle {
     async fn reconcile(
         &self,
         _runtime: &Runtime,
@@ -33,16 +33,16 @@ async fn runtime() -> Runtime {
     let registry = Arc::new(Registry::builtin().expect("registry"));
     let service = ResourceService::new(Arc::new(InMemBackend::new()), registry);
     service.ensure_default_tenancy().await.expect("tenancy");
-    Runtime::new(Arc::new(service))
+    Runtime::new(InProcess::privileged(Arc::new(service)))
 }
 
 fn kind(kind: &str) -> proto::resource::v1::Type {
     resource::new_type("demo", "v2", kind)
 }
 
-async fn running(stats: &ControllerStats, expected: bool) {
+async fn running(stats: &Stats, expected: bool) {
     for _ in 0..500 {
-        if stats.running.load(Ordering::Relaxed) == expected {
+        if stats.running() == expected {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -52,7 +52,7 @@ async fn running(stats: &ControllerStats, expected: bool) {
 
 #[tokio::test]
 async fn singletons_run_only_while_leading_and_each_server_controllers_always() {
-    let mut manager = Manager::new(runtime().await);
+    let mut manager = Manager::new(runtime().await.api().service.clone());
     manager
         .register(Controller::new("single", kind("Artist")).with_reconciler(Idle))
         .expect("register");
@@ -60,7 +60,7 @@ async fn singletons_run_only_while_leading_and_each_server_controllers_always() 
         .register(
             Controller::new("everywhere", kind("Album"))
                 .with_reconciler(Idle)
-                .with_placement(Placement::EachServer),
+                .with_placement(Placement::EachReplica),
         )
         .expect("register");
     let single = manager.controllers()["single"].stats.clone();
@@ -70,30 +70,24 @@ async fn singletons_run_only_while_leading_and_each_server_controllers_always() 
     let task = tokio::spawn(manager.run(leadership, shutdown.clone()));
 
     running(&everywhere, true).await;
-    assert!(
-        !single.running.load(Ordering::Relaxed),
-        "not leading: no singleton"
-    );
+    assert!(!single.running(), "not leading: no singleton");
     leader.send(true).expect("send");
     running(&single, true).await;
     leader.send(false).expect("send");
     running(&single, false).await;
-    assert!(
-        everywhere.running.load(Ordering::Relaxed),
-        "EachServer keeps running"
-    );
+    assert!(everywhere.running(), "EachServer keeps running");
     leader.send(true).expect("send");
     running(&single, true).await;
 
     shutdown.cancel();
     task.await.expect("the manager stops");
-    assert!(!single.running.load(Ordering::Relaxed));
-    assert!(!everywhere.running.load(Ordering::Relaxed));
+    assert!(!single.running());
+    assert!(!everywhere.running());
 }
 
 #[tokio::test]
 async fn registration_rejects_bad_definitions_duplicate_names_and_shared_managed_types() {
-    let mut manager = Manager::new(runtime().await);
+    let mut manager = Manager::new(runtime().await.api().service.clone());
     assert!(matches!(
         manager.register(Controller::new("no-reconciler", kind("Artist"))),
         Err(ManagerError::Definition(_))
@@ -115,7 +109,7 @@ async fn registration_rejects_bad_definitions_duplicate_names_and_shared_managed
 
 #[tokio::test]
 async fn two_controllers_watching_each_other_are_reported() {
-    let mut manager = Manager::new(runtime().await);
+    let mut manager = Manager::new(runtime().await.api().service.clone());
     manager
         .register(
             Controller::new("artists", kind("Artist"))

@@ -1,0 +1,58 @@
+//! [`Api`]: the small client a controller acts through, with two implementations — the
+//! server's resource service in process (the built-in controllers, `server::controller`) and
+//! a cluster client over gRPC ([`crate::grpc`]: a program of its own).
+
+use futures::stream::BoxStream;
+use proto::resource::v1::{Id, Resource, Status, Tenancy, Type, WatchEvent, WatchListRequest};
+
+/// Why a call failed, as much as a controller decides on (typed, never read from the message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    NotFound(String),
+    /// A compare-and-swap lost, or a create met a resource created first: someone else's
+    /// write won; read again.
+    #[error("{0}")]
+    Conflict(String),
+    /// The server cannot serve this yet (no leader, catching up, unreachable): a wait, not a
+    /// failure.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A watch cannot go on from where it was (the history moved on, a restore): list again.
+    #[error("{0}")]
+    Relist(String),
+    /// Anything else: a bad request, a token without the permission, a server error.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The events of a watch: a snapshot of every match, `EndOfSnapshot`, then changes. An error
+/// ends it.
+pub type EventStream = BoxStream<'static, Result<WatchEvent, ApiError>>;
+
+/// What a controller reads, writes and watches through. Writes without a version are
+/// unconditional; with one, compare-and-swap (DESIGN §3).
+#[async_trait::async_trait]
+pub trait Api: Clone + Send + Sync + 'static {
+    /// The stored resource (any version of its type), or `None`.
+    async fn read(&self, id: &Id) -> Result<Option<Resource>, ApiError>;
+    async fn write(&self, resource: Resource) -> Result<Resource, ApiError>;
+    /// Deletes at `version` (empty: whatever is stored).
+    async fn delete(&self, id: &Id, version: &str) -> Result<(), ApiError>;
+    async fn list(
+        &self,
+        resource_type: &Type,
+        tenancy: &Tenancy,
+    ) -> Result<Vec<Resource>, ApiError>;
+    async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ApiError>;
+    /// Writes the status under `key` (`version` empty: over whatever is stored).
+    async fn write_status(
+        &self,
+        id: &Id,
+        version: &str,
+        key: &str,
+        status: Status,
+    ) -> Result<Resource, ApiError>;
+    /// Opens a watch. Implementations may open lazily and report a refusal on the stream.
+    async fn watch(&self, request: WatchListRequest) -> Result<EventStream, ApiError>;
+}

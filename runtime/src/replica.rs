@@ -1,0 +1,124 @@
+//! One replica of a controller in a program of its own (DESIGN §16): the controller of
+//! [`crate::controller`] run over an [`Api`] (a cluster client), with — for a singleton — the
+//! election of [`crate::election`] gating its reconciles, and the report of [`crate::report`]
+//! that shows it in `ListControllers`, `resctl controllers`, the dashboard and the blame of the
+//! finalizers it declares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::api::Api;
+use crate::controller::{Controller, DefinitionError, Gate, Placement, Stats};
+use crate::election::{Config, ConfigError, Elector};
+use crate::report::Identity;
+
+/// Who this replica is, where its Lease and report live, and its timings.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// This replica, as a Lease's holder names it.
+    pub identity: String,
+    pub host: String,
+    /// Where its Lease and report live.
+    pub partition: String,
+    pub namespace: String,
+    pub report_every: Duration,
+    /// The lease timings (client-go's defaults unless set).
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// A replica that cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaError {
+    #[error(transparent)]
+    Definition(#[from] DefinitionError),
+    #[error(transparent)]
+    Election(#[from] ConfigError),
+}
+
+impl Replica {
+    /// Replica `identity`, its Lease and report in `default/default`, client-go's timings.
+    pub fn new(identity: impl Into<String>) -> Replica {
+        Replica {
+            identity: identity.into(),
+            host: std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into()),
+            partition: "default".into(),
+            namespace: "default".into(),
+            report_every: Duration::from_secs(5),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Shorter (or longer) leases: renewed within two thirds of `duration`, tried every sixth,
+    /// reported as often as tried.
+    pub fn with_lease_duration(mut self, duration: Duration) -> Replica {
+        self.lease_duration = duration;
+        self.renew_deadline = duration * 2 / 3;
+        self.retry_period = duration / 6;
+        self.report_every = self.retry_period;
+        self
+    }
+
+    /// Runs `controller` on `api` until `shutdown`: the election (a singleton), the report,
+    /// the watches and the reconciles. Bad definitions and timings are refused before anything
+    /// starts. A singleton hands its lease back, and every replica removes its report, on the
+    /// way out.
+    pub async fn run<A: Api>(
+        self,
+        controller: Controller<A>,
+        api: A,
+        shutdown: CancellationToken,
+    ) -> Result<(), ReplicaError> {
+        controller.validate()?;
+        // The lease is handed back, and the report removed, only once no reconcile runs any
+        // more: a reconcile still writing must not overlap the next holder.
+        let stopped = CancellationToken::new();
+        let (gate, election) = match controller.placement {
+            Placement::EachReplica => (None, None),
+            Placement::Singleton => {
+                let mut config = Config::new(&self.namespace, &controller.name, &self.identity);
+                config.partition = self.partition.clone();
+                config.duration = self.lease_duration;
+                config.renew_deadline = self.renew_deadline;
+                config.retry_period = self.retry_period;
+                let elector = Elector::new(config, api.clone())?;
+                let gate = Gate {
+                    leadership: elector.leadership(),
+                    recheck: self.retry_period,
+                };
+                (Some(gate), Some(tokio::spawn(elector.run(stopped.clone()))))
+            }
+        };
+        let stats = Arc::new(Stats::default());
+        let reporting = tokio::spawn(crate::report::run(
+            api.clone(),
+            Identity {
+                controller: controller.name.clone(),
+                identity: self.identity.clone(),
+                host: self.host.clone(),
+                partition: self.partition.clone(),
+                namespace: self.namespace.clone(),
+                lease: gate.is_some().then(|| controller.name.clone()),
+                managed_type: controller.managed_type.clone(),
+                watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
+                finalizers: controller.finalizers.clone(),
+                every: self.report_every,
+            },
+            stats.clone(),
+            gate.as_ref().map(|gate| gate.leadership.clone()),
+            stopped.clone(),
+        ));
+        crate::controller::run(Arc::new(controller), api, stats, gate, shutdown).await;
+        stopped.cancel();
+        if let Some(election) = election {
+            let _ = election.await;
+        }
+        let _ = reporting.await;
+        Ok(())
+    }
+}
