@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use proto::client::{Client, ClientConfig, ClientTls};
-use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, finalizers};
+use proto::meta::{add_finalizer, has_finalizer, is_marked_for_deletion, remove_finalizer};
 use proto::resource::v1::{Condition, Id, Resource, State, Status, Type};
 use runtime::controller::{
     Action, Context, Controller, Placement, ReconcileError, Reconciler, Request,
@@ -68,13 +68,13 @@ impl Reconciler<Client> for Invoices {
             return Ok(Action::AwaitChange);
         };
         let id = invoice.id.clone().unwrap_or_default();
-        let held = finalizers(&invoice).contains(FINALIZER);
-        if invoice.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
+        let held = has_finalizer(&invoice, FINALIZER);
+        if is_marked_for_deletion(&invoice) {
             if held && context.leads() {
                 // Nothing to clean up outside the cluster here; the receipt is owned by the
                 // invoice and goes with it. Release, compare-and-swap on what was read.
                 let mut released = invoice.clone();
-                set_finalizer(&mut released, false);
+                remove_finalizer(&mut released, FINALIZER);
                 context.write(released).await?;
             }
             return Ok(Action::AwaitChange);
@@ -86,7 +86,7 @@ impl Reconciler<Client> for Invoices {
         }
         if !held {
             let mut holding = invoice.clone();
-            set_finalizer(&mut holding, true);
+            add_finalizer(&mut holding, FINALIZER);
             context.write(holding).await?;
             // The write comes back as an event: the rest happens on the next reconcile.
             return Ok(Action::AwaitChange);
@@ -141,27 +141,6 @@ impl Reconciler<Client> for Invoices {
                 .await?;
         }
         Ok(Action::AwaitChange)
-    }
-}
-
-/// Adds or removes this controller's finalizer in the invoice's metadata.
-fn set_finalizer(resource: &mut Resource, hold: bool) {
-    let mut set: std::collections::BTreeSet<String> = finalizers(resource)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    if hold {
-        set.insert(FINALIZER.to_owned());
-    } else {
-        set.remove(FINALIZER);
-    }
-    if set.is_empty() {
-        resource.metadata.remove(FINALIZERS_KEY);
-    } else {
-        let joined: Vec<String> = set.into_iter().collect();
-        resource
-            .metadata
-            .insert(FINALIZERS_KEY.to_owned(), joined.join(" "));
     }
 }
 

@@ -460,10 +460,11 @@ impl<A: Api> Context<A> {
         key: &str,
         status: Status,
     ) -> Result<bool, ReconcileError> {
-        if resource.status.get(key).is_some_and(|stored| {
-            stored.observed_generation == status.observed_generation
-                && stored.conditions == status.conditions
-        }) {
+        if resource
+            .status
+            .get(key)
+            .is_some_and(|stored| proto::meta::equal_status(stored, &status))
+        {
             return Ok(false);
         }
         let id = resource.id.clone().unwrap_or_default();

@@ -4,10 +4,9 @@
 //! The wire types generated in `proto` are the domain values, as in Consul's `pbresource`; this
 //! module holds the rules that apply to them.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
-use proto::resource::v1::{Id, Resource, Status, Tenancy, Type};
+use proto::resource::v1::{Id, Tenancy, Type};
 
 #[cfg(test)]
 mod tests;
@@ -21,7 +20,10 @@ pub const WILDCARD: &str = "*";
 pub const DEFAULT_PARTITION: &str = "default";
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-pub use proto::meta::{DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, finalizers, is_marked_for_deletion};
+pub use proto::meta::{
+    DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, add_finalizer, equal_status, finalizers, has_finalizer,
+    has_finalizers, is_marked_for_deletion, remove_finalizer, set_finalizers,
+};
 
 /// Builds a [`Type`] from its three parts.
 pub fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
@@ -207,49 +209,6 @@ pub fn owner_matches(pattern: &Id, owner: &Id) -> bool {
 pub fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
     let field = |want: &str, have: &str| want == WILDCARD || want == have;
     field(&pattern.partition, &tenancy.partition) && field(&pattern.namespace, &tenancy.namespace)
-}
-
-pub fn has_finalizers(resource: &Resource) -> bool {
-    !finalizers(resource).is_empty()
-}
-
-pub fn has_finalizer(resource: &Resource, finalizer: &str) -> bool {
-    finalizers(resource).contains(finalizer)
-}
-
-/// Stores a finalizer set; an empty set removes the key.
-pub fn set_finalizers<'a>(resource: &mut Resource, set: impl IntoIterator<Item = &'a str>) {
-    let set: BTreeSet<&str> = set.into_iter().collect();
-    if set.is_empty() {
-        resource.metadata.remove(FINALIZERS_KEY);
-    } else {
-        let value = set.into_iter().collect::<Vec<_>>().join(" ");
-        resource.metadata.insert(FINALIZERS_KEY.to_owned(), value);
-    }
-}
-
-pub fn add_finalizer(resource: &mut Resource, finalizer: &str) {
-    let mut set: BTreeSet<String> = finalizers(resource)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    set.insert(finalizer.to_owned());
-    set_finalizers(resource, set.iter().map(String::as_str));
-}
-
-pub fn remove_finalizer(resource: &mut Resource, finalizer: &str) {
-    let set: BTreeSet<String> = finalizers(resource)
-        .into_iter()
-        .filter(|f| *f != finalizer)
-        .map(str::to_owned)
-        .collect();
-    set_finalizers(resource, set.iter().map(String::as_str));
-}
-
-/// Compares two statuses ignoring `updated_at`: the dirty check controllers use to skip writes
-/// that would change nothing.
-pub fn equal_status(a: &Status, b: &Status) -> bool {
-    a.observed_generation == b.observed_generation && a.conditions == b.conditions
 }
 
 /// Formats a time as RFC 3339 (UTC, nanoseconds), the form of `deletionTimestamp`.

@@ -21,17 +21,27 @@ impl Replica {
 
     /// A replica with more settings in its environment (a token, certificates, placement).
     fn start_with(identity: &str, servers: &str, env: &[(&str, String)]) -> Replica {
+        Replica::spawn(identity, servers, env, Stdio::null())
+    }
+
+    fn spawn(identity: &str, servers: &str, env: &[(&str, String)], stderr: Stdio) -> Replica {
         let child = Command::new(tests::binary("examples/invoice_controller"))
             .arg(identity)
             .env("RESD_SERVER", servers)
             .env("LEASE_SECONDS", "3")
             .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
             .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("the example starts");
         Replica(child)
+    }
+
+    /// Whether it still runs.
+    fn running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
     }
 }
 
@@ -488,4 +498,53 @@ async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
         "forgotten too early ({:?})",
         killed.elapsed()
     );
+}
+
+/// A program given a token the cluster does not know, or an address where nothing listens,
+/// says so once (not once per retry) and keeps trying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_a_bad_token_or_address_says_so_once_and_keeps_trying() {
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let tls = cluster.tls.clone().expect("TLS");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let bad_token_log = scratch.path().join("bad-token.log");
+    let nowhere_log = scratch.path().join("nowhere.log");
+    let tls_env = |token: &str| {
+        vec![
+            ("RESD_TOKEN", token.to_owned()),
+            ("RESD_CA_CERT", tls.ca().display().to_string()),
+            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
+            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
+        ]
+    };
+    let mut bad_token = Replica::spawn(
+        "replica-1",
+        &server,
+        &tls_env(&"0".repeat(64)),
+        std::fs::File::create(&bad_token_log).expect("log").into(),
+    );
+    // Nothing listens on port 1.
+    let mut nowhere = Replica::spawn(
+        "replica-2",
+        "127.0.0.1:1",
+        &tls_env(&"0".repeat(64)),
+        std::fs::File::create(&nowhere_log).expect("log").into(),
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(bad_token.running(), "a refused replica keeps trying");
+    assert!(nowhere.running(), "a replica without a server keeps trying");
+    drop((bad_token, nowhere));
+
+    let said = std::fs::read_to_string(&bad_token_log).expect("log");
+    let refusals = said.lines().filter(|l| l.contains("starting over")).count();
+    assert_eq!(refusals, 1, "the refusal is said once:\n{said}");
+    assert!(said.contains("unauthenticated"), "it says why:\n{said}");
+    let said = std::fs::read_to_string(&nowhere_log).expect("log");
+    let broken = said
+        .lines()
+        .filter(|l| l.contains("the watch broke"))
+        .count();
+    assert_eq!(broken, 1, "the outage is said once:\n{said}");
+    assert!(said.contains("127.0.0.1:1"), "it names the server:\n{said}");
 }

@@ -1,6 +1,7 @@
 //! Tests of the pure resource rules.
 
 use super::*;
+use proto::resource::v1::{Resource, Status};
 
 fn check_name_result(name: &str, expected_problem: Option<&str>) {
     match (check_name(name, MAX_NAME_LEN), expected_problem) {
