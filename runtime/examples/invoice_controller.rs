@@ -169,7 +169,7 @@ async fn main() -> Result<(), String> {
     let client = Client::new(config).map_err(|error| error.to_string())?;
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    tokio::spawn(async move {
+    let signals = tokio::spawn(async move {
         // ctrl-c or SIGTERM (a supervisor's stop): hand the lease back and remove the report.
         let terminate = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -189,8 +189,9 @@ async fn main() -> Result<(), String> {
         .with_reconciler(Invoices)
         .with_finalizer(FINALIZER);
     if env("PLACEMENT").as_deref() == Some("each-replica") {
-        // Every replica reconciles (its writes are compare-and-swap: concurrent replicas
-        // retry rather than overwrite).
+        // Every replica reconciles: the finalizer writes are compare-and-swap on the invoice
+        // read (a replica that lost the race retries), and the receipt and the status are the
+        // same whichever replica writes them.
         controller = controller.with_placement(Placement::EachReplica);
     }
     let mut replica = Replica::new(&identity);
@@ -199,8 +200,7 @@ async fn main() -> Result<(), String> {
         replica = replica.with_lease_duration(Duration::from_secs(seconds.max(3)));
     }
     tracing::info!(%identity, "invoice controller running (ctrl-c or SIGTERM stops it and hands the lease back)");
-    replica
-        .run(controller, client, shutdown)
-        .await
-        .map_err(|error| error.to_string())
+    let ran = replica.run(controller, client, shutdown).await;
+    signals.abort();
+    ran.map_err(|error| error.to_string())
 }

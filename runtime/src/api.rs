@@ -32,6 +32,17 @@ pub type EventStream = BoxStream<'static, Result<WatchEvent, ApiError>>;
 
 /// What a controller reads, writes and watches through. Writes without a version are
 /// unconditional; with one, compare-and-swap (DESIGN §3).
+///
+/// # Errors
+///
+/// Every call answers an [`ApiError`] by what the caller should do: `Conflict` (re-read and
+/// try again: a lost compare-and-swap, a create that met a resource created first, a uid that
+/// is not the stored one), `Unavailable` (wait: no leader, a node catching up, a server out of
+/// reach), `NotFound`, `Relist` (a watch only) and `Failed` (anything else; retried with
+/// backoff, said). Both implementations — the server's `InProcess` and
+/// `proto::client::Client` — map their errors in one function each, and the runner's tests
+/// (over a fake), the server's controller tests (in process) and the example's tests (over
+/// gRPC) exercise them.
 #[async_trait::async_trait]
 pub trait Api: Clone + Send + Sync + 'static {
     /// The stored resource (any version of its type), or `None`.

@@ -131,18 +131,23 @@ pub enum ConfigError {
     NoIdentity,
 }
 
-/// Any [`Api`] keeps leases: a lost compare-and-swap or a create that met a lease created
-/// first is [`StoreError::Conflict`].
+/// Leases and reports kept through an [`Api`].
+#[derive(Debug, Clone)]
+pub struct ApiStore<A>(pub A);
+
+/// A lost compare-and-swap or a create that met a lease created first is
+/// [`StoreError::Conflict`].
 #[async_trait::async_trait]
-impl<A: Api> LeaseStore for A {
+impl<A: Api> LeaseStore for ApiStore<A> {
     async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
-        Api::read(self, id)
+        self.0
+            .read(id)
             .await
             .map_err(|error| StoreError::Failed(error.to_string()))
     }
 
     async fn write(&self, lease: Resource) -> Result<Resource, StoreError> {
-        match Api::write(self, lease).await {
+        match self.0.write(lease).await {
             Ok(written) => Ok(written),
             Err(ApiError::Conflict(_)) => Err(StoreError::Conflict),
             Err(error) => Err(StoreError::Failed(error.to_string())),

@@ -14,6 +14,10 @@ impl From<ClientError> for ApiError {
         let message = error.to_string();
         match error {
             ClientError::NotFound(_) => ApiError::NotFound(message),
+            ClientError::Other {
+                code: tonic::Code::AlreadyExists,
+                ..
+            } => ApiError::Conflict(message),
             // A lost compare-and-swap, or a create refused by its uid (created first by
             // someone else).
             ClientError::Conflict(_) | ClientError::FailedPrecondition(_) => {
@@ -76,7 +80,7 @@ impl Api for Client {
         let gvk = request
             .r#type
             .as_ref()
-            .map(|t| format!("{}.{}.{}", t.group, t.group_version, t.kind))
+            .map(crate::controller::gvk)
             .unwrap_or_default();
         let watcher = self.watcher(request);
         let stream = futures::stream::unfold(

@@ -18,6 +18,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// The longest a key waits (a reconciler's `Requeue(Duration::MAX)` must not overflow the
+/// clock).
+const LONGEST_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Exponential backoff bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -114,11 +118,13 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.changed.notify_one();
     }
 
-    /// Queues `key` to run after `delay`, unless it is already due sooner.
+    /// Queues `key` to run after `delay` (at most a year: a longer one, `Duration::MAX`
+    /// included, is a year), unless it is already due sooner.
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             return self.add(key);
         }
+        let delay = delay.min(LONGEST_DELAY);
         let deadline = Instant::now() + delay;
         let mut state = self.lock();
         if state.shut_down || state.ready.contains(&key) {

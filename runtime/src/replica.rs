@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::Api;
 use crate::controller::{Controller, DefinitionError, Gate, Placement, Stats};
-use crate::election::{Config, ConfigError, Elector};
+use crate::election::{ApiStore, Config, ConfigError, Elector};
 use crate::report::Identity;
 
 /// Who this replica is, where its Lease and report live, and its timings.
@@ -86,7 +86,7 @@ impl Replica {
                 config.duration = self.lease_duration;
                 config.renew_deadline = self.renew_deadline;
                 config.retry_period = self.retry_period;
-                let elector = Elector::new(config, api.clone())?;
+                let elector = Elector::new(config, ApiStore(api.clone()))?;
                 let gate = Gate {
                     leadership: elector.leadership(),
                     recheck: self.retry_period,
@@ -96,7 +96,7 @@ impl Replica {
         };
         let stats = Arc::new(Stats::default());
         let reporting = tokio::spawn(crate::report::run(
-            api.clone(),
+            ApiStore(api.clone()),
             Identity {
                 controller: controller.name.clone(),
                 identity: self.identity.clone(),

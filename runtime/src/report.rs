@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::Api;
 use crate::controller::Stats;
-use crate::election::{Leadership, StoreError};
+use crate::election::{ApiStore, Leadership, StoreError};
 
 /// How a replica writes and removes its report.
 #[async_trait::async_trait]
@@ -22,17 +22,18 @@ pub trait ReportStore: Send + Sync {
     async fn delete_report(&self, id: &Id) -> Result<(), StoreError>;
 }
 
-/// Any [`Api`] keeps reports.
 #[async_trait::async_trait]
-impl<A: Api> ReportStore for A {
+impl<A: Api> ReportStore for ApiStore<A> {
     async fn write_report(&self, report: Resource) -> Result<Resource, StoreError> {
-        Api::write(self, report)
+        self.0
+            .write(report)
             .await
             .map_err(|error| StoreError::Failed(error.to_string()))
     }
 
     async fn delete_report(&self, id: &Id) -> Result<(), StoreError> {
-        Api::delete(self, id, "")
+        self.0
+            .delete(id, "")
             .await
             .map_err(|error| StoreError::Failed(error.to_string()))
     }

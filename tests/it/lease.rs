@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use runtime::election::{Config, Elector};
+use runtime::election::{ApiStore, Config, Elector};
 use tokio_util::sync::CancellationToken;
 
 fn config(identity: &str) -> Config {
@@ -18,8 +18,8 @@ fn config(identity: &str) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() {
     let cluster = tests::Cluster::start(3).await;
-    let a = Elector::new(config("replica-a"), cluster.client(0)).expect("a");
-    let b = Elector::new(config("replica-b"), cluster.client(2)).expect("b");
+    let a = Elector::new(config("replica-a"), ApiStore(cluster.client(0))).expect("a");
+    let b = Elector::new(config("replica-b"), ApiStore(cluster.client(2))).expect("b");
     let (lead_a, lead_b) = (a.leadership(), b.leadership());
     let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
     let (stop_a_for_release, stop_b_for_release) = (stop_a.clone(), stop_b.clone());
@@ -68,7 +68,7 @@ async fn two_replicas_elect_one_holder_and_the_other_takes_over_when_it_stops() 
 
     // The new holder stops cleanly and hands the lease back: a third replica takes it at once.
     other_stop.cancel();
-    let c = Elector::new(config("replica-c"), cluster.client(1)).expect("c");
+    let c = Elector::new(config("replica-c"), ApiStore(cluster.client(1))).expect("c");
     let lead_c = c.leadership();
     let stop_c = CancellationToken::new();
     let handed_back = Instant::now();
@@ -94,7 +94,7 @@ async fn a_replica_outside_the_server_is_listed_and_blamed_by_its_finalizer() {
     use runtime::report::Identity;
     let cluster = tests::Cluster::start(1).await;
     let client = cluster.client(0);
-    let elector = Elector::new(config("replica-a"), client.clone()).expect("a");
+    let elector = Elector::new(config("replica-a"), ApiStore(client.clone())).expect("a");
     let leadership = elector.leadership();
     let stop = CancellationToken::new();
     let electing = tokio::spawn(elector.run(stop.clone()));
@@ -118,7 +118,7 @@ async fn a_replica_outside_the_server_is_listed_and_blamed_by_its_finalizer() {
         every: Duration::from_millis(500),
     };
     let reporting = tokio::spawn(runtime::report::run(
-        client.clone(),
+        ApiStore(client.clone()),
         identity,
         stats,
         Some(leadership),

@@ -2,13 +2,19 @@
 //! that are refused or cannot be served yet, watches that end.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::AtomicUsize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use proto::resource::v1::WatchEvent;
+use futures::StreamExt;
 use proto::resource::v1::watch_event::{Delete, EndOfSnapshot, Event, Upsert};
+use proto::resource::v1::{Status, Tenancy, WatchEvent, WatchListRequest};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
+use super::runner::Stopped;
 use super::*;
+use crate::api::EventStream;
+use crate::election::Leadership;
 
 type Sender = mpsc::UnboundedSender<Result<WatchEvent, ApiError>>;
 
@@ -47,6 +53,20 @@ impl Fake {
                 let _ = sender.send(Ok(event(Event::EndOfSnapshot(EndOfSnapshot {}))));
             }
         }
+    }
+
+    /// Ends the watches of `kind` with `error` (a refusal on the stream, a failover that
+    /// cannot resume).
+    fn fail_watches_of(&self, kind: &str, error: ApiError) {
+        let mut state = self.state();
+        state.watchers.retain(|(watched, sender)| {
+            if watched == kind {
+                let _ = sender.send(Err(error.clone()));
+                false
+            } else {
+                true
+            }
+        });
     }
 
     fn opened(&self, kind: &str) -> usize {
@@ -403,9 +423,12 @@ async fn a_refused_watch_is_retried_with_backoff_until_it_opens() {
     api.state().refuse = None;
     assert_eq!(next(&mut calls).await.0, "miles");
     running.stop().await;
-    let artist = new_type("Artist");
-    assert!(!Stopped::watch_refused(&artist, &ApiError::Failed("no".into())).waiting);
-    assert!(Stopped::watch_refused(&artist, &ApiError::Unavailable("no".into())).waiting);
+    let refused = |error| Stopped::WatchRefused {
+        watched: new_type("Artist"),
+        error,
+    };
+    assert!(!refused(ApiError::Failed("no".into())).is_wait());
+    assert!(refused(ApiError::Unavailable("no".into())).is_wait());
 }
 
 /// A watch that ends starts the controller over: fresh watches, a fresh cache, everything
@@ -428,5 +451,40 @@ async fn a_watch_that_ends_starts_the_controller_over() {
         "reconciled again after the start over"
     );
     assert_eq!(api.opened("Artist"), 2);
+    running.stop().await;
+}
+
+/// A watch refused on its stream while another is still priming ends the life (and is said),
+/// rather than leaving the controller waiting forever for a snapshot that never ends.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_fails_while_another_primes_starts_the_controller_over() {
+    let api = Fake::default();
+    api.write(resource("Artist", "miles", None))
+        .await
+        .expect("artist");
+    api.hold_snapshots_of("Album");
+    let (probe, mut calls) = probe();
+    let controller = Controller::new("artists", new_type("Artist"))
+        .with_reconciler(probe)
+        .with_watch(new_type("Album"), map_owner())
+        .with_backoff(Duration::from_millis(100), Duration::from_secs(5));
+    let running = start(controller, &api, None);
+    for _ in 0..100 {
+        if api.opened("Album") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    api.fail_watches_of(
+        "Album",
+        ApiError::Failed("permission denied: no list on demo.v2.Album".into()),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        api.opened("Album") >= 2,
+        "the controller started over and opened its watches again"
+    );
+    api.release_snapshots_of("Album");
+    assert_eq!(next(&mut calls).await.0, "miles");
     running.stop().await;
 }

@@ -215,3 +215,15 @@ fn backoff_delays_never_overflow() {
     assert_eq!(backoff.delay(200), Duration::from_secs(30));
     assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(30));
 }
+
+/// A reconciler may ask for `Requeue(Duration::MAX)`: the key waits (a year), and nothing
+/// overflows the clock.
+#[tokio::test(start_paused = true)]
+async fn a_delay_past_the_end_of_time_waits_a_year_without_overflowing() {
+    let queue = queue();
+    queue.add_after("forever", Duration::MAX);
+    assert_eq!(queue.len(), 1);
+    assert_eq!(next_within(&queue, Duration::from_secs(3600)).await, None);
+    queue.add("soon");
+    assert_eq!(queue.next().await, Some("soon"));
+}
