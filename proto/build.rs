@@ -16,6 +16,8 @@ const FILES: &[&str] = &[
     "resd/demo/v1/demo.proto",
     "resd/demo/v2/demo.proto",
     "resd/raft/v1/raft.proto",
+    "google/rpc/status.proto",
+    "google/rpc/error_details.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

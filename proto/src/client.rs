@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
+
+use crate::reason::Reason;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -174,21 +176,36 @@ pub enum ClientError {
     /// The connection's TLS failed (or the server wants TLS and got plaintext).
     #[error("TLS with server {server}: {message}")]
     Tls { server: String, message: String },
-    #[error("{0}")]
-    InvalidArgument(String),
+    /// The request is wrong; `reason` says how when the server said (a tenancy that does not
+    /// exist yet…).
+    #[error("{message}")]
+    InvalidArgument {
+        reason: Option<Reason>,
+        message: String,
+    },
     #[error("{0}")]
     NotFound(String),
     /// A compare-and-swap lost: the resource changed since it was read.
     #[error("{0}")]
     Conflict(String),
-    #[error("{0}")]
-    FailedPrecondition(String),
+    /// The system is not in the state the call needs; `reason` says which (a node removed
+    /// from the cluster, a Type being deleted, a uid that is not the stored one…).
+    #[error("{message}")]
+    FailedPrecondition {
+        reason: Option<Reason>,
+        message: String,
+    },
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     #[error("unauthenticated: {0} (pass a token with --token or RESD_TOKEN)")]
     Unauthenticated(String),
-    #[error("cluster unavailable: {0}{hint}", hint = quorum_hint(.0))]
-    Unavailable(String),
+    /// The server cannot serve this now; `reason` says why (no quorum, catching up, shutting
+    /// down, a membership change that gave up…). `None`: the server said no reason.
+    #[error("cluster unavailable: {message}{hint}", hint = quorum_hint(*reason))]
+    Unavailable {
+        reason: Option<Reason>,
+        message: String,
+    },
     #[error("{0}")]
     OutOfRange(String),
     #[error("deadline exceeded: {0}")]
@@ -201,6 +218,7 @@ impl ClientError {
     /// The one decode of a wire status (the server's counterpart is `service::error`).
     pub fn from_status(server: &str, status: &tonic::Status) -> ClientError {
         let message = status.message().to_owned();
+        let reason = crate::reason::of(status).map(|details| details.reason);
         if let Some(problem) = tls_problem(status) {
             return ClientError::Tls {
                 server: server.to_owned(),
@@ -214,11 +232,11 @@ impl ClientError {
                 server: server.to_owned(),
                 message: transport_message(status),
             },
-            Code::Unavailable => ClientError::Unavailable(message),
-            Code::InvalidArgument => ClientError::InvalidArgument(message),
+            Code::Unavailable => ClientError::Unavailable { reason, message },
+            Code::InvalidArgument => ClientError::InvalidArgument { reason, message },
             Code::NotFound => ClientError::NotFound(message),
             Code::Aborted => ClientError::Conflict(message),
-            Code::FailedPrecondition => ClientError::FailedPrecondition(message),
+            Code::FailedPrecondition => ClientError::FailedPrecondition { reason, message },
             Code::PermissionDenied => ClientError::PermissionDenied(message),
             Code::Unauthenticated => ClientError::Unauthenticated(message),
             Code::OutOfRange => ClientError::OutOfRange(message),
@@ -231,41 +249,48 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ClientError::Unavailable(_) | ClientError::Unreachable { .. }
+            ClientError::Unavailable { .. } | ClientError::Unreachable { .. }
         )
+    }
+
+    /// Why the server refused, as it said (`None` for errors of the client or the transport,
+    /// and for a server that said no reason).
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            ClientError::Unavailable { reason, .. }
+            | ClientError::FailedPrecondition { reason, .. }
+            | ClientError::InvalidArgument { reason, .. } => *reason,
+            _ => None,
+        }
     }
 }
 
-/// The hint an unavailable cluster gets when the server's message is about leaders or quorums.
-fn quorum_hint(message: &str) -> &'static str {
-    if message.contains("leader") || message.contains("quorum") {
+/// The hint an unavailable cluster gets when the server says it has no quorum.
+fn quorum_hint(reason: Option<Reason>) -> &'static str {
+    if reason == Some(Reason::NoQuorum) {
         " (is a majority of servers up?)"
     } else {
         ""
     }
 }
 
-/// An unavailable answer that retrying cannot change (a join that gave up, and undid itself).
+/// An unavailable answer that retrying cannot change: a change of membership that gave up (and
+/// undid itself), or one proposed that waits for voters to come back.
 fn is_final(error: &ClientError) -> bool {
     matches!(
-        error,
-        ClientError::Unavailable(message)
-            if message.contains("membership is unchanged")
-                || message.contains("not committed")
+        error.reason(),
+        Some(Reason::MembershipUnchanged | Reason::MembershipPending)
     )
 }
 
 /// Whether another member may serve what this one could not: it cannot be reached, is shutting
-/// down, is catching up after an unclean stop, or was removed from the cluster.
+/// down, is catching up after an unclean stop, found its state damaged, or was removed from
+/// the cluster.
 fn moves_on(error: &ClientError) -> bool {
-    match error {
-        ClientError::Unreachable { .. } => true,
-        ClientError::Unavailable(message) => {
-            message.contains("shutting down") || message.contains("catching up")
-        }
-        ClientError::FailedPrecondition(message) => message.contains("was removed from cluster"),
-        _ => false,
-    }
+    matches!(error, ClientError::Unreachable { .. })
+        || error
+            .reason()
+            .is_some_and(Reason::another_member_may_answer)
 }
 
 fn tls_problem(status: &tonic::Status) -> Option<crate::tls::TlsProblem> {
@@ -567,7 +592,7 @@ impl Client {
             }
             let budget = match &error {
                 _ if is_final(&error) => return Err(error),
-                ClientError::Unavailable(_) => self.config.election_retry,
+                ClientError::Unavailable { .. } => self.config.election_retry,
                 ClientError::Unreachable { .. } => self.config.unreachable_retry,
                 _ => return Err(self.explain(error)),
             };

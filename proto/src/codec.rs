@@ -32,6 +32,9 @@ use crate::resource::v1::{Id, Resource, Status, Tenancy, Type};
 #[error("{}{message}", document.map(|d| format!("document {d}: ")).unwrap_or_default())]
 pub struct CodecError {
     pub document: Option<usize>,
+    /// The document names a type the server does not publish (yet): a Type applied in the
+    /// same run may register it.
+    pub unregistered_type: bool,
     pub message: String,
 }
 
@@ -39,7 +42,15 @@ impl CodecError {
     pub fn new(message: impl Into<String>) -> Self {
         CodecError {
             document: None,
+            unregistered_type: false,
             message: message.into(),
+        }
+    }
+
+    fn unregistered(message: String) -> Self {
+        CodecError {
+            unregistered_type: true,
+            ..CodecError::new(message)
         }
     }
 
@@ -233,7 +244,7 @@ impl Codec {
                     } else {
                         format!("did you mean {}?", similar.join(" or "))
                     };
-                    CodecError::new(format!("{name} is not registered ({hint})"))
+                    CodecError::unregistered(format!("{name} is not registered ({hint})"))
                 });
         }
         let matches: Vec<&TypeInfo> = self
@@ -253,7 +264,7 @@ impl Codec {
             == 1;
         match matches.as_slice() {
             [only] => Ok(only),
-            [] => Err(CodecError::new(format!(
+            [] => Err(CodecError::unregistered(format!(
                 "no registered type has the kind {name:?}: `resctl types` lists them"
             ))),
             // Versions of one group: the newest, as kubectl picks the preferred version.

@@ -20,6 +20,7 @@ pub mod client;
 #[cfg(feature = "client")]
 pub mod codec;
 pub mod meta;
+pub mod reason;
 pub mod snapshot;
 pub mod tls;
 
@@ -37,6 +38,15 @@ pub const STALE_HEADER: &str = "x-resd-stale";
 
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";
+
+/// The standard error model's messages (googleapis `google/rpc`): what `reason` sends beside
+/// a status.
+#[allow(clippy::all, unused_qualifications)]
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
 
 #[allow(clippy::all, unused_qualifications)]
 pub mod resource {

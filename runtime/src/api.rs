@@ -3,6 +3,7 @@
 //! a cluster client over gRPC ([`crate::grpc`]: a program of its own).
 
 use futures::stream::BoxStream;
+use proto::reason::Reason;
 use proto::resource::v1::{Id, Resource, Status, Tenancy, Type, WatchEvent, WatchListRequest};
 
 /// Why a call failed, as much as a controller decides on (typed, never read from the message).
@@ -24,6 +25,22 @@ pub enum ApiError {
     /// Anything else: a bad request, a token without the permission, a server error.
     #[error("{0}")]
     Failed(String),
+}
+
+impl ApiError {
+    /// What a controller does about an answer with this reason (both implementations decide
+    /// here, on the reason alone).
+    pub fn of_reason(reason: Reason, message: String) -> ApiError {
+        match reason {
+            Reason::NotFound | Reason::TenancyNotFound => ApiError::NotFound(message),
+            Reason::CasConflict | Reason::UidMismatch | Reason::AlreadyExists => {
+                ApiError::Conflict(message)
+            }
+            Reason::ResumeUnavailable | Reason::WatchClosed => ApiError::Relist(message),
+            reason if reason.may_succeed_later() => ApiError::Unavailable(message),
+            _ => ApiError::Failed(message),
+        }
+    }
 }
 
 /// The events of a watch: a snapshot of every match, `EndOfSnapshot`, then changes. An error

@@ -10,27 +10,30 @@ use proto::resource::v1::{Id, Resource, Status, Tenancy, Type, WatchListRequest}
 use crate::api::{Api, ApiError, EventStream};
 
 impl From<ClientError> for ApiError {
+    /// On the server's reason when it gave one (the same decision as in process), else on
+    /// what the client saw.
     fn from(error: ClientError) -> Self {
         let message = error.to_string();
+        if let Some(reason) = error.reason() {
+            return ApiError::of_reason(reason, message);
+        }
         match error {
             ClientError::NotFound(_) => ApiError::NotFound(message),
-            ClientError::Other {
+            // A lost compare-and-swap.
+            ClientError::Conflict(_)
+            | ClientError::Other {
                 code: tonic::Code::AlreadyExists,
                 ..
             } => ApiError::Conflict(message),
-            // A lost compare-and-swap, or a create refused by its uid (created first by
-            // someone else).
-            ClientError::Conflict(_) | ClientError::FailedPrecondition(_) => {
-                ApiError::Conflict(message)
-            }
-            ClientError::Unavailable(_)
+            ClientError::Unavailable { .. }
             | ClientError::Unreachable { .. }
             | ClientError::DeadlineExceeded(_) => ApiError::Unavailable(message),
             ClientError::OutOfRange(_) => ApiError::Relist(message),
             ClientError::InvalidServer { .. }
             | ClientError::Settings(_)
             | ClientError::Tls { .. }
-            | ClientError::InvalidArgument(_)
+            | ClientError::InvalidArgument { .. }
+            | ClientError::FailedPrecondition { .. }
             | ClientError::PermissionDenied(_)
             | ClientError::Unauthenticated(_)
             | ClientError::Other { .. } => ApiError::Failed(message),

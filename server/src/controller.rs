@@ -73,24 +73,10 @@ impl From<service::Error> for ReconcileError {
     }
 }
 
-/// What a controller decides on, from the service's error.
+/// What a controller decides on, from the service's error: its reason.
 fn api_error(error: service::Error) -> ApiError {
-    let message = error.to_string();
-    match error {
-        service::Error::NotFound(_) => ApiError::NotFound(message),
-        service::Error::CasFailed(_)
-        | service::Error::UidMismatch(_)
-        | service::Error::AlreadyExists(_) => ApiError::Conflict(message),
-        service::Error::Unavailable(_) => ApiError::Unavailable(message),
-        service::Error::OutOfRange(_) | service::Error::Aborted(_) => ApiError::Relist(message),
-        service::Error::InvalidArgument(_)
-        | service::Error::FailedPrecondition(_)
-        | service::Error::PermissionDenied(_)
-        | service::Error::Unauthenticated(_)
-        | service::Error::ResourceExhausted(_)
-        | service::Error::DeadlineExceeded(_)
-        | service::Error::Internal(_) => ApiError::Failed(message),
-    }
+    let (_, reason) = error.code_and_reason();
+    ApiError::of_reason(reason, error.to_string())
 }
 
 #[async_trait]
@@ -105,7 +91,7 @@ impl Api for InProcess {
             .await
         {
             Ok(response) => Ok(response.resource),
-            Err(service::Error::NotFound(_)) => Ok(None),
+            Err(service::Error::NotFound(_) | service::Error::TenancyNotFound(_)) => Ok(None),
             Err(error) => Err(api_error(error)),
         }
     }

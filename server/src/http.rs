@@ -125,6 +125,7 @@ async fn not_found(State(state): State<HttpState>, uri: http::Uri) -> Response {
     api::ApiError::new(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
+        proto::reason::Reason::NotFound,
         format!(
             "no route {}: the API is under /v1/resources/{{group}}/{{version}}/{{kind}}, /v1/types and /v1/cluster/{{status,members}}; also /metrics, /healthz, /readyz",
             uri.path()

@@ -315,8 +315,8 @@ impl ResourceService {
         Ok(())
     }
 
-    /// Checks that the partition (and namespace) of a tenancy exist. `Err` holds the message:
-    /// `partition not found: …` or `namespace not found: …`.
+    /// Checks that the partition (and namespace) of a tenancy exist
+    /// ([`Error::TenancyNotFound`] naming which).
     async fn tenancy_state(&self, scope: Scope, tenancy: &Tenancy) -> Result<TenancyState, Error> {
         let needs_partition = matches!(scope, Scope::Partition | Scope::Namespace)
             || (scope == Scope::Any && !tenancy.partition.is_empty());
@@ -330,7 +330,7 @@ impl ResourceService {
         let mut state = TenancyState::Active;
         for unit in units.iter().flatten() {
             match self.tenancy_unit_marked(unit).await? {
-                None => return Err(Error::NotFound(unit.missing())),
+                None => return Err(Error::TenancyNotFound(unit.missing())),
                 Some(true) => state = TenancyState::MarkedForDeletion,
                 Some(false) => {}
             }

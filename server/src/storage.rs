@@ -186,6 +186,9 @@ pub enum StorageError {
     /// This node was removed from the cluster and serves nothing.
     #[error("{0}")]
     Removed(String),
+    /// This node is shutting down: another member can answer.
+    #[error("{0}")]
+    ShuttingDown(String),
     /// No room for the change now: the disk is under its reserve, or the state is at its
     /// quota (what and where, for people); nothing changed. Deletes free room.
     #[error("{0}")]

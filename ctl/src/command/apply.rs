@@ -32,7 +32,7 @@ pub struct Document {
     pub file: String,
     /// 1-based index of the document in its file.
     pub index: usize,
-    pub resource: Result<Resource, String>,
+    pub resource: Result<Resource, proto::codec::CodecError>,
 }
 
 impl Document {
@@ -183,7 +183,10 @@ pub fn decode(session: &Session, codec: &Codec, sources: &[Source]) -> Vec<Docum
                         fill_tenancy(session, codec, &mut resource);
                         resource
                     })
-                    .map_err(|error| error.message),
+                    .map_err(|error| proto::codec::CodecError {
+                        document: None,
+                        ..error
+                    }),
             });
         }
     }
@@ -381,7 +384,7 @@ pub async fn decode_and_apply(
         document
             .resource
             .as_ref()
-            .is_err_and(|error| error.contains("is not registered"))
+            .is_err_and(|error| error.unregistered_type)
     });
     if dry_run || !unregistered || !documents.iter().any(registers_a_type) {
         return apply(session, codec, &documents, dry_run, on_result).await;
@@ -503,7 +506,7 @@ async fn apply_one(
     let resource = match &document.resource {
         Ok(resource) => resource,
         Err(error) => {
-            applied.error = Some(error.clone());
+            applied.error = Some(error.message.clone());
             return applied;
         }
     };
@@ -531,9 +534,8 @@ pub fn missing_planned_tenancy(
     resource: &Resource,
     planned: &std::collections::BTreeSet<(String, String)>,
 ) -> bool {
-    matches!(error, ClientError::InvalidArgument(message)
-        if (message.contains("namespace not found") || message.contains("partition not found"))
-            && tenancy_planned(resource, planned))
+    error.reason() == Some(proto::reason::Reason::TenancyNotFound)
+        && tenancy_planned(resource, planned)
 }
 
 /// The plan for a resource whose tenancy does not exist yet but will: validated against the

@@ -99,7 +99,10 @@ impl Plan {
         document["data"]["description"] = payload(self.value_size, seed ^ key).into();
         self.codec
             .read_value(document)
-            .map_err(|error| ClientError::InvalidArgument(error.to_string()))
+            .map_err(|error| ClientError::InvalidArgument {
+                reason: None,
+                message: error.to_string(),
+            })
     }
 
     fn id(&self, key: u64) -> Id {

@@ -89,7 +89,7 @@ async fn compare(
     let resource = match &document.resource {
         Ok(resource) => resource,
         Err(error) => {
-            difference.error = Some(error.clone());
+            difference.error = Some(error.message.clone());
             return difference;
         }
     };

@@ -20,7 +20,10 @@ fn server_statuses_decode_to_their_kind() {
     );
     assert_eq!(
         decode(Code::Unavailable, "no leader"),
-        ClientError::Unavailable("no leader".into())
+        ClientError::Unavailable {
+            reason: None,
+            message: "no leader".into()
+        }
     );
     assert!(decode(Code::Unavailable, "no leader").is_retryable());
     assert!(!decode(Code::InvalidArgument, "bad").is_retryable());
@@ -76,4 +79,70 @@ async fn a_server_that_is_not_listening_is_reported_unreachable_after_the_retry_
 fn empty_tokens_are_not_sent() {
     let config = ClientConfig::new("127.0.0.1:8502").with_token(Some(String::new()));
     assert_eq!(config.token, None);
+}
+
+/// Every decision the client makes on a server's answer — fail over to another member, stop
+/// retrying, retry, hint at quorum — follows the reason alone: here the message is noise, and
+/// the words that once drove failover, without a reason, drive nothing.
+#[test]
+fn client_decisions_follow_the_reason_and_never_the_message() {
+    use crate::reason::{Details, Reason, attach};
+
+    let answer = |code: Code, reason: Reason| {
+        ClientError::from_status(
+            "127.0.0.1:1",
+            &attach(code, "zq#x noise", &Details::new(reason)),
+        )
+    };
+    for reason in [Reason::CatchingUp, Reason::ShuttingDown, Reason::Damaged] {
+        let error = answer(Code::Unavailable, reason);
+        assert_eq!(error.reason(), Some(reason));
+        assert!(
+            super::moves_on(&error),
+            "{reason:?} moves to another member"
+        );
+        assert!(!super::is_final(&error), "{reason:?} is not final");
+    }
+    let removed = answer(Code::FailedPrecondition, Reason::Removed);
+    assert!(
+        super::moves_on(&removed),
+        "a removed node sends the client on"
+    );
+    for reason in [Reason::MembershipUnchanged, Reason::MembershipPending] {
+        let error = answer(Code::Unavailable, reason);
+        assert!(super::is_final(&error), "{reason:?} is final");
+        assert!(!super::moves_on(&error));
+    }
+    let no_quorum = answer(Code::Unavailable, Reason::NoQuorum);
+    assert!(!super::moves_on(&no_quorum) && !super::is_final(&no_quorum));
+    assert!(no_quorum.is_retryable());
+    assert!(
+        no_quorum.to_string().contains("majority of servers"),
+        "{no_quorum}"
+    );
+    assert!(
+        !answer(Code::Unavailable, Reason::Unavailable)
+            .to_string()
+            .contains("majority"),
+        "the quorum hint only with NO_QUORUM"
+    );
+
+    // The old magic words, without a reason: no decision is taken on them.
+    for words in [
+        "this node is shutting down",
+        "this node is catching up after an unclean stop",
+        "membership is unchanged",
+        "(changes of membership: not committed)",
+        "no leader or quorum",
+    ] {
+        let error = decode(Code::Unavailable, words);
+        assert!(!super::moves_on(&error), "{words:?}");
+        assert!(!super::is_final(&error), "{words:?}");
+        assert!(!error.to_string().contains("majority"), "{words:?}");
+    }
+    let removed_in_words = decode(
+        Code::FailedPrecondition,
+        "node 3 was removed from cluster c",
+    );
+    assert!(!super::moves_on(&removed_in_words));
 }

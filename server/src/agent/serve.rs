@@ -55,10 +55,10 @@ pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
                 .message()
                 .starts_with("failed to decode Protobuf message") =>
         {
-            tonic::Status::invalid_argument(format!(
+            tonic::Status::from(crate::service::Error::InvalidArgument(format!(
                 "the request is not a valid message of this method: {}",
                 status.message()
-            ))
+            )))
         }
         Code::OutOfRange
             if status
@@ -69,9 +69,9 @@ pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
                 .message()
                 .strip_prefix("Error, decoded message length too large: ")
                 .unwrap_or(status.message());
-            tonic::Status::resource_exhausted(format!(
+            tonic::Status::from(crate::service::Error::ResourceExhausted(format!(
                 "the request is larger than this server accepts ({detail}); resources are limited by --max-resource-bytes"
-            ))
+            )))
         }
         _ => return response,
     };

@@ -25,6 +25,7 @@ use super::json::{from_json, to_json, type_url};
 use crate::metrics::grpc::code_name;
 use crate::service::grpc::{CONSISTENCY_HEADER, TOKEN_HEADER};
 use prost_reflect::DescriptorPool;
+use proto::reason::Reason;
 
 pub fn routes() -> Router<HttpState> {
     Router::new()
@@ -42,29 +43,48 @@ pub fn routes() -> Router<HttpState> {
         )
 }
 
-/// An error as the API answers it: `{"code": "ABORTED", "message": "…"}` with its HTTP status.
+/// An error as the API answers it: `{"code": "ABORTED", "reason": "CAS_CONFLICT", "message":
+/// "…"}` with its HTTP status — the gRPC code, the same reason a gRPC client gets in its status
+/// details (what to decide on), and words for people.
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     code: &'static str,
+    reason: Option<Reason>,
     message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: StatusCode,
+        code: &'static str,
+        reason: Reason,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             code,
+            reason: Some(reason),
             message: message.into(),
         }
     }
 
     fn invalid(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            Reason::Invalid,
+            message,
+        )
     }
 
     fn internal(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", message)
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "INTERNAL",
+            Reason::Internal,
+            message,
+        )
     }
 }
 
@@ -102,34 +122,36 @@ impl From<crate::limits::LimitError> for ApiError {
             | LimitError::ListBytes { .. }
             | LimitError::Answers { .. } => StatusCode::TOO_MANY_REQUESTS,
         };
-        let code = code_name(
-            crate::service::Error::from(error.clone())
-                .into_status()
-                .code(),
-        );
-        ApiError::new(status, code, error.to_string())
+        let (code, reason) = crate::service::Error::from(error.clone()).code_and_reason();
+        ApiError::new(status, code_name(code), reason, error.to_string())
     }
 }
 
 impl From<tonic::Status> for ApiError {
     fn from(status: tonic::Status) -> Self {
-        ApiError::new(
-            http_status(status.code()),
-            code_name(status.code()),
-            status.message().to_owned(),
-        )
+        ApiError {
+            status: http_status(status.code()),
+            code: code_name(status.code()),
+            reason: proto::reason::of(&status).map(|details| details.reason),
+            message: status.message().to_owned(),
+        }
     }
 }
 
-fn error_body(code: &str, message: &str) -> serde_json::Value {
-    serde_json::json!({ "code": code, "message": message })
+fn error_body(code: &str, reason: Option<Reason>, message: &str) -> serde_json::Value {
+    match reason {
+        Some(reason) => {
+            serde_json::json!({ "code": code, "reason": reason.as_str(), "message": message })
+        }
+        None => serde_json::json!({ "code": code, "message": message }),
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
             self.status,
-            axum::Json(error_body(self.code, &self.message)),
+            axum::Json(error_body(self.code, self.reason, &self.message)),
         )
             .into_response()
     }
@@ -245,6 +267,7 @@ fn body_json(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Value, A
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "RESOURCE_EXHAUSTED",
+                Reason::Quota,
                 format!(
                     "the request body is larger than this server accepts ({}); resources are limited by --max-resource-bytes",
                     rejection.body_text()
@@ -399,7 +422,11 @@ fn ndjson(
                 Ok(event) => event.holding(event.json_line(|event| json_line(&pool, event))),
                 Err(status) => {
                     let mut line = serde_json::json!({
-                        "error": error_body(code_name(status.code()), status.message())
+                        "error": error_body(
+                            code_name(status.code()),
+                            proto::reason::of(&status).map(|details| details.reason),
+                            status.message(),
+                        )
                     })
                     .to_string();
                     line.push('\n');
@@ -423,7 +450,9 @@ fn json_line(pool: &DescriptorPool, event: &crate::storage::WatchEvent) -> Bytes
         &crate::service::pb_event(event),
         "resd.resource.v1.WatchEvent",
     )
-    .unwrap_or_else(|error| serde_json::json!({"error": error_body("INTERNAL", &error)}));
+    .unwrap_or_else(|error| {
+        serde_json::json!({"error": error_body("INTERNAL", Some(Reason::Internal), &error)})
+    });
     let mut line = value.to_string();
     line.push('\n');
     Bytes::from(line)

@@ -68,8 +68,15 @@ pub fn check_record(
 /// What a refusal looks like to storage.
 fn storage_error(error: Error) -> StorageError {
     match error {
-        Error::InvalidArgument(why) | Error::NotFound(why) => StorageError::Rejected(why),
-        Error::Unavailable(why) => StorageError::Inconsistent(why),
+        Error::InvalidArgument(why)
+        | Error::NotFound(why)
+        | Error::TenancyNotFound(why)
+        | Error::WriteToMissingTenancy(why) => StorageError::Rejected(why),
+        Error::Unavailable(why) | Error::NoQuorum(why) => StorageError::Inconsistent(why),
+        Error::CatchingUp(why) => StorageError::CatchingUp(why),
+        Error::ShuttingDown(why) => StorageError::ShuttingDown(why),
+        Error::Damaged(why) => StorageError::Damaged(why),
+        Error::Removed(why) => StorageError::Removed(why),
         other => StorageError::Internal(other.to_string()),
     }
 }

@@ -155,7 +155,7 @@ impl ClusterGrpc {
     fn raft(&self) -> Result<&Arc<RaftBackend>, Status> {
         let raft = self.any_raft()?;
         match raft.removed() {
-            Some(why) => Err(Status::from(Error::FailedPrecondition(why))),
+            Some(why) => Err(Status::from(Error::Removed(why))),
             None => Ok(raft),
         }
     }
@@ -624,7 +624,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 .map_err(|error| {
                     Status::from(Error::Internal(format!("the join failed: {error}")))
                 })?
-                .map_err(|why| Status::from(Error::Unavailable(why)))?;
+                .map_err(|why| Status::from(Error::from(why)))?;
         }
         // It joined again with a data directory that carries no removal.
         if removed.is_some()
@@ -800,9 +800,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         // before the caller's deadline instead of hanging to it.
         let answer_by = deadline.saturating_duration_since(std::time::Instant::now());
         match tokio::time::timeout(answer_by, raft.remove_member(remove.node_id)).await {
-            Ok(result) => result.map_err(|why| Status::from(Error::Unavailable(why)))?,
+            Ok(result) => result.map_err(|why| Status::from(Error::from(why)))?,
             Err(_) => {
-                return Err(Status::from(Error::Unavailable(format!(
+                return Err(Status::from(Error::MembershipPending(format!(
                     "the removal of node {} is proposed but not committed: too few voters of the new configuration answer; it completes once enough of them are back",
                     remove.node_id
                 ))));

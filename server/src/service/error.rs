@@ -1,7 +1,10 @@
 //! The service's error type and its one mapping to `tonic::Status`.
 
+use proto::reason::{Details, Reason};
+
 use crate::acl::{AclError, Unauthenticated};
 use crate::storage::StorageError;
+use crate::storage::raft::backend::MembershipError;
 
 /// Everything a resource or cluster service call can fail with. Each variant is one gRPC code;
 /// the message is what the client sees.
@@ -27,8 +30,38 @@ pub enum Error {
     PermissionDenied(String),
     #[error("{0}")]
     Unauthenticated(String),
+    /// Unavailable for a reason no variant below names (a peer out of reach).
     #[error("{0}")]
     Unavailable(String),
+    /// No leader, or no quorum to commit: wait, or bring a majority back.
+    #[error("{0}")]
+    NoQuorum(String),
+    /// This node serves nothing yet: it is catching up after an unclean stop.
+    #[error("{0}")]
+    CatchingUp(String),
+    #[error("{0}")]
+    ShuttingDown(String),
+    /// This node was removed from the cluster.
+    #[error("{0}")]
+    Removed(String),
+    /// This node found its stored state damaged.
+    #[error("{0}")]
+    Damaged(String),
+    /// A change of membership gave up and undid itself.
+    #[error("{0}")]
+    MembershipUnchanged(String),
+    /// A change of membership is proposed but not committed.
+    #[error("{0}")]
+    MembershipPending(String),
+    /// A read in a partition or namespace that does not exist.
+    #[error("{0}")]
+    TenancyNotFound(String),
+    /// A write into a partition or namespace that does not exist.
+    #[error("{0}")]
+    WriteToMissingTenancy(String),
+    /// The resource's registered Type is being deleted.
+    #[error("{0}")]
+    TypeBeingDeleted(String),
     /// A watch cannot resume from the requested version; the client must list again.
     #[error("{0}")]
     OutOfRange(String),
@@ -69,18 +102,21 @@ impl Error {
                     .map(|t| t.group_version)
                     .unwrap_or_default()
             )),
-            StorageError::Inconsistent(why) => Error::Unavailable(format!(
+            StorageError::Inconsistent(why) => Error::NoQuorum(format!(
                 "no leader or quorum to serve this request: {why}; retry shortly"
             )),
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
             StorageError::NoSpace(why) => Error::ResourceExhausted(why),
-            StorageError::CatchingUp(why) => Error::Unavailable(format!(
+            StorageError::CatchingUp(why) => Error::CatchingUp(format!(
                 "this node is {why}; retry shortly or ask another member"
             )),
-            StorageError::Removed(why) => Error::FailedPrecondition(why),
-            StorageError::Damaged(why) => Error::Unavailable(format!(
+            StorageError::ShuttingDown(why) => Error::ShuttingDown(format!(
+                "{why}; retry on another member"
+            )),
+            StorageError::Removed(why) => Error::Removed(why),
+            StorageError::Damaged(why) => Error::Damaged(format!(
                 "{why}; retry shortly or ask another member"
             )),
             StorageError::Internal(why) => Error::Internal(why),
@@ -91,6 +127,17 @@ impl Error {
 impl From<StorageError> for Error {
     fn from(error: StorageError) -> Self {
         Error::from_storage(error)
+    }
+}
+
+impl From<MembershipError> for Error {
+    fn from(error: MembershipError) -> Self {
+        match error {
+            MembershipError::Unchanged(why) => Error::MembershipUnchanged(why),
+            MembershipError::Pending(why) => Error::MembershipPending(why),
+            MembershipError::ShuttingDown(why) => Error::ShuttingDown(why),
+            MembershipError::Failed(why) => Error::Unavailable(why),
+        }
     }
 }
 
@@ -140,27 +187,119 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The one table: each error's gRPC code and reason (DESIGN §3, "Errors"). Codes never
+    /// change; reasons are what clients decide on.
+    pub fn code_and_reason(&self) -> (tonic::Code, Reason) {
+        use tonic::Code;
+        match self {
+            Error::InvalidArgument(_) => (Code::InvalidArgument, Reason::Invalid),
+            Error::NotFound(_) => (Code::NotFound, Reason::NotFound),
+            Error::TenancyNotFound(_) => (Code::NotFound, Reason::TenancyNotFound),
+            Error::WriteToMissingTenancy(_) => (Code::InvalidArgument, Reason::TenancyNotFound),
+            Error::CasFailed(_) => (Code::Aborted, Reason::CasConflict),
+            Error::UidMismatch(_) => (Code::FailedPrecondition, Reason::UidMismatch),
+            Error::FailedPrecondition(_) => (Code::FailedPrecondition, Reason::FailedPrecondition),
+            Error::TypeBeingDeleted(_) => (Code::FailedPrecondition, Reason::TypeBeingDeleted),
+            Error::Removed(_) => (Code::FailedPrecondition, Reason::Removed),
+            Error::AlreadyExists(_) => (Code::AlreadyExists, Reason::AlreadyExists),
+            Error::PermissionDenied(_) => (Code::PermissionDenied, Reason::PermissionDenied),
+            Error::Unauthenticated(_) => (Code::Unauthenticated, Reason::Unauthenticated),
+            Error::Unavailable(_) => (Code::Unavailable, Reason::Unavailable),
+            Error::NoQuorum(_) => (Code::Unavailable, Reason::NoQuorum),
+            Error::CatchingUp(_) => (Code::Unavailable, Reason::CatchingUp),
+            Error::ShuttingDown(_) => (Code::Unavailable, Reason::ShuttingDown),
+            Error::Damaged(_) => (Code::Unavailable, Reason::Damaged),
+            Error::MembershipUnchanged(_) => (Code::Unavailable, Reason::MembershipUnchanged),
+            Error::MembershipPending(_) => (Code::Unavailable, Reason::MembershipPending),
+            Error::Aborted(_) => (Code::Aborted, Reason::WatchClosed),
+            Error::OutOfRange(_) => (Code::OutOfRange, Reason::ResumeUnavailable),
+            Error::ResourceExhausted(_) => (Code::ResourceExhausted, Reason::Quota),
+            Error::DeadlineExceeded(_) => (Code::DeadlineExceeded, Reason::DeadlineExceeded),
+            Error::Internal(_) => (Code::Internal, Reason::Internal),
+        }
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
-        use tonic::Code;
-        let code = match &error {
-            Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
-            Error::CasFailed(_) => Code::Aborted,
-            Error::UidMismatch(_) | Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::PermissionDenied(_) => Code::PermissionDenied,
-            Error::Unauthenticated(_) => Code::Unauthenticated,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Aborted(_) => Code::Aborted,
-            Error::OutOfRange(_) => Code::OutOfRange,
-            Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::DeadlineExceeded(_) => Code::DeadlineExceeded,
-            Error::Internal(_) => {
-                tracing::error!(error = %error, "internal error");
-                Code::Internal
-            }
-        };
-        tonic::Status::new(code, error.to_string())
+        let (code, reason) = error.code_and_reason();
+        if reason == Reason::Internal {
+            tracing::error!(error = %error, "internal error");
+        }
+        proto::reason::attach(code, error.to_string(), &Details::new(reason))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every error reaches the client with its code and, in the status details, its reason.
+    #[test]
+    fn every_error_carries_its_reason_on_the_wire() {
+        let errors = [
+            Error::InvalidArgument("x".into()),
+            Error::NotFound("x".into()),
+            Error::TenancyNotFound("x".into()),
+            Error::CasFailed("x".into()),
+            Error::UidMismatch("x".into()),
+            Error::AlreadyExists("x".into()),
+            Error::FailedPrecondition("x".into()),
+            Error::TypeBeingDeleted("x".into()),
+            Error::Removed("x".into()),
+            Error::PermissionDenied("x".into()),
+            Error::Unauthenticated("x".into()),
+            Error::Unavailable("x".into()),
+            Error::NoQuorum("x".into()),
+            Error::CatchingUp("x".into()),
+            Error::ShuttingDown("x".into()),
+            Error::Damaged("x".into()),
+            Error::MembershipUnchanged("x".into()),
+            Error::MembershipPending("x".into()),
+            Error::Aborted("x".into()),
+            Error::OutOfRange("x".into()),
+            Error::ResourceExhausted("x".into()),
+            Error::DeadlineExceeded("x".into()),
+            Error::Internal("x".into()),
+        ];
+        let mut reasons = std::collections::BTreeSet::new();
+        for error in errors {
+            let (code, reason) = error.code_and_reason();
+            let status = tonic::Status::from(error);
+            assert_eq!(status.code(), code);
+            let details = proto::reason::of(&status).expect("details");
+            assert_eq!(details.reason, reason);
+            assert!(reasons.insert(reason.as_str()), "{reason:?} twice");
+        }
+        // A write into a missing tenancy has the reason of a read there, and its own code.
+        let write = Error::WriteToMissingTenancy("x".into());
+        assert_eq!(
+            write.code_and_reason(),
+            (tonic::Code::InvalidArgument, Reason::TenancyNotFound)
+        );
+        {}
+    }
+
+    /// What storage says a node is doing keeps its reason through the service.
+    #[test]
+    fn storage_states_keep_their_reason() {
+        let reason = |error: StorageError| Error::from_storage(error).code_and_reason().1;
+        assert_eq!(
+            reason(StorageError::CatchingUp("x".into())),
+            Reason::CatchingUp
+        );
+        assert_eq!(
+            reason(StorageError::ShuttingDown("x".into())),
+            Reason::ShuttingDown
+        );
+        assert_eq!(reason(StorageError::Removed("x".into())), Reason::Removed);
+        assert_eq!(reason(StorageError::Damaged("x".into())), Reason::Damaged);
+        assert_eq!(
+            reason(StorageError::Inconsistent("x".into())),
+            Reason::NoQuorum
+        );
+        assert_eq!(reason(StorageError::CasFailure), Reason::CasConflict);
+        assert_eq!(reason(StorageError::WrongUid), Reason::UidMismatch);
     }
 }

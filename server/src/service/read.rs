@@ -516,7 +516,7 @@ fn until_shutdown<T: Send + 'static>(
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => Some((
-                Err(Error::Unavailable("the server is shutting down; watch again (on another server)".into())),
+                Err(Error::ShuttingDown("the server is shutting down; watch again (on another server)".into())),
                 None,
             )),
             item = events.next() => match item {

@@ -173,7 +173,9 @@ impl ResourceService {
             .and_then(|id| id.tenancy.clone())
             .unwrap_or_default();
         let tenancy = match self.tenancy_state(registration.scope, &tenancy).await {
-            Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
+            Err(Error::TenancyNotFound(message)) => {
+                return Err(Error::WriteToMissingTenancy(message));
+            }
             other => other?,
         };
         Ok(PreparedWrite {
@@ -661,7 +663,9 @@ impl ResourceService {
         registration.check_write_access_before_existence(authorizer, &id)?;
         let tenancy = id.tenancy.clone().unwrap_or_default();
         match self.tenancy_state(registration.scope, &tenancy).await {
-            Err(Error::NotFound(message)) => return Err(Error::InvalidArgument(message)),
+            Err(Error::TenancyNotFound(message)) => {
+                return Err(Error::WriteToMissingTenancy(message));
+            }
             other => other?,
         };
 
@@ -807,7 +811,7 @@ fn refuse_while_type_is_deleted(
     id: &proto::resource::v1::Id,
 ) -> Result<(), Error> {
     if registered.deleting {
-        return Err(Error::FailedPrecondition(format!(
+        return Err(Error::TypeBeingDeleted(format!(
             "cannot write {}: type {} is being deleted (Type {} is marked for deletion; its resources are being removed)",
             DisplayId(id),
             resource::gvk(&registered.compiled.resource_type),

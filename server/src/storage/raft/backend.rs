@@ -42,7 +42,7 @@ mod repair;
 mod status;
 
 pub use readiness::Readiness;
-pub use status::{MemberStatus, NodeStatus, Role};
+pub use status::{MemberStatus, MembershipError, NodeStatus, Role};
 
 /// Largest raft snapshot (and operator restore) accepted by default.
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
@@ -492,15 +492,15 @@ impl RaftBackend {
                     Some(backend) => {
                         op::expect_read_index(backend.submit(Request::ReadIndex).await)
                     }
-                    None => Err(StorageError::Inconsistent(
+                    None => Err(StorageError::ShuttingDown(
                         "this node is shutting down".into(),
                     )),
                 }
             }
         };
         let dropped = || {
-            Err(StorageError::Inconsistent(
-                "the read-index round ended without an answer (this node is shutting down)".into(),
+            Err(StorageError::ShuttingDown(
+                "the read-index round ended without an answer: this node is shutting down".into(),
             ))
         };
         let deadline = crate::storage::deadline::bounded(self.forward_timeout);

@@ -525,6 +525,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::NoSpace(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
+        StorageError::ShuttingDown(_) => (Code::ShuttingDown, None),
         StorageError::Damaged(_) => (Code::Damaged, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };
@@ -536,6 +537,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::NoSpace(why)
         | StorageError::CatchingUp(why)
         | StorageError::Removed(why)
+        | StorageError::ShuttingDown(why)
         | StorageError::Damaged(why)
         | StorageError::Internal(why) => why.clone(),
         other => other.to_string(),
@@ -562,6 +564,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::NoSpace => StorageError::NoSpace(failure.message),
         Code::CatchingUp => StorageError::CatchingUp(failure.message),
         Code::Removed => StorageError::Removed(failure.message),
+        Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }

@@ -31,7 +31,7 @@ impl From<Proposed> for Attempt {
 }
 
 fn shutting_down() -> Attempt {
-    Attempt::Done(Err(StorageError::Inconsistent(
+    Attempt::Done(Err(StorageError::ShuttingDown(
         "this node is shutting down".into(),
     )))
 }
@@ -138,7 +138,8 @@ impl RaftBackend {
         match reply {
             // The node we asked was not (or no longer) the leader: ask again.
             Ok(reply) => match codec::reply_of(reply.into_inner()) {
-                Err(StorageError::Inconsistent(why)) => {
+                // A leader on its way out answers until it stops: another will lead.
+                Err(StorageError::Inconsistent(why) | StorageError::ShuttingDown(why)) => {
                     Attempt::Retry(format!("node {leader}: {why}"))
                 }
                 reply => Attempt::Done(reply),

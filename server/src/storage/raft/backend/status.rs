@@ -93,13 +93,38 @@ impl Drop for TransferPause {
     }
 }
 
-/// A membership error in words: a change still pending (it needs a quorum of the new
-/// configuration) blocks every later one until it commits.
-fn explain_membership_error(error: String) -> String {
-    if error.contains("undergoing a configuration change") {
-        "an earlier membership change is still waiting for a quorum of its new configuration, and no other change can start before it commits; bring the missing voters back (changes of membership: not committed)".to_owned()
-    } else {
-        error
+/// Why a change of membership failed, as the caller decides on it (the words are for people).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// The change gave up and undid itself: nothing changed, and the same call fails the
+    /// same way.
+    #[error("{0}")]
+    Unchanged(String),
+    /// A change is proposed but not committed (this one, or an earlier one that blocks it):
+    /// it completes once enough voters of the new configuration answer.
+    #[error("{0}")]
+    Pending(String),
+    #[error("{0}")]
+    ShuttingDown(String),
+    /// Anything else (a timeout, a peer out of reach): trying again may work.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A failed change of membership, classified by openraft's error (not its words): a change
+/// still pending blocks every later one until it commits.
+fn membership_error(
+    doing: String,
+    error: openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, NodeAddr>>,
+) -> MembershipError {
+    use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+    match error {
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(_),
+        )) => MembershipError::Pending(format!(
+            "{doing}: an earlier membership change is still waiting for a quorum of its new configuration, and no other change can start before it commits; bring the missing voters back"
+        )),
+        error => MembershipError::Failed(format!("{doing}: {error}")),
     }
 }
 
@@ -410,7 +435,7 @@ impl RaftBackend {
         id: NodeId,
         node: NodeAddr,
         deadline: std::time::Instant,
-    ) -> Result<(), String> {
+    ) -> Result<(), MembershipError> {
         let _one_at_a_time = self.membership.lock().await;
         self.settle_membership(deadline).await;
         let raft_addr = node.raft_addr.clone();
@@ -418,7 +443,7 @@ impl RaftBackend {
             .add_learner(id, node, false)
             .await
             .map_err(|error| {
-                explain_membership_error(format!("cannot add node {id} as a learner: {error}"))
+                membership_error(format!("cannot add node {id} as a learner"), error)
             })?;
         if let Err(why) = self.wait_caught_up(id, deadline).await {
             // Never leave a learner (let alone a voter) that cannot follow behind.
@@ -430,14 +455,14 @@ impl RaftBackend {
                 Ok(_) => "it was removed again".to_owned(),
                 Err(error) => format!("removing it again failed too: {error}"),
             };
-            return Err(format!(
+            return Err(MembershipError::Unchanged(format!(
                 "node {id} at {raft_addr} {why}; {cleanup} and membership is unchanged"
-            ));
+            )));
         }
         self.raft
             .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
             .await
-            .map_err(|error| format!("cannot make node {id} a voter: {error}"))?;
+            .map_err(|error| membership_error(format!("cannot make node {id} a voter"), error))?;
         Ok(())
     }
 
@@ -716,13 +741,7 @@ impl RaftBackend {
     }
 
     /// Removes a node from the voters and the cluster. Must run on the leader.
-    pub async fn remove_member(&self, id: NodeId) -> Result<(), String> {
-        self.remove_member_inner(id)
-            .await
-            .map_err(explain_membership_error)
-    }
-
-    async fn remove_member_inner(&self, id: NodeId) -> Result<(), String> {
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
         let _one_at_a_time = self.membership.lock().await;
         self.settle_membership(std::time::Instant::now() + MEMBERSHIP_SETTLE)
             .await;
@@ -730,7 +749,9 @@ impl RaftBackend {
         self.raft
             .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
             .await
-            .map_err(|error| format!("cannot remove node {id} from the voters: {error}"))?;
+            .map_err(|error| {
+                membership_error(format!("cannot remove node {id} from the voters"), error)
+            })?;
         // A learner is removed with a second change — never by a leader that just removed
         // itself: it is no longer the leader, and openraft asserts it is when it changes
         // membership (a race that stopped its raft).
@@ -739,7 +760,7 @@ impl RaftBackend {
             self.raft
                 .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
                 .await
-                .map_err(|error| format!("cannot remove node {id}: {error}"))?;
+                .map_err(|error| membership_error(format!("cannot remove node {id}"), error))?;
         }
         Ok(())
     }
