@@ -64,15 +64,23 @@ pub fn parse_gvk(text: &str) -> Result<Type, String> {
 
 /// Checks the three parts of a type; one message per invalid part, naming the part.
 pub fn type_violations(resource_type: &Type) -> Vec<String> {
+    type_part_violations(resource_type)
+        .into_iter()
+        .map(|(part, why)| format!("{part} {why}"))
+        .collect()
+}
+
+/// What is wrong with each part of a type: (`group`, `group_version` or `kind`, why).
+pub fn type_part_violations(resource_type: &Type) -> Vec<(&'static str, String)> {
     let mut violations = Vec::new();
     if let Err(why) = check_group(&resource_type.group) {
-        violations.push(format!("group {why}"));
+        violations.push(("group", why));
     }
     if let Err(why) = check_group_version(&resource_type.group_version) {
-        violations.push(format!("group_version {why}"));
+        violations.push(("group_version", why));
     }
     if let Err(why) = check_kind(&resource_type.kind) {
-        violations.push(format!("kind {why}"));
+        violations.push(("kind", why));
     }
     violations
 }

@@ -68,6 +68,7 @@ pub fn check_record(
 /// What a refusal looks like to storage.
 fn storage_error(error: Error) -> StorageError {
     match error {
+        Error::BadRequest(violations) => StorageError::Rejected(violations.to_string()),
         Error::InvalidArgument(why)
         | Error::NotFound(why)
         | Error::TenancyNotFound(why)

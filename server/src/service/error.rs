@@ -13,6 +13,9 @@ pub enum Error {
     /// Bad input; the message names the field (`resource.id.name invalid: …`).
     #[error("{0}")]
     InvalidArgument(String),
+    /// Bad input, field by field (every violation found), sent with a `google.rpc.BadRequest`.
+    #[error("{0}")]
+    BadRequest(BadRequest),
     #[error("{0}")]
     NotFound(String),
     /// A compare-and-swap lost: the resource changed since the client read it.
@@ -76,6 +79,24 @@ pub enum Error {
     DeadlineExceeded(String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// The violations of a request, each naming its field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub Vec<FieldViolation>);
+
+/// One violation: the field's path in the request, and the words for people (which name it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for BadRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let messages: Vec<&str> = self.0.iter().map(|v| v.message.as_str()).collect();
+        f.write_str(&messages.join("; "))
+    }
 }
 
 impl Error {
@@ -193,7 +214,9 @@ impl Error {
     pub fn code_and_reason(&self) -> (tonic::Code, Reason) {
         use tonic::Code;
         match self {
-            Error::InvalidArgument(_) => (Code::InvalidArgument, Reason::Invalid),
+            Error::InvalidArgument(_) | Error::BadRequest(_) => {
+                (Code::InvalidArgument, Reason::Invalid)
+            }
             Error::NotFound(_) => (Code::NotFound, Reason::NotFound),
             Error::TenancyNotFound(_) => (Code::NotFound, Reason::TenancyNotFound),
             Error::WriteToMissingTenancy(_) => (Code::InvalidArgument, Reason::TenancyNotFound),
@@ -227,7 +250,13 @@ impl From<Error> for tonic::Status {
         if reason == Reason::Internal {
             tracing::error!(error = %error, "internal error");
         }
-        proto::reason::attach(code, error.to_string(), &Details::new(reason))
+        let mut details = Details::new(reason);
+        if let Error::BadRequest(BadRequest(violations)) = &error {
+            for violation in violations {
+                details = details.with_violation(&violation.field, &violation.message);
+            }
+        }
+        proto::reason::attach(code, error.to_string(), &details)
     }
 }
 
@@ -279,6 +308,38 @@ mod tests {
             (tonic::Code::InvalidArgument, Reason::TenancyNotFound)
         );
         {}
+    }
+
+    /// An invalid request names its fields as data (`google.rpc.BadRequest`), beside the words.
+    #[test]
+    fn a_bad_request_sends_its_field_violations() {
+        let error = Error::BadRequest(BadRequest(vec![
+            FieldViolation {
+                field: "resource.id.name".into(),
+                message: "resource.id.name invalid: empty".into(),
+            },
+            FieldViolation {
+                field: "resource.id.tenancy.namespace".into(),
+                message: "resource.id.tenancy.namespace cannot be the wildcard \"*\" here".into(),
+            },
+        ]));
+        let status = tonic::Status::from(error);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "resource.id.name invalid: empty; resource.id.tenancy.namespace cannot be the wildcard \"*\" here"
+        );
+        let details = proto::reason::of(&status).expect("details");
+        assert_eq!(details.reason, Reason::Invalid);
+        let fields: Vec<&str> = details
+            .field_violations
+            .iter()
+            .map(|(field, _)| field.as_str())
+            .collect();
+        assert_eq!(
+            fields,
+            ["resource.id.name", "resource.id.tenancy.namespace"]
+        );
     }
 
     /// What storage says a node is doing keeps its reason through the service.

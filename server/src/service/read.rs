@@ -293,7 +293,10 @@ impl ResourceService {
             .as_ref()
             .is_some_and(|owner| owner.uid.is_empty())
         {
-            violations.push("owner uid is required: children are matched on their owner's uid");
+            violations.push(
+                "owner.uid",
+                "owner uid is required: children are matched on their owner's uid",
+            );
         }
         violations.finish()?;
         let Some(mut owner) = request.owner else {

@@ -4,23 +4,29 @@
 use proto::resource::v1::{Id, Reference, Tenancy, Type};
 
 use super::Error;
+use super::error::{BadRequest, FieldViolation};
 use crate::registry::{Registry, Scope, builtin};
 use crate::resource;
 
-/// Collects violations and turns them into one `InvalidArgument`.
+/// Collects violations, each of a field, and turns them into one [`Error::BadRequest`] (its
+/// fields sent as a `google.rpc.BadRequest`).
 #[derive(Debug, Default)]
-pub(super) struct Violations(Vec<String>);
+pub(super) struct Violations(Vec<FieldViolation>);
 
 impl Violations {
-    pub fn push(&mut self, violation: impl Into<String>) {
-        self.0.push(violation.into());
+    /// A violation of `field` (a path in the request: `resource.id.name`), said in `message`.
+    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldViolation {
+            field: field.into(),
+            message: message.into(),
+        });
     }
 
     pub fn finish(self) -> Result<(), Error> {
         if self.0.is_empty() {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(self.0.join("; ")))
+            Err(Error::BadRequest(BadRequest(self.0)))
         }
     }
 }
@@ -34,10 +40,10 @@ pub(super) enum Wildcards {
 
 pub(super) fn check_type(violations: &mut Violations, field: &str, resource_type: Option<&Type>) {
     match resource_type {
-        None => violations.push(format!("{field} is required")),
+        None => violations.push(field, format!("{field} is required")),
         Some(resource_type) => {
-            for violation in resource::type_violations(resource_type) {
-                violations.push(format!("{field}.{violation}"));
+            for (part, why) in resource::type_part_violations(resource_type) {
+                violations.push(format!("{field}.{part}"), format!("{field}.{part} {why}"));
             }
         }
     }
@@ -61,9 +67,12 @@ pub(super) fn check_tenancy(
 ) {
     let Some(tenancy) = tenancy else {
         if absent == Absent::Required {
-            violations.push(format!(
-                "{field} is required (send an empty tenancy for the defaults of the type's scope)"
-            ));
+            violations.push(
+                field,
+                format!(
+                    "{field} is required (send an empty tenancy for the defaults of the type's scope)"
+                ),
+            );
         }
         return;
     };
@@ -75,9 +84,15 @@ pub(super) fn check_tenancy(
             continue;
         }
         if value == resource::WILDCARD {
-            violations.push(format!("{field}.{part} cannot be the wildcard \"*\" here"));
+            violations.push(
+                format!("{field}.{part}"),
+                format!("{field}.{part} cannot be the wildcard \"*\" here"),
+            );
         } else if let Err(why) = resource::check_name(value, resource::MAX_NAME_LEN) {
-            violations.push(format!("{field}.{part} invalid: {why}"));
+            violations.push(
+                format!("{field}.{part}"),
+                format!("{field}.{part} invalid: {why}"),
+            );
         }
     }
 }
@@ -100,12 +115,15 @@ pub(super) fn check_id(
     registry: &Registry,
 ) {
     let Some(id) = id else {
-        violations.push(format!("{field} is required"));
+        violations.push(field, format!("{field} is required"));
         return;
     };
     check_type(violations, &format!("{field}.type"), id.r#type.as_ref());
     if let Err(why) = resource::check_name(&id.name, max_name_len(registry, id.r#type.as_ref())) {
-        violations.push(format!("{field}.name invalid: {why}"));
+        violations.push(
+            format!("{field}.name"),
+            format!("{field}.name invalid: {why}"),
+        );
     }
     check_tenancy(
         violations,
@@ -149,7 +167,10 @@ pub(super) fn check_reference(violations: &mut Violations, field: &str, referenc
         reference.r#type.as_ref(),
     );
     if let Err(why) = resource::check_name(&reference.name, builtin::MAX_TOMBSTONE_NAME_LEN) {
-        violations.push(format!("{field}.name invalid: {why}"));
+        violations.push(
+            format!("{field}.name"),
+            format!("{field}.name invalid: {why}"),
+        );
     }
     check_tenancy(
         violations,
@@ -167,9 +188,12 @@ pub(super) fn check_name_prefix(violations: &mut Violations, prefix: &str) {
         .chars()
         .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
     {
-        violations.push(format!(
-            "name_prefix invalid: {prefix:?} contains {c:?}: names are lowercase RFC 1123 labels (a-z, 0-9 and '-'), so no name starts with it"
-        ));
+        violations.push(
+            "name_prefix",
+            format!(
+                "name_prefix invalid: {prefix:?} contains {c:?}: names are lowercase RFC 1123 labels (a-z, 0-9 and '-'), so no name starts with it"
+            ),
+        );
     }
 }
 
@@ -200,10 +224,13 @@ pub(super) fn apply_scope(
             if is_wildcard(&tenancy.namespace) {
                 tenancy.namespace.clear();
             } else if !tenancy.namespace.is_empty() {
-                violations.push(format!(
-                    "{field}.namespace: partition scoped resource {gvk} cannot have a namespace, got {:?}",
-                    tenancy.namespace
-                ));
+                violations.push(
+                    format!("{field}.namespace"),
+                    format!(
+                        "{field}.namespace: partition scoped resource {gvk} cannot have a namespace, got {:?}",
+                        tenancy.namespace
+                    ),
+                );
             }
         }
         Scope::Cluster => {
@@ -214,9 +241,12 @@ pub(super) fn apply_scope(
                 if is_wildcard(value) {
                     value.clear();
                 } else if !value.is_empty() {
-                    violations.push(format!(
-                        "{field}.{part}: cluster scoped resource {gvk} cannot have a {part}, got {value:?}"
-                    ));
+                    violations.push(
+                        format!("{field}.{part}"),
+                        format!(
+                            "{field}.{part}: cluster scoped resource {gvk} cannot have a {part}, got {value:?}"
+                        ),
+                    );
                 }
             }
         }
@@ -228,8 +258,8 @@ pub(super) fn apply_scope(
 /// Checks `observed_generation`-style ULIDs.
 pub(super) fn check_ulid(violations: &mut Violations, field: &str, value: &str) {
     if value.is_empty() {
-        violations.push(format!("{field} is required"));
+        violations.push(field, format!("{field} is required"));
     } else if ulid::Ulid::from_string(value).is_err() {
-        violations.push(format!("{field} invalid: {value:?} is not a ULID"));
+        violations.push(field, format!("{field} invalid: {value:?} is not a ULID"));
     }
 }

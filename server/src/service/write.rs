@@ -330,12 +330,16 @@ impl ResourceService {
         }
         let mut violations = Violations::default();
         if input.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
-            violations.push(format!(
-                "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be set on create: Delete sets it"
-            ));
+            violations.push(
+                format!("resource.metadata.{DELETION_TIMESTAMP_KEY}"),
+                format!(
+                    "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be set on create: Delete sets it"
+                ),
+            );
         }
         if !input.status.is_empty() {
             violations.push(
+                "resource.status",
                 "resource.status cannot be set on create: statuses are written with WriteStatus",
             );
         }
@@ -623,10 +627,13 @@ impl ResourceService {
             &self.registry,
         );
         if key.is_empty() {
-            violations.push("key is required: name the status after the controller that writes it");
+            violations.push(
+                "key",
+                "key is required: name the status after the controller that writes it",
+            );
         }
         match &status {
-            None => violations.push("status is required"),
+            None => violations.push("status", "status is required"),
             Some(status) => {
                 validate::check_ulid(
                     &mut violations,
@@ -634,11 +641,17 @@ impl ResourceService {
                     &status.observed_generation,
                 );
                 if status.updated_at.is_some() {
-                    violations.push("status.updated_at is set by the server: leave it empty");
+                    violations.push(
+                        "status.updated_at",
+                        "status.updated_at is set by the server: leave it empty",
+                    );
                 }
                 for (index, condition) in status.conditions.iter().enumerate() {
                     if condition.r#type.is_empty() {
-                        violations.push(format!("status.conditions[{index}].type is required"));
+                        violations.push(
+                            format!("status.conditions[{index}].type"),
+                            format!("status.conditions[{index}].type is required"),
+                        );
                     }
                     if let Some(reference) = &condition.resource {
                         validate::check_reference(
@@ -743,7 +756,10 @@ fn check_frozen_write(
     let frozen =
         "the resource is marked for deletion and only accepts writes that remove finalizers";
     if !registration.same_data(input.data.as_ref(), existing.data.as_ref()) {
-        violations.push(format!("resource.data cannot change: {frozen}"));
+        violations.push(
+            "resource.data",
+            format!("resource.data cannot change: {frozen}"),
+        );
     }
     let input_finalizers = resource::finalizers(input);
     let existing_finalizers = resource::finalizers(existing);
@@ -752,14 +768,18 @@ fn check_frozen_write(
         .copied()
         .collect();
     if !added.is_empty() {
-        violations.push(format!(
-            "resource.metadata.{FINALIZERS_KEY} cannot gain {added:?}: {frozen}"
-        ));
+        violations.push(
+            format!("resource.metadata.{FINALIZERS_KEY}"),
+            format!("resource.metadata.{FINALIZERS_KEY} cannot gain {added:?}: {frozen}"),
+        );
     }
     if input.metadata.get(DELETION_TIMESTAMP_KEY) != existing.metadata.get(DELETION_TIMESTAMP_KEY) {
-        violations.push(format!(
-            "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be changed or removed: {frozen}"
-        ));
+        violations.push(
+            format!("resource.metadata.{DELETION_TIMESTAMP_KEY}"),
+            format!(
+                "resource.metadata.{DELETION_TIMESTAMP_KEY} cannot be changed or removed: {frozen}"
+            ),
+        );
     }
     let other_metadata = |resource: &Resource| {
         resource
@@ -772,10 +792,13 @@ fn check_frozen_write(
             .collect::<std::collections::BTreeMap<_, _>>()
     };
     if other_metadata(input) != other_metadata(existing) {
-        violations.push(format!("resource.metadata cannot change: {frozen}"));
+        violations.push(
+            "resource.metadata",
+            format!("resource.metadata cannot change: {frozen}"),
+        );
     }
     if added.is_empty() && input_finalizers == existing_finalizers {
-        violations.push(format!("no-op write rejected: {frozen}"));
+        violations.push("resource", format!("no-op write rejected: {frozen}"));
     }
     violations.finish()
 }

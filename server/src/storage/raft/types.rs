@@ -168,3 +168,122 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
 pub fn decode<T: de::DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
     bincode::deserialize(bytes)
 }
+
+/// The bytes of openraft's values as resd writes them (the write-ahead log's vote and entries,
+/// the state machine's membership and snapshot metadata, the peers' RPCs) are bincode of
+/// openraft's serde shapes: a format that an upgrade of openraft or bincode could change
+/// without a word. These pin it: a failure here means data directories and peers of earlier
+/// builds no longer read what this one writes (bump the format version, or keep the shape).
+#[cfg(test)]
+mod golden {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn node(n: u64) -> NodeAddr {
+        NodeAddr {
+            api_addr: format!("127.0.0.1:850{n}"),
+            raft_addr: format!("127.0.0.1:930{n}"),
+        }
+    }
+
+    fn log_id(term: u64, node: u64, index: u64) -> LogId {
+        openraft::LogId::new(openraft::CommittedLeaderId::new(term, node), index)
+    }
+
+    fn membership() -> openraft::Membership<NodeId, NodeAddr> {
+        let nodes: BTreeMap<NodeId, NodeAddr> = (1..=3).map(|n| (n, node(n))).collect();
+        openraft::Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes)
+    }
+
+    /// Each value, encoded, against the bytes this format has always had.
+    #[test]
+    fn openraft_values_keep_their_bytes() {
+        let entry = |payload| Entry {
+            log_id: log_id(2, 1, 75),
+            payload,
+        };
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("vote", encode(&Vote::new(3, 2)).expect("vote"), GOLDEN_VOTE),
+            (
+                "committed vote",
+                encode(&Vote::new_committed(4, 1)).expect("vote"),
+                GOLDEN_COMMITTED_VOTE,
+            ),
+            (
+                "log id",
+                encode(&log_id(2, 1, 75)).expect("log id"),
+                GOLDEN_LOG_ID,
+            ),
+            (
+                "blank entry",
+                encode(&entry(openraft::EntryPayload::Blank)).expect("entry"),
+                GOLDEN_BLANK_ENTRY,
+            ),
+            (
+                "membership entry",
+                encode(&entry(openraft::EntryPayload::Membership(membership()))).expect("entry"),
+                GOLDEN_MEMBERSHIP_ENTRY,
+            ),
+            (
+                "normal entry",
+                encode(&entry(openraft::EntryPayload::Normal(Command::new(
+                    Op::RestoreBegin {
+                        restore_id: "r1".into(),
+                    },
+                ))))
+                .expect("entry"),
+                GOLDEN_NORMAL_ENTRY,
+            ),
+            (
+                "stored membership",
+                encode(&StoredMembership::new(Some(log_id(2, 1, 70)), membership()))
+                    .expect("membership"),
+                GOLDEN_STORED_MEMBERSHIP,
+            ),
+        ];
+        let mut changed = Vec::new();
+        for (name, bytes, golden) in &cases {
+            if hex(bytes) != *golden {
+                changed.push(format!("{name}: {}", hex(bytes)));
+            }
+        }
+        assert!(
+            changed.is_empty(),
+            "openraft values changed their bytes:\n{}",
+            changed.join("\n")
+        );
+        // And they read back.
+        let read: Entry = decode(&cases[5].1).expect("the normal entry reads back");
+        assert_eq!(read.log_id, log_id(2, 1, 75));
+    }
+
+    const GOLDEN_VOTE: &str = "0300000000000000020000000000000000";
+    const GOLDEN_COMMITTED_VOTE: &str = "0400000000000000010000000000000001";
+    const GOLDEN_LOG_ID: &str = "020000000000000001000000000000004b00000000000000";
+    const GOLDEN_BLANK_ENTRY: &str = "020000000000000001000000000000004b0000000000000000000000";
+    const GOLDEN_MEMBERSHIP_ENTRY: &str = concat!(
+        "020000000000000001000000000000004b0000000000000002000000010000000000000003000000",
+        "00000000010000000000000002000000000000000300000000000000030000000000000001000000",
+        "000000000e000000000000003132372e302e302e313a383530310e000000000000003132372e302e",
+        "302e313a3933303102000000000000000e000000000000003132372e302e302e313a383530320e00",
+        "0000000000003132372e302e302e313a3933303203000000000000000e000000000000003132372e",
+        "302e302e313a383530330e000000000000003132372e302e302e313a39333033",
+    );
+    const GOLDEN_NORMAL_ENTRY: &str = concat!(
+        "020000000000000001000000000000004b000000000000000100000006000000000000001a040a02",
+        "7231",
+    );
+    const GOLDEN_STORED_MEMBERSHIP: &str = concat!(
+        "01020000000000000001000000000000004600000000000000010000000000000003000000000000",
+        "00010000000000000002000000000000000300000000000000030000000000000001000000000000",
+        "000e000000000000003132372e302e302e313a383530310e000000000000003132372e302e302e31",
+        "3a3933303102000000000000000e000000000000003132372e302e302e313a383530320e00000000",
+        "0000003132372e302e302e313a3933303203000000000000000e000000000000003132372e302e30",
+        "2e313a383530330e000000000000003132372e302e302e313a39333033",
+    );
+}
