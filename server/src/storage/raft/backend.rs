@@ -39,6 +39,7 @@ mod proposer;
 mod read_index;
 mod readiness;
 mod repair;
+mod retry;
 mod status;
 
 pub use readiness::Readiness;
@@ -603,8 +604,8 @@ impl RaftBackend {
             match proposer::propose(&self.raft, op.clone()).await {
                 Ok(outcome) => return outcome.single().map(|_| ()),
                 Err(proposer::Proposed::Applied(result)) => return result.map(|_| ()),
-                Err(proposer::Proposed::Retry(reason)) if Instant::now() >= deadline => {
-                    return Err(StorageError::Inconsistent(reason));
+                Err(proposer::Proposed::Retry(retry)) if Instant::now() >= deadline => {
+                    return Err(StorageError::Inconsistent(retry.to_string()));
                 }
                 Err(proposer::Proposed::Retry(_)) => {
                     tokio::time::sleep(Duration::from_millis(50)).await

@@ -168,9 +168,10 @@ pub struct ListQuery {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
     Change(Tagged),
-    /// A linearizable read.
+    /// A linearizable read. This build reads at a read index instead and never sends it; it
+    /// is served for peers of earlier builds during a rolling upgrade.
     Read(Id),
-    /// A linearizable list.
+    /// A linearizable list (as [`Request::Read`]: served, never sent).
     List(ListQuery),
     /// Confirm leadership and return the index every linearizable read must wait for.
     ReadIndex,
@@ -201,14 +202,6 @@ impl From<Applied> for Reply {
 pub fn expect_resource(reply: ReplyResult) -> Result<Resource, StorageError> {
     match reply? {
         Reply::Resource(resource) => Ok(resource),
-        other => Err(unexpected(&other)),
-    }
-}
-
-/// Reads the reply a request for a list expects.
-pub fn expect_resources(reply: ReplyResult) -> Result<Vec<Resource>, StorageError> {
-    match reply? {
-        Reply::Resources(resources) => Ok(resources),
         other => Err(unexpected(&other)),
     }
 }

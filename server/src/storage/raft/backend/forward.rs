@@ -11,6 +11,7 @@ use super::super::op::{ListQuery, Reply, ReplyResult, Request};
 use super::super::types::{NodeAddr, NodeId};
 use super::RaftBackend;
 use super::proposer::{Proposal, Proposed};
+use super::retry::Retry;
 use crate::storage::StorageError;
 
 /// One try at serving a request: done (either way), or worth retrying (no or another leader).
@@ -18,7 +19,7 @@ use crate::storage::StorageError;
 #[derive(Clone, Debug)]
 pub(super) enum Attempt {
     Done(ReplyResult),
-    Retry(String),
+    Retry(Retry),
 }
 
 impl From<Proposed> for Attempt {
@@ -76,14 +77,13 @@ impl RaftBackend {
             return Err(StorageError::Removed(why));
         }
         let deadline = crate::storage::deadline::bounded(self.forward_timeout);
-        let mut last_reason = String::new();
+        let mut last: Option<Retry> = None;
         loop {
             let attempt = match self.wait_for_leader(deadline).await {
                 Err(error) => {
-                    let why = if last_reason.is_empty() {
-                        error.to_string()
-                    } else {
-                        format!("{error} (last: {last_reason})")
+                    let why = match &last {
+                        None => error.to_string(),
+                        Some(retry) => format!("{error} (last: {retry})"),
                     };
                     return Err(StorageError::Inconsistent(why));
                 }
@@ -91,23 +91,21 @@ impl RaftBackend {
                 // Boxed: the call to another node is the rare path, and its future is large;
                 // held inline it would make every local write's future that much larger.
                 Ok((leader, Some(node))) => Box::pin(self.forward(leader, &node, &request)).await,
-                Ok((leader, None)) => {
-                    Attempt::Retry(format!("leader {leader} has no known address"))
-                }
+                Ok((leader, None)) => Attempt::Retry(Retry::LeaderUnaddressed(leader)),
             };
             match attempt {
                 Attempt::Done(reply) => return reply,
-                Attempt::Retry(reason) => {
+                Attempt::Retry(retry) => {
                     if Instant::now() >= deadline {
                         let heard = self
                             .voters_heard()
                             .map(|heard| format!("; {heard}"))
                             .unwrap_or_default();
                         return Err(StorageError::Inconsistent(format!(
-                            "could not reach a raft leader before the request's deadline: {reason}{heard}"
+                            "could not reach a raft leader before the request's deadline: {retry}{heard}"
                         )));
                     }
-                    last_reason = reason;
+                    last = Some(retry);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -117,7 +115,13 @@ impl RaftBackend {
     async fn forward(&self, leader: NodeId, node: &NodeAddr, request: &Request) -> Attempt {
         let mut client = match self.peer_client(leader, &node.raft_addr) {
             Ok(client) => client,
-            Err(why) => return Attempt::Retry(why),
+            Err(why) => {
+                return Attempt::Retry(Retry::Unreachable {
+                    leader,
+                    addr: node.raft_addr.clone(),
+                    why,
+                });
+            }
         };
         let mut call = tonic::Request::new(codec::forward_request_of(request));
         call.set_timeout(
@@ -130,9 +134,10 @@ impl RaftBackend {
         let reply = tokio::select! {
             reply = client.forward(call) => reply,
             new_leader = self.leader_other_than(leader) => {
-                return Attempt::Retry(format!(
-                    "leader {leader} stopped answering; node {new_leader} leads now"
-                ));
+                return Attempt::Retry(Retry::LeaderSilent {
+                    was: leader,
+                    now: new_leader,
+                });
             }
         };
         match reply {
@@ -140,15 +145,15 @@ impl RaftBackend {
             Ok(reply) => match codec::reply_of(reply.into_inner()) {
                 // A leader on its way out answers until it stops: another will lead.
                 Err(StorageError::Inconsistent(why) | StorageError::ShuttingDown(why)) => {
-                    Attempt::Retry(format!("node {leader}: {why}"))
+                    Attempt::Retry(Retry::LeaderRefused { leader, why })
                 }
                 reply => Attempt::Done(reply),
             },
-            Err(status) => Attempt::Retry(format!(
-                "forwarding to leader {leader} at {}: {}",
-                node.raft_addr,
-                status.message()
-            )),
+            Err(status) => Attempt::Retry(Retry::Unreachable {
+                leader,
+                addr: node.raft_addr.clone(),
+                why: status.message().to_owned(),
+            }),
         }
     }
 
@@ -171,7 +176,7 @@ impl RaftBackend {
     pub async fn serve_forwarded(&self, request: Request) -> ReplyResult {
         match self.serve_locally(request).await {
             Attempt::Done(reply) => reply,
-            Attempt::Retry(reason) => Err(StorageError::Inconsistent(reason)),
+            Attempt::Retry(retry) => Err(StorageError::Inconsistent(retry.to_string())),
         }
     }
 
@@ -251,16 +256,14 @@ impl RaftBackend {
             }
         };
         self.reads
-            .join(round, || {
-                Err(Attempt::Retry("the leadership round was dropped".into()))
-            })
+            .join(round, || Err(Attempt::Retry(Retry::RoundDropped)))
             .await
     }
 }
 
 pub(super) fn not_leader<E: std::fmt::Display>(error: RaftError<NodeId, E>) -> Attempt {
     match error {
-        RaftError::APIError(error) => Attempt::Retry(format!("not the leader: {error}")),
+        RaftError::APIError(error) => Attempt::Retry(Retry::NotLeader(error.to_string())),
         RaftError::Fatal(fatal) => Attempt::Done(Err(StorageError::Inconsistent(format!(
             "raft stopped: {fatal}"
         )))),

@@ -7,6 +7,7 @@ use openraft::error::{ClientWriteError, RaftError};
 
 use super::super::op::{ChangeResult, Op, Outcome, Tagged};
 use super::super::types::{Command, NodeAddr, NodeId, Raft};
+use super::retry::Retry;
 use crate::storage::StorageError;
 
 /// Most changes in one entry.
@@ -25,7 +26,7 @@ pub(super) const MAX_PROPOSALS_IN_FLIGHT: usize = 1;
 #[derive(Clone, Debug)]
 pub(super) enum Proposed {
     Applied(ChangeResult),
-    Retry(String),
+    Retry(Retry),
 }
 
 /// A change waiting for the proposer, and where its outcome goes.
@@ -109,7 +110,9 @@ pub(super) async fn propose(raft: &Raft, op: Op) -> Result<Outcome, Proposed> {
 fn proposed_of_error(error: RaftError<NodeId, ClientWriteError<NodeId, NodeAddr>>) -> Proposed {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-            Proposed::Retry(format!("leadership moved to {:?}", forward.leader_id))
+            Proposed::Retry(Retry::LeaderMoved {
+                to: forward.leader_id,
+            })
         }
         RaftError::APIError(error) => {
             Proposed::Applied(Err(StorageError::Internal(error.to_string())))
