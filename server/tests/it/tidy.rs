@@ -98,10 +98,28 @@ fn module_files(name: &str) -> Vec<PathBuf> {
 
 #[test]
 fn lower_layers_never_import_upper_ones() {
-    // resource < tls < registry < storage < service < controller < agent (the composition
-    // root); tls (certificates and connections) sits below everything that dials or serves;
-    // metrics (instruments) below storage; http (the HTTP server) between service and agent.
-    let rules: [(&str, &[&str]); 6] = [
+    // resource < acl < tls < registry < storage < service < controller < agent (the
+    // composition root); tls (certificates and connections) sits below everything that dials or
+    // serves; metrics (instruments) below storage; http (the HTTP server) between service and
+    // agent. `resource` (the pure rules of ids, names and finalizers) imports nothing of the
+    // crate; `acl` (policies, rules, tokens) only `resource`; controllers reach the service,
+    // never the agent or the HTTP server.
+    let everything_above_resource: &[&str] = &[
+        "crate::acl",
+        "crate::tls",
+        "crate::registry",
+        "crate::storage",
+        "crate::service",
+        "crate::controller",
+        "crate::agent",
+        "crate::http",
+        "crate::metrics",
+        "crate::limits",
+    ];
+    let rules: [(&str, &[&str]); 9] = [
+        ("resource", everything_above_resource),
+        ("acl", &everything_above_resource[1..]),
+        ("controller", &["crate::agent", "crate::http"]),
         (
             "metrics",
             &[
@@ -154,4 +172,55 @@ fn lower_layers_never_import_upper_ones() {
         }
     }
     assert!(offenders.is_empty(), "{offenders:?}");
+}
+
+/// Clients decide on reasons, never on a server's words (DESIGN §3, "Errors"): the phrases
+/// failover and retries once looked for appear in no client's code.
+#[test]
+fn no_client_decides_on_the_servers_words() {
+    let phrases = [
+        "shutting down",
+        "catching up",
+        "was removed",
+        "membership is unchanged",
+        "not committed",
+        "namespace not found",
+        "partition not found",
+        "is not registered",
+        "quorum",
+    ];
+    let root = workspace_root();
+    let mut files = Vec::new();
+    for dir in ["proto/src/client", "runtime/src", "ctl/src", "tui/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    files.push(root.join("proto/src/client.rs"));
+    let mut offenders = Vec::new();
+    for path in files {
+        if path.ends_with("tests.rs") || path.to_string_lossy().contains("/tests/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // Tests may say the words (to show they drive nothing); so may comments.
+        let code: String = text
+            .lines()
+            .take_while(|line| !line.contains("#[cfg(test)]"))
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for phrase in phrases {
+            let decisions = [
+                format!(".contains(\"{phrase}"),
+                format!("starts_with(\"{phrase}"),
+                format!("== \"{phrase}"),
+            ];
+            if decisions
+                .iter()
+                .any(|decision| code.contains(decision.as_str()))
+            {
+                offenders.push(format!("{}: {phrase:?}", path.display()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "decisions on words: {offenders:?}");
 }
