@@ -376,6 +376,10 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
     let (status, conflict) = call_json("PUT", &format!("{artists}/nina"), &[], Some(&stale)).await;
     assert_eq!(status, 409, "{conflict}");
     assert_eq!(conflict["code"], "ABORTED");
+    assert_eq!(
+        conflict["reason"], "CAS_CONFLICT",
+        "the reason, as data: {conflict}"
+    );
     assert!(
         conflict["message"]
             .as_str()
@@ -384,6 +388,7 @@ async fn metrics_readiness_and_the_resource_api_over_http() {
     );
     let (status, missing) = call_json("GET", &format!("{artists}/nobody"), &[], None).await;
     assert_eq!((status, missing["code"].as_str()), (404, Some("NOT_FOUND")));
+    assert_eq!(missing["reason"], "NOT_FOUND", "{missing}");
     let (status, invalid) = call_json(
         "PUT",
         &format!("{artists}/x"),
