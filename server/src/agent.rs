@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 mod acl_feed;
+pub mod dev;
 mod reflection;
 mod serve;
 

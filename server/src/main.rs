@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use server::agent::dev::DevError;
 use server::agent::{Agent, AgentConfig, AgentError, DefaultPolicy, StorageKind};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 /// jemalloc: its per-thread caches serve the many short-lived allocations of 1–2 KiB a request
 /// makes without the heap consolidation glibc's allocator does for them.
@@ -630,259 +630,25 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 
 #[allow(clippy::print_stdout)]
 async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
-    let base = tempfile::Builder::new()
-        .prefix("resd-dev-")
-        .tempdir()
-        .context("cannot create a temporary data directory")?;
+    let settings = server::agent::dev::DevSettings {
+        api_port: args.api_port,
+        raft_port: args.raft_port,
+        http_port: args.http_port,
+        keep: args.keep,
+        insecure: args.insecure,
+    };
     let shutdown = CancellationToken::new();
-    let mut configs = server::agent::dev_cluster(
-        base.path(),
-        3,
-        args.api_port,
-        args.raft_port,
-        Some(args.http_port),
-    );
-    let mut connect_flags = String::new();
-    let mut grpcurl_flags = "-plaintext".to_owned();
-    let mut curl_flags = String::new();
-    let secure = !args.insecure;
-    if args.insecure {
-        for config in configs.iter_mut() {
-            config.insecure = true;
-        }
-    } else {
-        let dir = base.path().join("tls");
-        let ca = server::tls::create_ca(&dir)?;
-        for config in configs.iter_mut() {
-            let node = server::tls::create_node_cert(
-                &dir,
-                config.node_id,
-                &config.cluster_name,
-                &[],
-                &[],
-            )?;
-            config.tls_ca = Some(ca.cert.clone());
-            config.tls_cert = Some(node.cert);
-            config.tls_key = Some(node.key);
-            config.tls_verify_clients = true;
-        }
-        let client = server::tls::create_client_cert(&dir, "dev")?;
-        connect_flags = format!(
-            " --ca-cert {} --client-cert {} --client-key {}",
-            ca.cert.display(),
-            client.cert.display(),
-            client.key.display()
-        );
-        grpcurl_flags = format!(
-            "-cacert {} -cert {} -key {}",
-            ca.cert.display(),
-            client.cert.display(),
-            client.key.display()
-        );
-        curl_flags = format!(
-            " --cacert {} --cert {} --key {}",
-            ca.cert.display(),
-            client.cert.display(),
-            client.key.display()
-        );
-        println!(
-            "resd: TLS on both ports; a throwaway CA and certificates are in {}",
-            dir.display()
-        );
-    }
-    // With TLS, ACLs: bootstrapped by the cluster itself from a secret in a file (0600).
-    let management_token = if secure {
-        let secret = proto::tls::new_secret()
-            .map_err(|why| anyhow::anyhow!("cannot make the management secret: {why}"))?;
-        let file = base.path().join("initial-management");
-        write_private(&file, &secret)?;
-        for config in configs.iter_mut() {
-            config.acl_enabled = true;
-            config.acl_initial_management_file = Some(file.clone());
-        }
-        Some(secret)
-    } else {
-        None
-    };
-    let client_tls = configs[0].tls_ca.as_ref().map(|ca| {
-        let dir = ca
-            .parent()
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_default();
-        (
-            ca.clone(),
-            dir.join("client-dev.pem"),
-            dir.join("client-dev-key.pem"),
-        )
-    });
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
-    let mut running = Vec::new();
-    let mut first_api: Option<String> = None;
-    for config in &configs {
-        let mut config = config.clone();
-        config.join = first_api.clone();
-        let agent = Agent::start(config.clone(), shutdown.clone())
-            .await
-            .with_context(|| format!("cannot start node {}", config.node_id))?;
-        let api_addr = agent
-            .api_addr()
-            .context("cannot read the bound API address")?;
-        println!(
-            "node {}  api {}  raft {}  http {}  data {}",
-            config.node_id,
-            api_addr,
-            agent.raft_addr().map(|a| a.to_string()).unwrap_or_default(),
-            agent.http_addr().map(|a| a.to_string()).unwrap_or_default(),
-            config
-                .data_dir
-                .as_deref()
-                .map(|d| d.display().to_string())
-                .unwrap_or_default()
-        );
-        running.push(tokio::spawn(
-            agent
-                .run()
-                .instrument(tracing::info_span!("node", id = config.node_id)),
-        ));
-        if first_api.is_none() {
-            first_api = Some(api_addr.to_string());
-        }
-    }
-    let first_api = first_api.unwrap_or_default();
-    let mut context = None;
-    if let Some(secret) = &management_token {
-        grpcurl_flags.push_str(&format!(" -H 'x-resd-token: {secret}'"));
-        curl_flags.push_str(&format!(" -H 'X-Resd-Token: {secret}'"));
-        println!(
-            "resd: ACLs on; the management token (initial-management) is in {}",
-            base.path().join("initial-management").display()
-        );
-        // resctl and the dashboard find the cluster, its certificates and the token in a
-        // context: the README's commands work with no flag.
-        if let Some((ca, cert, key)) = &client_tls {
-            match DevContext::write(&first_api, secret, ca, cert, key) {
-                Ok(written) => {
-                    println!(
-                        "resd: resctl context {DEV_CONTEXT} (current while this runs) in {}",
-                        written.path.display()
-                    );
-                    connect_flags.clear();
-                    context = Some(written);
-                }
-                Err(error) => {
-                    eprintln!(
-                        "resd: cannot write the resctl context ({error:#}); pass the flags below"
-                    );
-                    connect_flags.push_str(&format!(" --token {secret}"));
-                }
-            }
-        }
-    }
-    let http = match configs.first().and_then(|c| c.http_addr) {
-        Some(addr) if addr.port() != 0 => {
-            let scheme = if secure { "https" } else { "http" };
-            format!(
-                "\n  curl{curl_flags} '{scheme}://{addr}/v1/resources/demo/v2/Artist?namespace=*'\n  curl{curl_flags} {scheme}://{addr}/metrics"
-            )
-        }
-        _ => String::new(),
-    };
-    println!(
-        "resd: 3-node dev cluster running; connect to any API address, e.g.\n  resctl --server {first_api}{connect_flags} apply -f fixtures/demo\n  resctl --server {first_api}{connect_flags} get demo.v2.Artist -A\n  grpcurl {grpcurl_flags} {first_api} list{http}\nCtrl-C stops it."
-    );
-
-    let mut failure = None;
-    for task in running {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => failure = Some(anyhow::Error::from(error)),
-            Err(error) => failure = Some(anyhow::anyhow!("a node task failed: {error}")),
-        }
-    }
+    let ran = server::agent::dev::run(&settings, shutdown, &mut std::io::stdout()).await;
     signals.abort();
     let _ = signals.await;
-    if let Some(context) = context
-        && !args.keep
-    {
-        context.remove();
-    }
-    if args.keep {
-        let kept = base.keep();
-        println!("resd: data kept in {}", kept.display());
-    }
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(()),
-    }
-}
-
-/// The resctl context `resd dev` writes for its secure cluster.
-const DEV_CONTEXT: &str = "resd-dev";
-
-/// Writes `contents` to a new file only its owner may read.
-fn write_private(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(contents.as_bytes())
-        .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// The `resd-dev` entry of resctl's contexts file (`proto::client::contexts`, the file
-/// `resctl context` uses), made current while the dev cluster runs.
-struct DevContext {
-    path: PathBuf,
-    /// The context that was current before, restored when the cluster stops.
-    previous: Option<String>,
-}
-
-impl DevContext {
-    fn write(
-        server: &str,
-        token: &str,
-        ca: &std::path::Path,
-        cert: &std::path::Path,
-        key: &std::path::Path,
-    ) -> anyhow::Result<DevContext> {
-        use proto::client::contexts::{self, ContextEntry, ContextsFile};
-        let path = contexts::path().context("neither RESCTL_CONFIG nor HOME is set")?;
-        let mut file = ContextsFile::load(&path)?;
-        let previous = file.current.take().filter(|current| current != DEV_CONTEXT);
-        file.contexts.insert(
-            DEV_CONTEXT.to_owned(),
-            ContextEntry {
-                server: Some(server.to_owned()),
-                token: Some(token.to_owned()),
-                ca_cert: Some(ca.display().to_string()),
-                client_cert: Some(cert.display().to_string()),
-                client_key: Some(key.display().to_string()),
-                ..Default::default()
-            },
-        );
-        file.current = Some(DEV_CONTEXT.to_owned());
-        file.save(&path)?;
-        Ok(DevContext { path, previous })
-    }
-
-    /// Removes the entry (its certificates are gone with the cluster) and makes the previous
-    /// context current again.
-    fn remove(self) {
-        use proto::client::contexts::ContextsFile;
-        let restored = ContextsFile::load(&self.path).and_then(|mut file| {
-            file.contexts.remove(DEV_CONTEXT);
-            if file.current.as_deref() == Some(DEV_CONTEXT) {
-                file.current = self.previous.clone();
-            }
-            file.save(&self.path)
-        });
-        if let Err(error) = restored {
-            eprintln!("resd: cannot remove the resctl context {DEV_CONTEXT} ({error})");
+    // A node's own error stays an `AgentError` (a configuration problem exits 2).
+    match ran {
+        Err(DevError::Start { node, source }) => {
+            Err(anyhow::Error::from(source).context(format!("cannot start node {node}")))
         }
+        Err(DevError::Node(error)) => Err(error.into()),
+        ran => Ok(ran?),
     }
 }
 
