@@ -20,8 +20,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::Code;
-
-use crate::reason::Reason;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -31,6 +29,7 @@ use crate::cluster::v1::{
     ListTypesResponse, MembersRequest, MembersResponse, RemoveRequest, SnapshotData,
     SnapshotRestoreResponse, SnapshotSaveRequest, StatusRequest, StatusResponse,
 };
+use crate::reason::Reason;
 use crate::resource::v1::resource_service_client::ResourceServiceClient;
 use crate::resource::v1::{
     DeleteRequest, Id, ListByOwnerRequest, ListRequest, MutateAndValidateRequest, ReadRequest,
@@ -218,7 +217,11 @@ impl ClientError {
     /// The one decode of a wire status (the server's counterpart is `service::error`).
     pub fn from_status(server: &str, status: &tonic::Status) -> ClientError {
         let message = status.message().to_owned();
-        let reason = crate::reason::of(status).map(|details| details.reason);
+        // A reason counts only under the code the catalog gives it (a server cannot send a
+        // client elsewhere with a reason its code does not carry).
+        let reason = crate::reason::of(status)
+            .map(|details| details.reason)
+            .filter(|reason| reason.fits(status.code()));
         if let Some(problem) = tls_problem(status) {
             return ClientError::Tls {
                 server: server.to_owned(),
@@ -340,9 +343,12 @@ fn looks_like_dropped_after_handshake(error: &ClientError) -> bool {
     .any(|needle| message.contains(needle))
 }
 
+/// Whether the transport, not a server, made this status: it has a cause, or it is tonic's
+/// bare "transport error". A status with a reason was sent by a server, whatever its words.
 fn is_transport_failure(status: &tonic::Status) -> bool {
     use std::error::Error as _;
-    status.source().is_some() || status.message().contains("transport error")
+    status.source().is_some()
+        || (crate::reason::of(status).is_none() && status.message().contains("transport error"))
 }
 
 /// The innermost cause of a transport failure ("Connection refused"), which says more than

@@ -51,8 +51,7 @@ reasons! {
     NotFound = "NOT_FOUND",
     /// The request's partition or namespace does not exist (yet).
     TenancyNotFound = "TENANCY_NOT_FOUND",
-    /// A compare-and-swap lost: the resource changed since the given version was read
-    /// (metadata `expected`).
+    /// A compare-and-swap lost: the resource changed since the given version was read.
     CasConflict = "CAS_CONFLICT",
     /// The id's uid is not the stored resource's (it was deleted and created again, or
     /// someone else created it first).
@@ -67,13 +66,12 @@ reasons! {
     /// The cluster has no leader, or the leader cannot commit (no quorum): wait, or bring a
     /// majority back.
     NoQuorum = "NO_QUORUM",
-    /// This node serves nothing yet: it is catching up after an unclean stop (metadata
-    /// `applied`, and `target` when known). Another member can answer.
+    /// This node serves nothing yet: it is catching up after an unclean stop. Another member
+    /// can answer.
     CatchingUp = "CATCHING_UP",
     /// This node is shutting down. Another member can answer.
     ShuttingDown = "SHUTTING_DOWN",
-    /// This node was removed from the cluster (metadata `by`, the node that removed it). Another
-    /// member can answer.
+    /// This node was removed from the cluster. Another member can answer.
     Removed = "REMOVED",
     /// This node found its stored state damaged and serves nothing from it. Another member can
     /// answer.
@@ -90,13 +88,45 @@ reasons! {
     ResumeUnavailable = "RESUME_UNAVAILABLE",
     /// A watch was ended by the server (it fell behind, a restore): watch again.
     WatchClosed = "WATCH_CLOSED",
-    /// Over a limit (a size, a quota, the disk's reserve, a rate); metadata `limit` names it.
+    /// Over a limit (a size, a quota, the disk's reserve, a rate); the message names it.
     Quota = "QUOTA",
     DeadlineExceeded = "DEADLINE_EXCEEDED",
     Internal = "INTERNAL",
 }
 
 impl Reason {
+    /// Whether a status of `code` may carry this reason (the server's table sends each reason
+    /// under one code, `TENANCY_NOT_FOUND` under two). Clients trust a reason only where it
+    /// fits.
+    pub fn fits(self, code: tonic::Code) -> bool {
+        use tonic::Code;
+        let expected: &[Code] = match self {
+            Reason::Invalid => &[Code::InvalidArgument],
+            Reason::NotFound => &[Code::NotFound],
+            Reason::TenancyNotFound => &[Code::NotFound, Code::InvalidArgument],
+            Reason::CasConflict | Reason::WatchClosed => &[Code::Aborted],
+            Reason::UidMismatch
+            | Reason::FailedPrecondition
+            | Reason::TypeBeingDeleted
+            | Reason::Removed => &[Code::FailedPrecondition],
+            Reason::AlreadyExists => &[Code::AlreadyExists],
+            Reason::PermissionDenied => &[Code::PermissionDenied],
+            Reason::Unauthenticated => &[Code::Unauthenticated],
+            Reason::NoQuorum
+            | Reason::CatchingUp
+            | Reason::ShuttingDown
+            | Reason::Damaged
+            | Reason::MembershipUnchanged
+            | Reason::MembershipPending
+            | Reason::Unavailable => &[Code::Unavailable],
+            Reason::ResumeUnavailable => &[Code::OutOfRange],
+            Reason::Quota => &[Code::ResourceExhausted],
+            Reason::DeadlineExceeded => &[Code::DeadlineExceeded],
+            Reason::Internal => &[Code::Internal],
+        };
+        expected.contains(&code)
+    }
+
     /// Whether another member of the cluster may serve what this one could not.
     pub fn another_member_may_answer(self) -> bool {
         matches!(
@@ -148,7 +178,26 @@ impl Details {
     }
 }
 
-/// A status with `details` attached (the code and message are kept).
+/// At most this many field violations, each described in at most this many bytes, travel in
+/// the details: they ride in a trailer beside the message, and a client refuses header blocks
+/// over 16 KiB (a message echoes the request's input, which may be long).
+const MAX_VIOLATIONS: usize = 16;
+const MAX_DETAIL_BYTES: usize = 512;
+
+/// `text` cut to at most [`MAX_DETAIL_BYTES`] bytes, on a character boundary.
+fn capped(text: &str) -> String {
+    if text.len() <= MAX_DETAIL_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_DETAIL_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// A status with `details` attached (the code and message are kept; the details' copy of the
+/// message and their descriptions are cut short, see [`MAX_DETAIL_BYTES`]).
 pub fn attach(code: tonic::Code, message: impl Into<String>, details: &Details) -> tonic::Status {
     let message = message.into();
     let mut any = vec![crate::to_any(&ErrorInfo {
@@ -165,16 +214,17 @@ pub fn attach(code: tonic::Code, message: impl Into<String>, details: &Details) 
             field_violations: details
                 .field_violations
                 .iter()
+                .take(MAX_VIOLATIONS)
                 .map(|(field, description)| bad_request::FieldViolation {
-                    field: field.clone(),
-                    description: description.clone(),
+                    field: capped(field),
+                    description: capped(description),
                 })
                 .collect(),
         }));
     }
     let body = RpcStatus {
         code: code as i32,
-        message: message.clone(),
+        message: capped(&message),
         details: any,
     };
     tonic::Status::with_details(code, message, prost::Message::encode_to_vec(&body).into())
@@ -242,6 +292,30 @@ mod tests {
             assert_eq!(of(&status), Some(details));
             assert_eq!(Reason::parse(reason.as_str()), Some(*reason));
         }
+    }
+
+    /// Details stay small whatever the message echoes: a long input does not make the status
+    /// too large for a client to read.
+    #[test]
+    fn details_are_bounded_however_long_the_message() {
+        let long = "é".repeat(10_000);
+        let mut details = Details::new(Reason::Invalid);
+        for n in 0..100 {
+            details = details.with_violation(&format!("field{n}"), &long);
+        }
+        let status = attach(tonic::Code::InvalidArgument, long.clone(), &details);
+        assert!(
+            status.details().len() < 16 * 1024,
+            "{}",
+            status.details().len()
+        );
+        let read = of(&status).expect("details");
+        assert_eq!(read.field_violations.len(), MAX_VIOLATIONS);
+        assert_eq!(
+            status.message(),
+            long,
+            "the message itself is the server's business"
+        );
     }
 
     #[test]

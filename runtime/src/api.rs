@@ -52,11 +52,13 @@ pub type EventStream = BoxStream<'static, Result<WatchEvent, ApiError>>;
 ///
 /// # Errors
 ///
-/// Every call answers an [`ApiError`] by what the caller should do: `Conflict` (re-read and
-/// try again: a lost compare-and-swap, a create that met a resource created first, a uid that
-/// is not the stored one), `Unavailable` (wait: no leader, a node catching up, a server out of
-/// reach), `NotFound`, `Relist` (a watch only) and `Failed` (anything else; retried with
-/// backoff, said). Both implementations — the server's `InProcess` and
+/// Every call answers an [`ApiError`] by what the caller should do, decided on the server's
+/// reason ([`ApiError::of_reason`]) wherever it gave one: `Conflict` (re-read and try again: a
+/// lost compare-and-swap, a create that met a resource created first, a uid that is not the
+/// stored one), `Unavailable` (wait: no leader, a node catching up or shutting down, a server
+/// out of reach), `NotFound` (the resource, or its partition or namespace), `Relist` (a watch
+/// only) and `Failed` (anything else — a Type being deleted, a removed node, a refusal;
+/// retried with backoff, said). Both implementations — the server's `InProcess` and
 /// `proto::client::Client` — map their errors in one function each, and the runner's tests
 /// (over a fake), the server's controller tests (in process) and the example's tests (over
 /// gRPC) exercise them.

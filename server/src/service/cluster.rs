@@ -221,7 +221,7 @@ impl ClusterGrpc {
             Some((id, _)) => Err(Status::from(Error::Unavailable(format!(
                 "leader {id} has no known API address"
             )))),
-            None => Err(Status::from(Error::Unavailable(
+            None => Err(Status::from(Error::NoQuorum(
                 "no raft leader is elected right now; retry shortly".into(),
             ))),
         }

@@ -42,6 +42,7 @@ pub enum Error {
     /// This node serves nothing yet: it is catching up after an unclean stop.
     #[error("{0}")]
     CatchingUp(String),
+    /// This node is shutting down: another member can answer.
     #[error("{0}")]
     ShuttingDown(String),
     /// This node was removed from the cluster.
@@ -300,6 +301,7 @@ mod tests {
             let details = proto::reason::of(&status).expect("details");
             assert_eq!(details.reason, reason);
             assert!(reasons.insert(reason.as_str()), "{reason:?} twice");
+            assert!(reason.fits(code), "{reason:?} under {code:?}");
         }
         // A write into a missing tenancy has the reason of a read there, and its own code.
         let write = Error::WriteToMissingTenancy("x".into());
@@ -307,7 +309,11 @@ mod tests {
             write.code_and_reason(),
             (tonic::Code::InvalidArgument, Reason::TenancyNotFound)
         );
-        {}
+        // Every reason the table gives fits its code (what clients check before trusting it).
+        for error in [write, Error::BadRequest(BadRequest(Vec::new()))] {
+            let (code, reason) = error.code_and_reason();
+            assert!(reason.fits(code), "{reason:?} under {code:?}");
+        }
     }
 
     /// An invalid request names its fields as data (`google.rpc.BadRequest`), beside the words.

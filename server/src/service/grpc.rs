@@ -287,9 +287,9 @@ pub(crate) fn deadline<T>(request: &Request<T>) -> Result<Option<std::time::Inst
         .ok()
         .and_then(crate::storage::deadline::parse_grpc_timeout)
         .ok_or_else(|| {
-            Status::invalid_argument(
+            Status::from(Error::invalid(
                 "grpc-timeout is not a gRPC timeout: at most 8 digits and a unit of H, M, S, m, u or n",
-            )
+            ))
         })?;
     Ok(std::time::Instant::now().checked_add(timeout))
 }

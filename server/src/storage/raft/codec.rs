@@ -525,7 +525,9 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::NoSpace(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
-        StorageError::ShuttingDown(_) => (Code::ShuttingDown, None),
+        // Sent as INCONSISTENT, which peers of every build retry on the next leader (one of
+        // an earlier build reads SHUTTING_DOWN as a storage failure, final); read either way.
+        StorageError::ShuttingDown(_) => (Code::Inconsistent, None),
         StorageError::Damaged(_) => (Code::Damaged, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };

@@ -173,6 +173,19 @@ fn every_storage_error_survives_the_wire() {
     }
 }
 
+/// A shutting-down node answers its peers INCONSISTENT, which peers of earlier builds (that
+/// read SHUTTING_DOWN as a final storage failure) retry on the next leader, as this one does.
+#[test]
+fn shutting_down_travels_as_inconsistent_for_peers_of_earlier_builds() {
+    let sent = failure_of(&StorageError::ShuttingDown(
+        "this node is shutting down".into(),
+    ));
+    assert!(matches!(
+        error_of(sent),
+        StorageError::Inconsistent(why) if why == "this node is shutting down"
+    ));
+}
+
 #[test]
 fn outcomes_and_forwarded_values_round_trip() {
     let outcome = Outcome(vec![
