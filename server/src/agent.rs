@@ -640,6 +640,14 @@ impl Agent {
             .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
             .with_dialer(net.dialer.clone())
             .with_acls(tokens.clone(), service.clone());
+        tasks.push(tokio::spawn(
+            acl_feed::follow(
+                service.clone(),
+                ReportsFeed(cluster.report_clock()),
+                shutdown.clone(),
+            )
+            .in_current_span(),
+        ));
         let resources = ResourceGrpc::new(service.clone(), tokens.clone())
             .with_watch_metrics(metrics.watch.clone())
             .with_watch_stall_timeout(Duration::from_secs(config.watch_stall_seconds.max(1)));
@@ -1103,6 +1111,34 @@ pub fn dev_cluster(
             }
         })
         .collect()
+}
+
+/// Keeps the clock of external replicas' reports current on every node: when each report's
+/// version was first seen here (`ListControllers` calls a silent one stale).
+struct ReportsFeed(Arc<service::cluster::external::ReportClock>);
+
+impl acl_feed::Feed for ReportsFeed {
+    fn resource_type(&self) -> proto::resource::v1::Type {
+        crate::resource::new_type("coordination", "v1", "Replica")
+    }
+    fn tenancy(&self) -> proto::resource::v1::Tenancy {
+        proto::resource::v1::Tenancy {
+            partition: crate::resource::WILDCARD.into(),
+            namespace: crate::resource::WILDCARD.into(),
+        }
+    }
+    fn replace(&self, items: Vec<proto::resource::v1::Resource>) {
+        for item in &items {
+            self.upsert(item);
+        }
+    }
+    fn upsert(&self, item: &proto::resource::v1::Resource) {
+        self.0
+            .saw(&service::cluster::external::key_of(item), &item.version);
+    }
+    fn delete(&self, item: &proto::resource::v1::Resource) {
+        self.0.forget(&service::cluster::external::key_of(item));
+    }
 }
 
 /// Keeps the registry's dynamic part on the stored `registry.v1.Type` resources (DESIGN §15).

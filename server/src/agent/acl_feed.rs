@@ -132,6 +132,10 @@ impl Feed for AclFeed {
 /// snapshot, then every change.
 pub trait Feed: Send + Sync {
     fn resource_type(&self) -> proto::resource::v1::Type;
+    /// Where to follow it (the default tenancy of its scope unless said).
+    fn tenancy(&self) -> Tenancy {
+        Tenancy::default()
+    }
     fn replace(&self, items: Vec<Resource>);
     fn upsert(&self, item: &Resource);
     fn delete(&self, item: &Resource);
@@ -146,7 +150,7 @@ pub async fn follow(service: Arc<ResourceService>, feed: impl Feed, shutdown: Ca
     loop {
         let request = WatchListRequest {
             r#type: Some(resource_type.clone()),
-            tenancy: Some(Tenancy::default()),
+            tenancy: Some(feed.tenancy()),
             name_prefix: String::new(),
             since_version: String::new(),
         };

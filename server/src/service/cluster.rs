@@ -34,7 +34,7 @@ const LEADER_ANSWER: Duration = Duration::from_secs(1);
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 
-mod external;
+pub mod external;
 mod restore;
 
 /// Another member, to forward a call to.
@@ -93,6 +93,11 @@ impl ClusterGrpc {
             service: None,
             reports: Arc::default(),
         }
+    }
+
+    /// The clock of external replicas' reports, for the agent to keep current.
+    pub fn report_clock(&self) -> Arc<external::ReportClock> {
+        self.reports.clone()
     }
 
     /// Reaches other members (forwarding to the leader, asking for their controllers) through

@@ -1,7 +1,9 @@
 //! Replicas of controllers running outside the server (DESIGN §16), as `ListControllers`
 //! shows them: from their `coordination.v1.Replica` reports. A report is stale when its version
 //! has not changed for three report periods on this server's own clock (clocks are never
-//! compared across machines).
+//! compared across machines), counted from when this server first saw that version: every
+//! node follows the reports as they are written ([`ReportClock::saw`], fed by the agent), so
+//! the first `ListControllers` after a replica died already knows how long it has been silent.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,6 +25,28 @@ pub struct ReportClock {
 }
 
 impl ReportClock {
+    /// Notes that report `key` is at `version` now (its clock restarts when the version
+    /// changes).
+    pub fn saw(&self, key: &str, version: &str) {
+        let now = Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.get_mut(key) {
+            Some(entry) if entry.0 == version => {}
+            Some(entry) => *entry = (version.to_owned(), now),
+            None => {
+                seen.insert(key.to_owned(), (version.to_owned(), now));
+            }
+        }
+    }
+
+    /// Forgets a report that is gone.
+    pub fn forget(&self, key: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
     /// Whether a report at `version` has stayed unchanged for longer than `stale_after`.
     fn stale(&self, key: &str, version: &str, stale_after: Duration) -> bool {
         let now = Instant::now();
@@ -78,7 +102,8 @@ pub async fn external_replicas(
         .collect())
 }
 
-fn key_of(stored: &Resource) -> String {
+/// A report's key in the clock.
+pub fn key_of(stored: &Resource) -> String {
     stored
         .id
         .as_ref()
