@@ -2,6 +2,9 @@
 //! server's resource service in process (the built-in controllers, `server::controller`) and
 //! a cluster client over gRPC ([`crate::grpc`]: a program of its own).
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 use futures::stream::BoxStream;
 use proto::reason::Reason;
 use proto::resource::v1::{Id, Resource, Status, Tenancy, Type, WatchEvent, WatchListRequest};

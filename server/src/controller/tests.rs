@@ -469,3 +469,12 @@ fn a_node_that_cannot_serve_yet_is_a_wait_and_a_refusal_is_a_failure() {
         ApiError::Relist(_)
     ));
 }
+
+/// The service in process answers a controller as a cluster client does: the runtime's
+/// conformance suite (the tests crate runs it over gRPC against a real cluster).
+#[tokio::test]
+async fn the_in_process_api_passes_the_runtime_conformance_suite() {
+    let service = runtime().await.api().service.clone();
+    let api = InProcess::controller(service, "conformance");
+    runtime::api::conformance::run(&api, "conformance").await;
+}
