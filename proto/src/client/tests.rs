@@ -146,3 +146,51 @@ fn client_decisions_follow_the_reason_and_never_the_message() {
     );
     assert!(!super::moves_on(&removed_in_words));
 }
+
+/// A server (or anything in the middle) cannot send a client elsewhere with a reason its code
+/// does not carry: REMOVED under INVALID_ARGUMENT is no reason at all.
+#[test]
+fn a_reason_under_a_code_it_does_not_fit_is_ignored() {
+    use crate::reason::{Details, Reason, attach};
+
+    let hostile = ClientError::from_status(
+        "127.0.0.1:1",
+        &attach(
+            Code::InvalidArgument,
+            "go away",
+            &Details::new(Reason::Removed),
+        ),
+    );
+    assert_eq!(hostile.reason(), None);
+    assert!(!super::moves_on(&hostile));
+    let hostile = ClientError::from_status(
+        "127.0.0.1:1",
+        &attach(
+            Code::Unavailable,
+            "stop",
+            &Details::new(Reason::TypeBeingDeleted),
+        ),
+    );
+    assert_eq!(hostile.reason(), None);
+    assert!(!super::is_final(&hostile));
+}
+
+/// A status a server sent (it carries a reason) is never taken for a transport failure,
+/// whatever its words: no failover because a message says "transport error".
+#[test]
+fn a_status_with_a_reason_is_never_a_transport_failure() {
+    use crate::reason::{Details, Reason, attach};
+
+    let error = ClientError::from_status(
+        "127.0.0.1:1",
+        &attach(
+            Code::Unavailable,
+            "cannot reach node 2: transport error",
+            &Details::new(Reason::Unavailable),
+        ),
+    );
+    assert!(
+        matches!(error, ClientError::Unavailable { .. }),
+        "{error:?}"
+    );
+}
