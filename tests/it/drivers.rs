@@ -15,7 +15,7 @@ use serde_json::Value;
 
 /// What a command answered: its exit code, its JSON output and its error text.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub code: i32,
     pub value: Value,
     pub stderr: String,
@@ -39,14 +39,14 @@ impl Reply {
     }
 
     /// The value, after checking the command succeeded.
-    pub fn success(self, what: &str) -> Value {
+    pub(crate) fn success(self, what: &str) -> Value {
         assert_eq!(self.code, 0, "{what} failed: {}", self.stderr);
         self.value
     }
 }
 
 #[allow(async_fn_in_trait)]
-pub trait Driver {
+pub(crate) trait Driver {
     fn name(&self) -> &'static str;
     /// Who the server records as the author of this driver's changes.
     fn actor(&self) -> &'static str;
@@ -93,7 +93,7 @@ pub trait Driver {
 }
 
 /// Drives the `ctl` library over `proto::client`.
-pub struct Library {
+pub(crate) struct Library {
     pub client: Client,
 }
 
@@ -309,7 +309,7 @@ fn indicatif_hidden() -> indicatif::ProgressBar {
 }
 
 /// Drives the real `resctl` binary with `-o json`.
-pub struct Binary {
+pub(crate) struct Binary {
     pub server: String,
     /// An empty config directory, so no user context leaks in.
     pub config: PathBuf,

@@ -79,7 +79,7 @@ fn name(resource: &Resource) -> String {
 }
 
 /// Feeds `store` until `shutdown`.
-pub async fn run(
+pub(super) async fn run(
     service: Arc<ResourceService>,
     store: Arc<TokenStore>,
     shutdown: CancellationToken,
@@ -130,7 +130,7 @@ impl Feed for AclFeed {
 
 /// What follows one cluster-scoped type of the local state: the whole set from a watch's
 /// snapshot, then every change.
-pub trait Feed: Send + Sync {
+pub(super) trait Feed: Send + Sync {
     fn resource_type(&self) -> proto::resource::v1::Type;
     /// Where to follow it (the default tenancy of its scope unless said).
     fn tenancy(&self) -> Tenancy {
@@ -143,7 +143,11 @@ pub trait Feed: Send + Sync {
 
 /// Follows `feed`'s type until `shutdown`; a watch that ends (a restore, a node catching up) is
 /// opened again after a pause.
-pub async fn follow(service: Arc<ResourceService>, feed: impl Feed, shutdown: CancellationToken) {
+pub(super) async fn follow(
+    service: Arc<ResourceService>,
+    feed: impl Feed,
+    shutdown: CancellationToken,
+) {
     let mut pause = Duration::from_millis(100);
     let resource_type = feed.resource_type();
     let gvk = resource::gvk(&resource_type);

@@ -52,12 +52,12 @@ enum Answer {
 
 /// Reflection over `registry`.
 #[derive(Debug, Clone)]
-pub struct Reflection {
+pub(super) struct Reflection {
     registry: Arc<Registry>,
 }
 
 impl Reflection {
-    pub fn new(registry: Arc<Registry>) -> Self {
+    pub(super) fn new(registry: Arc<Registry>) -> Self {
         Reflection { registry }
     }
 
@@ -218,14 +218,14 @@ reflection_version!(v1);
 reflection_version!(v1alpha);
 
 /// The v1 service.
-pub fn v1_service(
+pub(super) fn v1_service(
     reflection: Reflection,
 ) -> v1::server_reflection_server::ServerReflectionServer<Reflection> {
     v1::server_reflection_server::ServerReflectionServer::new(reflection)
 }
 
 /// The v1alpha service (grpcurl before 1.9 asks it).
-pub fn v1alpha_service(
+pub(super) fn v1alpha_service(
     reflection: Reflection,
 ) -> v1alpha::server_reflection_server::ServerReflectionServer<Reflection> {
     v1alpha::server_reflection_server::ServerReflectionServer::new(reflection)

@@ -25,7 +25,7 @@ use crate::tls::accept::Listening;
 pub(crate) const REQUEST_ENVELOPE_SLACK: usize = 64 * 1024;
 
 /// The public API's services.
-pub struct Api {
+pub(super) struct Api {
     pub service: Arc<ResourceService>,
     pub resources: ResourceGrpc,
     pub cluster: ClusterGrpc,
@@ -45,7 +45,7 @@ pub enum ServeError {
 /// one over the size limit is `ResourceExhausted` naming the limit rather than `OutOfRange`.
 /// Only answers that are nothing but a status (the header form) are rewritten: that is how
 /// tonic refuses a request before any handler runs.
-pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
+pub(super) fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
     let Some(status) = tonic::Status::from_header_map(response.headers()) else {
         return response;
     };
@@ -86,7 +86,7 @@ pub fn refine_status<B>(mut response: http::Response<B>) -> http::Response<B> {
 
 /// Serves the public API until `shutdown` is cancelled, then stops accepting, lets open watches
 /// end (they are tied to the same token) and returns once in-flight requests have finished.
-pub async fn serve_api(
+pub(super) async fn serve_api(
     listener: TcpListener,
     listening: Listening,
     api: Api,
@@ -214,7 +214,7 @@ fn with_connection_limits(server: tonic::transport::Server) -> tonic::transport:
 }
 
 /// Serves the raft service on `listener` until `shutdown` is cancelled.
-pub async fn serve_raft(
+pub(super) async fn serve_raft(
     listener: TcpListener,
     listening: Listening,
     raft: RaftGrpc,
@@ -240,7 +240,7 @@ pub async fn serve_raft(
 }
 
 /// How long a server may take, once the node is stopping, to finish what is in flight.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(super) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs a server; once `shutdown` is cancelled it has [`SHUTDOWN_GRACE`] to finish its
 /// in-flight requests and streams, then it is dropped, which closes what is left: a client

@@ -27,7 +27,7 @@ use crate::service::grpc::{CONSISTENCY_HEADER, TOKEN_HEADER};
 use prost_reflect::DescriptorPool;
 use proto::reason::Reason;
 
-pub fn routes() -> Router<HttpState> {
+pub(crate) fn routes() -> Router<HttpState> {
     Router::new()
         .route("/v1/types", get(types))
         .route("/v1/cluster/status", get(cluster_status))
@@ -47,7 +47,7 @@ pub fn routes() -> Router<HttpState> {
 /// "…"}` with its HTTP status — the gRPC code, the same reason a gRPC client gets in its status
 /// details (what to decide on), and words for people.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     reason: Option<Reason>,
@@ -55,7 +55,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(
+    pub(crate) fn new(
         status: StatusCode,
         code: &'static str,
         reason: Reason,
@@ -215,7 +215,7 @@ impl Params {
 }
 
 /// Refuses a caller whose token (from the headers) cannot read operator data.
-pub fn require_operator_read(
+pub(crate) fn require_operator_read(
     tokens: &dyn crate::acl::TokenResolver,
     headers: &HeaderMap,
 ) -> Result<(), ApiError> {

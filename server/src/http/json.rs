@@ -14,7 +14,7 @@ fn descriptor(
 }
 
 /// A message as protobuf JSON (`name` is its full protobuf name).
-pub fn to_json<M: prost::Message>(
+pub(super) fn to_json<M: prost::Message>(
     pool: &DescriptorPool,
     message: &M,
     name: &str,
@@ -31,7 +31,7 @@ pub fn to_json<M: prost::Message>(
 }
 
 /// A message from protobuf JSON; unknown fields are errors that name them.
-pub fn from_json<M: prost::Message + Default>(
+pub(super) fn from_json<M: prost::Message + Default>(
     pool: &DescriptorPool,
     value: serde_json::Value,
     name: &str,
@@ -46,7 +46,7 @@ pub fn from_json<M: prost::Message + Default>(
 }
 
 /// The `@type` of `data` holding the message `message_name` (e.g. `resd.demo.v2.Artist`).
-pub fn type_url(message_name: &str) -> String {
+pub(super) fn type_url(message_name: &str) -> String {
     format!("type.googleapis.com/{message_name}")
 }
 

@@ -17,7 +17,7 @@ use crate::storage::{Admission, StorageError, check};
 /// storable (names, uid, keys, at most `max_resource_bytes`), a registered type, a tenancy
 /// complete for the type's scope, data of the registered message, and the type's validation.
 /// Types the server writes itself (tombstones) are accepted: peers and snapshots carry them.
-pub fn check_record(
+pub(super) fn check_record(
     registry: &Registry,
     max_resource_bytes: usize,
     resource: &Resource,

@@ -28,10 +28,10 @@ pub type SharedWatchStream = Pin<Box<dyn Stream<Item = Result<SharedEvent, Error
 /// The grants a watch is checked against, as they are now: the gRPC layer replaces the
 /// authorizer whenever the caller's token or its policies change (DESIGN §12.3: watches follow
 /// the current grants).
-pub type LiveGrants = tokio::sync::watch::Receiver<Arc<dyn Authorizer>>;
+pub(super) type LiveGrants = tokio::sync::watch::Receiver<Arc<dyn Authorizer>>;
 
 /// Grants that never change (the server's own watches, controllers).
-pub fn fixed_grants(authorizer: Arc<dyn Authorizer>) -> LiveGrants {
+pub(super) fn fixed_grants(authorizer: Arc<dyn Authorizer>) -> LiveGrants {
     tokio::sync::watch::channel(authorizer).1
 }
 

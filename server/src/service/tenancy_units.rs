@@ -28,14 +28,14 @@ pub(super) struct UnitKey {
 }
 
 impl UnitKey {
-    pub fn partition(partition: &str) -> UnitKey {
+    pub(super) fn partition(partition: &str) -> UnitKey {
         UnitKey {
             partition: partition.to_owned(),
             namespace: String::new(),
         }
     }
 
-    pub fn namespace(partition: &str, namespace: &str) -> UnitKey {
+    pub(super) fn namespace(partition: &str, namespace: &str) -> UnitKey {
         UnitKey {
             partition: partition.to_owned(),
             namespace: namespace.to_owned(),
@@ -43,7 +43,7 @@ impl UnitKey {
     }
 
     /// The id of the `Partition` or `Namespace` resource that is this unit.
-    pub fn id(&self) -> Id {
+    pub(super) fn id(&self) -> Id {
         if self.namespace.is_empty() {
             builtin::partition_id(&self.partition)
         } else {
@@ -52,7 +52,7 @@ impl UnitKey {
     }
 
     /// What a request in this unit is told when it does not exist.
-    pub fn missing(&self) -> String {
+    pub(super) fn missing(&self) -> String {
         if self.namespace.is_empty() {
             format!("partition not found: {:?}", self.partition)
         } else {
@@ -72,7 +72,7 @@ pub(super) struct TenancyUnits {
 
 impl TenancyUnits {
     /// Whether the unit is marked for deletion, if it was found while the stamp was `stamp`.
-    pub fn get(&self, key: &UnitKey, stamp: u64) -> Option<bool> {
+    pub(super) fn get(&self, key: &UnitKey, stamp: u64) -> Option<bool> {
         let units = self.units.lock().unwrap_or_else(|p| p.into_inner());
         match units.get(key) {
             Some((seen, marked)) if *seen == stamp => Some(*marked),
@@ -81,7 +81,7 @@ impl TenancyUnits {
     }
 
     /// Remembers a unit found by a read that started when the stamp was `stamp`.
-    pub fn found(&self, key: &UnitKey, stamp: u64, marked: bool) {
+    pub(super) fn found(&self, key: &UnitKey, stamp: u64, marked: bool) {
         let mut units = self.units.lock().unwrap_or_else(|p| p.into_inner());
         if units.len() >= MAX_UNITS && !units.contains_key(key) {
             units.clear();

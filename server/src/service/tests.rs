@@ -127,11 +127,11 @@ pub(super) fn expect_error<T: std::fmt::Debug>(
 }
 
 impl Harness {
-    pub async fn write(&self, resource: Resource) -> Result<Resource, Error> {
+    pub(super) async fn write(&self, resource: Resource) -> Result<Resource, Error> {
         self.write_as(&AllowAll, resource).await
     }
 
-    pub async fn write_as(
+    pub(super) async fn write_as(
         &self,
         authorizer: &dyn Authorizer,
         resource: Resource,
@@ -148,12 +148,16 @@ impl Harness {
         Ok(response.resource.expect("write returns the resource"))
     }
 
-    pub async fn read(&self, id: &Id) -> Result<Resource, Error> {
+    pub(super) async fn read(&self, id: &Id) -> Result<Resource, Error> {
         self.read_as(&AllowAll, id).await
     }
 
     /// Reads through `read` and `read_encoded` (the gRPC answer's path), which must agree.
-    pub async fn read_as(&self, authorizer: &dyn Authorizer, id: &Id) -> Result<Resource, Error> {
+    pub(super) async fn read_as(
+        &self,
+        authorizer: &dyn Authorizer,
+        id: &Id,
+    ) -> Result<Resource, Error> {
         let request = ReadRequest {
             id: Some(id.clone()),
         };
@@ -181,11 +185,11 @@ impl Harness {
         Ok(response?.resource.expect("read returns the resource"))
     }
 
-    pub async fn delete(&self, id: &Id, version: &str) -> Result<(), Error> {
+    pub(super) async fn delete(&self, id: &Id, version: &str) -> Result<(), Error> {
         self.delete_as(&AllowAll, id, version).await
     }
 
-    pub async fn delete_as(
+    pub(super) async fn delete_as(
         &self,
         authorizer: &dyn Authorizer,
         id: &Id,
@@ -203,7 +207,7 @@ impl Harness {
             .map(|_| ())
     }
 
-    pub async fn write_status(
+    pub(super) async fn write_status(
         &self,
         id: &Id,
         version: &str,
@@ -214,7 +218,7 @@ impl Harness {
             .await
     }
 
-    pub async fn write_status_as(
+    pub(super) async fn write_status_as(
         &self,
         authorizer: &dyn Authorizer,
         id: &Id,
@@ -239,7 +243,7 @@ impl Harness {
             .expect("write_status returns the resource"))
     }
 
-    pub async fn list(
+    pub(super) async fn list(
         &self,
         gvk: &str,
         tenancy: Tenancy,
@@ -248,7 +252,7 @@ impl Harness {
         self.list_as(&AllowAll, gvk, tenancy, name_prefix).await
     }
 
-    pub async fn list_as(
+    pub(super) async fn list_as(
         &self,
         authorizer: &dyn Authorizer,
         gvk: &str,
@@ -270,7 +274,7 @@ impl Harness {
         Ok(response.resources)
     }
 
-    pub async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, Error> {
+    pub(super) async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, Error> {
         let response = self
             .service
             .list_by_owner(
@@ -312,7 +316,7 @@ pub(super) struct LosingBackend {
 }
 
 impl LosingBackend {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         LosingBackend {
             inner: InMemBackend::new(),
             cas_failures: AtomicU32::new(0),
@@ -321,7 +325,7 @@ impl LosingBackend {
         }
     }
 
-    pub fn lose_next(&self, count: u32) {
+    pub(super) fn lose_next(&self, count: u32) {
         self.cas_failures.store(count, Ordering::SeqCst);
     }
 

@@ -15,14 +15,14 @@ pub(super) struct Violations(Vec<FieldViolation>);
 
 impl Violations {
     /// A violation of `field` (a path in the request: `resource.id.name`), said in `message`.
-    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
         self.0.push(FieldViolation {
             field: field.into(),
             message: message.into(),
         });
     }
 
-    pub fn finish(self) -> Result<(), Error> {
+    pub(super) fn finish(self) -> Result<(), Error> {
         if self.0.is_empty() {
             Ok(())
         } else {

@@ -15,7 +15,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A `resd agent` process. Killed by its PID when dropped.
-pub struct Resd {
+pub(crate) struct Resd {
     child: Option<Child>,
     args: Vec<String>,
     pub api_addr: SocketAddr,
@@ -28,12 +28,12 @@ pub struct Resd {
 
 /// A CA with certificates for nodes 1..=`nodes` of cluster `resd` and a client `test`, made by
 /// the library `resd tls` uses.
-pub struct TestCa {
+pub(crate) struct TestCa {
     pub dir: tempfile::TempDir,
 }
 
 impl TestCa {
-    pub fn new(nodes: u64) -> TestCa {
+    pub(crate) fn new(nodes: u64) -> TestCa {
         let dir = tempfile::tempdir().expect("temp dir");
         server::tls::create_ca(dir.path()).expect("CA");
         for node_id in 1..=nodes {
@@ -44,16 +44,16 @@ impl TestCa {
         TestCa { dir }
     }
 
-    pub fn path(&self, file: &str) -> String {
+    pub(crate) fn path(&self, file: &str) -> String {
         self.dir.path().join(file).display().to_string()
     }
 
-    pub fn read(&self, file: &str) -> Vec<u8> {
+    pub(crate) fn read(&self, file: &str) -> Vec<u8> {
         std::fs::read(self.dir.path().join(file)).expect("read a certificate file")
     }
 
     /// The agent flags of node `node_id`.
-    pub fn node_flags(&self, node_id: u64) -> Vec<String> {
+    pub(crate) fn node_flags(&self, node_id: u64) -> Vec<String> {
         vec![
             "--tls-ca".into(),
             self.path("resd-ca.pem"),
@@ -65,7 +65,7 @@ impl TestCa {
     }
 
     /// A client configuration trusting this CA, presenting `cert`/`key` when given.
-    pub fn client(&self, identity: Option<(&str, &str)>) -> ClientTlsConfig {
+    pub(crate) fn client(&self, identity: Option<(&str, &str)>) -> ClientTlsConfig {
         let config =
             ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.read("resd-ca.pem")));
         match identity {
@@ -78,19 +78,19 @@ impl TestCa {
 }
 
 /// A free loopback port, never one this process was given before (`tests::free_port`).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     tests::free_port()
 }
 
 impl Resd {
     /// A single-node Raft cluster in its own temporary data directory.
-    pub fn start() -> Resd {
+    pub(crate) fn start() -> Resd {
         Self::start_with(&[])
     }
 
     /// A single node with `extra_args`; with `--acl-enabled` it speaks TLS (ACLs are refused
     /// without it), and the test connects with the client certificate `test`.
-    pub fn start_with(extra_args: &[&str]) -> Resd {
+    pub(crate) fn start_with(extra_args: &[&str]) -> Resd {
         let data = tempfile::tempdir().expect("temp dir");
         let ca = extra_args
             .contains(&"--acl-enabled")
@@ -120,7 +120,7 @@ impl Resd {
     }
 
     /// A node with in-memory storage.
-    pub fn start_memory(extra_args: &[&str]) -> Resd {
+    pub(crate) fn start_memory(extra_args: &[&str]) -> Resd {
         let mut args = vec![
             "--storage".to_owned(),
             "memory".to_owned(),
@@ -133,7 +133,7 @@ impl Resd {
 
     /// Starts `resd agent ARGS` and waits for it to report its API address. A node given no
     /// certificates is started `--insecure` (plaintext must be asked for).
-    pub fn spawn(mut args: Vec<String>) -> Resd {
+    pub(crate) fn spawn(mut args: Vec<String>) -> Resd {
         if !args
             .iter()
             .any(|arg| arg == "--tls-cert" || arg == "--insecure")
@@ -154,7 +154,7 @@ impl Resd {
     /// A single insecure node whose process may open at most `descriptors` files (its soft and
     /// hard limit, so it cannot raise them), started through a shell that sets the limit and
     /// then becomes the node (same PID).
-    pub fn start_with_descriptor_limit(descriptors: u32) -> Resd {
+    pub(crate) fn start_with_descriptor_limit(descriptors: u32) -> Resd {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().expect("temp dir");
         let wrapper = dir.path().join("resd-limited");
@@ -195,25 +195,25 @@ impl Resd {
     }
 
     /// The node's data directory, when it has one of its own.
-    pub fn data_dir(&self) -> Option<&Path> {
+    pub(crate) fn data_dir(&self) -> Option<&Path> {
         self._data.as_ref().map(|dir| dir.path())
     }
 
     /// The command line the node was started with (`resd agent ARGS`).
-    pub fn args(&self) -> &[String] {
+    pub(crate) fn args(&self) -> &[String] {
         &self.args
     }
 
     /// An endpoint of this node's API, with TLS when the node speaks it.
-    pub fn endpoint(&self) -> tonic::transport::Endpoint {
+    pub(crate) fn endpoint(&self) -> tonic::transport::Endpoint {
         endpoint_of(&self.api_addr.to_string(), self.client_tls.clone())
     }
 
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    pub async fn channel(&self) -> Channel {
+    pub(crate) async fn channel(&self) -> Channel {
         self.endpoint()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
@@ -222,15 +222,15 @@ impl Resd {
             .expect("connect to resd")
     }
 
-    pub async fn resources(&self) -> ResourceServiceClient<Channel> {
+    pub(crate) async fn resources(&self) -> ResourceServiceClient<Channel> {
         ResourceServiceClient::new(self.channel().await).max_decoding_message_size(64 * 1024 * 1024)
     }
 
-    pub async fn cluster(&self) -> ClusterServiceClient<Channel> {
+    pub(crate) async fn cluster(&self) -> ClusterServiceClient<Channel> {
         ClusterServiceClient::new(self.channel().await)
     }
 
-    pub async fn status(&self) -> Option<StatusResponse> {
+    pub(crate) async fn status(&self) -> Option<StatusResponse> {
         let channel = self
             .endpoint()
             .connect_timeout(Duration::from_secs(1))
@@ -246,13 +246,13 @@ impl Resd {
     }
 
     /// Sends SIGTERM (by PID) and waits for the exit.
-    pub fn terminate(&mut self) -> ExitStatus {
+    pub(crate) fn terminate(&mut self) -> ExitStatus {
         self.terminate_within(STOP_TIMEOUT)
             .expect("resd exits after SIGTERM")
     }
 
     /// Sends SIGTERM (by PID) and waits at most `timeout` for the exit (`None`: still running).
-    pub fn terminate_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn terminate_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let pid = self.pid().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -264,7 +264,7 @@ impl Resd {
 
     /// `GET path` on the node's HTTP server (`--http-addr`): status and body, or `None` when
     /// it does not answer within 5 s.
-    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+    pub(crate) fn http_get(&self, path: &str) -> Option<(u16, String)> {
         use std::io::{Read as _, Write as _};
         let at = self.args.iter().position(|arg| arg == "--http-addr")?;
         let addr: SocketAddr = self.args.get(at + 1)?.parse().ok()?;
@@ -284,7 +284,7 @@ impl Resd {
     }
 
     /// Sends a signal by PID (`STOP`, `CONT`, …).
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let pid = self.pid().expect("running");
         let status = Command::new("kill")
             .args([&format!("-{signal}"), &pid.to_string()])
@@ -294,7 +294,7 @@ impl Resd {
     }
 
     /// SIGKILL: the process gets no chance to clean up.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -302,7 +302,7 @@ impl Resd {
     }
 
     /// Starts the same command line again (same data directory and addresses).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the node before restarting it");
         let (child, api_addr) = launch(&self.args);
         self.child = Some(child);
@@ -325,7 +325,7 @@ impl Resd {
 }
 
 /// An endpoint of `addr`: plain, or TLS with `tls`.
-pub fn endpoint_of(addr: &str, tls: Option<ClientTlsConfig>) -> tonic::transport::Endpoint {
+pub(crate) fn endpoint_of(addr: &str, tls: Option<ClientTlsConfig>) -> tonic::transport::Endpoint {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let endpoint = Channel::from_shared(format!("{scheme}://{addr}")).expect("valid uri");
     match tls {
@@ -336,7 +336,7 @@ pub fn endpoint_of(addr: &str, tls: Option<ClientTlsConfig>) -> tonic::transport
 
 /// The `resd` these tests start: this build's, or `RESD_TEST_BINARY` (to run an attack test
 /// against an older build and see it fail there).
-pub fn resd_binary() -> std::path::PathBuf {
+pub(crate) fn resd_binary() -> std::path::PathBuf {
     std::env::var_os("RESD_TEST_BINARY")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_resd").into())
@@ -358,7 +358,7 @@ impl Drop for Resd {
 
 /// A cluster of `resd` processes on fixed loopback ports, so nodes keep their addresses across
 /// restarts.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub nodes: Vec<Resd>,
     base: tempfile::TempDir,
     first_api: SocketAddr,
@@ -368,12 +368,12 @@ pub struct Cluster {
 
 impl Cluster {
     /// Node 1 bootstraps; the others join it.
-    pub async fn start(size: usize, extra_args: &[&str]) -> Cluster {
+    pub(crate) async fn start(size: usize, extra_args: &[&str]) -> Cluster {
         Self::start_inner(size, extra_args, None).await
     }
 
     /// A cluster whose nodes also serve HTTP, each on a fixed port (see [`Resd::http_get`]).
-    pub async fn start_with_http(size: usize, extra_args: &[&str]) -> Cluster {
+    pub(crate) async fn start_with_http(size: usize, extra_args: &[&str]) -> Cluster {
         let base = tempfile::tempdir().expect("temp dir");
         let mut cluster = Cluster {
             nodes: Vec::new(),
@@ -392,7 +392,7 @@ impl Cluster {
     }
 
     /// A cluster speaking TLS with the certificates of `ca`; the test connects as `client`.
-    pub async fn start_tls(
+    pub(crate) async fn start_tls(
         size: usize,
         extra_args: &[&str],
         ca: std::sync::Arc<TestCa>,
@@ -445,7 +445,7 @@ impl Cluster {
     }
 
     /// Starts one more node (node 1 bootstraps, later ones join through node 1).
-    pub async fn add_node(&mut self, extra_args: &[&str]) -> usize {
+    pub(crate) async fn add_node(&mut self, extra_args: &[&str]) -> usize {
         let node_id = self.nodes.len() + 1;
         let join = (node_id > 1).then_some(self.first_api);
         let mut args = Self::node_args(self.base.path(), node_id, join, extra_args);
@@ -462,12 +462,12 @@ impl Cluster {
     }
 
     /// The data directory of the node at `index` (as `node_args` names it).
-    pub fn data_dir(&self, index: usize) -> std::path::PathBuf {
+    pub(crate) fn data_dir(&self, index: usize) -> std::path::PathBuf {
         self.base.path().join(format!("node{}", index + 1))
     }
 
     /// Waits until one running node is leader and reports `size` voters.
-    pub async fn wait_for_members(&self, size: usize) {
+    pub(crate) async fn wait_for_members(&self, size: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Some(leader) = self.leader().await
@@ -486,7 +486,7 @@ impl Cluster {
     }
 
     /// Index of the node that is leader now, asking every running node.
-    pub async fn leader(&self) -> Option<usize> {
+    pub(crate) async fn leader(&self) -> Option<usize> {
         for (index, node) in self.nodes.iter().enumerate() {
             if node.child.is_none() {
                 continue;
@@ -501,7 +501,7 @@ impl Cluster {
     }
 
     /// Waits for a leader among the running nodes.
-    pub async fn wait_for_leader(&self) -> usize {
+    pub(crate) async fn wait_for_leader(&self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Some(leader) = self.leader().await {
@@ -513,7 +513,7 @@ impl Cluster {
     }
 
     /// Waits until every running node has applied at least `index`.
-    pub async fn wait_for_applied(&self, index: u64) {
+    pub(crate) async fn wait_for_applied(&self, index: u64) {
         let deadline = Instant::now() + Duration::from_secs(60);
         'waiting: while Instant::now() < deadline {
             for node in self.nodes.iter().filter(|n| n.child.is_some()) {

@@ -7,7 +7,7 @@ use tokio_stream::StreamExt;
 use crate::process::Resd;
 
 /// `demo.v1.Artist`: no controller writes it, so tests see only their own writes.
-pub fn artist_type() -> Type {
+pub(crate) fn artist_type() -> Type {
     Type {
         group: "demo".into(),
         group_version: "v1".into(),
@@ -16,7 +16,7 @@ pub fn artist_type() -> Type {
 }
 
 /// An artist id in the default tenancy (empty tenancy: the scope's defaults).
-pub fn artist_id(name: &str) -> Id {
+pub(crate) fn artist_id(name: &str) -> Id {
     Id {
         name: name.into(),
         r#type: Some(artist_type()),
@@ -25,7 +25,7 @@ pub fn artist_id(name: &str) -> Id {
     }
 }
 
-pub fn artist(name: &str) -> Resource {
+pub(crate) fn artist(name: &str) -> Resource {
     Resource {
         id: Some(artist_id(name)),
         data: Some(proto::to_any(&proto::demo::v1::Artist {
@@ -37,7 +37,7 @@ pub fn artist(name: &str) -> Resource {
 }
 
 /// Every artist `node` holds, in every tenancy (a local, eventually consistent read).
-pub async fn list_artists(node: &Resd) -> Vec<Resource> {
+pub(crate) async fn list_artists(node: &Resd) -> Vec<Resource> {
     node.resources()
         .await
         .list(ListRequest {
@@ -55,7 +55,7 @@ pub async fn list_artists(node: &Resd) -> Vec<Resource> {
 }
 
 /// A snapshot file saved from `node`.
-pub async fn save_snapshot(node: &Resd) -> Vec<u8> {
+pub(crate) async fn save_snapshot(node: &Resd) -> Vec<u8> {
     let mut stream = node
         .cluster()
         .await
@@ -71,7 +71,7 @@ pub async fn save_snapshot(node: &Resd) -> Vec<u8> {
 }
 
 /// Uploads a snapshot file to `node` in 64 KiB chunks (`SnapshotRestore`).
-pub async fn restore(
+pub(crate) async fn restore(
     node: &Resd,
     file: &[u8],
 ) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 
 /// What an operation did to the register, as the client saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Call {
+pub(super) enum Call {
     /// Read this value (`None`: the register does not exist).
     Read(Option<u64>),
     /// Wrote this value unconditionally.
@@ -26,7 +26,7 @@ pub enum Call {
 
 /// One operation of the history.
 #[derive(Clone, Debug)]
-pub struct Operation {
+pub(super) struct Operation {
     pub call: Call,
     /// Nanoseconds since the start of the run.
     pub invoked: u64,
@@ -88,7 +88,7 @@ impl Bits {
 const STATE_BUDGET: usize = 2_000_000;
 
 /// Whether the history is linearizable from `initial`; `Err` says how far the search got.
-pub fn check(initial: Option<u64>, operations: &[Operation]) -> Result<(), String> {
+pub(super) fn check(initial: Option<u64>, operations: &[Operation]) -> Result<(), String> {
     let mut operations = operations.to_vec();
     operations.sort_by_key(|operation| operation.invoked);
     let required: Vec<usize> = (0..operations.len())

@@ -9,7 +9,7 @@ use unicode_width::UnicodeWidthStr as _;
 /// One column: its header, how wide it may grow and shrink, and how much it matters
 /// (higher keeps its width longer).
 #[derive(Debug, Clone, Copy)]
-pub struct Column {
+pub(super) struct Column {
     pub header: &'static str,
     pub min: u16,
     pub max: u16,
@@ -18,7 +18,7 @@ pub struct Column {
 
 /// The width of each column (0 = left out) for cells of `natural` widths in `available`
 /// columns, with `spacing` between shown columns.
-pub fn fit(columns: &[Column], natural: &[u16], available: u16, spacing: u16) -> Vec<u16> {
+pub(super) fn fit(columns: &[Column], natural: &[u16], available: u16, spacing: u16) -> Vec<u16> {
     let mut widths: Vec<u16> = columns
         .iter()
         .zip(natural)
@@ -77,7 +77,7 @@ pub fn fit(columns: &[Column], natural: &[u16], available: u16, spacing: u16) ->
 }
 
 /// `text` cut to `width` display columns, ending in `…` when cut.
-pub fn ellipsize(text: &str, width: u16) -> String {
+pub(super) fn ellipsize(text: &str, width: u16) -> String {
     let width = usize::from(width);
     if text.width() <= width {
         return text.to_owned();
@@ -100,7 +100,7 @@ pub fn ellipsize(text: &str, width: u16) -> String {
 }
 
 /// A styled cell cut to `width`.
-pub fn cut_span(span: &Span<'static>, width: u16) -> Span<'static> {
+pub(super) fn cut_span(span: &Span<'static>, width: u16) -> Span<'static> {
     Span::styled(ellipsize(&span.content, width), span.style)
 }
 

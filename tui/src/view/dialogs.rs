@@ -37,7 +37,7 @@ fn popup(frame: &mut Frame, title: String, lines: Vec<Line<'static>>, width: u16
     );
 }
 
-pub fn render(state: &State, dialog: &Dialog, frame: &mut Frame) {
+pub(super) fn render(state: &State, dialog: &Dialog, frame: &mut Frame) {
     match dialog {
         Dialog::Help { scroll } => {
             let mut lines = Vec::new();
@@ -249,7 +249,7 @@ fn delete_lines(plan: &DeletePlan) -> Vec<Line<'static>> {
 
 /// Live from the store: the pending finalizers, who releases each (and where it runs), the
 /// children still present.
-pub fn why_stuck_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
+pub(super) fn why_stuck_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
     let Some(resource) = state.store.resource(at) else {
         return vec![
             Line::from(Span::styled(

@@ -87,7 +87,7 @@ const TABLE_COLUMNS: [Column; 7] = [
     },
 ];
 
-pub fn table(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
     let Some(gvk) = &state.resources.current_type else {
         let text = "No type chosen yet.\n\nPress 1 and enter on a type, or : and a kind (for \
                     example :Executive) to list its resources.";
@@ -235,7 +235,7 @@ pub fn table(state: &State, frame: &mut Frame, area: Rect) {
 
 /// The lines of a resource's detail: identity, deletion, finalizers, metadata, status
 /// conditions (observed vs current generation), children, data as YAML.
-pub fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
+pub(super) fn detail_lines(state: &State, at: &ResRef) -> Vec<Line<'static>> {
     let Some(resource) = state.store.resource(at) else {
         return vec![Line::from(format!(
             "{} is gone (deleted, or no longer matches the watch).",
@@ -416,7 +416,7 @@ fn child_label(store: &Store, at: &ResRef) -> String {
     label
 }
 
-pub fn detail(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn detail(state: &State, frame: &mut Frame, area: Rect) {
     let Some(at) = &state.detail.at else {
         frame.render_widget(
             Paragraph::new("Nothing selected.").block(Block::bordered().title(" Detail ")),
@@ -434,7 +434,7 @@ pub fn detail(state: &State, frame: &mut Frame, area: Rect) {
     );
 }
 
-pub fn tree(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn tree(state: &State, frame: &mut Frame, area: Rect) {
     let Some(focus) = &state.tree.focus else {
         return;
     };

@@ -53,7 +53,7 @@ fn scope_label(scope: Scope) -> &'static str {
     }
 }
 
-pub fn types(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn types(state: &State, frame: &mut Frame, area: Rect) {
     let block = Block::bordered().title(Span::styled(
         format!(" Types ({}) ", state.store.types.len()),
         title_style(),
@@ -145,7 +145,7 @@ pub fn types(state: &State, frame: &mut Frame, area: Rect) {
     render_window(frame, area, table, cursor);
 }
 
-pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn cluster(state: &State, frame: &mut Frame, area: Rect) {
     let alarms = state
         .cluster
         .status
@@ -429,7 +429,7 @@ pub fn cluster(state: &State, frame: &mut Frame, area: Rect) {
     render_window(frame, bottom, table, state.nodes.cursor);
 }
 
-pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     let [top, bottom] = area.layout(&Layout::vertical([
         Constraint::Min(5),
         Constraint::Length(8),
@@ -626,7 +626,7 @@ pub fn controllers(state: &State, frame: &mut Frame, area: Rect) {
     );
 }
 
-pub fn events(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn events(state: &State, frame: &mut Frame, area: Rect) {
     let following = if state.events.scroll == 0 {
         Span::styled("· following ", Style::default().fg(Color::Green))
     } else {

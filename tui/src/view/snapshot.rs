@@ -32,7 +32,7 @@ fn bytes_label(bytes: u64) -> String {
     }
 }
 
-pub fn render(state: &State, frame: &mut Frame, area: Rect) {
+pub(super) fn render(state: &State, frame: &mut Frame, area: Rect) {
     let [steps, body] = area.layout(&Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(3),

@@ -35,7 +35,7 @@ const CHUNK_BYTES: usize = 4 << 20;
 
 /// An uploaded snapshot on disk, its body verified. The file goes when this is dropped.
 #[derive(Debug)]
-pub struct Spooled {
+pub(super) struct Spooled {
     file: tempfile::NamedTempFile,
     pub header: SnapshotHeader,
     body_offset: u64,
@@ -59,7 +59,7 @@ fn too_large(limit: u64) -> Error {
 
 /// Receives an upload into a file under `dir`, checking the header, the size and the body's
 /// checksum as it arrives.
-pub async fn receive(
+pub(super) async fn receive(
     chunks: &mut Streaming<SnapshotData>,
     dir: &Path,
     max_bytes: u64,
@@ -159,7 +159,7 @@ impl Spooled {
     }
 
     /// Reads every record back and checks it against the registry the snapshot makes ([`Self::registry_of_snapshot`]); blocking (run it on a blocking thread).
-    pub fn check(&self, max_resource_bytes: usize) -> Result<(), Error> {
+    pub(super) fn check(&self, max_resource_bytes: usize) -> Result<(), Error> {
         let view = self.registry_of_snapshot()?;
         let registry = &view;
         let mut body = self.body()?;
@@ -248,7 +248,7 @@ impl Spooled {
     }
 
     /// The records, read from the file in chunks of about [`CHUNK_BYTES`] on a blocking thread.
-    pub fn chunks(&self) -> Result<RestoreChunks, Error> {
+    pub(super) fn chunks(&self) -> Result<RestoreChunks, Error> {
         let mut body = self.body()?;
         let (sender, receiver) = tokio::sync::mpsc::channel(2);
         // Detached on purpose: it ends at the end of the file or when the receiver goes.
@@ -289,7 +289,7 @@ impl Spooled {
     }
 
     /// The whole file again, in 1 MiB pieces, for forwarding it to the leader.
-    pub fn upload(
+    pub(super) fn upload(
         &self,
     ) -> Result<impl futures::Stream<Item = SnapshotData> + Send + 'static, Error> {
         let file = tokio::fs::File::from_std(self.file.reopen().map_err(spool_error)?);

@@ -313,13 +313,13 @@ pub enum Durability {
 /// LMDB's meta pages (pages 0 and 1 of `data.mdb`, the newer one in use): where their fields
 /// are (LMDB 0.9's `MDB_meta` after a 16-byte page header, 64-bit build).
 mod lmdb_meta {
-    pub const MAGIC: u32 = 0xBEEF_C0DE;
-    pub const MAGIC_AT: usize = 16;
+    pub(super) const MAGIC: u32 = 0xBEEF_C0DE;
+    pub(super) const MAGIC_AT: usize = 16;
     /// The free database's `md_pad` holds the page size.
-    pub const PAGE_SIZE_AT: usize = 40;
-    pub const LAST_PAGE_AT: usize = 136;
-    pub const TXNID_AT: usize = 144;
-    pub const LEN: usize = 152;
+    pub(super) const PAGE_SIZE_AT: usize = 40;
+    pub(super) const LAST_PAGE_AT: usize = 136;
+    pub(super) const TXNID_AT: usize = 144;
+    pub(super) const LEN: usize = 152;
 }
 
 /// Why an LMDB data file cannot be mapped safely.

@@ -46,7 +46,7 @@ fn lmdb_log_store_and_state_machine_pass_the_openraft_suite() -> Result<(), Raft
 }
 
 /// Raft nodes in this process, each with its own data directory and raft server on loopback.
-pub struct TestCluster {
+pub(super) struct TestCluster {
     pub nodes: Vec<Arc<RaftBackend>>,
     shutdown: CancellationToken,
     /// Raft servers; they end when `shutdown` is cancelled.
@@ -55,16 +55,16 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    pub async fn start(size: u64) -> TestCluster {
+    pub(super) async fn start(size: u64) -> TestCluster {
         Self::start_with(size, Duration::from_secs(10)).await
     }
 
-    pub async fn start_with(size: u64, forward_timeout: Duration) -> TestCluster {
+    pub(super) async fn start_with(size: u64, forward_timeout: Duration) -> TestCluster {
         Self::start_configured(size, forward_timeout, |_| {}).await
     }
 
     /// A cluster whose nodes' options `configure` adjusts last.
-    pub async fn start_configured(
+    pub(super) async fn start_configured(
         size: u64,
         forward_timeout: Duration,
         configure: impl Fn(&mut RaftOptions),
@@ -132,7 +132,7 @@ impl TestCluster {
     }
 
     /// Waits until the first `count` nodes see `expected` as leader.
-    pub async fn wait_for_leader(&self, expected: u64, count: usize) {
+    pub(super) async fn wait_for_leader(&self, expected: u64, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if self.nodes[..count]
@@ -148,27 +148,27 @@ impl TestCluster {
 }
 
 /// One node of a test cluster, keeping the whole cluster alive.
-pub struct Member {
+pub(super) struct Member {
     cluster: Arc<TestCluster>,
     index: usize,
 }
 
 impl Member {
-    pub async fn single() -> Member {
+    pub(super) async fn single() -> Member {
         Member {
             cluster: Arc::new(TestCluster::start(1).await),
             index: 0,
         }
     }
 
-    pub async fn leader_of_three() -> Member {
+    pub(super) async fn leader_of_three() -> Member {
         Member {
             cluster: Arc::new(TestCluster::start(3).await),
             index: 0,
         }
     }
 
-    pub async fn follower_of_three() -> Member {
+    pub(super) async fn follower_of_three() -> Member {
         Member {
             cluster: Arc::new(TestCluster::start(3).await),
             index: 2,

@@ -129,13 +129,13 @@ fn membership_error(
 }
 
 /// How long a membership change waits for the configuration before it to commit.
-pub const MEMBERSHIP_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const MEMBERSHIP_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A learner that has not answered for this long is given up on by Join.
-pub const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
+pub(super) const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A member the leader has not heard from for this long counts as unreachable.
-pub const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RaftBackend {
     /// Resources per `group.Kind` and the size of each LMDB environment, for the metrics.

@@ -27,7 +27,7 @@ const UNSUPPORTED_RETRY: Duration = Duration::from_secs(30);
 
 /// Why a streamed call failed.
 #[derive(Debug, Clone)]
-pub enum PipeError {
+pub(super) enum PipeError {
     /// The peer does not serve the stream: use a unary call.
     Unsupported,
     /// The stream ended or could not be opened, or the peer refused the request: the text says
@@ -35,7 +35,7 @@ pub enum PipeError {
     Failed(String),
 }
 
-pub type Answer = Result<Vec<u8>, PipeError>;
+pub(super) type Answer = Result<Vec<u8>, PipeError>;
 
 /// Callers waiting for answers, and whether the stream has ended.
 #[derive(Default)]
@@ -45,7 +45,7 @@ struct Waiting {
 }
 
 /// One open AppendStream.
-pub struct Pipe {
+pub(super) struct Pipe {
     queue: tokio::sync::mpsc::Sender<pb::StreamedRequest>,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
@@ -115,7 +115,7 @@ impl Pipe {
     }
 
     /// Sends `payload` and waits up to `timeout` for its answer.
-    pub async fn call(&self, payload: Vec<u8>, timeout: Duration) -> Answer {
+    pub(super) async fn call(&self, payload: Vec<u8>, timeout: Duration) -> Answer {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, answer) = tokio::sync::oneshot::channel();
         {
@@ -158,7 +158,7 @@ impl Pipe {
 }
 
 /// A peer's AppendStream: the open pipe, reopened when it ended.
-pub struct Link {
+pub(super) struct Link {
     client: RaftServiceClient<Channel>,
     peer: String,
     state: Mutex<LinkState>,
@@ -178,7 +178,7 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    pub fn new(client: RaftServiceClient<Channel>, peer: String) -> Link {
+    pub(super) fn new(client: RaftServiceClient<Channel>, peer: String) -> Link {
         Link {
             client,
             peer,
@@ -187,7 +187,7 @@ impl Link {
     }
 
     /// The open pipe (opened if none is), or `None` while the peer is known not to serve it.
-    pub fn pipe(&self) -> Option<Arc<Pipe>> {
+    pub(super) fn pipe(&self) -> Option<Arc<Pipe>> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(until) = state.unsupported_until {
             if Instant::now() < until {
@@ -206,7 +206,7 @@ impl Link {
     }
 
     /// The peer answered that it does not serve the stream: unary calls for a while.
-    pub fn unsupported(&self) {
+    pub(super) fn unsupported(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.unsupported_until = Some(Instant::now() + UNSUPPORTED_RETRY);
         state.pipe = None;
