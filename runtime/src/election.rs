@@ -312,6 +312,9 @@ impl<S: LeaseStore> Elector<S> {
     /// `renew_deadline` stops leading and campaigns again.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut last_renewal: Option<Instant> = None;
+        // A failure that is not a lost race (a token that may not write the lease, a server out
+        // of reach) is said once, at warn, until it changes or an attempt goes through.
+        let mut failing: Option<String> = None;
         loop {
             let attempt = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -320,6 +323,7 @@ impl<S: LeaseStore> Elector<S> {
             let now = Instant::now();
             match attempt {
                 Ok(Ok(true)) => {
+                    failing = None;
                     if last_renewal.is_none() {
                         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "took the lease: leading");
                     }
@@ -328,8 +332,18 @@ impl<S: LeaseStore> Elector<S> {
                         .lead_until(Some(now + self.config.renew_deadline));
                 }
                 other => {
-                    if let Ok(Err(error)) = &other {
-                        tracing::debug!(lease = %self.config.name, %error, "lease attempt failed");
+                    match &other {
+                        Ok(Err(error)) if failing.as_deref() != Some(&error.to_string()) => {
+                            tracing::warn!(lease = %self.config.name, identity = %self.config.identity, %error, "cannot take or renew the lease; trying again");
+                            failing = Some(error.to_string());
+                        }
+                        Ok(Err(error)) => {
+                            tracing::debug!(lease = %self.config.name, %error, "lease attempt failed")
+                        }
+                        Ok(Ok(_)) => failing = None,
+                        Err(_) => {
+                            tracing::debug!(lease = %self.config.name, "a lease attempt timed out")
+                        }
                     }
                     if let Some(renewed) = last_renewal
                         && now.duration_since(renewed) >= self.config.renew_deadline

@@ -333,55 +333,8 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
     use proto::resource::v1::watch_event::Event;
     let cluster = tests::Cluster::start_with_acls(1).await;
     let server = cluster.nodes[0].api_addr.clone();
-    let management = cluster.token.clone().expect("a management token");
     let tls = cluster.tls.clone().expect("TLS");
-    let as_management = |args: &[&str]| {
-        let mut all: Vec<String> = tls.client_flags();
-        all.extend(["--token".to_owned(), management.clone()]);
-        all.extend(args.iter().map(|a| a.to_string()));
-        let output = Command::new(tests::binary("resctl"))
-            .arg("--server")
-            .arg(&server)
-            .args(&all)
-            .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
-            .output()
-            .expect("resctl runs");
-        assert!(
-            output.status.success(),
-            "resctl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
-    as_management(&[
-        "apply",
-        "-f",
-        &tests::fixtures().join("teams").display().to_string(),
-    ]);
-    let scratch = tempfile::tempdir().expect("temp dir");
-    let policy = scratch.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "type: acl.v1.Policy\nname: invoice-controller\ndata:\n  rules:\n\
-         \x20   - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n\
-         \x20   - {types: [\"coordination.v1.*\"], partition: default, namespace: default, access: ACCESS_WRITE}\n",
-    )
-    .expect("policy");
-    as_management(&["apply", "-f", &policy.display().to_string()]);
-    let created = as_management(&[
-        "acl",
-        "token",
-        "create",
-        "invoice-controller",
-        "--policy",
-        "invoice-controller",
-        "-o",
-        "json",
-    ]);
-    let secret = serde_json::from_str::<serde_json::Value>(&created).expect("json")["secret"]
-        .as_str()
-        .expect("a secret")
-        .to_owned();
+    let secret = token_for_types(&cluster, INVOICE_RULES);
 
     let replica = Replica::start_with(
         "replica-1",
@@ -561,4 +514,118 @@ async fn a_replica_with_a_bad_token_or_address_says_so_once_and_keeps_trying() {
         .count();
     assert_eq!(broken, 1, "the outage is said once:\n{said}");
     assert!(said.contains("127.0.0.1:1"), "it names the server:\n{said}");
+}
+
+/// The rules of the invoice controller's policy: its types, and its Lease and reports.
+const INVOICE_RULES: &str = concat!(
+    "    - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n",
+    "    - {types: [\"coordination.v1.*\"], partition: default, namespace: default, access: ACCESS_WRITE}\n",
+);
+
+/// resctl as the cluster's management token.
+fn as_management(cluster: &tests::Cluster, args: &[&str]) -> String {
+    let tls = cluster.tls.clone().expect("TLS");
+    let mut all: Vec<String> = tls.client_flags();
+    all.extend([
+        "--token".to_owned(),
+        cluster.token.clone().expect("a management token"),
+    ]);
+    all.extend(args.iter().map(|a| a.to_string()));
+    let output = Command::new(tests::binary("resctl"))
+        .arg("--server")
+        .arg(&cluster.nodes[0].api_addr)
+        .args(&all)
+        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
+        .output()
+        .expect("resctl runs");
+    assert!(
+        output.status.success(),
+        "resctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Registers the teams' types, and makes a token whose one policy has `rules` (YAML list
+/// items, each line indented by four); its secret.
+fn token_for_types(cluster: &tests::Cluster, rules: &str) -> String {
+    as_management(
+        cluster,
+        &[
+            "apply",
+            "-f",
+            &tests::fixtures().join("teams").display().to_string(),
+        ],
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let policy = scratch.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!("type: acl.v1.Policy\nname: invoice-controller\ndata:\n  rules:\n{rules}"),
+    )
+    .expect("policy");
+    as_management(cluster, &["apply", "-f", &policy.display().to_string()]);
+    let created = as_management(
+        cluster,
+        &[
+            "acl",
+            "token",
+            "create",
+            "invoice-controller",
+            "--policy",
+            "invoice-controller",
+            "-o",
+            "json",
+        ],
+    );
+    serde_json::from_str::<serde_json::Value>(&created).expect("json")["secret"]
+        .as_str()
+        .expect("a secret")
+        .to_owned()
+}
+
+/// The least credentials: a token that may write the invoices but not its Lease. The
+/// replica says once why it cannot lead, and reconciles nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconciles_nothing() {
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let tls = cluster.tls.clone().expect("TLS");
+    let secret = token_for_types(
+        &cluster,
+        "    - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n",
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let log = scratch.path().join("replica.log");
+    let mut replica = Replica::spawn(
+        "replica-1",
+        &server,
+        &[
+            ("RESD_TOKEN", secret),
+            ("RESD_CA_CERT", tls.ca().display().to_string()),
+            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
+            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
+        ],
+        std::fs::File::create(&log).expect("log").into(),
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(replica.running(), "it keeps trying");
+    drop(replica);
+    let said = std::fs::read_to_string(&log).expect("log");
+    let lease = said
+        .lines()
+        .filter(|l| l.contains("cannot take or renew the lease"))
+        .count();
+    assert_eq!(lease, 1, "why it cannot lead is said once:\n{said}");
+    assert!(said.contains("permission denied"), "and why:\n{said}");
+    let invoice = cluster
+        .client(0)
+        .read(&invoice_id("acme-2026-001"))
+        .await
+        .expect("read")
+        .expect("the invoice");
+    assert!(
+        invoice.status.is_empty() && !invoice.metadata.contains_key("finalizers"),
+        "nothing reconciled without the lease: {invoice:?}"
+    );
 }
