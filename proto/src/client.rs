@@ -182,11 +182,17 @@ pub enum ClientError {
         reason: Option<Reason>,
         message: String,
     },
-    #[error("{0}")]
-    NotFound(String),
+    #[error("{message}")]
+    NotFound {
+        reason: Option<Reason>,
+        message: String,
+    },
     /// A compare-and-swap lost: the resource changed since it was read.
-    #[error("{0}")]
-    Conflict(String),
+    #[error("{message}")]
+    Conflict {
+        reason: Option<Reason>,
+        message: String,
+    },
     /// The system is not in the state the call needs; `reason` says which (a node removed
     /// from the cluster, a Type being deleted, a uid that is not the stored one…).
     #[error("{message}")]
@@ -194,10 +200,16 @@ pub enum ClientError {
         reason: Option<Reason>,
         message: String,
     },
-    #[error("permission denied: {0}")]
-    PermissionDenied(String),
-    #[error("unauthenticated: {0} (pass a token with --token or RESD_TOKEN)")]
-    Unauthenticated(String),
+    #[error("permission denied: {message}")]
+    PermissionDenied {
+        reason: Option<Reason>,
+        message: String,
+    },
+    #[error("unauthenticated: {message} (pass a token with --token or RESD_TOKEN)")]
+    Unauthenticated {
+        reason: Option<Reason>,
+        message: String,
+    },
     /// The server cannot serve this now; `reason` says why (no quorum, catching up, shutting
     /// down, a membership change that gave up…). `None`: the server said no reason.
     #[error("cluster unavailable: {message}{hint}", hint = quorum_hint(*reason))]
@@ -205,10 +217,16 @@ pub enum ClientError {
         reason: Option<Reason>,
         message: String,
     },
-    #[error("{0}")]
-    OutOfRange(String),
-    #[error("deadline exceeded: {0}")]
-    DeadlineExceeded(String),
+    #[error("{message}")]
+    OutOfRange {
+        reason: Option<Reason>,
+        message: String,
+    },
+    #[error("deadline exceeded: {message}")]
+    DeadlineExceeded {
+        reason: Option<Reason>,
+        message: String,
+    },
     #[error("server error ({code:?}): {message}")]
     Other { code: Code, message: String },
 }
@@ -237,13 +255,13 @@ impl ClientError {
             },
             Code::Unavailable => ClientError::Unavailable { reason, message },
             Code::InvalidArgument => ClientError::InvalidArgument { reason, message },
-            Code::NotFound => ClientError::NotFound(message),
-            Code::Aborted => ClientError::Conflict(message),
+            Code::NotFound => ClientError::NotFound { reason, message },
+            Code::Aborted => ClientError::Conflict { reason, message },
             Code::FailedPrecondition => ClientError::FailedPrecondition { reason, message },
-            Code::PermissionDenied => ClientError::PermissionDenied(message),
-            Code::Unauthenticated => ClientError::Unauthenticated(message),
-            Code::OutOfRange => ClientError::OutOfRange(message),
-            Code::DeadlineExceeded => ClientError::DeadlineExceeded(message),
+            Code::PermissionDenied => ClientError::PermissionDenied { reason, message },
+            Code::Unauthenticated => ClientError::Unauthenticated { reason, message },
+            Code::OutOfRange => ClientError::OutOfRange { reason, message },
+            Code::DeadlineExceeded => ClientError::DeadlineExceeded { reason, message },
             code => ClientError::Other { code, message },
         }
     }
@@ -262,7 +280,13 @@ impl ClientError {
         match self {
             ClientError::Unavailable { reason, .. }
             | ClientError::FailedPrecondition { reason, .. }
-            | ClientError::InvalidArgument { reason, .. } => *reason,
+            | ClientError::InvalidArgument { reason, .. }
+            | ClientError::NotFound { reason, .. }
+            | ClientError::Conflict { reason, .. }
+            | ClientError::PermissionDenied { reason, .. }
+            | ClientError::Unauthenticated { reason, .. }
+            | ClientError::OutOfRange { reason, .. }
+            | ClientError::DeadlineExceeded { reason, .. } => *reason,
             _ => None,
         }
     }
@@ -639,7 +663,7 @@ impl Client {
                 self.note_staleness(response.metadata());
                 Ok(response.into_inner().resource)
             }
-            Err(ClientError::NotFound(_)) => Ok(None),
+            Err(ClientError::NotFound { .. }) => Ok(None),
             Err(error) => Err(error),
         }
     }

@@ -18,24 +18,24 @@ impl From<ClientError> for ApiError {
             return ApiError::of_reason(reason, message);
         }
         match error {
-            ClientError::NotFound(_) => ApiError::NotFound(message),
+            ClientError::NotFound { .. } => ApiError::NotFound(message),
             // A lost compare-and-swap.
-            ClientError::Conflict(_)
+            ClientError::Conflict { .. }
             | ClientError::Other {
                 code: tonic::Code::AlreadyExists,
                 ..
             } => ApiError::Conflict(message),
             ClientError::Unavailable { .. }
             | ClientError::Unreachable { .. }
-            | ClientError::DeadlineExceeded(_) => ApiError::Unavailable(message),
-            ClientError::OutOfRange(_) => ApiError::Relist(message),
+            | ClientError::DeadlineExceeded { .. } => ApiError::Unavailable(message),
+            ClientError::OutOfRange { .. } => ApiError::Relist(message),
             ClientError::InvalidServer { .. }
             | ClientError::Settings(_)
             | ClientError::Tls { .. }
             | ClientError::InvalidArgument { .. }
             | ClientError::FailedPrecondition { .. }
-            | ClientError::PermissionDenied(_)
-            | ClientError::Unauthenticated(_)
+            | ClientError::PermissionDenied { .. }
+            | ClientError::Unauthenticated { .. }
             | ClientError::Other { .. } => ApiError::Failed(message),
         }
     }

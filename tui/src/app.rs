@@ -410,7 +410,9 @@ async fn poll_cluster(client: Client, tx: UnboundedSender<Msg>, refresh: Duratio
     loop {
         let status = client.status().await;
         let denied = match &status {
-            Err(proto::client::ClientError::PermissionDenied(missing)) => Some(format!(
+            Err(proto::client::ClientError::PermissionDenied {
+                message: missing, ..
+            }) => Some(format!(
                 "your token cannot see the cluster's status, members or controllers ({missing}; it needs operator read)"
             )),
             _ => None,

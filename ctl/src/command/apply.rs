@@ -638,7 +638,7 @@ async fn write_if_changed(
             Ok(written) => return Ok((Outcome::Updated, written.version)),
             // Someone else wrote in between: compare again, unless the document itself named
             // the version it expects.
-            Err(ClientError::Conflict(_))
+            Err(ClientError::Conflict { .. })
                 if plan.desired.version.is_empty() && attempt < CAS_ATTEMPTS =>
             {
                 continue;
@@ -646,9 +646,10 @@ async fn write_if_changed(
             Err(error) => return Err(error),
         }
     }
-    Err(ClientError::Conflict(
-        "the resource kept changing while it was applied; try again".into(),
-    ))
+    Err(ClientError::Conflict {
+        reason: None,
+        message: "the resource kept changing while it was applied; try again".into(),
+    })
 }
 
 /// Renders a report: a line per document for people, the results for scripts.

@@ -246,7 +246,7 @@ pub async fn bench(
                                 next.version = current.map(|r| r.version).unwrap_or_default();
                                 match client.write(&next).await {
                                     Ok(_) => break,
-                                    Err(ClientError::Conflict(_)) if attempts < 100 => {
+                                    Err(ClientError::Conflict { .. }) if attempts < 100 => {
                                         conflicts
                                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                     }

@@ -229,7 +229,7 @@ impl EditSession {
         desired.generation.clear();
         match client.write(&desired).await {
             Ok(saved) => Ok(Round::Done(EditOutcome::Saved(Box::new(saved)))),
-            Err(ClientError::Conflict(_)) => {
+            Err(ClientError::Conflict { .. }) => {
                 let mut lookup = self.id.clone();
                 lookup.uid.clear();
                 let current = client

@@ -12,11 +12,17 @@ fn decode(code: Code, message: &str) -> ClientError {
 fn server_statuses_decode_to_their_kind() {
     assert_eq!(
         decode(Code::Aborted, "version mismatch"),
-        ClientError::Conflict("version mismatch".into())
+        ClientError::Conflict {
+            reason: None,
+            message: "version mismatch".into()
+        }
     );
     assert_eq!(
         decode(Code::NotFound, "no such resource"),
-        ClientError::NotFound("no such resource".into())
+        ClientError::NotFound {
+            reason: None,
+            message: "no such resource".into()
+        }
     );
     assert_eq!(
         decode(Code::Unavailable, "no leader"),
@@ -193,4 +199,33 @@ fn a_status_with_a_reason_is_never_a_transport_failure() {
         matches!(error, ClientError::Unavailable { .. }),
         "{error:?}"
     );
+}
+
+/// Every answer of a server keeps its reason, whatever its code (a missing namespace is not a
+/// missing resource; a lost compare-and-swap is not a closed watch).
+#[test]
+fn every_server_answer_keeps_its_reason() {
+    use crate::reason::{Details, Reason, attach};
+
+    for (code, reason) in [
+        (Code::NotFound, Reason::TenancyNotFound),
+        (Code::NotFound, Reason::NotFound),
+        (Code::Aborted, Reason::CasConflict),
+        (Code::Aborted, Reason::WatchClosed),
+        (Code::PermissionDenied, Reason::PermissionDenied),
+        (Code::Unauthenticated, Reason::Unauthenticated),
+        (Code::OutOfRange, Reason::ResumeUnavailable),
+        (Code::DeadlineExceeded, Reason::DeadlineExceeded),
+        (Code::FailedPrecondition, Reason::UidMismatch),
+        (Code::InvalidArgument, Reason::Invalid),
+        (Code::Unavailable, Reason::NoQuorum),
+    ] {
+        let error =
+            ClientError::from_status("127.0.0.1:1", &attach(code, "x", &Details::new(reason)));
+        assert_eq!(
+            error.reason(),
+            Some(reason),
+            "{code:?} {reason:?}: {error:?}"
+        );
+    }
 }

@@ -145,7 +145,12 @@ impl Watcher {
     fn on_error(&mut self, error: ClientError) -> WatchUpdate {
         match error {
             // The history no longer reaches our version, or a restore replaced the state.
-            ClientError::OutOfRange(reason) | ClientError::Conflict(reason) => {
+            ClientError::OutOfRange {
+                message: reason, ..
+            }
+            | ClientError::Conflict {
+                message: reason, ..
+            } => {
                 self.last_version.clear();
                 self.in_snapshot = true;
                 self.state = State::Connecting {
@@ -162,7 +167,7 @@ impl Watcher {
             {
                 self.disconnected(format!("{code:?}: {message}"))
             }
-            ClientError::DeadlineExceeded(message) => self.disconnected(message),
+            ClientError::DeadlineExceeded { message, .. } => self.disconnected(message),
             error => {
                 self.state = State::Done;
                 WatchUpdate::Failed(error)

@@ -93,10 +93,12 @@ pub(super) fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
         }
         WatchUpdate::Failed(error) => {
             let reason = match &error {
-                proto::client::ClientError::PermissionDenied(missing) => {
+                proto::client::ClientError::PermissionDenied {
+                    message: missing, ..
+                } => {
                     format!("your token cannot read {gvk} ({missing})")
                 }
-                proto::client::ClientError::Unauthenticated(why) => format!(
+                proto::client::ClientError::Unauthenticated { message: why, .. } => format!(
                     "your token was refused ({why}); start the dashboard with another --token"
                 ),
                 other => other.to_string(),

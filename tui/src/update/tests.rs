@@ -306,7 +306,10 @@ fn a_failed_watch_is_recorded_on_its_type() {
         &mut state,
         Msg::Watch {
             gvk: "demo.v1.Executive".into(),
-            update: WatchUpdate::Failed(ClientError::PermissionDenied("token lacks read".into())),
+            update: WatchUpdate::Failed(ClientError::PermissionDenied {
+                reason: None,
+                message: "token lacks read".into(),
+            }),
         },
     );
     let failed = state
