@@ -114,9 +114,13 @@ pub enum Unauthenticated {
     /// No token, an unknown one, or an expired one.
     #[error("{0}")]
     Refused(String),
-    /// This server has not loaded its tokens yet: the caller should retry shortly.
+    /// This server is too busy checking unrecognised tokens: the caller should retry shortly.
     #[error("{0}")]
     NotReady(String),
+    /// This server has not loaded its tokens yet (it is starting, or catching up): another
+    /// member can answer.
+    #[error("{0}")]
+    Loading(String),
 }
 
 pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {

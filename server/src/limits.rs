@@ -456,8 +456,8 @@ impl Limits {
                     Err(Unauthenticated::Refused(why)) => {
                         return Err(LimitError::Unauthenticated(why));
                     }
-                    // ACLs not loaded yet: the handler answers UNAVAILABLE.
-                    Err(Unauthenticated::NotReady(_)) => {
+                    // ACLs not loaded yet, or too busy: the handler answers UNAVAILABLE.
+                    Err(Unauthenticated::NotReady(_) | Unauthenticated::Loading(_)) => {
                         (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES)
                     }
                 },

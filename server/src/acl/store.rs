@@ -353,8 +353,8 @@ impl TokenStore {
                 .tokens_loaded
                 .load(std::sync::atomic::Ordering::Acquire);
         if !loaded {
-            return Err(Unauthenticated::NotReady(
-                "this server is still loading its ACL tokens; retry in a moment".into(),
+            return Err(Unauthenticated::Loading(
+                "this server is still loading its ACL tokens; retry in a moment or ask another member".into(),
             ));
         }
         let entry = self.find(token)?.ok_or_else(|| {
@@ -497,7 +497,7 @@ mod tests {
         let mut changes = TokenResolver::changes(&store).expect("changes");
         assert!(matches!(
             store.resolve(Some("anything")),
-            Err(Unauthenticated::NotReady(_))
+            Err(Unauthenticated::Loading(_))
         ));
         store.replace_policies(Vec::new());
         store.replace_tokens(Vec::new());
@@ -619,6 +619,7 @@ mod tests {
                     refused_for_now = true;
                     break;
                 }
+                Err(Unauthenticated::Loading(why)) => panic!("the store is loaded: {why}"),
                 Ok(_) => panic!("a made-up token resolved"),
             }
         }

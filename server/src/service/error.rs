@@ -180,6 +180,8 @@ impl From<Unauthenticated> for Error {
         match error {
             Unauthenticated::Refused(why) => Error::Unauthenticated(why),
             Unauthenticated::NotReady(why) => Error::Unavailable(why),
+            // Like a node catching up: another member, with its tokens loaded, can answer.
+            Unauthenticated::Loading(why) => Error::CatchingUp(why),
         }
     }
 }
