@@ -333,19 +333,9 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
     use proto::resource::v1::watch_event::Event;
     let cluster = tests::Cluster::start_with_acls(1).await;
     let server = cluster.nodes[0].api_addr.clone();
-    let tls = cluster.tls.clone().expect("TLS");
     let secret = token_for_types(&cluster, INVOICE_RULES);
 
-    let replica = Replica::start_with(
-        "replica-1",
-        &server,
-        &[
-            ("RESD_TOKEN", secret),
-            ("RESD_CA_CERT", tls.ca().display().to_string()),
-            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
-            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
-        ],
-    );
+    let replica = Replica::start_with("replica-1", &server, &acl_env(&cluster, &secret));
     let client = cluster.client(0);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
 
@@ -473,29 +463,20 @@ async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
 async fn a_replica_with_a_bad_token_or_address_says_so_once_and_keeps_trying() {
     let cluster = tests::Cluster::start_with_acls(1).await;
     let server = cluster.nodes[0].api_addr.clone();
-    let tls = cluster.tls.clone().expect("TLS");
     let scratch = tempfile::tempdir().expect("temp dir");
     let bad_token_log = scratch.path().join("bad-token.log");
     let nowhere_log = scratch.path().join("nowhere.log");
-    let tls_env = |token: &str| {
-        vec![
-            ("RESD_TOKEN", token.to_owned()),
-            ("RESD_CA_CERT", tls.ca().display().to_string()),
-            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
-            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
-        ]
-    };
     let mut bad_token = Replica::spawn(
         "replica-1",
         &server,
-        &tls_env(&"0".repeat(64)),
+        &acl_env(&cluster, &"0".repeat(64)),
         std::fs::File::create(&bad_token_log).expect("log").into(),
     );
     // Nothing listens on port 1.
     let mut nowhere = Replica::spawn(
         "replica-2",
         "127.0.0.1:1",
-        &tls_env(&"0".repeat(64)),
+        &acl_env(&cluster, &"0".repeat(64)),
         std::fs::File::create(&nowhere_log).expect("log").into(),
     );
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -503,17 +484,28 @@ async fn a_replica_with_a_bad_token_or_address_says_so_once_and_keeps_trying() {
     assert!(nowhere.running(), "a replica without a server keeps trying");
     drop((bad_token, nowhere));
 
-    let said = std::fs::read_to_string(&bad_token_log).expect("log");
-    let refusals = said.lines().filter(|l| l.contains("starting over")).count();
-    assert_eq!(refusals, 1, "the refusal is said once:\n{said}");
-    assert!(said.contains("unauthenticated"), "it says why:\n{said}");
-    let said = std::fs::read_to_string(&nowhere_log).expect("log");
-    let broken = said
-        .lines()
-        .filter(|l| l.contains("the watch broke"))
-        .count();
-    assert_eq!(broken, 1, "the outage is said once:\n{said}");
-    assert!(said.contains("127.0.0.1:1"), "it names the server:\n{said}");
+    said_once(&bad_token_log, "starting over", "unauthenticated");
+    said_once(&nowhere_log, "the watch broke", "127.0.0.1:1");
+}
+
+/// A replica's environment on a cluster with ACLs: its token and the cluster's certificates.
+fn acl_env(cluster: &tests::Cluster, token: &str) -> Vec<(&'static str, String)> {
+    let tls = cluster.tls.clone().expect("TLS");
+    vec![
+        ("RESD_TOKEN", token.to_owned()),
+        ("RESD_CA_CERT", tls.ca().display().to_string()),
+        ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
+        ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
+    ]
+}
+
+/// What a replica logged, after checking it said `phrase` exactly once and named `why`.
+fn said_once(log: &std::path::Path, phrase: &str, why: &str) -> String {
+    let said = std::fs::read_to_string(log).expect("log");
+    let times = said.lines().filter(|line| line.contains(phrase)).count();
+    assert_eq!(times, 1, "{phrase:?} is said once:\n{said}");
+    assert!(said.contains(why), "and says why ({why:?}):\n{said}");
+    said
 }
 
 /// The rules of the invoice controller's policy: its types, and its Lease and reports.
@@ -590,7 +582,6 @@ fn token_for_types(cluster: &tests::Cluster, rules: &str) -> String {
 async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconciles_nothing() {
     let cluster = tests::Cluster::start_with_acls(1).await;
     let server = cluster.nodes[0].api_addr.clone();
-    let tls = cluster.tls.clone().expect("TLS");
     let secret = token_for_types(
         &cluster,
         "    - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n",
@@ -600,24 +591,13 @@ async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconcile
     let mut replica = Replica::spawn(
         "replica-1",
         &server,
-        &[
-            ("RESD_TOKEN", secret),
-            ("RESD_CA_CERT", tls.ca().display().to_string()),
-            ("RESD_CLIENT_CERT", tls.client_cert().display().to_string()),
-            ("RESD_CLIENT_KEY", tls.client_key().display().to_string()),
-        ],
+        &acl_env(&cluster, &secret),
         std::fs::File::create(&log).expect("log").into(),
     );
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(replica.running(), "it keeps trying");
     drop(replica);
-    let said = std::fs::read_to_string(&log).expect("log");
-    let lease = said
-        .lines()
-        .filter(|l| l.contains("cannot take or renew the lease"))
-        .count();
-    assert_eq!(lease, 1, "why it cannot lead is said once:\n{said}");
-    assert!(said.contains("permission denied"), "and why:\n{said}");
+    said_once(&log, "cannot take or renew the lease", "permission denied");
     let invoice = cluster
         .client(0)
         .read(&invoice_id("acme-2026-001"))
