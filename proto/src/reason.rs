@@ -66,8 +66,8 @@ reasons! {
     /// The cluster has no leader, or the leader cannot commit (no quorum): wait, or bring a
     /// majority back.
     NoQuorum = "NO_QUORUM",
-    /// This node serves nothing yet: it is catching up after an unclean stop. Another member
-    /// can answer.
+    /// This node serves nothing yet: it is catching up after an unclean stop (metadata
+    /// `applied`, and `target` when known). Another member can answer.
     CatchingUp = "CATCHING_UP",
     /// This node is shutting down. Another member can answer.
     ShuttingDown = "SHUTTING_DOWN",

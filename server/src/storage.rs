@@ -180,9 +180,10 @@ pub enum StorageError {
     /// ahead of this node); the client must list again.
     #[error("cannot resume the watch: {0}")]
     ResumeUnavailable(String),
-    /// This node serves no reads yet: it is catching up after an unclean stop.
+    /// This node serves no reads yet: it is catching up after an unclean stop (or lagging, or
+    /// repairing).
     #[error("{0}")]
-    CatchingUp(String),
+    CatchingUp(CatchingUp),
     /// This node was removed from the cluster and serves nothing.
     #[error("{0}")]
     Removed(String),
@@ -203,6 +204,31 @@ pub enum StorageError {
     Damaged(String),
     #[error("storage failure: {0}")]
     Internal(String),
+}
+
+/// Why a node serves no reads yet, and how far it has come (sent to clients as the metadata
+/// of `CATCHING_UP`: `applied`, and `target` when it is known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatchingUp {
+    pub why: String,
+    pub applied: Option<u64>,
+    pub target: Option<u64>,
+}
+
+impl std::fmt::Display for CatchingUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+impl From<String> for CatchingUp {
+    fn from(why: String) -> Self {
+        CatchingUp {
+            why,
+            applied: None,
+            target: None,
+        }
+    }
 }
 
 fn stored_version(resource: &Resource) -> String {

@@ -74,7 +74,7 @@ fn storage_error(error: Error) -> StorageError {
         | Error::TenancyNotFound(why)
         | Error::WriteToMissingTenancy(why) => StorageError::Rejected(why),
         Error::Unavailable(why) | Error::NoQuorum(why) => StorageError::Inconsistent(why),
-        Error::CatchingUp(why) => StorageError::CatchingUp(why),
+        Error::CatchingUp(progress) => StorageError::CatchingUp(progress),
         Error::ShuttingDown(why) => StorageError::ShuttingDown(why),
         Error::Damaged(why) => StorageError::Damaged(why),
         Error::Removed(why) => StorageError::Removed(why),

@@ -41,7 +41,7 @@ pub enum Error {
     NoQuorum(String),
     /// This node serves nothing yet: it is catching up after an unclean stop.
     #[error("{0}")]
-    CatchingUp(String),
+    CatchingUp(crate::storage::CatchingUp),
     /// This node is shutting down: another member can answer.
     #[error("{0}")]
     ShuttingDown(String),
@@ -131,9 +131,13 @@ impl Error {
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
             StorageError::NoSpace(why) => Error::ResourceExhausted(why),
-            StorageError::CatchingUp(why) => Error::CatchingUp(format!(
-                "this node is {why}; retry shortly or ask another member"
-            )),
+            StorageError::CatchingUp(progress) => Error::CatchingUp(crate::storage::CatchingUp {
+                why: format!(
+                    "this node is {}; retry shortly or ask another member",
+                    progress.why
+                ),
+                ..progress
+            }),
             StorageError::ShuttingDown(why) => Error::ShuttingDown(format!(
                 "{why}; retry on another member"
             )),
@@ -181,7 +185,7 @@ impl From<Unauthenticated> for Error {
             Unauthenticated::Refused(why) => Error::Unauthenticated(why),
             Unauthenticated::NotReady(why) => Error::Unavailable(why),
             // Like a node catching up: another member, with its tokens loaded, can answer.
-            Unauthenticated::Loading(why) => Error::CatchingUp(why),
+            Unauthenticated::Loading(why) => Error::CatchingUp(why.into()),
         }
     }
 }
@@ -254,10 +258,21 @@ impl From<Error> for tonic::Status {
             tracing::error!(error = %error, "internal error");
         }
         let mut details = Details::new(reason);
-        if let Error::BadRequest(BadRequest(violations)) = &error {
-            for violation in violations {
-                details = details.with_violation(&violation.field, &violation.message);
+        match &error {
+            Error::BadRequest(BadRequest(violations)) => {
+                for violation in violations {
+                    details = details.with_violation(&violation.field, &violation.message);
+                }
             }
+            Error::CatchingUp(progress) => {
+                if let Some(applied) = progress.applied {
+                    details = details.with("applied", applied);
+                }
+                if let Some(target) = progress.target {
+                    details = details.with("target", target);
+                }
+            }
+            _ => {}
         }
         proto::reason::attach(code, error.to_string(), &details)
     }
@@ -284,7 +299,7 @@ mod tests {
             Error::Unauthenticated("x".into()),
             Error::Unavailable("x".into()),
             Error::NoQuorum("x".into()),
-            Error::CatchingUp("x".into()),
+            Error::CatchingUp(String::from("x").into()),
             Error::ShuttingDown("x".into()),
             Error::Damaged("x".into()),
             Error::MembershipUnchanged("x".into()),
@@ -350,12 +365,39 @@ mod tests {
         );
     }
 
+    /// A node catching up says how far it has come, as data: `applied`, and `target` once known.
+    #[test]
+    fn catching_up_says_how_far_as_metadata() {
+        let status = tonic::Status::from(Error::from_storage(StorageError::CatchingUp(
+            crate::storage::CatchingUp {
+                why: "catching up after an unclean stop: applied 3 of 9".into(),
+                applied: Some(3),
+                target: Some(9),
+            },
+        )));
+        let details = proto::reason::of(&status).expect("details");
+        assert_eq!(details.reason, Reason::CatchingUp);
+        assert_eq!(
+            details.metadata.get("applied").map(String::as_str),
+            Some("3")
+        );
+        assert_eq!(
+            details.metadata.get("target").map(String::as_str),
+            Some("9")
+        );
+        assert!(
+            status.message().contains("applied 3 of 9"),
+            "{}",
+            status.message()
+        );
+    }
+
     /// What storage says a node is doing keeps its reason through the service.
     #[test]
     fn storage_states_keep_their_reason() {
         let reason = |error: StorageError| Error::from_storage(error).code_and_reason().1;
         assert_eq!(
-            reason(StorageError::CatchingUp("x".into())),
+            reason(StorageError::CatchingUp(String::from("x").into())),
             Reason::CatchingUp
         );
         assert_eq!(

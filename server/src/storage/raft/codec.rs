@@ -537,11 +537,11 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::ResumeUnavailable(why)
         | StorageError::Rejected(why)
         | StorageError::NoSpace(why)
-        | StorageError::CatchingUp(why)
         | StorageError::Removed(why)
         | StorageError::ShuttingDown(why)
         | StorageError::Damaged(why)
         | StorageError::Internal(why) => why.clone(),
+        StorageError::CatchingUp(progress) => progress.why.clone(),
         other => other.to_string(),
     };
     pb::StorageFailure {
@@ -564,7 +564,7 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected => StorageError::Rejected(failure.message),
         Code::NoSpace => StorageError::NoSpace(failure.message),
-        Code::CatchingUp => StorageError::CatchingUp(failure.message),
+        Code::CatchingUp => StorageError::CatchingUp(failure.message.into()),
         Code::Removed => StorageError::Removed(failure.message),
         Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),

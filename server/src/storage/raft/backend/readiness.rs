@@ -84,9 +84,18 @@ impl RaftBackend {
             damaged @ Readiness::Damaged(_) => {
                 Err(StorageError::Damaged(damaged.reason().unwrap_or_default()))
             }
-            catching_up => Err(StorageError::CatchingUp(
-                catching_up.reason().unwrap_or_default(),
-            )),
+            catching_up => {
+                let (applied, target) = match catching_up {
+                    Readiness::CatchingUp { applied, target } => (Some(*applied), *target),
+                    Readiness::Repairing { applied } => (Some(*applied), None),
+                    _ => (None, None),
+                };
+                Err(StorageError::CatchingUp(crate::storage::CatchingUp {
+                    why: catching_up.reason().unwrap_or_default(),
+                    applied,
+                    target,
+                }))
+            }
         }
     }
 

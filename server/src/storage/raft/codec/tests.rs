@@ -163,7 +163,7 @@ fn every_storage_error_survives_the_wire() {
         StorageError::WatchClosed("reset".into()),
         StorageError::ResumeUnavailable("too old".into()),
         StorageError::Rejected("name too long".into()),
-        StorageError::CatchingUp("catching up".into()),
+        StorageError::CatchingUp(String::from("catching up").into()),
         StorageError::Damaged("damaged".into()),
         StorageError::Internal("disk".into()),
     ];
