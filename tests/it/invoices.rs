@@ -422,10 +422,10 @@ async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
     let _ = replica.0.kill();
     let _ = replica.0.wait();
     let killed = Instant::now();
-    // Nobody asked for the controllers yet: the first answer after three silent periods
-    // already calls the dead replica stale (every node follows the reports as they are
-    // written), instead of starting to count then.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Nobody asked for the controllers yet: the first answer, five seconds on (three silent
+    // periods of a second make a report stale), already calls the dead replica stale — every
+    // node follows the reports as they are written — instead of starting to count then.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let first = client.list_controllers(true).await.expect("controllers");
     assert!(!first.external.is_empty(), "the report is still there");
     assert!(

@@ -138,16 +138,24 @@ pub async fn run<A: Api>(api: &A, prefix: &str) {
         .await
         .expect("write status");
     assert!(with_status.status.contains_key("conformance.resd.io/suite"));
-    let listed = api
-        .list(&lease_type(), &Tenancy::default())
-        .await
-        .expect("list");
-    assert!(
+    // Reads are eventual: through a follower, the list holds it once the follower applied it.
+    let holds_it = |listed: &[Resource]| {
         listed
             .iter()
-            .any(|r| r.id.as_ref().is_some_and(|id| id.uid == uid)),
-        "the list holds it"
-    );
+            .any(|r| r.id.as_ref().is_some_and(|id| id.uid == uid))
+    };
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        listed = api
+            .list(&lease_type(), &Tenancy::default())
+            .await
+            .expect("list");
+        if holds_it(&listed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(holds_it(&listed), "the list holds it: {listed:?}");
     assert_eq!(
         api.list_by_owner(with_status.id.as_ref().expect("id"))
             .await
@@ -176,7 +184,15 @@ pub async fn run<A: Api>(api: &A, prefix: &str) {
     api.delete(&id(&name("miles"), "default"), "")
         .await
         .expect("a delete of nothing");
-    assert_eq!(api.read(&id(&name("miles"), "default")).await, Ok(None));
+    let mut read = api.read(&id(&name("miles"), "default")).await;
+    for _ in 0..100 {
+        if read == Ok(None) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        read = api.read(&id(&name("miles"), "default")).await;
+    }
+    assert_eq!(read, Ok(None), "gone once deleted");
     // The watch saw the update, the status and the delete, in order.
     let mut seen = Vec::new();
     while seen.last() != Some(&"delete") {
