@@ -1,14 +1,20 @@
 //! resd's server: the resource service, the type registry, ACLs and the storage backends.
 //!
-//! Layout (one concept per module):
+//! Layout (one concept per module; ARCHITECTURE.md is the map):
 //! - [`resource`]: pure values and rules of the resource model (names, types, finalizers);
-//! - [`registry`]: registered types, their scopes and hooks, and the built-in types;
-//! - [`acl`]: authorizers, policies and token resolution;
-//! - [`storage`]: the [`storage::Backend`] contract, its backends and the conformance suite;
-//! - [`service`]: the resource and cluster services and their gRPC handlers;
-//! - [`controller`]: the controller runtime (controllers, reconcile loop, work queue);
-//! - [`tls`]: certificates for a cluster (`resd tls`): CA, node and client certificates;
-//! - [`agent`]: one running node, assembled from the above.
+//! - [`registry`]: registered types (built in, and registered at runtime), scopes and hooks;
+//! - [`acl`]: authorizers, policies, rules and token resolution;
+//! - [`storage`]: the [`storage::Backend`] contract, its backends (raft, in memory) and the
+//!   conformance suite;
+//! - [`service`]: the resource and cluster services, their gRPC handlers and the one mapping
+//!   of errors to statuses and reasons;
+//! - [`controller`]: the server's controllers on the `runtime` crate (`InProcess`, the
+//!   manager, the built-ins);
+//! - [`limits`]: what a caller may hold at once (rates, watches, bytes in flight);
+//! - [`metrics`]: the Prometheus registry and its instruments;
+//! - [`http`]: the HTTP server (`/metrics`, health, the HTTP+JSON API);
+//! - [`tls`]: certificates for a cluster (`resd tls`) and the TLS of both ports;
+//! - [`agent`]: one running node, assembled from the above, and `resd dev`.
 
 pub mod acl;
 pub mod agent;
