@@ -144,6 +144,7 @@ impl Reason {
                 | Reason::ShuttingDown
                 | Reason::Damaged
                 | Reason::Unavailable
+                | Reason::DeadlineExceeded
         )
     }
 }

@@ -37,9 +37,24 @@ pub enum StoreError {
     /// Someone else wrote it since it was read (or created it first).
     #[error("the lease changed since it was read")]
     Conflict,
-    /// Anything else (the server unreachable, the token refused…): the attempt failed.
+    /// The cluster cannot answer now (no quorum, a node catching up, out of reach): a wait.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else (the token refused…): the attempt failed.
     #[error("{0}")]
     Failed(String),
+}
+
+impl StoreError {
+    /// What kind of failure this is, for saying each kind once (its words vary: "applied
+    /// 3 of 9", then "applied 5 of 9").
+    fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Conflict => "conflict",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Failed(_) => "failed",
+        }
+    }
 }
 
 /// The timings of an election, client-go's defaults.
@@ -131,6 +146,15 @@ pub enum ConfigError {
     NoIdentity,
 }
 
+/// What an election makes of an [`Api`]'s error.
+pub(crate) fn store_error(error: ApiError) -> StoreError {
+    match error {
+        ApiError::Conflict(_) => StoreError::Conflict,
+        ApiError::Unavailable(why) => StoreError::Unavailable(why),
+        error => StoreError::Failed(error.to_string()),
+    }
+}
+
 /// Leases and reports kept through an [`Api`].
 #[derive(Debug, Clone)]
 pub struct ApiStore<A>(pub A);
@@ -140,18 +164,11 @@ pub struct ApiStore<A>(pub A);
 #[async_trait::async_trait]
 impl<A: Api> LeaseStore for ApiStore<A> {
     async fn read(&self, id: &Id) -> Result<Option<Resource>, StoreError> {
-        self.0
-            .read(id)
-            .await
-            .map_err(|error| StoreError::Failed(error.to_string()))
+        self.0.read(id).await.map_err(store_error)
     }
 
     async fn write(&self, lease: Resource) -> Result<Resource, StoreError> {
-        match self.0.write(lease).await {
-            Ok(written) => Ok(written),
-            Err(ApiError::Conflict(_)) => Err(StoreError::Conflict),
-            Err(error) => Err(StoreError::Failed(error.to_string())),
-        }
+        self.0.write(lease).await.map_err(store_error)
     }
 }
 
@@ -312,9 +329,10 @@ impl<S: LeaseStore> Elector<S> {
     /// `renew_deadline` stops leading and campaigns again.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut last_renewal: Option<Instant> = None;
-        // A failure that is not a lost race (a token that may not write the lease, a server out
-        // of reach) is said once, at warn, until it changes or an attempt goes through.
-        let mut failing: Option<String> = None;
+        // A failure that is not a lost race (a token that may not write the lease, a cluster
+        // that cannot answer, an attempt that ran out of time) is said once per kind, at warn,
+        // until the kind changes or an attempt goes through.
+        let mut failing: Option<&'static str> = None;
         loop {
             let attempt = tokio::select! {
                 () = shutdown.cancelled() => break,
@@ -332,17 +350,25 @@ impl<S: LeaseStore> Elector<S> {
                         .lead_until(Some(now + self.config.renew_deadline));
                 }
                 other => {
-                    match &other {
-                        Ok(Err(error)) if failing.as_deref() != Some(&error.to_string()) => {
+                    let (kind, error) = match &other {
+                        Ok(Ok(_)) => (None, String::new()),
+                        Ok(Err(error)) => (Some(error.kind()), error.to_string()),
+                        Err(_) => (
+                            Some("timed out"),
+                            format!(
+                                "no answer within the retry period ({:?})",
+                                self.config.retry_period
+                            ),
+                        ),
+                    };
+                    match kind {
+                        None => failing = None,
+                        Some(kind) if failing != Some(kind) => {
                             tracing::warn!(lease = %self.config.name, identity = %self.config.identity, %error, "cannot take or renew the lease; trying again");
-                            failing = Some(error.to_string());
+                            failing = Some(kind);
                         }
-                        Ok(Err(error)) => {
+                        Some(_) => {
                             tracing::debug!(lease = %self.config.name, %error, "lease attempt failed")
-                        }
-                        Ok(Ok(_)) => failing = None,
-                        Err(_) => {
-                            tracing::debug!(lease = %self.config.name, "a lease attempt timed out")
                         }
                     }
                     if let Some(renewed) = last_renewal

@@ -456,7 +456,8 @@ impl Limits {
                     Err(Unauthenticated::Refused(why)) => {
                         return Err(LimitError::Unauthenticated(why));
                     }
-                    // ACLs not loaded yet, or too busy: the handler answers UNAVAILABLE.
+                    // ACLs not loaded yet (the handler answers CATCHING_UP), or too busy
+                    // (UNAVAILABLE): until then the caller counts as anonymous.
                     Err(Unauthenticated::NotReady(_) | Unauthenticated::Loading(_)) => {
                         (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES)
                     }

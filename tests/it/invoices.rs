@@ -422,10 +422,10 @@ async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
     let _ = replica.0.kill();
     let _ = replica.0.wait();
     let killed = Instant::now();
-    // Nobody asked for the controllers yet: the first answer, five seconds on (three silent
+    // Nobody asked for the controllers yet: the first answer, seven seconds on (three silent
     // periods of a second make a report stale), already calls the dead replica stale — every
     // node follows the reports as they are written — instead of starting to count then.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
     let first = client.list_controllers(true).await.expect("controllers");
     assert!(!first.external.is_empty(), "the report is still there");
     assert!(
@@ -586,6 +586,14 @@ async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconcile
         &cluster,
         "    - {types: [\"payments.*.*\"], partition: \"*\", namespace: \"*\", access: ACCESS_WRITE}\n",
     );
+    // The node knows the new token before the replica starts (else its first words would
+    // be about an unknown token, then about the lease).
+    let as_replica = cluster.client_as(0, Some(secret.clone()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while as_replica.read(&invoice_id("acme-2026-001")).await.is_err() {
+        assert!(Instant::now() < deadline, "the token never resolved");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let scratch = tempfile::tempdir().expect("temp dir");
     let log = scratch.path().join("replica.log");
     let mut replica = Replica::spawn(

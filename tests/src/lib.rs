@@ -323,9 +323,14 @@ impl Cluster {
 
     /// A client of node `index` (0-based).
     pub fn client(&self, index: usize) -> Client {
+        self.client_as(index, self.token.clone())
+    }
+
+    /// A client of node `index` presenting `token` (none: anonymous).
+    pub fn client_as(&self, index: usize, token: Option<String>) -> Client {
         Client::new(
             ClientConfig::new(self.nodes[index].api_addr.clone())
-                .with_token(self.token.clone())
+                .with_token(token)
                 .with_tls(self.tls.as_ref().map(TestTls::client)),
         )
         .expect("client")

@@ -52,6 +52,9 @@ pub struct Watcher {
     backoff: Duration,
     /// The server the current stream comes from (its index in the client's list).
     server: usize,
+    /// Moves to another member since the last event: immediate for one round of the
+    /// members, then with backoff (every member refusing must not spin).
+    moves: usize,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
@@ -69,6 +72,7 @@ impl Watcher {
             },
             backoff: MIN_BACKOFF,
             server: 0,
+            moves: 0,
         }
     }
 
@@ -117,6 +121,7 @@ impl Watcher {
                 State::Streaming(mut stream) => match stream.message().await {
                     Ok(Some(event)) => {
                         self.backoff = MIN_BACKOFF;
+                        self.moves = 0;
                         let end_of_snapshot = matches!(
                             event.event,
                             Some(crate::resource::v1::watch_event::Event::EndOfSnapshot(_))
@@ -176,14 +181,20 @@ impl Watcher {
     }
 
     fn disconnected(&mut self, error: String) -> WatchUpdate {
-        // With other members to go to, resume there at once: the version is the same
-        // everywhere, so nothing is missed or repeated.
-        if self.client.fail_over_from(self.server) {
-            self.state = State::Backoff(Duration::ZERO);
-            return WatchUpdate::Disconnected {
-                error,
-                retry_in: Duration::ZERO,
-            };
+        // With other members to go to, resume there at once (the version is the same
+        // everywhere, so nothing is missed or repeated) — once round the members; after that,
+        // every one of them refused since the last event, and the next try waits.
+        let moved = self.client.fail_over_from(self.server);
+        if moved {
+            self.moves += 1;
+            if self.moves < self.client.server_count() {
+                self.state = State::Backoff(Duration::ZERO);
+                return WatchUpdate::Disconnected {
+                    error,
+                    retry_in: Duration::ZERO,
+                };
+            }
+            self.moves = 0;
         }
         let retry_in = self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);

@@ -131,13 +131,8 @@ impl Error {
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
             StorageError::NoSpace(why) => Error::ResourceExhausted(why),
-            StorageError::CatchingUp(progress) => Error::CatchingUp(crate::storage::CatchingUp {
-                why: format!(
-                    "this node is {}; retry shortly or ask another member",
-                    progress.why
-                ),
-                ..progress
-            }),
+            // Said by the node that is catching up (here, or a peer the request went to).
+            StorageError::CatchingUp(progress) => Error::CatchingUp(progress),
             StorageError::ShuttingDown(why) => Error::ShuttingDown(format!(
                 "{why}; retry on another member"
             )),

@@ -51,13 +51,12 @@ impl ReportClock {
     fn stale(&self, key: &str, version: &str, stale_after: Duration) -> bool {
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        // The feed owns the clock ([`ReportClock::saw`]); a report it has not seen yet (just
+        // written, or the feed restarting) starts counting now.
         let entry = seen
             .entry(key.to_owned())
             .or_insert_with(|| (version.to_owned(), now));
-        if entry.0 != version {
-            *entry = (version.to_owned(), now);
-        }
-        now.duration_since(entry.1) > stale_after
+        entry.0 == version && now.duration_since(entry.1) > stale_after
     }
 
     /// Forgets reports that are gone.

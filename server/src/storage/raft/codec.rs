@@ -544,10 +544,16 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::CatchingUp(progress) => progress.why.clone(),
         other => other.to_string(),
     };
+    let (applied, target) = match error {
+        StorageError::CatchingUp(progress) => (progress.applied, progress.target),
+        _ => (None, None),
+    };
     pb::StorageFailure {
         code: code as i32,
         message,
         stored,
+        applied,
+        target,
     }
 }
 
@@ -564,7 +570,11 @@ pub fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected => StorageError::Rejected(failure.message),
         Code::NoSpace => StorageError::NoSpace(failure.message),
-        Code::CatchingUp => StorageError::CatchingUp(failure.message.into()),
+        Code::CatchingUp => StorageError::CatchingUp(crate::storage::CatchingUp {
+            why: failure.message,
+            applied: failure.applied,
+            target: failure.target,
+        }),
         Code::Removed => StorageError::Removed(failure.message),
         Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),

@@ -91,7 +91,10 @@ impl RaftBackend {
                     _ => (None, None),
                 };
                 Err(StorageError::CatchingUp(crate::storage::CatchingUp {
-                    why: catching_up.reason().unwrap_or_default(),
+                    why: format!(
+                        "this node is {}; retry shortly or ask another member",
+                        catching_up.reason().unwrap_or_default()
+                    ),
                     applied,
                     target,
                 }))

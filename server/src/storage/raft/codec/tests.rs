@@ -164,6 +164,11 @@ fn every_storage_error_survives_the_wire() {
         StorageError::ResumeUnavailable("too old".into()),
         StorageError::Rejected("name too long".into()),
         StorageError::CatchingUp(String::from("catching up").into()),
+        StorageError::CatchingUp(crate::storage::CatchingUp {
+            why: "catching up: applied 3 of 9".into(),
+            applied: Some(3),
+            target: Some(9),
+        }),
         StorageError::Damaged("damaged".into()),
         StorageError::Internal("disk".into()),
     ];
