@@ -13,19 +13,19 @@ use std::sync::Arc;
 
 use proto::resource::v1::Id;
 
-pub mod rules;
-pub mod secrets;
-pub mod store;
+pub(crate) mod rules;
+pub(crate) mod secrets;
+pub(crate) mod store;
 
-pub use rules::{MANAGEMENT_POLICY, check_policy, check_token};
-pub use store::TokenStore;
+pub(crate) use rules::{MANAGEMENT_POLICY, check_policy, check_token};
+pub(crate) use store::TokenStore;
 
 #[cfg(test)]
 mod tests;
 
 /// Access level, ordered: each level includes the ones before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Access {
+pub(crate) enum Access {
     #[default]
     Deny,
     List,
@@ -35,7 +35,7 @@ pub enum Access {
 
 /// Answers the questions ACL hooks ask. Implementations must be cheap: hooks call them per item
 /// when filtering lists and watches.
-pub trait Authorizer: Send + Sync + fmt::Debug {
+pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     /// Access to cluster operations (status, membership, snapshots).
     fn operator(&self) -> Access;
     /// Access to the resource `id` (its type, tenancy and name).
@@ -87,7 +87,7 @@ pub trait Authorizer: Send + Sync + fmt::Debug {
 
 /// What a writer of the ACL types would grant: a policy's contents, or a token's policies.
 #[derive(Debug, Clone, Copy)]
-pub enum Grant<'a> {
+pub(crate) enum Grant<'a> {
     Policy {
         name: &'a str,
         policy: &'a proto::acl::v1::Policy,
@@ -123,7 +123,10 @@ pub enum Unauthenticated {
     Loading(String),
 }
 
-pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {
+pub(crate) fn require_operator(
+    authorizer: &dyn Authorizer,
+    access: Access,
+) -> Result<(), AclError> {
     if authorizer.operator() >= access {
         Ok(())
     } else {
@@ -135,7 +138,7 @@ pub fn require_operator(authorizer: &dyn Authorizer, access: Access) -> Result<(
 }
 
 /// Requires `access` to ACL management (tokens and policies).
-pub fn require_acl(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {
+pub(crate) fn require_acl(authorizer: &dyn Authorizer, access: Access) -> Result<(), AclError> {
     if authorizer.acl() >= access {
         Ok(())
     } else {
@@ -148,7 +151,7 @@ pub fn require_acl(authorizer: &dyn Authorizer, access: Access) -> Result<(), Ac
 
 /// Requires `access` to the resource `id`: `token lacks write on demo.v2.Artist
 /// default/jazz/miles-davis` otherwise.
-pub fn require_resource(
+pub(crate) fn require_resource(
     authorizer: &dyn Authorizer,
     id: &Id,
     access: Access,
@@ -178,7 +181,7 @@ pub fn require_resource(
     )))
 }
 
-pub fn access_name(access: Access) -> &'static str {
+pub(crate) fn access_name(access: Access) -> &'static str {
     match access {
         Access::Deny => "deny",
         Access::List => "list",
@@ -221,9 +224,9 @@ macro_rules! everything {
 pub(crate) struct AllowAll;
 
 /// The identity of the server's own steps ([`AllowAll`]).
-pub const SERVER_IDENTITY: &str = "server";
+pub(crate) const SERVER_IDENTITY: &str = "server";
 /// What every controller's identity starts with ([`ControllerIdentity`]).
-pub const CONTROLLER_IDENTITY_PREFIX: &str = "controller/";
+pub(crate) const CONTROLLER_IDENTITY_PREFIX: &str = "controller/";
 
 impl Authorizer for AllowAll {
     fn identity(&self) -> &str {
@@ -256,7 +259,7 @@ impl Authorizer for ControllerIdentity {
 
 /// ACLs disabled: everything allowed, without a token.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Anonymous;
+pub(crate) struct Anonymous;
 
 impl Authorizer for Anonymous {
     everything!();
@@ -266,19 +269,19 @@ impl Authorizer for Anonymous {
 /// where the longest matching prefix wins (as in Consul's `key_prefix` rules).
 #[cfg(test)]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeyRules {
+pub(crate) struct KeyRules {
     pub operator: Access,
     pub key_prefixes: Vec<(String, Access)>,
 }
 
 #[cfg(test)]
 impl KeyRules {
-    pub fn operator(mut self, access: Access) -> Self {
+    pub(crate) fn operator(mut self, access: Access) -> Self {
         self.operator = access;
         self
     }
 
-    pub fn key_prefix(mut self, prefix: impl Into<String>, access: Access) -> Self {
+    pub(crate) fn key_prefix(mut self, prefix: impl Into<String>, access: Access) -> Self {
         self.key_prefixes.push((prefix.into(), access));
         self
     }
@@ -302,7 +305,7 @@ impl Authorizer for KeyRules {
 
 #[cfg(test)]
 impl KeyRules {
-    pub fn key(&self, key: &str) -> Access {
+    pub(crate) fn key(&self, key: &str) -> Access {
         self.key_prefixes
             .iter()
             .filter(|(prefix, _)| key.starts_with(prefix.as_str()))
@@ -313,7 +316,7 @@ impl KeyRules {
 }
 
 /// Turns a request's token into the authorizer its hooks consult.
-pub trait TokenResolver: Send + Sync + fmt::Debug {
+pub(crate) trait TokenResolver: Send + Sync + fmt::Debug {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated>;
 
     /// Whether ACLs are enforced (a token is required).
@@ -335,7 +338,7 @@ pub trait TokenResolver: Send + Sync + fmt::Debug {
 
 /// ACLs disabled: every request, with or without a token, is allowed everything.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct AclsDisabled;
+pub(crate) struct AclsDisabled;
 
 impl TokenResolver for AclsDisabled {
     fn resolve(&self, _token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
@@ -346,17 +349,17 @@ impl TokenResolver for AclsDisabled {
 /// ACLs enabled with a fixed table of tokens (tests).
 #[cfg(test)]
 #[derive(Debug, Clone, Default)]
-pub struct StaticTokens {
+pub(crate) struct StaticTokens {
     tokens: HashMap<String, Arc<KeyRules>>,
 }
 
 #[cfg(test)]
 impl StaticTokens {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn with_token(mut self, token: impl Into<String>, policy: KeyRules) -> Self {
+    pub(crate) fn with_token(mut self, token: impl Into<String>, policy: KeyRules) -> Self {
         self.tokens.insert(token.into(), Arc::new(policy));
         self
     }

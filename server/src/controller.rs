@@ -19,39 +19,38 @@ use proto::resource::v1::{
 };
 use runtime::api::{Api, ApiError, EventStream};
 
-use crate::acl::{AllowAll, Authorizer, ControllerIdentity};
+use crate::acl::{Authorizer, ControllerIdentity};
 use crate::service::{self, ResourceService};
 use crate::storage::Consistency;
 
-pub mod builtin;
-pub mod manager;
+pub(crate) mod builtin;
+pub(crate) mod manager;
 
 #[cfg(test)]
 mod tests;
 
-pub use runtime::controller::{
-    Action, Cache, DefinitionError, Initializer, Mapper, Placement, ReconcileError, Reconciler,
-    Request, Stats, map_owner, map_owner_filtered, replace_type,
+pub(crate) use runtime::controller::{
+    Action, DefinitionError, Placement, ReconcileError, Reconciler, Request, Stats,
+    map_owner_filtered,
 };
-pub use runtime::queue::{self, Backoff};
 
 /// A controller of the server.
-pub type Controller = runtime::controller::Controller<InProcess>;
+pub(crate) type Controller = runtime::controller::Controller<InProcess>;
 /// What the server's reconcilers act through.
-pub type Runtime = runtime::controller::Context<InProcess>;
+pub(crate) type Runtime = runtime::controller::Context<InProcess>;
 
 /// The resource service in process, as one identity: the runtime's [`Api`] for the server's
 /// own controllers. Reconcilers reach the service itself (`api().service`) for what only the
 /// server may do (the children of a deleted owner, the registry).
 #[derive(Clone, Debug)]
-pub struct InProcess {
+pub(crate) struct InProcess {
     pub service: Arc<ResourceService>,
     pub identity: Arc<dyn Authorizer>,
 }
 
 impl InProcess {
     /// As controller `name`.
-    pub fn controller(service: Arc<ResourceService>, name: &str) -> Self {
+    pub(crate) fn controller(service: Arc<ResourceService>, name: &str) -> Self {
         InProcess {
             service,
             identity: Arc::new(ControllerIdentity::new(name)),
@@ -59,10 +58,11 @@ impl InProcess {
     }
 
     /// As the server itself (allowed everything): tests and tools.
-    pub fn privileged(service: Arc<ResourceService>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn privileged(service: Arc<ResourceService>) -> Self {
         InProcess {
             service,
-            identity: Arc::new(AllowAll),
+            identity: Arc::new(crate::acl::AllowAll),
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::tls::accept::Listening;
 /// What the handlers need: the two gRPC services they call, the node's raft (for readiness)
 /// and its metrics.
 #[derive(Clone)]
-pub struct HttpState {
+pub(crate) struct HttpState {
     pub resources: ResourceGrpc,
     pub cluster: ClusterGrpc,
     pub raft: Option<Arc<RaftBackend>>,
@@ -52,7 +52,7 @@ impl std::fmt::Debug for HttpState {
 }
 
 /// The routes.
-pub fn router(state: HttpState) -> Router {
+pub(crate) fn router(state: HttpState) -> Router {
     let max_body = state.max_body_bytes;
     Router::new()
         .route("/metrics", get(metrics))
@@ -224,7 +224,7 @@ async fn record(
 
 /// Serves `router` on `listener` until `shutdown` is cancelled; open connections finish what
 /// they are answering (watches end with the server's shutdown).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     listening: Listening,
     router: Router,

@@ -16,14 +16,14 @@
 //! - [`tls`]: certificates for a cluster (`resd tls`) and the TLS of both ports;
 //! - [`agent`]: one running node, assembled from the above, and `resd dev`.
 
-pub mod acl;
+pub(crate) mod acl;
 pub mod agent;
-pub mod controller;
-pub mod http;
-pub mod limits;
-pub mod metrics;
-pub mod registry;
-pub mod resource;
-pub mod service;
+pub(crate) mod controller;
+pub(crate) mod http;
+pub(crate) mod limits;
+pub(crate) mod metrics;
+pub(crate) mod registry;
+pub(crate) mod resource;
+pub(crate) mod service;
 pub mod storage;
 pub mod tls;

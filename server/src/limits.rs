@@ -11,7 +11,7 @@
 //! [`guard`] wraps a request's body so what it receives is charged as it arrives and must
 //! arrive in time.
 
-pub mod guard;
+pub(crate) mod guard;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -23,23 +23,23 @@ use std::time::{Duration, Instant};
 use crate::acl::{TokenResolver, Unauthenticated};
 
 /// Watches one caller may hold open at once.
-pub const DEFAULT_MAX_WATCHES_PER_TOKEN: usize = 1024;
+pub(crate) const DEFAULT_MAX_WATCHES_PER_TOKEN: usize = 1024;
 /// Requests per second one token may send (twice as many in a burst).
-pub const DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN: u32 = 2000;
+pub(crate) const DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN: u32 = 2000;
 /// Bytes of request bodies being received, and of list answers being sent, each, on one node.
-pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 256 << 20;
+pub(crate) const DEFAULT_MAX_INFLIGHT_BYTES: usize = 256 << 20;
 /// How long a request's body may take to arrive once its headers have.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest body a request without a token may carry with ACLs on (bootstrap, join,
 /// reflection and health requests are far smaller).
-pub const ANONYMOUS_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const ANONYMOUS_BODY_BYTES: usize = 64 * 1024;
 /// Bytes of bodies all anonymous callers of one address may have in flight at once.
 const ANONYMOUS_INFLIGHT_BYTES: usize = 1 << 20;
 /// Bytes of bodies all anonymous callers together may have in flight on a node: apart from
 /// the budget callers with tokens share, which strangers cannot touch.
 const ANONYMOUS_NODE_BYTES: usize = 8 << 20;
 /// How long a reflection stream (its requests are a stream) may stay open.
-pub const REFLECTION_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const REFLECTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Requests one token may have in flight at once (until its answer has been sent), watches
 /// apart; callers without a token, per address, a few; with ACLs off, per address, many.
 const REQUESTS_IN_FLIGHT_PER_TOKEN: usize = 128;
@@ -47,15 +47,15 @@ const REQUESTS_IN_FLIGHT_ANONYMOUS: usize = 32;
 const REQUESTS_IN_FLIGHT_PER_ADDRESS: usize = 1024;
 
 /// Streams one client connection may have open at once (HTTP/2 `MAX_CONCURRENT_STREAMS`).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+pub(crate) const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// Largest header block a client may send (HTTP/2 `MAX_HEADER_LIST_SIZE`).
-pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+pub(crate) const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// Identities remembered before idle ones are forgotten.
 const IDENTITIES_REMEMBERED: usize = 4096;
 
 /// A node's limits (flags of `resd agent`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitSettings {
+pub(crate) struct LimitSettings {
     pub max_watches_per_token: usize,
     /// 0: no limit.
     pub max_requests_per_second_per_token: u32,
@@ -138,13 +138,13 @@ pub enum LimitError {
 
 /// Bytes something holds at most, shared by everything charged to it.
 #[derive(Debug)]
-pub struct ByteBudget {
+pub(crate) struct ByteBudget {
     used: AtomicUsize,
     limit: usize,
 }
 
 impl ByteBudget {
-    pub fn new(limit: usize) -> Arc<ByteBudget> {
+    pub(crate) fn new(limit: usize) -> Arc<ByteBudget> {
         Arc::new(ByteBudget {
             used: AtomicUsize::new(0),
             limit,
@@ -153,11 +153,11 @@ impl ByteBudget {
 
     /// Bytes charged now.
     #[cfg(test)]
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         self.limit
     }
 
@@ -189,24 +189,24 @@ impl ByteBudget {
 
 /// Bytes charged to a budget, released when dropped.
 #[derive(Debug)]
-pub struct Charge {
+pub(crate) struct Charge {
     budget: Arc<ByteBudget>,
     bytes: usize,
 }
 
 impl Charge {
-    pub fn new(budget: Arc<ByteBudget>) -> Charge {
+    pub(crate) fn new(budget: Arc<ByteBudget>) -> Charge {
         Charge { budget, bytes: 0 }
     }
 
     /// Adds `bytes`; `Err` with the total it would have made when the budget has no room.
-    pub fn add(&mut self, bytes: usize) -> Result<(), usize> {
+    pub(crate) fn add(&mut self, bytes: usize) -> Result<(), usize> {
         self.budget.try_charge(bytes, self.bytes)?;
         self.bytes += bytes;
         Ok(())
     }
 
-    pub fn budget(&self) -> &ByteBudget {
+    pub(crate) fn budget(&self) -> &ByteBudget {
         &self.budget
     }
 }
@@ -219,7 +219,7 @@ impl Drop for Charge {
 
 /// Who a request counts against.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Identity {
+pub(crate) enum Identity {
     /// A token ACLs accepted (a keyed hash of its secret: the secret is not kept).
     Token(u64),
     /// ACLs on, no token: all such callers of one address share.
@@ -237,7 +237,7 @@ struct Bucket {
 
 /// What one identity holds.
 #[derive(Debug)]
-pub struct Share {
+pub(crate) struct Share {
     /// How messages name it: "token <accessor>", "anonymous callers from <ip>".
     who: String,
     watches: AtomicUsize,
@@ -250,12 +250,12 @@ pub struct Share {
 }
 
 impl Share {
-    pub fn who(&self) -> &str {
+    pub(crate) fn who(&self) -> &str {
         &self.who
     }
 
     /// What this caller has in flight: its request bodies and the lists answered to it.
-    pub fn bytes(&self) -> Arc<ByteBudget> {
+    pub(crate) fn bytes(&self) -> Arc<ByteBudget> {
         self.bytes.clone()
     }
 
@@ -285,7 +285,7 @@ impl Share {
 
 /// A request whose answer is not sent yet, counted against its identity until dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<Share>);
+pub(crate) struct InFlight(Arc<Share>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -295,7 +295,7 @@ impl Drop for InFlight {
 
 /// An open watch, counted against its identity until dropped.
 #[derive(Debug)]
-pub struct WatchTicket(Arc<Share>);
+pub(crate) struct WatchTicket(Arc<Share>);
 
 impl Drop for WatchTicket {
     fn drop(&mut self) {
@@ -305,7 +305,7 @@ impl Drop for WatchTicket {
 
 /// A request that passed admission: who it counts against and how its body is bounded.
 #[derive(Debug, Clone)]
-pub struct Admitted {
+pub(crate) struct Admitted {
     pub share: Arc<Share>,
     /// Largest body it may carry.
     pub max_body: usize,
@@ -318,7 +318,7 @@ pub struct Admitted {
 
 /// An answer's bytes, charged to its caller's share and the node's answers until it is sent.
 #[derive(Debug)]
-pub struct AnswerCharge {
+pub(crate) struct AnswerCharge {
     _caller: Charge,
     _node: Charge,
 }
@@ -326,14 +326,14 @@ pub struct AnswerCharge {
 /// An [`AnswerCharge`] a handler leaves in its response's extensions for the port's guard, which
 /// keeps it with the answer's body (extensions must be `Clone`).
 #[derive(Debug, Clone, Default)]
-pub struct HeldCharge(Arc<Mutex<Option<AnswerCharge>>>);
+pub(crate) struct HeldCharge(Arc<Mutex<Option<AnswerCharge>>>);
 
 impl HeldCharge {
-    pub fn new(charge: AnswerCharge) -> Self {
+    pub(crate) fn new(charge: AnswerCharge) -> Self {
         HeldCharge(Arc::new(Mutex::new(Some(charge))))
     }
 
-    pub fn take(&self) -> Option<AnswerCharge> {
+    pub(crate) fn take(&self) -> Option<AnswerCharge> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
@@ -341,7 +341,7 @@ impl HeldCharge {
 impl Admitted {
     /// Charges an answer of `bytes` to this caller and the node until it is sent; refused when
     /// either has too much waiting to be sent already.
-    pub fn charge_answer(&self, bytes: usize) -> Result<AnswerCharge, LimitError> {
+    pub(crate) fn charge_answer(&self, bytes: usize) -> Result<AnswerCharge, LimitError> {
         let mut caller = Charge::new(self.share.bytes.clone());
         caller.add(bytes).map_err(|used| LimitError::CallerBytes {
             who: self.share.who.clone(),
@@ -361,7 +361,7 @@ impl Admitted {
 
     /// Counts this request until its answer is sent (the returned value is dropped); refused
     /// when its caller has too many answers pending.
-    pub fn in_flight(&self) -> Result<InFlight, LimitError> {
+    pub(crate) fn in_flight(&self) -> Result<InFlight, LimitError> {
         let before = self.share.in_flight.fetch_add(1, Ordering::Relaxed);
         let ticket = InFlight(self.share.clone());
         if before >= self.share.max_in_flight {
@@ -374,7 +374,7 @@ impl Admitted {
     }
 
     /// Counts a watch this caller opens; refused past `--max-watches-per-token`.
-    pub fn open_watch(&self) -> Result<WatchTicket, LimitError> {
+    pub(crate) fn open_watch(&self) -> Result<WatchTicket, LimitError> {
         let max = self.limits.settings.max_watches_per_token;
         let open = self.share.watches.fetch_add(1, Ordering::Relaxed);
         let ticket = WatchTicket(self.share.clone());
@@ -390,7 +390,7 @@ impl Admitted {
 
 /// The limits of one node and what each identity holds against them.
 #[derive(Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     settings: LimitSettings,
     tokens: Arc<dyn TokenResolver>,
     identities: Mutex<HashMap<Identity, Arc<Share>>>,
@@ -404,7 +404,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(settings: LimitSettings, tokens: Arc<dyn TokenResolver>) -> Arc<Limits> {
+    pub(crate) fn new(settings: LimitSettings, tokens: Arc<dyn TokenResolver>) -> Arc<Limits> {
         Arc::new(Limits {
             settings,
             tokens,
@@ -418,7 +418,7 @@ impl Limits {
 
     /// The node's budget for bodies being received.
     #[cfg(test)]
-    pub fn bodies(&self) -> Arc<ByteBudget> {
+    pub(crate) fn bodies(&self) -> Arc<ByteBudget> {
         self.bodies.clone()
     }
 
@@ -428,7 +428,7 @@ impl Limits {
     ///
     /// A method that does not look at tokens (`ignores_token`: bootstrap, health, reflection)
     /// counts a request whose token does not resolve as one without a token.
-    pub fn admit(
+    pub(crate) fn admit(
         self: &Arc<Self>,
         headers: &http::HeaderMap,
         remote: Option<IpAddr>,
@@ -553,7 +553,7 @@ impl Share {
 
 /// The network an address stands for: itself (IPv4), its /64 (IPv6: one host may hold a
 /// whole /64, so counting its addresses apart would count nothing).
-pub fn network_of(ip: IpAddr) -> IpAddr {
+pub(crate) fn network_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -573,7 +573,7 @@ fn show_ip(ip: Option<IpAddr>) -> String {
 
 /// The token a request's headers carry (`x-resd-token`, or `authorization: Bearer …`): the
 /// one reading of it, for admission and for the services.
-pub fn token_in(headers: &http::HeaderMap) -> Result<Option<&str>, LimitError> {
+pub(crate) fn token_in(headers: &http::HeaderMap) -> Result<Option<&str>, LimitError> {
     let Some(value) = headers
         .get(proto::TOKEN_HEADER)
         .or_else(|| headers.get(http::header::AUTHORIZATION))

@@ -9,8 +9,8 @@
 //! Labels are bounded: methods come from the published service descriptors (anything else is
 //! `other`), types from the registry, controllers from the manager; no resource names.
 
-pub mod grpc;
-pub mod recent;
+pub(crate) mod grpc;
+pub(crate) mod recent;
 
 use std::sync::{Arc, Mutex};
 
@@ -22,10 +22,10 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::recent::{Recent, RecentSummary};
+pub(crate) use self::recent::{Recent, RecentSummary};
 
 /// Label sets: a few fixed keys with bounded values.
-pub type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// Request durations: 100 µs to ~26 s.
 fn request_histogram() -> Histogram {
@@ -43,7 +43,7 @@ fn batch_buckets() -> Vec<f64> {
 }
 
 /// Histograms by label, each made with the family's buckets.
-pub type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+pub(crate) type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// What the storage layer records: how entries batch, how long syncs and applies take.
 #[derive(Clone, Debug)]
@@ -90,14 +90,14 @@ impl StorageMetrics {
 
 /// What the watch streams record.
 #[derive(Clone, Debug, Default)]
-pub struct WatchMetrics {
+pub(crate) struct WatchMetrics {
     pub streams: Gauge,
     pub events_sent: Counter,
 }
 
 impl WatchMetrics {
     /// Counts an open stream until the guard drops.
-    pub fn open_stream(&self) -> StreamGuard {
+    pub(crate) fn open_stream(&self) -> StreamGuard {
         self.streams.inc();
         StreamGuard(self.streams.clone())
     }
@@ -105,7 +105,7 @@ impl WatchMetrics {
 
 /// An open watch stream (decrements `resd_watch_streams` when dropped).
 #[derive(Debug)]
-pub struct StreamGuard(Gauge);
+pub(crate) struct StreamGuard(Gauge);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
@@ -115,7 +115,7 @@ impl Drop for StreamGuard {
 
 /// Figures read at scrape time.
 #[derive(Debug, Clone, Default)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub raft: Option<RaftSample>,
     /// Per controller: name, successful and failed reconciles, queue depth.
     pub controllers: Vec<ControllerSample>,
@@ -127,7 +127,7 @@ pub struct Sample {
 }
 
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RaftSample {
+pub(crate) struct RaftSample {
     pub term: u64,
     pub is_leader: bool,
     pub commit_index: u64,
@@ -135,7 +135,7 @@ pub struct RaftSample {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct ControllerSample {
+pub(crate) struct ControllerSample {
     pub name: String,
     pub reconciles_ok: u64,
     pub reconciles_failed: u64,
@@ -143,11 +143,11 @@ pub struct ControllerSample {
 }
 
 /// Reads a [`Sample`] (called on every scrape).
-pub type Sampler = Arc<dyn Fn() -> Sample + Send + Sync>;
+pub(crate) type Sampler = Arc<dyn Fn() -> Sample + Send + Sync>;
 
 /// A node's registry and instruments.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Mutex<Registry>,
     pub leader_changes: Counter,
     pub grpc: grpc::GrpcMetrics,
@@ -164,7 +164,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let mut registry = Registry::default();
         let leader_changes = Counter::default();
         registry.register(
@@ -247,7 +247,7 @@ impl Metrics {
     }
 
     /// Adds the figures read at scrape time.
-    pub fn sample_with(&self, sampler: Sampler) {
+    pub(crate) fn sample_with(&self, sampler: Sampler) {
         self.registry
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -255,7 +255,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.

@@ -17,14 +17,14 @@ use proto::resource::v1::{Id, Resource, Tenancy, Type};
 use crate::acl::{self, AclError, Authorizer};
 use crate::resource;
 
-pub mod builtin;
-pub mod dynamic;
+pub(crate) mod builtin;
+pub(crate) mod dynamic;
 #[cfg(test)]
 mod tests;
 
 /// Where resources of a type live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// No partition, no namespace.
     Cluster,
     /// A partition, no namespace.
@@ -36,7 +36,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Scope::Cluster => "cluster",
             Scope::Partition => "partition",
@@ -47,22 +47,24 @@ impl Scope {
 }
 
 /// Validate hook: every violation in one message, naming the field (`resource.data.name is required`).
-pub type ValidateHook = Arc<dyn Fn(&Resource) -> Result<(), String> + Send + Sync>;
+pub(crate) type ValidateHook = Arc<dyn Fn(&Resource) -> Result<(), String> + Send + Sync>;
 /// Mutate hook: fills defaults into the resource before validation.
-pub type MutateHook = Arc<dyn Fn(&mut Resource) -> Result<(), String> + Send + Sync>;
+pub(crate) type MutateHook = Arc<dyn Fn(&mut Resource) -> Result<(), String> + Send + Sync>;
 /// References hook: the ids a resource names that must exist, with the field naming each.
-pub type ReferencesHook = Arc<dyn Fn(&Resource) -> Vec<(String, Id)> + Send + Sync>;
+pub(crate) type ReferencesHook = Arc<dyn Fn(&Resource) -> Vec<(String, Id)> + Send + Sync>;
 /// Read ACL hook. Gets the stored resource only after it answered [`AclError::NeedResource`].
-pub type ReadAcl =
+pub(crate) type ReadAcl =
     Arc<dyn Fn(&dyn Authorizer, &Id, Option<&Resource>) -> Result<(), AclError> + Send + Sync>;
-pub type WriteAcl = Arc<dyn Fn(&dyn Authorizer, &Resource) -> Result<(), AclError> + Send + Sync>;
-pub type ListAcl = Arc<dyn Fn(&dyn Authorizer, &Tenancy) -> Result<(), AclError> + Send + Sync>;
+pub(crate) type WriteAcl =
+    Arc<dyn Fn(&dyn Authorizer, &Resource) -> Result<(), AclError> + Send + Sync>;
+pub(crate) type ListAcl =
+    Arc<dyn Fn(&dyn Authorizer, &Tenancy) -> Result<(), AclError> + Send + Sync>;
 
 /// ACL hooks of a type (DESIGN §12.3). The defaults: Read needs READ on the resource (type,
 /// tenancy, name), Write (and Delete, WriteStatus) WRITE; List and watches are open and return
 /// only what the read hook lets the caller see.
 #[derive(Clone)]
-pub struct Acls {
+pub(crate) struct Acls {
     pub read: ReadAcl,
     pub write: WriteAcl,
     pub list: ListAcl,
@@ -91,14 +93,16 @@ impl Acls {
     /// caller whose authorizer [reads everything](Authorizer::reads_everything) may see every
     /// resource of the type without asking per item. A type that sets its own hook (even
     /// starting from `..Acls::default()`) is not.
-    pub fn read_is_default(&self) -> bool {
+    pub(crate) fn read_is_default(&self) -> bool {
         Arc::ptr_eq(&self.read, &DEFAULT_READ)
     }
 
     /// The ACL types themselves: reading and listing need `acl` read; writing (and deleting)
     /// needs `acl` write and holding everything the written object grants (`grant` says what
     /// that is), so no token climbs above its own access through a token or policy it writes.
-    pub fn acl_managed(grant: fn(&dyn Authorizer, &Resource) -> Result<(), AclError>) -> Acls {
+    pub(crate) fn acl_managed(
+        grant: fn(&dyn Authorizer, &Resource) -> Result<(), AclError>,
+    ) -> Acls {
         Acls {
             read: Arc::new(|authorizer, _, _| acl::require_acl(authorizer, acl::Access::Read)),
             write: Arc::new(move |authorizer, resource| {
@@ -128,7 +132,7 @@ enum DataCodec {
 
 /// One registered type.
 #[derive(Clone)]
-pub struct Registration {
+pub(crate) struct Registration {
     pub resource_type: Type,
     /// Full protobuf name of the data message, e.g. `resd.demo.v2.Artist`.
     pub message_name: String,
@@ -161,7 +165,7 @@ impl fmt::Debug for Registration {
 impl Registration {
     /// A registration for the data message `M` with default hooks. `gvk` is checked when the
     /// registration is added to a registry.
-    pub fn new<M>(gvk: &str, scope: Scope) -> Self
+    pub(crate) fn new<M>(gvk: &str, scope: Scope) -> Self
     where
         M: prost::Message + prost::Name + Default + PartialEq,
     {
@@ -192,7 +196,7 @@ impl Registration {
 
     /// The registration of a type registered at runtime: its message through its descriptor,
     /// its rules (those without `old`) as the validate hook, its defaults as the mutate hook.
-    pub fn registered(installed: dynamic::Installed) -> Self {
+    pub(crate) fn registered(installed: dynamic::Installed) -> Self {
         let compiled = installed.compiled.clone();
         let rules = compiled.clone();
         let defaults = compiled.clone();
@@ -226,7 +230,7 @@ impl Registration {
         }
     }
 
-    pub fn with_references(
+    pub(crate) fn with_references(
         mut self,
         hook: impl Fn(&Resource) -> Vec<(String, Id)> + Send + Sync + 'static,
     ) -> Self {
@@ -234,7 +238,7 @@ impl Registration {
         self
     }
 
-    pub fn with_validate(
+    pub(crate) fn with_validate(
         mut self,
         hook: impl Fn(&Resource) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
@@ -242,7 +246,7 @@ impl Registration {
         self
     }
 
-    pub fn with_mutate(
+    pub(crate) fn with_mutate(
         mut self,
         hook: impl Fn(&mut Resource) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
@@ -250,14 +254,14 @@ impl Registration {
         self
     }
 
-    pub fn with_acls(mut self, acls: Acls) -> Self {
+    pub(crate) fn with_acls(mut self, acls: Acls) -> Self {
         self.acls = acls;
         self
     }
 
     /// The write hook on `id` alone, before anything stored is read: a caller without the
     /// access learns nothing of what is stored (its answer does not depend on it).
-    pub fn check_write_access_before_existence(
+    pub(crate) fn check_write_access_before_existence(
         &self,
         authorizer: &dyn Authorizer,
         id: &Id,
@@ -271,12 +275,12 @@ impl Registration {
         )
     }
 
-    pub fn gvk(&self) -> String {
+    pub(crate) fn gvk(&self) -> String {
         resource::gvk(&self.resource_type)
     }
 
     /// Checks that `data` holds this type's message: the type URL names it and the bytes decode.
-    pub fn check_data(&self, data: &prost_types::Any) -> Result<(), String> {
+    pub(crate) fn check_data(&self, data: &prost_types::Any) -> Result<(), String> {
         let got = data.type_url.rsplit('/').next().unwrap_or_default();
         if got != self.message_name {
             return Err(format!(
@@ -304,7 +308,11 @@ impl Registration {
 
 impl Registration {
     /// Whether two data payloads hold the same message of this type.
-    pub fn same_data(&self, a: Option<&prost_types::Any>, b: Option<&prost_types::Any>) -> bool {
+    pub(crate) fn same_data(
+        &self,
+        a: Option<&prost_types::Any>,
+        b: Option<&prost_types::Any>,
+    ) -> bool {
         match (a, b) {
             (None, None) => true,
             (Some(a), Some(b)) => {
@@ -326,7 +334,7 @@ impl Registration {
 }
 
 /// Decodes the data of a resource as `M`; absent data decodes as the default message. For hooks.
-pub fn decode_data<M>(resource: &Resource) -> Result<M, String>
+pub(crate) fn decode_data<M>(resource: &Resource) -> Result<M, String>
 where
     M: prost::Message + prost::Name + Default,
 {
@@ -362,14 +370,14 @@ fn key_of(resource_type: &Type) -> Key {
 
 /// The set of registered types: the built-in ones, and those registered at runtime.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     types: BTreeMap<Key, Arc<Registration>>,
     dynamic: Arc<DynamicTypes>,
 }
 
 /// The types registered at runtime, as this node knows them (DESIGN §15).
 #[derive(Debug)]
-pub struct DynamicTypes {
+pub(crate) struct DynamicTypes {
     state: std::sync::RwLock<Arc<DynamicState>>,
     /// `--max-types`.
     max_types: std::sync::atomic::AtomicUsize,
@@ -388,7 +396,7 @@ impl Default for DynamicTypes {
 }
 
 /// Default of `--max-types`.
-pub const DEFAULT_MAX_TYPES: usize = 1000;
+pub(crate) const DEFAULT_MAX_TYPES: usize = 1000;
 
 #[derive(Debug, Default)]
 struct DynamicState {
@@ -454,13 +462,13 @@ impl DynamicTypes {
         *guard = Arc::new(next);
     }
 
-    pub fn set_max_types(&self, max: usize) {
+    pub(crate) fn set_max_types(&self, max: usize) {
         self.max_types
             .store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The registered type a Type resource named `name` installed.
-    pub fn installed(&self, name: &str) -> Option<dynamic::Installed> {
+    pub(crate) fn installed(&self, name: &str) -> Option<dynamic::Installed> {
         self.read()
             .by_name
             .get(name)?
@@ -471,7 +479,7 @@ impl DynamicTypes {
 
     /// Whether a Type resource may register `resource_type` under `name` (DESIGN §15): not a
     /// built-in type, not one another Type registered, within `--max-types`.
-    pub fn check_claim(&self, name: &str, resource_type: &Type) -> Result<(), String> {
+    pub(crate) fn check_claim(&self, name: &str, resource_type: &Type) -> Result<(), String> {
         let key = key_of(resource_type);
         let gvk = resource::gvk(resource_type);
         if self
@@ -510,7 +518,7 @@ impl DynamicTypes {
     /// Whether the schema a Type named `name` compiled fits beside every other registered
     /// schema: a message or enum another Type declares (two Types of one group and version
     /// share a package) would make the published descriptors unusable for every client.
-    pub fn check_symbols(
+    pub(crate) fn check_symbols(
         &self,
         name: &str,
         compiled: &dynamic::CompiledType,
@@ -539,7 +547,7 @@ impl DynamicTypes {
 
     /// The version of the Type `name` this node installed.
     #[cfg(test)]
-    pub fn installed_version(&self, name: &str) -> Option<String> {
+    pub(crate) fn installed_version(&self, name: &str) -> Option<String> {
         self.read()
             .by_name
             .get(name)
@@ -548,20 +556,20 @@ impl DynamicTypes {
 
     /// Installs what a stored `registry.v1.Type` resource registers, unless this node has that
     /// version already (the feed's changes).
-    pub fn install_stored(&self, stored: &Resource) {
+    pub(crate) fn install_stored(&self, stored: &Resource) {
         self.install_when(stored, |_, _| true, false);
     }
 
     /// [`DynamicTypes::install_stored`] even when this node has the same version installed: a
     /// restore may bring back another history's Type at a version this node has seen.
-    pub fn reinstall_stored(&self, stored: &Resource) {
+    pub(crate) fn reinstall_stored(&self, stored: &Resource) {
         self.install_when(stored, |_, _| true, true);
     }
 
     /// Installs a stored Type read outside the feed only if it is newer (by `newer(had,
     /// stored)` on versions) than what this node has installed or removed: the feed may be
     /// ahead of the read. Decided under the same lock as the install.
-    pub fn install_if_newer(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool) {
+    pub(crate) fn install_if_newer(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool) {
         self.install_when(stored, newer, false);
     }
 
@@ -642,7 +650,7 @@ impl DynamicTypes {
 
     /// Removes what the Type `name` registered (its deletion, at `version`, the stored Type's
     /// last).
-    pub fn uninstall(&self, name: &str) {
+    pub(crate) fn uninstall(&self, name: &str) {
         if !self.read().by_name.contains_key(name) {
             return;
         }
@@ -659,7 +667,7 @@ impl DynamicTypes {
     }
 
     /// Removes every registered type but those the Types named `names` registered.
-    pub fn retain_only(&self, names: &[String]) {
+    pub(crate) fn retain_only(&self, names: &[String]) {
         let gone: Vec<String> = self
             .read()
             .by_name
@@ -674,23 +682,23 @@ impl DynamicTypes {
 }
 
 impl Registry {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// A registry holding every built-in type.
-    pub fn builtin() -> Result<Self, RegistryError> {
+    pub(crate) fn builtin() -> Result<Self, RegistryError> {
         let mut registry = Self::new();
         builtin::register(&mut registry)?;
         Ok(registry)
     }
 
     /// The part types registered at runtime live in.
-    pub fn dynamic(&self) -> &Arc<DynamicTypes> {
+    pub(crate) fn dynamic(&self) -> &Arc<DynamicTypes> {
         &self.dynamic
     }
 
-    pub fn register(&mut self, registration: Registration) -> Result<(), RegistryError> {
+    pub(crate) fn register(&mut self, registration: Registration) -> Result<(), RegistryError> {
         let gvk = registration.gvk();
         let violations = resource::type_violations(&registration.resource_type);
         if !violations.is_empty() {
@@ -712,7 +720,7 @@ impl Registry {
         Ok(())
     }
 
-    pub fn resolve(&self, resource_type: &Type) -> Option<Arc<Registration>> {
+    pub(crate) fn resolve(&self, resource_type: &Type) -> Option<Arc<Registration>> {
         let key = key_of(resource_type);
         if let Some(registration) = self.types.get(&key) {
             return Some(registration.clone());
@@ -722,7 +730,7 @@ impl Registry {
 
     /// Registered types a mistyped one probably meant: kinds of the same group within two edits,
     /// those of the requested version first; otherwise the same kind in other versions.
-    pub fn similar(&self, resource_type: &Type) -> Vec<String> {
+    pub(crate) fn similar(&self, resource_type: &Type) -> Vec<String> {
         let wanted_kind = resource_type.kind.to_lowercase();
         let near: Vec<Arc<Registration>> = self
             .types()
@@ -747,7 +755,7 @@ impl Registry {
     }
 
     /// Every registration, built-in and registered, ordered by group, version and kind.
-    pub fn types(&self) -> std::vec::IntoIter<Arc<Registration>> {
+    pub(crate) fn types(&self) -> std::vec::IntoIter<Arc<Registration>> {
         let dynamic = self.dynamic.read();
         let mut all: BTreeMap<&Key, &Arc<Registration>> = self.types.iter().collect();
         all.extend(dynamic.by_key.iter());
@@ -756,13 +764,13 @@ impl Registry {
 
     /// The encoded descriptor set of every data message, built-in and registered, with their
     /// imports (what ListTypes publishes).
-    pub fn descriptor_set(&self) -> Arc<Vec<u8>> {
+    pub(crate) fn descriptor_set(&self) -> Arc<Vec<u8>> {
         self.published().set.clone()
     }
 
     /// A pool of [`Registry::descriptor_set`]: what converts resources of any type to and from
     /// JSON (an `Any` resolves its message in it).
-    pub fn descriptor_pool(&self) -> Arc<prost_reflect::DescriptorPool> {
+    pub(crate) fn descriptor_pool(&self) -> Arc<prost_reflect::DescriptorPool> {
         self.published().pool.clone()
     }
 

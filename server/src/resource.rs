@@ -12,21 +12,21 @@ use proto::resource::v1::{Id, Tenancy, Type};
 mod tests;
 
 /// Longest name of a resource, partition or namespace (an RFC 1123 DNS label).
-pub const MAX_NAME_LEN: usize = 63;
+pub(crate) const MAX_NAME_LEN: usize = 63;
 
 /// Wildcard for a tenancy field in List, WatchList and ListByOwner.
-pub const WILDCARD: &str = "*";
+pub(crate) const WILDCARD: &str = "*";
 
-pub const DEFAULT_PARTITION: &str = "default";
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const DEFAULT_PARTITION: &str = "default";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
-pub use proto::meta::{
-    DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, add_finalizer, equal_status, finalizers, has_finalizer,
-    has_finalizers, is_marked_for_deletion, remove_finalizer, set_finalizers,
+pub(crate) use proto::meta::{
+    DELETION_TIMESTAMP_KEY, FINALIZERS_KEY, add_finalizer, finalizers, has_finalizer,
+    has_finalizers, is_marked_for_deletion, remove_finalizer,
 };
 
 /// Builds a [`Type`] from its three parts.
-pub fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
+pub(crate) fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
     Type {
         group: group.to_owned(),
         group_version: group_version.to_owned(),
@@ -35,7 +35,7 @@ pub fn new_type(group: &str, group_version: &str, kind: &str) -> Type {
 }
 
 /// Formats a type as `group.group_version.Kind`.
-pub fn gvk(resource_type: &Type) -> String {
+pub(crate) fn gvk(resource_type: &Type) -> String {
     format!(
         "{}.{}.{}",
         resource_type.group, resource_type.group_version, resource_type.kind
@@ -43,7 +43,7 @@ pub fn gvk(resource_type: &Type) -> String {
 }
 
 /// Parses `group.group_version.Kind`, checking each part.
-pub fn parse_gvk(text: &str) -> Result<Type, String> {
+pub(crate) fn parse_gvk(text: &str) -> Result<Type, String> {
     let parts: Vec<&str> = text.split('.').collect();
     let [group, group_version, kind] = parts.as_slice() else {
         return Err(format!(
@@ -63,7 +63,7 @@ pub fn parse_gvk(text: &str) -> Result<Type, String> {
 }
 
 /// Checks the three parts of a type; one message per invalid part, naming the part.
-pub fn type_violations(resource_type: &Type) -> Vec<String> {
+pub(crate) fn type_violations(resource_type: &Type) -> Vec<String> {
     type_part_violations(resource_type)
         .into_iter()
         .map(|(part, why)| format!("{part} {why}"))
@@ -71,7 +71,7 @@ pub fn type_violations(resource_type: &Type) -> Vec<String> {
 }
 
 /// What is wrong with each part of a type: (`group`, `group_version` or `kind`, why).
-pub fn type_part_violations(resource_type: &Type) -> Vec<(&'static str, String)> {
+pub(crate) fn type_part_violations(resource_type: &Type) -> Vec<(&'static str, String)> {
     let mut violations = Vec::new();
     if let Err(why) = check_group(&resource_type.group) {
         violations.push(("group", why));
@@ -86,7 +86,7 @@ pub fn type_part_violations(resource_type: &Type) -> Vec<(&'static str, String)>
 }
 
 /// `^[a-z][a-z\d_]+$`
-pub fn check_group(group: &str) -> Result<(), String> {
+pub(crate) fn check_group(group: &str) -> Result<(), String> {
     let mut chars = group.chars();
     let valid = matches!(chars.next(), Some('a'..='z'))
         && group.len() >= 2
@@ -101,7 +101,7 @@ pub fn check_group(group: &str) -> Result<(), String> {
 }
 
 /// `^v([a-z\d]+)?\d$`
-pub fn check_group_version(group_version: &str) -> Result<(), String> {
+pub(crate) fn check_group_version(group_version: &str) -> Result<(), String> {
     let bytes = group_version.as_bytes();
     let valid = bytes.len() >= 2
         && bytes[0] == b'v'
@@ -119,7 +119,7 @@ pub fn check_group_version(group_version: &str) -> Result<(), String> {
 }
 
 /// `^[A-Z][A-Za-z\d]+$`
-pub fn check_kind(kind: &str) -> Result<(), String> {
+pub(crate) fn check_kind(kind: &str) -> Result<(), String> {
     let mut chars = kind.chars();
     let valid = matches!(chars.next(), Some('A'..='Z'))
         && kind.len() >= 2
@@ -135,7 +135,7 @@ pub fn check_kind(kind: &str) -> Result<(), String> {
 
 /// Checks a resource, partition or namespace name: a lowercase RFC 1123 DNS label of at most
 /// `max_len` characters. The message says what is wrong with this particular name.
-pub fn check_name(name: &str, max_len: usize) -> Result<(), String> {
+pub(crate) fn check_name(name: &str, max_len: usize) -> Result<(), String> {
     let problem = if name.is_empty() {
         "is empty".to_owned()
     } else if name.len() > max_len {
@@ -158,7 +158,7 @@ pub fn check_name(name: &str, max_len: usize) -> Result<(), String> {
 }
 
 /// Formats an id for messages and logs: `demo.v2.Artist/default/default/miles-davis`.
-pub struct DisplayId<'a>(pub &'a Id);
+pub(crate) struct DisplayId<'a>(pub &'a Id);
 
 impl fmt::Display for DisplayId<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -180,7 +180,7 @@ impl fmt::Display for DisplayId<'_> {
 
 /// Whether two ids name the same stored object: same group, kind, tenancy and name. The group
 /// version and the uid are not compared (storage keeps one object per name, whatever its version).
-pub fn same_name(a: &Id, b: &Id) -> bool {
+pub(crate) fn same_name(a: &Id, b: &Id) -> bool {
     let (a_type, b_type) = (
         a.r#type.clone().unwrap_or_default(),
         b.r#type.clone().unwrap_or_default(),
@@ -191,14 +191,9 @@ pub fn same_name(a: &Id, b: &Id) -> bool {
         && a.name == b.name
 }
 
-/// Whether two ids name the same resource incarnation: [`same_name`] and the same uid.
-pub fn same_resource(a: &Id, b: &Id) -> bool {
-    same_name(a, b) && a.uid == b.uid
-}
-
 /// Whether `owner` is the resource `pattern` names: same uid, group, kind and name, and a
 /// tenancy that the pattern's tenancy (fields may be [`WILDCARD`]) matches.
-pub fn owner_matches(pattern: &Id, owner: &Id) -> bool {
+pub(crate) fn owner_matches(pattern: &Id, owner: &Id) -> bool {
     let (pattern_type, owner_type) = (
         pattern.r#type.clone().unwrap_or_default(),
         owner.r#type.clone().unwrap_or_default(),
@@ -214,12 +209,12 @@ pub fn owner_matches(pattern: &Id, owner: &Id) -> bool {
 }
 
 /// Whether a tenancy pattern (fields may be [`WILDCARD`]) matches a concrete tenancy.
-pub fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
+pub(crate) fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
     let field = |want: &str, have: &str| want == WILDCARD || want == have;
     field(&pattern.partition, &tenancy.partition) && field(&pattern.namespace, &tenancy.namespace)
 }
 
 /// Formats a time as RFC 3339 (UTC, nanoseconds), the form of `deletionTimestamp`.
-pub fn rfc3339(time: std::time::SystemTime) -> String {
+pub(crate) fn rfc3339(time: std::time::SystemTime) -> String {
     prost_types::Timestamp::from(time).to_string()
 }

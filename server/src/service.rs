@@ -21,26 +21,26 @@ use crate::storage::{Backend, Consistency, StorageError};
 use validate::{Violations, Wildcards};
 
 mod admission;
-pub mod cluster;
+pub(crate) mod cluster;
 mod delete;
-pub mod encoded;
+pub(crate) mod encoded;
 mod error;
-pub mod grpc;
+pub(crate) mod grpc;
 mod read;
-pub mod stalls;
+pub(crate) mod stalls;
 mod tenancy_units;
-pub use read::{SharedWatchStream, WatchStream, pb_event, wire_event};
+pub(crate) use read::pb_event;
 mod validate;
 mod write;
 
 #[cfg(test)]
 mod tests;
 
-pub use admission::ForwardAdmission;
-pub use error::Error;
+pub(crate) use admission::ForwardAdmission;
+pub(crate) use error::Error;
 
 /// Largest encoded resource accepted by default.
-pub const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long a blind operation keeps retrying lost compare-and-swap races (less when the request
 /// has an earlier deadline). Under contention every round has a winner, so each writer gets
@@ -85,7 +85,7 @@ where
 
 /// The resource service over one backend and one registry. Callers pass the authorizer of the
 /// identity they act for: a token's, or [`AllowAll`] for in-process privileged callers.
-pub struct ResourceService {
+pub(crate) struct ResourceService {
     backend: Arc<dyn Backend>,
     registry: Arc<Registry>,
     max_resource_bytes: usize,
@@ -115,7 +115,7 @@ enum TenancyState {
 }
 
 impl ResourceService {
-    pub fn new(backend: Arc<dyn Backend>, registry: Arc<Registry>) -> Self {
+    pub(crate) fn new(backend: Arc<dyn Backend>, registry: Arc<Registry>) -> Self {
         ResourceService {
             backend,
             registry,
@@ -148,7 +148,7 @@ impl ResourceService {
 
     /// Reads the stored Types (strongly) and installs what this node lacks or has older; a read
     /// that started after the call, by another caller, serves it too.
-    pub async fn learn_types(&self) {
+    pub(crate) async fn learn_types(&self) {
         use std::sync::atomic::Ordering;
         let arrived = self.type_reads.load(Ordering::Acquire);
         let _one = self.type_read.lock().await;
@@ -187,32 +187,32 @@ impl ResourceService {
     }
 
     /// Bounds the bytes of lists being answered at once (`--max-inflight-bytes`).
-    pub fn with_list_budget(mut self, bytes: usize) -> Self {
+    pub(crate) fn with_list_budget(mut self, bytes: usize) -> Self {
         self.list_budget = crate::limits::ByteBudget::new(bytes);
         self
     }
 
-    pub fn with_max_resource_bytes(mut self, max_resource_bytes: usize) -> Self {
+    pub(crate) fn with_max_resource_bytes(mut self, max_resource_bytes: usize) -> Self {
         self.max_resource_bytes = max_resource_bytes;
         self
     }
 
     /// Ties open watches to a shutdown signal.
-    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+    pub(crate) fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shutdown = shutdown;
         self
     }
 
-    pub fn registry(&self) -> &Arc<Registry> {
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
 
     /// Why a default read answered now may be stale ([`crate::storage::Backend::stale_reads`]).
-    pub fn stale_reads(&self) -> Option<String> {
+    pub(crate) fn stale_reads(&self) -> Option<String> {
         self.backend.stale_reads()
     }
 
-    pub fn max_resource_bytes(&self) -> usize {
+    pub(crate) fn max_resource_bytes(&self) -> usize {
         self.max_resource_bytes
     }
 
@@ -279,7 +279,7 @@ impl ResourceService {
     }
 
     /// Creates the `default` partition and the `default/default` namespace if they are missing.
-    pub async fn ensure_default_tenancy(&self) -> Result<(), Error> {
+    pub(crate) async fn ensure_default_tenancy(&self) -> Result<(), Error> {
         let partition = builtin::partition_id(resource::DEFAULT_PARTITION);
         let namespace =
             builtin::namespace_id(resource::DEFAULT_PARTITION, resource::DEFAULT_NAMESPACE);

@@ -12,7 +12,7 @@ use proto::resource::v1::Id;
 use super::Access;
 
 /// The built-in policy that allows everything. It is not stored; tokens name it.
-pub const MANAGEMENT_POLICY: &str = "global-management";
+pub(crate) const MANAGEMENT_POLICY: &str = "global-management";
 
 /// Longest type glob, partition/namespace pattern or name prefix a rule may hold.
 const MAX_PATTERN_LEN: usize = 256;
@@ -36,7 +36,7 @@ fn access_of(value: i32) -> Result<Option<Access>, String> {
 }
 
 /// Whether `glob` (with `*` matching any run of characters) matches `text`.
-pub fn glob_matches(glob: &str, text: &str) -> bool {
+pub(crate) fn glob_matches(glob: &str, text: &str) -> bool {
     let mut parts = glob.split('*');
     let first = parts.next().unwrap_or_default();
     let Some(mut rest) = text.strip_prefix(first) else {
@@ -89,7 +89,7 @@ fn check_name_pattern(pattern: &str) -> Result<(), String> {
 }
 
 /// Checks a policy a client writes; every problem names its field.
-pub fn check_policy(policy: &pb::Policy) -> Result<(), String> {
+pub(crate) fn check_policy(policy: &pb::Policy) -> Result<(), String> {
     let mut problems = Vec::new();
     if policy.rules.len() > MAX_RULES {
         problems.push(format!(
@@ -148,7 +148,7 @@ pub fn check_policy(policy: &pb::Policy) -> Result<(), String> {
 }
 
 /// Parses an RFC 3339 expiry into seconds since the epoch.
-pub fn parse_expiry(value: &str) -> Result<i64, String> {
+pub(crate) fn parse_expiry(value: &str) -> Result<i64, String> {
     time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
         .map(|at| at.unix_timestamp())
         .map_err(|error| format!("{value:?} is not an RFC 3339 time ({error})"))
@@ -160,7 +160,7 @@ fn now_seconds() -> i64 {
 
 /// Checks a token a client writes (after its secret was hashed); every problem names its field.
 /// Whether the named policies exist is checked by the service, which can read them.
-pub fn check_token(token: &pb::Token) -> Result<(), String> {
+pub(crate) fn check_token(token: &pb::Token) -> Result<(), String> {
     let mut problems = Vec::new();
     if token.policies.is_empty() {
         problems.push(format!(
@@ -207,17 +207,17 @@ pub fn check_token(token: &pb::Token) -> Result<(), String> {
 
 /// Whether `value` is a stored secret: `sha256:<hex>` or `pbkdf2-sha256:…`
 /// ([`super::secrets::StoredSecret`]).
-pub fn is_secret_hash(value: &str) -> bool {
+pub(crate) fn is_secret_hash(value: &str) -> bool {
     super::secrets::StoredSecret::parse(value).is_some()
 }
 
 /// Shortest secret a writer may choose.
-pub const MIN_SECRET_LEN: usize = 16;
+pub(crate) const MIN_SECRET_LEN: usize = 16;
 /// Longest secret (and the longest token header the server hashes).
-pub const MAX_SECRET_LEN: usize = 512;
+pub(crate) const MAX_SECRET_LEN: usize = 512;
 
 /// The mutate step of `acl.v1.Token`: a secret given in the clear is replaced by its hash.
-pub fn hash_token_secret(token: &mut pb::Token) -> Result<(), String> {
+pub(crate) fn hash_token_secret(token: &mut pb::Token) -> Result<(), String> {
     if token.secret.is_empty() {
         return Ok(());
     }
@@ -248,7 +248,7 @@ struct Rule {
 /// What a token or a policy grants, to be checked against what its writer holds
 /// ([`Grants::holds`]).
 #[derive(Debug, Clone, Default)]
-pub struct Granted {
+pub(crate) struct Granted {
     /// Whether it grants the management policy.
     pub management: bool,
     /// The policies it grants, by name.
@@ -315,7 +315,7 @@ impl Rule {
 
 /// A policy, compiled.
 #[derive(Debug, Clone)]
-pub struct CompiledPolicy {
+pub(crate) struct CompiledPolicy {
     rules: Vec<Rule>,
     operator: Option<Access>,
     acl: Option<Access>,
@@ -325,7 +325,7 @@ pub struct CompiledPolicy {
 impl CompiledPolicy {
     /// Compiles a stored policy. Stored policies were checked on write; anything that still
     /// does not parse grants nothing.
-    pub fn new(policy: &pb::Policy) -> CompiledPolicy {
+    pub(crate) fn new(policy: &pb::Policy) -> CompiledPolicy {
         let pattern = |value: &str| (!value.is_empty() && value != "*").then(|| value.to_owned());
         CompiledPolicy {
             rules: policy
@@ -350,14 +350,14 @@ impl CompiledPolicy {
 
 /// What a set of policies grants, falling back to `default` where no rule speaks.
 #[derive(Debug, Clone)]
-pub struct Grants {
+pub(crate) struct Grants {
     management: bool,
     policies: Vec<std::sync::Arc<CompiledPolicy>>,
     default: Access,
 }
 
 impl Grants {
-    pub fn new(
+    pub(crate) fn new(
         management: bool,
         policies: Vec<std::sync::Arc<CompiledPolicy>>,
         default: Access,
@@ -369,7 +369,7 @@ impl Grants {
         }
     }
 
-    pub fn operator(&self) -> Access {
+    pub(crate) fn operator(&self) -> Access {
         if self.management {
             return Access::Write;
         }
@@ -377,7 +377,7 @@ impl Grants {
     }
 
     /// ACL management: only what a policy grants (never the default).
-    pub fn acl(&self) -> Access {
+    pub(crate) fn acl(&self) -> Access {
         if self.management {
             return Access::Write;
         }
@@ -385,14 +385,14 @@ impl Grants {
     }
 
     /// Whether a node may join with this token: a policy says so (never the default).
-    pub fn may_join(&self) -> bool {
+    pub(crate) fn may_join(&self) -> bool {
         self.management || self.policies.iter().any(|p| p.join)
     }
 
     /// Whether some resource of `gvk` in `partition`/`namespace` under `name_prefix` may be
     /// listed: not when a DENY covers them all, nor when the default denies and no rule that
     /// grants at least List may match one of them.
-    pub fn may_read_some(
+    pub(crate) fn may_read_some(
         &self,
         gvk: &str,
         partition: &str,
@@ -421,7 +421,7 @@ impl Grants {
     }
 
     /// Whether these are the management policy's grants (everything).
-    pub fn is_management(&self) -> bool {
+    pub(crate) fn is_management(&self) -> bool {
         self.management
     }
 
@@ -433,7 +433,7 @@ impl Grants {
     /// less (a DENY included), and either the default grants enough or one rule here covers
     /// every resource it matches with enough. Two type globs with wildcards are taken to
     /// overlap; a rule covered only by several rules together is not held.
-    pub fn holds(&self, granted: &Granted) -> Result<(), String> {
+    pub(crate) fn holds(&self, granted: &Granted) -> Result<(), String> {
         if self.management {
             return Ok(());
         }
@@ -524,7 +524,7 @@ impl Grants {
     /// Whether every resource is readable whatever its id: the management policy, or a default
     /// of at least READ with no rule granting less (a DENY wins wherever it matches, and what
     /// no rule speaks for gets the default).
-    pub fn reads_everything(&self) -> bool {
+    pub(crate) fn reads_everything(&self) -> bool {
         self.management
             || (self.default >= Access::Read
                 && self
@@ -533,7 +533,7 @@ impl Grants {
                     .all(|policy| policy.rules.iter().all(|rule| rule.access >= Access::Read)))
     }
 
-    pub fn resource(&self, id: &Id) -> Access {
+    pub(crate) fn resource(&self, id: &Id) -> Access {
         if self.management {
             return Access::Write;
         }

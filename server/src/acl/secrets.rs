@@ -18,7 +18,7 @@ use std::sync::RwLock;
 use sha2::Digest;
 
 /// PBKDF2 rounds for a chosen secret: about 20–40 ms of one core here, in a release build.
-pub const ITERATIONS: u32 = 100_000;
+pub(crate) const ITERATIONS: u32 = 100_000;
 /// Bytes of salt.
 const SALT_LEN: usize = 16;
 /// Fewest and most rounds a stored value may name (a `secret_hash` written to make every
@@ -27,17 +27,17 @@ const MIN_ITERATIONS: u32 = 10_000;
 const MAX_ITERATIONS: u32 = 4 * ITERATIONS;
 /// Salts a lookup tries, the most used first: chosen secrets share one salt unless someone
 /// writes hashes by hand (and then only their own tokens go unfound).
-pub const MAX_SALTS: usize = 4;
+pub(crate) const MAX_SALTS: usize = 4;
 
 /// A salt chosen secrets are hashed with.
-pub type Salt = [u8; SALT_LEN];
+pub(crate) type Salt = [u8; SALT_LEN];
 
 /// The salt this process hashes chosen secrets with (see the module's doc).
 static PREFERRED_SALT: RwLock<Option<Salt>> = RwLock::new(None);
 
 /// Makes `salt` the one later chosen secrets get: the token store calls it with the salt of the
 /// stored tokens.
-pub fn prefer_salt(salt: Salt) {
+pub(crate) fn prefer_salt(salt: Salt) {
     *PREFERRED_SALT.write().unwrap_or_else(|p| p.into_inner()) = Some(salt);
 }
 
@@ -57,7 +57,7 @@ fn salt() -> Result<Salt, String> {
 /// Whether `secret` has the shape of a generated one: 64 lowercase hex digits, with at least 12
 /// different digits (256 random bits have 16 but for a chance of about 10⁻¹⁵; `0000…` or a
 /// repeated word does not pass).
-pub fn is_generated(secret: &str) -> bool {
+pub(crate) fn is_generated(secret: &str) -> bool {
     secret.len() == 64
         && secret
             .bytes()
@@ -78,7 +78,7 @@ pub fn is_generated(secret: &str) -> bool {
 
 /// The SHA-256 of a secret as stored for a generated one, `sha256:<hex>`; also the key of the
 /// in-memory cache of verified chosen secrets.
-pub fn fast_hash(secret: &str) -> String {
+pub(crate) fn fast_hash(secret: &str) -> String {
     let digest = sha2::Sha256::digest(secret.as_bytes());
     let mut text = String::with_capacity(7 + 64);
     text.push_str("sha256:");
@@ -87,7 +87,7 @@ pub fn fast_hash(secret: &str) -> String {
 }
 
 /// The stored form of a secret: fast for a generated one, salted and slow for a chosen one.
-pub fn store(secret: &str) -> Result<String, String> {
+pub(crate) fn store(secret: &str) -> Result<String, String> {
     if is_generated(secret) {
         return Ok(fast_hash(secret));
     }
@@ -101,7 +101,7 @@ pub fn store(secret: &str) -> Result<String, String> {
 }
 
 /// PBKDF2-HMAC-SHA256 of `secret`.
-pub fn slow_hash(secret: &str, salt: &Salt, iterations: u32) -> [u8; 32] {
+pub(crate) fn slow_hash(secret: &str, salt: &Salt, iterations: u32) -> [u8; 32] {
     let mut out = [0u8; 32];
     let rounds = std::num::NonZeroU32::new(iterations.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
     ring::pbkdf2::derive(
@@ -116,7 +116,7 @@ pub fn slow_hash(secret: &str, salt: &Salt, iterations: u32) -> [u8; 32] {
 
 /// A stored `secret_hash`, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoredSecret {
+pub(crate) enum StoredSecret {
     /// `sha256:<64 hex>`.
     Fast(String),
     /// `pbkdf2-sha256:<iterations>:<32 hex salt>:<64 hex hash>`.
@@ -130,7 +130,7 @@ pub enum StoredSecret {
 impl StoredSecret {
     /// `None` for anything but the two forms above (with [`MIN_ITERATIONS`] to
     /// [`MAX_ITERATIONS`] rounds).
-    pub fn parse(value: &str) -> Option<StoredSecret> {
+    pub(crate) fn parse(value: &str) -> Option<StoredSecret> {
         if let Some(digest) = value.strip_prefix("sha256:") {
             return (digest.len() == 64 && unhex::<32>(digest).is_some())
                 .then(|| StoredSecret::Fast(value.to_owned()));

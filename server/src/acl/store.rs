@@ -16,7 +16,7 @@ use super::{Access, AclError, Authorizer, Grant, TokenResolver, Unauthenticated}
 
 /// A resolved token: its accessor (the resource's name) and what its policies grant.
 #[derive(Debug)]
-pub struct TokenAuthorizer {
+pub(crate) struct TokenAuthorizer {
     accessor: String,
     grants: Grants,
     /// Every policy as this node knew them when the token was resolved: what a token this one
@@ -122,7 +122,7 @@ impl Authorizer for TokenAuthorizer {
 
 /// What `AclWhoAmI` reports of a token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenInfo {
+pub(crate) struct TokenInfo {
     pub accessor: String,
     pub policies: Vec<String>,
     pub expires_at: String,
@@ -170,7 +170,7 @@ const MAX_VERIFIED: usize = 4096;
 
 /// The token cache of one node.
 #[derive(Debug)]
-pub struct TokenStore {
+pub(crate) struct TokenStore {
     default: Access,
     /// Whether the policies and the tokens were each listed once (before, every request is
     /// told to retry: the node is still loading).
@@ -184,7 +184,7 @@ pub struct TokenStore {
 impl TokenStore {
     /// An empty store; `default` is what rules grant where none speaks (`deny` → Deny, `allow`
     /// → Write).
-    pub fn new(default: Access) -> TokenStore {
+    pub(crate) fn new(default: Access) -> TokenStore {
         TokenStore {
             default,
             policies_loaded: std::sync::atomic::AtomicBool::new(false),
@@ -201,48 +201,43 @@ impl TokenStore {
     }
 
     /// Records a stored policy (a new one or a change).
-    pub fn put_policy(&self, name: &str, policy: pb::Policy) {
+    pub(crate) fn put_policy(&self, name: &str, policy: pb::Policy) {
         self.update(|index| {
             index.policies.insert(name.to_owned(), policy);
         });
     }
 
-    pub fn remove_policy(&self, name: &str) {
+    pub(crate) fn remove_policy(&self, name: &str) {
         self.update(|index| {
             index.policies.remove(name);
         });
     }
 
     /// Records a stored token (a new one or a change).
-    pub fn put_token(&self, name: &str, token: pb::Token) {
+    pub(crate) fn put_token(&self, name: &str, token: pb::Token) {
         self.update(|index| {
             index.tokens.insert(name.to_owned(), token);
         });
     }
 
-    pub fn remove_token(&self, name: &str) {
+    pub(crate) fn remove_token(&self, name: &str) {
         self.update(|index| {
             index.tokens.remove(name);
         });
     }
 
     /// Replaces every policy (a fresh list from a watch's snapshot).
-    pub fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
+    pub(crate) fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
         self.update(|index| index.policies = policies.into_iter().collect());
         self.policies_loaded
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Replaces every token (a fresh list from a watch's snapshot).
-    pub fn replace_tokens(&self, tokens: Vec<(String, pb::Token)>) {
+    pub(crate) fn replace_tokens(&self, tokens: Vec<(String, pb::Token)>) {
         self.update(|index| index.tokens = tokens.into_iter().collect());
         self.tokens_loaded
             .store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether a policy of this name exists (the built-in one always does).
-    pub fn has_policy(&self, name: &str) -> bool {
-        name == MANAGEMENT_POLICY || self.read().policies.contains_key(name)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
@@ -446,7 +441,7 @@ impl TokenStore {
     }
 
     /// The accessor, policies and expiry of a valid token.
-    pub fn describe(&self, token: Option<&str>) -> Result<TokenInfo, Unauthenticated> {
+    pub(crate) fn describe(&self, token: Option<&str>) -> Result<TokenInfo, Unauthenticated> {
         self.entry(token).map(|entry| entry.info.clone())
     }
 }
@@ -557,8 +552,6 @@ mod tests {
         store.remove_policy("ops");
         let bob = store.resolve(Some(&generated("bob"))).expect("bob");
         assert_eq!(bob.operator(), Access::Deny);
-        assert!(store.has_policy(MANAGEMENT_POLICY));
-        assert!(!store.has_policy("ops"));
     }
 
     #[test]

@@ -21,18 +21,18 @@ use crate::registry::{Registry, Scope, decode_data};
 use crate::resource::{self, DisplayId};
 
 /// Finalizer the namespace controller holds on every namespace.
-pub const NAMESPACE_FINALIZER: &str = "tenancy.resd.io/namespace-cleanup";
+pub(crate) const NAMESPACE_FINALIZER: &str = "tenancy.resd.io/namespace-cleanup";
 /// Finalizer the album controller holds on every album.
-pub const ALBUM_FINALIZER: &str = "demo.resd.io/album-cleanup";
+pub(crate) const ALBUM_FINALIZER: &str = "demo.resd.io/album-cleanup";
 /// Status key of the artist controller.
 /// The demo artist controller's name, also its mark on the albums it generates.
-pub const ARTIST_CONTROLLER: &str = "demo-artist";
-pub const ARTIST_STATUS: &str = "demo.resd.io/artist";
+pub(crate) const ARTIST_CONTROLLER: &str = "demo-artist";
+pub(crate) const ARTIST_STATUS: &str = "demo.resd.io/artist";
 /// Status key of the album controller.
-pub const ALBUM_STATUS: &str = "demo.resd.io/album";
+pub(crate) const ALBUM_STATUS: &str = "demo.resd.io/album";
 
 /// Registers every built-in controller.
-pub fn register(
+pub(crate) fn register(
     manager: &mut Manager,
     registry: Arc<Registry>,
     reaper_second_pass: Duration,
@@ -103,7 +103,7 @@ fn condition(kind: &str, state: State, reason: &str, message: String) -> Conditi
 /// them), then after one more pass that finds none — catching children written while the owner
 /// was being deleted — the tombstone itself is deleted. Deleting a child writes its own
 /// tombstone, so deletes cascade down the tree.
-pub struct Reaper {
+pub(crate) struct Reaper {
     second_pass: Duration,
     /// Passes that found no children, per tombstone uid.
     empty_passes: Mutex<HashMap<String, u32>>,
@@ -116,7 +116,7 @@ pub struct Reaper {
 const STALE_AFTER_PASSES: u32 = 10;
 
 impl Reaper {
-    pub fn new(second_pass: Duration) -> Self {
+    pub(crate) fn new(second_pass: Duration) -> Self {
         Reaper {
             second_pass,
             empty_passes: Mutex::new(HashMap::new()),
@@ -207,7 +207,7 @@ impl Reconciler<InProcess> for Reaper {
 
 /// Holds a finalizer on every namespace; when one is marked for deletion, deletes everything in
 /// it, then releases the finalizer (and with it the namespace).
-pub struct NamespaceController {
+pub(crate) struct NamespaceController {
     registry: Arc<Registry>,
 }
 
@@ -270,7 +270,7 @@ impl Reconciler<InProcess> for NamespaceController {
 /// (writes of its type are refused from then on), deletes every resource of its type, then
 /// releases the finalizer, and with it the Type and its registration.
 #[derive(Default)]
-pub struct TypeController {
+pub(crate) struct TypeController {
     /// Passes that found no resource of a Type being deleted, per Type uid.
     empty_passes: Mutex<HashMap<String, u32>>,
 }
@@ -407,7 +407,7 @@ impl Reconciler<InProcess> for TypeController {
 /// stopped cleanly): a report whose version has not changed for ten of its periods, timed on
 /// this node's clock from when it first saw that version (clocks are never compared).
 #[derive(Default)]
-pub struct ReplicaReports {
+pub(crate) struct ReplicaReports {
     /// Report uid -> (version, when this node first saw it).
     seen: Mutex<HashMap<String, (String, tokio::time::Instant)>>,
 }
@@ -456,7 +456,7 @@ impl Reconciler<InProcess> for ReplicaReports {
 }
 
 /// Metadata key marking what a controller generated (and may therefore prune).
-pub const MANAGED_BY_KEY: &str = "managed-by";
+pub(crate) const MANAGED_BY_KEY: &str = "managed-by";
 
 fn is_generated(album: &Resource) -> bool {
     album.metadata.get(MANAGED_BY_KEY).map(String::as_str) == Some(ARTIST_CONTROLLER)
@@ -487,7 +487,7 @@ fn desired_albums(artist_name: &str, artist: &demo_v2::Artist) -> BTreeMap<Strin
 }
 
 /// Keeps the albums an artist should own (derived from its data) and reports `Accepted`.
-pub struct ArtistController;
+pub(crate) struct ArtistController;
 
 #[async_trait]
 impl Reconciler<InProcess> for ArtistController {
@@ -565,7 +565,7 @@ impl Reconciler<InProcess> for ArtistController {
 
 /// Holds a finalizer on every album and releases it after a cleanup step when the album is
 /// deleted, so finalizer flows are visible.
-pub struct AlbumController;
+pub(crate) struct AlbumController;
 
 #[async_trait]
 impl Reconciler<InProcess> for AlbumController {
@@ -615,7 +615,7 @@ impl Reconciler<InProcess> for AlbumController {
 /// Runs on every server (placed on each replica) and only observes: it counts the concepts this
 /// node has seen, so placement across nodes is visible in `ListControllers`.
 #[derive(Default)]
-pub struct ConceptObserver {
+pub(crate) struct ConceptObserver {
     seen: Mutex<std::collections::HashSet<String>>,
 }
 

@@ -16,13 +16,13 @@ use crate::service::ResourceService;
 
 /// A controller registered with a manager, and its live statistics.
 #[derive(Debug, Clone)]
-pub struct Registered {
+pub(crate) struct Registered {
     pub controller: Arc<Controller>,
     pub stats: Arc<Stats>,
 }
 
 /// What `ClusterService.ListControllers` reports for these controllers now.
-pub fn report(
+pub(crate) fn report(
     controllers: &BTreeMap<String, Registered>,
 ) -> Vec<proto::cluster::v1::ControllerInfo> {
     use proto::cluster::v1 as pb;
@@ -52,7 +52,7 @@ pub fn report(
 }
 
 #[derive(Debug)]
-pub struct Manager {
+pub(crate) struct Manager {
     service: Arc<ResourceService>,
     controllers: BTreeMap<String, Registered>,
 }
@@ -61,7 +61,7 @@ pub struct Manager {
 mod tests;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ManagerError {
+pub(crate) enum ManagerError {
     #[error(transparent)]
     Definition(#[from] DefinitionError),
     #[error("a controller named {0:?} is already registered")]
@@ -75,7 +75,7 @@ pub enum ManagerError {
 }
 
 impl Manager {
-    pub fn new(service: Arc<ResourceService>) -> Self {
+    pub(crate) fn new(service: Arc<ResourceService>) -> Self {
         Manager {
             service,
             controllers: BTreeMap::new(),
@@ -83,7 +83,7 @@ impl Manager {
     }
 
     /// Adds a controller; invalid definitions are errors (caught at startup).
-    pub fn register(&mut self, controller: Controller) -> Result<(), ManagerError> {
+    pub(crate) fn register(&mut self, controller: Controller) -> Result<(), ManagerError> {
         controller.validate()?;
         if self.controllers.contains_key(&controller.name) {
             return Err(ManagerError::DuplicateName(controller.name));
@@ -110,7 +110,7 @@ impl Manager {
 
     /// Pairs of controllers that watch each other's managed types: each one's writes can wake
     /// the other. Not an error (status dirty checks usually end the ping-pong), but worth a log.
-    pub fn watch_cycles(&self) -> Vec<(String, String)> {
+    pub(crate) fn watch_cycles(&self) -> Vec<(String, String)> {
         let unversioned = |t: &proto::resource::v1::Type| (t.group.clone(), t.kind.clone());
         let watches = |a: &Registered, b: &Registered| {
             a.controller
@@ -131,13 +131,13 @@ impl Manager {
     }
 
     /// The registered controllers and their statistics, by name.
-    pub fn controllers(&self) -> &BTreeMap<String, Registered> {
+    pub(crate) fn controllers(&self) -> &BTreeMap<String, Registered> {
         &self.controllers
     }
 
     /// Runs every controller until `shutdown`: those on each replica throughout, Singleton ones while
     /// `leader` says this node leads.
-    pub async fn run(self, mut leader: watch::Receiver<bool>, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, mut leader: watch::Receiver<bool>, shutdown: CancellationToken) {
         for (first, second) in self.watch_cycles() {
             tracing::warn!(
                 first,

@@ -11,6 +11,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use runtime::controller::{Initializer, map_owner, replace_type};
+
 use super::*;
 use crate::registry::Registry;
 use crate::resource;

@@ -20,7 +20,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How a request's body is bounded.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyRules {
+pub(crate) struct BodyRules {
     /// The whole body must have arrived by then (unary requests).
     pub deadline: Option<Duration>,
     /// Its bytes count against the caller's and the node's budgets until it is done with.
@@ -31,7 +31,7 @@ pub struct BodyRules {
 
 /// Why a guarded body ended: a limit, or its own error.
 #[derive(Debug, thiserror::Error)]
-pub enum GuardError {
+pub(crate) enum GuardError {
     #[error(transparent)]
     Limit(#[from] LimitError),
     #[error(transparent)]
@@ -39,7 +39,7 @@ pub enum GuardError {
 }
 
 /// A request body bounded by its caller's limits.
-pub struct GuardedBody<B> {
+pub(crate) struct GuardedBody<B> {
     inner: B,
     admitted: Admitted,
     caller: Charge,
@@ -51,7 +51,7 @@ pub struct GuardedBody<B> {
 }
 
 impl<B> GuardedBody<B> {
-    pub fn new(inner: B, admitted: Admitted, rules: BodyRules) -> Self {
+    pub(crate) fn new(inner: B, admitted: Admitted, rules: BodyRules) -> Self {
         GuardedBody {
             inner,
             caller: Charge::new(admitted.share.bytes.clone()),
@@ -166,7 +166,7 @@ where
 }
 
 /// The rules of an HTTP request's body: one request, one deadline.
-pub const HTTP_BODY: BodyRules = BodyRules {
+pub(crate) const HTTP_BODY: BodyRules = BodyRules {
     deadline: Some(super::BODY_TIMEOUT),
     charged: true,
 };
@@ -195,12 +195,12 @@ fn grpc_rules(path: &str) -> BodyRules {
 
 /// Admission for a tonic server (see the module docs).
 #[derive(Debug, Clone)]
-pub struct GrpcGuardLayer {
+pub(crate) struct GrpcGuardLayer {
     limits: Arc<Limits>,
 }
 
 impl GrpcGuardLayer {
-    pub fn new(limits: Arc<Limits>) -> Self {
+    pub(crate) fn new(limits: Arc<Limits>) -> Self {
         GrpcGuardLayer { limits }
     }
 }
@@ -217,7 +217,7 @@ impl<S> tower::Layer<S> for GrpcGuardLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct GrpcGuard<S> {
+pub(crate) struct GrpcGuard<S> {
     inner: S,
     limits: Arc<Limits>,
 }
@@ -306,7 +306,7 @@ const ANSWER_SLICE: usize = 64 * 1024;
 /// An answer's body, holding its request's place among its caller's requests in flight (and
 /// the charge for its bytes, when its handler made one) until it is dropped — sent, or its
 /// client gone — and handing its data out in slices of [`ANSWER_SLICE`].
-pub struct Metered<B> {
+pub(crate) struct Metered<B> {
     inner: B,
     /// What is left of the last data frame taken from `inner`.
     pending: Bytes,
@@ -315,7 +315,7 @@ pub struct Metered<B> {
 }
 
 impl<B> Metered<B> {
-    pub fn new(
+    pub(crate) fn new(
         inner: B,
         in_flight: Option<super::InFlight>,
         charge: Option<super::AnswerCharge>,
@@ -377,7 +377,7 @@ where
 }
 
 /// The limit that ended a body, if one did (found in an error's sources).
-pub fn limit_in<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e LimitError> {
+pub(crate) fn limit_in<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e LimitError> {
     let mut source = Some(error);
     while let Some(error) = source {
         if let Some(GuardError::Limit(limit)) = error.downcast_ref::<GuardError>() {

@@ -102,7 +102,7 @@ impl Series {
 
 /// The request counters and durations.
 #[derive(Debug, Clone)]
-pub struct GrpcMetrics {
+pub(crate) struct GrpcMetrics {
     pub requests: Family<Labels, Counter>,
     pub duration: HistogramFamily,
     /// Every method's series by path; anything else is `other`.
@@ -129,8 +129,9 @@ impl GrpcMetrics {
         self.series.get(path).unwrap_or(&self.other).clone()
     }
 
-    /// Records one answered request.
-    pub fn record(&self, path: &str, code: tonic::Code, seconds: f64) {
+    /// Records one answered request (the tests' way in; the layer counts and times apart).
+    #[cfg(test)]
+    pub(crate) fn record(&self, path: &str, code: tonic::Code, seconds: f64) {
         let series = self.series(path);
         self.count(&series, code);
         self.time(&series, seconds);
@@ -164,7 +165,7 @@ impl GrpcMetrics {
 }
 
 /// The name of a gRPC status code as Prometheus labels and logs show it (`NOT_FOUND`).
-pub fn code_name(code: tonic::Code) -> &'static str {
+pub(crate) fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
     match code {
         Ok => "OK",
@@ -189,12 +190,12 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 
 /// Layer counting and timing the requests of a tonic server.
 #[derive(Debug, Clone)]
-pub struct GrpcMetricsLayer {
+pub(crate) struct GrpcMetricsLayer {
     metrics: Arc<super::Metrics>,
 }
 
 impl GrpcMetricsLayer {
-    pub fn new(metrics: Arc<super::Metrics>) -> Self {
+    pub(crate) fn new(metrics: Arc<super::Metrics>) -> Self {
         GrpcMetricsLayer { metrics }
     }
 }
@@ -211,7 +212,7 @@ impl<S> tower::Layer<S> for GrpcMetricsLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct GrpcMetricsService<S> {
+pub(crate) struct GrpcMetricsService<S> {
     inner: S,
     metrics: Arc<super::Metrics>,
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use prometheus_client::metrics::histogram::Histogram;
 
 /// Seconds kept.
-pub const WINDOW_SECONDS: usize = 60;
+pub(crate) const WINDOW_SECONDS: usize = 60;
 
 /// Latency buckets of the per-second slots (upper bounds, seconds): 50 µs × 2^n.
 const BUCKETS: usize = 18;

@@ -14,37 +14,37 @@ use super::{Acls, Registration, Registry, RegistryError, Scope, decode_data};
 use crate::acl::{self, Access, AclError, Authorizer};
 use crate::resource;
 
-pub const TOMBSTONE: &str = "internal.v1.Tombstone";
+pub(crate) const TOMBSTONE: &str = "internal.v1.Tombstone";
 /// The record that ACLs were bootstrapped (one, named [`ACL_BOOTSTRAP_NAME`]).
-pub const ACL_BOOTSTRAP: &str = "internal.v1.AclBootstrap";
-pub const ACL_BOOTSTRAP_NAME: &str = "acl-bootstrap";
+pub(crate) const ACL_BOOTSTRAP: &str = "internal.v1.AclBootstrap";
+pub(crate) const ACL_BOOTSTRAP_NAME: &str = "acl-bootstrap";
 /// The records of removed members (`node-<id>`).
-pub const REMOVED_MEMBER: &str = "internal.v1.RemovedMember";
+pub(crate) const REMOVED_MEMBER: &str = "internal.v1.RemovedMember";
 /// The group of the types only the server writes (tombstones).
-pub const INTERNAL_GROUP: &str = "internal";
-pub const PARTITION: &str = "tenancy.v1.Partition";
-pub const NAMESPACE: &str = "tenancy.v1.Namespace";
-pub const ACL_POLICY: &str = "acl.v1.Policy";
-pub const ACL_TOKEN: &str = "acl.v1.Token";
+pub(crate) const INTERNAL_GROUP: &str = "internal";
+pub(crate) const PARTITION: &str = "tenancy.v1.Partition";
+pub(crate) const NAMESPACE: &str = "tenancy.v1.Namespace";
+pub(crate) const ACL_POLICY: &str = "acl.v1.Policy";
+pub(crate) const ACL_TOKEN: &str = "acl.v1.Token";
 /// Types registered at runtime (DESIGN §15).
-pub const REGISTRY_TYPE: &str = "registry.v1.Type";
+pub(crate) const REGISTRY_TYPE: &str = "registry.v1.Type";
 
 /// The type of [`REGISTRY_TYPE`] resources.
-pub fn registry_type() -> proto::resource::v1::Type {
+pub(crate) fn registry_type() -> proto::resource::v1::Type {
     resource::new_type("registry", "v1", "Type")
 }
 /// Leases of controllers placed across replicas (DESIGN §16).
-pub const LEASE: &str = "coordination.v1.Lease";
+pub(crate) const LEASE: &str = "coordination.v1.Lease";
 /// What each replica of a controller outside the server reports of itself (DESIGN §16).
-pub const REPLICA: &str = "coordination.v1.Replica";
+pub(crate) const REPLICA: &str = "coordination.v1.Replica";
 /// The finalizer the type controller holds on every Type: released once every resource of the
 /// type is deleted.
-pub const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
+pub(crate) const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
 
 /// Longest tombstone name: `tombstone-` + a resource name + `-` + a 26-character uid.
-pub const MAX_TOMBSTONE_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
+pub(crate) const MAX_TOMBSTONE_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
 
-pub fn register(registry: &mut Registry) -> Result<(), RegistryError> {
+pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
     let mut tombstone = Registration::new::<internal_v1::Tombstone>(TOMBSTONE, Scope::Any);
     tombstone.max_name_len = MAX_TOMBSTONE_NAME_LEN;
     tombstone.server_written = true;
@@ -176,7 +176,7 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
 }
 
 /// The id of the tombstone that records the deletion of `deleted`.
-pub fn tombstone_id(deleted: &Id) -> Id {
+pub(crate) fn tombstone_id(deleted: &Id) -> Id {
     Id {
         uid: String::new(),
         name: format!("tombstone-{}-{}", deleted.name, deleted.uid.to_lowercase()),
@@ -186,9 +186,9 @@ pub fn tombstone_id(deleted: &Id) -> Id {
 }
 
 /// The group of `Partition` and `Namespace`.
-pub const TENANCY_GROUP: &str = "tenancy";
+pub(crate) const TENANCY_GROUP: &str = "tenancy";
 
-pub fn partition_id(name: &str) -> Id {
+pub(crate) fn partition_id(name: &str) -> Id {
     Id {
         uid: String::new(),
         name: name.to_owned(),
@@ -197,7 +197,7 @@ pub fn partition_id(name: &str) -> Id {
     }
 }
 
-pub fn namespace_id(partition: &str, name: &str) -> Id {
+pub(crate) fn namespace_id(partition: &str, name: &str) -> Id {
     Id {
         uid: String::new(),
         name: name.to_owned(),

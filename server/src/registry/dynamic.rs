@@ -29,7 +29,7 @@ use crate::resource;
 
 /// Groups of the built-in types and packages: no Type may register in them (its package
 /// `resd.<group>.<version>` would share theirs).
-pub const RESERVED_GROUPS: [&str; 9] = [
+pub(crate) const RESERVED_GROUPS: [&str; 9] = [
     "internal",
     "tenancy",
     "acl",
@@ -41,19 +41,19 @@ pub const RESERVED_GROUPS: [&str; 9] = [
     "raft",
 ];
 /// Largest `.proto` source.
-pub const MAX_SCHEMA_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SCHEMA_BYTES: usize = 1 << 20;
 /// Most rules of one type.
-pub const MAX_RULES: usize = 64;
+pub(crate) const MAX_RULES: usize = 64;
 /// Most defaults of one type.
-pub const MAX_DEFAULTS: usize = 64;
+pub(crate) const MAX_DEFAULTS: usize = 64;
 /// Most messages and enums one schema may declare (nested ones included).
-pub const MAX_DECLARATIONS: usize = 256;
+pub(crate) const MAX_DECLARATIONS: usize = 256;
 /// Longest rule expression, message or field path.
 const MAX_RULE_TEXT: usize = 4096;
 /// Deepest expression a rule may nest (evaluating it recurses once per level).
-pub const MAX_RULE_DEPTH: usize = 48;
+pub(crate) const MAX_RULE_DEPTH: usize = 48;
 /// Most evaluation steps a rule may be estimated to take on one resource.
-pub const COST_BUDGET: u64 = 1_000_000;
+pub(crate) const COST_BUDGET: u64 = 1_000_000;
 /// CEL functions that iterate (comprehensions): each level of nesting multiplies the cost.
 const COMPREHENSIONS: [&str; 5] = ["all", "exists", "exists_one", "map", "filter"];
 
@@ -73,7 +73,7 @@ struct Rule {
 
 /// A registered type, ready to use.
 #[derive(Debug)]
-pub struct CompiledType {
+pub(crate) struct CompiledType {
     pub resource_type: proto::resource::v1::Type,
     pub scope: Scope,
     pub message: MessageDescriptor,
@@ -84,18 +84,18 @@ pub struct CompiledType {
 }
 
 /// The file name the server compiles a Type's source as.
-pub fn file_name(t: &pb::Type) -> String {
+pub(crate) fn file_name(t: &pb::Type) -> String {
     format!("resd/{}/{}/{}.proto", t.group, t.group_version, t.kind)
 }
 
 /// The package a Type's source must declare.
-pub fn package(t: &pb::Type) -> String {
+pub(crate) fn package(t: &pb::Type) -> String {
     format!("resd.{}.{}", t.group, t.group_version)
 }
 
 /// Checks a Type as written and compiles its source: the Type to store (its `descriptor_set`
 /// the compiler's), or every problem found, each naming its field.
-pub fn compile(t: &pb::Type) -> Result<pb::Type, String> {
+pub(crate) fn compile(t: &pb::Type) -> Result<pb::Type, String> {
     let mut problems = Vec::new();
     let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
     for violation in resource::type_violations(&resource_type) {
@@ -226,7 +226,7 @@ impl protox::file::FileResolver for SourceResolver {
 }
 
 /// The scope a Type names.
-pub fn scope_of(scope: i32) -> Option<Scope> {
+pub(crate) fn scope_of(scope: i32) -> Option<Scope> {
     match pb::Scope::try_from(scope) {
         Ok(pb::Scope::Cluster) => Some(Scope::Cluster),
         Ok(pb::Scope::Partition) => Some(Scope::Partition),
@@ -237,7 +237,7 @@ pub fn scope_of(scope: i32) -> Option<Scope> {
 
 impl CompiledType {
     /// Builds a type from a stored (compiled) Type: its message, rules and defaults.
-    pub fn load(t: &pb::Type) -> Result<CompiledType, String> {
+    pub(crate) fn load(t: &pb::Type) -> Result<CompiledType, String> {
         let pool = DescriptorPool::decode(t.descriptor_set.as_slice())
             .map_err(|error| format!("data.descriptor_set is not a descriptor set: {error}"))?;
         let message_name = format!("{}.{}", package(t), t.kind);
@@ -275,7 +275,7 @@ impl CompiledType {
 
     /// Sets the defaults on unset fields of `data` (the mutate step). `None` when nothing was
     /// set.
-    pub fn apply_defaults(&self, data: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    pub(crate) fn apply_defaults(&self, data: &[u8]) -> Result<Option<Vec<u8>>, String> {
         if self.defaults.is_empty() {
             return Ok(None);
         }
@@ -293,7 +293,7 @@ impl CompiledType {
 
     /// Checks the rules on `data`: those without `old` always, those with `old` when `old` (the
     /// stored data) is given. Every violation, each naming the rule's field and message.
-    pub fn check_rules(&self, data: &[u8], old: Option<&[u8]>) -> Result<(), String> {
+    pub(crate) fn check_rules(&self, data: &[u8], old: Option<&[u8]>) -> Result<(), String> {
         let relevant: Vec<&Rule> = self
             .rules
             .iter()
@@ -382,7 +382,7 @@ impl CompiledType {
     }
 
     /// Whether any rule reads `old` (the write path then checks on the stored object).
-    pub fn has_transition_rules(&self) -> bool {
+    pub(crate) fn has_transition_rules(&self) -> bool {
         self.rules.iter().any(|rule| rule.uses_old)
     }
 }
@@ -712,7 +712,7 @@ fn compile_default(
 /// Whether `new` may replace `old` (DESIGN §15): the same group, version, kind and scope, and a
 /// wire-compatible schema — fields and enum values may be added, none removed, renumbered,
 /// renamed, retyped or changed in cardinality. Every problem, each naming the field.
-pub fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(), String> {
+pub(crate) fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(), String> {
     let mut problems = Vec::new();
     if old.resource_type != new.resource_type {
         problems.push(format!(
@@ -801,7 +801,7 @@ fn compare_messages(old: &MessageDescriptor, new: &MessageDescriptor, problems: 
 
 /// A registered type's pieces the registry keeps.
 #[derive(Debug, Clone)]
-pub struct Installed {
+pub(crate) struct Installed {
     /// The `registry.v1.Type` resource's name.
     pub name: String,
     pub compiled: Arc<CompiledType>,

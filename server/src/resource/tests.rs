@@ -1,6 +1,7 @@
 //! Tests of the pure resource rules.
 
 use super::*;
+use proto::meta::equal_status;
 use proto::resource::v1::{Resource, Status};
 
 fn check_name_result(name: &str, expected_problem: Option<&str>) {

@@ -85,12 +85,12 @@ fn storage_error(error: Error) -> StorageError {
 /// The resource service's checks for changes forwarded by peers: [`check_record`], then the
 /// tenancy must exist (read here, strongly before concluding it is missing).
 #[derive(Debug)]
-pub struct ForwardAdmission {
+pub(crate) struct ForwardAdmission {
     service: Arc<ResourceService>,
 }
 
 impl ForwardAdmission {
-    pub fn new(service: Arc<ResourceService>) -> Self {
+    pub(crate) fn new(service: Arc<ResourceService>) -> Self {
         ForwardAdmission { service }
     }
 }

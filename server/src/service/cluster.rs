@@ -23,10 +23,10 @@ use crate::storage::raft::types::NodeAddr;
 use crate::tls::{ConnInfo, Dialer, Refusals};
 
 /// The token `AclBootstrap` creates.
-pub const BOOTSTRAP_TOKEN: &str = "initial-management";
+pub(crate) const BOOTSTRAP_TOKEN: &str = "initial-management";
 /// The file in a server's data directory that allows one more bootstrap: it names the reset
 /// index the refusal quoted (Consul's `acl-bootstrap-reset`).
-pub const ACL_BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
+pub(crate) const ACL_BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
 
 /// How long `Members` waits for the leader before answering with this node's own view.
 const LEADER_ANSWER: Duration = Duration::from_secs(1);
@@ -34,7 +34,7 @@ const LEADER_ANSWER: Duration = Duration::from_secs(1);
 /// How long a forwarded membership call may take (adding a voter waits for it to catch up).
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub mod external;
+pub(crate) mod external;
 mod restore;
 
 /// Another member, to forward a call to.
@@ -44,7 +44,7 @@ struct Peer {
 }
 
 #[derive(Debug, Clone)]
-pub struct ClusterGrpc {
+pub(crate) struct ClusterGrpc {
     registry: Arc<Registry>,
     /// Limits restored records and snapshots are checked against.
     max_resource_bytes: usize,
@@ -69,7 +69,7 @@ pub struct ClusterGrpc {
 /// What this node's controllers report for `ListControllers`, asked at each call (the
 /// controller runtime provides it; the service only serves it).
 #[derive(Clone)]
-pub struct ControllerReport(pub Arc<dyn Fn() -> Vec<pb::ControllerInfo> + Send + Sync>);
+pub(crate) struct ControllerReport(pub Arc<dyn Fn() -> Vec<pb::ControllerInfo> + Send + Sync>);
 
 impl std::fmt::Debug for ControllerReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,7 +78,11 @@ impl std::fmt::Debug for ControllerReport {
 }
 
 impl ClusterGrpc {
-    pub fn new(registry: Arc<Registry>, raft: Option<Arc<RaftBackend>>, api_addr: String) -> Self {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        raft: Option<Arc<RaftBackend>>,
+        api_addr: String,
+    ) -> Self {
         ClusterGrpc {
             registry,
             max_resource_bytes: super::DEFAULT_MAX_RESOURCE_BYTES,
@@ -96,20 +100,24 @@ impl ClusterGrpc {
     }
 
     /// The clock of external replicas' reports, for the agent to keep current.
-    pub fn report_clock(&self) -> Arc<external::ReportClock> {
+    pub(crate) fn report_clock(&self) -> Arc<external::ReportClock> {
         self.reports.clone()
     }
 
     /// Reaches other members (forwarding to the leader, asking for their controllers) through
     /// `dialer`; with TLS, also requires a joining node to present its node certificate.
-    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+    pub(crate) fn with_dialer(mut self, dialer: Dialer) -> Self {
         self.dialer = dialer;
         self
     }
 
     /// Checks restores against these limits (the node's `--max-resource-bytes` and
     /// `--max-snapshot-bytes`).
-    pub fn with_limits(mut self, max_resource_bytes: usize, max_snapshot_bytes: u64) -> Self {
+    pub(crate) fn with_limits(
+        mut self,
+        max_resource_bytes: usize,
+        max_snapshot_bytes: u64,
+    ) -> Self {
         self.max_resource_bytes = max_resource_bytes;
         self.max_snapshot_bytes = max_snapshot_bytes;
         self
@@ -117,7 +125,7 @@ impl ClusterGrpc {
 
     /// Authorizes every call with `tokens` (DESIGN §12.3) and bootstraps ACLs through
     /// `service`.
-    pub fn with_acls(
+    pub(crate) fn with_acls(
         mut self,
         tokens: Arc<dyn TokenResolver>,
         service: Arc<super::ResourceService>,
@@ -128,13 +136,13 @@ impl ClusterGrpc {
     }
 
     /// Reports this name in `Status`.
-    pub fn with_cluster_name(mut self, name: String) -> Self {
+    pub(crate) fn with_cluster_name(mut self, name: String) -> Self {
         self.cluster_name = name;
         self
     }
 
     /// Reports these controllers in `ListControllers`.
-    pub fn with_controllers(mut self, controllers: ControllerReport) -> Self {
+    pub(crate) fn with_controllers(mut self, controllers: ControllerReport) -> Self {
         self.controllers = Some(controllers);
         self
     }

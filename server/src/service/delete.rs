@@ -10,7 +10,7 @@ use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
 use crate::storage::StorageError;
 
 impl ResourceService {
-    pub async fn delete(
+    pub(crate) async fn delete(
         &self,
         authorizer: &dyn Authorizer,
         request: DeleteRequest,

@@ -27,7 +27,7 @@ use crate::storage::SharedEvent;
 
 /// A resource as stored.
 #[derive(Debug, Default)]
-pub struct EncodedRead(pub Vec<u8>);
+pub(crate) struct EncodedRead(pub Vec<u8>);
 
 /// An answer that writes its own encoding: the same bytes prost would write for the message
 /// it stands for.
@@ -101,14 +101,14 @@ impl tonic::server::UnaryService<ReadRequest> for ReadEncoded {
 /// `resd.resource.v1.ResourceService`: Read, List and WatchList through [`WireCodec`], the
 /// rest through the generated server.
 #[derive(Debug, Clone)]
-pub struct ResourceApi {
+pub(crate) struct ResourceApi {
     grpc: ResourceGrpc,
     generated: ResourceServiceServer<ResourceGrpc>,
     max_decoding: usize,
 }
 
 impl ResourceApi {
-    pub fn new(grpc: ResourceGrpc, max_decoding: usize) -> Self {
+    pub(crate) fn new(grpc: ResourceGrpc, max_decoding: usize) -> Self {
         ResourceApi {
             generated: ResourceServiceServer::new(grpc.clone())
                 .max_decoding_message_size(max_decoding),

@@ -17,11 +17,11 @@ use crate::acl::{Authorizer, TokenResolver};
 use crate::metrics::WatchMetrics;
 use crate::storage::{Consistency, SharedEvent};
 
-pub use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
+pub(crate) use proto::{CONSISTENCY_HEADER, TOKEN_HEADER};
 
 /// `resd.resource.v1.ResourceService` over a [`ResourceService`].
 #[derive(Debug, Clone)]
-pub struct ResourceGrpc {
+pub(crate) struct ResourceGrpc {
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     watch_metrics: WatchMetrics,
@@ -30,7 +30,7 @@ pub struct ResourceGrpc {
 }
 
 impl ResourceGrpc {
-    pub fn new(service: Arc<ResourceService>, tokens: Arc<dyn TokenResolver>) -> Self {
+    pub(crate) fn new(service: Arc<ResourceService>, tokens: Arc<dyn TokenResolver>) -> Self {
         ResourceGrpc {
             service,
             tokens,
@@ -40,24 +40,24 @@ impl ResourceGrpc {
     }
 
     /// The resource service it serves.
-    pub fn service(&self) -> &Arc<ResourceService> {
+    pub(crate) fn service(&self) -> &Arc<ResourceService> {
         &self.service
     }
 
     /// Ends watches whose client read nothing for `after` while events waited for it.
-    pub fn with_watch_stall_timeout(mut self, after: std::time::Duration) -> Self {
+    pub(crate) fn with_watch_stall_timeout(mut self, after: std::time::Duration) -> Self {
         self.stalls = Arc::new(super::stalls::Stalls::new(after));
         self
     }
 
     /// Counts open watch streams and the events they send into `metrics`.
-    pub fn with_watch_metrics(mut self, metrics: WatchMetrics) -> Self {
+    pub(crate) fn with_watch_metrics(mut self, metrics: WatchMetrics) -> Self {
         self.watch_metrics = metrics;
         self
     }
 
     /// List, answered with each resource as stored (see `service::encoded`).
-    pub async fn list_encoded(
+    pub(crate) async fn list_encoded(
         &self,
         request: Request<ListRequest>,
     ) -> Result<Response<super::read::EncodedList>, Status> {
@@ -97,7 +97,7 @@ impl ResourceGrpc {
     }
 
     /// Read answered with the stored encoding (see `service::encoded`).
-    pub async fn read_encoded(
+    pub(crate) async fn read_encoded(
         &self,
         request: Request<ReadRequest>,
     ) -> Result<Response<super::encoded::EncodedRead>, Status> {
@@ -131,7 +131,7 @@ impl ResourceGrpc {
 
     /// WatchList with the events as the storage shares them (see `service::encoded`: the gRPC
     /// answer writes each event's shared encoding).
-    pub async fn watch_shared(
+    pub(crate) async fn watch_shared(
         &self,
         request: Request<WatchListRequest>,
     ) -> Result<Response<SharedEventStream>, Status> {
@@ -183,7 +183,7 @@ impl ResourceGrpc {
 }
 
 /// A watch's events as the gRPC layer sends them.
-pub type SharedEventStream =
+pub(crate) type SharedEventStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<SharedEvent, Status>> + Send>>;
 
 /// How often an open watch re-checks its token when nothing changed (it may expire).
@@ -261,14 +261,14 @@ fn while_token_valid(
 }
 
 /// The token a request carries (`x-resd-token`, or `authorization: Bearer …`).
-pub fn token_of<T>(request: &Request<T>) -> Result<Option<String>, Error> {
+pub(crate) fn token_of<T>(request: &Request<T>) -> Result<Option<String>, Error> {
     crate::limits::token_in(request.metadata().as_ref())
         .map(|token| token.map(str::to_owned))
         .map_err(Error::from)
 }
 
 /// The authorizer of a request's token.
-pub fn resolve<T>(
+pub(crate) fn resolve<T>(
     tokens: &dyn TokenResolver,
     request: &Request<T>,
 ) -> Result<Arc<dyn Authorizer>, Error> {

@@ -19,11 +19,11 @@ use crate::storage::{
 };
 
 /// The stream WatchList answers with.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> + Send>>;
+pub(crate) type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> + Send>>;
 
 /// WatchList's answer as the storage shares it: each event is the one copy every watcher of the
 /// change holds (see [`SharedEvent::wire`]: the gRPC server encodes it once for all of them).
-pub type SharedWatchStream = Pin<Box<dyn Stream<Item = Result<SharedEvent, Error>> + Send>>;
+pub(crate) type SharedWatchStream = Pin<Box<dyn Stream<Item = Result<SharedEvent, Error>> + Send>>;
 
 /// The grants a watch is checked against, as they are now: the gRPC layer replaces the
 /// authorizer whenever the caller's token or its policies change (DESIGN §12.3: watches follow
@@ -36,7 +36,7 @@ pub(super) fn fixed_grants(authorizer: Arc<dyn Authorizer>) -> LiveGrants {
 }
 
 /// An event as it goes on the wire.
-pub fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
+pub(crate) fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
     let body = match &event.operation {
         Operation::Upsert(resource) => pb::watch_event::Event::Upsert(pb::watch_event::Upsert {
             resource: Some(resource.clone()),
@@ -56,7 +56,7 @@ pub fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
 }
 
 /// An event's `pb::WatchEvent` encoding, made once and shared by every watcher it goes to.
-pub fn wire_event(event: &SharedEvent) -> bytes::Bytes {
+pub(crate) fn wire_event(event: &SharedEvent) -> bytes::Bytes {
     event.wire(|event| prost::Message::encode_to_vec(&pb_event(event)).into())
 }
 
@@ -97,7 +97,7 @@ fn read_error(id: &Id, error: StorageError) -> Error {
 }
 
 impl ResourceService {
-    pub async fn read(
+    pub(crate) async fn read(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
@@ -120,7 +120,7 @@ impl ResourceService {
     /// [`ResourceService::read`] answered with the stored encoding of the resource (the
     /// `resource` of a `ReadResponse`; see `service::encoded`): decoded only when the type's
     /// read hook asks for the resource.
-    pub async fn read_encoded(
+    pub(crate) async fn read_encoded(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
@@ -207,7 +207,7 @@ impl ResourceService {
     }
 
     /// The listed resources decoded: [`Self::list_encoded`] (one filtering path for both).
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
@@ -222,7 +222,7 @@ impl ResourceService {
     /// stored encoding, copied once from the backend's read into the answer; only its id is
     /// read (type version, ACL), and the whole resource only for a type whose read hook needs
     /// it.
-    pub async fn list_encoded(
+    pub(crate) async fn list_encoded(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
@@ -234,7 +234,7 @@ impl ResourceService {
 
     /// [`Self::list_encoded`] for a caller that came through a port's admission: the list's
     /// bytes count against its share as well as the node's, until the answer is dropped.
-    pub async fn list_encoded_for(
+    pub(crate) async fn list_encoded_for(
         &self,
         authorizer: &dyn Authorizer,
         consistency: Consistency,
@@ -273,7 +273,7 @@ impl ResourceService {
         }
     }
 
-    pub async fn list_by_owner(
+    pub(crate) async fn list_by_owner(
         &self,
         authorizer: &dyn Authorizer,
         request: ListByOwnerRequest,
@@ -348,7 +348,7 @@ impl ResourceService {
 
     /// Opens a watch: an Upsert per current match, one EndOfSnapshot, then every change. Errors in
     /// the request are returned before the stream starts; later errors end the stream.
-    pub async fn watch_list(
+    pub(crate) async fn watch_list(
         &self,
         authorizer: Arc<dyn Authorizer>,
         request: WatchListRequest,
@@ -364,7 +364,7 @@ impl ResourceService {
     /// WatchList with the events as the storage shares them. Every event is checked against
     /// the grants of the moment; when they change so that the watch's type and tenancy are no
     /// longer readable, it ends with PermissionDenied.
-    pub async fn watch_list_shared(
+    pub(crate) async fn watch_list_shared(
         &self,
         grants: LiveGrants,
         request: WatchListRequest,
@@ -553,7 +553,7 @@ fn readable(read_acl: &ReadAcl, authorizer: &dyn Authorizer, resource: &Resource
 /// Held in chunks of about [`LIST_CHUNK`] bytes (a resource never spans two), so a long list
 /// never reallocates and copies what it already holds, whatever the allocator.
 #[derive(Debug, Default)]
-pub struct EncodedList {
+pub(crate) struct EncodedList {
     chunks: Vec<Vec<u8>>,
     bytes: usize,
     count: usize,
@@ -567,7 +567,7 @@ pub struct EncodedList {
 /// What a list answer's bytes are charged to (the node's budget, the caller's share), released
 /// when dropped.
 #[derive(Debug)]
-pub struct ListCharges {
+pub(crate) struct ListCharges {
     _node: Option<crate::limits::Charge>,
     _caller: Option<crate::limits::Charge>,
 }
@@ -588,7 +588,7 @@ const LIST_CHUNK: usize = 1 << 20;
 
 impl EncodedList {
     /// An empty list whose bytes count against `budget`, and the caller's share, while it lives.
-    pub fn charged_to(
+    pub(crate) fn charged_to(
         budget: Arc<crate::limits::ByteBudget>,
         caller: Option<&crate::limits::Admitted>,
     ) -> Self {
@@ -605,7 +605,7 @@ impl EncodedList {
     }
 
     /// Appends one resource's encoding, unless a budget it is charged to has no room.
-    pub fn try_push(&mut self, resource: &[u8]) -> Result<(), crate::limits::LimitError> {
+    pub(crate) fn try_push(&mut self, resource: &[u8]) -> Result<(), crate::limits::LimitError> {
         use crate::limits::LimitError;
         let framed = resource.len() + 8;
         if let Some((charge, who)) = self.caller.as_mut() {
@@ -626,7 +626,7 @@ impl EncodedList {
     }
 
     /// Appends one resource's encoding.
-    pub fn push(&mut self, resource: &[u8]) {
+    pub(crate) fn push(&mut self, resource: &[u8]) {
         let framed =
             1 + prost::encoding::encoded_len_varint(resource.len() as u64) + resource.len();
         let room = self
@@ -646,27 +646,24 @@ impl EncodedList {
     }
 
     /// How many resources it holds.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
     /// The length of the encoded `ListResponse`.
-    pub fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         self.bytes
     }
 
     /// The encoded `ListResponse`, in pieces to be written one after the other.
-    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+    pub(crate) fn chunks(&self) -> impl Iterator<Item = &[u8]> {
         self.chunks.iter().map(Vec::as_slice)
     }
 
     /// [`EncodedList::chunks`], handed over, with what they are charged to (keep it until
     /// they are sent).
-    pub fn into_chunks(self) -> (Vec<Vec<u8>>, ListCharges) {
+    pub(crate) fn into_chunks(self) -> (Vec<Vec<u8>>, ListCharges) {
         (
             self.chunks,
             ListCharges {
@@ -677,7 +674,7 @@ impl EncodedList {
     }
 
     /// The list decoded.
-    pub fn decode(&self) -> Result<ListResponse, Error> {
+    pub(crate) fn decode(&self) -> Result<ListResponse, Error> {
         let mut list = ListResponse::default();
         for chunk in self.chunks() {
             // Each chunk holds whole `resources` elements: a `ListResponse` of its own.

@@ -22,13 +22,13 @@ use super::read::SharedWatchStream;
 use crate::storage::{Operation, SharedEvent};
 
 /// How long a watch may wait for its client to read an event it was handed before it is cut.
-pub const STALLED_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const STALLED_AFTER: Duration = Duration::from_secs(30);
 /// How often open watches are looked at.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The open watches of a node, swept for stalled ones.
 #[derive(Debug)]
-pub struct Stalls {
+pub(crate) struct Stalls {
     watches: Mutex<Vec<Weak<Slot>>>,
     stalled_after: Duration,
     /// Set once the sweeping task runs (it stops when this is dropped).
@@ -66,7 +66,7 @@ struct SlotState {
 }
 
 impl Stalls {
-    pub fn new(stalled_after: Duration) -> Stalls {
+    pub(crate) fn new(stalled_after: Duration) -> Stalls {
         Stalls {
             watches: Mutex::default(),
             stalled_after,
@@ -75,7 +75,7 @@ impl Stalls {
     }
 
     /// `events`, cut if its reader stalls. Needs a Tokio runtime (the sweeper runs on it).
-    pub fn watch(self: &Arc<Self>, events: SharedWatchStream) -> Watched {
+    pub(crate) fn watch(self: &Arc<Self>, events: SharedWatchStream) -> Watched {
         let slot = Arc::new(Slot {
             state: Mutex::new(SlotState {
                 events: Some(events),
@@ -134,7 +134,7 @@ impl Stalls {
 
     /// Watches open now.
     #[cfg(test)]
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.lock()
             .iter()
             .filter(|slot| slot.strong_count() > 0)
@@ -161,7 +161,7 @@ async fn sweep(stalls: Weak<Stalls>) {
 }
 
 /// A watch's events, as long as its reader keeps reading (see the module docs).
-pub struct Watched {
+pub(crate) struct Watched {
     slot: Arc<Slot>,
 }
 

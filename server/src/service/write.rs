@@ -32,7 +32,7 @@ struct PreparedWrite {
 }
 
 impl ResourceService {
-    pub async fn write(
+    pub(crate) async fn write(
         &self,
         authorizer: &dyn Authorizer,
         request: WriteRequest,
@@ -70,7 +70,7 @@ impl ResourceService {
 
     /// Runs every check of Write up to and including the hooks, and returns the mutated resource
     /// without storing it.
-    pub async fn mutate_and_validate(
+    pub(crate) async fn mutate_and_validate(
         &self,
         authorizer: &dyn Authorizer,
         request: MutateAndValidateRequest,
@@ -418,7 +418,7 @@ impl ResourceService {
     /// `acl-bootstrap-reset` in the answering server's data directory holds) names the
     /// record's version. A cluster bootstrapped before the record existed (it holds tokens) is
     /// recorded now and refused.
-    pub async fn bootstrap_acls(
+    pub(crate) async fn bootstrap_acls(
         &self,
         accessor: &str,
         secret: &str,
@@ -510,7 +510,7 @@ impl ResourceService {
 
     /// Records that member `node_id` was removed (blind: a later removal of the same id
     /// replaces the record).
-    pub async fn record_removed_member(
+    pub(crate) async fn record_removed_member(
         &self,
         member: proto::internal::v1::RemovedMember,
     ) -> Result<(), Error> {
@@ -541,7 +541,7 @@ impl ResourceService {
     }
 
     /// The record of member `node_id`'s removal, if it was removed.
-    pub async fn removed_member(
+    pub(crate) async fn removed_member(
         &self,
         node_id: u64,
     ) -> Result<Option<proto::internal::v1::RemovedMember>, Error> {
@@ -560,7 +560,7 @@ impl ResourceService {
     }
 
     /// Forgets member `node_id`'s removal (it joined again with an empty data directory).
-    pub async fn forget_removed_member(&self, node_id: u64) -> Result<(), Error> {
+    pub(crate) async fn forget_removed_member(&self, node_id: u64) -> Result<(), Error> {
         let id = removed_member_id(node_id)?;
         let record = match self.backend.read(Consistency::Strong, &id).await {
             Ok(record) => record,
@@ -605,7 +605,7 @@ impl ResourceService {
         }
     }
 
-    pub async fn write_status(
+    pub(crate) async fn write_status(
         &self,
         authorizer: &dyn Authorizer,
         request: WriteStatusRequest,

@@ -10,11 +10,11 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::controller::{
     Action, Controller, InProcess, Placement, ReconcileError, Reconciler, Request, Runtime,
-    map_owner,
 };
 use crate::registry::Registry;
 use crate::service::ResourceService;
 use crate::storage::inmem::InMemBackend;
+use runtime::controller::map_owner;
 
 struct Idle;
 

@@ -20,14 +20,14 @@ use crate::resource;
 
 /// When this server first saw each report's current version.
 #[derive(Debug, Default)]
-pub struct ReportClock {
+pub(crate) struct ReportClock {
     seen: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl ReportClock {
     /// Notes that report `key` is at `version` now (its clock restarts when the version
     /// changes).
-    pub fn saw(&self, key: &str, version: &str) {
+    pub(crate) fn saw(&self, key: &str, version: &str) {
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         match seen.get_mut(key) {
@@ -40,7 +40,7 @@ impl ReportClock {
     }
 
     /// Forgets a report that is gone.
-    pub fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -69,7 +69,7 @@ impl ReportClock {
 }
 
 /// Every replica report in the cluster, as `ListControllers` answers them.
-pub async fn external_replicas(
+pub(crate) async fn external_replicas(
     service: &ResourceService,
     clock: &ReportClock,
 ) -> Result<Vec<pb::ExternalReplica>, Error> {
@@ -102,7 +102,7 @@ pub async fn external_replicas(
 }
 
 /// A report's key in the clock.
-pub fn key_of(stored: &Resource) -> String {
+pub(crate) fn key_of(stored: &Resource) -> String {
     stored
         .id
         .as_ref()
