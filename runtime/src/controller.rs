@@ -128,13 +128,8 @@ pub enum Placement {
     EachReplica,
 }
 
-/// `group.version.Kind`.
-pub fn gvk(resource_type: &Type) -> String {
-    format!(
-        "{}.{}.{}",
-        resource_type.group, resource_type.group_version, resource_type.kind
-    )
-}
+/// `group.version.Kind` (the codec's form).
+pub use proto::codec::gvk;
 
 /// A controller definition. Build with [`Controller::new`] and the `with_*` methods.
 pub struct Controller<A: Api> {

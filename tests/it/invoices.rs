@@ -120,6 +120,16 @@ async fn accepted(client: &Client, invoice: &str, within: Duration) {
 }
 
 /// `resctl apply -f fixtures/teams`: the Invoice and Receipt types, and two invoices.
+/// A one-node cluster (plaintext, no ACLs) with the teams' types and invoices: the cluster,
+/// its API address and a client.
+async fn one_node_with_teams() -> (tests::Cluster, String, Client) {
+    let cluster = tests::Cluster::start(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    apply_teams(&server);
+    (cluster, server, client)
+}
+
 fn apply_teams(server: &str) {
     resctl(
         server,
@@ -264,10 +274,7 @@ async fn lease(client: &Client) -> (String, u64) {
 /// hands no more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_paused_past_its_lease_is_replaced_and_writes_nothing_when_it_resumes() {
-    let cluster = tests::Cluster::start(1).await;
-    let server = cluster.nodes[0].api_addr.clone();
-    let client = cluster.client(0);
-    apply_teams(&server);
+    let (_cluster, server, client) = one_node_with_teams().await;
     let first = Replica::start("replica-1", &server);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     let second = Replica::start("replica-2", &server);
@@ -373,10 +380,7 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
 /// `EachReplica` placement: no lease; every replica reconciles and is listed as running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_placed_on_every_replica_all_run_and_are_listed_running() {
-    let cluster = tests::Cluster::start(1).await;
-    let server = cluster.nodes[0].api_addr.clone();
-    let client = cluster.client(0);
-    apply_teams(&server);
+    let (_cluster, server, client) = one_node_with_teams().await;
     let start = |identity: &str| {
         Replica::start_with(
             identity,
@@ -413,10 +417,7 @@ async fn replicas_placed_on_every_replica_all_run_and_are_listed_running() {
 /// that has not changed for ten of its periods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_report_of_a_killed_replica_is_deleted_after_ten_periods() {
-    let cluster = tests::Cluster::start(1).await;
-    let server = cluster.nodes[0].api_addr.clone();
-    let client = cluster.client(0);
-    apply_teams(&server);
+    let (_cluster, server, client) = one_node_with_teams().await;
     let mut replica = Replica::start("replica-1", &server);
     accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
     let _ = replica.0.kill();

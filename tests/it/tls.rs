@@ -24,15 +24,7 @@ impl DevTls {
         let contexts = tempfile::tempdir().expect("temp dir");
         let written = contexts.path().join("contexts.yaml");
         let mut child = Command::new(tests::binary("resd"))
-            .args([
-                "dev",
-                "--api-port",
-                "0",
-                "--raft-port",
-                "0",
-                "--http-port",
-                "0",
-            ])
+            .args(tests::DEV_ON_FREE_PORTS)
             .env("RUST_LOG", "warn,openraft=error")
             .env("RESCTL_CONFIG", &written)
             // Its data directory goes with the test's (it is killed, not stopped).

@@ -16,6 +16,18 @@ use proto::client::{Client, ClientConfig};
 /// How long a starting node may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `resd dev` on free ports (every port 0): how tests start it, whatever else runs here
+/// (a `resd dev` of the README's on the default ports included).
+pub const DEV_ON_FREE_PORTS: [&str; 7] = [
+    "dev",
+    "--api-port",
+    "0",
+    "--raft-port",
+    "0",
+    "--http-port",
+    "0",
+];
+
 /// A binary of this workspace's build (`resd`, `resctl`), next to the test executable.
 pub fn binary(name: &str) -> PathBuf {
     let executable = std::env::current_exe().expect("the test executable's path");

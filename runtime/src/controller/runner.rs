@@ -335,28 +335,10 @@ async fn work<A: Api>(
             }
             Err(error) => {
                 let delay = queue.add_with_backoff(request.clone());
-                tracing::warn!(controller = name, id = %DisplayId(&request.id), %error, retry_in = ?delay, "reconcile failed");
+                tracing::warn!(controller = name, id = %proto::client::describe::id_label(&request.id), %error, retry_in = ?delay, "reconcile failed");
             }
         }
         stats.set_queue_depth(queue.len());
-    }
-}
-
-/// An id as `group.version.Kind partition/namespace/name`, for logs.
-struct DisplayId<'a>(&'a Id);
-
-impl fmt::Display for DisplayId<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tenancy = self.0.tenancy.clone().unwrap_or_default();
-        let resource_type = self.0.r#type.clone().unwrap_or_default();
-        write!(
-            f,
-            "{} {}/{}/{}",
-            gvk(&resource_type),
-            tenancy.partition,
-            tenancy.namespace,
-            self.0.name
-        )
     }
 }
 

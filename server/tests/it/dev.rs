@@ -24,17 +24,11 @@ async fn resd_dev_runs_a_secure_three_node_cluster_with_a_context_and_stops_clea
     )
     .expect("an existing contexts file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_resd"))
-        .args([
-            "dev",
-            "--api-port",
-            "0",
-            "--raft-port",
-            "0",
-            "--http-port",
-            "0",
-        ])
+        .args(tests::DEV_ON_FREE_PORTS)
         .env("RUST_LOG", "warn,openraft=error")
         .env("RESCTL_CONFIG", &contexts)
+        // Its data directory goes with the test's, however the test ends.
+        .env("TMPDIR", home.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
