@@ -821,17 +821,27 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 ))));
             }
         }
+        // Recorded within the caller's deadline: a leader that removed itself records it
+        // through the next leader, which an election may take a while to name; the removal
+        // itself is done, and the caller hears so in time.
         if let Some(member) = &removed_member
             && let Some(service) = &self.service
-            && let Err(error) = service
-                .record_removed_member(proto::internal::v1::RemovedMember {
-                    node_id: remove.node_id,
-                    raft_addr: member.raft_addr.clone(),
-                    api_addr: member.api_addr.clone(),
-                })
-                .await
         {
-            tracing::warn!(node_id = remove.node_id, %error, "the removal is not recorded: a join of this id with its old data directory is not refused");
+            let record = service.record_removed_member(proto::internal::v1::RemovedMember {
+                node_id: remove.node_id,
+                raft_addr: member.raft_addr.clone(),
+                api_addr: member.api_addr.clone(),
+            });
+            let recorded = tokio::time::timeout_at(deadline.into(), record)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Unavailable(
+                        "the caller's deadline passed first".into(),
+                    ))
+                });
+            if let Err(error) = recorded {
+                tracing::warn!(node_id = remove.node_id, %error, "the removal is not recorded: a join of this id with its old data directory is not refused");
+            }
         }
         if let Some(member) = removed_member
             && remove.node_id != raft.id()
