@@ -14,6 +14,8 @@
 //! - [`metrics`]: the Prometheus registry and its instruments;
 //! - [`http`]: the HTTP server (`/metrics`, health, the HTTP+JSON API);
 //! - [`tls`]: certificates for a cluster (`resd tls`) and the TLS of both ports;
+//! - [`wire`]: bytes written by hand (openraft's values, protobuf framing) and the on-disk
+//!   format number;
 //! - [`agent`]: one running node, assembled from the above, and `resd dev`.
 
 pub(crate) mod acl;
@@ -27,3 +29,4 @@ pub(crate) mod resource;
 pub(crate) mod service;
 pub mod storage;
 pub mod tls;
+pub mod wire;

@@ -22,7 +22,7 @@ use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
 use super::grpc::{ResourceGrpc, SharedEventStream};
-use super::read::{EncodedList, put_resource_field};
+use super::read::EncodedList;
 use crate::storage::SharedEvent;
 
 /// A resource as stored.
@@ -38,7 +38,7 @@ trait WireAnswer: Send + 'static {
 impl WireAnswer for EncodedRead {
     /// As a `ReadResponse`.
     fn write<B: bytes::BufMut>(self, dst: &mut B) {
-        put_resource_field(dst, &self.0);
+        crate::wire::proto::put_bytes_field(crate::wire::proto::RESOURCE_FIELD, &self.0, dst);
     }
 }
 

@@ -572,17 +572,6 @@ pub(crate) struct ListCharges {
     _caller: Option<crate::limits::Charge>,
 }
 
-/// Field 1, wire type 2 (length-delimited): `ListResponse.resources`, `ReadResponse.resource`.
-const RESOURCE_TAG: u8 = 0x0a;
-
-/// Writes a resource's encoding as field 1 of its message (`ListResponse.resources`,
-/// `ReadResponse.resource`): the tag, the length, the bytes.
-pub(crate) fn put_resource_field<B: bytes::BufMut>(dst: &mut B, resource: &[u8]) {
-    dst.put_u8(RESOURCE_TAG);
-    prost::encoding::encode_varint(resource.len() as u64, dst);
-    dst.put_slice(resource);
-}
-
 /// The size an [`EncodedList`] chunk is given (a larger resource gets a chunk of its own size).
 const LIST_CHUNK: usize = 1 << 20;
 
@@ -628,7 +617,7 @@ impl EncodedList {
     /// Appends one resource's encoding.
     pub(crate) fn push(&mut self, resource: &[u8]) {
         let framed =
-            1 + prost::encoding::encoded_len_varint(resource.len() as u64) + resource.len();
+            crate::wire::proto::field_len(crate::wire::proto::RESOURCE_FIELD, resource.len());
         let room = self
             .chunks
             .last()
@@ -640,7 +629,7 @@ impl EncodedList {
             self.chunks.push(Vec::with_capacity(size));
         }
         let chunk = self.chunks.last_mut().expect("a chunk with room");
-        put_resource_field(chunk, resource);
+        crate::wire::proto::put_bytes_field(crate::wire::proto::RESOURCE_FIELD, resource, chunk);
         self.bytes += framed;
         self.count += 1;
     }
@@ -700,10 +689,10 @@ struct VisibleList<'a> {
 impl VisibleList<'_> {
     fn visible(&self, bytes: &[u8]) -> Result<bool, Error> {
         if self.everything_readable {
-            let group_version = crate::storage::encoded_group_version(bytes)?;
+            let group_version = crate::wire::proto::encoded_group_version(bytes)?;
             return Ok(group_version == Some(self.group_version.as_bytes()));
         }
-        let id = <crate::storage::IdOnly as prost::Message>::decode(bytes)
+        let id = <crate::wire::proto::IdOnly as prost::Message>::decode(bytes)
             .map_err(undecodable)?
             .id
             .unwrap_or_default();

@@ -13,7 +13,8 @@ use proto::cluster::v1::{JoinRequest, StatusRequest};
 use proto::raft::v1::raft_service_client::RaftServiceClient;
 use proto::raft::v1::{self as raft_pb};
 use proto::resource::v1::{ReadRequest, WriteRequest};
-use server::storage::raft::types::{TypeConfig, Vote, encode};
+use server::storage::raft::types::{TypeConfig, Vote};
+use server::wire::raft::encode;
 use tonic::Code;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
@@ -71,14 +72,14 @@ fn append_as(leader: u64, term: u64) -> raft_pb::RaftMessage {
         leader_commit: None,
     };
     raft_pb::RaftMessage {
-        payload: encode(&rpc).expect("encode"),
+        payload: encode(&rpc),
     }
 }
 
 fn vote_for(candidate: u64, term: u64) -> raft_pb::RaftMessage {
     let rpc = VoteRequest::<u64>::new(Vote::new(term, candidate), None);
     raft_pb::RaftMessage {
-        payload: encode(&rpc).expect("encode"),
+        payload: encode(&rpc),
     }
 }
 

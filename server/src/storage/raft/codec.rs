@@ -54,14 +54,7 @@ pub fn encode_op(op: &Op) -> Vec<u8> {
 /// changes: the resources are not first copied into protobuf messages (a copy of every write,
 /// on the leader, for nothing).
 fn encode_changes(changes: &[Tagged]) -> Vec<u8> {
-    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len};
-    fn framed_len(tag: u32, len: usize) -> usize {
-        key_len(tag) + encoded_len_varint(len as u64) + len
-    }
-    fn frame(tag: u32, len: usize, buf: &mut Vec<u8>) {
-        encode_key(tag, prost::encoding::WireType::LengthDelimited, buf);
-        encode_varint(len as u64, buf);
-    }
+    use crate::wire::proto::{field_len as framed_len, put_field_header as frame};
     let parts: Vec<ChangeFields> = changes.iter().map(ChangeFields::of).collect();
     if let [one] = parts.as_slice() {
         // One change travels as a plain command (see `command_of`); its oneof tag in `Command`

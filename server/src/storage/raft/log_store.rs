@@ -24,8 +24,9 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError};
 
 use super::schema;
-use super::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote, decode, encode};
+use super::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote};
 use super::wal::{self, Location, Wal, WalError};
+use crate::wire::raft::{decode, encode};
 
 /// How many queued operations one commit takes at most.
 const MAX_BATCH_OPS: usize = 4096;
@@ -476,22 +477,16 @@ impl Writer {
     /// Writes the batch's records and syncs them.
     fn write_batch(&mut self, batch: &[WriteOp]) -> Result<wal::Written, WalError> {
         let mut records = wal::Batch::default();
-        let encoding = |e: bincode::Error| WalError::Encode(e.to_string());
         for op in batch {
             match op {
                 WriteOp::Append(entries, _) => {
                     for entry in entries {
-                        records.entry(entry.log_id.index, &encode(entry).map_err(encoding)?);
+                        records.entry(entry.log_id.index, &encode(entry));
                     }
                 }
                 WriteOp::Truncate(from) => records.truncate(*from),
-                WriteOp::Purge(upto) => {
-                    self.wal
-                        .purge(&mut records, upto.index, &encode(upto).map_err(encoding)?)
-                }
-                WriteOp::Vote(vote, _) => self
-                    .wal
-                    .vote(&mut records, &encode(vote).map_err(encoding)?),
+                WriteOp::Purge(upto) => self.wal.purge(&mut records, upto.index, &encode(upto)),
+                WriteOp::Vote(vote, _) => self.wal.vote(&mut records, &encode(vote)),
             }
         }
         self.wal.write(records)
@@ -589,10 +584,10 @@ fn migrate_lmdb_log(
             wal.vote(&mut records, vote);
         }
         if let Some(bytes) = dbs.meta.get(&rtxn, schema::META_LAST_PURGED)? {
-            let purged: Option<LogId> = decode(bytes).map_err(|e| heed::Error::Decoding(e))?;
+            let purged: Option<LogId> =
+                decode(bytes).map_err(|e| heed::Error::Decoding(Box::new(e)))?;
             if let Some(upto) = purged {
-                let encoded = encode(&upto).map_err(|e| heed::Error::Encoding(e))?;
-                wal.purge(&mut records, upto.index, &encoded);
+                wal.purge(&mut records, upto.index, &encode(&upto));
             }
         }
         for item in dbs.entries.iter(&rtxn)? {

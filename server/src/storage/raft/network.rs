@@ -1,7 +1,7 @@
 //! The Raft network over the internal gRPC service `resd.raft.v1.RaftService`: the client side
 //! openraft uses to reach peers ([`client`]) and the server side that receives their RPCs and
 //! forwarded requests ([`server`]). Values cross the wire through [`super::codec`] (requests,
-//! replies, errors) and bincode (openraft's own messages).
+//! replies, errors) and `crate::wire::raft` (openraft's own messages).
 
 use proto::raft::v1::raft_service_client::RaftServiceClient;
 use tonic::transport::Channel;

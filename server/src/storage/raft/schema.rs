@@ -26,7 +26,7 @@
 //! ```
 //!
 //! Every environment records the on-disk format it was written in (`meta` key `format`, a u32
-//! big-endian). A build opens formats up to [`FORMAT_VERSION`] and refuses newer ones, naming
+//! big-endian). A build opens formats up to [`crate::wire::FORMAT`] and refuses newer ones, naming
 //! both. Environments written before the key existed are format 1.
 
 use std::path::{Path, PathBuf};
@@ -35,6 +35,7 @@ use heed::types::{Bytes, Str, U64, Unit};
 use heed::{CommitOrAbort, Database, Env, EnvOpenOptions, WithoutTls, byteorder::BigEndian};
 
 use crate::storage::StorageKey;
+use crate::wire::FORMAT;
 
 /// Virtual size of the log's memory map (the format marker; up to format 1, the whole log).
 /// Sparse: only written pages use disk.
@@ -281,14 +282,6 @@ pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String
     }
 }
 
-/// The on-disk format this build writes: the layout above and the log entry encoding of
-/// `codec`. Bump it (and teach `open_*` to read the old one) when either changes. Opening an
-/// environment of an older format records this one in it, so an older build refuses it.
-///
-/// 2: the raft log moved from LMDB (`raft/log`) to the write-ahead log (`raft/wal`).
-/// 3: every state machine value is sealed with a checksum of its key and bytes (`sealed`).
-pub const FORMAT_VERSION: u32 = 3;
-
 pub const META_FORMAT: &str = "format";
 pub const META_VOTE: &str = "vote";
 pub const META_LAST_PURGED: &str = "last_purged";
@@ -455,21 +448,21 @@ fn check_format(
             Err(_) => u32::MAX,
         },
         None => {
-            meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
-            FORMAT_VERSION
+            meta.put(&mut wtxn, META_FORMAT, &FORMAT.to_be_bytes())?;
+            FORMAT
         }
     };
-    if found > FORMAT_VERSION {
+    if found > FORMAT {
         wtxn.abort();
         return Err(heed::Error::Io(std::io::Error::other(FormatError {
             dir: dir.to_path_buf(),
             found,
-            supported: FORMAT_VERSION,
+            supported: FORMAT,
         })));
     }
-    if found < FORMAT_VERSION {
+    if found < FORMAT {
         upgrade(&mut wtxn, found)?;
-        meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+        meta.put(&mut wtxn, META_FORMAT, &FORMAT.to_be_bytes())?;
     }
     wtxn.commit()
 }

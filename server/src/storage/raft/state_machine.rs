@@ -23,11 +23,12 @@ use super::schema::{self, LmdbEnv, SmDbs};
 use super::sealed::{self, RecordDamage};
 use super::types::{
     CommandResult, Entry, LogId, RaftStorageError, Snapshot, SnapshotFile, SnapshotMeta,
-    StoredMembership, TypeConfig, decode, encode,
+    StoredMembership, TypeConfig,
 };
 use crate::resource;
 use crate::storage::events::{EventLog, WatchFilter};
 use crate::storage::{StorageError, StorageKey, UnversionedType, Version, Watch};
+use crate::wire::raft::{decode, encode};
 
 mod apply;
 mod export;
@@ -495,7 +496,7 @@ impl SmShared {
                 EntryPayload::Blank => Outcome::default(),
                 EntryPayload::Membership(membership) => {
                     let stored = StoredMembership::new(Some(entry.log_id), membership);
-                    let bytes = encode(&stored).map_err(sm_write_error)?;
+                    let bytes = encode(&stored);
                     put_meta(&sm.dbs, &mut wtxn, schema::META_MEMBERSHIP, &bytes)
                         .map_err(sm_write_error)?;
                     Outcome::default()
@@ -520,7 +521,7 @@ impl SmShared {
             };
             results.push(result);
         }
-        let bytes = encode(&Some(last)).map_err(sm_write_error)?;
+        let bytes = encode(&Some(last));
         put_meta(&sm.dbs, &mut wtxn, schema::META_LAST_APPLIED, &bytes).map_err(sm_write_error)?;
         let used = schema::state_bytes(&sm.env, &sm.dbs, &wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
@@ -646,7 +647,7 @@ impl SmShared {
         if since.is_none() {
             scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
                 let undecodable = |error| heed::Error::Io(std::io::Error::other(error));
-                let head = crate::storage::IdAndVersion::decode(bytes).map_err(undecodable)?;
+                let head = crate::wire::proto::IdAndVersion::decode(bytes).map_err(undecodable)?;
                 let held = head
                     .id
                     .as_ref()

@@ -836,11 +836,10 @@ mod restart {
                     .put(&mut wtxn, &key, &prost::Message::encode_to_vec(&resource))
                     .expect("put");
             }
-            let applied = super::super::types::encode(&Some(LogId::new(
+            let applied = crate::wire::raft::encode(&Some(LogId::new(
                 openraft::CommittedLeaderId::new(1, 1),
                 2,
-            )))
-            .expect("encode");
+            )));
             dbs.meta
                 .put(&mut wtxn, schema::META_LAST_APPLIED, &applied)
                 .expect("put");
@@ -939,7 +938,7 @@ fn a_data_directory_of_a_newer_format_is_refused_naming_both_versions() {
     };
     assert!(
         message.contains("format version 7")
-            && message.contains(&format!("up to {}", super::schema::FORMAT_VERSION)),
+            && message.contains(&format!("up to {}", crate::wire::FORMAT)),
         "{message}"
     );
 }
@@ -951,7 +950,8 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
     use openraft::RaftLogReader;
     use openraft::storage::RaftLogStorage;
 
-    use super::types::{Entry, LogId, Vote, encode};
+    use super::types::{Entry, LogId, Vote};
+    use crate::wire::raft::encode;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let log_id = |index| LogId::new(openraft::CommittedLeaderId::new(4, 2), index);
@@ -965,14 +965,14 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
             .put(
                 &mut wtxn,
                 super::schema::META_VOTE,
-                &encode(&Vote::new_committed(4, 2)).expect("encode"),
+                &encode(&Vote::new_committed(4, 2)),
             )
             .expect("vote");
         dbs.meta
             .put(
                 &mut wtxn,
                 super::schema::META_LAST_PURGED,
-                &encode(&Some(log_id(10))).expect("encode"),
+                &encode(&Some(log_id(10))),
             )
             .expect("purged");
         for index in 11..=20 {
@@ -981,7 +981,7 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
                 payload: openraft::EntryPayload::Blank,
             };
             dbs.entries
-                .put(&mut wtxn, &index, &encode(&entry).expect("encode"))
+                .put(&mut wtxn, &index, &encode(&entry))
                 .expect("entry");
         }
         wtxn.commit().expect("commit");
@@ -1015,7 +1015,7 @@ async fn a_log_kept_in_lmdb_by_an_earlier_resd_is_moved_to_the_write_ahead_log()
     );
     assert_eq!(
         super::schema::format_of(&env, dbs.meta).expect("format"),
-        Some(super::schema::FORMAT_VERSION)
+        Some(crate::wire::FORMAT)
     );
 }
 
@@ -1025,7 +1025,7 @@ fn new_environments_record_the_format_they_were_written_in() {
     let (env, dbs) = super::schema::open_log(dir.path()).expect("open");
     assert_eq!(
         super::schema::format_of(&env, dbs.meta).expect("read"),
-        Some(super::schema::FORMAT_VERSION)
+        Some(crate::wire::FORMAT)
     );
 }
 

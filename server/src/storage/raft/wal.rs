@@ -62,7 +62,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::types::{LogId, Vote, decode};
+use super::types::{LogId, Vote};
+use crate::wire::FORMAT;
+use crate::wire::raft::decode;
 
 /// Size of a segment (a larger batch gets a segment of its own size). Tests use small segments,
 /// so that every raft test also crosses segment boundaries and deletes purged segments.
@@ -70,10 +72,6 @@ use super::types::{LogId, Vote, decode};
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 #[cfg(test)]
 pub const SEGMENT_BYTES: u64 = 256 << 10;
-/// The format this build writes into segment headers, and the newest it reads.
-///
-/// 2: batch markers. 3: the header records the segment's size, and segments are sealed.
-pub const WAL_FORMAT: u32 = 3;
 const PREPARED: &str = "prepared.tmp";
 const FRAME: usize = 8;
 
@@ -111,8 +109,6 @@ pub enum WalError {
         "{path} is missing: {what}; this is not an interrupted write, so entries this node had synced (and may have acknowledged) are lost"
     )]
     Missing { path: PathBuf, what: String },
-    #[error("cannot encode a raft log record: {0}")]
-    Encode(String),
     #[error(
         "{path} holds raft log format version {found}, but this build of resd reads versions up to {supported}: run a newer resd on it (downgrades are not supported)"
     )]
@@ -320,7 +316,7 @@ fn open_segment(path: &Path) -> Result<File, WalError> {
 /// The header and restated vote and purge point segment `seq`, of `size` bytes, starts with.
 fn header_bytes(seq: u64, size: u64, stated: &Stated) -> Vec<u8> {
     let mut batch = Batch::default();
-    let mut header = WAL_FORMAT.to_le_bytes().to_vec();
+    let mut header = FORMAT.to_le_bytes().to_vec();
     header.extend_from_slice(&seq.to_le_bytes());
     header.extend_from_slice(&size.to_le_bytes());
     batch.record(KIND_HEADER, &[&header]);
@@ -551,11 +547,11 @@ impl Wal {
                         .and_then(|b| b.try_into().ok())
                         .map(u32::from_le_bytes)
                         .ok_or_else(|| damaged(0, "a header without a format".into()))?;
-                    if format > WAL_FORMAT {
+                    if format > FORMAT {
                         return Err(WalError::Format {
                             path,
                             found: format,
-                            supported: WAL_FORMAT,
+                            supported: FORMAT,
                         });
                     }
                     if u64_at(&body[4..]) != Some(seq) {
@@ -692,7 +688,7 @@ impl Wal {
             }
             // A segment of an older format is not appended to: its capacity ends where its
             // records do, so the next write starts a new segment.
-            let capacity = if format < WAL_FORMAT {
+            let capacity = if format < FORMAT {
                 offset as u64
             } else {
                 buf.len() as u64
@@ -1079,17 +1075,10 @@ mod tests {
             assert!(replayed.locations.is_empty() && replayed.vote.is_none());
             entries(&mut wal, 1..11, 100);
             let mut batch = Batch::default();
-            wal.vote(
-                &mut batch,
-                &crate::storage::raft::types::encode(&Vote::new(3, 2)).expect("encode"),
-            );
+            wal.vote(&mut batch, &crate::wire::raft::encode(&Vote::new(3, 2)));
             batch.truncate(8);
             batch.entry(8, b"replaced");
-            wal.purge(
-                &mut batch,
-                2,
-                &crate::storage::raft::types::encode(&log_id(1, 2)).expect("encode"),
-            );
+            wal.purge(&mut batch, 2, &crate::wire::raft::encode(&log_id(1, 2)));
             wal.write(batch).expect("write");
         }
         let (_, replayed) = Wal::open(dir.path(), false).expect("reopen");
@@ -1269,8 +1258,7 @@ mod tests {
         file.write_all_at(&header.body, 0).expect("write");
         let message = Wal::open(dir.path(), false).expect_err("newer").to_string();
         assert!(
-            message.contains("format version 9")
-                && message.contains(&format!("up to {WAL_FORMAT}")),
+            message.contains("format version 9") && message.contains(&format!("up to {FORMAT}")),
             "{message}"
         );
     }
@@ -1278,7 +1266,7 @@ mod tests {
     #[test]
     fn purged_segments_are_deleted_and_the_vote_and_purge_point_survive_them() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let encoded_vote = crate::storage::raft::types::encode(&Vote::new(7, 1)).expect("encode");
+        let encoded_vote = crate::wire::raft::encode(&Vote::new(7, 1));
         {
             let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
             let mut batch = Batch::default();
@@ -1291,11 +1279,7 @@ mod tests {
             let last = wal.current_segment();
             assert!(last >= 3, "{last}");
             let mut batch = Batch::default();
-            wal.purge(
-                &mut batch,
-                75,
-                &crate::storage::raft::types::encode(&log_id(2, 75)).expect("encode"),
-            );
+            wal.purge(&mut batch, 75, &crate::wire::raft::encode(&log_id(2, 75)));
             wal.write(batch).expect("purge");
             let first_live = written
                 .iter()
@@ -1335,10 +1319,7 @@ mod tests {
     fn synced_log(dir: &Path) -> Vec<(u64, Location)> {
         let (mut wal, _) = Wal::open(dir, false).expect("open");
         let mut batch = Batch::default();
-        wal.vote(
-            &mut batch,
-            &crate::storage::raft::types::encode(&Vote::new(2, 1)).expect("encode"),
-        );
+        wal.vote(&mut batch, &crate::wire::raft::encode(&Vote::new(2, 1)));
         wal.write(batch).expect("vote");
         let mut written = Vec::new();
         let mut next = 0;

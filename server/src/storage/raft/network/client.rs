@@ -17,8 +17,9 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use super::super::schema;
-use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote, decode, encode};
+use super::super::types::{NodeAddr, NodeId, Snapshot, TypeConfig, Vote};
 use crate::tls::Dialer;
+use crate::wire::raft::{PeerFailure, Wire, decode, encode};
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -117,11 +118,16 @@ impl NetworkClient {
         )))
     }
 
-    fn decode_reply<T: serde::de::DeserializeOwned>(&self, payload: &[u8]) -> RpcResult<T> {
+    fn decode_reply<T: Wire>(&self, payload: &[u8]) -> RpcResult<T> {
         self.contacts.heard(self.target);
-        let reply: Result<T, RaftError<NodeId>> =
+        let reply: Result<T, PeerFailure> =
             decode(payload).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        reply.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+        reply.map_err(|failure| {
+            RPCError::RemoteError(RemoteError::new(
+                self.target,
+                RaftError::Fatal(failure.into_fatal()),
+            ))
+        })
     }
 }
 
@@ -146,7 +152,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         rpc.entries.truncate(keep);
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
 
-        let payload = encode(&rpc).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        let payload = encode(&rpc);
         let response: AppendEntriesResponse<NodeId> = match self
             .link
             .as_ref()
@@ -195,7 +201,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
-        let payload = encode(&rpc).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        let payload = encode(&rpc);
         let mut request = Request::new(pb::RaftMessage { payload });
         request.set_timeout(option.hard_ttl());
         let reply = self
@@ -213,8 +219,7 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
-        let header = encode(&(vote, snapshot.meta.clone()))
-            .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
+        let header = encode(&(vote, snapshot.meta.clone()));
         let file = tokio::fs::File::open(&snapshot.snapshot.path)
             .await
             .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
@@ -226,10 +231,12 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
             reply = send => reply.map_err(|status| StreamingError::Unreachable(self.unreachable(&status)))?,
         };
         self.contacts.heard(self.target);
-        let result: Result<SnapshotResponse<NodeId>, Fatal<NodeId>> =
+        let result: Result<SnapshotResponse<NodeId>, PeerFailure> =
             decode(&reply.into_inner().payload)
                 .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
-        result.map_err(|fatal| StreamingError::RemoteError(RemoteError::new(self.target, fatal)))
+        result.map_err(|failure| {
+            StreamingError::RemoteError(RemoteError::new(self.target, failure.into_fatal()))
+        })
     }
 }
 

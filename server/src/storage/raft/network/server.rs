@@ -18,10 +18,11 @@ use super::super::codec;
 use super::super::op::{Change, Request as Forwarded, Tagged};
 use super::super::schema;
 use super::super::state_machine;
-use super::super::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote, decode, encode};
+use super::super::types::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use super::MAX_MESSAGE_BYTES;
 use crate::storage::{Admission, StorageError, check};
 use crate::tls::{ConnInfo, Refusals};
+use crate::wire::raft::{PeerFailure, Wire, decode, encode};
 
 /// The raft service of one node.
 #[derive(Clone)]
@@ -198,8 +199,9 @@ impl RaftGrpc {
         if let Some(histogram) = &self.append_duration {
             histogram.observe(started.elapsed().as_secs_f64());
         }
-        encode(&answer)
-            .map_err(|error| Status::internal(format!("cannot encode a raft reply: {error}")))
+        Ok(encode(
+            &answer.map_err(|error| PeerFailure(error.to_string())),
+        ))
     }
 }
 
@@ -207,10 +209,14 @@ fn bad_payload(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("undecodable raft payload: {error}"))
 }
 
-fn reply<T: serde::Serialize>(value: &T) -> Result<Response<pb::RaftMessage>, Status> {
-    let payload = encode(value)
-        .map_err(|error| Status::internal(format!("cannot encode a raft reply: {error}")))?;
-    Ok(Response::new(pb::RaftMessage { payload }))
+/// A raft answer: the value, or raft's failure as words.
+fn reply<T: Wire, E: std::fmt::Display>(
+    answer: Result<T, E>,
+) -> Result<Response<pb::RaftMessage>, Status> {
+    let answer = answer.map_err(|error| PeerFailure(error.to_string()));
+    Ok(Response::new(pb::RaftMessage {
+        payload: encode(&answer),
+    }))
 }
 
 /// A received snapshot's directory, removed unless it is handed to raft.
@@ -329,9 +335,9 @@ impl RaftService for RaftGrpc {
             "a vote request",
         )?;
         if let Some(refused) = self.backend.refuse_vote(&rpc) {
-            return reply(&Ok::<_, openraft::error::RaftError<NodeId>>(refused));
+            return reply(Ok::<_, openraft::error::RaftError<NodeId>>(refused));
         }
-        reply(&self.raft.vote(rpc).await)
+        reply(self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(
@@ -429,7 +435,7 @@ impl RaftService for RaftGrpc {
             meta,
             snapshot: receiving,
         };
-        reply(&self.raft.install_full_snapshot(vote, snapshot).await)
+        reply(self.raft.install_full_snapshot(vote, snapshot).await)
     }
 
     async fn removed(

@@ -24,9 +24,7 @@ use super::super::sealed;
 use super::{get_meta, get_sealed, put_meta};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
-use crate::storage::{
-    Operation, ResourceHead, StorageError, StorageKey, Version, WatchEvent, WriteCondition,
-};
+use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition};
 
 type Txn<'t> = heed::RwTxn<'t>;
 
@@ -149,7 +147,8 @@ fn stored_head(
     what: &StorageKey,
 ) -> Result<Result<Option<Resource>, StorageError>, heed::Error> {
     read_stored(dbs, wtxn, key, what, |bytes| {
-        ResourceHead::decode(bytes).map(ResourceHead::into_resource)
+        crate::wire::proto::ResourceHead::decode(bytes)
+            .map(crate::wire::proto::ResourceHead::into_resource)
     })
 }
 

@@ -9,10 +9,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::super::schema;
-use super::super::types::{SnapshotMeta, decode};
+use super::super::types::SnapshotMeta;
 use super::{SmEnv, SmShared, StateMachineStore, applied_index, io};
 use crate::storage::Version;
 use crate::storage::events::{EventLog, HistoryLimits};
+use crate::wire::raft::decode;
 
 impl StateMachineStore {
     /// Opens the state machine under `data_dir`, with the generation recorded in `CURRENT`,

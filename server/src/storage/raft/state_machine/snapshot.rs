@@ -10,12 +10,11 @@ use heed::CompactionOption;
 use openraft::RaftSnapshotBuilder;
 
 use super::super::schema;
-use super::super::types::{
-    RaftStorageError, Snapshot, SnapshotFile, SnapshotMeta, TypeConfig, encode,
-};
+use super::super::types::{RaftStorageError, Snapshot, SnapshotFile, SnapshotMeta, TypeConfig};
 use super::recovery::write_current;
 use super::{SmEnv, SmShared, StateMachineStore, lock, read_applied, snapshot_error};
 use crate::storage::Version;
+use crate::wire::raft::encode;
 
 impl SmShared {
     /// Copies the state machine into a compacted LMDB file and records it as the current snapshot.
@@ -67,11 +66,8 @@ impl SmShared {
             last_membership: membership,
             snapshot_id: snapshot_id.clone(),
         };
-        std::fs::write(
-            building.join(schema::SNAPSHOT_META),
-            encode(&meta).map_err(snapshot_error)?,
-        )
-        .map_err(snapshot_error)?;
+        std::fs::write(building.join(schema::SNAPSHOT_META), encode(&meta))
+            .map_err(snapshot_error)?;
         // The snapshot is what the state machine is rebuilt from after an unclean stop, and the
         // log is purged behind it: it must be on disk before openraft learns of it.
         schema::sync_file(&building.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
@@ -131,11 +127,8 @@ impl SmShared {
         }
         schema::sync_file(&snapshot_dir.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
         schema::write_snapshot_sum(&snapshot_dir).map_err(snapshot_error)?;
-        std::fs::write(
-            snapshot_dir.join(schema::SNAPSHOT_META),
-            encode(&meta).map_err(snapshot_error)?,
-        )
-        .map_err(snapshot_error)?;
+        std::fs::write(snapshot_dir.join(schema::SNAPSHOT_META), encode(&meta))
+            .map_err(snapshot_error)?;
         schema::sync_file(&snapshot_dir.join(schema::SNAPSHOT_META)).map_err(snapshot_error)?;
         if let Some(snapshots) = snapshot_dir.parent() {
             schema::sync_dir(snapshots).map_err(snapshot_error)?;
