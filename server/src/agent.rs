@@ -37,8 +37,9 @@ use crate::service::{self, ResourceService};
 use crate::storage::Backend;
 use crate::storage::events::HistoryLimits;
 use crate::storage::inmem::InMemBackend;
-use crate::storage::raft::backend::{RaftBackend, RaftOptions, RaftStartError};
+use crate::storage::raft::backend::RaftBackend;
 use crate::storage::raft::network::RaftGrpc;
+use crate::storage::raft::node::{RaftNode, RaftOptions, RaftStartError};
 use crate::storage::raft::schema::{DirLock, LockError};
 use crate::storage::raft::types::NodeAddr;
 use crate::tls::{Dialer, NodeTls, Refusals, TlsError, TlsSettings};
@@ -185,10 +186,10 @@ impl Default for AgentConfig {
             storage: StorageKind::Raft,
             snapshot_every: 10_000,
             max_resource_bytes: service::DEFAULT_MAX_RESOURCE_BYTES,
-            max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
-            disk_reserve_bytes: crate::storage::raft::backend::DEFAULT_DISK_RESERVE,
+            max_snapshot_bytes: crate::storage::raft::node::DEFAULT_MAX_SNAPSHOT_BYTES,
+            disk_reserve_bytes: crate::storage::raft::node::DEFAULT_DISK_RESERVE,
             quota_bytes: crate::storage::raft::schema::DEFAULT_QUOTA_BYTES,
-            max_lag_entries: crate::storage::raft::backend::DEFAULT_MAX_LAG_ENTRIES,
+            max_lag_entries: crate::storage::raft::node::DEFAULT_MAX_LAG_ENTRIES,
             watch_history_bytes: crate::storage::events::DEFAULT_HISTORY_BYTES,
             forward_timeout_ms: 10_000,
             reaper_second_pass_ms: 1_000,
@@ -268,7 +269,7 @@ pub struct Agent {
     /// The data directory, held for as long as the node runs.
     data_dir_lock: Option<DirLock>,
     api_listener: TcpListener,
-    raft: Option<(Arc<RaftBackend>, TcpListener)>,
+    raft: Option<(Arc<RaftNode>, TcpListener)>,
     service: Arc<ResourceService>,
     tokens: Arc<dyn TokenResolver>,
     /// With ACLs on, the token cache the agent keeps current.
@@ -456,10 +457,10 @@ impl Agent {
                 options.dialer = dialer.clone();
                 options.cluster_name = config.cluster_name.clone();
                 options.metrics = metrics.storage.clone();
-                let backend = RaftBackend::open(options).await?;
+                let node = RaftNode::open(options).await?;
                 (
-                    backend.clone() as Arc<dyn Backend>,
-                    Some((backend, raft_listener)),
+                    Arc::new(RaftBackend::new(node.clone())) as Arc<dyn Backend>,
+                    Some((node, raft_listener)),
                 )
             }
         };
@@ -718,7 +719,7 @@ impl Agent {
 /// every client UNAVAILABLE for good, and a process that stays up is never restarted by its
 /// supervisor.
 async fn stop_when_raft_cannot_go_on(
-    raft: Arc<RaftBackend>,
+    raft: Arc<RaftNode>,
     stopped_by: Arc<std::sync::Mutex<Option<AgentError>>>,
     shutdown: CancellationToken,
 ) {
@@ -765,7 +766,7 @@ impl Network {
 /// What `/metrics` reads at each scrape: raft's indexes, the controllers' counters and queues,
 /// resource counts and LMDB sizes.
 fn sampler(
-    raft: Option<Arc<RaftBackend>>,
+    raft: Option<Arc<RaftNode>>,
     controllers: std::collections::BTreeMap<String, crate::controller::manager::Registered>,
 ) -> crate::metrics::Sampler {
     Arc::new(move || {
@@ -789,7 +790,7 @@ fn sampler(
         Sample {
             raft: Some(RaftSample {
                 term: status.term,
-                is_leader: status.role == crate::storage::raft::backend::Role::Leader,
+                is_leader: status.role == crate::storage::raft::node::Role::Leader,
                 commit_index: status.commit_index,
                 applied_index: status.applied_index,
             }),
@@ -803,7 +804,7 @@ fn sampler(
 /// One info line per leadership and membership change this node sees (snapshots and restores
 /// log where they happen), and the leader-change counter.
 async fn log_cluster_changes(
-    raft: Arc<RaftBackend>,
+    raft: Arc<RaftNode>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -851,7 +852,7 @@ async fn log_cluster_changes(
 async fn start_raft(
     config: &AgentConfig,
     net: &Network,
-    raft: &Arc<RaftBackend>,
+    raft: &Arc<RaftNode>,
     listener: TcpListener,
     service: &Arc<ResourceService>,
     shutdown: &CancellationToken,
@@ -941,7 +942,7 @@ async fn retry_until_done<F, Fut>(
 /// cluster's members from `target`, so that their raft RPCs are accepted before this node's own
 /// log names them (with TLS, the raft port admits members only).
 async fn join_until_member(
-    raft: Arc<RaftBackend>,
+    raft: Arc<RaftNode>,
     dialer: Dialer,
     token: Option<String>,
     target: String,

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
-use crate::storage::raft::backend::RaftBackend;
+use crate::storage::raft::node::RaftNode;
 use crate::tls::accept::Listening;
 
 /// What the handlers need: the two gRPC services they call, the node's raft (for readiness)
@@ -34,7 +34,7 @@ use crate::tls::accept::Listening;
 pub(crate) struct HttpState {
     pub resources: ResourceGrpc,
     pub cluster: ClusterGrpc,
-    pub raft: Option<Arc<RaftBackend>>,
+    pub raft: Option<Arc<RaftNode>>,
     pub registry: Arc<crate::registry::Registry>,
     /// Tokens, for `/metrics` (operator read with ACLs on).
     pub tokens: Arc<dyn crate::acl::TokenResolver>,

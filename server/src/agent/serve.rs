@@ -16,8 +16,8 @@ use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::service::ResourceService;
 use crate::service::cluster::ClusterGrpc;
 use crate::service::grpc::ResourceGrpc;
-use crate::storage::raft::backend::RaftBackend;
 use crate::storage::raft::network::RaftGrpc;
+use crate::storage::raft::node::RaftNode;
 use crate::tls::accept::Listening;
 
 /// Room above the resource limit for the request envelope, so an oversized resource reaches the
@@ -90,7 +90,7 @@ pub(super) async fn serve_api(
     listener: TcpListener,
     listening: Listening,
     api: Api,
-    raft: Option<Arc<RaftBackend>>,
+    raft: Option<Arc<RaftNode>>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let Api {

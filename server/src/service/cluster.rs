@@ -18,7 +18,7 @@ use super::Error;
 
 use crate::acl::{self, Access, AclsDisabled, TokenResolver};
 use crate::registry::{Registry, Scope};
-use crate::storage::raft::backend::{RaftBackend, Role};
+use crate::storage::raft::node::{RaftNode, Role};
 use crate::storage::raft::types::NodeAddr;
 use crate::tls::{ConnInfo, Dialer, Refusals};
 
@@ -49,7 +49,7 @@ pub(crate) struct ClusterGrpc {
     /// Limits restored records and snapshots are checked against.
     max_resource_bytes: usize,
     max_snapshot_bytes: u64,
-    raft: Option<Arc<RaftBackend>>,
+    raft: Option<Arc<RaftNode>>,
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
     cluster_name: String,
@@ -80,13 +80,13 @@ impl std::fmt::Debug for ControllerReport {
 impl ClusterGrpc {
     pub(crate) fn new(
         registry: Arc<Registry>,
-        raft: Option<Arc<RaftBackend>>,
+        raft: Option<Arc<RaftNode>>,
         api_addr: String,
     ) -> Self {
         ClusterGrpc {
             registry,
             max_resource_bytes: super::DEFAULT_MAX_RESOURCE_BYTES,
-            max_snapshot_bytes: crate::storage::raft::backend::DEFAULT_MAX_SNAPSHOT_BYTES,
+            max_snapshot_bytes: crate::storage::raft::node::DEFAULT_MAX_SNAPSHOT_BYTES,
             raft,
             api_addr,
             cluster_name: String::new(),
@@ -165,7 +165,7 @@ impl ClusterGrpc {
     }
 
     /// The raft backend, for calls a removed node cannot serve.
-    fn raft(&self) -> Result<&Arc<RaftBackend>, Status> {
+    fn raft(&self) -> Result<&Arc<RaftNode>, Status> {
         let raft = self.any_raft()?;
         match raft.removed() {
             Some(why) => Err(Status::from(Error::Removed(why))),
@@ -174,7 +174,7 @@ impl ClusterGrpc {
     }
 
     /// The raft backend, also of a removed node (its status).
-    fn any_raft(&self) -> Result<&Arc<RaftBackend>, Status> {
+    fn any_raft(&self) -> Result<&Arc<RaftNode>, Status> {
         self.raft.as_ref().ok_or_else(|| {
             Status::from(Error::FailedPrecondition(
                 "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one".into(),
@@ -185,7 +185,7 @@ impl ClusterGrpc {
     /// The members as this node knows them. The leader's view (`leading`) adds who leads,
     /// matches, lags and reachability; another node's own view (no leader answers) has none of
     /// them and says so (`no_leader`).
-    fn members_view(raft: &RaftBackend, leading: bool) -> MembersResponse {
+    fn members_view(raft: &RaftNode, leading: bool) -> MembersResponse {
         let status = raft.status();
         let members = raft
             .members()
@@ -220,7 +220,7 @@ impl ClusterGrpc {
     }
 
     /// The leader's API address when another node leads; `None` when this node leads.
-    fn leader_elsewhere(&self, raft: &RaftBackend) -> Result<Option<Peer>, Status> {
+    fn leader_elsewhere(&self, raft: &RaftNode) -> Result<Option<Peer>, Status> {
         let status = raft.status();
         match status.leader {
             Some((id, _)) if id == status.node_id => Ok(None),

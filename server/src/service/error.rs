@@ -4,7 +4,7 @@ use proto::reason::{Details, Reason};
 
 use crate::acl::{AclError, Unauthenticated};
 use crate::storage::StorageError;
-use crate::storage::raft::backend::MembershipError;
+use crate::storage::raft::node::MembershipError;
 
 /// Everything a resource or cluster service call can fail with. Each variant is one gRPC code;
 /// the message is what the client sees.

@@ -10,8 +10,11 @@
 //! - [`log_store`]: the Raft log, with group commit;
 //! - [`state_machine`]: apply, recovery, raft snapshots, operator export, local reads;
 //! - [`network`]: the internal gRPC service between nodes (client and server sides);
-//! - [`backend`]: [`backend::RaftBackend`], the storage contract over the Raft group (proposer,
-//!   forwarding, status and membership).
+//! - [`node`]: [`node::RaftNode`], one node of the group: its lifecycle, the proposer,
+//!   forwarding to the leader, read-index rounds, readiness, pre-vote, repair and status;
+//! - [`backend`]: [`backend::RaftBackend`], the storage contract over a node (thin).
+//!
+//! Membership (join, add voter, remove, transfer, peer admission) is `crate::cluster`'s.
 
 // openraft's storage traits fix the error type, and it is large.
 #![allow(clippy::result_large_err)]
@@ -21,6 +24,7 @@ pub mod codec;
 pub mod disk;
 pub mod log_store;
 pub mod network;
+pub mod node;
 pub mod op;
 pub mod schema;
 pub mod sealed;

@@ -25,7 +25,7 @@ use crate::registry::{Registry, Scope, builtin};
 use crate::resource::{self, DisplayId};
 use crate::service::Error;
 use crate::service::admission::check_record;
-use crate::storage::raft::backend::RestoreChunks;
+use crate::storage::raft::node::RestoreChunks;
 use crate::storage::{StorageError, StorageKey};
 
 /// Longest preamble accepted before the header must have arrived.

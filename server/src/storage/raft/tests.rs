@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use openraft::testing::{StoreBuilder, Suite};
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{RaftBackend, RaftOptions};
+use super::backend::RaftBackend;
 use super::log_store::LogStore;
 use super::network;
+use super::node::{RaftNode, RaftOptions};
 use super::state_machine::StateMachineStore;
 use super::types::{Entry, LogId, NodeAddr, RaftStorageError, TypeConfig};
 
@@ -47,7 +48,7 @@ fn lmdb_log_store_and_state_machine_pass_the_openraft_suite() -> Result<(), Raft
 
 /// Raft nodes in this process, each with its own data directory and raft server on loopback.
 pub(super) struct TestCluster {
-    pub nodes: Vec<Arc<RaftBackend>>,
+    pub nodes: Vec<Arc<RaftNode>>,
     shutdown: CancellationToken,
     /// Raft servers; they end when `shutdown` is cancelled.
     _servers: Vec<tokio::task::JoinHandle<()>>,
@@ -91,7 +92,7 @@ impl TestCluster {
             options.forward_timeout = forward_timeout;
             options.election_timeout = (Duration::from_millis(300), Duration::from_millis(600));
             configure(&mut options);
-            let backend = RaftBackend::open(options).await.expect("open raft backend");
+            let backend = RaftNode::open(options).await.expect("open raft backend");
             let grpc = network::RaftGrpc::new(backend.clone(), Arc::new(StorableOnly));
             let token = shutdown.clone();
             servers.push(tokio::spawn(async move {
@@ -177,9 +178,21 @@ impl Member {
 }
 
 impl std::ops::Deref for Member {
-    type Target = RaftBackend;
-    fn deref(&self) -> &RaftBackend {
+    type Target = RaftNode;
+    fn deref(&self) -> &RaftNode {
         &self.cluster.nodes[self.index]
+    }
+}
+
+/// The storage contract over `node`.
+pub(super) fn storage(node: &Arc<RaftNode>) -> RaftBackend {
+    RaftBackend::new(node.clone())
+}
+
+impl Member {
+    /// The storage contract over this node.
+    pub(super) fn backend(&self) -> RaftBackend {
+        RaftBackend::new(self.cluster.nodes[self.index].clone())
     }
 }
 
@@ -196,28 +209,28 @@ impl crate::storage::Backend for Member {
         consistency: crate::storage::Consistency,
         id: &proto::resource::v1::Id,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        (**self).read(consistency, id).await
+        self.backend().read(consistency, id).await
     }
     async fn read_encoded(
         &self,
         consistency: crate::storage::Consistency,
         id: &proto::resource::v1::Id,
     ) -> Result<Vec<u8>, crate::storage::StorageError> {
-        (**self).read_encoded(consistency, id).await
+        self.backend().read_encoded(consistency, id).await
     }
     async fn write_cas_as(
         &self,
         resource: proto::resource::v1::Resource,
         actor: &str,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        (**self).write_cas_as(resource, actor).await
+        self.backend().write_cas_as(resource, actor).await
     }
     async fn write_merged_as(
         &self,
         resource: proto::resource::v1::Resource,
         actor: &str,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        (**self).write_merged_as(resource, actor).await
+        self.backend().write_merged_as(resource, actor).await
     }
     async fn delete_cas_as(
         &self,
@@ -225,7 +238,7 @@ impl crate::storage::Backend for Member {
         version: &str,
         actor: &str,
     ) -> Result<(), crate::storage::StorageError> {
-        (**self).delete_cas_as(id, version, actor).await
+        self.backend().delete_cas_as(id, version, actor).await
     }
     async fn list(
         &self,
@@ -234,7 +247,7 @@ impl crate::storage::Backend for Member {
         tenancy: &proto::resource::v1::Tenancy,
         name_prefix: &str,
     ) -> Result<Vec<proto::resource::v1::Resource>, crate::storage::StorageError> {
-        (**self)
+        self.backend()
             .list(consistency, resource_type, tenancy, name_prefix)
             .await
     }
@@ -246,7 +259,7 @@ impl crate::storage::Backend for Member {
         name_prefix: &str,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), crate::storage::StorageError> {
-        (**self)
+        self.backend()
             .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
             .await
     }
@@ -254,7 +267,7 @@ impl crate::storage::Backend for Member {
         &self,
         owner: &proto::resource::v1::Id,
     ) -> Result<Vec<proto::resource::v1::Resource>, crate::storage::StorageError> {
-        (**self).list_by_owner(owner).await
+        self.backend().list_by_owner(owner).await
     }
     async fn watch_list(
         &self,
@@ -263,12 +276,12 @@ impl crate::storage::Backend for Member {
         name_prefix: &str,
         since: Option<crate::storage::Version>,
     ) -> Result<crate::storage::Watch, crate::storage::StorageError> {
-        (**self)
+        self.backend()
             .watch_list(resource_type, tenancy, name_prefix, since)
             .await
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
-        (**self).group_stamp(group)
+        self.backend().group_stamp(group)
     }
 }
 
@@ -308,7 +321,7 @@ async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_dead
     let survivor = &cluster.nodes[2];
     let fixture = crate::storage::conformance::Fixture::new();
     let started = Instant::now();
-    let error = survivor
+    let error = storage(&survivor)
         .write_cas(fixture.artist("lonely"))
         .await
         .expect_err("no quorum");
@@ -323,7 +336,7 @@ async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_dead
         "and gave up after its deadline, not never: {waited:?}"
     );
     // An eventual read still answers from local state.
-    let missing = survivor
+    let missing = storage(&survivor)
         .read(
             crate::storage::Consistency::Eventual,
             &fixture.artist("lonely").id.unwrap_or_default(),
@@ -341,7 +354,7 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
     use crate::storage::{Backend, Operation, Version};
 
     let member = Member::leader_of_three().await;
-    let backend: &RaftBackend = &member;
+    let backend = member.backend();
     let fixture = crate::storage::conformance::Fixture::new();
     let everything = crate::storage::conformance::tenancy("*", "*");
     let mut watch = backend
@@ -357,7 +370,7 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
     for index in 0..200 {
         let resource = fixture.artist(&format!("batched-{index}"));
         let cluster = member.cluster.clone();
-        writers.spawn(async move { cluster.nodes[0].write_cas(resource).await });
+        writers.spawn(async move { storage(&cluster.nodes[0]).write_cas(resource).await });
     }
     let mut versions = BTreeSet::new();
     while let Some(result) = writers.join_next().await {
@@ -370,7 +383,7 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
         versions.iter().any(|version| version.position > 0),
         "some writes shared an entry (group commit)"
     );
-    let stats = backend.status();
+    let stats = backend.node().status();
     assert!(
         stats.log_operations > stats.log_commits,
         "more writes than log commits: {stats:?}"
@@ -496,7 +509,11 @@ async fn concurrent_merged_writes_from_one_read_all_land() {
         let mut write = first.clone();
         write.metadata.insert("writer".into(), n.to_string());
         let cluster = member.cluster.clone();
-        writers.spawn(async move { cluster.nodes[n % 3].write_merged_as(write, "").await });
+        writers.spawn(async move {
+            storage(&cluster.nodes[n % 3])
+                .write_merged_as(write, "")
+                .await
+        });
     }
     let mut versions = BTreeSet::new();
     while let Some(result) = writers.join_next().await {
@@ -509,7 +526,7 @@ async fn concurrent_merged_writes_from_one_read_all_land() {
         let node = member.cluster.nodes[2].clone();
         let id = first.id.clone().unwrap_or_default();
         async move {
-            let read = node
+            let read = storage(&node)
                 .read(Consistency::Eventual, &id)
                 .await
                 .map_err(|e| format!("{e:?}"))?;
@@ -540,7 +557,7 @@ async fn two_writes_to_one_resource_in_a_batch_follow_cas() {
         let mut update = created.clone();
         update.metadata.insert("writer".into(), index.to_string());
         let cluster = member.cluster.clone();
-        writers.spawn(async move { cluster.nodes[0].write_cas(update).await });
+        writers.spawn(async move { storage(&cluster.nodes[0]).write_cas(update).await });
     }
     let mut wins = 0;
     while let Some(result) = writers.join_next().await {
@@ -564,7 +581,7 @@ async fn a_request_deadline_shorter_than_the_forward_timeout_ends_the_wait() {
     let started = Instant::now();
     let result = deadline::scope(
         Some(Instant::now() + Duration::from_millis(800)),
-        cluster.nodes[2].write_cas(fixture.artist("hurry")),
+        storage(&cluster.nodes[2]).write_cas(fixture.artist("hurry")),
     )
     .await;
     assert!(
@@ -902,7 +919,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
         "{delete:?}"
     );
     // Every node applied (and refused) those entries and goes on applying.
-    let written = cluster.nodes[1]
+    let written = storage(&cluster.nodes[1])
         .write_cas(fixture.artist("fine"))
         .await
         .expect("a later write");
@@ -912,7 +929,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
         while node.state_machine().last_applied_index() < index && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let read = node
+        let read = storage(&node)
             .read(Consistency::Eventual, written.id.as_ref().expect("id"))
             .await
             .expect("applied everywhere");
@@ -1118,7 +1135,11 @@ async fn a_node_whose_raft_stopped_says_so() {
     // A state machine that refuses to apply (closed under raft's feet) stops raft for good.
     node.state_machine().close_cleanly().expect("close");
     let fixture = crate::storage::conformance::Fixture::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), node.write_cas(fixture.artist("x"))).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        storage(&node).write_cas(fixture.artist("x")),
+    )
+    .await;
     let reason = tokio::time::timeout(Duration::from_secs(10), halted)
         .await
         .expect("halted in time")
@@ -1139,11 +1160,11 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
 
     let cluster = TestCluster::start(3).await;
     let fixture = crate::storage::conformance::Fixture::new();
-    let created = cluster.nodes[1]
+    let created = storage(&cluster.nodes[1])
         .write_cas(fixture.artist("register"))
         .await
         .expect("create");
-    let mut watch = cluster.nodes[2]
+    let mut watch = storage(&cluster.nodes[2])
         .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", None)
         .await
         .expect("watch");
@@ -1330,14 +1351,14 @@ async fn a_node_that_led_stands_for_a_new_term_instead_of_resuming_its_old_one()
             .expect("save vote");
     }
     let mut log = LogStore::open(dir.path()).expect("reopen");
-    super::backend::resign_restored_leadership(&mut log, 1)
+    super::node::resign_restored_leadership(&mut log, 1)
         .await
         .expect("resign");
     assert_eq!(log.read_vote().await.expect("read"), Some(Vote::new(5, 1)));
     log.save_vote(&Vote::new_committed(6, 2))
         .await
         .expect("save vote");
-    super::backend::resign_restored_leadership(&mut log, 1)
+    super::node::resign_restored_leadership(&mut log, 1)
         .await
         .expect("resign");
     assert_eq!(
@@ -1362,7 +1383,7 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
     let stats = follower.log_stats();
     let stalled = stats.stall.write().await;
     for i in 0..60 {
-        leader
+        storage(leader)
             .write_cas(fixture.artist(&format!("while-a-follower-stalls-{i}")))
             .await
             .expect("committed by the leader and the other follower");
@@ -1381,7 +1402,7 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
     assert!(reason.contains("entries behind the leader"), "{reason}");
     assert!(follower.serving().is_err());
     let written = fixture.artist("while-a-follower-stalls-0");
-    let refused = follower
+    let refused = storage(&follower)
         .read(Consistency::Eventual, written.id.as_ref().expect("id"))
         .await
         .expect_err("a lagging follower refuses reads");

@@ -13,8 +13,8 @@ use proto::raft::v1::{self as pb};
 use tokio::io::AsyncWriteExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::super::backend::RaftBackend;
 use super::super::codec;
+use super::super::node::RaftNode;
 use super::super::op::{Change, Request as Forwarded, Tagged};
 use super::super::schema;
 use super::super::state_machine;
@@ -28,7 +28,7 @@ use crate::wire::raft::{PeerFailure, Wire, decode, encode};
 #[derive(Clone)]
 pub struct RaftGrpc {
     raft: Raft,
-    backend: Arc<RaftBackend>,
+    backend: Arc<RaftNode>,
     admission: Arc<dyn Admission>,
     /// With TLS: callers must be members, known by their node certificates.
     verify_peers: bool,
@@ -46,7 +46,7 @@ pub struct RaftGrpc {
 const ASK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl RaftGrpc {
-    pub fn new(backend: Arc<RaftBackend>, admission: Arc<dyn Admission>) -> Self {
+    pub fn new(backend: Arc<RaftNode>, admission: Arc<dyn Admission>) -> Self {
         RaftGrpc {
             raft: backend.raft().clone(),
             backend,

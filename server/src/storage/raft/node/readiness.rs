@@ -8,7 +8,7 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use super::super::op::{self, Request};
-use super::RaftBackend;
+use super::RaftNode;
 use crate::storage::StorageError;
 
 /// Whether this node may serve reads.
@@ -75,9 +75,9 @@ impl Readiness {
 /// Pause between tries to learn the leader's commit index.
 const RETRY: Duration = Duration::from_millis(200);
 
-impl RaftBackend {
+impl RaftNode {
     /// `Ok` when this node may serve reads, else why not (`CatchingUp`: Unavailable).
-    pub(super) fn check_ready(&self) -> Result<(), StorageError> {
+    pub(in crate::storage::raft) fn check_ready(&self) -> Result<(), StorageError> {
         match &*self.readiness.borrow() {
             Readiness::Ready => Ok(()),
             Readiness::Removed(why) => Err(StorageError::Removed(why.clone())),
@@ -146,7 +146,7 @@ impl RaftBackend {
 /// Marks the node `Damaged` once its state machine finds damage (the agent then stops it, to
 /// restart and rebuild). Holds the backend weakly: it ends when the node goes.
 pub(super) async fn watch_damage(
-    backend: Weak<RaftBackend>,
+    backend: Weak<RaftNode>,
     mut damage: tokio::sync::watch::Receiver<Option<String>>,
 ) {
     let Ok(found) = damage.wait_for(Option::is_some).await else {
@@ -166,7 +166,7 @@ const LAG_EVERY: Duration = Duration::from_secs(1);
 /// commit index (a read index) and is `Lagging` while it is more than `threshold` entries
 /// behind, `Ready` again once within half of it. Leaves every other state alone (catching up,
 /// repairing, removed). Holds the backend weakly: it ends when the node goes.
-pub(super) async fn watch_lag(backend: Weak<RaftBackend>, threshold: u64) {
+pub(super) async fn watch_lag(backend: Weak<RaftNode>, threshold: u64) {
     loop {
         tokio::time::sleep(LAG_EVERY).await;
         let Some(node) = backend.upgrade() else {
@@ -225,7 +225,7 @@ pub(super) async fn watch_lag(backend: Weak<RaftBackend>, threshold: u64) {
 
 /// Learns the leader's commit index (a read index), waits until this node has applied it, and
 /// declares the node ready. Holds the backend weakly: it ends when the node goes.
-pub(super) async fn catch_up(backend: Weak<RaftBackend>) {
+pub(super) async fn catch_up(backend: Weak<RaftNode>) {
     loop {
         let Some(node) = backend.upgrade() else {
             return;

@@ -31,7 +31,7 @@ use openraft::raft::{VoteRequest, VoteResponse};
 
 use super::super::schema;
 use super::super::types::{NodeId, Raft};
-use super::RaftBackend;
+use super::RaftNode;
 use super::readiness::Readiness;
 
 /// The voters this data directory knows of: those of the state machine's membership and of
@@ -108,7 +108,7 @@ pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<Pat
     )
 }
 
-impl RaftBackend {
+impl RaftNode {
     /// Whether this node is being repaired (and so votes for nobody).
     pub fn repairing(&self) -> bool {
         matches!(&*self.readiness.borrow(), Readiness::Repairing { .. })
@@ -132,7 +132,7 @@ impl RaftBackend {
 /// Waits until this node has applied an entry of the term of a leader it follows, then ends
 /// the repair: the marker goes, elections come back, and the node catches up before it serves
 /// reads. Holds the backend weakly: it ends when the node goes.
-pub(super) async fn repair(backend: Weak<RaftBackend>) {
+pub(super) async fn repair(backend: Weak<RaftNode>) {
     let Some(node) = backend.upgrade() else {
         return;
     };

@@ -9,7 +9,7 @@ use openraft::error::RaftError;
 use super::super::codec;
 use super::super::op::{ListQuery, Reply, ReplyResult, Request};
 use super::super::types::{NodeAddr, NodeId};
-use super::RaftBackend;
+use super::RaftNode;
 use super::proposer::{Proposal, Proposed};
 use super::retry::Retry;
 use crate::storage::StorageError;
@@ -37,7 +37,7 @@ fn shutting_down() -> Attempt {
     )))
 }
 
-impl RaftBackend {
+impl RaftNode {
     /// Waits until some node is leader; `Inconsistent` once the deadline passes.
     async fn wait_for_leader(
         &self,
@@ -72,7 +72,7 @@ impl RaftBackend {
 
     /// Runs a request on the leader, forwarding it when this node is not the leader, and waiting
     /// through elections up to the forward timeout.
-    pub(super) async fn submit(&self, request: Request) -> ReplyResult {
+    pub(in crate::storage::raft) async fn submit(&self, request: Request) -> ReplyResult {
         if let Some(why) = self.removed() {
             return Err(StorageError::Removed(why));
         }

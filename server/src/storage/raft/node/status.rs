@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use openraft::ChangeMembers;
 
 use super::super::types::{NodeAddr, NodeId, Raft};
-use super::RaftBackend;
+use super::RaftNode;
 use crate::storage::StorageError;
 
 /// Publishes whether this node leads whenever raft's role changes (its server metrics: the
@@ -137,7 +137,7 @@ pub(super) const UNREACHABLE_GIVE_UP: std::time::Duration = std::time::Duration:
 /// A member the leader has not heard from for this long counts as unreachable.
 pub(super) const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl RaftBackend {
+impl RaftNode {
     /// Resources per `group.Kind` and the size of each LMDB environment, for the metrics.
     pub fn storage_sample(&self) -> StorageSample {
         let counts = match self.sm.count_by_kind() {
@@ -332,7 +332,7 @@ impl RaftBackend {
 
     /// Whether node `id` may speak to this node's raft service (DESIGN §12.2): a voter or
     /// learner of the latest membership this node knows, or a member of the cluster it is
-    /// joining (see [`RaftBackend::expect_peers`]).
+    /// joining (see [`RaftNode::expect_peers`]).
     pub fn admits_peer(&self, id: NodeId) -> bool {
         names_node(&self.raft, id)
             || self

@@ -5,7 +5,7 @@
 //! (`RuntimeConfigHandle::elect`): [`gate_elections`] opens it only after a pre-vote round
 //! that a quorum granted, and closes it otherwise. A voter grants a pre-vote when it has not
 //! heard from a leader within the leader lease (the same lease openraft's votes honour) and the
-//! candidate's log is at least as long as its own ([`RaftBackend::pre_vote`]; the real vote
+//! candidate's log is at least as long as its own ([`RaftNode::pre_vote`]; the real vote
 //! still compares terms).
 
 use std::sync::Weak;
@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use super::super::network;
 use super::super::types::NodeId;
-use super::RaftBackend;
+use super::RaftNode;
 
 /// How long a pre-vote round waits for each voter.
 const PRE_VOTE_TIMEOUT: Duration = Duration::from_millis(300);
 
-impl RaftBackend {
+impl RaftNode {
     /// Notes that the leader was just heard from (an append it sent was taken).
     pub fn heard_from_leader(&self) {
         *self
@@ -94,7 +94,7 @@ impl RaftBackend {
 /// Opens openraft's election timer only after a pre-vote round a quorum granted (see the module
 /// docs). Runs while the backend lives; leaves the timer alone while the node is removed or
 /// being repaired (those decide it themselves) and while it leads.
-pub(super) async fn gate_elections(backend: Weak<RaftBackend>, every: Duration) {
+pub(super) async fn gate_elections(backend: Weak<RaftNode>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = None;
@@ -136,7 +136,7 @@ pub(super) async fn gate_elections(backend: Weak<RaftBackend>, every: Duration) 
 }
 
 /// Asks every other voter for a pre-vote; whether a quorum (this node included) said yes.
-async fn pre_vote_round(node: &RaftBackend, voters: &[NodeId]) -> bool {
+async fn pre_vote_round(node: &RaftNode, voters: &[NodeId]) -> bool {
     let quorum = voters.len() / 2 + 1;
     let last_log_index = node.metrics().last_log_index;
     let members = node.metrics().membership_config.membership().clone();
@@ -182,7 +182,7 @@ async fn pre_vote_round(node: &RaftBackend, voters: &[NodeId]) -> bool {
     granted + 1 >= quorum
 }
 
-impl RaftBackend {
+impl RaftNode {
     /// A client of `id`'s raft service at `addr`, made once and kept (forwarding and pre-votes
     /// share them).
     pub(super) fn peer_client(
