@@ -321,7 +321,7 @@ async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_dead
     let survivor = &cluster.nodes[2];
     let fixture = crate::storage::conformance::Fixture::new();
     let started = Instant::now();
-    let error = storage(&survivor)
+    let error = storage(survivor)
         .write_cas(fixture.artist("lonely"))
         .await
         .expect_err("no quorum");
@@ -336,7 +336,7 @@ async fn without_a_quorum_a_forwarded_write_fails_as_inconsistent_after_its_dead
         "and gave up after its deadline, not never: {waited:?}"
     );
     // An eventual read still answers from local state.
-    let missing = storage(&survivor)
+    let missing = storage(survivor)
         .read(
             crate::storage::Consistency::Eventual,
             &fixture.artist("lonely").id.unwrap_or_default(),
@@ -929,7 +929,7 @@ async fn a_change_apply_cannot_store_is_refused_for_its_caller_and_raft_goes_on(
         while node.state_machine().last_applied_index() < index && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let read = storage(&node)
+        let read = storage(node)
             .read(Consistency::Eventual, written.id.as_ref().expect("id"))
             .await
             .expect("applied everywhere");
@@ -1402,7 +1402,7 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
     assert!(reason.contains("entries behind the leader"), "{reason}");
     assert!(follower.serving().is_err());
     let written = fixture.artist("while-a-follower-stalls-0");
-    let refused = storage(&follower)
+    let refused = storage(follower)
         .read(Consistency::Eventual, written.id.as_ref().expect("id"))
         .await
         .expect_err("a lagging follower refuses reads");
