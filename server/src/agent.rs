@@ -9,8 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::cluster::v1::cluster_service_client::ClusterServiceClient;
-use proto::cluster::v1::{JoinRequest, MembersRequest};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -27,6 +25,7 @@ pub use serve::ServeError;
 use crate::tls::accept::Listening;
 
 use crate::acl::{AclsDisabled, TokenResolver, TokenStore};
+use crate::cluster::{Cluster, RaftCluster};
 use crate::controller::builtin;
 use crate::controller::manager::Manager;
 use crate::metrics::{ControllerSample, Metrics, RaftSample, Sample};
@@ -587,16 +586,21 @@ impl Agent {
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
         // A node without raft always leads; the sender lives as long as this function.
         let (_always_leader, standalone) = tokio::sync::watch::channel(true);
-        let (raft, leadership) = match raft {
+        let (raft, cluster, leadership) = match raft {
             Some((raft, listener)) => {
+                let cluster = Arc::new(RaftCluster::new(
+                    raft.clone(),
+                    Arc::new(crate::cluster::Peers::new(raft.clone())),
+                    config.cluster_name.clone(),
+                ));
                 start_raft(
-                    &config, &net, &raft, listener, &service, &shutdown, &mut tasks,
+                    &config, &net, &cluster, &raft, listener, &service, &shutdown, &mut tasks,
                 )
                 .await;
                 let leadership = raft.leadership();
-                (Some(raft), leadership)
+                (Some(raft), Some(cluster), leadership)
             }
-            None => (None, standalone),
+            None => (None, None, standalone),
         };
         metrics.sample_with(sampler(raft.clone(), controllers.clone()));
         let stopped_by = Arc::new(std::sync::Mutex::new(None));
@@ -633,14 +637,18 @@ impl Agent {
             }
         }
 
-        let cluster = ClusterGrpc::new(service.registry().clone(), raft.clone(), api_addr)
-            .with_controllers(ControllerReport(Arc::new(move || {
-                crate::controller::manager::report(&controllers)
-            })))
-            .with_cluster_name(config.cluster_name.clone())
-            .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
-            .with_dialer(net.dialer.clone())
-            .with_acls(tokens.clone(), service.clone());
+        let cluster = ClusterGrpc::new(
+            service.registry().clone(),
+            cluster.map(|cluster| cluster as Arc<dyn Cluster>),
+            api_addr,
+        )
+        .with_controllers(ControllerReport(Arc::new(move || {
+            crate::controller::manager::report(&controllers)
+        })))
+        .with_cluster_name(config.cluster_name.clone())
+        .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
+        .with_dialer(net.dialer.clone())
+        .with_acls(tokens.clone(), service.clone());
         tasks.push(tokio::spawn(
             acl_feed::follow(
                 service.clone(),
@@ -849,9 +857,11 @@ async fn log_cluster_changes(
 
 /// Starts this node's part in the raft group: the raft service, bootstrap or join, and the
 /// default tenancy (before serving on the bootstrap node, so no early write misses it).
+#[allow(clippy::too_many_arguments)]
 async fn start_raft(
     config: &AgentConfig,
     net: &Network,
+    cluster: &Arc<RaftCluster>,
     raft: &Arc<RaftNode>,
     listener: TcpListener,
     service: &Arc<ResourceService>,
@@ -865,7 +875,7 @@ async fn start_raft(
             .with_append_metrics(net.metrics.storage.append_duration.clone());
         let tls = net.dialer.tls().map(|tls| tls.raft_server_config());
         if tls.is_some() {
-            grpc = grpc.with_verified_peers(net.refusals.clone());
+            grpc = grpc.with_verified_peers(cluster.peers().clone(), net.refusals.clone());
         }
         let listening = net.listening(tls);
         let metrics = net.metrics.clone();
@@ -899,6 +909,7 @@ async fn start_raft(
         tasks.push(tokio::spawn(
             join_until_member(
                 raft.clone(),
+                cluster.peers().clone(),
                 net.dialer.clone(),
                 config.join_token.clone(),
                 target,
@@ -938,100 +949,18 @@ async fn retry_until_done<F, Fut>(
     }
 }
 
-/// Asks `target` to add this node until it is a voter or the node shuts down. First learns the
-/// cluster's members from `target`, so that their raft RPCs are accepted before this node's own
-/// log names them (with TLS, the raft port admits members only).
+/// Asks `target` to add this node until it is a voter or the node shuts down (see
+/// [`crate::cluster::join`]).
 async fn join_until_member(
-    raft: Arc<RaftNode>,
+    node: Arc<RaftNode>,
+    peers: Arc<crate::cluster::Peers>,
     dialer: Dialer,
     token: Option<String>,
     target: String,
     shutdown: CancellationToken,
 ) {
-    fn with_token<T>(token: Option<&str>, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        if let Some(token) = token
-            && let Ok(value) = tonic::metadata::MetadataValue::try_from(token)
-        {
-            request.metadata_mut().insert(proto::TOKEN_HEADER, value);
-        }
-        request
-    }
     retry_until_done("joining the cluster", true, shutdown, || {
-        let raft = raft.clone();
-        let target = target.clone();
-        let dialer = dialer.clone();
-        let token = token.clone();
-        async move {
-            // A removed node stays out: its data still carries the removal, and asking to be
-            // added again would make it a voter that serves nothing.
-            if let Some(why) = raft.removed() {
-                tracing::warn!(
-                    "not joining the cluster: {why}; to serve again, join with an empty data directory"
-                );
-                return Ok(());
-            }
-            if raft.is_voter(raft.id()) {
-                tracing::info!("this node is a voter of the cluster");
-                return Ok(());
-            }
-            let request = JoinRequest {
-                node_id: raft.id(),
-                api_addr: raft.node().api_addr.clone(),
-                raft_addr: raft.node().raft_addr.clone(),
-                // Checked above: this node's data carries no removal.
-                from_node: true,
-            };
-            let channel = dialer
-                .endpoint(&target, None)?
-                .connect()
-                .await
-                .map_err(|error| {
-                    format!(
-                        "cannot reach {target}: {}",
-                        crate::tls::describe_connect_error(&error)
-                    )
-                })?;
-            let mut client = ClusterServiceClient::new(channel);
-            let members = client
-                .members(with_token(token.as_deref(), MembersRequest {}))
-                .await
-                .map_err(|status| {
-                    format!("{target} cannot list its members: {}", status.message())
-                })?
-                .into_inner();
-            raft.expect_peers(members.members.iter().map(|member| member.node_id));
-            // The leader itself takes the join: with TLS it checks this node's own
-            // certificate, which a follower cannot pass on.
-            let leader_api = members
-                .members
-                .iter()
-                .find(|member| member.leader)
-                .map(|member| (member.node_id, member.api_addr.clone()));
-            if let Some((leader_id, api_addr)) = leader_api
-                && api_addr != target
-            {
-                let channel = dialer
-                    .endpoint(&api_addr, Some(leader_id))?
-                    .connect()
-                    .await
-                    .map_err(|error| {
-                        format!(
-                            "cannot reach the leader, node {leader_id} at {api_addr}: {}",
-                            crate::tls::describe_connect_error(&error)
-                        )
-                    })?;
-                client = ClusterServiceClient::new(channel);
-            }
-            let leader = client
-                .join(with_token(token.as_deref(), request))
-                .await
-                .map_err(|status| format!("{target} refused the join: {}", status.message()))?
-                .into_inner()
-                .leader_id;
-            tracing::info!(leader, "joined the cluster");
-            Ok(())
-        }
+        crate::cluster::join::ask(&node, &peers, &dialer, token.as_deref(), &target)
     })
     .await;
 }

@@ -6,6 +6,8 @@
 //! - [`acl`]: authorizers, policies, rules and token resolution;
 //! - [`storage`]: the [`storage::Backend`] contract, its backends (raft, in memory) and the
 //!   conformance suite;
+//! - [`cluster`]: membership of the raft group (join, add voter, remove, transfer, peer
+//!   admission), behind the trait the cluster service takes;
 //! - [`service`]: the resource and cluster services, their gRPC handlers and the one mapping
 //!   of errors to statuses and reasons;
 //! - [`controller`]: the server's controllers on the `runtime` crate (`InProcess`, the
@@ -20,6 +22,7 @@
 
 pub(crate) mod acl;
 pub mod agent;
+pub(crate) mod cluster;
 pub(crate) mod controller;
 pub(crate) mod http;
 pub(crate) mod limits;

@@ -17,8 +17,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::Error;
 
 use crate::acl::{self, Access, AclsDisabled, TokenResolver};
+use crate::cluster::{Cluster, Joiner};
 use crate::registry::{Registry, Scope};
-use crate::storage::raft::node::{RaftNode, Role};
+use crate::storage::raft::node::Role;
 use crate::storage::raft::types::NodeAddr;
 use crate::tls::{ConnInfo, Dialer, Refusals};
 
@@ -49,7 +50,8 @@ pub(crate) struct ClusterGrpc {
     /// Limits restored records and snapshots are checked against.
     max_resource_bytes: usize,
     max_snapshot_bytes: u64,
-    raft: Option<Arc<RaftNode>>,
+    /// The cluster this node belongs to (none with in-memory storage).
+    raft: Option<Arc<dyn Cluster>>,
     /// This node's API address, for the standalone (in-memory) status.
     api_addr: String,
     cluster_name: String,
@@ -80,7 +82,7 @@ impl std::fmt::Debug for ControllerReport {
 impl ClusterGrpc {
     pub(crate) fn new(
         registry: Arc<Registry>,
-        raft: Option<Arc<RaftNode>>,
+        raft: Option<Arc<dyn Cluster>>,
         api_addr: String,
     ) -> Self {
         ClusterGrpc {
@@ -165,7 +167,7 @@ impl ClusterGrpc {
     }
 
     /// The raft backend, for calls a removed node cannot serve.
-    fn raft(&self) -> Result<&Arc<RaftNode>, Status> {
+    fn raft(&self) -> Result<&Arc<dyn Cluster>, Status> {
         let raft = self.any_raft()?;
         match raft.removed() {
             Some(why) => Err(Status::from(Error::Removed(why))),
@@ -174,7 +176,7 @@ impl ClusterGrpc {
     }
 
     /// The raft backend, also of a removed node (its status).
-    fn any_raft(&self) -> Result<&Arc<RaftNode>, Status> {
+    fn any_raft(&self) -> Result<&Arc<dyn Cluster>, Status> {
         self.raft.as_ref().ok_or_else(|| {
             Status::from(Error::FailedPrecondition(
                 "this server runs with in-memory storage and has no cluster: start it with raft storage (the default) to form one".into(),
@@ -185,7 +187,7 @@ impl ClusterGrpc {
     /// The members as this node knows them. The leader's view (`leading`) adds who leads,
     /// matches, lags and reachability; another node's own view (no leader answers) has none of
     /// them and says so (`no_leader`).
-    fn members_view(raft: &RaftNode, leading: bool) -> MembersResponse {
+    fn members_view(raft: &dyn Cluster, leading: bool) -> MembersResponse {
         let status = raft.status();
         let members = raft
             .members()
@@ -220,7 +222,7 @@ impl ClusterGrpc {
     }
 
     /// The leader's API address when another node leads; `None` when this node leads.
-    fn leader_elsewhere(&self, raft: &RaftNode) -> Result<Option<Peer>, Status> {
+    fn leader_elsewhere(&self, raft: &dyn Cluster) -> Result<Option<Peer>, Status> {
         let status = raft.status();
         match status.leader {
             Some((id, _)) if id == status.node_id => Ok(None),
@@ -526,9 +528,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         // Without a leader to ask (none known, or it does not answer within a second), this
         // node's own view, marked as such: an operator whose cluster lost its quorum sees at
         // once who the members are.
-        let leader = match self.leader_elsewhere(raft) {
+        let leader = match self.leader_elsewhere(raft.as_ref()) {
             Ok(leader) => leader,
-            Err(_) => return Ok(Response::new(Self::members_view(raft, false))),
+            Err(_) => return Ok(Response::new(Self::members_view(raft.as_ref(), false))),
         };
         if let Some(leader) = leader {
             let asked = tokio::time::timeout(LEADER_ANSWER, async {
@@ -545,10 +547,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             return match asked {
                 Ok(Err(status)) if status.code() != tonic::Code::Unavailable => Err(status),
                 Ok(Ok(answer)) => Ok(answer),
-                Ok(Err(_)) | Err(_) => Ok(Response::new(Self::members_view(raft, false))),
+                Ok(Err(_)) | Err(_) => Ok(Response::new(Self::members_view(raft.as_ref(), false))),
             };
         }
-        Ok(Response::new(Self::members_view(raft, true)))
+        Ok(Response::new(Self::members_view(raft.as_ref(), true)))
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
@@ -568,7 +570,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 "api_addr and raft_addr are required".into(),
             )));
         }
-        if let Some(leader) = self.leader_elsewhere(raft)? {
+        if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             if self.dialer.tls().is_some() {
                 // The leader checks the joiner's own certificate: this node cannot pass it on.
                 return Err(Status::from(Error::FailedPrecondition(format!(
@@ -584,8 +586,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 .join(Self::on_behalf(&authorized, join, MEMBERSHIP_TIMEOUT))
                 .await;
         }
-        // A removed node keeps its removal in its data directory and serves nothing: adding it
-        // again would make a voter that never answers.
+        // A removed node keeps its removal in its data directory and serves nothing: whether
+        // it may join again is the cluster's rule, from the record of its removal.
         let removed = match &self.service {
             Some(service) => service
                 .removed_member(join.node_id)
@@ -593,52 +595,21 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 .map_err(Status::from)?,
             None => None,
         };
-        if let Some(record) = &removed
-            && !join.from_node
-            && !raft.is_voter(join.node_id)
-        {
-            return Err(Status::from(Error::FailedPrecondition(format!(
-                "node {} was removed from this cluster (it was at {}): its data directory remembers the removal, so it would serve nothing; stop it, move its data directory away, and start it again with --join (it asks to join for itself)",
-                join.node_id, record.raft_addr
-            ))));
-        }
-        if raft.is_voter(join.node_id) {
-            let known = raft
-                .members()
-                .into_iter()
-                .find(|m| m.node_id == join.node_id);
-            if let Some(member) = known
-                && (member.node.raft_addr != join.raft_addr
-                    || member.node.api_addr != join.api_addr)
-            {
-                return Err(Status::from(Error::AlreadyExists(format!(
-                    "node {} is already a member with other addresses ({}); remove it first",
-                    join.node_id, member.node
-                ))));
-            }
-        } else {
-            let node = NodeAddr {
+        let joiner = Joiner {
+            node_id: join.node_id,
+            node: NodeAddr {
                 api_addr: join.api_addr.clone(),
                 raft_addr: join.raft_addr.clone(),
-            };
-            tracing::info!(node_id = join.node_id, %node, "adding a node to the cluster");
-            // In a task of its own: a client that goes away (its deadline, a cancel) must not
-            // cut the join short between adding the learner and promoting or removing it.
-            // Bounded whatever deadline the client asked for: the join holds the membership
-            // lock until it ends.
-            let join_deadline = join_deadline.min(std::time::Instant::now() + MEMBERSHIP_TIMEOUT);
-            let adding = {
-                let raft = raft.clone();
-                let node_id = join.node_id;
-                tokio::spawn(async move { raft.add_voter(node_id, node, join_deadline).await })
-            };
-            adding
-                .await
-                .map_err(|error| {
-                    Status::from(Error::Internal(format!("the join failed: {error}")))
-                })?
-                .map_err(|why| Status::from(Error::from(why)))?;
-        }
+            },
+            from_node: join.from_node,
+        };
+        raft.join(
+            joiner,
+            removed.as_ref().map(|record| record.raft_addr.clone()),
+            join_deadline,
+        )
+        .await
+        .map_err(|why| Status::from(Error::from(why)))?;
         // It joined again with a data directory that carries no removal.
         if removed.is_some()
             && let Some(service) = &self.service
@@ -748,7 +719,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 })??
         };
         let header = spooled.header.clone();
-        if let Some(leader) = self.leader_elsewhere(raft)? {
+        if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             let request = Self::on_behalf(&caller, spooled.upload()?, MEMBERSHIP_TIMEOUT);
             return self
                 .member_client(&leader)
@@ -784,53 +755,25 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         let raft = self.raft()?;
         let deadline = answer_by(&request);
         let remove = request.into_inner();
-        if let Some(leader) = self.leader_elsewhere(raft)? {
+        if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             return self
                 .member_client(&leader)
                 .await?
                 .remove(Self::on_behalf(&caller, remove, MEMBERSHIP_TIMEOUT))
                 .await;
         }
-        if !raft
-            .members()
-            .iter()
-            .any(|member| member.node_id == remove.node_id)
-        {
-            return Err(Status::from(Error::NotFound(format!(
-                "node {} is not a member",
-                remove.node_id
-            ))));
-        }
-        raft.check_removal(remove.node_id, remove.force)
-            .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
-        tracing::info!(node_id = remove.node_id, "removing a node from the cluster");
         let removed_member = raft
-            .members()
-            .into_iter()
-            .find(|m| m.node_id == remove.node_id)
-            .map(|m| m.node);
-        // A forced removal below quorum cannot commit until enough voters are back: answer
-        // before the caller's deadline instead of hanging to it.
-        let answer_by = deadline.saturating_duration_since(std::time::Instant::now());
-        match tokio::time::timeout(answer_by, raft.remove_member(remove.node_id)).await {
-            Ok(result) => result.map_err(|why| Status::from(Error::from(why)))?,
-            Err(_) => {
-                return Err(Status::from(Error::MembershipPending(format!(
-                    "the removal of node {} is proposed but not committed: too few voters of the new configuration answer; it completes once enough of them are back",
-                    remove.node_id
-                ))));
-            }
-        }
+            .remove(remove.node_id, remove.force, deadline)
+            .await
+            .map_err(|why| Status::from(Error::from(why)))?;
         // Recorded within the caller's deadline: a leader that removed itself records it
         // through the next leader, which an election may take a while to name; the removal
         // itself is done, and the caller hears so in time.
-        if let Some(member) = &removed_member
-            && let Some(service) = &self.service
-        {
+        if let Some(service) = &self.service {
             let record = service.record_removed_member(proto::internal::v1::RemovedMember {
                 node_id: remove.node_id,
-                raft_addr: member.raft_addr.clone(),
-                api_addr: member.api_addr.clone(),
+                raft_addr: removed_member.raft_addr.clone(),
+                api_addr: removed_member.api_addr.clone(),
             });
             let recorded = tokio::time::timeout_at(deadline.into(), record)
                 .await
@@ -843,10 +786,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 tracing::warn!(node_id = remove.node_id, %error, "the removal is not recorded: a join of this id with its old data directory is not refused");
             }
         }
-        if let Some(member) = removed_member
-            && remove.node_id != raft.id()
-        {
-            raft.notify_removed(remove.node_id, member.raft_addr, self.cluster_name.clone());
+        if remove.node_id != raft.id() {
+            raft.notify_removed(remove.node_id, removed_member.raft_addr);
         }
         Ok(Response::new(RemoveResponse {}))
     }
@@ -870,43 +811,32 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             }
             raft.campaign(deadline)
                 .await
-                .map_err(|why| Status::from(Error::Unavailable(why)))?;
+                .map_err(|why| Status::from(Error::from(why)))?;
             tracing::info!(node_id = raft.id(), "took over leadership on request");
             return answer(raft.id());
         }
-        if let Some(leader) = self.leader_elsewhere(raft)? {
+        if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             return self
                 .member_client(&leader)
                 .await?
                 .transfer_leader(Self::on_behalf(&caller, transfer, MEMBERSHIP_TIMEOUT))
                 .await;
         }
-        let target = match transfer.to_node_id {
-            0 => raft.transfer_candidate().ok_or_else(|| {
-                Status::from(Error::FailedPrecondition(
-                    "no other reachable voter to hand leadership to".into(),
-                ))
-            })?,
-            id => id,
-        };
-        if target == raft.id() {
+        let to = (transfer.to_node_id != 0).then_some(transfer.to_node_id);
+        let handover = raft
+            .prepare_handover(to, deadline)
+            .await
+            .map_err(|why| Status::from(Error::from(why)))?;
+        let target = handover.target;
+        if handover.pause.is_none() {
             return answer(target);
         }
-        let Some(member) = raft.members().into_iter().find(|m| m.node_id == target) else {
-            return Err(Status::from(Error::NotFound(format!(
-                "node {target} is not a member"
-            ))));
-        };
-        let pause = raft
-            .pause_for_transfer(target, deadline)
-            .await
-            .map_err(|why| Status::from(Error::FailedPrecondition(why)))?;
         tracing::info!(from = raft.id(), to = target, "handing leadership over");
         let remaining = deadline.saturating_duration_since(std::time::Instant::now());
         let result = async {
             self.member_client(&Peer {
                 id: target,
-                api_addr: member.node.api_addr.clone(),
+                api_addr: handover.api_addr.clone(),
             })
             .await?
             .transfer_leader(Self::on_behalf(
@@ -920,7 +850,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .await
         }
         .await;
-        drop(pause);
+        drop(handover);
         result
     }
 

@@ -3,8 +3,8 @@
 use proto::reason::{Details, Reason};
 
 use crate::acl::{AclError, Unauthenticated};
+use crate::cluster::MembershipError;
 use crate::storage::StorageError;
-use crate::storage::raft::node::MembershipError;
 
 /// Everything a resource or cluster service call can fail with. Each variant is one gRPC code;
 /// the message is what the client sees.
@@ -156,7 +156,9 @@ impl From<MembershipError> for Error {
         match error {
             MembershipError::Unchanged(why) => Error::MembershipUnchanged(why),
             MembershipError::Pending(why) => Error::MembershipPending(why),
-            MembershipError::ShuttingDown(why) => Error::ShuttingDown(why),
+            MembershipError::NotMember(why) => Error::NotFound(why),
+            MembershipError::Conflict(why) => Error::AlreadyExists(why),
+            MembershipError::Refused(why) => Error::FailedPrecondition(why),
             MembershipError::Failed(why) => Error::Unavailable(why),
         }
     }

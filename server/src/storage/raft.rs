@@ -33,4 +33,4 @@ pub mod types;
 pub mod wal;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

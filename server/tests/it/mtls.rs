@@ -334,11 +334,26 @@ async fn a_non_member_certificate_cannot_join_as_another_append_vote_or_forward(
         .await
         .expect_err("a non-member cannot forward");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Nor learn who the members are: only members ask whether a node is one.
+    let refused = stranger
+        .vouch(raft_pb::VouchRequest { node_id: leader_id })
+        .await
+        .expect_err("a non-member cannot ask who is a member");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
 
     // A member's certificate cannot speak for another node.
     let mut member = raft_client_as(&target, Some(node_tls(&ca, leader_id)))
         .await
         .expect("connect as the leader");
+    // A member asking about a node hears whether this node's configuration names it.
+    for (asked, named) in [(follower_id, true), (leader_id, true), (3, false)] {
+        let answer = member
+            .vouch(raft_pb::VouchRequest { node_id: asked })
+            .await
+            .expect("a member may ask")
+            .into_inner();
+        assert_eq!(answer.member, named, "node {asked}");
+    }
     let refused = member
         .vote(vote_for(99, term + 100))
         .await

@@ -14,7 +14,7 @@ mod pipe;
 mod server;
 
 pub use client::{NetworkClient, NetworkFactory};
-pub use server::RaftGrpc;
+pub use server::{PeerAdmission, RaftGrpc};
 
 /// When this node last heard from each peer (a successful raft RPC), so membership can tell a
 /// member that answers from one that does not (openraft 0.9 keeps only match indexes).

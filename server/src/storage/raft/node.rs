@@ -1,4 +1,5 @@
-//! [`RaftNode`]: the storage contract over a Raft group.
+//! [`RaftNode`]: this node's part in the Raft group — openraft's handle, its log and state
+//! machine, and what the storage contract ([`super::backend::RaftBackend`]) is built from.
 //!
 //! Writes and strong reads run on the leader: a leader proposes the change (or confirms its
 //! leadership with `ensure_linearizable` before a strong read); a follower forwards the request
@@ -7,9 +8,12 @@
 //! lookups and watches are served from this node's state machine.
 //!
 //! Rooms: [`proposer`] batches changes into entries; [`forward`] runs a request on the leader,
-//! here or over the network; [`status`] reports the node and its members and changes
-//! membership. This file holds the node's lifecycle, operator export and restore, and the
-//! [`Backend`] implementation.
+//! here or over the network; [`read_index`] shares leadership confirmations between reads;
+//! [`readiness`] says whether this node serves; [`prevote`] keeps a node cut off from the
+//! others from deposing a healthy leader; [`repair`] rebuilds damaged data from the leader;
+//! [`status`] reports the node and its members and holds the primitives membership changes are
+//! made of. This file holds the node's lifecycle and operator export and restore. Membership
+//! itself (join, add voter, remove, transfer, peer admission) is `crate::cluster`'s.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -40,7 +44,7 @@ mod retry;
 mod status;
 
 pub use readiness::Readiness;
-pub use status::{MemberStatus, MembershipError, NodeStatus, Role};
+pub use status::{MemberStatus, NodeStatus, Role, names_node};
 
 /// Largest raft snapshot (and operator restore) accepted by default.
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
@@ -168,11 +172,6 @@ pub struct RaftNode {
     /// The voters (this node included) that answered its last pre-vote round, of how many,
     /// and when.
     voters_heard: Mutex<Option<(usize, usize, Instant)>>,
-    /// Members of the cluster this node is joining, told by the member it joins through: they
-    /// may speak to this node's raft service before its own log names them (DESIGN §12.2).
-    joining_through: Mutex<std::collections::BTreeSet<NodeId>>,
-    /// One membership change at a time: raft refuses a change while another is in flight.
-    membership: Arc<tokio::sync::Mutex<()>>,
     /// Whether this node leads, for placing singleton controllers.
     leadership: tokio::sync::watch::Receiver<bool>,
     leadership_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -385,8 +384,6 @@ impl RaftNode {
             last_heard_leader: Mutex::new(None),
             started: Instant::now(),
             voters_heard: Mutex::new(None),
-            joining_through: Mutex::new(std::collections::BTreeSet::new()),
-            membership: Arc::new(tokio::sync::Mutex::new(())),
             leadership,
             leadership_task: Mutex::new(Some(leadership_task)),
             proposals,

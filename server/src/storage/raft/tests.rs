@@ -47,7 +47,7 @@ fn lmdb_log_store_and_state_machine_pass_the_openraft_suite() -> Result<(), Raft
 }
 
 /// Raft nodes in this process, each with its own data directory and raft server on loopback.
-pub(super) struct TestCluster {
+pub(crate) struct TestCluster {
     pub nodes: Vec<Arc<RaftNode>>,
     shutdown: CancellationToken,
     /// Raft servers; they end when `shutdown` is cancelled.
@@ -56,7 +56,7 @@ pub(super) struct TestCluster {
 }
 
 impl TestCluster {
-    pub(super) async fn start(size: u64) -> TestCluster {
+    pub(crate) async fn start(size: u64) -> TestCluster {
         Self::start_with(size, Duration::from_secs(10)).await
     }
 
@@ -119,14 +119,14 @@ impl TestCluster {
         cluster.nodes[0].bootstrap().await.expect("bootstrap");
         cluster.wait_for_leader(1, 1).await;
         for node in &cluster.nodes[1..] {
-            cluster.nodes[0]
-                .add_voter(
-                    node.id(),
-                    node.node().clone(),
-                    Instant::now() + Duration::from_secs(30),
-                )
-                .await
-                .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
+            crate::cluster::add_voter(
+                &cluster.nodes[0],
+                node.id(),
+                node.node().clone(),
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+            .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
         }
         cluster.wait_for_leader(1, cluster.nodes.len()).await;
         cluster

@@ -316,6 +316,13 @@ mod tests {
         ) -> Result<Response<pb::RemovedAck>, Status> {
             Err(Status::unimplemented("removed"))
         }
+
+        async fn vouch(
+            &self,
+            _: Request<pb::VouchRequest>,
+        ) -> Result<Response<pb::VouchResponse>, Status> {
+            Err(Status::unimplemented("vouch"))
+        }
     }
 
     async fn serve(peer: Peer) -> RaftServiceClient<Channel> {

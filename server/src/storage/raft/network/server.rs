@@ -30,11 +30,9 @@ pub struct RaftGrpc {
     raft: Raft,
     backend: Arc<RaftNode>,
     admission: Arc<dyn Admission>,
-    /// With TLS: callers must be members, known by their node certificates.
-    verify_peers: bool,
+    /// With TLS: callers must be admitted peers, known by their node certificates.
+    peers: Option<Arc<dyn PeerAdmission>>,
     refusals: Arc<Refusals>,
-    /// When the members were last asked about a caller this node does not know.
-    asked: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>>,
     /// Where the time to serve each AppendEntries goes, once the node has its metrics.
     append_duration: Option<prometheus_client::metrics::histogram::Histogram>,
     /// Cancelled when the node stops: open append streams end, so the server's graceful
@@ -42,8 +40,15 @@ pub struct RaftGrpc {
     stopping: tokio_util::sync::CancellationToken,
 }
 
-/// How often the members are asked about the same unknown caller.
-const ASK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+/// Which nodes may speak to this node's raft service, decided by the cluster
+/// (`crate::cluster::Peers`).
+pub trait PeerAdmission: Send + Sync {
+    /// Whether node `id` may call now.
+    fn admits(&self, id: NodeId) -> bool;
+    /// Node `id` called and was refused: this node's log may be behind a membership change
+    /// that added it. Finds out in the background, so its next try may get through.
+    fn refused(self: Arc<Self>, id: NodeId);
+}
 
 impl RaftGrpc {
     pub fn new(backend: Arc<RaftNode>, admission: Arc<dyn Admission>) -> Self {
@@ -51,9 +56,8 @@ impl RaftGrpc {
             raft: backend.raft().clone(),
             backend,
             admission,
-            verify_peers: false,
+            peers: None,
             refusals: Arc::default(),
-            asked: Arc::default(),
             append_duration: None,
             stopping: tokio_util::sync::CancellationToken::new(),
         }
@@ -74,11 +78,15 @@ impl RaftGrpc {
         self
     }
 
-    /// Accepts RPCs only from current members, identified by their node certificates (the
-    /// port must be served with TLS that requires client certificates). Refusals are logged
-    /// through `refusals`, once per peer.
-    pub fn with_verified_peers(mut self, refusals: Arc<Refusals>) -> Self {
-        self.verify_peers = true;
+    /// Accepts RPCs only from the peers `peers` admits, identified by their node certificates
+    /// (the port must be served with TLS that requires client certificates). Refusals are
+    /// logged through `refusals`, once per peer.
+    pub fn with_verified_peers(
+        mut self,
+        peers: Arc<dyn PeerAdmission>,
+        refusals: Arc<Refusals>,
+    ) -> Self {
+        self.peers = Some(peers);
         self.refusals = refusals;
         self
     }
@@ -86,46 +94,21 @@ impl RaftGrpc {
     /// The member behind a request (DESIGN §12.2): its certificate must name a node of this
     /// cluster that this node counts as a member. `None` without peer verification.
     fn caller(&self, info: &ConnInfo) -> Result<Option<NodeId>, Status> {
-        if !self.verify_peers {
+        let Some(peers) = &self.peers else {
             return Ok(None);
-        }
+        };
         let node = match &info.peer {
             None => Err("no certificate presented".to_owned()),
             Some(peer) => match peer.node_id {
                 None => Err(format!("{} is not a node of this cluster", peer.describe())),
-                Some(node) if !self.backend.admits_peer(node) => {
-                    // This node's log may be behind a membership change that added the
-                    // caller (it was down during the join): ask the members it knows, so the
-                    // caller's next try gets through if they vouch for it.
-                    self.ask_about(node);
+                Some(node) if !peers.admits(node) => {
+                    peers.clone().refused(node);
                     Err(format!("node {node} is not a member of this cluster"))
                 }
                 Some(node) => Ok(node),
             },
         };
         node.map(Some).map_err(|reason| self.refuse(info, reason))
-    }
-
-    /// Asks the known members about `node` in the background, at most once per
-    /// [`ASK_INTERVAL`] per node.
-    fn ask_about(&self, node: NodeId) {
-        {
-            let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
-            if asked.len() > 1024 {
-                asked.clear();
-            }
-            if asked
-                .get(&node)
-                .is_some_and(|at| at.elapsed() < ASK_INTERVAL)
-            {
-                return;
-            }
-            asked.insert(node, std::time::Instant::now());
-        }
-        let backend = self.backend.clone();
-        tokio::spawn(async move {
-            backend.ask_members_about(node).await;
-        });
     }
 
     /// Refuses a vote, append or snapshot whose leader or candidate is not the caller.
@@ -318,6 +301,18 @@ impl RaftService for RaftGrpc {
                 },
             },
         ))
+    }
+
+    async fn vouch(
+        &self,
+        request: Request<pb::VouchRequest>,
+    ) -> Result<Response<pb::VouchResponse>, Status> {
+        let info = ConnInfo::of(&request);
+        self.caller(&info)?;
+        let asked = request.into_inner().node_id;
+        Ok(Response::new(pb::VouchResponse {
+            member: super::super::node::names_node(&self.raft, asked),
+        }))
     }
 
     async fn vote(
