@@ -35,8 +35,6 @@ mod notice;
 mod transfer;
 
 pub(crate) use admission::Peers;
-#[cfg(test)]
-pub(crate) use change::add_voter;
 pub(crate) use change::{JoinOutcome, Joiner, MembershipError};
 pub(crate) use transfer::Handover;
 

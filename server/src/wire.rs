@@ -1,12 +1,14 @@
 //! The one room for bytes resd writes by hand: openraft's values in resd's own codec
-//! ([`raft`]), the protobuf framing written without building messages ([`proto`]), and the
-//! one number that names the on-disk format ([`FORMAT`]).
+//! ([`raft`]), the protobuf framing written without building messages ([`proto`]), log entries
+//! of changes written straight from the typed changes ([`changes`]), and the one number that
+//! names the on-disk format ([`FORMAT`]).
 //!
 //! Typed values meet protobuf in `storage::raft::codec` (log payloads, forwarded requests) and
-//! `service::encoded` (answers framed from stored bytes); both frame through [`proto`]. A
+//! `service::encoded` (answers framed from stored bytes); what they write by hand is here. A
 //! change of any byte written to disk here or there is a change of [`FORMAT`], and the golden
 //! tests beside each codec say when bytes changed.
 
+pub(crate) mod changes;
 pub(crate) mod proto;
 pub mod raft;
 

@@ -134,7 +134,7 @@ pub(super) async fn join(
 
 /// Adds a node as a learner, waits for it to catch up, then makes it a voter. Must run on the
 /// leader, holding the change lock.
-pub(crate) async fn add_voter(
+async fn add_voter(
     node: &crate::storage::raft::node::RaftNode,
     id: NodeId,
     addr: NodeAddr,

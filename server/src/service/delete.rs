@@ -3,7 +3,7 @@
 use proto::internal::v1::Tombstone;
 use proto::resource::v1::{DeleteRequest, DeleteResponse, Resource};
 
-use super::{Error, ResourceService, new_ulid, retry_blind};
+use super::{Error, ResourceService, VersionConflict, new_ulid, retry_blind};
 use crate::acl::Authorizer;
 use crate::registry::builtin;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
@@ -59,11 +59,12 @@ impl ResourceService {
                 (registration.acls.write)(authorizer, &requested)?;
             }
             if !blind && *version != existing.version {
-                return Err(Error::CasFailed(format!(
-                    "{} is at version {}, the delete expected version {version}",
-                    DisplayId(&existing_id),
-                    existing.version
-                )));
+                return Err(Error::VersionConflict(VersionConflict {
+                    what: DisplayId(&existing_id).to_string(),
+                    by: "delete",
+                    expected: version.clone(),
+                    actual: existing.version.clone(),
+                }));
             }
             if resource::has_finalizers(&existing) {
                 if resource::is_marked_for_deletion(&existing) {

@@ -16,6 +16,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use proto::reason::Reason;
 use proto::resource::v1::resource_service_server::ResourceServiceServer;
 use proto::resource::v1::{ListRequest, ReadRequest, WatchListRequest};
 use tonic::codec::{Codec, EncodeBuf, Encoder};
@@ -267,9 +268,9 @@ impl WatchBody {
                     let wire = super::read::wire_event(&event);
                     let Ok(length) = u32::try_from(wire.len()) else {
                         // Past what a gRPC message can hold: nothing stored is this large.
-                        break Some(Status::internal(
-                            "an event is larger than a gRPC message can hold",
-                        ));
+                        break Some(Status::from(super::Error::Internal(
+                            "an event is larger than a gRPC message can hold".into(),
+                        )));
                     };
                     let mut header = [0u8; GRPC_HEADER];
                     header[1..].copy_from_slice(&length.to_be_bytes());
@@ -345,10 +346,14 @@ async fn unary_message<M: prost::Message + Default>(
     max: usize,
 ) -> Result<M, Status> {
     use http_body_util::BodyExt as _;
+    // The codes are tonic's for the same failures (a client sees no difference between this
+    // path and the generated one); each carries its reason.
     let too_large = || {
-        Status::out_of_range(format!(
-            "the request is larger than the server's limit of {max} bytes"
-        ))
+        super::error::framing(
+            tonic::Code::OutOfRange,
+            Reason::Quota,
+            format!("the request is larger than the server's limit of {max} bytes"),
+        )
     };
     let bytes = http_body_util::Limited::new(body, max.saturating_add(GRPC_HEADER))
         .collect()
@@ -359,16 +364,27 @@ async fn unary_message<M: prost::Message + Default>(
             }
             match error.downcast::<Status>() {
                 Ok(status) => *status,
-                Err(error) => Status::internal(format!("reading the request: {error}")),
+                Err(error) => super::error::framing(
+                    tonic::Code::Internal,
+                    Reason::Invalid,
+                    format!("reading the request: {error}"),
+                ),
             }
         })?
         .to_bytes();
     let Some((header, rest)) = bytes.split_first_chunk::<GRPC_HEADER>() else {
-        return Err(Status::internal("the request carries no message"));
+        return Err(super::error::framing(
+            tonic::Code::Internal,
+            Reason::Invalid,
+            "the request carries no message".into(),
+        ));
     };
     if header[0] != 0 {
-        return Err(Status::unimplemented(
-            "compressed requests are not supported by this server: send the message uncompressed",
+        return Err(super::error::framing(
+            tonic::Code::Unimplemented,
+            Reason::Invalid,
+            "compressed requests are not supported by this server: send the message uncompressed"
+                .into(),
         ));
     }
     let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
@@ -376,13 +392,22 @@ async fn unary_message<M: prost::Message + Default>(
         return Err(too_large());
     }
     if rest.len() != length {
-        return Err(Status::internal(format!(
-            "a unary request carries one whole message: the header says {length} bytes, {} follow",
-            rest.len()
-        )));
+        return Err(super::error::framing(
+            tonic::Code::Internal,
+            Reason::Invalid,
+            format!(
+                "a unary request carries one whole message: the header says {length} bytes, {} follow",
+                rest.len()
+            ),
+        ));
     }
-    M::decode(rest)
-        .map_err(|error| Status::internal(format!("the request does not decode: {error}")))
+    M::decode(rest).map_err(|error| {
+        super::error::framing(
+            tonic::Code::Internal,
+            Reason::Invalid,
+            format!("the request does not decode: {error}"),
+        )
+    })
 }
 
 /// A List answer's body: the gRPC message header, the list's chunks, then `grpc-status: 0`.
@@ -397,10 +422,10 @@ struct ListBody {
 impl ListBody {
     fn new(list: EncodedList) -> Result<ListBody, Status> {
         let length = u32::try_from(list.encoded_len()).map_err(|_| {
-            Status::resource_exhausted(format!(
+            Status::from(super::Error::ResourceExhausted(format!(
                 "the list is {} bytes, over the 4 GiB a gRPC message can hold: list a narrower name prefix",
                 list.encoded_len()
-            ))
+            )))
         })?;
         let mut header = Vec::with_capacity(GRPC_HEADER);
         header.push(0);
@@ -554,6 +579,14 @@ mod tests {
                 .await
                 .expect_err(case);
             assert_eq!(status.code(), code, "{case}: {status}");
+            // Each with a reason a client decides on, as every other answer.
+            let reason = proto::reason::of(&status).map(|details| details.reason);
+            let expected = if code == tonic::Code::OutOfRange {
+                proto::reason::Reason::Quota
+            } else {
+                proto::reason::Reason::Invalid
+            };
+            assert_eq!(reason, Some(expected), "{case}: {status}");
         }
     }
 

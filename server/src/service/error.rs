@@ -21,6 +21,10 @@ pub enum Error {
     /// A compare-and-swap lost: the resource changed since the client read it.
     #[error("CAS operation failed: {0}")]
     CasFailed(String),
+    /// A compare-and-swap lost where both versions are known: sent with them (`expected`,
+    /// `actual`), so a client can tell how far behind it is without reading again.
+    #[error("CAS operation failed: {0}")]
+    VersionConflict(VersionConflict),
     #[error("uid doesn't match: {0}")]
     UidMismatch(String),
     /// What the call would create exists already (a member with other addresses).
@@ -91,6 +95,28 @@ pub struct BadRequest(pub Vec<FieldViolation>);
 pub struct FieldViolation {
     pub field: String,
     pub message: String,
+}
+
+/// A lost compare-and-swap with both versions: `{what} is at version {actual}, the {by}
+/// expected version {expected}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionConflict {
+    /// The resource, as people read it.
+    pub what: String,
+    /// What lost: "write", "delete", "status write".
+    pub by: &'static str,
+    pub expected: String,
+    pub actual: String,
+}
+
+impl std::fmt::Display for VersionConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is at version {}, the {} expected version {}",
+            self.what, self.actual, self.by, self.expected
+        )
+    }
 }
 
 impl std::fmt::Display for BadRequest {
@@ -224,7 +250,7 @@ impl Error {
             Error::NotFound(_) => (Code::NotFound, Reason::NotFound),
             Error::TenancyNotFound(_) => (Code::NotFound, Reason::TenancyNotFound),
             Error::WriteToMissingTenancy(_) => (Code::InvalidArgument, Reason::TenancyNotFound),
-            Error::CasFailed(_) => (Code::Aborted, Reason::CasConflict),
+            Error::CasFailed(_) | Error::VersionConflict(_) => (Code::Aborted, Reason::CasConflict),
             Error::UidMismatch(_) => (Code::FailedPrecondition, Reason::UidMismatch),
             Error::FailedPrecondition(_) => (Code::FailedPrecondition, Reason::FailedPrecondition),
             Error::TypeBeingDeleted(_) => (Code::FailedPrecondition, Reason::TypeBeingDeleted),
@@ -261,6 +287,11 @@ impl From<Error> for tonic::Status {
                     details = details.with_violation(&violation.field, &violation.message);
                 }
             }
+            Error::VersionConflict(conflict) => {
+                details = details
+                    .with("expected", &conflict.expected)
+                    .with("actual", &conflict.actual);
+            }
             Error::CatchingUp(progress) => {
                 if let Some(applied) = progress.applied {
                     details = details.with("applied", applied);
@@ -273,6 +304,13 @@ impl From<Error> for tonic::Status {
         }
         proto::reason::attach(code, error.to_string(), &details)
     }
+}
+
+/// A request that is not one whole, uncompressed message within the limit (`service::encoded`
+/// reads those itself): the code tonic gives the same failure, with its reason. The one status
+/// built here other than from an [`Error`].
+pub(crate) fn framing(code: tonic::Code, reason: Reason, message: String) -> tonic::Status {
+    proto::reason::attach(code, message, &Details::new(reason))
 }
 
 #[cfg(test)]
@@ -386,6 +424,31 @@ mod tests {
             status.message().contains("applied 3 of 9"),
             "{}",
             status.message()
+        );
+    }
+
+    #[test]
+    fn a_lost_compare_and_swap_sends_both_versions() {
+        let status = tonic::Status::from(Error::VersionConflict(VersionConflict {
+            what: "demo.v2.Artist/a".into(),
+            by: "write",
+            expected: "7".into(),
+            actual: "9".into(),
+        }));
+        assert_eq!(status.code(), tonic::Code::Aborted);
+        assert_eq!(
+            status.message(),
+            "CAS operation failed: demo.v2.Artist/a is at version 9, the write expected version 7"
+        );
+        let details = proto::reason::of(&status).expect("details");
+        assert_eq!(details.reason, Reason::CasConflict);
+        assert_eq!(
+            details.metadata.get("expected").map(String::as_str),
+            Some("7")
+        );
+        assert_eq!(
+            details.metadata.get("actual").map(String::as_str),
+            Some("9")
         );
     }
 

@@ -9,7 +9,9 @@ use proto::resource::v1::{
 };
 
 use super::validate::{self, Violations, Wildcards};
-use super::{Error, ResourceService, TenancyState, new_ulid, now_timestamp, retry_blind};
+use super::{
+    Error, ResourceService, TenancyState, VersionConflict, new_ulid, now_timestamp, retry_blind,
+};
 use crate::acl::Authorizer;
 use crate::registry::Registration;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
@@ -224,12 +226,12 @@ impl ResourceService {
                     )));
                 }
                 if version_differs {
-                    return Err(Error::CasFailed(format!(
-                        "{} is at version {}, the write expected version {}",
-                        DisplayId(&existing_id),
-                        existing.version,
-                        input.version
-                    )));
+                    return Err(Error::VersionConflict(VersionConflict {
+                        what: DisplayId(&existing_id).to_string(),
+                        by: "write",
+                        expected: input.version.clone(),
+                        actual: existing.version.clone(),
+                    }));
                 }
                 let marked = resource::is_marked_for_deletion(&existing);
                 let is_type =
@@ -703,11 +705,12 @@ impl ResourceService {
             }
             (registration.acls.write)(authorizer, &existing)?;
             if !blind && *version != existing.version {
-                return Err(Error::CasFailed(format!(
-                    "{} is at version {}, the status write expected version {version}",
-                    DisplayId(&existing_id),
-                    existing.version
-                )));
+                return Err(Error::VersionConflict(VersionConflict {
+                    what: DisplayId(&existing_id).to_string(),
+                    by: "status write",
+                    expected: version.clone(),
+                    actual: existing.version.clone(),
+                }));
             }
             let mut updated = existing.clone();
             let mut status = status.clone();

@@ -96,75 +96,143 @@ fn module_files(name: &str) -> Vec<PathBuf> {
     files
 }
 
+/// Every module of the server library, lowest first, and what it may never import: a new
+/// module must be placed here (`every_module_has_a_place`).
+const LAYERS: &[(&str, &[&str])] = &[
+    // The pure rules of ids, names and finalizers: nothing of the crate.
+    (
+        "resource",
+        &[
+            "crate::acl",
+            "crate::tls",
+            "crate::registry",
+            "crate::storage",
+            "crate::service",
+            "crate::controller",
+            "crate::agent",
+            "crate::http",
+            "crate::metrics",
+            "crate::limits",
+            "crate::cluster",
+            "crate::wire",
+        ],
+    ),
+    // Policies, rules and tokens: only `resource`.
+    (
+        "acl",
+        &[
+            "crate::tls",
+            "crate::registry",
+            "crate::storage",
+            "crate::service",
+            "crate::controller",
+            "crate::agent",
+            "crate::http",
+            "crate::metrics",
+            "crate::limits",
+            "crate::cluster",
+            "crate::wire",
+        ],
+    ),
+    // Certificates and connections: below everything that dials or serves.
+    (
+        "tls",
+        &[
+            "crate::registry",
+            "crate::storage",
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::acl",
+            "crate::cluster",
+        ],
+    ),
+    // Instruments: below storage.
+    (
+        "metrics",
+        &[
+            "crate::storage",
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+            "crate::cluster",
+        ],
+    ),
+    (
+        "limits",
+        &[
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+            "crate::cluster",
+        ],
+    ),
+    (
+        "registry",
+        &[
+            "crate::service",
+            "crate::storage",
+            "crate::agent",
+            "crate::cluster",
+        ],
+    ),
+    // Bytes written by hand: below everything that serves.
+    (
+        "wire",
+        &[
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+            "crate::cluster",
+        ],
+    ),
+    // The storage contract and its backends: membership is above it.
+    (
+        "storage",
+        &[
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+            "crate::cluster",
+        ],
+    ),
+    // Membership of the raft group: over the node, under the services.
+    (
+        "cluster",
+        &[
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+        ],
+    ),
+    (
+        "service",
+        &["crate::agent", "crate::controller", "crate::http"],
+    ),
+    // Controllers reach the service, never the agent or the HTTP server.
+    ("controller", &["crate::agent", "crate::http"]),
+    ("http", &["crate::agent", "crate::controller"]),
+    // The composition root: one running node, assembled from the above.
+    ("agent", &[]),
+];
+
 #[test]
 fn lower_layers_never_import_upper_ones() {
-    // resource < acl < tls < registry < storage < service < controller < agent (the
-    // composition root); tls (certificates and connections) sits below everything that dials or
-    // serves; metrics (instruments) below storage; http (the HTTP server) between service and
-    // agent. `resource` (the pure rules of ids, names and finalizers) imports nothing of the
-    // crate; `acl` (policies, rules, tokens) only `resource`; controllers reach the service,
-    // never the agent or the HTTP server.
-    let everything_above_resource: &[&str] = &[
-        "crate::acl",
-        "crate::tls",
-        "crate::registry",
-        "crate::storage",
-        "crate::service",
-        "crate::controller",
-        "crate::agent",
-        "crate::http",
-        "crate::metrics",
-        "crate::limits",
-    ];
-    let rules: [(&str, &[&str]); 9] = [
-        ("resource", everything_above_resource),
-        ("acl", &everything_above_resource[1..]),
-        ("controller", &["crate::agent", "crate::http"]),
-        (
-            "metrics",
-            &[
-                "crate::storage",
-                "crate::service",
-                "crate::agent",
-                "crate::controller",
-                "crate::http",
-            ],
-        ),
-        ("http", &["crate::agent", "crate::controller"]),
-        (
-            "tls",
-            &[
-                "crate::registry",
-                "crate::storage",
-                "crate::service",
-                "crate::agent",
-                "crate::controller",
-                "crate::acl",
-            ],
-        ),
-        (
-            "storage",
-            &[
-                "crate::service",
-                "crate::agent",
-                "crate::controller",
-                "crate::http",
-            ],
-        ),
-        (
-            "service",
-            &["crate::agent", "crate::controller", "crate::http"],
-        ),
-        (
-            "registry",
-            &["crate::service", "crate::storage", "crate::agent"],
-        ),
-    ];
     let mut offenders = Vec::new();
-    for (module, upper) in rules {
+    for (module, upper) in LAYERS {
         for path in module_files(module) {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            for pattern in upper {
+            // Code, not what the comments say about other rooms.
+            let text: String = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for pattern in *upper {
                 if text.contains(pattern) {
                     offenders.push(format!("{} uses {pattern}", path.display()));
                 }
@@ -172,6 +240,106 @@ fn lower_layers_never_import_upper_ones() {
         }
     }
     assert!(offenders.is_empty(), "{offenders:?}");
+}
+
+#[test]
+fn every_module_has_a_place() {
+    let lib = std::fs::read_to_string(workspace_root().join("server/src/lib.rs")).expect("lib.rs");
+    let modules: Vec<&str> = lib
+        .lines()
+        .filter_map(|line| line.trim().strip_suffix(';'))
+        .filter_map(|line| line.rsplit_once("mod ").map(|(_, name)| name))
+        .collect();
+    assert!(modules.len() > 10, "{modules:?}");
+    let placed: Vec<&str> = LAYERS.iter().map(|(module, _)| *module).collect();
+    let unplaced: Vec<&&str> = modules.iter().filter(|m| !placed.contains(m)).collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules the layering does not place: {unplaced:?}"
+    );
+}
+
+/// Non-test code of the server library, as (path, text) — test files, and everything after a
+/// file's `#[cfg(test)]`, left out.
+fn server_code() -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
+    rust_files(&workspace_root().join("server/src"), &mut files);
+    files
+        .into_iter()
+        .filter(|path| !path.ends_with("tests.rs") && !path.to_string_lossy().contains("/tests/"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let code = text
+                .lines()
+                .take_while(|line| !line.contains("#[cfg(test)]"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            (path, code)
+        })
+        .collect()
+}
+
+/// The rules that say one room alone knows something, each checked.
+#[test]
+fn only_one_room_knows_each_thing() {
+    let server = workspace_root().join("server/src");
+    // (what, the pattern, the files or directories that alone may hold it)
+    let rules: &[(&str, &str, &[&str])] = &[
+        (
+            "only the cluster room changes membership",
+            "change_membership(",
+            &["cluster"],
+        ),
+        (
+            "only the cluster room adds learners",
+            "add_learner(",
+            &["cluster"],
+        ),
+        (
+            "only the wire room writes protobuf by hand",
+            "prost::encoding::",
+            &["wire"],
+        ),
+        (
+            "only the wire room writes openraft's values",
+            "impl Wire for",
+            &["wire"],
+        ),
+        (
+            "only the wire room names the on-disk format",
+            "const FORMAT",
+            &["wire.rs"],
+        ),
+        (
+            "only service::error attaches reasons to statuses",
+            "reason::attach(",
+            &["service/error.rs"],
+        ),
+        (
+            "only the storage codec converts raft values to protobuf",
+            "fn command_of(",
+            &["storage/raft/codec.rs"],
+        ),
+    ];
+    let mut offenders = Vec::new();
+    for (path, code) in server_code() {
+        let relative = path
+            .strip_prefix(&server)
+            .unwrap_or(&path)
+            .to_string_lossy()
+            .into_owned();
+        for (rule, pattern, rooms) in rules {
+            let inside = rooms.iter().any(|room| {
+                relative == *room
+                    || relative.starts_with(&format!("{room}/"))
+                    || relative == format!("{room}.rs")
+            });
+            if !inside && code.contains(pattern) {
+                offenders.push(format!("{rule}: {relative} has {pattern:?}"));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
 }
 
 /// Clients decide on reasons, never on a server's words (DESIGN §3, "Errors"): the phrases

@@ -45,125 +45,8 @@ fn shape(what: &'static str, why: &'static str) -> CodecError {
 /// The encoded payload of a log entry.
 pub fn encode_op(op: &Op) -> Vec<u8> {
     match op {
-        Op::Changes(changes) => encode_changes(changes),
+        Op::Changes(changes) => crate::wire::changes::encode(changes),
         _ => command_of(op).encode_to_vec(),
-    }
-}
-
-/// `Op::Changes` encoded exactly as [`command_of`] encodes it, written straight from the typed
-/// changes: the resources are not first copied into protobuf messages (a copy of every write,
-/// on the leader, for nothing).
-fn encode_changes(changes: &[Tagged]) -> Vec<u8> {
-    use crate::wire::proto::{field_len as framed_len, put_field_header as frame};
-    let parts: Vec<ChangeFields> = changes.iter().map(ChangeFields::of).collect();
-    if let [one] = parts.as_slice() {
-        // One change travels as a plain command (see `command_of`); its oneof tag in `Command`
-        // is the same as in `BatchOperation` (write 1, delete 2).
-        let len = one.len();
-        let mut buf = Vec::with_capacity(framed_len(one.tag(), len));
-        frame(one.tag(), len, &mut buf);
-        one.encode(&mut buf);
-        return buf;
-    }
-    // Command { batch = 6: Batch { operations = 1 (repeated): BatchOperation { write | delete } } }
-    const BATCH: u32 = 6;
-    const OPERATIONS: u32 = 1;
-    let operations: usize = parts
-        .iter()
-        .map(|part| framed_len(OPERATIONS, framed_len(part.tag(), part.len())))
-        .sum();
-    let mut buf = Vec::with_capacity(framed_len(BATCH, operations));
-    frame(BATCH, operations, &mut buf);
-    for part in &parts {
-        let len = part.len();
-        frame(OPERATIONS, framed_len(part.tag(), len), &mut buf);
-        frame(part.tag(), len, &mut buf);
-        part.encode(&mut buf);
-    }
-    buf
-}
-
-/// The fields of one change's `WriteCas` or `DeleteCas`, borrowed where they are large.
-enum ChangeFields<'a> {
-    Write(WriteFields<'a>),
-    Delete(pb::DeleteCas),
-}
-
-/// `WriteCas` by reference to its resource.
-struct WriteFields<'a> {
-    resource: &'a Resource,
-    request_id: String,
-    actor: &'a String,
-    merged: bool,
-}
-
-impl<'a> ChangeFields<'a> {
-    fn of(tagged: &'a Tagged) -> Self {
-        match &tagged.change {
-            Change::Write(resource, condition) => ChangeFields::Write(WriteFields {
-                resource,
-                request_id: request_id_text(tagged.request_id),
-                actor: &tagged.actor,
-                merged: *condition == WriteCondition::Merged,
-            }),
-            Change::Delete { id, version } => ChangeFields::Delete(delete_cas(id, version, tagged)),
-        }
-    }
-
-    /// Its field number in `Command` and in `BatchOperation`.
-    fn tag(&self) -> u32 {
-        match self {
-            ChangeFields::Write(_) => 1,
-            ChangeFields::Delete(_) => 2,
-        }
-    }
-
-    /// The encoded length of the message, without its own key and length.
-    fn len(&self) -> usize {
-        match self {
-            ChangeFields::Write(write) => write.len(),
-            ChangeFields::Delete(delete) => delete.encoded_len(),
-        }
-    }
-
-    /// Writes the message's fields.
-    fn encode(&self, buf: &mut Vec<u8>) {
-        match self {
-            ChangeFields::Write(write) => write.encode(buf),
-            ChangeFields::Delete(delete) => buf.extend_from_slice(&delete.encode_to_vec()),
-        }
-    }
-}
-
-impl WriteFields<'_> {
-    fn len(&self) -> usize {
-        use prost::encoding::{bool, message, string};
-        let mut len = message::encoded_len(1, self.resource);
-        if !self.request_id.is_empty() {
-            len += string::encoded_len(2, &self.request_id);
-        }
-        if !self.actor.is_empty() {
-            len += string::encoded_len(3, self.actor);
-        }
-        if self.merged {
-            len += bool::encoded_len(4, &self.merged);
-        }
-        len
-    }
-
-    /// As `prost` encodes `WriteCas`: fields in order, defaults left out.
-    fn encode(&self, buf: &mut Vec<u8>) {
-        use prost::encoding::{bool, message, string};
-        message::encode(1, self.resource, buf);
-        if !self.request_id.is_empty() {
-            string::encode(2, &self.request_id, buf);
-        }
-        if !self.actor.is_empty() {
-            string::encode(3, self.actor, buf);
-        }
-        if self.merged {
-            bool::encode(4, &self.merged, buf);
-        }
     }
 }
 
@@ -176,7 +59,7 @@ pub fn decode_op(bytes: &[u8]) -> Result<Op, CodecError> {
     op_of(command)
 }
 
-fn request_id_text(request_id: Option<RequestId>) -> String {
+pub(crate) fn request_id_text(request_id: Option<RequestId>) -> String {
     request_id.map(|id| id.0.to_string()).unwrap_or_default()
 }
 
@@ -198,7 +81,11 @@ fn write_cas(resource: &Resource, condition: WriteCondition, tagged: &Tagged) ->
     }
 }
 
-fn delete_cas(id: &proto::resource::v1::Id, version: &str, tagged: &Tagged) -> pb::DeleteCas {
+pub(crate) fn delete_cas(
+    id: &proto::resource::v1::Id,
+    version: &str,
+    tagged: &Tagged,
+) -> pb::DeleteCas {
     pb::DeleteCas {
         id: Some(id.clone()),
         version: version.to_owned(),

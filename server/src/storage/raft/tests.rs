@@ -55,6 +55,22 @@ pub(crate) struct TestCluster {
     _dirs: Vec<tempfile::TempDir>,
 }
 
+/// Adds `node` to `leader`'s cluster as a voter, the plain raft way (the cluster room's rules,
+/// `crate::cluster`, sit above storage and have tests of their own).
+async fn add_voter(leader: &RaftNode, node: &RaftNode) -> Result<(), String> {
+    let raft = leader.raft();
+    raft.add_learner(node.id(), node.node().clone(), true)
+        .await
+        .map_err(|error| error.to_string())?;
+    raft.change_membership(
+        openraft::ChangeMembers::AddVoterIds(std::collections::BTreeSet::from([node.id()])),
+        false,
+    )
+    .await
+    .map_err(|error| error.to_string())?;
+    Ok(())
+}
+
 impl TestCluster {
     pub(crate) async fn start(size: u64) -> TestCluster {
         Self::start_with(size, Duration::from_secs(10)).await
@@ -119,14 +135,9 @@ impl TestCluster {
         cluster.nodes[0].bootstrap().await.expect("bootstrap");
         cluster.wait_for_leader(1, 1).await;
         for node in &cluster.nodes[1..] {
-            crate::cluster::add_voter(
-                &cluster.nodes[0],
-                node.id(),
-                node.node().clone(),
-                Instant::now() + Duration::from_secs(30),
-            )
-            .await
-            .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
+            add_voter(&cluster.nodes[0], node)
+                .await
+                .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
         }
         cluster.wait_for_leader(1, cluster.nodes.len()).await;
         cluster
