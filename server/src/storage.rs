@@ -12,12 +12,12 @@ use async_trait::async_trait;
 use futures::Stream;
 use proto::resource::v1::{Id, Resource, Tenancy};
 
-pub mod check;
-#[cfg(any(test, feature = "conformance"))]
-pub mod conformance;
-pub mod deadline;
-pub mod events;
-pub mod inmem;
+pub(crate) mod check;
+#[cfg(test)]
+pub(crate) mod conformance;
+pub(crate) mod deadline;
+pub(crate) mod events;
+pub(crate) mod inmem;
 pub mod raft;
 
 /// What a write requires of the stored resource.

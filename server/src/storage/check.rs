@@ -14,16 +14,16 @@ use super::{StorageError, StorageKey, WriteCondition};
 use crate::resource;
 
 /// The longest key any backend must store: LMDB's default maximum key size.
-pub const MAX_KEY_BYTES: usize = 511;
+pub(crate) const MAX_KEY_BYTES: usize = 511;
 
 /// Longest stored name: tombstones carry the name and uid of what they replace.
-pub const MAX_STORED_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
+pub(crate) const MAX_STORED_NAME_LEN: usize = 10 + resource::MAX_NAME_LEN + 1 + 26;
 
 /// Longest group or kind a stored type may have.
-pub const MAX_TYPE_PART_LEN: usize = 63;
+pub(crate) const MAX_TYPE_PART_LEN: usize = 63;
 
 /// Bytes of a resource key: `group 0 kind 0 partition 0 namespace 0 name`.
-pub fn resource_key_len(key: &StorageKey) -> usize {
+pub(crate) fn resource_key_len(key: &StorageKey) -> usize {
     key.group.len()
         + key.kind.len()
         + key.partition.len()
@@ -33,7 +33,7 @@ pub fn resource_key_len(key: &StorageKey) -> usize {
 }
 
 /// Bytes of an owner index key: `owner uid 0` and the child's resource key.
-pub fn owner_key_len(owner_uid: &str, child: &StorageKey) -> usize {
+pub(crate) fn owner_key_len(owner_uid: &str, child: &StorageKey) -> usize {
     owner_uid.len() + 1 + resource_key_len(child)
 }
 
@@ -57,7 +57,7 @@ fn check_tenancy_part(part: &str, value: &str, problems: &mut Vec<String>) {
 
 /// Checks an id's type, name and tenancy as storage needs them: parts that form the key are
 /// valid names (no separators, no wildcards) and the key fits every backend.
-pub fn check_id(id: &Id, problems: &mut Vec<String>) {
+pub(crate) fn check_id(id: &Id, problems: &mut Vec<String>) {
     match &id.r#type {
         None => problems.push("id.type is required".into()),
         Some(resource_type) => {
@@ -100,7 +100,10 @@ fn check_uid(field: &str, uid: &str, problems: &mut Vec<String>) {
 /// Whether `resource` can be stored by every backend: a complete id (type, valid names, a ULID
 /// uid), an owner that is a valid id with a ULID uid if it has one, keys within
 /// [`MAX_KEY_BYTES`], and at most `max_resource_bytes` encoded. Reports every problem at once.
-pub fn check_storable(resource: &Resource, max_resource_bytes: usize) -> Result<(), StorageError> {
+pub(crate) fn check_storable(
+    resource: &Resource,
+    max_resource_bytes: usize,
+) -> Result<(), StorageError> {
     let Some(id) = resource.id.as_ref() else {
         return Err(rejected(None, "it has no id"));
     };
@@ -140,7 +143,7 @@ pub fn check_storable(resource: &Resource, max_resource_bytes: usize) -> Result<
 
 /// Whether an id can name a stored resource at all (for deletes and reads that come from
 /// outside): a key that is too long or malformed names nothing.
-pub fn check_key(id: &Id) -> Result<(), StorageError> {
+pub(crate) fn check_key(id: &Id) -> Result<(), StorageError> {
     let mut problems = Vec::new();
     check_id(id, &mut problems);
     if problems.is_empty() {
@@ -162,7 +165,7 @@ fn uid_of(resource: &Resource) -> &str {
 /// The compare-and-swap check of a write: `incoming.version` must be the stored version (empty:
 /// nothing may be stored), and the uid is compared first. A [`WriteCondition::Merged`] write is
 /// also accepted over another version when [`merge_still_holds`].
-pub fn check_write(
+pub(crate) fn check_write(
     existing: Option<&Resource>,
     incoming: &Resource,
     condition: WriteCondition,
@@ -199,7 +202,7 @@ fn merge_still_holds(stored: &Resource, incoming: &Resource) -> bool {
 }
 
 /// The uid of the resource's owner, if it names one (the owner index's key).
-pub fn owner_uid(resource: &Resource) -> Option<&str> {
+pub(crate) fn owner_uid(resource: &Resource) -> Option<&str> {
     resource
         .owner
         .as_ref()
@@ -209,7 +212,7 @@ pub fn owner_uid(resource: &Resource) -> Option<&str> {
 
 /// What a delete does to what is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeleteCheck {
+pub(crate) enum DeleteCheck {
     /// Nothing is stored under the name, or another incarnation (uid) is: nothing to do.
     Nothing,
     /// Remove the stored resource.
@@ -218,7 +221,7 @@ pub enum DeleteCheck {
 
 /// The compare-and-swap check of a delete: a missing resource or another uid is a no-op; the
 /// stored version must be `version`.
-pub fn check_delete(
+pub(crate) fn check_delete(
     existing: Option<&Resource>,
     id: &Id,
     version: &str,

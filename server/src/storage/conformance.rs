@@ -87,7 +87,7 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Retries a check until it returns `Ok`, at most `EVENTUALLY_ATTEMPTS` times, and returns
 /// its value; panics with the last failure.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -110,7 +110,7 @@ tokio::task_local! {
 
 /// Builds ids and resources for the cases: of the demo types, or of a registered type.
 #[derive(Debug, Clone)]
-pub struct Fixture {
+pub(crate) struct Fixture {
     group: String,
     /// The kinds the cases call `Artist` and `Album`.
     primary: String,
@@ -129,12 +129,12 @@ impl Default for Fixture {
 
 impl Fixture {
     /// The fixture of the running case (the demo types outside one).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         FIXTURE.try_with(Clone::clone).unwrap_or_default()
     }
 
     /// Resources of a type registered at runtime instead of the demo types.
-    pub fn registered() -> Self {
+    pub(crate) fn registered() -> Self {
         Fixture {
             group: "payments".into(),
             primary: "Invoice".into(),
@@ -150,23 +150,23 @@ impl Fixture {
         }
     }
 
-    pub fn artist_type(&self) -> UnversionedType {
+    pub(crate) fn artist_type(&self) -> UnversionedType {
         UnversionedType {
             group: self.group.clone(),
             kind: self.primary.clone(),
         }
     }
 
-    pub fn wildcard(&self) -> Tenancy {
+    pub(crate) fn wildcard(&self) -> Tenancy {
         tenancy(resource::WILDCARD, resource::WILDCARD)
     }
 
     /// A new `demo.v2.Artist` in `default/default`, with a fresh uid.
-    pub fn artist(&self, name: &str) -> Resource {
+    pub(crate) fn artist(&self, name: &str) -> Resource {
         self.resource("v2", "Artist", tenancy("default", "default"), name)
     }
 
-    pub fn resource(
+    pub(crate) fn resource(
         &self,
         group_version: &str,
         kind: &str,
@@ -190,7 +190,7 @@ impl Fixture {
     }
 }
 
-pub fn tenancy(partition: &str, namespace: &str) -> Tenancy {
+pub(crate) fn tenancy(partition: &str, namespace: &str) -> Tenancy {
     Tenancy {
         partition: partition.into(),
         namespace: namespace.into(),
@@ -321,7 +321,7 @@ impl crate::storage::EncodedSink for FirstOnly {
     }
 }
 
-pub async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {
+pub(crate) async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut artist = fixture.artist("miles");
     artist.metadata.insert("genre".into(), "jazz".into());
@@ -342,7 +342,7 @@ pub async fn read_returns_the_stored_resource<B: Backend>(backend: &B) {
     expect_encoded_read_agrees(backend, &without_uid).await;
 }
 
-pub async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
+pub(crate) async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let error = backend
         .read(Consistency::Strong, &id_of(&fixture.artist("nobody")))
@@ -352,7 +352,7 @@ pub async fn read_of_a_missing_resource_is_not_found<B: Backend>(backend: &B) {
     expect_encoded_read_agrees(backend, &id_of(&fixture.artist("nobody"))).await;
 }
 
-pub async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
+pub(crate) async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let artist = fixture.artist("miles");
     let stored = backend.write_cas(artist.clone()).await.expect("create");
@@ -367,7 +367,9 @@ pub async fn read_with_another_uid_is_not_found<B: Backend>(backend: &B) {
     expect_encoded_read_agrees(backend, &other).await;
 }
 
-pub async fn read_with_another_group_version_carries_the_stored_resource<B: Backend>(backend: &B) {
+pub(crate) async fn read_with_another_group_version_carries_the_stored_resource<B: Backend>(
+    backend: &B,
+) {
     let fixture = Fixture::new();
     let artist = fixture.artist("miles");
     let stored = backend.write_cas(artist.clone()).await.expect("create");
@@ -385,7 +387,7 @@ pub async fn read_with_another_group_version_carries_the_stored_resource<B: Back
     expect_encoded_read_agrees(backend, &v1).await;
 }
 
-pub async fn create_with_a_version_is_a_cas_failure<B: Backend>(backend: &B) {
+pub(crate) async fn create_with_a_version_is_a_cas_failure<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut artist = fixture.artist("miles");
     artist.version = "12345".into();
@@ -401,7 +403,7 @@ pub async fn create_with_a_version_is_a_cas_failure<B: Backend>(backend: &B) {
     assert!(matches!(error, StorageError::NotFound), "{error:?}");
 }
 
-pub async fn update_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
+pub(crate) async fn update_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let artist = fixture.artist("miles");
     let first = backend.write_cas(artist.clone()).await.expect("create");
@@ -418,7 +420,7 @@ pub async fn update_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &
     expect_read(backend, &id_of(&artist), &second.version).await;
 }
 
-pub async fn update_with_the_current_version_stores_a_new_version<B: Backend>(backend: &B) {
+pub(crate) async fn update_with_the_current_version_stores_a_new_version<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let artist = fixture.artist("miles");
     let first = backend.write_cas(artist).await.expect("create");
@@ -434,7 +436,7 @@ pub async fn update_with_the_current_version_stores_a_new_version<B: Backend>(ba
     assert_eq!(read, second);
 }
 
-pub async fn a_merged_write_lands_over_a_later_version_until_a_status_changes<B: Backend>(
+pub(crate) async fn a_merged_write_lands_over_a_later_version_until_a_status_changes<B: Backend>(
     backend: &B,
 ) {
     let fixture = Fixture::new();
@@ -475,7 +477,7 @@ pub async fn a_merged_write_lands_over_a_later_version_until_a_status_changes<B:
     expect_read(backend, &id_of(&first), &with_status.version).await;
 }
 
-pub async fn write_over_another_uid_is_wrong_uid_even_with_the_right_version<B: Backend>(
+pub(crate) async fn write_over_another_uid_is_wrong_uid_even_with_the_right_version<B: Backend>(
     backend: &B,
 ) {
     let fixture = Fixture::new();
@@ -503,7 +505,9 @@ pub async fn write_over_another_uid_is_wrong_uid_even_with_the_right_version<B: 
     );
 }
 
-pub async fn write_with_another_group_version_replaces_the_stored_object<B: Backend>(backend: &B) {
+pub(crate) async fn write_with_another_group_version_replaces_the_stored_object<B: Backend>(
+    backend: &B,
+) {
     let fixture = Fixture::new();
     let stored = backend
         .write_cas(fixture.artist("miles"))
@@ -521,7 +525,7 @@ pub async fn write_with_another_group_version_replaces_the_stored_object<B: Back
     );
 }
 
-pub async fn delete_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
+pub(crate) async fn delete_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let first = backend
         .write_cas(fixture.artist("miles"))
@@ -536,7 +540,7 @@ pub async fn delete_with_a_stale_version_is_a_cas_failure<B: Backend>(backend: &
     expect_read(backend, &id_of(&first), &second.version).await;
 }
 
-pub async fn delete_with_the_current_version_removes_the_resource<B: Backend>(backend: &B) {
+pub(crate) async fn delete_with_the_current_version_removes_the_resource<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let stored = backend
         .write_cas(fixture.artist("miles"))
@@ -549,7 +553,7 @@ pub async fn delete_with_the_current_version_removes_the_resource<B: Backend>(ba
     expect_not_found(backend, &id_of(&stored)).await;
 }
 
-pub async fn delete_of_a_missing_resource_succeeds<B: Backend>(backend: &B) {
+pub(crate) async fn delete_of_a_missing_resource_succeeds<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     backend
         .delete_cas(&id_of(&fixture.artist("nobody")), "1")
@@ -557,7 +561,7 @@ pub async fn delete_of_a_missing_resource_succeeds<B: Backend>(backend: &B) {
         .expect("deleting nothing is fine");
 }
 
-pub async fn delete_with_another_uid_deletes_nothing<B: Backend>(backend: &B) {
+pub(crate) async fn delete_with_another_uid_deletes_nothing<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let stored = backend
         .write_cas(fixture.artist("miles"))
@@ -591,7 +595,7 @@ async fn seed_tenancies<B: Backend>(backend: &B) {
         .expect("seed album");
 }
 
-pub async fn list_honours_every_wildcard_combination<B: Backend>(backend: &B) {
+pub(crate) async fn list_honours_every_wildcard_combination<B: Backend>(backend: &B) {
     seed_tenancies(backend).await;
     let artists = Fixture::new().artist_type();
     let all = [
@@ -625,7 +629,7 @@ pub async fn list_honours_every_wildcard_combination<B: Backend>(backend: &B) {
     expect_list(backend, &artists, &tenancy("p3", "*"), "", &[]).await;
 }
 
-pub async fn list_filters_by_name_prefix<B: Backend>(backend: &B) {
+pub(crate) async fn list_filters_by_name_prefix<B: Backend>(backend: &B) {
     seed_tenancies(backend).await;
     let artists = Fixture::new().artist_type();
     expect_list(
@@ -647,7 +651,7 @@ pub async fn list_filters_by_name_prefix<B: Backend>(backend: &B) {
     expect_list(backend, &artists, &tenancy("p1", "*"), "p2", &[]).await;
 }
 
-pub async fn list_returns_every_group_version<B: Backend>(backend: &B) {
+pub(crate) async fn list_returns_every_group_version<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let default = tenancy("default", "default");
     backend
@@ -668,7 +672,7 @@ pub async fn list_returns_every_group_version<B: Backend>(backend: &B) {
     .await;
 }
 
-pub async fn list_by_owner_is_anchored_on_the_owner_uid<B: Backend>(backend: &B) {
+pub(crate) async fn list_by_owner_is_anchored_on_the_owner_uid<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let owner = backend
         .write_cas(fixture.artist("owner"))
@@ -723,7 +727,7 @@ pub async fn list_by_owner_is_anchored_on_the_owner_uid<B: Backend>(backend: &B)
     );
 }
 
-pub async fn list_by_owner_outlives_the_owner<B: Backend>(backend: &B) {
+pub(crate) async fn list_by_owner_outlives_the_owner<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let owner = backend
         .write_cas(fixture.artist("owner"))
@@ -750,7 +754,7 @@ pub async fn list_by_owner_outlives_the_owner<B: Backend>(backend: &B) {
     .await;
 }
 
-pub async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(backend: &B) {
+pub(crate) async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(backend: &B) {
     seed_tenancies(backend).await;
     let artists = Fixture::new().artist_type();
     // Wait until this node has applied the seed, so the snapshot is complete.
@@ -795,7 +799,7 @@ async fn skip_snapshot(watch: &mut Watch) {
     }
 }
 
-pub async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backend: &B) {
+pub(crate) async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
         .watch_list(
@@ -832,7 +836,7 @@ pub async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backend: &B)
     assert!(!event.version.is_empty());
 }
 
-pub async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) {
+pub(crate) async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
         .watch_list(
@@ -871,7 +875,7 @@ pub async fn watch_ignores_resources_outside_its_query<B: Backend>(backend: &B) 
     assert_eq!(event.operation, Operation::Upsert(kept));
 }
 
-pub async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &B) {
+pub(crate) async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
         .watch_list(&fixture.artist_type(), &tenancy("*", "*"), "", None)
@@ -894,7 +898,9 @@ pub async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &
     assert_eq!(read.version, seen.version);
 }
 
-pub async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Backend>(backend: &B) {
+pub(crate) async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Backend>(
+    backend: &B,
+) {
     let fixture = Fixture::new();
     let default = tenancy("default", "default");
     let mut first = backend
@@ -935,7 +941,7 @@ pub async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Backend>(
     );
 }
 
-pub async fn watch_resume_from_a_future_version_is_refused<B: Backend>(backend: &B) {
+pub(crate) async fn watch_resume_from_a_future_version_is_refused<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     match backend
         .watch_list(

@@ -14,7 +14,7 @@ tokio::task_local! {
 /// Runs `future` with `deadline` as the request deadline (or none). A plain function, not an
 /// `async fn`: the wrapper holds `future` once, in place, instead of a second copy of a
 /// request's (large) future that is moved on every poll setup.
-pub fn scope<F: Future>(
+pub(crate) fn scope<F: Future>(
     deadline: Option<Instant>,
     future: F,
 ) -> TaskLocalFuture<Option<Instant>, F> {
@@ -22,18 +22,18 @@ pub fn scope<F: Future>(
 }
 
 /// The current request's deadline, if it has one.
-pub fn current() -> Option<Instant> {
+pub(crate) fn current() -> Option<Instant> {
     DEADLINE.try_with(|deadline| *deadline).ok().flatten()
 }
 
 /// The earlier of the request deadline and `now + limit`.
-pub fn bounded(limit: Duration) -> Instant {
+pub(crate) fn bounded(limit: Duration) -> Instant {
     let own = Instant::now() + limit;
     current().map_or(own, |deadline| deadline.min(own))
 }
 
 /// Parses a `grpc-timeout` header value: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     // The gRPC spec: a positive integer of at most 8 ASCII digits.
     if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {

@@ -22,9 +22,9 @@ use super::{
 };
 
 /// Changes kept for resuming watches (and for watchers that fall behind).
-pub const DEFAULT_HISTORY: usize = 16 * 1024;
+pub(crate) const DEFAULT_HISTORY: usize = 16 * 1024;
 /// Bytes of changes kept at most, whatever their count.
-pub const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
 /// Changes a watcher takes from the ring at a time.
 const READ_BATCH: usize = 256;
 /// What an item costs beyond its resource's encoded size.
@@ -135,7 +135,7 @@ impl Ring {
 // Short-lived, one per change; the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Published {
+pub(crate) enum Published {
     Change {
         key: StorageKey,
         event: WatchEvent,
@@ -147,14 +147,18 @@ pub enum Published {
 
 /// What a watch selects.
 #[derive(Debug, Clone)]
-pub struct WatchFilter {
+pub(crate) struct WatchFilter {
     pub resource_type: UnversionedType,
     pub tenancy: Tenancy,
     pub name_prefix: String,
 }
 
 impl WatchFilter {
-    pub fn new(resource_type: &UnversionedType, tenancy: &Tenancy, name_prefix: &str) -> Self {
+    pub(crate) fn new(
+        resource_type: &UnversionedType,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+    ) -> Self {
         WatchFilter {
             resource_type: resource_type.clone(),
             tenancy: tenancy.clone(),
@@ -162,7 +166,7 @@ impl WatchFilter {
         }
     }
 
-    pub fn matches(&self, key: &StorageKey) -> bool {
+    pub(crate) fn matches(&self, key: &StorageKey) -> bool {
         key.matches(&self.resource_type, &self.tenancy, &self.name_prefix)
     }
 }
@@ -177,7 +181,7 @@ const STAMP_SLOTS: usize = 256;
 /// later, knows that nothing of that group changed since: what it read is still current. The
 /// service keeps what it learnt about partitions and namespaces this way.
 #[derive(Debug)]
-pub struct GroupStamps {
+pub(crate) struct GroupStamps {
     slots: Box<[AtomicU64]>,
 }
 
@@ -199,7 +203,7 @@ impl GroupStamps {
     }
 
     /// The stamp of `group` now; load it before reading what it guards.
-    pub fn get(&self, group: &str) -> u64 {
+    pub(crate) fn get(&self, group: &str) -> u64 {
         self.slot(group).load(Ordering::Acquire)
     }
 
@@ -216,7 +220,7 @@ impl GroupStamps {
 
 /// The published changes of one backend, their bounded history and the watches that follow them.
 #[derive(Debug)]
-pub struct EventLog {
+pub(crate) struct EventLog {
     ring: Arc<Mutex<Ring>>,
     /// The ring's `next_seq`, sent after each publish: wakes waiting watchers.
     published: watch::Sender<u64>,
@@ -299,7 +303,7 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
 
 impl EventLog {
     /// A log whose history starts at version `floor` (what was applied when it was created).
-    pub fn new(limits: HistoryLimits, floor: Version) -> Self {
+    pub(crate) fn new(limits: HistoryLimits, floor: Version) -> Self {
         let (published, _) = watch::channel(0);
         EventLog {
             ring: Arc::new(Mutex::new(Ring {
@@ -322,19 +326,20 @@ impl EventLog {
     }
 
     /// The per-group stamps publishing moves (readers keep a clone and need no lock).
-    pub fn stamps(&self) -> Arc<GroupStamps> {
+    pub(crate) fn stamps(&self) -> Arc<GroupStamps> {
         self.stamps.clone()
     }
 
+    #[cfg(test)]
     /// Bytes and changes the history holds now.
-    pub fn history_size(&self) -> (usize, usize) {
+    pub(crate) fn history_size(&self) -> (usize, usize) {
         let ring = lock(&self.ring);
         (ring.total_bytes(), ring.items.len())
     }
 
     /// Publishes what one commit collected, in order, and wakes the watchers once for all of it
     /// (not once per change: a batch of writes is one commit); a reset is at `applied`.
-    pub fn publish_all(&mut self, items: Vec<Published>, applied: Version) {
+    pub(crate) fn publish_all(&mut self, items: Vec<Published>, applied: Version) {
         if items.is_empty() {
             return;
         }
@@ -362,7 +367,7 @@ impl EventLog {
     }
 
     /// Publishes one change (a backend that commits changes one at a time).
-    pub fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+    pub(crate) fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
         self.publish_all(
             vec![Published::Change {
                 key,
@@ -374,14 +379,14 @@ impl EventLog {
     }
 
     /// Ends every watch; resumes from before `version` are no longer possible.
-    pub fn reset(&mut self, reason: String, version: Version) {
+    pub(crate) fn reset(&mut self, reason: String, version: Version) {
         self.publish_all(vec![Published::Reset { reason }], version);
     }
 
     /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `applied` is the
     /// version the state is at (changes within that entry may be newer). Call under the lock
     /// that publishing happens under.
-    pub fn watch(
+    pub(crate) fn watch(
         &self,
         filter: WatchFilter,
         snapshot: Vec<Resource>,
@@ -400,7 +405,7 @@ impl EventLog {
 
     /// The snapshot event of `resource`: the one another watcher holds for this version, or a
     /// new one others will share.
-    pub fn snapshot_event(&self, resource: Resource) -> SharedEvent {
+    pub(crate) fn snapshot_event(&self, resource: Resource) -> SharedEvent {
         self.snapshots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -409,7 +414,11 @@ impl EventLog {
 
     /// The snapshot event another watcher holds for the resource at `key` and `version`, if
     /// any: a backend asks before it decodes a stored resource for a snapshot.
-    pub fn held_snapshot_event(&self, key: &StorageKey, version: &str) -> Option<SharedEvent> {
+    pub(crate) fn held_snapshot_event(
+        &self,
+        key: &StorageKey,
+        version: &str,
+    ) -> Option<SharedEvent> {
         self.snapshots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -418,7 +427,7 @@ impl EventLog {
 
     /// [`EventLog::watch`] with the snapshot's events made already ([`EventLog::snapshot_event`],
     /// [`EventLog::held_snapshot_event`]).
-    pub fn watch_events(
+    pub(crate) fn watch_events(
         &self,
         filter: WatchFilter,
         snapshot: Vec<SharedEvent>,

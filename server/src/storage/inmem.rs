@@ -16,7 +16,7 @@ use super::{
 use crate::resource;
 
 #[derive(Debug)]
-pub struct InMemBackend {
+pub(crate) struct InMemBackend {
     state: Mutex<State>,
     /// The event log's stamps, read without the lock.
     stamps: Arc<GroupStamps>,
@@ -39,12 +39,12 @@ impl Default for InMemBackend {
 }
 
 impl InMemBackend {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_history(HistoryLimits::default())
     }
 
     /// `history`: the changes kept for resuming watches and for watchers that fall behind.
-    pub fn with_history(history: HistoryLimits) -> Self {
+    pub(crate) fn with_history(history: HistoryLimits) -> Self {
         let events = EventLog::new(history, Version::new(0));
         InMemBackend {
             stamps: events.stamps(),

@@ -19,18 +19,18 @@
 // openraft's storage traits fix the error type, and it is large.
 #![allow(clippy::result_large_err)]
 
-pub mod backend;
-pub mod codec;
-pub mod disk;
-pub mod log_store;
-pub mod network;
-pub mod node;
+pub(crate) mod backend;
+pub(crate) mod codec;
+pub(crate) mod disk;
+pub(crate) mod log_store;
+pub(crate) mod network;
+pub(crate) mod node;
 pub mod op;
-pub mod schema;
-pub mod sealed;
+pub(crate) mod schema;
+pub(crate) mod sealed;
 pub mod state_machine;
 pub mod types;
-pub mod wal;
+pub(crate) mod wal;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -21,16 +21,17 @@ const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(2);
 
 /// The storage contract over a raft node.
 #[derive(Debug, Clone)]
-pub struct RaftBackend {
+pub(crate) struct RaftBackend {
     node: Arc<RaftNode>,
 }
 
 impl RaftBackend {
-    pub fn new(node: Arc<RaftNode>) -> Self {
+    pub(crate) fn new(node: Arc<RaftNode>) -> Self {
         RaftBackend { node }
     }
 
-    pub fn node(&self) -> &Arc<RaftNode> {
+    #[cfg(test)]
+    pub(crate) fn node(&self) -> &Arc<RaftNode> {
         &self.node
     }
 

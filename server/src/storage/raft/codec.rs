@@ -10,14 +10,13 @@
 use prost::Message;
 use proto::raft::v1::{
     self as pb, batch_operation::Operation as PbOperation, command::Command as PbCommand,
-    command_result::Result as PbResult, forward_request::Request as PbRequest,
-    forward_response::Response as PbResponse, storage_failure::Code,
+    forward_request::Request as PbRequest, forward_response::Response as PbResponse,
+    storage_failure::Code,
 };
 use proto::resource::v1::Resource;
 
 use super::op::{
-    Applied, Change, ChangeResult, ListQuery, Op, Outcome, Reply, ReplyResult, Request, RequestId,
-    Tagged,
+    Applied, Change, ChangeResult, ListQuery, Op, Reply, ReplyResult, Request, RequestId, Tagged,
 };
 use crate::storage::{StorageError, UnversionedType, WriteCondition};
 
@@ -43,7 +42,7 @@ fn shape(what: &'static str, why: &'static str) -> CodecError {
 // Log entries.
 
 /// The encoded payload of a log entry.
-pub fn encode_op(op: &Op) -> Vec<u8> {
+pub(crate) fn encode_op(op: &Op) -> Vec<u8> {
     match op {
         Op::Changes(changes) => crate::wire::changes::encode(changes),
         _ => command_of(op).encode_to_vec(),
@@ -51,7 +50,7 @@ pub fn encode_op(op: &Op) -> Vec<u8> {
 }
 
 /// Decodes a log entry payload.
-pub fn decode_op(bytes: &[u8]) -> Result<Op, CodecError> {
+pub(crate) fn decode_op(bytes: &[u8]) -> Result<Op, CodecError> {
     let command = pb::Command::decode(bytes).map_err(|source| CodecError::Protobuf {
         what: "log entry",
         source,
@@ -220,59 +219,11 @@ fn op_of(command: pb::Command) -> Result<Op, CodecError> {
     )
 }
 
-// Apply results (they stay on the node that applied the entry; openraft still wants them
-// serializable).
-
-fn result_of(result: &ChangeResult) -> pb::CommandResult {
-    let result = match result {
-        Ok(Applied::Written(resource)) => PbResult::Written(resource.clone()),
-        Ok(Applied::Done) => PbResult::Done(pb::Done {}),
-        Err(error) => PbResult::Failure(failure_of(error)),
-    };
-    pb::CommandResult {
-        result: Some(result),
-    }
-}
-
-fn change_result_of(result: pb::CommandResult) -> ChangeResult {
-    match result.result {
-        Some(PbResult::Written(resource)) => Ok(Applied::Written(resource)),
-        Some(PbResult::Done(_)) => Ok(Applied::Done),
-        Some(PbResult::Failure(failure)) => Err(error_of(failure)),
-        Some(PbResult::Batch(_)) | None => Err(StorageError::Internal(
-            "a nested or empty apply result".into(),
-        )),
-    }
-}
-
-/// The encoded form of an apply outcome.
-pub fn encode_outcome(outcome: &Outcome) -> Vec<u8> {
-    pb::CommandResult {
-        result: Some(PbResult::Batch(pb::BatchResults {
-            results: outcome.0.iter().map(result_of).collect(),
-        })),
-    }
-    .encode_to_vec()
-}
-
-pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
-    let result = pb::CommandResult::decode(bytes).map_err(|source| CodecError::Protobuf {
-        what: "apply result",
-        source,
-    })?;
-    match result.result {
-        Some(PbResult::Batch(batch)) => Ok(Outcome(
-            batch.results.into_iter().map(change_result_of).collect(),
-        )),
-        _ => Err(shape("apply result", "not a list of results")),
-    }
-}
-
 // The deduplication table.
 
 /// What the state machine remembers of an applied change (small: a write's version, not its
 /// resource).
-pub fn encode_remembered(result: &ChangeResult) -> Vec<u8> {
+pub(crate) fn encode_remembered(result: &ChangeResult) -> Vec<u8> {
     use pb::remembered::Outcome as Remembered;
     let outcome = match result {
         Ok(Applied::Written(resource)) => Remembered::WrittenVersion(resource.version.clone()),
@@ -291,7 +242,7 @@ pub fn encode_remembered(result: &ChangeResult) -> Vec<u8> {
 
 /// The outcome of the first application of `change`, from what was remembered of it: a write is
 /// the resource the retry carries, at the version it was stored with.
-pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
+pub(crate) fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
     use pb::remembered::Outcome as Remembered;
     let remembered = pb::Remembered::decode(bytes).map_err(|error| {
         StorageError::Internal(format!("a remembered outcome does not decode: {error}"))
@@ -312,7 +263,7 @@ pub fn remembered_result(bytes: &[u8], change: &Change) -> ChangeResult {
 
 // Forwarding.
 
-pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
+pub(crate) fn forward_request_of(request: &Request) -> pb::ForwardRequest {
     let request = match request {
         Request::Change(tagged) => match &tagged.change {
             Change::Write(resource, condition) => {
@@ -334,7 +285,7 @@ pub fn forward_request_of(request: &Request) -> pb::ForwardRequest {
     }
 }
 
-pub fn request_of(request: pb::ForwardRequest) -> Result<Request, CodecError> {
+pub(crate) fn request_of(request: pb::ForwardRequest) -> Result<Request, CodecError> {
     const WHAT: &str = "forwarded request";
     Ok(
         match request
@@ -359,7 +310,7 @@ pub fn request_of(request: pb::ForwardRequest) -> Result<Request, CodecError> {
     )
 }
 
-pub fn forward_response_of(reply: &ReplyResult) -> pb::ForwardResponse {
+pub(crate) fn forward_response_of(reply: &ReplyResult) -> pb::ForwardResponse {
     let response = match reply {
         Ok(Reply::Resource(resource)) => PbResponse::Resource(resource.clone()),
         Ok(Reply::Resources(resources)) => PbResponse::Resources(pb::Resources {
@@ -375,7 +326,7 @@ pub fn forward_response_of(reply: &ReplyResult) -> pb::ForwardResponse {
 }
 
 /// The reply carried by a `ForwardResponse`; a malformed one is an internal error.
-pub fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
+pub(crate) fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
     match response.response {
         Some(PbResponse::Resource(resource)) => Ok(Reply::Resource(resource)),
         Some(PbResponse::Resources(list)) => Ok(Reply::Resources(list.resources)),
@@ -390,7 +341,7 @@ pub fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
 
 // Storage errors on the wire.
 
-pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
+pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
     let (code, stored) = match error {
         StorageError::NotFound => (Code::NotFound, None),
         StorageError::CasFailure => (Code::CasFailure, None),
@@ -437,7 +388,7 @@ pub fn failure_of(error: &StorageError) -> pb::StorageFailure {
     }
 }
 
-pub fn error_of(failure: pb::StorageFailure) -> StorageError {
+pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
     match Code::try_from(failure.code).unwrap_or(Code::Internal) {
         Code::NotFound => StorageError::NotFound,
         Code::CasFailure => StorageError::CasFailure,

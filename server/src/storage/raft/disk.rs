@@ -20,7 +20,7 @@ use crate::storage::StorageError;
 const RETRY: Duration = Duration::from_millis(500);
 
 /// Whether an error is a full disk (or a full quota of the filesystem's).
-pub fn is_no_space(error: &io::Error) -> bool {
+pub(crate) fn is_no_space(error: &io::Error) -> bool {
     matches!(
         error.raw_os_error(),
         Some(code) if code == rustix::io::Errno::NOSPC.raw_os_error()
@@ -29,7 +29,7 @@ pub fn is_no_space(error: &io::Error) -> bool {
 }
 
 /// Whether an LMDB error is a full disk.
-pub fn is_lmdb_no_space(error: &heed::Error) -> bool {
+pub(crate) fn is_lmdb_no_space(error: &heed::Error) -> bool {
     match error {
         heed::Error::Io(error) => is_no_space(error),
         heed::Error::Mdb(error) => is_no_space(&io::Error::from_raw_os_error(error.to_err_code())),
@@ -136,7 +136,7 @@ impl DiskSpace {
 
 /// [`DiskSpace::wait_out`] on the disk a node watches, or `attempt` once where none is watched
 /// (a store opened on its own, in tests).
-pub fn wait_out<T, E: std::fmt::Display>(
+pub(crate) fn wait_out<T, E: std::fmt::Display>(
     disk: Option<&DiskSpace>,
     what: &str,
     full: impl Fn(&E) -> bool,

@@ -38,7 +38,7 @@ const RECENT_BYTES: usize = 8 << 20;
 
 /// The log store; clones share the same log.
 #[derive(Clone)]
-pub struct LogStore {
+pub(crate) struct LogStore {
     inner: Arc<LogInner>,
 }
 
@@ -59,7 +59,7 @@ struct LogInner {
 
 /// Counters for benchmarks and metrics.
 #[derive(Debug, Default)]
-pub struct LogStats {
+pub(crate) struct LogStats {
     /// Syncs of the log (each one `fdatasync`).
     pub commits: AtomicU64,
     /// Entries written by those commits.
@@ -187,7 +187,7 @@ impl Flushed {
 /// A damaged log that was set aside: what was wrong, and the `raft/damaged-*` directory that
 /// holds it now (its segments under `wal`).
 #[derive(Debug)]
-pub struct SetAside {
+pub(crate) struct SetAside {
     pub damage: WalError,
     pub dir: PathBuf,
 }
@@ -226,19 +226,19 @@ fn write_error(error: impl std::fmt::Display) -> RaftStorageError {
 
 impl LogStore {
     /// Opens the log of `data_dir`; a damaged log is refused.
-    pub fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
+    pub(crate) fn open(data_dir: &Path) -> Result<LogStore, LogOpenError> {
         Self::open_with(data_dir, false, true).map(|(log, _)| log)
     }
 
     /// Opens a new, empty log in `data_dir`, whose log was set aside for a repair.
-    pub fn open_anew(data_dir: &Path) -> Result<LogStore, LogOpenError> {
+    pub(crate) fn open_anew(data_dir: &Path) -> Result<LogStore, LogOpenError> {
         Self::open_with(data_dir, false, false).map(|(log, _)| log)
     }
 
     /// Opens the log of `data_dir`; a damaged one is set aside under `raft/damaged-*` and a
     /// new, empty log started in its place. Returns what was damaged and where it went, if
     /// anything was.
-    pub fn open_setting_damage_aside(
+    pub(crate) fn open_setting_damage_aside(
         data_dir: &Path,
     ) -> Result<(LogStore, Option<SetAside>), LogOpenError> {
         Self::open_with(data_dir, true, true)
@@ -355,11 +355,11 @@ impl LogStore {
     }
 
     /// The index the log was purged up to (inclusive), if anything was purged.
-    pub fn purged_index(&self) -> Option<u64> {
+    pub(crate) fn purged_index(&self) -> Option<u64> {
         self.tail().purged.map(|log_id| log_id.index)
     }
 
-    pub fn stats(&self) -> Arc<LogStats> {
+    pub(crate) fn stats(&self) -> Arc<LogStats> {
         self.inner.stats.clone()
     }
 

@@ -13,18 +13,18 @@ mod client;
 mod pipe;
 mod server;
 
-pub use client::{NetworkClient, NetworkFactory};
-pub use server::{PeerAdmission, RaftGrpc};
+pub(crate) use client::NetworkFactory;
+pub(crate) use server::{PeerAdmission, RaftGrpc};
 
 /// When this node last heard from each peer (a successful raft RPC), so membership can tell a
 /// member that answers from one that does not (openraft 0.9 keeps only match indexes).
 #[derive(Debug, Default)]
-pub struct Contacts {
+pub(crate) struct Contacts {
     last: std::sync::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>,
 }
 
 impl Contacts {
-    pub fn heard(&self, node: NodeId) {
+    pub(crate) fn heard(&self, node: NodeId) {
         self.last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -32,7 +32,7 @@ impl Contacts {
     }
 
     /// How long ago `node` last answered; `None` if it never did.
-    pub fn since(&self, node: NodeId) -> Option<std::time::Duration> {
+    pub(crate) fn since(&self, node: NodeId) -> Option<std::time::Duration> {
         self.last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -42,16 +42,16 @@ impl Contacts {
 }
 
 /// Largest AppendEntries message sent; larger batches are cut and reported as partial success.
-pub const MAX_APPEND_BYTES: usize = 32 << 20;
+pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 /// Largest message the raft server accepts (a single entry may hold a 4 MiB resource).
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Size of the chunks a snapshot is streamed in.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
 /// HTTP/2 flow-control windows of raft connections, both ways: appends share one stream per
 /// peer (see `pipe`), so its window, not a new stream's, bounds the bytes in flight.
-pub const STREAM_WINDOW: u32 = 16 << 20;
-pub const CONNECTION_WINDOW: u32 = 32 << 20;
+pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 
 /// How often an idle connection to a peer is pinged, and how long a ping may go unanswered.
 const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -59,7 +59,7 @@ const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4
 
 /// A lazily connecting client of the raft service of peer `node` at `addr` (with TLS, the
 /// peer must present node `node`'s certificate).
-pub fn raft_client(
+pub(crate) fn raft_client(
     dialer: &Dialer,
     addr: &str,
     node: NodeId,

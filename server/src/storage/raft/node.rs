@@ -43,15 +43,15 @@ mod repair;
 mod retry;
 mod status;
 
-pub use readiness::Readiness;
-pub use status::{MemberStatus, NodeStatus, Role, names_node};
+pub(crate) use readiness::Readiness;
+pub(crate) use status::{MemberStatus, NodeStatus, Role, names_node};
 
 /// Largest raft snapshot (and operator restore) accepted by default.
-pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
+pub(crate) const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
 
 /// How a node runs its part of the Raft group.
 #[derive(Debug, Clone)]
-pub struct RaftOptions {
+pub(crate) struct RaftOptions {
     pub node_id: NodeId,
     pub data_dir: PathBuf,
     /// Addresses other nodes and clients use to reach this one.
@@ -82,7 +82,7 @@ pub struct RaftOptions {
 }
 
 impl RaftOptions {
-    pub fn new(node_id: NodeId, data_dir: PathBuf, node: NodeAddr) -> Self {
+    pub(crate) fn new(node_id: NodeId, data_dir: PathBuf, node: NodeAddr) -> Self {
         RaftOptions {
             node_id,
             data_dir,
@@ -105,11 +105,11 @@ impl RaftOptions {
 
 /// Entries behind the leader past which a follower is not ready (a healthy follower under load
 /// is a few entries behind; each entry carries a batch of writes).
-pub const DEFAULT_MAX_LAG_ENTRIES: u64 = 256;
+pub(crate) const DEFAULT_MAX_LAG_ENTRIES: u64 = 256;
 
 /// Free space below which new writes are refused: room for the log to roll a few segments and
 /// the state machine to apply what is already committed.
-pub const DEFAULT_DISK_RESERVE: u64 = 128 << 20;
+pub(crate) const DEFAULT_DISK_RESERVE: u64 = 128 << 20;
 
 /// What to do with damage a node cannot be repaired from.
 const UNREPAIRABLE: &str = "This node knows no other voter to repair it from: if it belongs to a cluster whose other members hold the data, remove it there (`resctl cluster remove N` on a healthy member), move its data directory aside and join it again with an empty one; if it is the only node, start a new node and restore the latest operator snapshot into it (`resctl snapshot restore FILE`)";
@@ -143,7 +143,7 @@ pub enum RaftStartError {
     Fatal(String),
 }
 
-pub struct RaftNode {
+pub(crate) struct RaftNode {
     id: NodeId,
     data_dir: PathBuf,
     node: NodeAddr,
@@ -199,10 +199,10 @@ impl std::fmt::Debug for RaftNode {
 }
 
 /// Records of an operator restore, in chunks, as the caller reads them from its spooled file.
-pub type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, StorageError>>;
+pub(crate) type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, StorageError>>;
 
 impl RaftNode {
-    pub async fn open(options: RaftOptions) -> Result<Arc<RaftNode>, RaftStartError> {
+    pub(crate) async fn open(options: RaftOptions) -> Result<Arc<RaftNode>, RaftStartError> {
         super::schema::check_identity(
             &options.data_dir,
             &super::schema::Identity {
@@ -426,38 +426,39 @@ impl RaftNode {
         Ok(backend)
     }
 
-    pub fn id(&self) -> NodeId {
+    pub(crate) fn id(&self) -> NodeId {
         self.id
     }
 
-    pub fn node(&self) -> &NodeAddr {
+    pub(crate) fn node(&self) -> &NodeAddr {
         &self.node
     }
 
-    pub fn raft(&self) -> &Raft {
+    pub(crate) fn raft(&self) -> &Raft {
         &self.raft
     }
 
-    pub fn metrics(&self) -> RaftMetrics<NodeId, NodeAddr> {
+    pub(crate) fn metrics(&self) -> RaftMetrics<NodeId, NodeAddr> {
         self.raft.metrics().borrow().clone()
     }
 
-    pub fn log_stats(&self) -> &LogStats {
+    #[cfg(test)]
+    pub(crate) fn log_stats(&self) -> &LogStats {
         &self.log_stats
     }
 
     /// Where operator restores are spooled while they are checked.
-    pub fn spool_dir(&self) -> PathBuf {
+    pub(crate) fn spool_dir(&self) -> PathBuf {
         self.data_dir.join(super::schema::RESTORE_SPOOL_DIR)
     }
 
     /// This node's data directory.
-    pub fn data_dir(&self) -> &std::path::Path {
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
     }
 
     /// Largest raft snapshot this node accepts.
-    pub fn max_snapshot_bytes(&self) -> u64 {
+    pub(crate) fn max_snapshot_bytes(&self) -> u64 {
         self.max_snapshot_bytes
     }
 
@@ -475,7 +476,7 @@ impl RaftNode {
 
     /// Waits until this node has applied every write committed before the call (the raft
     /// "read index"): afterwards, local reads are linearizable. Returns the index.
-    pub async fn read_barrier(&self) -> Result<u64, StorageError> {
+    pub(crate) async fn read_barrier(&self) -> Result<u64, StorageError> {
         let me = self.me.clone();
         let round = move || {
             let me = me.clone();
@@ -531,7 +532,7 @@ impl RaftNode {
     }
 
     /// A consistent snapshot of every resource as an operator snapshot file, in chunks.
-    pub async fn export(
+    pub(crate) async fn export(
         &self,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>, StorageError> {
         self.read_barrier().await?;
@@ -551,7 +552,7 @@ impl RaftNode {
     /// entry per chunk, commit. Nothing changes unless every chunk arrives and is staged; the
     /// records must have been validated. Must run on the leader. Returns the index at which the
     /// restored state took effect.
-    pub async fn restore(&self, mut chunks: RestoreChunks) -> Result<u64, StorageError> {
+    pub(crate) async fn restore(&self, mut chunks: RestoreChunks) -> Result<u64, StorageError> {
         let restore_id = ulid::Ulid::new().to_string();
         let mut staged = 0usize;
         self.run_op(Op::RestoreBegin {
@@ -606,12 +607,12 @@ impl RaftNode {
     }
 
     /// Whether this node is the leader, as it changes.
-    pub fn leadership(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub(crate) fn leadership(&self) -> tokio::sync::watch::Receiver<bool> {
         self.leadership.clone()
     }
 
     /// Stops raft on this node.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         // Waits for disk space give up: raft stops with the node.
         self.disk.stop();
         let catch_up = self
@@ -660,7 +661,7 @@ impl RaftNode {
         }
     }
 
-    pub fn state_machine(&self) -> &Arc<SmShared> {
+    pub(crate) fn state_machine(&self) -> &Arc<SmShared> {
         &self.sm
     }
 }

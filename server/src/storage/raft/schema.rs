@@ -42,30 +42,30 @@ use crate::wire::FORMAT;
 const LOG_MAP_SIZE: usize = 64 << 30;
 
 /// The raft log (segments of [`super::wal`]).
-pub const WAL_DIR: &str = "raft/wal";
+pub(crate) const WAL_DIR: &str = "raft/wal";
 /// Where resd kept the raft log in LMDB before format 2 (moved to [`WAL_DIR`] at the first
 /// open); from format 2, emptied, the marker of the directory's format.
-pub const LOG_DIR: &str = "raft/log";
-pub const SM_DIR: &str = "raft/sm";
-pub const SM_CURRENT: &str = "raft/sm/CURRENT";
+pub(crate) const LOG_DIR: &str = "raft/log";
+pub(crate) const SM_DIR: &str = "raft/sm";
+pub(crate) const SM_CURRENT: &str = "raft/sm/CURRENT";
 /// Present only while the state machine is known to be fully on disk (written at a clean
 /// shutdown, removed at start).
-pub const SM_CLEAN: &str = "raft/sm/CLEAN";
+pub(crate) const SM_CLEAN: &str = "raft/sm/CLEAN";
 /// Marker: the state machine was found damaged while running (what and where); the next start
 /// rebuilds it whatever else it finds.
-pub const SM_DAMAGED: &str = "raft/sm/DAMAGED";
-pub const SNAPSHOT_DIR: &str = "raft/snapshots";
+pub(crate) const SM_DAMAGED: &str = "raft/sm/DAMAGED";
+pub(crate) const SNAPSHOT_DIR: &str = "raft/snapshots";
 /// Uploaded operator snapshots, while they are checked (temporary files).
-pub const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
+pub(crate) const RESTORE_SPOOL_DIR: &str = "raft/restore-spool";
 /// Which node of which cluster the data directory belongs to: `cluster=NAME` and `node=ID`
 /// lines, written at the first start and checked at every later one.
-pub const IDENTITY_FILE: &str = "raft/IDENTITY";
+pub(crate) const IDENTITY_FILE: &str = "raft/IDENTITY";
 /// Present once the node was removed from its cluster; holds why, for people.
-pub const REMOVED_FILE: &str = "raft/REMOVED";
+pub(crate) const REMOVED_FILE: &str = "raft/REMOVED";
 /// Present while the node is repaired from the leader after its log was damaged; holds why.
-pub const REPAIR_FILE: &str = "raft/REPAIRING";
+pub(crate) const REPAIR_FILE: &str = "raft/REPAIRING";
 /// The voters of the membership the node last followed, space-separated (who could repair it).
-pub const MEMBERS_FILE: &str = "raft/MEMBERS";
+pub(crate) const MEMBERS_FILE: &str = "raft/MEMBERS";
 /// A new directory to set damaged files aside in, for people: `raft/damaged-<unix seconds>`,
 /// with `-2`, `-3`… when that one exists (a second set-aside in the same start, or a restart
 /// within the second).
@@ -86,7 +86,7 @@ fn damaged_dir(data_dir: &Path) -> PathBuf {
 /// Moves `parts` (paths under `data_dir`; those that do not exist are skipped) into a new
 /// `raft/damaged-*` directory, each under its own last name, durably; returns that directory.
 /// Damaged files are kept for people, out of the way of the node.
-pub fn set_aside(data_dir: &Path, parts: &[&Path]) -> std::io::Result<PathBuf> {
+pub(crate) fn set_aside(data_dir: &Path, parts: &[&Path]) -> std::io::Result<PathBuf> {
     let aside = damaged_dir(data_dir);
     std::fs::create_dir_all(&aside)?;
     for part in parts {
@@ -103,7 +103,7 @@ pub fn set_aside(data_dir: &Path, parts: &[&Path]) -> std::io::Result<PathBuf> {
 
 /// Writes `contents` to `path` so that a crash leaves the old file or the new one, whole: a
 /// temporary file beside it, synced, renamed over it, the directory synced.
-pub fn write_durably(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+pub(crate) fn write_durably(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     let temporary = path.with_extension("tmp");
     std::fs::write(&temporary, contents)?;
     sync_file(&temporary)?;
@@ -113,23 +113,23 @@ pub fn write_durably(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result
 
 /// Marks the data directory as under repair, durably, saying why for people: before anything
 /// is set aside, so a crash in between never leaves a node that votes with an empty log.
-pub fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
+pub(crate) fn mark_repairing(data_dir: &Path, why: &str) -> std::io::Result<()> {
     write_durably(&data_dir.join(REPAIR_FILE), why)
 }
 
 /// Whether the data directory is under repair (see `backend::repair`).
-pub fn is_repairing(data_dir: &Path) -> bool {
+pub(crate) fn is_repairing(data_dir: &Path) -> bool {
     data_dir.join(REPAIR_FILE).exists()
 }
 
 /// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
 /// PID into it: a second process on the same directory would write the same log.
-pub const LOCK_FILE: &str = "LOCK";
+pub(crate) const LOCK_FILE: &str = "LOCK";
 
 /// The exclusive hold of a data directory, released when dropped (or when the process ends,
 /// however it ends: the kernel drops a dead process's locks).
 #[derive(Debug)]
-pub struct DirLock {
+pub(crate) struct DirLock {
     _file: std::fs::File,
 }
 
@@ -151,7 +151,7 @@ pub enum LockError {
 impl DirLock {
     /// Takes the data directory `data_dir` (creating it if needed) for this process, or says
     /// which process holds it.
-    pub fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
+    pub(crate) fn acquire(data_dir: &Path) -> Result<DirLock, LockError> {
         use std::io::Write;
         let path = data_dir.join(LOCK_FILE);
         let failed = |source: std::io::Error| LockError::Io {
@@ -207,17 +207,17 @@ impl DirLock {
 
 /// The identity a data directory records.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub cluster: String,
     pub node_id: u64,
 }
 
 impl Identity {
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!("cluster={}\nnode={}\n", self.cluster, self.node_id)
     }
 
-    pub fn parse(text: &str) -> Result<Identity, String> {
+    pub(crate) fn parse(text: &str) -> Result<Identity, String> {
         let mut cluster = None;
         let mut node_id = None;
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -242,7 +242,7 @@ impl Identity {
 
 /// Checks that `data_dir` belongs to `expected` (recording it on first use): a data directory
 /// of another node or cluster would join this node's raft with someone else's log.
-pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String> {
+pub(crate) fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String> {
     let path = data_dir.join(IDENTITY_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -282,20 +282,20 @@ pub fn check_identity(data_dir: &Path, expected: &Identity) -> Result<(), String
     }
 }
 
-pub const META_FORMAT: &str = "format";
-pub const META_VOTE: &str = "vote";
-pub const META_LAST_PURGED: &str = "last_purged";
+pub(crate) const META_FORMAT: &str = "format";
+pub(crate) const META_VOTE: &str = "vote";
+pub(crate) const META_LAST_PURGED: &str = "last_purged";
 /// In the log's format marker: the write-ahead log was made (so its directory must hold it).
-pub const META_WAL: &str = "wal";
-pub const META_LAST_APPLIED: &str = "last_applied";
-pub const META_MEMBERSHIP: &str = "membership";
-pub const META_RESTORE_ID: &str = "restore_id";
+pub(crate) const META_WAL: &str = "wal";
+pub(crate) const META_LAST_APPLIED: &str = "last_applied";
+pub(crate) const META_MEMBERSHIP: &str = "membership";
+pub(crate) const META_RESTORE_ID: &str = "restore_id";
 
-pub type LmdbEnv = Env<WithoutTls>;
+pub(crate) type LmdbEnv = Env<WithoutTls>;
 
 /// How an environment commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
+pub(crate) enum Durability {
     /// Every commit is synced before it returns (the raft log).
     Synced,
     /// Commits are not synced (the state machine: derived from the log, rebuilt from the latest
@@ -318,7 +318,7 @@ mod lmdb_meta {
 /// Why an LMDB data file cannot be mapped safely.
 #[derive(Debug, thiserror::Error)]
 #[error("{path} is damaged: {what}; it is not opened (mapping it could crash the process)")]
-pub struct LmdbFileError {
+pub(crate) struct LmdbFileError {
     pub path: PathBuf,
     pub what: String,
 }
@@ -326,7 +326,7 @@ pub struct LmdbFileError {
 /// Checks an LMDB data file against its own metadata before it is mapped: a file shorter than
 /// the pages its newest meta page says are in use would crash the process (SIGBUS) at the first
 /// read of a missing page. An absent or empty file is a new environment.
-pub fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
+pub(crate) fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
     use std::os::unix::fs::FileExt;
     let damaged = |what: String| LmdbFileError {
         path: path.to_path_buf(),
@@ -396,7 +396,7 @@ pub fn check_lmdb_file(path: &Path) -> Result<(), LmdbFileError> {
 
 /// Opens (creating if needed) an environment in `dir`, once its data file passed
 /// [`check_lmdb_file`].
-pub fn open_env(
+pub(crate) fn open_env(
     dir: &Path,
     max_dbs: u32,
     durability: Durability,
@@ -426,7 +426,7 @@ pub fn open_env(
 #[error(
     "{dir} holds on-disk format version {found}, but this build of resd reads versions up to {supported}: run a newer resd on it (downgrades are not supported)"
 )]
-pub struct FormatError {
+pub(crate) struct FormatError {
     pub dir: PathBuf,
     pub found: u32,
     pub supported: u32,
@@ -467,8 +467,12 @@ fn check_format(
     wtxn.commit()
 }
 
+#[cfg(test)]
 /// The format version an environment's meta database records, if any.
-pub fn format_of(env: &LmdbEnv, meta: Database<'static, Str, Bytes>) -> heed::Result<Option<u32>> {
+pub(crate) fn format_of(
+    env: &LmdbEnv,
+    meta: Database<'static, Str, Bytes>,
+) -> heed::Result<Option<u32>> {
     let rtxn = env.read_txn()?;
     Ok(meta
         .get(&rtxn, META_FORMAT)?
@@ -476,23 +480,23 @@ pub fn format_of(env: &LmdbEnv, meta: Database<'static, Str, Bytes>) -> heed::Re
 }
 
 /// Flushes a file (and so its contents) to disk.
-pub fn sync_file(path: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_file(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()
 }
 
 /// Flushes a directory's entries (renames, creations) to disk.
-pub fn sync_dir(path: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()
 }
 
 /// Databases of the log environment.
 #[derive(Clone, Copy, Debug)]
-pub struct LogDbs {
+pub(crate) struct LogDbs {
     pub entries: Database<'static, U64<BigEndian>, Bytes>,
     pub meta: Database<'static, Str, Bytes>,
 }
 
-pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
+pub(crate) fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
     let env = open_env(&data_dir.join(LOG_DIR), 4, Durability::Synced, LOG_MAP_SIZE)?;
     let wtxn = env.write_txn()?;
     let dbs = env
@@ -511,7 +515,7 @@ pub fn open_log(data_dir: &Path) -> heed::Result<(LmdbEnv, LogDbs)> {
 
 /// Databases of a state machine environment.
 #[derive(Clone, Copy, Debug)]
-pub struct SmDbs {
+pub(crate) struct SmDbs {
     pub resources: Database<'static, Bytes, Bytes>,
     pub restore: Database<'static, Bytes, Bytes>,
     pub owners: Database<'static, Bytes, Unit>,
@@ -524,7 +528,7 @@ pub struct SmDbs {
 
 /// Opens (creating if needed) the state machine environment in `dir`, mapping `map_size` bytes
 /// ([`map_size_for`] the node's quota).
-pub fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmDbs)> {
+pub(crate) fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmDbs)> {
     let env = open_env(dir, 8, Durability::Rebuildable, map_size)?;
     let wtxn = env.write_txn()?;
     let dbs = env
@@ -580,7 +584,7 @@ pub fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmDbs)> {
 
 /// Bytes a state machine's databases hold in pages (their branch, leaf and overflow pages; the
 /// free pages LMDB reuses do not count): what `--quota-bytes` bounds.
-pub fn state_bytes(
+pub(crate) fn state_bytes(
     env: &LmdbEnv,
     dbs: &SmDbs,
     txn: &heed::RoTxn<'_, WithoutTls>,
@@ -604,25 +608,25 @@ pub fn state_bytes(
 }
 
 /// The largest `--quota-bytes` (its map, four times as large, is virtual address space only).
-pub const MAX_QUOTA_BYTES: u64 = 1 << 40;
+pub(crate) const MAX_QUOTA_BYTES: u64 = 1 << 40;
 /// The default `--quota-bytes` (etcd's largest recommended quota).
-pub const DEFAULT_QUOTA_BYTES: u64 = 8 << 30;
+pub(crate) const DEFAULT_QUOTA_BYTES: u64 = 8 << 30;
 
 /// The memory map of a state machine whose state is bounded by `quota` bytes: four times the
 /// quota (at least 1 GiB), so the file — the state, the free pages LMDB keeps for readers, and
 /// a restore's staging of a whole state beside it — never outgrows the map, and apply never
 /// meets `MDB_MAP_FULL`. Virtual: only written pages use memory or disk.
-pub fn map_size_for(quota: u64) -> usize {
+pub(crate) fn map_size_for(quota: u64) -> usize {
     let size = quota.min(MAX_QUOTA_BYTES).saturating_mul(4).max(1 << 30);
     usize::try_from(size).unwrap_or(usize::MAX)
 }
 
 /// Requests the state machine remembers at most; older ones are forgotten first. A retry comes
 /// within a forward timeout, long after which this many changes have rarely been applied.
-pub const REMEMBERED_REQUESTS: u64 = 1 << 17;
+pub(crate) const REMEMBERED_REQUESTS: u64 = 1 << 17;
 
 /// `index (u64 big-endian) position (u32 big-endian)`: request order keys sort as applied.
-pub fn request_order_key(index: u64, position: u32) -> [u8; 12] {
+pub(crate) fn request_order_key(index: u64, position: u32) -> [u8; 12] {
     let mut key = [0u8; 12];
     key[..8].copy_from_slice(&index.to_be_bytes());
     key[8..].copy_from_slice(&position.to_be_bytes());
@@ -630,23 +634,23 @@ pub fn request_order_key(index: u64, position: u32) -> [u8; 12] {
 }
 
 /// The file of a snapshot (or state machine generation) that holds the LMDB data.
-pub const SNAPSHOT_DATA: &str = "data.mdb";
+pub(crate) const SNAPSHOT_DATA: &str = "data.mdb";
 /// The file of a snapshot that holds its encoded `SnapshotMeta`.
-pub const SNAPSHOT_META: &str = "meta";
+pub(crate) const SNAPSHOT_META: &str = "meta";
 /// The file of a snapshot that holds the length and checksum of its data file ([`FileSum`]).
-pub const SNAPSHOT_SUM: &str = "sum";
+pub(crate) const SNAPSHOT_SUM: &str = "sum";
 
 /// A file's length and CRC-32: what a snapshot's `sum` file and the state machine's `CLEAN`
 /// marker record, checked before the file is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileSum {
+pub(crate) struct FileSum {
     pub len: u64,
     pub crc: u32,
 }
 
 impl FileSum {
     /// The sum of the file at `path` as it is now (read whole).
-    pub fn of(path: &Path) -> std::io::Result<FileSum> {
+    pub(crate) fn of(path: &Path) -> std::io::Result<FileSum> {
         use std::io::Read;
         let mut file = std::fs::File::open(path)?;
         let mut hasher = crc32fast::Hasher::new();
@@ -666,11 +670,11 @@ impl FileSum {
         })
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         format!("{} {:08x}\n", self.len, self.crc)
     }
 
-    pub fn parse(text: &str) -> Option<FileSum> {
+    pub(crate) fn parse(text: &str) -> Option<FileSum> {
         let mut words = text.split_whitespace();
         let len = words.next()?.parse().ok()?;
         let crc = u32::from_str_radix(words.next()?, 16).ok()?;
@@ -678,7 +682,7 @@ impl FileSum {
     }
 
     /// Whether the file at `path` still has this sum; if not, what differs (for people).
-    pub fn check(&self, path: &Path) -> Result<(), String> {
+    pub(crate) fn check(&self, path: &Path) -> Result<(), String> {
         let now = FileSum::of(path).map_err(|error| format!("cannot read it: {error}"))?;
         if now.len != self.len {
             return Err(format!(
@@ -697,7 +701,7 @@ impl FileSum {
 }
 
 /// Writes (and syncs) the `sum` file of the snapshot in `dir`.
-pub fn write_snapshot_sum(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn write_snapshot_sum(dir: &Path) -> std::io::Result<()> {
     let sum = FileSum::of(&dir.join(SNAPSHOT_DATA))?;
     std::fs::write(dir.join(SNAPSHOT_SUM), sum.render())?;
     sync_file(&dir.join(SNAPSHOT_SUM))
@@ -705,7 +709,7 @@ pub fn write_snapshot_sum(dir: &Path) -> std::io::Result<()> {
 
 /// Checks the snapshot in `dir` against its `sum` file (a snapshot written before sums were
 /// kept has none and passes).
-pub fn check_snapshot_sum(dir: &Path) -> Result<(), String> {
+pub(crate) fn check_snapshot_sum(dir: &Path) -> Result<(), String> {
     match std::fs::read_to_string(dir.join(SNAPSHOT_SUM)) {
         Ok(text) => FileSum::parse(&text)
             .ok_or_else(|| format!("its sum file holds {text:?}"))?
@@ -716,32 +720,32 @@ pub fn check_snapshot_sum(dir: &Path) -> Result<(), String> {
 }
 
 /// The directory of a complete raft snapshot.
-pub fn snapshot_dir(data_dir: &Path, snapshot_id: &str) -> PathBuf {
+pub(crate) fn snapshot_dir(data_dir: &Path, snapshot_id: &str) -> PathBuf {
     data_dir.join(SNAPSHOT_DIR).join(snapshot_id)
 }
 
 /// Where this process builds its `sequence`th snapshot before renaming it into place.
-pub fn building_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
+pub(crate) fn building_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
     data_dir
         .join(SNAPSHOT_DIR)
         .join(format!("building-{}-{sequence}", std::process::id()))
 }
 
 /// Where this process receives its `sequence`th snapshot from a leader.
-pub fn incoming_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
+pub(crate) fn incoming_snapshot_dir(data_dir: &Path, sequence: u64) -> PathBuf {
     data_dir
         .join(SNAPSHOT_DIR)
         .join(format!("incoming-{}-{sequence}", std::process::id()))
 }
 
 /// The id of a snapshot of the state at `last` (term, index), unique per `sequence`.
-pub fn snapshot_id(last: Option<(u64, u64)>, sequence: u64) -> String {
+pub(crate) fn snapshot_id(last: Option<(u64, u64)>, sequence: u64) -> String {
     let (term, index) = last.unwrap_or((0, 0));
     format!("{term}-{index}-{sequence}")
 }
 
 /// Whether a snapshot id (which names a directory) is one this build makes: `term-index-n`.
-pub fn check_snapshot_id(snapshot_id: &str) -> Result<(), String> {
+pub(crate) fn check_snapshot_id(snapshot_id: &str) -> Result<(), String> {
     let parts: Vec<&str> = snapshot_id.split('-').collect();
     let valid = snapshot_id.len() <= 64
         && parts.len() == 3
@@ -758,7 +762,7 @@ pub fn check_snapshot_id(snapshot_id: &str) -> Result<(), String> {
 }
 
 /// The directory of a state machine generation.
-pub fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
+pub(crate) fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
     data_dir.join(SM_DIR).join(format!("{generation:020}"))
 }
 
@@ -766,7 +770,7 @@ pub fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
 pub(crate) const SEP: u8 = 0;
 
 /// `group 0 kind 0 partition 0 namespace 0 name`: resources sort by type, tenancy, name.
-pub fn resource_key(key: &StorageKey) -> Vec<u8> {
+pub(crate) fn resource_key(key: &StorageKey) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(
         key.group.len()
             + key.kind.len()
@@ -794,7 +798,7 @@ pub fn resource_key(key: &StorageKey) -> Vec<u8> {
 }
 
 /// Decodes [`resource_key`].
-pub fn parse_resource_key(bytes: &[u8]) -> Option<StorageKey> {
+pub(crate) fn parse_resource_key(bytes: &[u8]) -> Option<StorageKey> {
     let parts: Vec<&[u8]> = bytes.split(|b| *b == SEP).collect();
     let [group, kind, partition, namespace, name] = parts.as_slice() else {
         return None;
@@ -812,7 +816,7 @@ pub fn parse_resource_key(bytes: &[u8]) -> Option<StorageKey> {
 /// The longest key prefix shared by every resource a query can match: the type, then as much of
 /// the tenancy as is not a wildcard, then (in one namespace) the name prefix, so listing a few
 /// names of a large type seeks to them instead of scanning the type.
-pub fn resource_scan_prefix(
+pub(crate) fn resource_scan_prefix(
     group: &str,
     kind: &str,
     partition: &str,
@@ -838,13 +842,13 @@ pub fn resource_scan_prefix(
 }
 
 /// `owner uid 0 child resource key`.
-pub fn owner_key(owner_uid: &str, child: &StorageKey) -> Vec<u8> {
+pub(crate) fn owner_key(owner_uid: &str, child: &StorageKey) -> Vec<u8> {
     let mut bytes = owner_prefix(owner_uid);
     bytes.extend_from_slice(&resource_key(child));
     bytes
 }
 
-pub fn owner_prefix(owner_uid: &str) -> Vec<u8> {
+pub(crate) fn owner_prefix(owner_uid: &str) -> Vec<u8> {
     let mut bytes = owner_uid.as_bytes().to_vec();
     bytes.push(SEP);
     bytes

@@ -12,13 +12,13 @@ use heed::types::Bytes;
 use heed::{Database, RwTxn};
 
 /// Bytes a seal adds to a value.
-pub const SEAL_LEN: usize = 4;
+pub(crate) const SEAL_LEN: usize = 4;
 
 /// A stored value whose checksum does not match its key and bytes (or that is too short to hold
 /// one): the state machine's file is damaged there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the stored record {key} in the state machine fails its checksum ({why})")]
-pub struct RecordDamage {
+pub(crate) struct RecordDamage {
     /// The record's key, for people (`group/kind/partition/namespace/name` for a resource).
     pub key: String,
     pub why: &'static str,
@@ -33,7 +33,7 @@ fn sum(key: &[u8], value: &[u8]) -> u32 {
 }
 
 /// `value` followed by its seal.
-pub fn seal(key: &[u8], value: &[u8]) -> Vec<u8> {
+pub(crate) fn seal(key: &[u8], value: &[u8]) -> Vec<u8> {
     let mut sealed = Vec::with_capacity(value.len() + SEAL_LEN);
     sealed.extend_from_slice(value);
     sealed.extend_from_slice(&sum(key, value).to_le_bytes());
@@ -41,7 +41,7 @@ pub fn seal(key: &[u8], value: &[u8]) -> Vec<u8> {
 }
 
 /// A protobuf message encoded and sealed, in one buffer.
-pub fn seal_message(key: &[u8], message: &impl prost::Message) -> Vec<u8> {
+pub(crate) fn seal_message(key: &[u8], message: &impl prost::Message) -> Vec<u8> {
     let mut sealed = Vec::with_capacity(message.encoded_len() + SEAL_LEN);
     message
         .encode(&mut sealed)
@@ -52,7 +52,7 @@ pub fn seal_message(key: &[u8], message: &impl prost::Message) -> Vec<u8> {
 }
 
 /// The value of a sealed record, once its seal matches.
-pub fn open<'v>(key: &[u8], stored: &'v [u8]) -> Result<&'v [u8], RecordDamage> {
+pub(crate) fn open<'v>(key: &[u8], stored: &'v [u8]) -> Result<&'v [u8], RecordDamage> {
     let Some(split) = stored.len().checked_sub(SEAL_LEN) else {
         return Err(damage(key, "it is shorter than its checksum"));
     };
@@ -72,7 +72,7 @@ fn damage(key: &[u8], why: &'static str) -> RecordDamage {
 }
 
 /// A key for people: a resource key as its path, a text key as text, anything else in hex.
-pub fn key_label(key: &[u8]) -> String {
+pub(crate) fn key_label(key: &[u8]) -> String {
     if let Some(resource) = super::schema::parse_resource_key(key) {
         return format!(
             "{}/{}/{}/{}/{}",
@@ -91,7 +91,7 @@ const SEAL_BATCH: usize = 4096;
 
 /// Seals every value of `db` written before values were sealed (format 2 and older), except the
 /// keys in `except`. Runs once, inside the transaction that records the new format.
-pub fn seal_database(
+pub(crate) fn seal_database(
     db: Database<Bytes, Bytes>,
     wtxn: &mut RwTxn<'_>,
     except: &[&[u8]],

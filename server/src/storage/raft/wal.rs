@@ -69,9 +69,9 @@ use crate::wire::raft::decode;
 /// Size of a segment (a larger batch gets a segment of its own size). Tests use small segments,
 /// so that every raft test also crosses segment boundaries and deletes purged segments.
 #[cfg(not(test))]
-pub const SEGMENT_BYTES: u64 = 16 << 20;
+pub(crate) const SEGMENT_BYTES: u64 = 16 << 20;
 #[cfg(test)]
-pub const SEGMENT_BYTES: u64 = 256 << 10;
+pub(crate) const SEGMENT_BYTES: u64 = 256 << 10;
 const PREPARED: &str = "prepared.tmp";
 const FRAME: usize = 8;
 
@@ -136,7 +136,7 @@ fn at(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
 
 /// Where an entry's record is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Location {
+pub(crate) struct Location {
     pub segment: u64,
     /// Offset of the record's frame in the segment.
     pub offset: u64,
@@ -146,21 +146,21 @@ pub struct Location {
 
 /// A segment file, shared between the writer and readers (reads and writes are positioned).
 #[derive(Debug)]
-pub struct Segment {
+pub(crate) struct Segment {
     pub seq: u64,
     pub file: Arc<File>,
 }
 
 /// What a write did: where its entries landed, and the segment it opened (if it started one).
 #[derive(Debug)]
-pub struct Written {
+pub(crate) struct Written {
     pub locations: Vec<(u64, Location)>,
     pub opened: Option<Segment>,
 }
 
 /// What replaying the segments found.
 #[derive(Debug, Default)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     pub vote: Option<Vote>,
     pub purged: Option<LogId>,
     pub locations: BTreeMap<u64, Location>,
@@ -177,7 +177,7 @@ struct Stated {
 
 /// Appends records to a body buffer.
 #[derive(Default)]
-pub struct Batch {
+pub(crate) struct Batch {
     body: Vec<u8>,
     /// (index, offset within `body`, body length) of each entry record.
     entries: Vec<(u64, usize, u32)>,
@@ -199,13 +199,13 @@ impl Batch {
         start
     }
 
-    pub fn entry(&mut self, index: u64, encoded: &[u8]) {
+    pub(crate) fn entry(&mut self, index: u64, encoded: &[u8]) {
         let offset = self.record(KIND_ENTRY, &[&index.to_le_bytes(), encoded]);
         let len = (self.body.len() - offset - FRAME) as u32;
         self.entries.push((index, offset, len));
     }
 
-    pub fn truncate(&mut self, from: u64) {
+    pub(crate) fn truncate(&mut self, from: u64) {
         self.record(KIND_TRUNCATE, &[&from.to_le_bytes()]);
     }
 
@@ -213,7 +213,7 @@ impl Batch {
         self.stated.get_or_insert_with(|| base.clone())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.body.is_empty()
     }
 }
@@ -232,7 +232,7 @@ struct Kept {
 
 /// The writing end: the current segment and where its records end.
 #[derive(Debug)]
-pub struct Wal {
+pub(crate) struct Wal {
     dir: PathBuf,
     current: Segment,
     end: u64,
@@ -486,7 +486,7 @@ impl Wal {
     /// Opens the log in `dir` (creating it if needed) and replays it. `existing`: the node has
     /// written a log there before (the caller keeps that fact outside the directory), so a
     /// directory without segments lost them.
-    pub fn open(dir: &Path, existing: bool) -> Result<(Wal, Replayed), WalError> {
+    pub(crate) fn open(dir: &Path, existing: bool) -> Result<(Wal, Replayed), WalError> {
         std::fs::create_dir_all(dir).map_err(at(dir))?;
         // A segment being prepared when the node stopped: made again when needed.
         let prepared = dir.join(PREPARED);
@@ -859,19 +859,19 @@ impl Wal {
         Ok(())
     }
 
-    pub fn vote(&self, batch: &mut Batch, encoded: &[u8]) {
+    pub(crate) fn vote(&self, batch: &mut Batch, encoded: &[u8]) {
         batch.record(KIND_VOTE, &[encoded]);
         batch.stated(&self.stated).vote = Some(encoded.to_vec());
     }
 
-    pub fn purge(&self, batch: &mut Batch, upto: u64, encoded: &[u8]) {
+    pub(crate) fn purge(&self, batch: &mut Batch, upto: u64, encoded: &[u8]) {
         batch.record(KIND_PURGE, &[&upto.to_le_bytes(), encoded]);
         batch.stated(&self.stated).purge = Some((upto, encoded.to_vec()));
     }
 
     /// Writes a batch and syncs it; returns where its entries landed, and the segment it was
     /// written to (opened now if the batch started a new one).
-    pub fn write(&mut self, batch: Batch) -> Result<Written, WalError> {
+    pub(crate) fn write(&mut self, batch: Batch) -> Result<Written, WalError> {
         let need = (MARKER + batch.body.len()) as u64;
         let mut opened = None;
         if self.end + need + SEAL as u64 > self.capacity {
@@ -948,7 +948,7 @@ impl Wal {
     }
 
     /// Deletes the segments before `first_live` (never the current one), oldest first.
-    pub fn delete_before(&self, first_live: u64) -> Result<Vec<u64>, WalError> {
+    pub(crate) fn delete_before(&self, first_live: u64) -> Result<Vec<u64>, WalError> {
         let mut deleted = Vec::new();
         for (seq, path) in list_segments(&self.dir)? {
             if seq >= first_live || seq >= self.current.seq {
@@ -963,7 +963,7 @@ impl Wal {
         Ok(deleted)
     }
 
-    pub fn current_segment(&self) -> u64 {
+    pub(crate) fn current_segment(&self) -> u64 {
         self.current.seq
     }
 }
@@ -978,7 +978,7 @@ impl Drop for Wal {
 
 /// Records where entry `index` is: it replaces the entry at `index` and every later one (an
 /// append at an index the log already has follows a truncate there).
-pub fn place(locations: &mut BTreeMap<u64, Location>, index: u64, location: Location) {
+pub(crate) fn place(locations: &mut BTreeMap<u64, Location>, index: u64, location: Location) {
     if locations
         .last_key_value()
         .is_some_and(|(last, _)| *last >= index)
@@ -989,7 +989,7 @@ pub fn place(locations: &mut BTreeMap<u64, Location>, index: u64, location: Loca
 }
 
 /// Reads an entry's encoded form back from its segment.
-pub fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
+pub(crate) fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; FRAME + location.len as usize];
     file.read_exact_at(&mut buf, location.offset)?;
     match parse(&buf, 0) {
@@ -1009,7 +1009,7 @@ pub fn read_entry(file: &File, location: Location) -> io::Result<Vec<u8>> {
 /// in order, each up to its first bad record (every segment restates the vote after its
 /// header). A repaired node starts from it, so it never grants a vote in a term it may already
 /// have voted in.
-pub fn salvage_vote(dir: &Path) -> Option<Vote> {
+pub(crate) fn salvage_vote(dir: &Path) -> Option<Vote> {
     let mut vote = None;
     for (_, path) in list_segments(dir).ok()? {
         let Ok(buf) = std::fs::read(&path) else {
@@ -1029,7 +1029,7 @@ pub fn salvage_vote(dir: &Path) -> Option<Vote> {
 }
 
 /// Bytes the log's segments take on disk.
-pub fn disk_bytes(dir: &Path) -> u64 {
+pub(crate) fn disk_bytes(dir: &Path) -> u64 {
     list_segments(dir)
         .unwrap_or_default()
         .iter()

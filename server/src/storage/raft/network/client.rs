@@ -30,7 +30,7 @@ use super::{Contacts, MAX_APPEND_BYTES, SNAPSHOT_CHUNK_BYTES, raft_client};
 
 /// Creates [`NetworkClient`]s for openraft.
 #[derive(Debug, Clone, Default)]
-pub struct NetworkFactory {
+pub(crate) struct NetworkFactory {
     dialer: Dialer,
     contacts: Arc<Contacts>,
     /// One long-lived channel per peer (HTTP/2 multiplexes replication, heartbeats and votes;
@@ -49,7 +49,7 @@ struct Peer {
 }
 
 impl NetworkFactory {
-    pub fn new(dialer: Dialer, contacts: Arc<Contacts>) -> Self {
+    pub(crate) fn new(dialer: Dialer, contacts: Arc<Contacts>) -> Self {
         NetworkFactory {
             dialer,
             contacts,
@@ -93,7 +93,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     }
 }
 
-pub struct NetworkClient {
+pub(crate) struct NetworkClient {
     target: NodeId,
     addr: String,
     client: Result<RaftServiceClient<Channel>, String>,

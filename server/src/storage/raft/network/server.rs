@@ -26,7 +26,7 @@ use crate::wire::raft::{PeerFailure, Wire, decode, encode};
 
 /// The raft service of one node.
 #[derive(Clone)]
-pub struct RaftGrpc {
+pub(crate) struct RaftGrpc {
     raft: Raft,
     backend: Arc<RaftNode>,
     admission: Arc<dyn Admission>,
@@ -42,7 +42,7 @@ pub struct RaftGrpc {
 
 /// Which nodes may speak to this node's raft service, decided by the cluster
 /// (`crate::cluster::Peers`).
-pub trait PeerAdmission: Send + Sync {
+pub(crate) trait PeerAdmission: Send + Sync {
     /// Whether node `id` may call now.
     fn admits(&self, id: NodeId) -> bool;
     /// Node `id` called and was refused: this node's log may be behind a membership change
@@ -51,7 +51,7 @@ pub trait PeerAdmission: Send + Sync {
 }
 
 impl RaftGrpc {
-    pub fn new(backend: Arc<RaftNode>, admission: Arc<dyn Admission>) -> Self {
+    pub(crate) fn new(backend: Arc<RaftNode>, admission: Arc<dyn Admission>) -> Self {
         RaftGrpc {
             raft: backend.raft().clone(),
             backend,
@@ -64,13 +64,13 @@ impl RaftGrpc {
     }
 
     /// Ends open append streams when `stopping` is cancelled.
-    pub fn with_shutdown(mut self, stopping: tokio_util::sync::CancellationToken) -> Self {
+    pub(crate) fn with_shutdown(mut self, stopping: tokio_util::sync::CancellationToken) -> Self {
         self.stopping = stopping;
         self
     }
 
     /// Records how long each AppendEntries takes to serve into `histogram`.
-    pub fn with_append_metrics(
+    pub(crate) fn with_append_metrics(
         mut self,
         histogram: prometheus_client::metrics::histogram::Histogram,
     ) -> Self {
@@ -81,7 +81,7 @@ impl RaftGrpc {
     /// Accepts RPCs only from the peers `peers` admits, identified by their node certificates
     /// (the port must be served with TLS that requires client certificates). Refusals are
     /// logged through `refusals`, once per peer.
-    pub fn with_verified_peers(
+    pub(crate) fn with_verified_peers(
         mut self,
         peers: Arc<dyn PeerAdmission>,
         refusals: Arc<Refusals>,
@@ -134,7 +134,7 @@ impl RaftGrpc {
         Status::permission_denied(format!("raft service: {reason}"))
     }
 
-    pub fn into_server(self) -> RaftServiceServer<RaftGrpc> {
+    pub(crate) fn into_server(self) -> RaftServiceServer<RaftGrpc> {
         RaftServiceServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)

@@ -173,7 +173,7 @@ impl RaftNode {
     }
 
     /// Serves a request forwarded by a follower (already checked by the raft service).
-    pub async fn serve_forwarded(&self, request: Request) -> ReplyResult {
+    pub(crate) async fn serve_forwarded(&self, request: Request) -> ReplyResult {
         match self.serve_locally(request).await {
             Attempt::Done(reply) => reply,
             Attempt::Retry(retry) => Err(StorageError::Inconsistent(retry.to_string())),

@@ -20,7 +20,7 @@ const PRE_VOTE_TIMEOUT: Duration = Duration::from_millis(300);
 
 impl RaftNode {
     /// Notes that the leader was just heard from (an append it sent was taken).
-    pub fn heard_from_leader(&self) {
+    pub(crate) fn heard_from_leader(&self) {
         *self
             .last_heard_leader
             .lock()
@@ -50,7 +50,7 @@ impl RaftNode {
 
     /// How many voters (this node included) answered this node's last pre-vote round, if it
     /// ran one in the last few seconds: "no leader: this node has heard from 1 of 3 voters".
-    pub fn voters_heard(&self) -> Option<String> {
+    pub(crate) fn voters_heard(&self) -> Option<String> {
         let heard = *self.voters_heard.lock().unwrap_or_else(|p| p.into_inner());
         let (answered, voters, at) = heard?;
         (at.elapsed() < Duration::from_secs(5))
@@ -66,7 +66,11 @@ impl RaftNode {
     }
 
     /// This voter's answer to `candidate`'s pre-vote: `Ok` to grant, or why not.
-    pub fn pre_vote(&self, candidate: NodeId, last_log_index: Option<u64>) -> Result<(), String> {
+    pub(crate) fn pre_vote(
+        &self,
+        candidate: NodeId,
+        last_log_index: Option<u64>,
+    ) -> Result<(), String> {
         if self.removed().is_some() || self.repairing() {
             return Err(format!("node {} takes no part in elections now", self.id));
         }

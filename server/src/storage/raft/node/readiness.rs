@@ -13,7 +13,7 @@ use crate::storage::StorageError;
 
 /// Whether this node may serve reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Readiness {
+pub(crate) enum Readiness {
     Ready,
     /// Rebuilt after an unclean stop: applying up to `target` (unknown until the leader answers).
     CatchingUp {
@@ -38,12 +38,12 @@ pub enum Readiness {
 }
 
 impl Readiness {
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         matches!(self, Readiness::Ready)
     }
 
     /// Why reads are refused, for people.
-    pub fn reason(&self) -> Option<String> {
+    pub(crate) fn reason(&self) -> Option<String> {
         match self {
             Readiness::Ready => None,
             Readiness::CatchingUp {
@@ -103,7 +103,7 @@ impl RaftNode {
     }
 
     /// Why this node serves nothing any more, if it was removed from the cluster.
-    pub fn removed(&self) -> Option<String> {
+    pub(crate) fn removed(&self) -> Option<String> {
         match &*self.readiness.borrow() {
             Readiness::Removed(why) => Some(why.clone()),
             _ => None,
@@ -112,7 +112,7 @@ impl RaftNode {
 
     /// Records that this node was removed from the cluster (`why`, for people): it serves
     /// nothing from now on, also after a restart, and never campaigns.
-    pub fn mark_removed(&self, why: String) {
+    pub(crate) fn mark_removed(&self, why: String) {
         if self.removed().is_some() {
             return;
         }
@@ -134,7 +134,7 @@ impl RaftNode {
     }
 
     /// Whether this node may serve reads, as it changes.
-    pub fn readiness(&self) -> tokio::sync::watch::Receiver<Readiness> {
+    pub(crate) fn readiness(&self) -> tokio::sync::watch::Receiver<Readiness> {
         self.readiness.subscribe()
     }
 

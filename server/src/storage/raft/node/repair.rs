@@ -110,13 +110,16 @@ pub(super) fn set_aside_state(data_dir: &Path, why: &str) -> std::io::Result<Pat
 
 impl RaftNode {
     /// Whether this node is being repaired (and so votes for nobody).
-    pub fn repairing(&self) -> bool {
+    pub(crate) fn repairing(&self) -> bool {
         matches!(&*self.readiness.borrow(), Readiness::Repairing { .. })
     }
 
     /// The answer to a vote request while this node is repaired: not granted. `None` when the
     /// node may vote.
-    pub fn refuse_vote(&self, request: &VoteRequest<NodeId>) -> Option<VoteResponse<NodeId>> {
+    pub(crate) fn refuse_vote(
+        &self,
+        request: &VoteRequest<NodeId>,
+    ) -> Option<VoteResponse<NodeId>> {
         if !self.repairing() {
             return None;
         }

@@ -23,7 +23,7 @@ pub(super) async fn follow_leadership(raft: Raft, leading: tokio::sync::watch::S
 
 /// What the storage holds, for the metrics.
 #[derive(Debug, Clone, Default)]
-pub struct StorageSample {
+pub(crate) struct StorageSample {
     /// Resources per `group.Kind`.
     pub resources: Vec<(String, u64)>,
     /// Bytes on disk per LMDB environment (`log`, `state`).
@@ -32,7 +32,7 @@ pub struct StorageSample {
 
 /// A node's raft role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Leader,
     Follower,
     Candidate,
@@ -42,7 +42,7 @@ pub enum Role {
 
 /// What a node knows about itself and the cluster.
 #[derive(Debug, Clone)]
-pub struct NodeStatus {
+pub(crate) struct NodeStatus {
     pub node_id: NodeId,
     pub node: NodeAddr,
     pub role: Role,
@@ -65,7 +65,7 @@ pub struct NodeStatus {
 
 /// A member as the leader sees it.
 #[derive(Debug, Clone)]
-pub struct MemberStatus {
+pub(crate) struct MemberStatus {
     pub node_id: NodeId,
     pub node: NodeAddr,
     pub voter: bool,
@@ -83,7 +83,7 @@ pub(super) const REACHABLE_WITHIN: std::time::Duration = std::time::Duration::fr
 
 impl RaftNode {
     /// Resources per `group.Kind` and the size of each LMDB environment, for the metrics.
-    pub fn storage_sample(&self) -> StorageSample {
+    pub(crate) fn storage_sample(&self) -> StorageSample {
         let counts = match self.sm.count_by_kind() {
             Ok(counts) => counts.into_iter().collect(),
             Err(error) => {
@@ -100,7 +100,7 @@ impl RaftNode {
 
     /// Whether this node can serve now (DESIGN §13, `/readyz`): it has applied what it had
     /// before it stopped, is a voter, and knows a leader; else why not.
-    pub fn serving(&self) -> Result<(), String> {
+    pub(crate) fn serving(&self) -> Result<(), String> {
         if let Some(why) = self.readiness.borrow().reason() {
             return Err(why);
         }
@@ -127,7 +127,7 @@ impl RaftNode {
 
     /// What this node refuses now, or is about to, and why: new writes while the disk is under
     /// its reserve; writes past the quota once the state holds 95 % of it.
-    pub fn alarms(&self) -> Vec<String> {
+    pub(crate) fn alarms(&self) -> Vec<String> {
         let mut alarms: Vec<String> = self.disk.alarm().into_iter().collect();
         let (used, quota) = (self.sm.state_bytes(), self.sm.quota());
         if used.saturating_mul(20) >= quota.saturating_mul(19) {
@@ -140,7 +140,7 @@ impl RaftNode {
         alarms
     }
 
-    pub fn status(&self) -> NodeStatus {
+    pub(crate) fn status(&self) -> NodeStatus {
         let metrics = self.metrics();
         let membership = metrics.membership_config.membership();
         let role = match metrics.state {
@@ -188,7 +188,7 @@ impl RaftNode {
 
     /// Every member with its replication progress. Progress is known on the leader only; other
     /// nodes report members without it.
-    pub fn members(&self) -> Vec<MemberStatus> {
+    pub(crate) fn members(&self) -> Vec<MemberStatus> {
         let metrics = self.metrics();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -228,7 +228,7 @@ impl RaftNode {
 
     /// Waits until this node's state machine is found damaged (a record failed its checksum)
     /// and returns what and where; never returns otherwise.
-    pub async fn damaged(&self) -> String {
+    pub(crate) async fn damaged(&self) -> String {
         let mut damage = self.sm.damage();
         let found = damage
             .wait_for(Option::is_some)
@@ -242,7 +242,7 @@ impl RaftNode {
     }
 
     /// The damage found in this node's state machine, if any.
-    pub fn damage_found(&self) -> Option<String> {
+    pub(crate) fn damage_found(&self) -> Option<String> {
         self.sm.damage().borrow().clone()
     }
 
@@ -251,7 +251,7 @@ impl RaftNode {
     ///
     /// Looks twice a second rather than at every change of raft's metrics: they change at
     /// every commit, and a task woken for each cost about 4 µs of CPU per write on every node.
-    pub async fn halted(&self) -> Option<String> {
+    pub(crate) async fn halted(&self) -> Option<String> {
         const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
         // `Stopped` is how raft reports a normal shutdown.
         let fatal =
@@ -275,28 +275,28 @@ impl RaftNode {
     }
 
     /// Whether the latest membership this node knows names node `id` (voter or learner).
-    pub fn names(&self, id: NodeId) -> bool {
+    pub(crate) fn names(&self, id: NodeId) -> bool {
         names_node(&self.raft, id)
     }
 
     /// How long ago node `id` last answered a raft RPC of this node (`None`: never).
-    pub fn last_heard(&self, id: NodeId) -> Option<std::time::Duration> {
+    pub(crate) fn last_heard(&self, id: NodeId) -> Option<std::time::Duration> {
         self.contacts.since(id)
     }
 
     /// How long followers refuse votes after hearing from the leader (openraft's leader lease).
-    pub fn leader_lease(&self) -> std::time::Duration {
+    pub(crate) fn leader_lease(&self) -> std::time::Duration {
         self.leader_lease
     }
 
     /// How this node connects to its peers.
-    pub fn dialer(&self) -> &crate::tls::Dialer {
+    pub(crate) fn dialer(&self) -> &crate::tls::Dialer {
         &self.dialer
     }
 
     /// Stops proposing: once every proposal permit is held, nothing new reaches the log (and
     /// what was in flight has been proposed). Proposing resumes when the permits are dropped.
-    pub async fn pause_proposals(
+    pub(crate) async fn pause_proposals(
         &self,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError> {
         self.proposal_permits
@@ -305,7 +305,7 @@ impl RaftNode {
             .await
     }
 
-    pub fn is_voter(&self, id: NodeId) -> bool {
+    pub(crate) fn is_voter(&self, id: NodeId) -> bool {
         self.metrics()
             .membership_config
             .membership()
@@ -315,7 +315,7 @@ impl RaftNode {
 
     /// Initializes a new single-voter cluster of this node, unless this node already belongs to
     /// one. Returns whether it initialized.
-    pub async fn bootstrap(&self) -> Result<bool, StorageError> {
+    pub(crate) async fn bootstrap(&self) -> Result<bool, StorageError> {
         let initialized = self
             .raft
             .is_initialized()
@@ -333,7 +333,7 @@ impl RaftNode {
 }
 
 /// Whether the latest membership this node knows names node `id` (voter or learner).
-pub fn names_node(raft: &Raft, id: NodeId) -> bool {
+pub(crate) fn names_node(raft: &Raft, id: NodeId) -> bool {
     raft.metrics()
         .borrow()
         .membership_config
