@@ -27,7 +27,7 @@ macro_rules! reasons {
             pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
 
             /// The wire name (`UPPER_SNAKE_CASE`).
-            pub fn as_str(self) -> &'static str {
+            pub const fn as_str(self) -> &'static str {
                 match self {
                     $(Reason::$variant => $name,)*
                 }

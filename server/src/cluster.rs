@@ -53,7 +53,7 @@ pub(crate) trait Cluster: Send + Sync + std::fmt::Debug {
     /// Why this node does not serve now (`Ok`: it serves).
     fn serving(&self) -> Result<(), String>;
     /// Why this node was removed from the cluster, if it was.
-    fn removed(&self) -> Option<String>;
+    fn removed(&self) -> Option<crate::storage::Removal>;
     /// The node's data directory (files an operator leaves for it).
     fn data_dir(&self) -> PathBuf;
     /// Where uploaded operator snapshots are spooled.
@@ -135,7 +135,7 @@ impl Cluster for RaftCluster {
         self.node.serving()
     }
 
-    fn removed(&self) -> Option<String> {
+    fn removed(&self) -> Option<crate::storage::Removal> {
         self.node.removed()
     }
 

@@ -186,7 +186,7 @@ pub enum StorageError {
     CatchingUp(CatchingUp),
     /// This node was removed from the cluster and serves nothing.
     #[error("{0}")]
-    Removed(String),
+    Removed(Removal),
     /// This node is shutting down: another member can answer.
     #[error("{0}")]
     ShuttingDown(String),
@@ -198,6 +198,10 @@ pub enum StorageError {
     /// allows, a resource over the size limit); nothing changed.
     #[error("{0}")]
     Rejected(String),
+    /// The change names a partition or namespace that does not exist (the leader's check of a
+    /// forwarded change); nothing changed.
+    #[error("{0}")]
+    MissingTenancy(String),
     /// This node found its stored state damaged (a record failed its checksum): it serves
     /// nothing more from it and restarts to rebuild it. Another member can answer.
     #[error("{0}")]
@@ -228,6 +232,46 @@ impl From<String> for CatchingUp {
             applied: None,
             target: None,
         }
+    }
+}
+
+/// Why a node serves nothing any more: it was removed from its cluster (sent to clients as the
+/// metadata of `REMOVED`: `by`, the node that removed it, when known).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub why: String,
+    pub by: Option<u64>,
+}
+
+impl Removal {
+    /// The removal as a data directory records it (`raft/REMOVED`): the words, then `by=N`.
+    pub(crate) fn to_marker(&self) -> String {
+        match self.by {
+            Some(by) => format!("{}\nby={by}\n", self.why),
+            None => format!("{}\n", self.why),
+        }
+    }
+
+    /// The removal a marker records (one written by an earlier build is the words alone).
+    pub(crate) fn of_marker(text: &str) -> Removal {
+        let mut lines = text.lines();
+        let why = lines.next().unwrap_or_default().trim().to_owned();
+        let by = lines
+            .filter_map(|line| line.trim().strip_prefix("by="))
+            .find_map(|by| by.parse().ok());
+        Removal { why, by }
+    }
+}
+
+impl std::fmt::Display for Removal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+impl From<String> for Removal {
+    fn from(why: String) -> Self {
+        Removal { why, by: None }
     }
 }
 

@@ -69,10 +69,10 @@ pub(super) fn check_record(
 fn storage_error(error: Error) -> StorageError {
     match error {
         Error::BadRequest(violations) => StorageError::Rejected(violations.to_string()),
-        Error::InvalidArgument(why)
-        | Error::NotFound(why)
-        | Error::TenancyNotFound(why)
-        | Error::WriteToMissingTenancy(why) => StorageError::Rejected(why),
+        Error::InvalidArgument(why) | Error::NotFound(why) => StorageError::Rejected(why),
+        Error::TenancyNotFound(why) | Error::WriteToMissingTenancy(why) => {
+            StorageError::MissingTenancy(why)
+        }
         Error::Unavailable(why) | Error::NoQuorum(why) => StorageError::Inconsistent(why),
         Error::CatchingUp(progress) => StorageError::CatchingUp(progress),
         Error::ShuttingDown(why) => StorageError::ShuttingDown(why),

@@ -49,9 +49,9 @@ pub enum Error {
     /// This node is shutting down: another member can answer.
     #[error("{0}")]
     ShuttingDown(String),
-    /// This node was removed from the cluster.
+    /// This node was removed from the cluster (by whom, when known: `REMOVED`'s `by`).
     #[error("{0}")]
-    Removed(String),
+    Removed(crate::storage::Removal),
     /// This node found its stored state damaged.
     #[error("{0}")]
     Damaged(String),
@@ -156,6 +156,7 @@ impl Error {
             StorageError::WatchClosed(why) => Error::Aborted(format!("watch closed: {why}")),
             StorageError::ResumeUnavailable(why) => Error::OutOfRange(format!("cannot resume the watch: {why}")),
             StorageError::Rejected(why) => Error::InvalidArgument(why),
+            StorageError::MissingTenancy(why) => Error::WriteToMissingTenancy(why),
             StorageError::NoSpace(why) => Error::ResourceExhausted(why),
             // Said by the node that is catching up (here, or a peer the request went to).
             StorageError::CatchingUp(progress) => Error::CatchingUp(progress),
@@ -287,6 +288,9 @@ impl From<Error> for tonic::Status {
                     details = details.with_violation(&violation.field, &violation.message);
                 }
             }
+            Error::Removed(crate::storage::Removal { by: Some(by), .. }) => {
+                details = details.with("by", by);
+            }
             Error::VersionConflict(conflict) => {
                 details = details
                     .with("expected", &conflict.expected)
@@ -329,7 +333,7 @@ mod tests {
             Error::AlreadyExists("x".into()),
             Error::FailedPrecondition("x".into()),
             Error::TypeBeingDeleted("x".into()),
-            Error::Removed("x".into()),
+            Error::Removed(String::from("x").into()),
             Error::PermissionDenied("x".into()),
             Error::Unauthenticated("x".into()),
             Error::Unavailable("x".into()),
@@ -428,6 +432,32 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_node_says_who_removed_it_as_metadata() {
+        use crate::storage::Removal;
+        let removal = Removal {
+            why: "node 3 was removed from cluster resd (by node 1)".into(),
+            by: Some(1),
+        };
+        // As the data directory keeps it, and as an earlier build wrote it (words alone).
+        assert_eq!(Removal::of_marker(&removal.to_marker()), removal);
+        assert_eq!(
+            Removal::of_marker("node 3 was removed from cluster resd (by node 1)\n"),
+            Removal {
+                by: None,
+                ..removal.clone()
+            }
+        );
+        let status = tonic::Status::from(Error::from_storage(StorageError::Removed(removal)));
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        let details = proto::reason::of(&status).expect("details");
+        assert_eq!(details.reason, Reason::Removed);
+        assert_eq!(details.metadata.get("by").map(String::as_str), Some("1"));
+        let unknown = tonic::Status::from(Error::Removed(String::from("removed").into()));
+        let details = proto::reason::of(&unknown).expect("details");
+        assert!(!details.metadata.contains_key("by"));
+    }
+
+    #[test]
     fn a_lost_compare_and_swap_sends_both_versions() {
         let status = tonic::Status::from(Error::VersionConflict(VersionConflict {
             what: "demo.v2.Artist/a".into(),
@@ -464,7 +494,10 @@ mod tests {
             reason(StorageError::ShuttingDown("x".into())),
             Reason::ShuttingDown
         );
-        assert_eq!(reason(StorageError::Removed("x".into())), Reason::Removed);
+        assert_eq!(
+            reason(StorageError::Removed(String::from("x").into())),
+            Reason::Removed
+        );
         assert_eq!(reason(StorageError::Damaged("x".into())), Reason::Damaged);
         assert_eq!(
             reason(StorageError::Inconsistent("x".into())),

@@ -750,3 +750,32 @@ async fn concurrent_blind_creates_of_one_name_all_succeed() {
         "one resource, created once and updated by the rest"
     );
 }
+
+/// The leader's check of a change a follower forwarded: a namespace that does not exist (the
+/// follower's local look was stale, or it was deleted since) is refused with its reason, as
+/// the same write on the leader is, not as a merely invalid change.
+#[tokio::test]
+async fn a_forwarded_change_into_a_missing_namespace_keeps_its_reason() {
+    use crate::storage::{Admission, StorageError};
+
+    let harness = harness().await;
+    let service = Arc::new(harness.service);
+    let admission = crate::service::ForwardAdmission::new(service.clone());
+    let mut lost = artist("lost");
+    lost.id.as_mut().unwrap().tenancy = Some(tenancy("default", "gone"));
+    lost.id.as_mut().unwrap().uid = crate::service::new_ulid();
+    lost.generation = crate::service::new_ulid();
+    let refused = admission.admit(&lost).await.expect_err("no such namespace");
+    assert!(
+        matches!(refused, StorageError::MissingTenancy(_)),
+        "{refused:?}"
+    );
+    let (code, reason) = Error::from_storage(refused).code_and_reason();
+    assert_eq!(
+        (code, reason),
+        (
+            Code::InvalidArgument,
+            proto::reason::Reason::TenancyNotFound
+        )
+    );
+}

@@ -341,6 +341,9 @@ pub(crate) fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
 
 // Storage errors on the wire.
 
+/// `StorageFailure.reason` of a change naming a partition or namespace that does not exist.
+const TENANCY_NOT_FOUND: &str = proto::reason::Reason::TenancyNotFound.as_str();
+
 pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
     let (code, stored) = match error {
         StorageError::NotFound => (Code::NotFound, None),
@@ -352,7 +355,8 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::Inconsistent(_) => (Code::Inconsistent, None),
         StorageError::WatchClosed(_) => (Code::WatchClosed, None),
         StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
-        StorageError::Rejected(_) => (Code::Rejected, None),
+        // REJECTED (what earlier builds read), refined by `reason`.
+        StorageError::Rejected(_) | StorageError::MissingTenancy(_) => (Code::Rejected, None),
         StorageError::NoSpace(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
@@ -367,17 +371,22 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::WatchClosed(why)
         | StorageError::ResumeUnavailable(why)
         | StorageError::Rejected(why)
+        | StorageError::MissingTenancy(why)
         | StorageError::NoSpace(why)
-        | StorageError::Removed(why)
         | StorageError::ShuttingDown(why)
         | StorageError::Damaged(why)
         | StorageError::Internal(why) => why.clone(),
         StorageError::CatchingUp(progress) => progress.why.clone(),
+        StorageError::Removed(removal) => removal.why.clone(),
         other => other.to_string(),
     };
     let (applied, target) = match error {
         StorageError::CatchingUp(progress) => (progress.applied, progress.target),
         _ => (None, None),
+    };
+    let reason = match error {
+        StorageError::MissingTenancy(_) => TENANCY_NOT_FOUND.to_owned(),
+        _ => String::new(),
     };
     pb::StorageFailure {
         code: code as i32,
@@ -385,6 +394,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         stored,
         applied,
         target,
+        reason,
     }
 }
 
@@ -399,6 +409,9 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::Inconsistent => StorageError::Inconsistent(failure.message),
         Code::WatchClosed => StorageError::WatchClosed(failure.message),
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
+        Code::Rejected if failure.reason == TENANCY_NOT_FOUND => {
+            StorageError::MissingTenancy(failure.message)
+        }
         Code::Rejected => StorageError::Rejected(failure.message),
         Code::NoSpace => StorageError::NoSpace(failure.message),
         Code::CatchingUp => StorageError::CatchingUp(crate::storage::CatchingUp {
@@ -406,7 +419,7 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
             applied: failure.applied,
             target: failure.target,
         }),
-        Code::Removed => StorageError::Removed(failure.message),
+        Code::Removed => StorageError::Removed(failure.message.into()),
         Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),

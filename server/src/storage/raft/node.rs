@@ -412,9 +412,10 @@ impl RaftNode {
             backend.raft.clone(),
             options.data_dir.clone(),
         ));
-        if let Some(why) = removed_marker {
-            tracing::warn!("{}; serving nothing", why.trim());
-            backend.stop_for_removal(why.trim().to_owned());
+        if let Some(marker) = removed_marker {
+            let removal = crate::storage::Removal::of_marker(&marker);
+            tracing::warn!("{removal}; serving nothing");
+            backend.stop_for_removal(removal);
         } else if repairing {
             let task = tokio::spawn(repair::repair(Arc::downgrade(&backend)));
             *backend.catch_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);

@@ -163,7 +163,8 @@ fn every_storage_error_survives_the_wire() {
         StorageError::WatchClosed("reset".into()),
         StorageError::ResumeUnavailable("too old".into()),
         StorageError::Rejected("name too long".into()),
-        StorageError::CatchingUp(String::from("catching up").into()),
+        StorageError::MissingTenancy("namespace \"gone\" not found".into()),
+        StorageError::Removed(String::from("removed").into()),
         StorageError::CatchingUp(crate::storage::CatchingUp {
             why: "catching up: applied 3 of 9".into(),
             applied: Some(3),
@@ -176,6 +177,21 @@ fn every_storage_error_survives_the_wire() {
         let back = error_of(failure_of(&error));
         assert_eq!(format!("{back:?}"), format!("{error:?}"));
     }
+}
+
+/// A change naming a missing tenancy is REJECTED to a peer of an earlier build (which refuses
+/// it as invalid, as before) and keeps its reason for this one.
+#[test]
+fn a_missing_tenancy_is_rejected_for_earlier_builds_and_keeps_its_reason() {
+    let sent = failure_of(&StorageError::MissingTenancy("namespace missing".into()));
+    assert_eq!(sent.code, Code::Rejected as i32);
+    assert_eq!(sent.reason, "TENANCY_NOT_FOUND");
+    let earlier = pb::StorageFailure {
+        reason: String::new(),
+        ..sent.clone()
+    };
+    assert!(matches!(error_of(earlier), StorageError::Rejected(_)));
+    assert!(matches!(error_of(sent), StorageError::MissingTenancy(_)));
 }
 
 /// A shutting-down node answers its peers INCONSISTENT, which peers of earlier builds (that

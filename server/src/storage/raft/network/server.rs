@@ -479,10 +479,13 @@ impl RaftService for RaftGrpc {
             );
             return Ok(Response::new(pb::RemovedAck {}));
         }
-        self.backend.mark_removed(format!(
-            "node {} was removed from cluster {} (by node {})",
-            notice.node_id, notice.cluster_name, notice.by_node_id
-        ));
+        self.backend.mark_removed(crate::storage::Removal {
+            why: format!(
+                "node {} was removed from cluster {} (by node {})",
+                notice.node_id, notice.cluster_name, notice.by_node_id
+            ),
+            by: Some(notice.by_node_id),
+        });
         Ok(Response::new(pb::RemovedAck {}))
     }
 

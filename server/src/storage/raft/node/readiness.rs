@@ -20,8 +20,8 @@ pub(crate) enum Readiness {
         applied: u64,
         target: Option<u64>,
     },
-    /// Removed from the cluster (why, for people): serves nothing, for good.
-    Removed(String),
+    /// Removed from the cluster: serves nothing, for good.
+    Removed(crate::storage::Removal),
     /// Its raft log was damaged: repaired from the leader, voting for nobody (see `repair`).
     Repairing {
         applied: u64,
@@ -58,7 +58,7 @@ impl Readiness {
             } => Some(format!(
                 "catching up after an unclean stop: applied {applied}, waiting to learn the leader's commit index"
             )),
-            Readiness::Removed(why) => Some(why.clone()),
+            Readiness::Removed(removal) => Some(removal.why.clone()),
             Readiness::Damaged(_) => Some(
                 "its stored state was found damaged (a record failed its checksum): it restarts to rebuild it".into(),
             ),
@@ -80,7 +80,7 @@ impl RaftNode {
     pub(in crate::storage::raft) fn check_ready(&self) -> Result<(), StorageError> {
         match &*self.readiness.borrow() {
             Readiness::Ready => Ok(()),
-            Readiness::Removed(why) => Err(StorageError::Removed(why.clone())),
+            Readiness::Removed(removal) => Err(StorageError::Removed(removal.clone())),
             damaged @ Readiness::Damaged(_) => {
                 Err(StorageError::Damaged(damaged.reason().unwrap_or_default()))
             }
@@ -103,34 +103,34 @@ impl RaftNode {
     }
 
     /// Why this node serves nothing any more, if it was removed from the cluster.
-    pub(crate) fn removed(&self) -> Option<String> {
+    pub(crate) fn removed(&self) -> Option<crate::storage::Removal> {
         match &*self.readiness.borrow() {
-            Readiness::Removed(why) => Some(why.clone()),
+            Readiness::Removed(removal) => Some(removal.clone()),
             _ => None,
         }
     }
 
-    /// Records that this node was removed from the cluster (`why`, for people): it serves
-    /// nothing from now on, also after a restart, and never campaigns.
-    pub(crate) fn mark_removed(&self, why: String) {
+    /// Records that this node was removed from the cluster: it serves nothing from now on,
+    /// also after a restart, and never campaigns.
+    pub(crate) fn mark_removed(&self, removal: crate::storage::Removal) {
         if self.removed().is_some() {
             return;
         }
         let marker = self.data_dir.join(super::super::schema::REMOVED_FILE);
-        if let Err(error) = std::fs::write(&marker, &why) {
+        if let Err(error) = std::fs::write(&marker, removal.to_marker()) {
             tracing::error!(%error, path = %marker.display(), "cannot record the removal");
         }
-        tracing::warn!("{why}; serving nothing from now on");
-        self.stop_for_removal(why);
+        tracing::warn!("{removal}; serving nothing from now on");
+        self.stop_for_removal(removal);
     }
 
     /// Stops campaigning and serving (a removed node).
-    pub(super) fn stop_for_removal(&self, why: String) {
+    pub(super) fn stop_for_removal(&self, removal: crate::storage::Removal) {
         let runtime = self.raft.runtime_config();
         runtime.elect(false);
         runtime.heartbeat(false);
         runtime.tick(false);
-        self.readiness.send_replace(Readiness::Removed(why));
+        self.readiness.send_replace(Readiness::Removed(removal));
     }
 
     /// Whether this node may serve reads, as it changes.
