@@ -21,6 +21,7 @@ pub mod client;
 pub mod codec;
 pub mod meta;
 pub mod reason;
+pub mod selector;
 pub mod snapshot;
 pub mod tls;
 

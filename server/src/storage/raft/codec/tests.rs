@@ -292,3 +292,65 @@ fn a_remembered_outcome_answers_a_retry_as_the_first_attempt_was_answered() {
         Ok(Applied::Done)
     ));
 }
+
+/// A log entry of changes, pinned byte for byte: the log format (and what followers of earlier
+/// builds read) changes only with a failure here, and then with `wire::FORMAT`.
+#[test]
+fn change_entries_keep_their_bytes() {
+    let fixed_id = |name: &str| Id {
+        name: name.into(),
+        uid: "01J00000000000000000000000".into(),
+        r#type: Some(proto::resource::v1::Type {
+            group: "demo".into(),
+            group_version: "v2".into(),
+            kind: "Artist".into(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
+    };
+    let resource = Resource {
+        id: Some(fixed_id("a")),
+        generation: "01J00000000000000000000001".into(),
+        metadata: [("team".to_owned(), "billing".to_owned())].into(),
+        ..Resource::default()
+    };
+    let request_id = Some(RequestId(
+        ulid::Ulid::from_string("01J00000000000000000000002").expect("ulid"),
+    ));
+    let write = Tagged {
+        request_id,
+        change: Change::Write(Arc::new(resource), WriteCondition::Merged),
+        actor: "alice".into(),
+    };
+    let delete = Tagged {
+        request_id: None,
+        change: Change::Delete {
+            id: fixed_id("b"),
+            version: "7".into(),
+        },
+        actor: String::new(),
+    };
+    let hex = |bytes: Vec<u8>| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    let one = hex(encode_op(&Op::Changes(vec![write.clone()])));
+    let batch = hex(encode_op(&Op::Changes(vec![write, delete])));
+    assert_eq!(one, GOLDEN_ONE_WRITE, "one write");
+    assert_eq!(batch, GOLDEN_BATCH, "a batch of a write and a delete");
+}
+
+const GOLDEN_ONE_WRITE: &str = concat!(
+    "0a9d010a760a470a1a30314a30303030303030303030303030303030303030303030301201611a12",
+    "0a0464656d6f120276321a0641727469737422120a0764656661756c74120764656661756c74221a",
+    "30314a30303030303030303030303030303030303030303030312a0f0a047465616d120762696c6c",
+    "696e67121a30314a30303030303030303030303030303030303030303030321a05616c6963652001",
+);
+const GOLDEN_BATCH: &str = concat!(
+    "32f3010aa0010a9d010a760a470a1a30314a30303030303030303030303030303030303030303030",
+    "301201611a120a0464656d6f120276321a0641727469737422120a0764656661756c741207646566",
+    "61756c74221a30314a30303030303030303030303030303030303030303030312a0f0a047465616d",
+    "120762696c6c696e67121a30314a30303030303030303030303030303030303030303030321a0561",
+    "6c69636520010a4e124c0a470a1a30314a3030303030303030303030303030303030303030303030",
+    "1201621a120a0464656d6f120276321a0641727469737422120a0764656661756c74120764656661",
+    "756c74120137",
+);
