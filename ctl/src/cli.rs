@@ -326,6 +326,10 @@ pub struct WatchArgs {
     /// Resume after this version (the `version` of an earlier event) instead of listing first
     #[arg(long, value_name = "VERSION")]
     pub from_version: Option<String>,
+    /// Only resources whose metadata matches (k=v, k!=v, k in (a,b), k notin (a,b), k, !k;
+    /// comma = and); one that stops matching is shown as deleted
+    #[arg(short = 'l', long, value_name = "SELECTOR", value_parser = parse_selector)]
+    pub selector: Option<String>,
     /// Watch every partition and namespace
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
@@ -509,6 +513,13 @@ Examples:
 #[derive(Debug, Clone, Args)]
 pub struct CompletionArgs {
     pub shell: clap_complete::Shell,
+}
+
+/// Checks a selector here, before any call, and keeps it in its canonical form.
+pub fn parse_selector(text: &str) -> Result<String, String> {
+    proto::selector::Selector::parse(text)
+        .map(|selector| selector.to_string())
+        .map_err(|error| format!("{error} (in {text:?})"))
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h`, or plain seconds.

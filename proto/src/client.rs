@@ -42,6 +42,26 @@ pub use watcher::{WatchUpdate, Watcher};
 /// The address `resd dev` and `resd agent` serve on unless told otherwise.
 pub const DEFAULT_SERVER: &str = "127.0.0.1:8502";
 
+/// What a list asks for beyond its type and tenancy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListOptions {
+    pub name_prefix: String,
+    /// A selector over metadata (`proto::selector`); empty: every resource.
+    pub selector: String,
+    /// At most this many resources (0: all).
+    pub limit: u32,
+    /// Where to continue (a previous page's `next_page_token`).
+    pub page_token: String,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    pub resources: Vec<Resource>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+}
+
 /// TLS for a client (DESIGN §12.2): the CA the server's certificate must chain to and,
 /// for servers that verify clients, the client's certificate and key. PEM files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -746,13 +766,34 @@ impl Client {
         tenancy: &Tenancy,
         name_prefix: &str,
     ) -> Result<Vec<Resource>, ClientError> {
+        let options = ListOptions {
+            name_prefix: name_prefix.to_owned(),
+            ..ListOptions::default()
+        };
+        Ok(self
+            .list_page(resource_type, tenancy, &options)
+            .await?
+            .resources)
+    }
+
+    /// One page of a listing (`options.limit` resources at most; all of them when 0), and the
+    /// token of the next (empty on the last page).
+    pub async fn list_page(
+        &self,
+        resource_type: &Type,
+        tenancy: &Tenancy,
+        options: &ListOptions,
+    ) -> Result<Page, ClientError> {
         self.retrying(|| {
             let mut resources = self.resources();
             let request = self.request(
                 ListRequest {
                     r#type: Some(resource_type.clone()),
                     tenancy: Some(tenancy.clone()),
-                    name_prefix: name_prefix.to_owned(),
+                    name_prefix: options.name_prefix.clone(),
+                    selector: options.selector.clone(),
+                    limit: options.limit,
+                    page_token: options.page_token.clone(),
                 },
                 true,
             );
@@ -761,17 +802,55 @@ impl Client {
         .await
         .map(|response| {
             self.note_staleness(response.metadata());
-            response.into_inner().resources
+            let answer = response.into_inner();
+            Page {
+                resources: answer.resources,
+                next_page_token: answer.next_page_token,
+            }
         })
+    }
+
+    /// Every resource of a listing, asked for in pages of `page_size` (so the server holds one
+    /// page at a time), handing each page to `each` as it arrives.
+    pub async fn list_in_pages(
+        &self,
+        resource_type: &Type,
+        tenancy: &Tenancy,
+        options: &ListOptions,
+        page_size: u32,
+        mut each: impl FnMut(Vec<Resource>),
+    ) -> Result<(), ClientError> {
+        let mut options = ListOptions {
+            limit: page_size.max(1),
+            ..options.clone()
+        };
+        loop {
+            let page = self.list_page(resource_type, tenancy, &options).await?;
+            each(page.resources);
+            if page.next_page_token.is_empty() {
+                return Ok(());
+            }
+            options.page_token = page.next_page_token;
+        }
     }
 
     /// The resources whose owner is `owner` (which must carry its uid).
     pub async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ClientError> {
+        self.list_by_owner_matching(owner, "").await
+    }
+
+    /// The children of `owner` whose metadata matches `selector` (empty: all of them).
+    pub async fn list_by_owner_matching(
+        &self,
+        owner: &Id,
+        selector: &str,
+    ) -> Result<Vec<Resource>, ClientError> {
         self.retrying(|| {
             let mut resources = self.resources();
             let request = self.request(
                 ListByOwnerRequest {
                     owner: Some(owner.clone()),
+                    selector: selector.to_owned(),
                 },
                 true,
             );

@@ -69,6 +69,7 @@ async fn wait_accepted(channel: Channel, prefix: String, expected: usize) -> Ins
             tenancy: Some(Tenancy::default()),
             name_prefix: prefix,
             since_version: String::new(),
+            ..WatchListRequest::default()
         })
         .await
         .unwrap()

@@ -130,7 +130,7 @@ impl Api for InProcess {
         let request = ListRequest {
             r#type: Some(resource_type.clone()),
             tenancy: Some(tenancy.clone()),
-            name_prefix: String::new(),
+            ..ListRequest::default()
         };
         self.service
             .list(self.identity.as_ref(), Consistency::Eventual, request)
@@ -142,6 +142,7 @@ impl Api for InProcess {
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, ApiError> {
         let request = ListByOwnerRequest {
             owner: Some(owner.clone()),
+            ..ListByOwnerRequest::default()
         };
         self.service
             .list_by_owner(self.identity.as_ref(), request)

@@ -301,6 +301,9 @@ pub enum Operation {
     Delete(Resource),
     /// The snapshot of matching resources is complete.
     EndOfSnapshot,
+    /// Nothing the watcher asked for changed up to the event's version (made by the service
+    /// for a watch that asks for bookmarks; storage never publishes one).
+    Bookmark,
 }
 
 /// A watch event as watchers receive it: one copy shared by every watcher of the change (the

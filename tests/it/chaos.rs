@@ -644,6 +644,7 @@ async fn round(seconds: u64) -> String {
                 r#type: Some(artist_type()),
                 tenancy: Some(Tenancy::default()),
                 name_prefix: "unique-".into(),
+                ..ListRequest::default()
             },
             true,
         ))

@@ -64,6 +64,7 @@ async fn a_watch_survives_a_server_restart_and_sees_what_happened_meanwhile() {
         }),
         name_prefix: String::new(),
         since_version: String::new(),
+        ..WatchListRequest::default()
     });
     write_document(&leader_client, &concept("before")).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -341,6 +342,7 @@ async fn a_client_of_several_servers_skips_a_dead_one_and_its_watch_moves_when_i
         }),
         name_prefix: String::new(),
         since_version: String::new(),
+        ..WatchListRequest::default()
     });
     let mut seen: Vec<String> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

@@ -219,6 +219,7 @@ impl Driver for Library {
             tenancy: Some(session.tenancy(info.scope(), false)),
             name_prefix: String::new(),
             since_version: from_version.to_owned(),
+            ..WatchListRequest::default()
         });
         let mut lines = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

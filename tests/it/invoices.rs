@@ -359,6 +359,7 @@ async fn the_controller_runs_with_a_token_for_its_types_only_and_is_the_actor_of
         }),
         name_prefix: String::new(),
         since_version: "1".into(),
+        ..WatchListRequest::default()
     });
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -340,8 +340,7 @@ impl Tasks {
         let mut watcher = self.client.watcher(WatchListRequest {
             r#type: Some(resource_type),
             tenancy: Some(describe::every_tenancy(info.scope())),
-            name_prefix: String::new(),
-            since_version: String::new(),
+            ..WatchListRequest::default()
         });
         let tx = self.tx.clone();
         tokio::spawn(async move {

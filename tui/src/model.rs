@@ -139,7 +139,7 @@ impl TypeData {
                 self.synced = true;
                 Change::Synced
             }
-            None => Change::Nothing,
+            Some(Event::Bookmark(_)) | None => Change::Nothing,
         };
         if change != Change::Nothing {
             self.revision += 1;

@@ -180,7 +180,7 @@ pub async fn bench(
             r#type: plan.template().id.and_then(|id| id.r#type),
             tenancy: plan.id(0).tenancy,
             name_prefix: NAME_PREFIX.into(),
-            since_version: String::new(),
+            ..WatchListRequest::default()
         });
         // Wait for the end of the initial snapshot so every timed write is a live event.
         loop {

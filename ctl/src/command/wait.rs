@@ -115,7 +115,7 @@ pub async fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<u8> {
         r#type: id.r#type.clone(),
         tenancy: id.tenancy.clone(),
         name_prefix: id.name.clone(),
-        since_version: String::new(),
+        ..WatchListRequest::default()
     });
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

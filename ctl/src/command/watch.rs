@@ -73,7 +73,7 @@ pub fn render_event(
         Some(Event::Upsert(upsert)) => ("upsert", upsert.resource.as_ref()),
         Some(Event::Delete(delete)) => ("delete", delete.resource.as_ref()),
         Some(Event::EndOfSnapshot(_)) => ("end_of_snapshot", None),
-        None => return Ok(None),
+        Some(Event::Bookmark(_)) | None => return Ok(None),
     };
     match format {
         OutputFormat::Json | OutputFormat::JsonPath => {
@@ -155,6 +155,8 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
         tenancy: Some(session.tenancy(info.scope(), args.all_namespaces)),
         name_prefix: args.name_prefix.clone().unwrap_or_default(),
         since_version: args.from_version.clone().unwrap_or_default(),
+        selector: args.selector.clone().unwrap_or_default(),
+        bookmarks: false,
     };
     let mut watcher = session.client.watcher(request);
     let mut seen: u64 = 0;

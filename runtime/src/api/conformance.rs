@@ -80,6 +80,7 @@ pub async fn run<A: Api>(api: &A, prefix: &str) {
             }),
             name_prefix: prefix.into(),
             since_version: String::new(),
+            ..WatchListRequest::default()
         })
         .await
         .expect("watch");

@@ -201,8 +201,7 @@ async fn run_once<A: Api>(
                 partition: "*".into(),
                 namespace: "*".into(),
             }),
-            name_prefix: String::new(),
-            since_version: String::new(),
+            ..WatchListRequest::default()
         };
         let stream = match api.watch(request).await {
             Ok(stream) => stream,
@@ -428,7 +427,8 @@ impl Feed {
                         let _ = self.primed.send(());
                         None
                     }
-                    None => None,
+                    // Not asked for: the runner's watches have no selector to fall behind by.
+                    Some(watch_event::Event::Bookmark(_)) | None => None,
                 },
             };
             if let (Phase::Live, Some(resource)) = (&phase, resource) {

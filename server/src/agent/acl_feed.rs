@@ -155,8 +155,7 @@ pub(super) async fn follow(
         let request = WatchListRequest {
             r#type: Some(resource_type.clone()),
             tenancy: Some(feed.tenancy()),
-            name_prefix: String::new(),
-            since_version: String::new(),
+            ..WatchListRequest::default()
         };
         let why = match service.watch_list(Arc::new(AllowAll), request).await {
             Err(error) => error.to_string(),

@@ -191,6 +191,19 @@ impl Params {
         }
     }
 
+    /// A whole number (absent: 0).
+    fn number(&mut self, name: &str) -> Result<u32, ApiError> {
+        match self.take(name).as_str() {
+            "" => Ok(0),
+            text => text.parse().map_err(|_| {
+                ApiError::invalid(format!(
+                    "{name} must be a whole number from 0 to {}, got {text:?}",
+                    u32::MAX
+                ))
+            }),
+        }
+    }
+
     /// The tenancy of `?partition=&namespace=` (parts left out are the type's defaults).
     fn tenancy(&mut self) -> Tenancy {
         Tenancy {
@@ -349,20 +362,26 @@ async fn list_or_watch(
     let mut params = Params(query);
     let tenancy = params.tenancy();
     let name_prefix = params.take("name_prefix");
+    let selector = params.take("selector");
     if params.flag("watch")? {
         let since_version = params.take("since_version");
+        let bookmarks = params.flag("bookmarks")?;
         params.finish(&[
             "partition",
             "namespace",
             "name_prefix",
+            "selector",
             "watch",
             "since_version",
+            "bookmarks",
         ])?;
         let request = WatchListRequest {
             r#type: Some(resource_type(group, version, kind)),
             tenancy: Some(tenancy),
             name_prefix,
             since_version,
+            selector,
+            bookmarks,
         };
         let mut request = grpc_request(&headers, false, request)?;
         if let Some(axum::Extension(admitted)) = admitted {
@@ -372,10 +391,15 @@ async fn list_or_watch(
         return Ok(ndjson(events, state.registry.descriptor_pool()));
     }
     let consistent = params.flag("consistent")?;
+    let limit = params.number("limit")?;
+    let page_token = params.take("page_token");
     params.finish(&[
         "partition",
         "namespace",
         "name_prefix",
+        "selector",
+        "limit",
+        "page_token",
         "consistent",
         "watch",
     ])?;
@@ -383,6 +407,9 @@ async fn list_or_watch(
         r#type: Some(resource_type(group, version, kind)),
         tenancy: Some(tenancy),
         name_prefix,
+        selector,
+        limit,
+        page_token,
     };
     let mut request = grpc_request(&headers, consistent, request)?;
     if let Some(axum::Extension(admitted)) = admitted {

@@ -516,6 +516,7 @@ mod tests {
         let bytes = collected.to_bytes();
         let expected = pb::ListResponse {
             resources: vec![resource.clone(), resource],
+            ..pb::ListResponse::default()
         }
         .encode_to_vec();
         assert_eq!(bytes[0], 0, "uncompressed");

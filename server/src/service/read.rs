@@ -17,6 +17,7 @@ use crate::resource::{self, DisplayId};
 use crate::storage::{
     Consistency, Operation, SharedEvent, StorageError, UnversionedType, WatchEvent,
 };
+use proto::selector::Selector;
 
 /// The stream WatchList answers with.
 pub(crate) type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Error>> + Send>>;
@@ -47,6 +48,7 @@ pub(crate) fn pb_event(event: &WatchEvent) -> pb::WatchEvent {
         Operation::EndOfSnapshot => {
             pb::watch_event::Event::EndOfSnapshot(pb::watch_event::EndOfSnapshot {})
         }
+        Operation::Bookmark => pb::watch_event::Event::Bookmark(pb::watch_event::Bookmark {}),
     };
     pb::WatchEvent {
         event: Some(body),
@@ -66,6 +68,8 @@ struct Query {
     resource_type: Type,
     tenancy: Tenancy,
     name_prefix: String,
+    /// `None`: every resource.
+    selector: Option<Selector>,
 }
 
 /// A stored encoding that does not decode: the store is damaged there.
@@ -168,9 +172,11 @@ impl ResourceService {
         resource_type: Option<Type>,
         tenancy: Option<Tenancy>,
         name_prefix: String,
+        selector: &str,
         absent: Absent,
     ) -> Result<Query, Error> {
         let mut violations = Violations::default();
+        let selector = validate::check_selector(&mut violations, selector);
         validate::check_type(&mut violations, "type", resource_type.as_ref());
         validate::check_tenancy(
             &mut violations,
@@ -203,6 +209,7 @@ impl ResourceService {
             resource_type,
             tenancy,
             name_prefix,
+            selector,
         })
     }
 
@@ -246,6 +253,7 @@ impl ResourceService {
             request.r#type,
             request.tenancy,
             request.name_prefix,
+            &request.selector,
             Absent::Required,
         )?;
         (query.registration.acls.list)(authorizer, &query.tenancy)?;
@@ -255,6 +263,7 @@ impl ResourceService {
             everything_readable: query.registration.acls.read_is_default()
                 && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
+            selector: query.selector.as_ref(),
             list: EncodedList::charged_to(self.list_budget.clone(), caller),
             failed: None,
         };
@@ -298,6 +307,7 @@ impl ResourceService {
                 "owner uid is required: children are matched on their owner's uid",
             );
         }
+        let selector = validate::check_selector(&mut violations, &request.selector);
         violations.finish()?;
         let Some(mut owner) = request.owner else {
             return Err(Error::invalid("owner is required"));
@@ -306,6 +316,11 @@ impl ResourceService {
         let children = self.backend.list_by_owner(&owner).await?;
         let resources = children
             .into_iter()
+            .filter(|child| {
+                selector
+                    .as_ref()
+                    .is_none_or(|selector| selector.matches(&child.metadata))
+            })
             .filter(|child| {
                 let Some(child_type) = child.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
                     return false;
@@ -383,6 +398,7 @@ impl ResourceService {
             request.r#type,
             request.tenancy,
             request.name_prefix,
+            &request.selector,
             Absent::Defaults,
         )?;
         (query.registration.acls.list)(authorizer.as_ref(), &query.tenancy)?;
@@ -403,7 +419,13 @@ impl ResourceService {
             tenancy: query.tenancy,
             name_prefix: query.name_prefix,
         };
-        let events = following_grants(watch, grants, scope);
+        let selection = query.selector.map(|selector| Selection {
+            selector,
+            matched: std::collections::HashSet::new(),
+            complete: since.is_none(),
+        });
+        let bookmarks = request.bookmarks.then(Bookmarks::new);
+        let events = following_grants(watch, grants, scope, selection, bookmarks);
         Ok(until_shutdown(events, self.shutdown.clone()))
     }
 }
@@ -425,7 +447,7 @@ impl WatchScope {
                 same_group_version(resource, &self.resource_type)
                     && readable(&self.read_acl, authorizer, resource)
             }
-            Operation::EndOfSnapshot => true,
+            Operation::EndOfSnapshot | Operation::Bookmark => true,
         }
     }
 
@@ -456,12 +478,124 @@ impl WatchScope {
     }
 }
 
-/// The storage watch's events that the grants of the moment let through; ends with
-/// PermissionDenied once changed grants no longer allow the watch.
+/// A watch's selector and what the watcher holds: an object that stops matching is a Delete
+/// from its view, one that starts matching an Upsert (Kubernetes' semantics). Without the
+/// previous version of an object, the names the watcher was sent are kept (`matched`);
+/// `complete` says they are all of them — false after a resume, where the watcher may hold
+/// objects this stream never sent, so a change to one that does not match is a Delete.
+struct Selection {
+    selector: Selector,
+    matched: std::collections::HashSet<(String, String, String)>,
+    complete: bool,
+}
+
+impl Selection {
+    /// The event as the watcher sees it: as it is, a Delete made of it, or nothing.
+    fn view(&mut self, event: SharedEvent) -> Option<SharedEvent> {
+        let key = |resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            let tenancy = id.tenancy.unwrap_or_default();
+            (tenancy.partition, tenancy.namespace, id.name)
+        };
+        match &event.event().operation {
+            Operation::Upsert(resource) => {
+                let key = key(resource);
+                if self.selector.matches(&resource.metadata) {
+                    self.matched.insert(key);
+                    return Some(event);
+                }
+                let held = self.matched.remove(&key);
+                // The snapshot part of a watch reports state (no actor): what does not match
+                // there was never sent.
+                if held || (!self.complete && !event.event().actor.is_empty()) {
+                    let stopped = WatchEvent {
+                        version: event.event().version.clone(),
+                        operation: Operation::Delete(resource.clone()),
+                        actor: event.event().actor.clone(),
+                    };
+                    return Some(SharedEvent::new(stopped));
+                }
+                None
+            }
+            Operation::Delete(resource) => {
+                let held = self.matched.remove(&key(resource));
+                (held || (!self.complete && self.selector.matches(&resource.metadata)))
+                    .then_some(event)
+            }
+            Operation::EndOfSnapshot | Operation::Bookmark => Some(event),
+        }
+    }
+}
+
+/// How often a watch that asked for bookmarks gets one while nothing it sees changes (DESIGN:
+/// at least every 5 s).
+const BOOKMARK_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// A watch's bookmarks: the last version it has gone past (sent or not) and when the next
+/// bookmark is due.
+struct Bookmarks {
+    /// The version of the last event read from storage (empty: none yet).
+    version: String,
+    /// Bookmarks start once the snapshot (or the resumed history) has ended.
+    started: bool,
+    /// A bookmark is due at this moment unless an event was sent since.
+    due: tokio::time::Instant,
+    /// The version of the last event or bookmark sent (no bookmark repeats it).
+    sent: String,
+}
+
+impl Bookmarks {
+    fn new() -> Self {
+        Bookmarks {
+            version: String::new(),
+            started: false,
+            due: tokio::time::Instant::now() + BOOKMARK_EVERY,
+            sent: String::new(),
+        }
+    }
+
+    /// Storage produced `event` (whether or not the watcher sees it).
+    fn went_past(&mut self, event: &SharedEvent) {
+        if matches!(event.event().operation, Operation::EndOfSnapshot) {
+            self.started = true;
+        }
+        if !event.event().version.is_empty() {
+            self.version = event.event().version.clone();
+        }
+    }
+
+    /// `event` was sent to the watcher.
+    fn sent(&mut self, event: &SharedEvent) {
+        self.due = tokio::time::Instant::now() + BOOKMARK_EVERY;
+        if !event.event().version.is_empty() {
+            self.sent = event.event().version.clone();
+        }
+    }
+
+    /// The bookmark due now, if there is a version to mark that was not sent already.
+    fn take(&mut self) -> Option<SharedEvent> {
+        self.due = tokio::time::Instant::now() + BOOKMARK_EVERY;
+        if !self.started || self.version.is_empty() || self.version == self.sent {
+            return None;
+        }
+        self.sent = self.version.clone();
+        Some(SharedEvent::new(WatchEvent {
+            version: self.version.clone(),
+            operation: Operation::Bookmark,
+            actor: String::new(),
+        }))
+    }
+}
+
+/// The storage watch's events that the grants of the moment let through (and the selector,
+/// as the watcher sees it), with bookmarks when asked for; ends with PermissionDenied once
+/// changed grants no longer allow the watch.
 fn following_grants(
     watch: crate::storage::Watch,
     grants: LiveGrants,
     scope: WatchScope,
+    selection: Option<Selection>,
+    bookmarks: Option<Bookmarks>,
 ) -> SharedWatchStream {
     struct State {
         watch: crate::storage::Watch,
@@ -469,6 +603,8 @@ fn following_grants(
         /// Whether the grants may still change (their sender lives).
         live: bool,
         scope: WatchScope,
+        selection: Option<Selection>,
+        bookmarks: Option<Bookmarks>,
     }
     futures::stream::unfold(
         Some(State {
@@ -476,10 +612,13 @@ fn following_grants(
             grants,
             live: true,
             scope,
+            selection,
+            bookmarks,
         }),
         |state| async move {
             let mut state = state?;
             loop {
+                let due = state.bookmarks.as_ref().map(|b| b.due);
                 tokio::select! {
                     biased;
                     changed = state.grants.changed(), if state.live => {
@@ -496,17 +635,43 @@ fn following_grants(
                         None => return None,
                         Some(Err(error)) => return Some((Err(Error::from(error)), None)),
                         Some(Ok(event)) => {
-                            let visible = state.scope.visible(state.grants.borrow().as_ref(), &event);
-                            if visible {
+                            if let Some(bookmarks) = state.bookmarks.as_mut() {
+                                bookmarks.went_past(&event);
+                            }
+                            if !state.scope.visible(state.grants.borrow().as_ref(), &event) {
+                                continue;
+                            }
+                            let seen = match state.selection.as_mut() {
+                                Some(selection) => selection.view(event),
+                                None => Some(event),
+                            };
+                            if let Some(event) = seen {
+                                if let Some(bookmarks) = state.bookmarks.as_mut() {
+                                    bookmarks.sent(&event);
+                                }
                                 return Some((Ok(event), Some(state)));
                             }
                         }
                     },
+                    () = sleep_until_due(due) => {
+                        let bookmark = state.bookmarks.as_mut().and_then(Bookmarks::take);
+                        if let Some(bookmark) = bookmark {
+                            return Some((Ok(bookmark), Some(state)));
+                        }
+                    }
                 }
             }
         },
     )
     .boxed()
+}
+
+/// Sleeps until `due`; forever without one.
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Ends a stream with `Unavailable` when the server shuts down, and after its first error.
@@ -682,12 +847,27 @@ struct VisibleList<'a> {
     /// version decides, read in place (no id is decoded per resource).
     everything_readable: bool,
     group_version: &'a str,
+    /// Only resources whose metadata matches (read in place, after the cheaper checks).
+    selector: Option<&'a Selector>,
     list: EncodedList,
     failed: Option<Error>,
 }
 
 impl VisibleList<'_> {
     fn visible(&self, bytes: &[u8]) -> Result<bool, Error> {
+        if !self.readable(bytes)? {
+            return Ok(false);
+        }
+        let Some(selector) = self.selector else {
+            return Ok(true);
+        };
+        let metadata = <crate::wire::proto::MetadataOnly as prost::Message>::decode(bytes)
+            .map_err(undecodable)?
+            .metadata;
+        Ok(selector.matches(&metadata))
+    }
+
+    fn readable(&self, bytes: &[u8]) -> Result<bool, Error> {
         if self.everything_readable {
             let group_version = crate::wire::proto::encoded_group_version(bytes)?;
             return Ok(group_version == Some(self.group_version.as_bytes()));
@@ -795,6 +975,7 @@ mod tests {
             read_acl: &read_acl,
             everything_readable: false,
             group_version: &group_version,
+            selector: None,
             list: EncodedList::default(),
             failed: None,
         };
@@ -832,6 +1013,7 @@ mod tests {
             read_acl: &defaults.read,
             everything_readable: true,
             group_version: "v2",
+            selector: None,
             list: EncodedList::default(),
             failed: None,
         };
@@ -885,6 +1067,7 @@ mod tests {
         );
         let expected = ListResponse {
             resources: resources.clone(),
+            ..ListResponse::default()
         }
         .encode_to_vec();
         let written: Vec<u8> = list.chunks().flatten().copied().collect();

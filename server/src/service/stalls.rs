@@ -182,7 +182,7 @@ impl Stream for Watched {
                     Operation::EndOfSnapshot => {
                         state.resume_from = Some(event.event().version.clone());
                     }
-                    Operation::Upsert(_) | Operation::Delete(_) => {
+                    Operation::Upsert(_) | Operation::Delete(_) | Operation::Bookmark => {
                         if state.resume_from.is_some() {
                             state.resume_from = Some(event.event().version.clone());
                         }

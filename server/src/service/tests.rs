@@ -23,6 +23,7 @@ mod delete;
 mod escalation;
 mod grpc;
 mod read;
+mod select;
 mod status;
 mod watch;
 mod write;
@@ -268,6 +269,7 @@ impl Harness {
                     r#type: Some(resource::parse_gvk(gvk).expect("valid gvk")),
                     tenancy: Some(tenancy),
                     name_prefix: name_prefix.into(),
+                    ..ListRequest::default()
                 },
             )
             .await?;
@@ -281,6 +283,7 @@ impl Harness {
                 &AllowAll,
                 ListByOwnerRequest {
                     owner: Some(owner.clone()),
+                    ..ListByOwnerRequest::default()
                 },
             )
             .await?;

@@ -197,6 +197,22 @@ pub(super) fn check_name_prefix(violations: &mut Violations, prefix: &str) {
     }
 }
 
+/// A selector over metadata (DESIGN §3): `None` when empty (everything matches); a violation
+/// naming the column where it does not parse.
+pub(super) fn check_selector(
+    violations: &mut Violations,
+    selector: &str,
+) -> Option<proto::selector::Selector> {
+    match proto::selector::Selector::parse(selector) {
+        Ok(parsed) if parsed.is_empty() => None,
+        Ok(parsed) => Some(parsed),
+        Err(error) => {
+            violations.push("selector", error.to_string());
+            None
+        }
+    }
+}
+
 /// Applies the defaults of a scope to a tenancy and rejects the parts the scope does not have.
 /// With wildcards, `*` is kept where the scope has the part and dropped where it does not.
 pub(super) fn apply_scope(

@@ -783,6 +783,7 @@ pub(crate) async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(back
             }
             Operation::EndOfSnapshot => break,
             Operation::Delete(resource) => panic!("delete in a snapshot: {resource:?}"),
+            Operation::Bookmark => panic!("storage publishes no bookmark"),
         }
     }
     assert_eq!(

@@ -289,7 +289,7 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
         Operation::Upsert(resource) | Operation::Delete(resource) => {
             prost::Message::encoded_len(resource)
         }
-        Operation::EndOfSnapshot => 0,
+        Operation::EndOfSnapshot | Operation::Bookmark => 0,
     };
     resource
         + ITEM_OVERHEAD

@@ -40,6 +40,14 @@ pub(crate) struct IdOnly {
     pub id: Option<Id>,
 }
 
+/// A resource's metadata (field 5 of `Resource`): what a selector reads of a stored resource,
+/// the rest skipped without copying.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(crate) struct MetadataOnly {
+    #[prost(btree_map = "string, string", tag = "5")]
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
+}
+
 /// A resource's id and version: what a watch's snapshot needs to find an event another watcher
 /// holds for the same version, without decoding the rest.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -260,6 +268,7 @@ mod tests {
         }
         let answer = ListResponse {
             resources: vec![small.clone(), large.clone()],
+            ..ListResponse::default()
         };
         assert_eq!(list, answer.encode_to_vec());
     }

@@ -367,6 +367,7 @@ async fn watch_artists(
                 tenancy: None,
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
             Some(token),
         ))
@@ -441,6 +442,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                             namespace: "default".into(),
                         }),
                         name_prefix: String::new(),
+                        ..ListRequest::default()
                     },
                     token,
                 ))
@@ -462,6 +464,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                             .id
                             .expect("id"),
                         ),
+                        ..ListByOwnerRequest::default()
                     },
                     token,
                 ))
@@ -498,6 +501,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                         tenancy: None,
                         name_prefix: String::new(),
                         since_version: String::new(),
+                        ..WatchListRequest::default()
                     },
                     token,
                 ))
@@ -777,6 +781,7 @@ async fn bad_acl_input_is_refused_naming_the_field_and_changes_nothing() {
                 r#type: cluster_id("Policy", "x").r#type,
                 tenancy: Some(Tenancy::default()),
                 name_prefix: String::new(),
+                ..ListRequest::default()
             },
             Some(&management),
         ))
@@ -1030,6 +1035,7 @@ async fn list_artists_as(node: &Resd, token: &str) -> Vec<Resource> {
                     namespace: "*".into(),
                 }),
                 name_prefix: String::new(),
+                ..ListRequest::default()
             },
             Some(token),
         ))

@@ -493,6 +493,7 @@ async fn open_watches_end_when_their_grants_no_longer_cover_them() {
                     }),
                     name_prefix: String::new(),
                     since_version: String::new(),
+                    ..WatchListRequest::default()
                 },
                 Some(&reader),
             ))

@@ -97,6 +97,7 @@ async fn count(node: &Resd, resource_type: Type, namespace: &str) -> usize {
                 namespace: namespace.into(),
             }),
             name_prefix: String::new(),
+            ..ListRequest::default()
         })
         .await
         .map(|reply| reply.into_inner().resources.len())
@@ -122,6 +123,7 @@ async fn accepted_albums(node: &Resd, artist: &Id, expected: usize) -> Vec<Resou
             .await
             .list_by_owner(ListByOwnerRequest {
                 owner: stored.id.clone(),
+                ..ListByOwnerRequest::default()
             })
             .await
             .ok()?

@@ -23,6 +23,7 @@ async fn count_artists(node: &Resd) -> Result<usize, tonic::Status> {
                 namespace: "*".into(),
             }),
             name_prefix: String::new(),
+            ..proto::resource::v1::ListRequest::default()
         })
         .await
         .map(|reply| reply.into_inner().resources.len())

@@ -213,6 +213,7 @@ async fn artists_on(node: &Resd) -> Result<usize, tonic::Status> {
                 namespace: "*".into(),
             }),
             name_prefix: String::new(),
+            ..ListRequest::default()
         })
         .await?
         .into_inner()

@@ -350,6 +350,7 @@ fn watch_default(since_version: &str) -> WatchListRequest {
         }),
         name_prefix: String::new(),
         since_version: since_version.into(),
+        ..WatchListRequest::default()
     }
 }
 
@@ -673,6 +674,7 @@ async fn many_large_lists_at_once_are_bounded_by_bytes_in_flight() {
                             namespace: "default".into(),
                         }),
                         name_prefix: String::new(),
+                        ..ListRequest::default()
                     },
                     Some(&secret),
                 ))

@@ -25,6 +25,7 @@ async fn write_read_list_watch_and_delete_over_grpc() {
             tenancy: Some(Tenancy::default()),
             name_prefix: String::new(),
             since_version: String::new(),
+            ..WatchListRequest::default()
         })
         .await
         .expect("watch")

@@ -25,6 +25,7 @@ async fn sigterm_ends_open_watches_and_exits_zero() {
             }),
             name_prefix: String::new(),
             since_version: String::new(),
+            ..WatchListRequest::default()
         })
         .await
         .expect("watch")

@@ -78,6 +78,7 @@ async fn restore_replaces_the_state_on_every_node_and_aborts_watches() {
             tenancy: Some(Tenancy::default()),
             name_prefix: String::new(),
             since_version: String::new(),
+            ..WatchListRequest::default()
         })
         .await
         .expect("watch")

@@ -47,6 +47,7 @@ pub(crate) async fn list_artists(node: &Resd) -> Vec<Resource> {
                 namespace: "*".into(),
             }),
             name_prefix: String::new(),
+            ..ListRequest::default()
         })
         .await
         .expect("list")

@@ -394,6 +394,7 @@ async fn a_type_registered_at_runtime_works_everywhere_and_survives_restarts_and
             r#type: Some(type_of("payments", "v1", "Invoice")),
             tenancy: Some(default_ns()),
             name_prefix: String::new(),
+            ..ListRequest::default()
         })
         .await
         .expect("list")

@@ -83,7 +83,7 @@ pub(crate) async fn external_replicas(
                     partition: resource::WILDCARD.into(),
                     namespace: resource::WILDCARD.into(),
                 }),
-                name_prefix: String::new(),
+                ..ListRequest::default()
             },
         )
         .await?

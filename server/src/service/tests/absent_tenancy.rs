@@ -123,6 +123,7 @@ async fn a_watch_without_a_tenancy_follows_every_tenancy_of_the_scope() {
                 tenancy: None,
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await
@@ -163,6 +164,7 @@ async fn list_still_needs_a_tenancy() {
                 r#type: Some(resource::parse_gvk("demo.v1.Artist").expect("gvk")),
                 tenancy: None,
                 name_prefix: String::new(),
+                ..ListRequest::default()
             },
         )
         .await;
@@ -181,6 +183,7 @@ async fn an_uppercase_name_prefix_is_invalid_in_list_and_watch() {
                 r#type: Some(resource::parse_gvk("demo.v1.Artist").expect("gvk")),
                 tenancy: Some(default_ns()),
                 name_prefix: "Miles".into(),
+                ..ListRequest::default()
             },
         )
         .await;
@@ -194,6 +197,7 @@ async fn an_uppercase_name_prefix_is_invalid_in_list_and_watch() {
                 tenancy: None,
                 name_prefix: "Miles".into(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await;

@@ -127,6 +127,7 @@ async fn watch_filters_items_the_caller_cannot_read() {
                 tenancy: Some(default_ns()),
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await
@@ -157,6 +158,7 @@ async fn the_acl_types_need_acl_read_even_to_watch_and_operator_write_is_not_it(
                 tenancy: Some(Tenancy::default()),
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await;

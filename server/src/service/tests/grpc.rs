@@ -295,6 +295,7 @@ async fn a_long_list_goes_out_in_chunks_and_arrives_whole() {
         r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
         tenancy: Some(tenancy("default", "default")),
         name_prefix: name_prefix.into(),
+        ..ListRequest::default()
     };
     let mut request = Request::new(list(""));
     request

@@ -19,6 +19,7 @@ async fn watch(h: &Harness, gvk: &str, tenancy: Tenancy) -> WatchStream {
                 tenancy: Some(tenancy),
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await
@@ -114,6 +115,7 @@ async fn watch_with_an_invalid_request_fails_before_the_stream() {
                 tenancy: Some(default_ns()),
                 name_prefix: String::new(),
                 since_version: String::new(),
+                ..WatchListRequest::default()
             },
         )
         .await;
