@@ -26,6 +26,7 @@ mod delete;
 pub(crate) mod encoded;
 mod error;
 pub(crate) mod grpc;
+mod page;
 mod read;
 pub(crate) mod stalls;
 mod tenancy_units;

@@ -540,14 +540,16 @@ pub trait Backend: Send + Sync + 'static {
     /// What [`Backend::list`] returns, each resource in its protobuf encoding, handed to `sink`
     /// in the same order: a backend that stores encoded resources hands them over as they are,
     /// while it holds its read (a List answers without decoding and encoding every one, and
-    /// without a copy per resource). No default: a wrapper that forgot to forward it would
-    /// quietly decode and encode again.
+    /// without a copy per resource). With `after`, only what comes after that key (a paged
+    /// listing continuing). No default: a wrapper that forgot to forward it would quietly
+    /// decode and encode again.
     async fn list_encoded(
         &self,
         consistency: Consistency,
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&StorageKey>,
         sink: &mut dyn EncodedSink,
     ) -> Result<(), StorageError>;
 
@@ -707,10 +709,18 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&StorageKey>,
         sink: &mut dyn EncodedSink,
     ) -> Result<(), StorageError> {
         (**self)
-            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
+            .list_encoded(
+                consistency,
+                resource_type,
+                tenancy,
+                name_prefix,
+                after,
+                sink,
+            )
             .await
     }
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

@@ -257,6 +257,13 @@ impl ResourceService {
             Absent::Required,
         )?;
         (query.registration.acls.list)(authorizer, &query.tenancy)?;
+        let listing = super::page::Listing {
+            resource_type: &query.resource_type,
+            tenancy: &query.tenancy,
+            name_prefix: &query.name_prefix,
+            selector: query.selector.as_ref(),
+        };
+        let after = listing.resume_after(&request.page_token)?;
         let mut visible = VisibleList {
             authorizer,
             read_acl: &query.registration.acls.read,
@@ -265,6 +272,11 @@ impl ResourceService {
             group_version: &query.resource_type.group_version,
             selector: query.selector.as_ref(),
             list: EncodedList::charged_to(self.list_budget.clone(), caller),
+            page: (request.limit > 0).then_some(PageEnd {
+                limit: request.limit as usize,
+                last: None,
+                more: false,
+            }),
             failed: None,
         };
         self.backend
@@ -273,13 +285,22 @@ impl ResourceService {
                 &UnversionedType::of(&query.resource_type),
                 &query.tenancy,
                 &query.name_prefix,
+                after.as_ref(),
                 &mut visible,
             )
             .await?;
-        match visible.failed {
-            Some(error) => Err(error),
-            None => Ok(visible.list),
+        if let Some(error) = visible.failed {
+            return Err(error);
         }
+        if let Some(PageEnd {
+            last: Some(last),
+            more: true,
+            ..
+        }) = &visible.page
+        {
+            visible.list.end_page(&listing.token_after(last));
+        }
+        Ok(visible.list)
     }
 
     pub(crate) async fn list_by_owner(
@@ -800,9 +821,25 @@ impl EncodedList {
     }
 
     /// How many resources it holds.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.count
+    }
+
+    /// Ends the answer with `ListResponse.next_page_token` (after the resources, where a
+    /// decoder finds it as well as anywhere).
+    pub(crate) fn end_page(&mut self, next_page_token: &str) {
+        const NEXT_PAGE_TOKEN: u32 = 2;
+        let mut field = Vec::with_capacity(crate::wire::proto::field_len(
+            NEXT_PAGE_TOKEN,
+            next_page_token.len(),
+        ));
+        crate::wire::proto::put_bytes_field(
+            NEXT_PAGE_TOKEN,
+            next_page_token.as_bytes(),
+            &mut field,
+        );
+        self.bytes += field.len();
+        self.chunks.push(field);
     }
 
     /// The length of the encoded `ListResponse`.
@@ -850,7 +887,18 @@ struct VisibleList<'a> {
     /// Only resources whose metadata matches (read in place, after the cheaper checks).
     selector: Option<&'a Selector>,
     list: EncodedList,
+    /// A page's end, when the listing has a limit.
+    page: Option<PageEnd>,
     failed: Option<Error>,
+}
+
+/// Where a page ends: after `limit` resources, the last of them `last`; `more` once another
+/// visible resource was found behind it (so the page gets a next token, and the last page
+/// none).
+struct PageEnd {
+    limit: usize,
+    last: Option<crate::storage::StorageKey>,
+    more: bool,
 }
 
 impl VisibleList<'_> {
@@ -898,6 +946,22 @@ impl crate::storage::EncodedSink for VisibleList<'_> {
     fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
         match self.visible(encoded) {
             Ok(true) => {
+                if let Some(page) = self.page.as_mut() {
+                    if self.list.len() >= page.limit {
+                        page.more = true;
+                        return std::ops::ControlFlow::Break(());
+                    }
+                    match <crate::wire::proto::IdOnly as prost::Message>::decode(encoded) {
+                        Ok(head) => {
+                            page.last =
+                                Some(crate::storage::StorageKey::of(&head.id.unwrap_or_default()));
+                        }
+                        Err(error) => {
+                            self.failed = Some(undecodable(error));
+                            return std::ops::ControlFlow::Break(());
+                        }
+                    }
+                }
                 if let Err(exhausted) = self.list.try_push(encoded) {
                     self.failed = Some(Error::from(exhausted));
                     return std::ops::ControlFlow::Break(());
@@ -976,6 +1040,7 @@ mod tests {
             everything_readable: false,
             group_version: &group_version,
             selector: None,
+            page: None,
             list: EncodedList::default(),
             failed: None,
         };
@@ -1015,6 +1080,7 @@ mod tests {
             group_version: "v2",
             selector: None,
             list: EncodedList::default(),
+            page: None,
             failed: None,
         };
         for resource in [&kept, &other_version, &untyped] {
@@ -1075,5 +1141,27 @@ mod tests {
         assert!(written == expected, "the chunks are prost's encoding");
         assert_eq!(list.len(), resources.len());
         assert!(list.decode().expect("decodes").resources == resources);
+    }
+
+    #[test]
+    fn a_page_ends_with_its_token_as_prost_would_encode_it() {
+        use proto::resource::v1::ListResponse;
+
+        let fixture = Fixture::new();
+        let resources = vec![fixture.artist("one"), fixture.artist("two")];
+        let mut list = EncodedList::default();
+        for resource in &resources {
+            list.push(&resource.encode_to_vec());
+        }
+        list.end_page("next-token");
+        let expected = ListResponse {
+            resources: resources.clone(),
+            next_page_token: "next-token".into(),
+        };
+        let written: Vec<u8> = list.chunks().flatten().copied().collect();
+        assert_eq!(written, expected.encode_to_vec());
+        assert_eq!(list.encoded_len(), written.len());
+        assert_eq!(list.len(), 2, "the token is no resource");
+        assert_eq!(list.decode().expect("decodes"), expected);
     }
 }

@@ -22,6 +22,7 @@ mod acl;
 mod delete;
 mod escalation;
 mod grpc;
+mod pages;
 mod read;
 mod select;
 mod status;
@@ -402,10 +403,18 @@ impl Backend for LosingBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&crate::storage::StorageKey>,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), StorageError> {
         self.inner
-            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
+            .list_encoded(
+                consistency,
+                resource_type,
+                tenancy,
+                name_prefix,
+                after,
+                sink,
+            )
             .await
     }
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

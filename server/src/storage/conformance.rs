@@ -273,13 +273,13 @@ async fn expect_list<B: Backend>(
         // The encoded list is the same resources, in the same order.
         let mut taken: Vec<Vec<u8>> = Vec::new();
         backend
-            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, &mut taken)
+            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, None, &mut taken)
             .await
             .map_err(|error| error.to_string())?;
         // A sink that breaks after the first resource gets only that one.
         let mut first = FirstOnly(Vec::new());
         backend
-            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, &mut first)
+            .list_encoded(Consistency::Eventual, resource_type, tenancy, prefix, None, &mut first)
             .await
             .map_err(|error| error.to_string())?;
         if first.0 != taken.iter().take(1).cloned().collect::<Vec<_>>() {
@@ -299,6 +299,29 @@ async fn expect_list<B: Backend>(
                 "list_encoded {tenancy:?} {prefix:?}: got {:?}, list gave {got:?}",
                 names(&encoded)
             ));
+        }
+        // Resumed after each key (a paged listing), exactly what follows it, in order.
+        for (at, resource) in listed.iter().enumerate() {
+            let after = crate::storage::StorageKey::of(resource.id.as_ref().expect("id"));
+            let mut rest: Vec<Vec<u8>> = Vec::new();
+            backend
+                .list_encoded(
+                    Consistency::Eventual,
+                    resource_type,
+                    tenancy,
+                    prefix,
+                    Some(&after),
+                    &mut rest,
+                )
+                .await
+                .map_err(|error| error.to_string())?;
+            if rest[..] != taken[at + 1..] {
+                return Err(format!(
+                    "list_encoded {tenancy:?} {prefix:?} after {after:?}: {} resources, want the {} after it",
+                    rest.len(),
+                    taken.len() - at - 1
+                ));
+            }
         }
         if got == want {
             Ok(())

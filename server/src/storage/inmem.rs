@@ -197,11 +197,12 @@ impl Backend for InMemBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&StorageKey>,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), StorageError> {
         let state = self.lock();
         let mut encoded = Vec::new();
-        for resource in matching(&state, resource_type, tenancy, name_prefix) {
+        for resource in matching_after(&state, resource_type, tenancy, name_prefix, after) {
             encoded.clear();
             prost::Message::encode(&resource, &mut encoded)
                 .map_err(|error| StorageError::Internal(format!("encoding a resource: {error}")))?;
@@ -277,16 +278,31 @@ fn matching(
     tenancy: &Tenancy,
     name_prefix: &str,
 ) -> Vec<Resource> {
-    let start = StorageKey {
-        group: resource_type.group.clone(),
-        kind: resource_type.kind.clone(),
-        partition: String::new(),
-        namespace: String::new(),
-        name: String::new(),
+    matching_after(state, resource_type, tenancy, name_prefix, None)
+}
+
+/// [`matching`] after `after` (in key order), when given.
+fn matching_after(
+    state: &State,
+    resource_type: &UnversionedType,
+    tenancy: &Tenancy,
+    name_prefix: &str,
+    after: Option<&StorageKey>,
+) -> Vec<Resource> {
+    use std::ops::Bound;
+    let start = match after {
+        Some(after) => Bound::Excluded(after.clone()),
+        None => Bound::Included(StorageKey {
+            group: resource_type.group.clone(),
+            kind: resource_type.kind.clone(),
+            partition: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+        }),
     };
     state
         .resources
-        .range(start..)
+        .range((start, Bound::Unbounded))
         .take_while(|(key, _)| key.group == resource_type.group && key.kind == resource_type.kind)
         .filter(|(key, _)| key.matches(resource_type, tenancy, name_prefix))
         .map(|(_, resource)| resource.clone())

@@ -122,12 +122,13 @@ impl Backend for RaftBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&crate::storage::StorageKey>,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), StorageError> {
         self.node.ready_to_read(consistency).await?;
         self.node
             .state_machine()
-            .list_encoded(resource_type, tenancy, name_prefix, sink)
+            .list_encoded(resource_type, tenancy, name_prefix, after, sink)
     }
 
     async fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {

@@ -589,14 +589,18 @@ impl SmShared {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
+        after: Option<&StorageKey>,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), StorageError> {
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
-            Ok(sink.take(bytes))
-        })
-        .map_err(|e| self.read_failed(e))
+        let query = Scan {
+            resource_type,
+            tenancy,
+            name_prefix,
+            after,
+        };
+        scan_with(&sm, &rtxn, &query, |bytes| Ok(sink.take(bytes))).map_err(|e| self.read_failed(e))
     }
 
     pub fn list_by_owner(&self, owner: &Id) -> Result<Vec<Resource>, StorageError> {
@@ -645,7 +649,13 @@ impl SmShared {
         // Each resource is decoded only when no other watcher holds its version already.
         let mut snapshot = Vec::new();
         if since.is_none() {
-            scan_with(&sm, &rtxn, resource_type, tenancy, name_prefix, |bytes| {
+            let query = Scan {
+                resource_type,
+                tenancy,
+                name_prefix,
+                after: None,
+            };
+            scan_with(&sm, &rtxn, &query, |bytes| {
                 let undecodable = |error| heed::Error::Io(std::io::Error::other(error));
                 let head = crate::wire::proto::IdAndVersion::decode(bytes).map_err(undecodable)?;
                 let held = head
@@ -734,7 +744,13 @@ fn scan(
     name_prefix: &str,
 ) -> heed::Result<Vec<Resource>> {
     let mut found = Vec::new();
-    scan_with(sm, rtxn, resource_type, tenancy, name_prefix, |bytes| {
+    let query = Scan {
+        resource_type,
+        tenancy,
+        name_prefix,
+        after: None,
+    };
+    scan_with(sm, rtxn, &query, |bytes| {
         let resource = Resource::decode(bytes)
             .map_err(|error| heed::Error::Io(std::io::Error::other(error)))?;
         found.push(resource);
@@ -745,14 +761,30 @@ fn scan(
 
 /// Hands `each` the stored encoding of every resource a list or watch query matches, in key
 /// order, until it says `Break`.
+/// A stored resource's key and sealed bytes, borrowed from a read transaction.
+type Stored<'t> = (&'t [u8], &'t [u8]);
+
+/// What a scan of the resources covers: a type, a tenancy (fields may be `*`), a name prefix,
+/// and where it resumes (strictly after that key), if it does.
+struct Scan<'a> {
+    resource_type: &'a UnversionedType,
+    tenancy: &'a Tenancy,
+    name_prefix: &'a str,
+    after: Option<&'a StorageKey>,
+}
+
 fn scan_with(
     sm: &SmEnv,
     rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
-    resource_type: &UnversionedType,
-    tenancy: &Tenancy,
-    name_prefix: &str,
+    query: &Scan<'_>,
     mut each: impl FnMut(&[u8]) -> heed::Result<ControlFlow<()>>,
 ) -> heed::Result<()> {
+    let Scan {
+        resource_type,
+        tenancy,
+        name_prefix,
+        after,
+    } = *query;
     let prefix = schema::resource_scan_prefix(
         &resource_type.group,
         &resource_type.kind,
@@ -765,7 +797,22 @@ fn scan_with(
     let wildcard = resource::WILDCARD;
     let covered = (tenancy.partition != wildcard && tenancy.namespace != wildcard)
         || (name_prefix.is_empty() && tenancy.namespace == wildcard);
-    for item in sm.dbs.resources.prefix_iter(rtxn, &prefix)? {
+    let after = after.map(schema::resource_key);
+    let items: Box<dyn Iterator<Item = heed::Result<Stored<'_>>>> = match &after {
+        // Resume after the key; the prefix still bounds the scan.
+        Some(after) if after.as_slice() >= prefix.as_slice() => {
+            let range = (
+                std::ops::Bound::Excluded(after.as_slice()),
+                std::ops::Bound::Unbounded,
+            );
+            Box::new(sm.dbs.resources.range(rtxn, &range)?.take_while(|item| {
+                item.as_ref()
+                    .map_or(true, |(key, _)| key.starts_with(&prefix))
+            }))
+        }
+        _ => Box::new(sm.dbs.resources.prefix_iter(rtxn, &prefix)?),
+    };
+    for item in items {
         let (key, stored) = item?;
         if !covered
             && !schema::parse_resource_key(key)

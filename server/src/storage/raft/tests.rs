@@ -268,10 +268,18 @@ impl crate::storage::Backend for Member {
         resource_type: &crate::storage::UnversionedType,
         tenancy: &proto::resource::v1::Tenancy,
         name_prefix: &str,
+        after: Option<&crate::storage::StorageKey>,
         sink: &mut dyn crate::storage::EncodedSink,
     ) -> Result<(), crate::storage::StorageError> {
         self.backend()
-            .list_encoded(consistency, resource_type, tenancy, name_prefix, sink)
+            .list_encoded(
+                consistency,
+                resource_type,
+                tenancy,
+                name_prefix,
+                after,
+                sink,
+            )
             .await
     }
     async fn list_by_owner(
