@@ -111,9 +111,9 @@ pub struct GlobalArgs {
         value_parser = parse_duration
     )]
     pub request_timeout: Option<Duration>,
-    /// Output format: table, wide, yaml, json, name, or jsonpath=TEMPLATE (kubectl's subset:
+    /// Output format: table, wide, yaml, json, name, jsonpath=TEMPLATE (kubectl's subset:
     /// `{.data.name}`, `{.items[*].name}`, `{.items[0]}`, `{range .items[*]}…{end}`, `{"\n"}`;
-    /// a list is `{.items}`)
+    /// a list is `{.items}`), or custom-columns=NAME:PATH,… (`NAME:.name,TEAM:.metadata.team`)
     #[arg(
         short,
         long,
@@ -174,6 +174,11 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Stream changes to resources of a type, one line per event
     Watch(WatchArgs),
+    /// Set or remove metadata keys of a resource (k=v sets, k- removes), with compare-and-swap
+    #[command(
+        after_help = "Examples:\n  resctl label Artist miles-davis -n jazz team=billing tier=gold\n  resctl label Artist miles-davis -n jazz tier-\n  resctl label Artist miles-davis -n jazz team=search --overwrite\n\nA key that is set already keeps its value unless --overwrite. The reserved keys\n(finalizers, deletionTimestamp) are not labels. A write that loses a race is read again\nand retried, a few times."
+    )]
+    Label(LabelArgs),
     /// Cluster membership and raft state
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -227,6 +232,17 @@ pub struct GetArgs {
     /// Only names starting with this prefix (lists only)
     #[arg(long)]
     pub prefix: Option<String>,
+    /// Only resources whose metadata matches (k=v, k!=v, k in (a,b), k notin (a,b), k, !k;
+    /// comma = and)
+    #[arg(short = 'l', long, value_name = "SELECTOR", value_parser = parse_selector)]
+    pub selector: Option<String>,
+    /// Sort a list by the value at this JSONPath of each resource's JSON (e.g. `.version`,
+    /// `.data.name`, `{.metadata.team}`); numbers sort as numbers
+    #[arg(long, value_name = "JSONPATH", value_parser = parse_sort_by)]
+    pub sort_by: Option<crate::jsonpath::JsonPath>,
+    /// After listing, watch for changes (as `resctl watch`)
+    #[arg(short = 'w', long, conflicts_with_all = ["name", "sort_by"])]
+    pub watch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -237,6 +253,26 @@ pub struct DeleteArgs {
     /// Names of resources to delete
     #[arg(requires = "resource_type")]
     pub names: Vec<String>,
+    /// Delete every resource of the type whose metadata matches (asks first; --yes when not
+    /// interactive)
+    #[arg(
+        short = 'l',
+        long,
+        value_name = "SELECTOR",
+        value_parser = parse_selector,
+        requires = "resource_type",
+        conflicts_with_all = ["names", "files", "all"]
+    )]
+    pub selector: Option<String>,
+    /// Delete every resource of the type in the namespace (-A: everywhere); asks first
+    #[arg(long, requires = "resource_type", conflicts_with_all = ["names", "files"])]
+    pub all: bool,
+    /// With -l or --all: every partition and namespace
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// With -l or --all: delete without asking
+    #[arg(long)]
+    pub yes: bool,
     /// Delete what these YAML files or directories describe
     #[arg(
         short,
@@ -251,6 +287,55 @@ pub struct DeleteArgs {
     /// How long --wait waits before reporting what blocks the deletion
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct LabelArgs {
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    /// Name of the resource
+    pub name: String,
+    /// `key=value` to set, `key-` to remove
+    #[arg(value_name = "CHANGE", required = true, value_parser = parse_label_change)]
+    pub changes: Vec<LabelChange>,
+    /// Change the value of a key that is set already
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// One change of `resctl label`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelChange {
+    Set(String, String),
+    Remove(String),
+}
+
+/// `key=value` or `key-`; the key as a selector would name it (no reserved keys).
+pub fn parse_label_change(text: &str) -> Result<LabelChange, String> {
+    let (key, change) = match (text.split_once('='), text.strip_suffix('-')) {
+        (Some((key, value)), _) => (key, LabelChange::Set(key.to_owned(), value.to_owned())),
+        (None, Some(key)) => (key, LabelChange::Remove(key.to_owned())),
+        (None, None) => {
+            return Err(format!(
+                "{text:?} is neither key=value (to set) nor key- (to remove)"
+            ));
+        }
+    };
+    // The key and value must be what a selector can name.
+    let probe = match &change {
+        LabelChange::Set(key, value) => format!("{key}={value}"),
+        LabelChange::Remove(key) => key.clone(),
+    };
+    proto::selector::Selector::parse(&probe)
+        .map_err(|error| format!("{text:?}: {} (key {key:?})", error.message))?;
+    Ok(change)
+}
+
+/// A `--sort-by` path.
+pub fn parse_sort_by(text: &str) -> Result<crate::jsonpath::JsonPath, String> {
+    text.parse()
+        .map_err(|error: crate::jsonpath::JsonPathError| error.to_string())
 }
 
 #[derive(Debug, Args)]

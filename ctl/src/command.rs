@@ -13,6 +13,7 @@ pub mod diff;
 pub mod edit;
 pub mod explain;
 pub mod get;
+pub mod label;
 pub mod snapshot;
 pub mod status;
 pub mod tree;
@@ -29,6 +30,9 @@ use crate::session::Session;
 pub async fn run(cli: Cli) -> anyhow::Result<u8> {
     if let Some(template) = &cli.global.output.template {
         crate::output::use_template(template.clone());
+    }
+    if let Some(columns) = &cli.global.output.columns {
+        crate::output::use_columns(columns.clone());
     }
     match cli.command {
         Command::Completion(args) => completion::run(&args),
@@ -49,6 +53,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Types => types::run(&session).await,
                 Command::Explain(args) => explain::run(&session, &args).await,
                 Command::Watch(args) => watch::run(&session, &args).await,
+                Command::Label(args) => label::run(&session, &args).await,
                 Command::Cluster(command) => cluster::run(&session, command).await,
                 Command::Acl(command) => acl::run(&session, command).await,
                 Command::Controllers => controllers::run(&session).await,

@@ -29,6 +29,9 @@ pub enum OutputFormat {
     /// The JSON output through a template (`-o jsonpath=TEMPLATE`)
     #[value(skip)]
     JsonPath,
+    /// A table of the columns asked for (`-o custom-columns=NAME:PATH,…`)
+    #[value(skip)]
+    CustomColumns,
 }
 
 impl OutputFormat {
@@ -40,11 +43,48 @@ impl OutputFormat {
     }
 }
 
-/// What `-o` takes: a format, or `jsonpath=TEMPLATE` (kubectl's subset, see [`JsonPath`]).
+/// What `-o` takes: a format, `jsonpath=TEMPLATE` (kubectl's subset, see [`JsonPath`]) or
+/// `custom-columns=NAME:PATH,…`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputSpec {
     pub format: OutputFormat,
     pub template: Option<JsonPath>,
+    pub columns: Option<Vec<Column>>,
+}
+
+/// A column of `-o custom-columns`: its header and the JSONPath of its cells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub header: String,
+    pub path: JsonPath,
+}
+
+/// `NAME:PATH,NAME:PATH,…` (kubectl's form; a path may be bare, `.data.name`, or braced).
+pub fn parse_columns(spec: &str) -> Result<Vec<Column>, String> {
+    let mut columns = Vec::new();
+    for (index, part) in spec.split(',').enumerate() {
+        let Some((header, path)) = part.split_once(':') else {
+            return Err(format!(
+                "custom-columns: column {} ({part:?}) is not NAME:PATH (e.g. NAME:.name,TEAM:.metadata.team)",
+                index + 1
+            ));
+        };
+        if header.trim().is_empty() || path.trim().is_empty() {
+            return Err(format!(
+                "custom-columns: column {} ({part:?}) needs a name and a path",
+                index + 1
+            ));
+        }
+        let path = path
+            .trim()
+            .parse::<JsonPath>()
+            .map_err(|error| format!("custom-columns: column {}: {error}", index + 1))?;
+        columns.push(Column {
+            header: header.trim().to_uppercase(),
+            path,
+        });
+    }
+    Ok(columns)
 }
 
 impl FromStr for OutputSpec {
@@ -61,17 +101,27 @@ impl FromStr for OutputSpec {
             return Ok(OutputSpec {
                 format: OutputFormat::JsonPath,
                 template: Some(template),
+                columns: None,
+            });
+        }
+        if let Some(spec) = text.strip_prefix("custom-columns=") {
+            return Ok(OutputSpec {
+                format: OutputFormat::CustomColumns,
+                template: None,
+                columns: Some(parse_columns(spec)?),
             });
         }
         let format = OutputFormat::from_str(text, true).map_err(|_| {
             format!(
-                "unknown output format {text:?}; use table, wide, yaml, json, name or \
-                 jsonpath=TEMPLATE (e.g. -o jsonpath='{{.data.name}}')"
+                "unknown output format {text:?}; use table, wide, yaml, json, name, \
+                 jsonpath=TEMPLATE (e.g. -o jsonpath='{{.data.name}}') or \
+                 custom-columns=NAME:PATH,… (e.g. -o custom-columns=NAME:.name,TEAM:.metadata.team)"
             )
         })?;
         Ok(OutputSpec {
             format,
             template: None,
+            columns: None,
         })
     }
 }
@@ -83,6 +133,13 @@ static TEMPLATE: OnceLock<JsonPath> = OnceLock::new();
 pub fn use_template(template: JsonPath) {
     // A second call (never made by the binary) keeps the first template.
     let _ = TEMPLATE.set(template);
+}
+
+/// The columns of `-o custom-columns=…`, set once from the command line.
+static COLUMNS: OnceLock<Vec<Column>> = OnceLock::new();
+
+pub fn use_columns(columns: Vec<Column>) {
+    let _ = COLUMNS.set(columns);
 }
 
 /// A JSON value as the template renders it; a list is `{"items": [...]}`, as in kubectl.
@@ -262,6 +319,10 @@ pub fn render_resources(
             Ok(text)
         }
         OutputFormat::Name => Ok(resources.iter().map(|r| resource_name(r) + "\n").collect()),
+        OutputFormat::CustomColumns => {
+            let columns = COLUMNS.get().map(Vec::as_slice).unwrap_or_default();
+            custom_columns(codec, resources, columns)
+        }
         OutputFormat::Table | OutputFormat::Wide => {
             let wide = format == OutputFormat::Wide;
             let now = SystemTime::now();
@@ -295,9 +356,42 @@ pub fn render_resources(
     }
 }
 
+/// A table of `columns` (a cell that selects nothing is `<none>`, as kubectl prints it).
+pub fn custom_columns(
+    codec: &Codec,
+    resources: &[Resource],
+    columns: &[Column],
+) -> anyhow::Result<String> {
+    let mut table = Table::new(columns.iter().map(|column| column.header.clone()));
+    for resource in resources {
+        let value = codec.to_value(resource)?;
+        table.row(columns.iter().map(|column| {
+            let cell = column.path.render(&value);
+            if cell.is_empty() {
+                "<none>".to_owned()
+            } else {
+                cell
+            }
+        }));
+    }
+    Ok(table.render())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn custom_columns_parse_as_kubectl_writes_them() {
+        let columns = parse_columns("NAME:.name,team:{.metadata.team}").expect("columns");
+        assert_eq!(columns.len(), 2);
+        assert_eq!(columns[1].header, "TEAM");
+        for bad in ["NAME", "NAME:", ":.name", "NAME:{.name"] {
+            assert!(parse_columns(bad).is_err(), "{bad}");
+        }
+        let spec: OutputSpec = "custom-columns=N:.name".parse().expect("spec");
+        assert_eq!(spec.format, OutputFormat::CustomColumns);
+    }
 
     #[test]
     fn tables_align_columns_and_trim_the_last() {

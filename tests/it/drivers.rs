@@ -423,7 +423,9 @@ impl Driver for Binary {
             OutputFormat::Yaml => "yaml",
             OutputFormat::Json => "json",
             OutputFormat::Name => "name",
-            OutputFormat::JsonPath => panic!("get_formatted takes a plain format, not a template"),
+            OutputFormat::JsonPath | OutputFormat::CustomColumns => {
+                panic!("get_formatted takes a plain format, not a template or columns")
+            }
         };
         let (code, stdout, stderr) = self
             .run(&["get", "-n", namespace, resource_type, "-o", format], &[])

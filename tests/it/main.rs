@@ -9,6 +9,7 @@ mod http;
 mod invoices;
 mod lease;
 mod scenario;
+mod selectors;
 mod teams;
 mod tls;
 mod tui;

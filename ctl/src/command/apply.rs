@@ -663,7 +663,7 @@ pub fn render(report: &ApplyReport, format: OutputFormat) -> anyhow::Result<Stri
             .filter(|r| r.outcome != Outcome::Failed)
             .map(|r| format!("{}/{}\n", r.resource_type, r.name))
             .collect()),
-        OutputFormat::Table | OutputFormat::Wide => {
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
             let mut table = Table::new(["RESULT", "TYPE", "TENANCY", "NAME", "VERSION"]);
             for result in report
                 .results

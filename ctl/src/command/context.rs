@@ -20,7 +20,7 @@ pub fn run(command: ContextCommand, format: OutputFormat) -> anyhow::Result<u8> 
                     .keys()
                     .map(|name| format!("{name}\n"))
                     .collect(),
-                OutputFormat::Table | OutputFormat::Wide => {
+                OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
                     if file.contexts.is_empty() {
                         format!(
                             "no contexts in {}; add one with `resctl context set NAME --to-server HOST:PORT`\n",

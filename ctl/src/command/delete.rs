@@ -216,8 +216,53 @@ pub fn explain_blockers(report: &DeleteReport) -> String {
     text
 }
 
+/// The resources `delete -l SELECTOR` or `delete --all` would delete, after asking: an
+/// interactive caller is shown how many and where, and says yes; anyone else passes --yes.
+async fn selected(
+    session: &Session,
+    args: &DeleteArgs,
+    type_name: &str,
+) -> anyhow::Result<Vec<Id>> {
+    let selector = args.selector.clone().unwrap_or_default();
+    let resources =
+        super::get::list_matching(session, type_name, args.all_namespaces, "", &selector).await?;
+    let ids: Vec<Id> = resources
+        .into_iter()
+        .filter_map(|resource| resource.id)
+        .collect();
+    if ids.is_empty() || args.yes {
+        return Ok(ids);
+    }
+    let info = session.resolve_type(type_name).await?;
+    let tenancy = session.tenancy(info.scope(), args.all_namespaces);
+    let what = match &args.selector {
+        Some(selector) => format!("{type_name} matching {selector:?}"),
+        None => format!("every {type_name}"),
+    };
+    let question = format!(
+        "delete {} ({what}, in {})?",
+        ids.len(),
+        describe::tenancy_label(Some(&tenancy))
+    );
+    if !session.interactive {
+        return Err(crate::UsageError(format!(
+            "{question} pass --yes to confirm when not running interactively"
+        ))
+        .into());
+    }
+    if !crate::session::confirm(&question, false) {
+        anyhow::bail!("nothing deleted");
+    }
+    Ok(ids)
+}
+
 pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
-    let ids = if args.files.is_empty() {
+    let ids = if args.selector.is_some() || args.all {
+        let Some(type_name) = &args.resource_type else {
+            return Err(crate::UsageError("delete -l and --all need TYPE".into()).into());
+        };
+        selected(session, args, type_name).await?
+    } else if args.files.is_empty() {
         let Some(first) = &args.resource_type else {
             return Err(crate::UsageError("delete needs TYPE NAME… or -f FILE".into()).into());
         };
@@ -260,7 +305,7 @@ pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
             .iter()
             .map(|r| format!("{}/{}\n", r.resource_type, r.name))
             .collect(),
-        OutputFormat::Table | OutputFormat::Wide => {
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
             let mut table = Table::new(["RESULT", "TYPE", "TENANCY", "NAME"]);
             for result in &report.results {
                 table.row([

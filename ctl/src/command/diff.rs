@@ -221,7 +221,7 @@ async fn compare_and_print(session: &Session, args: &crate::cli::DiffArgs) -> an
             .filter(|d| matches!(d.change, Change::Create | Change::Update))
             .map(|d| format!("{}/{}\n", d.resource_type, d.name))
             .collect(),
-        OutputFormat::Table | OutputFormat::Wide => {
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
             let text: String = differences.iter().map(|d| d.diff.as_str()).collect();
             if std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none() {
                 colour(&text)

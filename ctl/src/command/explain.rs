@@ -156,7 +156,9 @@ pub async fn run(session: &Session, args: &ExplainArgs) -> anyhow::Result<u8> {
         OutputFormat::Json | OutputFormat::JsonPath => output::json(&explanation)?,
         OutputFormat::Yaml => output::yaml(&explanation)?,
         OutputFormat::Name => format!("{}\n", explanation.resource_type),
-        OutputFormat::Table | OutputFormat::Wide => render(&explanation),
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
+            render(&explanation)
+        }
     };
     output::print(&text)?;
     Ok(0)

@@ -1,4 +1,5 @@
-//! `resctl get TYPE [NAME]`: list resources of a type (sorted by tenancy and name) or show one.
+//! `resctl get TYPE [NAME]`: list resources of a type (sorted by tenancy and name, or by
+//! `--sort-by`; `-l` selects on metadata; lists arrive in pages) or show one; `-w` watches on.
 
 use anyhow::Context as _;
 use proto::client::describe;
@@ -31,14 +32,48 @@ pub async fn list(
     all_tenancies: bool,
     prefix: &str,
 ) -> anyhow::Result<Vec<Resource>> {
+    list_matching(session, type_name, all_tenancies, prefix, "").await
+}
+
+/// How many resources a page of a listing holds: the server holds one page at a time.
+pub const PAGE_SIZE: u32 = 500;
+
+/// [`list`] of the resources whose metadata matches `selector`, asked for in pages.
+pub async fn list_matching(
+    session: &Session,
+    type_name: &str,
+    all_tenancies: bool,
+    prefix: &str,
+    selector: &str,
+) -> anyhow::Result<Vec<Resource>> {
     let info = session.resolve_type(type_name).await?;
     let tenancy = session.tenancy(info.scope(), all_tenancies);
     let resource_type = info.r#type.clone().unwrap_or_default();
-    let mut resources = session
+    let options = proto::client::ListOptions {
+        name_prefix: prefix.to_owned(),
+        selector: selector.to_owned(),
+        ..proto::client::ListOptions::default()
+    };
+    let bar = session.interactive.then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message(format!("listing {type_name}"));
+        bar
+    });
+    let mut resources = Vec::new();
+    session
         .client
-        .list(&resource_type, &tenancy, prefix)
+        .list_in_pages(&resource_type, &tenancy, &options, PAGE_SIZE, |page| {
+            resources.extend(page);
+            if let Some(bar) = &bar {
+                bar.set_message(format!("listing {type_name}: {} so far", resources.len()));
+                bar.tick();
+            }
+        })
         .await
         .with_context(|| format!("cannot list {}", proto::codec::gvk(&resource_type)))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     resources.sort_by_key(|resource| {
         let id = resource.id.clone().unwrap_or_default();
         let tenancy = id.tenancy.unwrap_or_default();
@@ -68,11 +103,27 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         (None, Some((type_name, name))) if !name.is_empty() => (type_name, Some(name.to_owned())),
         _ => (args.resource_type.as_str(), args.name.clone()),
     };
+    if args.watch {
+        // The watch lists first (its snapshot), then streams the changes.
+        let watch = crate::cli::WatchArgs {
+            resource_type: type_name.to_owned(),
+            name_prefix: args.prefix.clone(),
+            from_version: None,
+            selector: args.selector.clone(),
+            all_namespaces: args.all_namespaces,
+            count: None,
+            show_actor: false,
+        };
+        return super::watch::run(session, &watch).await;
+    }
     let args = &GetArgs {
         resource_type: type_name.to_owned(),
         name,
         all_namespaces: args.all_namespaces,
         prefix: args.prefix.clone(),
+        selector: args.selector.clone(),
+        sort_by: args.sort_by.clone(),
+        watch: false,
     };
     let text = match &args.name {
         Some(name) => {
@@ -80,13 +131,17 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
             output::render_resources(codec, &[resource], session.output, true)?
         }
         None => {
-            let resources = list(
+            let mut resources = list_matching(
                 session,
                 &args.resource_type,
                 args.all_namespaces,
                 args.prefix.as_deref().unwrap_or(""),
+                args.selector.as_deref().unwrap_or(""),
             )
             .await?;
+            if let Some(path) = &args.sort_by {
+                sort_by(codec, &mut resources, path)?;
+            }
             if resources.is_empty() && !session.output.is_structured() {
                 let info = session.resolve_type(&args.resource_type).await?;
                 let tenancy = session.tenancy(info.scope(), args.all_namespaces);
@@ -108,6 +163,37 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         eprintln!("served by {}", session.client.server());
     }
     Ok(0)
+}
+
+/// Sorts by the value `path` selects in each resource's JSON: numbers as numbers (before
+/// text), text as text, resources without the value last; ties keep their order.
+pub fn sort_by(
+    codec: &proto::codec::Codec,
+    resources: &mut Vec<Resource>,
+    path: &crate::jsonpath::JsonPath,
+) -> anyhow::Result<()> {
+    #[derive(PartialEq, PartialOrd)]
+    enum Key {
+        Number(f64),
+        Text(String),
+        Missing,
+    }
+    let mut keyed = Vec::with_capacity(resources.len());
+    for resource in resources.drain(..) {
+        let value = codec.to_value(&resource)?;
+        let text = path.render(&value);
+        let key = match text.trim() {
+            "" => Key::Missing,
+            trimmed => match trimmed.parse::<f64>() {
+                Ok(number) if number.is_finite() => Key::Number(number),
+                _ => Key::Text(text),
+            },
+        };
+        keyed.push((key, resource));
+    }
+    keyed.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+    resources.extend(keyed.into_iter().map(|(_, resource)| resource));
+    Ok(())
 }
 
 #[cfg(test)]

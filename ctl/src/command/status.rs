@@ -83,7 +83,7 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
         OutputFormat::Json | OutputFormat::JsonPath => output::json(&report)?,
         OutputFormat::Yaml => output::yaml(&report)?,
         OutputFormat::Name => format!("{}\n", report.id),
-        OutputFormat::Table | OutputFormat::Wide => {
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
             let mut text = format!("{}  generation {}\n", report.id, report.generation);
             if report.conditions.is_empty() {
                 text.push_str("no status yet: no controller has reported on this resource\n");

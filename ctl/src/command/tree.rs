@@ -215,7 +215,9 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
             .chain(tree.node.walk())
             .map(|node| format!("{}/{}\n", node.resource_type, node.name))
             .collect(),
-        OutputFormat::Table | OutputFormat::Wide => render_text(&tree),
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
+            render_text(&tree)
+        }
     };
     output::print(&text)?;
     Ok(0)

@@ -71,7 +71,7 @@ pub async fn run(session: &Session) -> anyhow::Result<u8> {
             .iter()
             .map(|r| format!("{}\n", r.resource_type))
             .collect(),
-        OutputFormat::Table | OutputFormat::Wide => {
+        OutputFormat::Table | OutputFormat::Wide | OutputFormat::CustomColumns => {
             let mut table = Table::new(["TYPE", "SCOPE", "MESSAGE", "SOURCE"]);
             for row in &rows {
                 table.row([
