@@ -283,7 +283,7 @@ pub const KEYMAP: &[Binding] = &[
         "/",
         S::Table,
         A::Filter,
-        "filter by name as you type",
+        "filter as you type: text in any column, or a selector (team=billing, !k, k in (a,b))",
     ),
     key(
         Char('L'),

@@ -83,6 +83,73 @@ impl TenancyFilter {
     }
 }
 
+/// What the `/` filter keeps: with an operator (`=`, `!=`, `!`, `in`, `notin`) it is a selector
+/// over metadata, as `resctl get -l` takes; otherwise text found in any column (name, tenancy,
+/// version, condition, finalizers, owner), in any case.
+#[derive(Debug, Clone)]
+pub(crate) enum RowFilter {
+    All,
+    Text(String),
+    Selector(proto::selector::Selector),
+    /// A selector that does not parse: nothing matches, and the table says why.
+    Invalid(String),
+}
+
+impl RowFilter {
+    pub(crate) fn of(text: &str) -> RowFilter {
+        let text = text.trim();
+        if text.is_empty() {
+            return RowFilter::All;
+        }
+        let words: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || c == '(')
+            .collect();
+        let is_selector = text.contains('=')
+            || text.starts_with('!')
+            || text.contains(",!")
+            || words.iter().any(|word| *word == "in" || *word == "notin");
+        if !is_selector {
+            return RowFilter::Text(text.to_lowercase());
+        }
+        match proto::selector::Selector::parse(text) {
+            Ok(selector) => RowFilter::Selector(selector),
+            Err(error) => RowFilter::Invalid(error.to_string()),
+        }
+    }
+
+    pub(crate) fn keeps(&self, key: &ResKey, resource: &Resource) -> bool {
+        match self {
+            RowFilter::All => true,
+            RowFilter::Selector(selector) => selector.matches(&resource.metadata),
+            RowFilter::Invalid(_) => false,
+            RowFilter::Text(text) => {
+                let condition = describe::worst_condition(resource)
+                    .map(describe::condition_label)
+                    .unwrap_or_default();
+                let owner = resource
+                    .owner
+                    .as_ref()
+                    .map(describe::short_label)
+                    .unwrap_or_default();
+                let finalizers = proto::meta::finalizers(resource)
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                    .join(",");
+                [
+                    key.name.as_str(),
+                    &key.tenancy_label(),
+                    &resource.version,
+                    &condition,
+                    &finalizers,
+                    &owner,
+                ]
+                .iter()
+                .any(|cell| cell.to_lowercase().contains(text.as_str()))
+            }
+        }
+    }
+}
+
 /// The sorted, filtered rows of the current type (rebuilt by [`State::prepare`]).
 #[derive(Debug, Clone, Default)]
 pub struct Rows {
@@ -108,6 +175,14 @@ pub struct ResourcesScreen {
 }
 
 impl ResourcesScreen {
+    /// Why the filter keeps nothing, when it is a selector that does not parse.
+    pub fn filter_problem(&self) -> Option<String> {
+        match RowFilter::of(&self.filter) {
+            RowFilter::Invalid(why) => Some(why),
+            _ => None,
+        }
+    }
+
     /// The selected resource.
     pub fn focused(&self) -> Option<ResRef> {
         Some(ResRef {
@@ -135,12 +210,13 @@ impl ResourcesScreen {
             self.tenancy.clone(),
         );
         if self.rows.gvk != gvk || self.rows.stamp != stamp {
-            let filter = self.filter.to_lowercase();
+            let filter = RowFilter::of(&self.filter);
             let mut keys: Vec<&ResKey> = data
                 .resources
-                .keys()
-                .filter(|key| self.tenancy.matches(key))
-                .filter(|key| filter.is_empty() || key.name.to_lowercase().contains(&filter))
+                .iter()
+                .filter(|(key, _)| self.tenancy.matches(key))
+                .filter(|(key, resource)| filter.keeps(key, resource))
+                .map(|(key, _)| key)
                 .collect();
             sort_keys(&mut keys, &data.resources, self.sort);
             if self.descending {

@@ -138,6 +138,11 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
     if state.resources.rows.keys.is_empty() {
         let text = if let Some(error) = &data.failed {
             format!("The watch of {gvk} stopped: {error}")
+        } else if let Some(problem) = state.resources.filter_problem() {
+            format!(
+                "The filter \"{}\" is no selector: {problem} (esc clears it).",
+                state.resources.filter
+            )
         } else if !data.synced {
             format!("Listing {gvk}…")
         } else if !state.resources.filter.is_empty() {

@@ -529,3 +529,64 @@ fn a_small_terminal_still_draws() {
     state.prepare();
     terminal.draw(|frame| render(&state, frame)).expect("draws");
 }
+
+/// `/` takes a selector over metadata, or text found in any column; a selector that does not
+/// parse says why instead of showing nothing.
+#[test]
+fn the_filter_takes_a_selector_or_text_of_any_column() {
+    let mut state = large_state(30);
+    if let Some(data) = state.store.get_mut("demo.v1.Concept") {
+        for i in [3usize, 4, 17] {
+            let key = data
+                .resources
+                .keys()
+                .find(|key| key.name == format!("concept-{i:05}"))
+                .cloned()
+                .expect("concept");
+            let mut labelled = data.resources[&key].clone();
+            labelled.metadata.insert(
+                "team".into(),
+                if i == 17 { "search" } else { "billing" }.into(),
+            );
+            labelled.version = format!("{}", 1000 + i);
+            data.apply(testing::upsert(labelled));
+        }
+    }
+    let filter = |state: &mut State, text: &str| {
+        key(state, KeyCode::Char('/'));
+        for c in text.chars() {
+            key(state, KeyCode::Char(c));
+        }
+        key(state, KeyCode::Enter);
+        state.prepare();
+        let names: Vec<String> = state
+            .resources
+            .rows
+            .keys
+            .iter()
+            .map(|key| key.name.clone())
+            .collect();
+        key(state, KeyCode::Esc);
+        names
+    };
+    assert_eq!(
+        filter(&mut state, "team=billing"),
+        ["concept-00003", "concept-00004"]
+    );
+    assert_eq!(filter(&mut state, "team in (search)"), ["concept-00017"]);
+    // Text: the version column (1017), and a condition's words.
+    assert_eq!(filter(&mut state, "1017"), ["concept-00017"]);
+    let seen = filter(&mut state, "seen");
+    assert_eq!(seen.len(), 5, "every seventh concept has Seen: {seen:?}");
+    // A selector that does not parse: the table says so.
+    key(&mut state, KeyCode::Char('/'));
+    for c in "team in (a".chars() {
+        key(&mut state, KeyCode::Char(c));
+    }
+    key(&mut state, KeyCode::Enter);
+    let shown = screen(&mut state);
+    assert!(
+        shown.contains("is no selector") && shown.contains("column 11"),
+        "{shown}"
+    );
+}
