@@ -13,7 +13,7 @@ use super::Error;
 use crate::storage::StorageKey;
 
 /// The layout of tokens this build makes and reads.
-const FORMAT: u32 = 1;
+const TOKEN_LAYOUT: u32 = 1;
 
 /// Longest token accepted, in characters (a token names a listing and a key: well under).
 const MAX_TOKEN_LEN: usize = 8192;
@@ -30,7 +30,7 @@ impl Listing<'_> {
     /// The token that continues this listing after `last`.
     pub(super) fn token_after(&self, last: &StorageKey) -> String {
         let token = PageToken {
-            format: FORMAT,
+            format: TOKEN_LAYOUT,
             group: self.resource_type.group.clone(),
             kind: self.resource_type.kind.clone(),
             partition: self.tenancy.partition.clone(),
@@ -61,9 +61,9 @@ impl Listing<'_> {
                     "page_token invalid: it is not a token this server made (pass a next_page_token unchanged); {again}"
                 ))
             })?;
-        if token.format != FORMAT {
+        if token.format != TOKEN_LAYOUT {
             return Err(Error::invalid(format!(
-                "page_token invalid: it was made by another version of resd (format {}), this one reads format {FORMAT}; {again}",
+                "page_token invalid: it was made by another version of resd (format {}), this one reads format {TOKEN_LAYOUT}; {again}",
                 token.format
             )));
         }

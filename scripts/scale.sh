@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# How resd's cost grows with its data (issue 41): a 3-node cluster on loopback loaded with N
+# resources of 1 KiB, then measured — load time, RSS and disk per node, a paged list of
+# everything, a selector matching 1 %, a clean and an unclean restart to serving, a new node
+# joining until it serves (an InstallSnapshot of the whole state), and an operator snapshot
+# saved and restored. Prints a Markdown table; every figure comes from this one run.
+#
+#   cargo build --release -p server -p ctl
+#   scripts/scale.sh                 # N=1,000,000 (about half an hour on 2 cores)
+#   SCALE_N=100000 scripts/scale.sh  # a quicker look
+#
+# RESD_BIN: the directory of resd and resctl (default target/release). Everything runs under a
+# temporary directory, removed at the end; only processes this script started are stopped.
+set -euo pipefail
+n=${SCALE_N:-1000000}
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${RESD_BIN:-$root/target/release}"
+work="$(mktemp -d -t resd-scale-XXXXXX)"
+declare -A pid=()
+cleanup() {
+  for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+declare -A api=() raft=() http=()
+for node in 1 2 3 4; do api[$node]=$(port); raft[$node]=$(port); http[$node]=$(port); done
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
+say() { echo "[scale] $*" >&2; }
+
+start() {
+  local node=$1; shift
+  RUST_LOG=warn "$bin/resd" agent --insecure --node-id "$node" --data-dir "$work/node$node" \
+    --api-addr "127.0.0.1:${api[$node]}" --raft-addr "127.0.0.1:${raft[$node]}" \
+    --http-addr "127.0.0.1:${http[$node]}" --snapshot-every 100000 "$@" \
+    >>"$work/node$node.log" 2>&1 &
+  pid[$node]=$!
+}
+# Seconds until node answers /readyz with 200 (it serves: caught up, a voter, a leader known).
+until_ready() {
+  local node=$1 started=$2 limit=${3:-900}
+  while ! curl -sf "http://127.0.0.1:${http[$node]}/readyz" >/dev/null 2>&1; do
+    if ! kill -0 "${pid[$node]}" 2>/dev/null; then
+      say "node $node exited; its log:"; tail -20 "$work/node$node.log" >&2; exit 1
+    fi
+    if (( $(python3 -c "print(int(float('$(since "$started")') > $limit))") )); then
+      say "node $node not ready after ${limit}s"; exit 1
+    fi
+    sleep 0.1
+  done
+  since "$started"
+}
+resctl() { "$bin/resctl" --server "127.0.0.1:${api[1]},127.0.0.1:${api[2]},127.0.0.1:${api[3]}" "$@"; }
+rss_mib() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/${pid[$1]}/status"; }
+disk_mib() { du -sm "$work/node$1" | cut -f1; }
+
+say "starting 3 nodes"
+start 1 --bootstrap
+until_ready 1 "$(now)" >/dev/null
+start 2 --join "127.0.0.1:${api[1]}"
+start 3 --join "127.0.0.1:${api[1]}"
+until_ready 2 "$(now)" >/dev/null; until_ready 3 "$(now)" >/dev/null
+
+say "loading $n resources of 1 KiB"
+t=$(now)
+resctl bench --workload write -c 64 -N "$n" --keys "$n" --value-size 1024 --keep -o json >"$work/load.json"
+load_s=$(since "$t")
+load_rate=$(python3 -c "import json; print(round(json.load(open('$work/load.json')).get('per_second', 0)))")
+
+say "memory and disk"
+rss="$(rss_mib 1) / $(rss_mib 2) / $(rss_mib 3)"
+disk="$(disk_mib 1) / $(disk_mib 2) / $(disk_mib 3)"
+
+say "a paged list of everything"
+t=$(now)
+listed=$(resctl get demo.v1.Artist -A -o name | wc -l)
+list_s=$(since "$t")
+
+say "labelling 1 % and selecting it"
+resctl get demo.v1.Artist -A -o name | awk -v every=100 'NR % every == 0' | sed 's|.*/||' \
+  | head -n $((n / 100)) >"$work/labelled"
+ns=$(resctl get demo.v1.Artist -A -o jsonpath='{.items[0].tenancy.namespace}')
+xargs -P 8 -I{} "$bin/resctl" --server "127.0.0.1:${api[1]}" -n "$ns" label demo.v1.Artist {} scale=one-percent \
+  <"$work/labelled" >/dev/null
+t=$(now)
+selected=$(resctl get demo.v1.Artist -A -l scale=one-percent -o name | wc -l)
+select_s=$(since "$t")
+
+say "operator snapshot save"
+t=$(now)
+resctl snapshot save "$work/state.snap" >/dev/null
+save_s=$(since "$t")
+snap_mib=$(du -m "$work/state.snap" | cut -f1)
+
+say "clean restart of node 3"
+kill -TERM "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
+t=$(now); start 3 --join "127.0.0.1:${api[1]}"
+clean_s=$(until_ready 3 "$t")
+
+say "unclean restart of node 3 (SIGKILL)"
+kill -KILL "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
+t=$(now); start 3 --join "127.0.0.1:${api[1]}"
+unclean_s=$(until_ready 3 "$t")
+
+say "a new node joins and serves"
+t=$(now); start 4 --join "127.0.0.1:${api[1]}"
+join_s=$(until_ready 4 "$t")
+rss4=$(rss_mib 4)
+
+say "operator snapshot restore"
+t=$(now)
+resctl snapshot restore "$work/state.snap" --yes >/dev/null
+restore_s=$(since "$t")
+
+cat <<EOF
+
+| figure (N = $n resources of 1 KiB, 3 nodes on loopback) | value |
+|---|---|
+| load (resctl bench write, 64 in flight) | ${load_s} s (${load_rate} writes/s) |
+| RSS per node after load (MiB) | ${rss} |
+| disk per node (MiB) | ${disk} |
+| paged list of everything (${listed} listed, pages of 500) | ${list_s} s |
+| selector matching 1 % (${selected} selected) | ${select_s} s |
+| clean restart to serving | ${clean_s} s |
+| unclean restart (SIGKILL) to serving | ${unclean_s} s |
+| a new node joins until it serves (RSS then ${rss4} MiB) | ${join_s} s |
+| operator snapshot save (${snap_mib} MiB) | ${save_s} s |
+| operator snapshot restore | ${restore_s} s |
+EOF
