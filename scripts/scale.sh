@@ -30,6 +30,9 @@ for node in 1 2 3 4; do api[$node]=$(port); raft[$node]=$(port); http[$node]=$(p
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 say() { echo "[scale] $*" >&2; }
+results="$work/results.md"
+# A figure, said as soon as it is measured (a later step that fails keeps the earlier ones).
+row() { echo "| $1 | $2 |" | tee -a "$results" >&2; }
 
 start() {
   local node=$1; shift
@@ -69,15 +72,16 @@ t=$(now)
 resctl bench --workload write -c 64 -N "$n" --keys "$n" --value-size 1024 --keep -o json >"$work/load.json"
 load_s=$(since "$t")
 load_rate=$(python3 -c "import json; print(round(json.load(open('$work/load.json')).get('per_second', 0)))")
+row "load (resctl bench write, 64 in flight)" "${load_s} s (${load_rate} writes/s)"
 
 say "memory and disk"
-rss="$(rss_mib 1) / $(rss_mib 2) / $(rss_mib 3)"
-disk="$(disk_mib 1) / $(disk_mib 2) / $(disk_mib 3)"
+row "RSS per node after load (MiB)" "$(rss_mib 1) / $(rss_mib 2) / $(rss_mib 3)"
+row "disk per node (MiB)" "$(disk_mib 1) / $(disk_mib 2) / $(disk_mib 3)"
 
 say "a paged list of everything"
 t=$(now)
 listed=$(resctl get demo.v1.Artist -A -o name | wc -l)
-list_s=$(since "$t")
+row "paged list of everything ($listed listed, pages of 500)" "$(since "$t") s"
 
 say "labelling 1 % and selecting it"
 resctl get demo.v1.Artist -A -o name | awk -v every=100 'NR % every == 0' | sed 's|.*/||' \
@@ -87,46 +91,34 @@ xargs -P 8 -I{} "$bin/resctl" --server "127.0.0.1:${api[1]}" -n "$ns" label demo
   <"$work/labelled" >/dev/null
 t=$(now)
 selected=$(resctl get demo.v1.Artist -A -l scale=one-percent -o name | wc -l)
-select_s=$(since "$t")
+row "selector matching 1 % ($selected selected)" "$(since "$t") s"
 
 say "operator snapshot save"
 t=$(now)
 resctl snapshot save "$work/state.snap" >/dev/null
-save_s=$(since "$t")
-snap_mib=$(du -m "$work/state.snap" | cut -f1)
+row "operator snapshot save ($(du -m "$work/state.snap" | cut -f1) MiB)" "$(since "$t") s"
 
 say "clean restart of node 3"
 kill -TERM "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
 t=$(now); start 3 --join "127.0.0.1:${api[1]}"
-clean_s=$(until_ready 3 "$t")
+row "clean restart to serving" "$(until_ready 3 "$t") s"
 
 say "unclean restart of node 3 (SIGKILL)"
 kill -KILL "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
 t=$(now); start 3 --join "127.0.0.1:${api[1]}"
-unclean_s=$(until_ready 3 "$t")
+row "unclean restart (SIGKILL) to serving" "$(until_ready 3 "$t") s"
 
 say "a new node joins and serves"
 t=$(now); start 4 --join "127.0.0.1:${api[1]}"
-join_s=$(until_ready 4 "$t")
-rss4=$(rss_mib 4)
+joined=$(until_ready 4 "$t")
+row "a new node joins until it serves (RSS then $(rss_mib 4) MiB)" "$joined s"
 
 say "operator snapshot restore"
 t=$(now)
 resctl snapshot restore "$work/state.snap" --yes >/dev/null
-restore_s=$(since "$t")
+row "operator snapshot restore" "$(since "$t") s"
 
-cat <<EOF
-
-| figure (N = $n resources of 1 KiB, 3 nodes on loopback) | value |
-|---|---|
-| load (resctl bench write, 64 in flight) | ${load_s} s (${load_rate} writes/s) |
-| RSS per node after load (MiB) | ${rss} |
-| disk per node (MiB) | ${disk} |
-| paged list of everything (${listed} listed, pages of 500) | ${list_s} s |
-| selector matching 1 % (${selected} selected) | ${select_s} s |
-| clean restart to serving | ${clean_s} s |
-| unclean restart (SIGKILL) to serving | ${unclean_s} s |
-| a new node joins until it serves (RSS then ${rss4} MiB) | ${join_s} s |
-| operator snapshot save (${snap_mib} MiB) | ${save_s} s |
-| operator snapshot restore | ${restore_s} s |
-EOF
+echo
+echo "| figure (N = $n resources of 1 KiB, 3 nodes on loopback) | value |"
+echo "|---|---|"
+cat "$results"

@@ -3,6 +3,7 @@
 //! scenario body for both drivers.
 
 mod chaos;
+mod cli;
 mod client;
 mod drivers;
 mod http;

@@ -4,28 +4,7 @@
 //! asks before it deletes and `--yes` confirms, and a bad selector is refused before any call
 //! with the column it fails at.
 
-use std::process::{Command, Output};
-
-fn resctl(server: &str, args: &[&str]) -> Output {
-    Command::new(tests::binary("resctl"))
-        .arg("--server")
-        .arg(server)
-        .args(args)
-        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("resctl runs")
-}
-
-fn ok(server: &str, args: &[&str]) -> String {
-    let output = resctl(server, args);
-    assert!(
-        output.status.success(),
-        "resctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use crate::cli::{ok, resctl};
 
 fn names(json: &str) -> Vec<String> {
     let value: serde_json::Value = serde_json::from_str(json).expect("json");

@@ -4,27 +4,7 @@
 //! rule refuses a bad invoice naming the field, `get -o json` shows the default, and deleting
 //! the Type with `--wait` removes the invoices and the type.
 
-use std::process::{Command, Output};
-
-fn resctl(server: &str, args: &[&str]) -> Output {
-    Command::new(tests::binary("resctl"))
-        .arg("--server")
-        .arg(server)
-        .args(args)
-        .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
-        .output()
-        .expect("resctl runs")
-}
-
-fn ok(server: &str, args: &[&str]) -> String {
-    let output = resctl(server, args);
-    assert!(
-        output.status.success(),
-        "resctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use crate::cli::{ok, resctl};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_registers_its_type_and_uses_it_with_resctl() {

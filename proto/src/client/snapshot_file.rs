@@ -177,7 +177,12 @@ pub async fn restore(
     Ok((header, response))
 }
 
-/// How many resources of each type the cluster holds now (types without any left out).
+/// Resources per page when counting: a page is all either side holds at once, whatever the
+/// cluster holds (an unpaged list of a million resources is over a gigabyte in one answer).
+const COUNT_PAGE: u32 = 1_000;
+
+/// How many resources of each type the cluster holds now (types without any left out),
+/// counted page by page.
 pub async fn cluster_counts(
     client: &Client,
     types: &[crate::cluster::v1::TypeInfo],
@@ -185,11 +190,18 @@ pub async fn cluster_counts(
     let mut counts = BTreeMap::new();
     for info in types {
         let resource_type = info.r#type.clone().unwrap_or_default();
-        let listed = client
-            .list(&resource_type, &describe::every_tenancy(info.scope()), "")
+        let mut count = 0u64;
+        client
+            .list_in_pages(
+                &resource_type,
+                &describe::every_tenancy(info.scope()),
+                &crate::client::ListOptions::default(),
+                COUNT_PAGE,
+                |page| count += page.len() as u64,
+            )
             .await?;
-        if !listed.is_empty() {
-            counts.insert(gvk(&resource_type), listed.len() as u64);
+        if count > 0 {
+            counts.insert(gvk(&resource_type), count);
         }
     }
     Ok(counts)
