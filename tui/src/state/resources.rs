@@ -157,7 +157,14 @@ pub struct Rows {
     pub keys: Vec<ResKey>,
     /// What the rows were built from; a different stamp means rebuild.
     stamp: (u64, String, SortKey, bool, TenancyFilter),
+    /// When they were built (by the state's clock, which ticks each second).
+    built_at: Option<std::time::SystemTime>,
 }
+
+/// While a type's listing is still arriving, its rows are rebuilt (filtered and sorted) at most
+/// this often: a million resources arrive in thousands of batches, and sorting them all after
+/// each one would leave no time to draw or read keys.
+const LISTING_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The resource table of one type.
 #[derive(Debug, Clone, Default)]
@@ -193,7 +200,7 @@ impl ResourcesScreen {
 
     /// Rebuilds the rows when the data, filter, sort or tenancy changed; keeps the selection
     /// on the same resource.
-    pub(super) fn prepare(&mut self, store: &Store, page: usize) {
+    pub(super) fn prepare(&mut self, store: &Store, page: usize, now: std::time::SystemTime) {
         let Some(gvk) = self.current_type.clone() else {
             self.rows = Rows::default();
             return;
@@ -209,7 +216,22 @@ impl ResourcesScreen {
             self.descending,
             self.tenancy.clone(),
         );
-        if self.rows.gvk != gvk || self.rows.stamp != stamp {
+        // Only what arrived changed, while the listing arrives, and the rows are recent: keep
+        // them (the view says the listing goes on).
+        let only_new_data = self.rows.gvk == gvk
+            && self.rows.stamp.0 != stamp.0
+            && (
+                &self.rows.stamp.1,
+                self.rows.stamp.2,
+                self.rows.stamp.3,
+                &self.rows.stamp.4,
+            ) == (&stamp.1, stamp.2, stamp.3, &stamp.4);
+        let recent = self.rows.built_at.is_some_and(|built| {
+            now.duration_since(built)
+                .is_ok_and(|age| age < LISTING_REBUILD_EVERY)
+        });
+        let throttled = !data.synced && only_new_data && recent;
+        if (self.rows.gvk != gvk || self.rows.stamp != stamp) && !throttled {
             let filter = RowFilter::of(&self.filter);
             let mut keys: Vec<&ResKey> = data
                 .resources
@@ -226,6 +248,7 @@ impl ResourcesScreen {
                 gvk: gvk.clone(),
                 keys: keys.into_iter().cloned().collect(),
                 stamp,
+                built_at: Some(now),
             };
         }
         // Keep the selection on the same resource; if it went away, on the same row.

@@ -590,3 +590,53 @@ fn the_filter_takes_a_selector_or_text_of_any_column() {
         "{shown}"
     );
 }
+
+/// While a listing arrives, the table is rebuilt (filtered, sorted) at most once a second of
+/// the state's clock, not after every batch; once the listing is complete, at once.
+#[test]
+fn a_listing_that_is_still_arriving_is_sorted_once_a_second() {
+    let mut state = large_state(100);
+    let gvk = "demo.v1.Concept";
+    state.prepare();
+    assert_eq!(state.resources.rows.keys.len(), 100);
+    let add = |state: &mut State, from: usize, to: usize| {
+        let data = state.store.get_mut(gvk).expect("type");
+        data.synced = false;
+        for i in from..to {
+            data.apply(testing::upsert(testing::resource(
+                gvk,
+                "default/jazz",
+                &format!("late-{i:05}"),
+                1000 + i as u64,
+            )));
+        }
+    };
+    add(&mut state, 0, 50);
+    state.prepare();
+    assert_eq!(
+        state.resources.rows.keys.len(),
+        100,
+        "a batch within the second waits for the next rebuild"
+    );
+    state.now += Duration::from_secs(1);
+    state.prepare();
+    assert_eq!(
+        state.resources.rows.keys.len(),
+        150,
+        "a second later it shows"
+    );
+    add(&mut state, 50, 60);
+    // The listing completes: rebuilt at once, whatever the clock says.
+    if let Some(data) = state.store.get_mut(gvk) {
+        data.apply(testing::end_of_snapshot("2000"));
+    }
+    state.prepare();
+    assert_eq!(state.resources.rows.keys.len(), 160);
+    // A new filter is the user's: it applies at once, listing or not.
+    if let Some(data) = state.store.get_mut(gvk) {
+        data.synced = false;
+    }
+    state.resources.filter = "late".into();
+    state.prepare();
+    assert_eq!(state.resources.rows.keys.len(), 60);
+}
