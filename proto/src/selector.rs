@@ -224,10 +224,12 @@ impl<'a> Parser<'a> {
     }
 
     fn peek(&mut self) -> Result<(Token, usize), SelectorError> {
-        if self.peeked.is_none() {
-            self.peeked = Some(self.lex()?);
+        if let Some(peeked) = &self.peeked {
+            return Ok(peeked.clone());
         }
-        Ok(self.peeked.clone().expect("peeked"))
+        let next = self.lex()?;
+        self.peeked = Some(next.clone());
+        Ok(next)
     }
 
     fn next(&mut self) -> Result<(Token, usize), SelectorError> {
