@@ -251,3 +251,42 @@ async fn mutate_and_validate_runs_the_write_hook() {
         "lacks write on demo.v2.Artist default/default/miles",
     );
 }
+
+/// A selector and pages never widen what the least access sees: the unreadable resource that
+/// matches the selector stays out, and so does it from every page.
+#[tokio::test]
+async fn selectors_and_pages_keep_what_the_caller_cannot_read_out() {
+    let h = harness().await;
+    for name in ["public-one", "public-two", "secret"] {
+        let mut resource = artist(name);
+        resource.metadata.insert("team".into(), "billing".into());
+        h.write(resource).await.expect("create");
+    }
+    let policy = reader_of("resource/demo.v2.Artist/public");
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    for _ in 0..5 {
+        let page = h
+            .service
+            .list(
+                &policy,
+                crate::storage::Consistency::Eventual,
+                proto::resource::v1::ListRequest {
+                    r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
+                    tenancy: Some(default_ns()),
+                    selector: "team=billing".into(),
+                    limit: 1,
+                    page_token: token.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("list");
+        seen.extend(names(&page.resources));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, ["public-one", "public-two"]);
+}
