@@ -270,8 +270,8 @@ async fn selectors_and_pages_keep_what_the_caller_cannot_read_out() {
             .service
             .list(
                 &policy,
-                crate::storage::Consistency::Eventual,
-                proto::resource::v1::ListRequest {
+                Consistency::Eventual,
+                ListRequest {
                     r#type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
                     tenancy: Some(default_ns()),
                     selector: "team=billing".into(),
