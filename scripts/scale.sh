@@ -16,56 +16,16 @@ n=${SCALE_N:-1000000}
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${RESD_BIN:-$root/target/release}"
 work="$(mktemp -d -t resd-scale-XXXXXX)"
-declare -A pid=()
-cleanup() {
-  for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-declare -A api=() raft=() http=()
-for node in 1 2 3 4; do api[$node]=$(port); raft[$node]=$(port); http[$node]=$(port); done
-now() { date +%s.%N; }
-since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
-say() { echo "[scale] $*" >&2; }
 results="$work/results.md"
-# A figure, said as soon as it is measured (a later step that fails keeps the earlier ones).
-row() { echo "| $1 | $2 |" | tee -a "$results" >&2; }
+node_flags=(--snapshot-every 100000)
+# shellcheck source=scripts/cluster-lib.sh
+source "$root/scripts/cluster-lib.sh"
+ports 1 2 3 4
 
-start() {
-  local node=$1; shift
-  RUST_LOG=warn "$bin/resd" agent --insecure --node-id "$node" --data-dir "$work/node$node" \
-    --api-addr "127.0.0.1:${api[$node]}" --raft-addr "127.0.0.1:${raft[$node]}" \
-    --http-addr "127.0.0.1:${http[$node]}" --snapshot-every 100000 "$@" \
-    >>"$work/node$node.log" 2>&1 &
-  pid[$node]=$!
-}
-# Seconds until node answers /readyz with 200 (it serves: caught up, a voter, a leader known).
-until_ready() {
-  local node=$1 started=$2 limit=${3:-900}
-  while ! curl -sf "http://127.0.0.1:${http[$node]}/readyz" >/dev/null 2>&1; do
-    if ! kill -0 "${pid[$node]}" 2>/dev/null; then
-      say "node $node exited; its log:"; tail -20 "$work/node$node.log" >&2; exit 1
-    fi
-    if (( $(python3 -c "print(int(float('$(since "$started")') > $limit))") )); then
-      say "node $node not ready after ${limit}s"; exit 1
-    fi
-    sleep 0.1
-  done
-  since "$started"
-}
 resctl() { "$bin/resctl" --server "127.0.0.1:${api[1]},127.0.0.1:${api[2]},127.0.0.1:${api[3]}" "$@"; }
-rss_mib() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/${pid[$1]}/status"; }
-disk_mib() { du -sm "$work/node$1" | cut -f1; }
 
 say "starting 3 nodes"
-start 1 --bootstrap
-until_ready 1 "$(now)" >/dev/null
-start 2 --join "127.0.0.1:${api[1]}"
-start 3 --join "127.0.0.1:${api[1]}"
-until_ready 2 "$(now)" >/dev/null; until_ready 3 "$(now)" >/dev/null
+three_nodes
 
 say "loading $n resources of 1 KiB"
 t=$(now)

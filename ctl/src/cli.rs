@@ -522,6 +522,17 @@ pub struct BenchArgs {
     /// Namespace-scoped type to write (its data needs a `name` and a `description` string)
     #[arg(long = "type", default_value = "demo.v1.Artist", value_name = "TYPE")]
     pub resource_type: String,
+    /// Watches the watch workload opens on the written type (every one sees every write)
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub watchers: usize,
+    /// Of the watches, how many never read an event after their opening listing (a stalled
+    /// consumer; they use connections of their own)
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub stalled: usize,
+    /// Groups the watch workload spreads its writes (label `bench-group=KEY % G`) and its
+    /// watches (selector `bench-group=INDEX % G`) over: each write reaches 1/G of the watches
+    #[arg(long, default_value_t = 1, value_name = "G")]
+    pub watch_groups: u64,
     /// Keep the resources the benchmark wrote (by default they are deleted when it ends)
     #[arg(long)]
     pub keep: bool,

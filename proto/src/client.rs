@@ -515,6 +515,13 @@ impl Client {
         self.connection().cluster.clone()
     }
 
+    /// A client of the same servers with the same settings over connections of its own (a
+    /// connection carries at most the server's `MAX_CONCURRENT_STREAMS` streams at once, and a
+    /// stream nobody reads holds its connection's flow-control window).
+    pub fn with_own_connections(&self) -> Result<Client, ClientError> {
+        Client::new(self.config.clone())
+    }
+
     /// How many servers this client knows.
     pub fn server_count(&self) -> usize {
         self.servers.len()

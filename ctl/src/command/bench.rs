@@ -1,15 +1,18 @@
 //! `resctl bench`: a bounded load generator. Runs `count` operations of one workload with
 //! `concurrency` in flight against any server and reports throughput and latency percentiles.
 //! Workloads: `write` (blind writes over `keys` names), `cas` (read, then write at the read
-//! version; conflicts retried and counted), `read`, and `watch` (writes while one watch measures
-//! the time from sending a write to receiving its event).
+//! version; conflicts retried and counted), `read`, and `watch` (writes while watches receive
+//! them: the first measures the time from sending a write to receiving its event; with
+//! `--watchers N --stalled M --watch-groups G`, N watches spread over G label groups, of which M
+//! never read, show what many and stalled consumers cost the writers and the other watches).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use proto::client::{ClientError, WatchUpdate};
+use proto::client::{Client, ClientError, WatchUpdate, Watcher};
 use proto::resource::v1::watch_event::Event;
 use proto::resource::v1::{Id, Resource, WatchListRequest};
 use serde::Serialize;
@@ -32,8 +35,29 @@ pub struct BenchReport {
     /// Write sent → its watch event received (watch workload only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch_delay_ms: Option<Percentiles>,
+    /// What every watch received (watch workload only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+}
+
+/// The watch workload's watches: how many, how many never read, and whether the readers got
+/// every event of the writes their selector matches.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FanOut {
+    pub watchers: usize,
+    pub stalled: usize,
+    /// Groups the writes and watches are spread over (`bench-group` label and selector).
+    pub groups: u64,
+    /// Events of acknowledged writes the reading watches should have received.
+    pub expected_events: u64,
+    pub delivered_events: u64,
+    /// Reading watches that were disconnected, relisted or failed during the run.
+    pub disturbed_readers: u64,
+    /// Seconds from the last acknowledged write until every reader had its events (or the
+    /// wait gave up).
+    pub drained_seconds: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -64,8 +88,13 @@ impl Percentiles {
     }
 }
 
-/// A write's name, version and when it was sent (to match its watch event).
-type Acknowledged = (String, String, Instant);
+/// A write's key, name, version and when it was sent (to match its watch events).
+struct Acknowledged {
+    key: u64,
+    name: String,
+    version: String,
+    sent: Instant,
+}
 
 const NAME_PREFIX: &str = "bench-";
 
@@ -90,13 +119,21 @@ struct Plan {
     codec: proto::codec::Codec,
     document: serde_json::Value,
     value_size: usize,
+    /// With more than one, each resource carries the label `bench-group=KEY % groups`.
+    groups: u64,
 }
+
+/// The label that spreads the watch workload's writes over its watches' selectors.
+const GROUP_LABEL: &str = "bench-group";
 
 impl Plan {
     fn resource(&self, key: u64, seed: u64) -> Result<Resource, ClientError> {
         let mut document = self.document.clone();
         document["name"] = format!("{NAME_PREFIX}{key}").into();
         document["data"]["description"] = payload(self.value_size, seed ^ key).into();
+        if self.groups > 1 {
+            document["metadata"] = serde_json::json!({ GROUP_LABEL: (key % self.groups).to_string() });
+        }
         self.codec
             .read_value(document)
             .map_err(|error| ClientError::InvalidArgument {
@@ -144,6 +181,7 @@ async fn plan(session: &Session, args: &BenchArgs) -> anyhow::Result<Plan> {
         codec: codec.clone(),
         document,
         value_size: args.value_size,
+        groups: args.watch_groups,
     })
 }
 
@@ -156,6 +194,7 @@ pub async fn bench(
     if args.concurrency == 0 || args.keys == 0 {
         return Err(crate::UsageError("--concurrency and --keys must be at least 1".into()).into());
     }
+    check_watch_args(args)?;
     let plan = Arc::new(plan(session, args).await?);
     let client = session.client.clone();
     if matches!(args.workload, Workload::Cas | Workload::Read) {
@@ -173,49 +212,22 @@ pub async fn bench(
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
     }
-    // Watch workload: a watch recording when each (name, version) arrives.
-    let arrivals: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
-    let watch_task = if args.workload == Workload::Watch {
-        let mut watcher = client.watcher(WatchListRequest {
+    let watches = if args.workload == Workload::Watch {
+        let request = WatchListRequest {
             r#type: plan.template().id.and_then(|id| id.r#type),
             tenancy: plan.id(0).tenancy,
             name_prefix: NAME_PREFIX.into(),
             ..WatchListRequest::default()
-        });
-        // Wait for the end of the initial snapshot so every timed write is a live event.
-        loop {
-            match watcher.next().await {
-                Some(WatchUpdate::Event(event))
-                    if matches!(event.event, Some(Event::EndOfSnapshot(_))) =>
-                {
-                    break;
-                }
-                Some(WatchUpdate::Failed(error)) => return Err(error_of(error)),
-                None => anyhow::bail!("the watch ended before it was ready"),
-                _ => {}
-            }
-        }
-        let arrivals = arrivals.clone();
-        Some(tokio::spawn(async move {
-            while let Some(update) = watcher.next().await {
-                if let WatchUpdate::Event(event) = update
-                    && let Some(Event::Upsert(upsert)) = event.event
-                    && let Some(resource) = upsert.resource
-                {
-                    let name = resource.id.map(|id| id.name).unwrap_or_default();
-                    if let Ok(mut arrivals) = arrivals.lock() {
-                        arrivals.insert((name, resource.version), Instant::now());
-                    }
-                }
-            }
-        }))
+        };
+        Some(Watches::open(&client, request, args, bar).await?)
     } else {
         None
     };
 
     bar.set_message(format!("{:?}", args.workload).to_lowercase());
+    bar.set_position(0);
     bar.set_length(args.count);
-    let conflicts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let conflicts = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let outcomes: Vec<Result<(Duration, Option<Acknowledged>), ClientError>> =
         futures::stream::iter(0..args.count)
@@ -231,7 +243,12 @@ pub async fn bench(
                         Workload::Write | Workload::Watch => {
                             let written = client.write(&plan.resource(key, operation)?).await?;
                             let name = written.id.map(|id| id.name).unwrap_or_default();
-                            Some((name, written.version, begun))
+                            Some(Acknowledged {
+                                key,
+                                name,
+                                version: written.version,
+                                sent: begun,
+                            })
                         }
                         Workload::Read => {
                             client.read(&plan.id(key)).await?;
@@ -248,7 +265,7 @@ pub async fn bench(
                                     Ok(_) => break,
                                     Err(ClientError::Conflict { .. }) if attempts < 100 => {
                                         conflicts
-                                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                            .fetch_add(1, Ordering::Relaxed);
                                     }
                                     Err(error) => return Err(error),
                                 }
@@ -281,29 +298,12 @@ pub async fn bench(
             }
         }
     }
-    let watch_delay_ms = match watch_task {
-        None => None,
-        Some(task) => {
-            // Give the last events a moment to arrive.
-            let wait_until = Instant::now() + Duration::from_secs(5);
-            loop {
-                let received = arrivals.lock().map(|a| a.len()).unwrap_or(0);
-                if received >= acknowledgements.len() || Instant::now() > wait_until {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            task.abort();
-            let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
-            let mut delays: Vec<Duration> = acknowledgements
-                .iter()
-                .filter_map(|(name, version, sent)| {
-                    arrivals
-                        .get(&(name.clone(), version.clone()))
-                        .map(|arrived| arrived.saturating_duration_since(*sent))
-                })
-                .collect();
-            Some(Percentiles::of(&mut delays))
+    let (watch_delay_ms, fan_out) = match watches {
+        None => (None, None),
+        Some(watches) => {
+            bar.set_message("waiting for the watches' last events");
+            let (delay, fan_out) = watches.finish(&acknowledgements).await;
+            (Some(delay), Some(fan_out))
         }
     };
     if !args.keep {
@@ -323,15 +323,242 @@ pub async fn bench(
         workload: format!("{:?}", args.workload).to_lowercase(),
         operations: done,
         errors,
-        conflicts: conflicts.load(std::sync::atomic::Ordering::Relaxed),
+        conflicts: conflicts.load(Ordering::Relaxed),
         concurrency: args.concurrency,
         value_size: args.value_size,
         seconds: elapsed.as_secs_f64(),
         per_second: done as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
         latency_ms: Percentiles::of(&mut latencies),
         watch_delay_ms,
+        fan_out,
         first_error,
     })
+}
+
+fn check_watch_args(args: &BenchArgs) -> Result<(), crate::UsageError> {
+    let defaults = args.watchers == 1 && args.stalled == 0 && args.watch_groups == 1;
+    if args.workload != Workload::Watch && !defaults {
+        return Err(crate::UsageError(
+            "--watchers, --stalled and --watch-groups apply to --workload watch".into(),
+        ));
+    }
+    if args.watchers == 0 || args.watch_groups == 0 {
+        return Err(crate::UsageError(
+            "--watchers and --watch-groups must be at least 1".into(),
+        ));
+    }
+    if args.stalled >= args.watchers {
+        return Err(crate::UsageError(format!(
+            "--stalled {} leaves no watch reading: it must be less than --watchers {}",
+            args.stalled, args.watchers
+        )));
+    }
+    Ok(())
+}
+
+/// Watches one connection carries (the server allows 256 streams per connection).
+const WATCHES_PER_CONNECTION: usize = 200;
+/// Watches opened at once while the workload sets up.
+const OPENING_AT_ONCE: usize = 64;
+/// How long a watch may take to deliver its opening listing.
+const OPENING_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the readers may take to receive the last writes' events.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The watch workload's watches: reading ones, each on a task counting what it receives (the
+/// first also timing it), and stalled ones, held open and never read.
+struct Watches {
+    groups: u64,
+    /// Reading watches per group (`index % groups`).
+    readers_per_group: Vec<u64>,
+    stalled: Vec<Watcher>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    /// When the first reader received each (name, version).
+    arrivals: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    delivered: Arc<AtomicU64>,
+    disturbed: Arc<AtomicU64>,
+}
+
+impl Watches {
+    /// Opens `--watchers` watches (each past its opening listing), readers first.
+    async fn open(
+        client: &Client,
+        request: WatchListRequest,
+        args: &BenchArgs,
+        bar: &indicatif::ProgressBar,
+    ) -> anyhow::Result<Watches> {
+        let readers = args.watchers - args.stalled;
+        let groups = args.watch_groups;
+        // Stalled watches get connections of their own: a stream nobody reads holds its
+        // connection's window, which would stall the readers sharing it (client-side).
+        let connections = |watches: usize| -> Result<Vec<Client>, ClientError> {
+            (0..watches.div_ceil(WATCHES_PER_CONNECTION))
+                .map(|_| client.with_own_connections())
+                .collect()
+        };
+        let (reading, stalling) = (connections(readers)?, connections(args.stalled)?);
+        bar.set_message("opening watches");
+        bar.set_position(0);
+        bar.set_length(args.watchers as u64);
+        let mut opened: Vec<(usize, Watcher)> = futures::stream::iter(0..args.watchers)
+            .map(|index| {
+                let connection = if index < readers {
+                    &reading[index / WATCHES_PER_CONNECTION]
+                } else {
+                    &stalling[(index - readers) / WATCHES_PER_CONNECTION]
+                };
+                let mut request = request.clone();
+                if groups > 1 {
+                    request.selector = format!("{GROUP_LABEL}={}", index as u64 % groups);
+                }
+                let watcher = connection.watcher(request);
+                async move { past_listing(watcher, index).await.map(|w| (index, w)) }
+            })
+            .buffer_unordered(OPENING_AT_ONCE)
+            .inspect(|_| bar.inc(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<anyhow::Result<_>>()?;
+        opened.sort_by_key(|(index, _)| *index);
+        let mut readers_per_group = vec![0; groups as usize];
+        for index in 0..readers {
+            readers_per_group[index % groups as usize] += 1;
+        }
+        let arrivals: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
+        let delivered = Arc::new(AtomicU64::new(0));
+        let disturbed = Arc::new(AtomicU64::new(0));
+        let mut watches = Watches {
+            groups,
+            readers_per_group,
+            stalled: Vec::new(),
+            readers: Vec::new(),
+            arrivals: arrivals.clone(),
+            delivered: delivered.clone(),
+            disturbed: disturbed.clone(),
+        };
+        for (index, watcher) in opened {
+            if index >= readers {
+                watches.stalled.push(watcher);
+                continue;
+            }
+            let timed = (index == 0).then(|| arrivals.clone());
+            let (delivered, disturbed) = (delivered.clone(), disturbed.clone());
+            watches.readers.push(tokio::spawn(read_events(
+                watcher, timed, delivered, disturbed,
+            )));
+        }
+        Ok(watches)
+    }
+
+    /// Waits (bounded) until the readers have every acknowledged write's events, stops them,
+    /// and closes the stalled watches.
+    async fn finish(self, acknowledgements: &[Acknowledged]) -> (Percentiles, FanOut) {
+        let groups = self.groups;
+        let group = |key: u64| (key % groups) as usize;
+        let expected: u64 = acknowledgements
+            .iter()
+            .map(|ack| self.readers_per_group[group(ack.key)])
+            .sum();
+        let first_expects = acknowledgements
+            .iter()
+            .filter(|ack| group(ack.key) == 0)
+            .count();
+        let waited = Instant::now();
+        loop {
+            let timed = self.arrivals.lock().map(|a| a.len()).unwrap_or(0);
+            let delivered = self.delivered.load(Ordering::Relaxed);
+            if (timed >= first_expects && delivered >= expected) || waited.elapsed() > DRAIN_TIMEOUT
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let drained_seconds = waited.elapsed().as_secs_f64();
+        for reader in &self.readers {
+            reader.abort();
+        }
+        let arrivals = self.arrivals.lock().map(|a| a.clone()).unwrap_or_default();
+        let mut delays: Vec<Duration> = acknowledgements
+            .iter()
+            .filter_map(|ack| {
+                arrivals
+                    .get(&(ack.name.clone(), ack.version.clone()))
+                    .map(|arrived| arrived.saturating_duration_since(ack.sent))
+            })
+            .collect();
+        let fan_out = FanOut {
+            watchers: self.readers.len() + self.stalled.len(),
+            stalled: self.stalled.len(),
+            groups,
+            expected_events: expected,
+            delivered_events: self.delivered.load(Ordering::Relaxed),
+            disturbed_readers: self.disturbed.load(Ordering::Relaxed),
+            drained_seconds,
+        };
+        (Percentiles::of(&mut delays), fan_out)
+    }
+}
+
+/// Reads `watcher` until its opening listing has ended.
+async fn past_listing(mut watcher: Watcher, index: usize) -> anyhow::Result<Watcher> {
+    let listed = async {
+        loop {
+            match watcher.next().await {
+                Some(WatchUpdate::Event(event))
+                    if matches!(event.event, Some(Event::EndOfSnapshot(_))) =>
+                {
+                    return Ok(());
+                }
+                Some(WatchUpdate::Failed(error)) => return Err(error_of(error)),
+                None => anyhow::bail!("watch {index} ended before its opening listing did"),
+                _ => {}
+            }
+        }
+    };
+    match tokio::time::timeout(OPENING_TIMEOUT, listed).await {
+        Ok(result) => result.map(|()| watcher),
+        Err(_) => anyhow::bail!(
+            "watch {index} did not finish its opening listing within {} s",
+            OPENING_TIMEOUT.as_secs()
+        ),
+    }
+}
+
+/// A reading watch: counts the upserts it receives (timing them when `timed`), and whether it
+/// was ever disconnected, relisted or failed.
+async fn read_events(
+    mut watcher: Watcher,
+    timed: Option<Arc<Mutex<HashMap<(String, String), Instant>>>>,
+    delivered: Arc<AtomicU64>,
+    disturbed: Arc<AtomicU64>,
+) {
+    let mut was_disturbed = false;
+    while let Some(update) = watcher.next().await {
+        match update {
+            WatchUpdate::Event(event) => {
+                let Some(Event::Upsert(upsert)) = event.event else {
+                    continue;
+                };
+                delivered.fetch_add(1, Ordering::Relaxed);
+                if let (Some(arrivals), Some(resource)) = (&timed, upsert.resource) {
+                    let name = resource.id.map(|id| id.name).unwrap_or_default();
+                    if let Ok(mut arrivals) = arrivals.lock() {
+                        arrivals.insert((name, resource.version), Instant::now());
+                    }
+                }
+            }
+            WatchUpdate::Resumed { .. } => {}
+            WatchUpdate::Disconnected { .. }
+            | WatchUpdate::Relisting { .. }
+            | WatchUpdate::Failed(_) => {
+                if !was_disturbed {
+                    was_disturbed = true;
+                    disturbed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
 }
 
 fn error_of(error: ClientError) -> anyhow::Error {
@@ -380,6 +607,21 @@ pub async fn run(session: &Session, args: &BenchArgs) -> anyhow::Result<u8> {
                     format!(
                         "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
                         delay.p50, delay.p90, delay.p99, delay.max
+                    ),
+                ]);
+            }
+            if let Some(fan_out) = &report.fan_out {
+                table.row([
+                    "watches".to_owned(),
+                    format!(
+                        "{} ({} stalled) over {} group(s); {} of {} events delivered, {} readers disturbed, drained in {:.2} s",
+                        fan_out.watchers,
+                        fan_out.stalled,
+                        fan_out.groups,
+                        fan_out.delivered_events,
+                        fan_out.expected_events,
+                        fan_out.disturbed_readers,
+                        fan_out.drained_seconds
                     ),
                 ]);
             }
