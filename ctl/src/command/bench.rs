@@ -132,7 +132,8 @@ impl Plan {
         document["name"] = format!("{NAME_PREFIX}{key}").into();
         document["data"]["description"] = payload(self.value_size, seed ^ key).into();
         if self.groups > 1 {
-            document["metadata"] = serde_json::json!({ GROUP_LABEL: (key % self.groups).to_string() });
+            document["metadata"] =
+                serde_json::json!({ GROUP_LABEL: (key % self.groups).to_string() });
         }
         self.codec
             .read_value(document)
@@ -264,8 +265,7 @@ pub async fn bench(
                                 match client.write(&next).await {
                                     Ok(_) => break,
                                     Err(ClientError::Conflict { .. }) if attempts < 100 => {
-                                        conflicts
-                                            .fetch_add(1, Ordering::Relaxed);
+                                        conflicts.fetch_add(1, Ordering::Relaxed);
                                     }
                                     Err(error) => return Err(error),
                                 }
@@ -356,6 +356,9 @@ fn check_watch_args(args: &BenchArgs) -> Result<(), crate::UsageError> {
     Ok(())
 }
 
+/// When the timed watch received each (name, version).
+type Arrivals = Arc<Mutex<HashMap<(String, String), Instant>>>;
+
 /// Watches one connection carries (the server allows 256 streams per connection).
 const WATCHES_PER_CONNECTION: usize = 200;
 /// Watches opened at once while the workload sets up.
@@ -374,7 +377,7 @@ struct Watches {
     stalled: Vec<Watcher>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     /// When the first reader received each (name, version).
-    arrivals: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    arrivals: Arrivals,
     delivered: Arc<AtomicU64>,
     disturbed: Arc<AtomicU64>,
 }
@@ -425,7 +428,7 @@ impl Watches {
         for index in 0..readers {
             readers_per_group[index % groups as usize] += 1;
         }
-        let arrivals: Arc<Mutex<HashMap<(String, String), Instant>>> = Arc::default();
+        let arrivals: Arrivals = Arc::default();
         let delivered = Arc::new(AtomicU64::new(0));
         let disturbed = Arc::new(AtomicU64::new(0));
         let mut watches = Watches {
@@ -529,7 +532,7 @@ async fn past_listing(mut watcher: Watcher, index: usize) -> anyhow::Result<Watc
 /// was ever disconnected, relisted or failed.
 async fn read_events(
     mut watcher: Watcher,
-    timed: Option<Arc<Mutex<HashMap<(String, String), Instant>>>>,
+    timed: Option<Arrivals>,
     delivered: Arc<AtomicU64>,
     disturbed: Arc<AtomicU64>,
 ) {
