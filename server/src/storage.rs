@@ -301,9 +301,22 @@ pub enum Operation {
     Delete(Resource),
     /// The snapshot of matching resources is complete.
     EndOfSnapshot,
-    /// Nothing the watcher asked for changed up to the event's version (made by the service
-    /// for a watch that asks for bookmarks; storage never publishes one).
+    /// Nothing the watcher asked for changed up to the event's version. Storage makes one only
+    /// for a watch that asked for progress ([`WatchOptions::progress`]) and publishes none; the
+    /// service makes the bookmarks a watcher receives from them.
     Bookmark,
+}
+
+/// What a watch asks for beyond its type, tenancy, name prefix and resume point.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    /// Only resources whose metadata the selector selects, as the watcher sees them (evaluated
+    /// where the changes are, before anything is queued for the watcher): a resource that
+    /// starts matching arrives as an Upsert, one that stops matching as a Delete.
+    pub selector: Option<proto::selector::Selector>,
+    /// When the watch goes past changes that are not for it, an [`Operation::Bookmark`] with
+    /// the version it went past (at most one per look at the history).
+    pub progress: bool,
 }
 
 /// A watch event as watchers receive it: one copy shared by every watcher of the change (the
@@ -567,6 +580,7 @@ pub trait Backend: Send + Sync + 'static {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<Version>,
+        options: WatchOptions,
     ) -> Result<Watch, StorageError>;
 
     /// The stamp of resource group `group` on this node ([`events::GroupStamps`]): it moves
@@ -732,9 +746,10 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<Version>,
+        options: WatchOptions,
     ) -> Result<Watch, StorageError> {
         (**self)
-            .watch_list(resource_type, tenancy, name_prefix, since)
+            .watch_list(resource_type, tenancy, name_prefix, since, options)
             .await
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {

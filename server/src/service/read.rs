@@ -430,6 +430,10 @@ impl ResourceService {
                 &query.tenancy,
                 &query.name_prefix,
                 since,
+                crate::storage::WatchOptions {
+                    selector: query.selector,
+                    progress: request.bookmarks,
+                },
             )
             .await?;
         let scope = WatchScope {
@@ -440,13 +444,8 @@ impl ResourceService {
             tenancy: query.tenancy,
             name_prefix: query.name_prefix,
         };
-        let selection = query.selector.map(|selector| Selection {
-            selector,
-            matched: std::collections::HashSet::new(),
-            complete: since.is_none(),
-        });
         let bookmarks = request.bookmarks.then(Bookmarks::new);
-        let events = following_grants(watch, grants, scope, selection, bookmarks);
+        let events = following_grants(watch, grants, scope, bookmarks);
         Ok(until_shutdown(events, self.shutdown.clone()))
     }
 }
@@ -496,55 +495,6 @@ impl WatchScope {
             ))));
         }
         Ok(())
-    }
-}
-
-/// A watch's selector and what the watcher holds: an object that stops matching is a Delete
-/// from its view, one that starts matching an Upsert (Kubernetes' semantics). Without the
-/// previous version of an object, the names the watcher was sent are kept (`matched`);
-/// `complete` says they are all of them — false after a resume, where the watcher may hold
-/// objects this stream never sent, so a change to one that does not match is a Delete.
-struct Selection {
-    selector: Selector,
-    matched: std::collections::HashSet<(String, String, String)>,
-    complete: bool,
-}
-
-impl Selection {
-    /// The event as the watcher sees it: as it is, a Delete made of it, or nothing.
-    fn view(&mut self, event: SharedEvent) -> Option<SharedEvent> {
-        let key = |resource: &Resource| {
-            let id = resource.id.clone().unwrap_or_default();
-            let tenancy = id.tenancy.unwrap_or_default();
-            (tenancy.partition, tenancy.namespace, id.name)
-        };
-        match &event.event().operation {
-            Operation::Upsert(resource) => {
-                let key = key(resource);
-                if self.selector.matches(&resource.metadata) {
-                    self.matched.insert(key);
-                    return Some(event);
-                }
-                let held = self.matched.remove(&key);
-                // The snapshot part of a watch reports state (no actor): what does not match
-                // there was never sent.
-                if held || (!self.complete && !event.event().actor.is_empty()) {
-                    let stopped = WatchEvent {
-                        version: event.event().version.clone(),
-                        operation: Operation::Delete(resource.clone()),
-                        actor: event.event().actor.clone(),
-                    };
-                    return Some(SharedEvent::new(stopped));
-                }
-                None
-            }
-            Operation::Delete(resource) => {
-                let held = self.matched.remove(&key(resource));
-                (held || (!self.complete && self.selector.matches(&resource.metadata)))
-                    .then_some(event)
-            }
-            Operation::EndOfSnapshot | Operation::Bookmark => Some(event),
-        }
     }
 }
 
@@ -608,14 +558,13 @@ impl Bookmarks {
     }
 }
 
-/// The storage watch's events that the grants of the moment let through (and the selector,
-/// as the watcher sees it), with bookmarks when asked for; ends with PermissionDenied once
-/// changed grants no longer allow the watch.
+/// The storage watch's events (its selector applied already) that the grants of the moment let
+/// through, with bookmarks when asked for; ends with PermissionDenied once changed grants no
+/// longer allow the watch.
 fn following_grants(
     watch: crate::storage::Watch,
     grants: LiveGrants,
     scope: WatchScope,
-    selection: Option<Selection>,
     bookmarks: Option<Bookmarks>,
 ) -> SharedWatchStream {
     struct State {
@@ -624,7 +573,6 @@ fn following_grants(
         /// Whether the grants may still change (their sender lives).
         live: bool,
         scope: WatchScope,
-        selection: Option<Selection>,
         bookmarks: Option<Bookmarks>,
     }
     futures::stream::unfold(
@@ -633,7 +581,6 @@ fn following_grants(
             grants,
             live: true,
             scope,
-            selection,
             bookmarks,
         }),
         |state| async move {
@@ -659,19 +606,16 @@ fn following_grants(
                             if let Some(bookmarks) = state.bookmarks.as_mut() {
                                 bookmarks.went_past(&event);
                             }
-                            if !state.scope.visible(state.grants.borrow().as_ref(), &event) {
+                            // Storage's progress marks only move the bookmarks.
+                            if matches!(event.event().operation, Operation::Bookmark)
+                                || !state.scope.visible(state.grants.borrow().as_ref(), &event)
+                            {
                                 continue;
                             }
-                            let seen = match state.selection.as_mut() {
-                                Some(selection) => selection.view(event),
-                                None => Some(event),
-                            };
-                            if let Some(event) = seen {
-                                if let Some(bookmarks) = state.bookmarks.as_mut() {
-                                    bookmarks.sent(&event);
-                                }
-                                return Some((Ok(event), Some(state)));
+                            if let Some(bookmarks) = state.bookmarks.as_mut() {
+                                bookmarks.sent(&event);
                             }
+                            return Some((Ok(event), Some(state)));
                         }
                     },
                     () = sleep_until_due(due) => {

@@ -426,9 +426,10 @@ impl Backend for LosingBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<crate::storage::Version>,
+        options: crate::storage::WatchOptions,
     ) -> Result<Watch, StorageError> {
         self.inner
-            .watch_list(resource_type, tenancy, name_prefix, since)
+            .watch_list(resource_type, tenancy, name_prefix, since, options)
             .await
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {

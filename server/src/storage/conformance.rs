@@ -790,7 +790,13 @@ pub(crate) async fn watch_sends_a_snapshot_then_end_of_snapshot<B: Backend>(back
     )
     .await;
     let mut watch = backend
-        .watch_list(&artists, &tenancy("p1", "*"), "", None)
+        .watch_list(
+            &artists,
+            &tenancy("p1", "*"),
+            "",
+            None,
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("watch");
     let mut snapshot = Vec::new();
@@ -831,6 +837,7 @@ pub(crate) async fn watch_follows_upserts_and_deletes_in_order<B: Backend>(backe
             &tenancy("default", "default"),
             "",
             None,
+            crate::storage::WatchOptions::default(),
         )
         .await
         .expect("watch");
@@ -868,6 +875,7 @@ pub(crate) async fn watch_ignores_resources_outside_its_query<B: Backend>(backen
             &tenancy("default", "default"),
             "keep",
             None,
+            crate::storage::WatchOptions::default(),
         )
         .await
         .expect("watch");
@@ -902,7 +910,13 @@ pub(crate) async fn watch_ignores_resources_outside_its_query<B: Backend>(backen
 pub(crate) async fn watch_event_versions_are_readable_afterwards<B: Backend>(backend: &B) {
     let fixture = Fixture::new();
     let mut watch = backend
-        .watch_list(&fixture.artist_type(), &tenancy("*", "*"), "", None)
+        .watch_list(
+            &fixture.artist_type(),
+            &tenancy("*", "*"),
+            "",
+            None,
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("watch");
     skip_snapshot(&mut watch).await;
@@ -928,7 +942,13 @@ pub(crate) async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Ba
     let fixture = Fixture::new();
     let default = tenancy("default", "default");
     let mut first = backend
-        .watch_list(&fixture.artist_type(), &default, "", None)
+        .watch_list(
+            &fixture.artist_type(),
+            &default,
+            "",
+            None,
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("watch");
     skip_snapshot(&mut first).await;
@@ -943,7 +963,13 @@ pub(crate) async fn watch_resumes_after_a_version_without_gap_or_duplicate<B: Ba
     }
     let since: super::Version = seen_a.version.parse().expect("versions parse");
     let mut resumed = backend
-        .watch_list(&fixture.artist_type(), &default, "", Some(since))
+        .watch_list(
+            &fixture.artist_type(),
+            &default,
+            "",
+            Some(since),
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("resume");
     assert_eq!(
@@ -973,6 +999,7 @@ pub(crate) async fn watch_resume_from_a_future_version_is_refused<B: Backend>(ba
             &fixture.wildcard(),
             "",
             Some(super::Version::new(u64::MAX / 2)),
+            crate::storage::WatchOptions::default(),
         )
         .await
     {

@@ -8,7 +8,7 @@
 //! watcher whose next change has left the ring (it fell behind) gets an error, never a gap, and
 //! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use super::{
     Operation, SharedEvent, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent,
-    WeakEvent,
+    WatchOptions, WeakEvent,
 };
 
 /// Changes kept for resuming watches (and for watchers that fall behind).
@@ -389,6 +389,7 @@ impl EventLog {
     pub(crate) fn watch(
         &self,
         filter: WatchFilter,
+        options: WatchOptions,
         snapshot: Vec<Resource>,
         applied: Version,
         since: Option<Version>,
@@ -400,7 +401,7 @@ impl EventLog {
                 .collect(),
             Some(_) => Vec::new(),
         };
-        self.watch_events(filter, snapshot, applied, since)
+        self.watch_events(filter, options, snapshot, applied, since)
     }
 
     /// The snapshot event of `resource`: the one another watcher holds for this version, or a
@@ -430,6 +431,7 @@ impl EventLog {
     pub(crate) fn watch_events(
         &self,
         filter: WatchFilter,
+        options: WatchOptions,
         snapshot: Vec<SharedEvent>,
         applied: Version,
         since: Option<Version>,
@@ -456,11 +458,28 @@ impl EventLog {
                 .map(|item| item.event.clone())
                 .collect(),
         };
+        let mut selection = options.selector.map(|selector| Selection {
+            selector,
+            matched: HashSet::new(),
+            complete: since.is_none(),
+        });
+        let initial: Vec<SharedEvent> = match selection.as_mut() {
+            None => initial,
+            Some(selection) => initial
+                .into_iter()
+                .filter_map(|event| {
+                    let key = event_key(&event)?;
+                    selection.view(&key, &event)
+                })
+                .collect(),
+        };
         let cursor = Cursor {
             ring: self.ring.clone(),
             published: self.published.subscribe(),
             next_seq: ring.next_seq,
             filter,
+            selection,
+            progress: options.progress,
         };
         drop(ring);
         let caught_up = SharedEvent::new(WatchEvent {
@@ -476,6 +495,61 @@ impl EventLog {
     }
 }
 
+/// The key of the resource an event carries.
+fn event_key(event: &SharedEvent) -> Option<StorageKey> {
+    match &event.event().operation {
+        Operation::Upsert(resource) | Operation::Delete(resource) => {
+            resource.id.as_ref().map(StorageKey::of)
+        }
+        Operation::EndOfSnapshot | Operation::Bookmark => None,
+    }
+}
+
+/// A watch's selector, applied where the changes are (under the ring's lock, before anything
+/// is queued for the watcher): the watcher sees a resource that starts matching as an Upsert,
+/// one that stops matching as a Delete, and nothing of the others.
+struct Selection {
+    selector: proto::selector::Selector,
+    /// The resources last sent to this watcher as matching.
+    matched: HashSet<StorageKey>,
+    /// Whether the watch began with a snapshot. A resumed watch may hold resources it was sent
+    /// before it resumed: a change that does not match reaches it as a Delete.
+    complete: bool,
+}
+
+impl Selection {
+    /// The event at `key` as the watcher sees it: as it is, a Delete made of it, or nothing.
+    fn view(&mut self, key: &StorageKey, event: &SharedEvent) -> Option<SharedEvent> {
+        match &event.event().operation {
+            Operation::Upsert(resource) => {
+                if self.selector.matches(&resource.metadata) {
+                    if !self.matched.contains(key) {
+                        self.matched.insert(key.clone());
+                    }
+                    return Some(event.clone());
+                }
+                let held = !self.matched.is_empty() && self.matched.remove(key);
+                // The snapshot part of a watch reports state (no actor): what does not match
+                // there was never sent.
+                if held || (!self.complete && !event.event().actor.is_empty()) {
+                    return Some(SharedEvent::new(WatchEvent {
+                        version: event.event().version.clone(),
+                        operation: Operation::Delete(resource.clone()),
+                        actor: event.event().actor.clone(),
+                    }));
+                }
+                None
+            }
+            Operation::Delete(resource) => {
+                let held = !self.matched.is_empty() && self.matched.remove(key);
+                (held || (!self.complete && self.selector.matches(&resource.metadata)))
+                    .then(|| event.clone())
+            }
+            Operation::EndOfSnapshot | Operation::Bookmark => Some(event.clone()),
+        }
+    }
+}
+
 /// A watcher's place in the ring.
 struct Cursor {
     ring: Arc<Mutex<Ring>>,
@@ -483,6 +557,9 @@ struct Cursor {
     /// The sequence number of the next change this watcher has not seen.
     next_seq: u64,
     filter: WatchFilter,
+    selection: Option<Selection>,
+    /// Whether to say which version the watch went past ([`WatchOptions::progress`]).
+    progress: bool,
 }
 
 /// What one look at the ring found.
@@ -511,13 +588,35 @@ impl Cursor {
                 ring.limits.bytes
             )));
         }
-        let start = usize::try_from(self.next_seq - first_seq).unwrap_or(usize::MAX);
+        let start = usize::try_from(self.next_seq - first_seq)
+            .unwrap_or(usize::MAX)
+            .min(ring.items.len());
         let mut events = Vec::new();
-        for item in ring.items.iter().skip(start).take(READ_BATCH) {
+        // The version of the last change looked at, when it was not for this watcher.
+        let mut went_past = None;
+        for item in ring.items.range(start..).take(READ_BATCH) {
             self.next_seq = item.seq + 1;
-            if self.filter.matches(&item.key) {
-                events.push(item.event.clone());
-            }
+            let seen = if !self.filter.matches(&item.key) {
+                None
+            } else if let Some(selection) = self.selection.as_mut() {
+                selection.view(&item.key, &item.event)
+            } else {
+                Some(item.event.clone())
+            };
+            went_past = match seen {
+                Some(event) => {
+                    events.push(event);
+                    None
+                }
+                None => Some(item.version),
+            };
+        }
+        if let Some(version) = went_past.filter(|_| self.progress) {
+            events.push(SharedEvent::new(WatchEvent {
+                version: version.to_string(),
+                operation: Operation::Bookmark,
+                actor: String::new(),
+            }));
         }
         if events.is_empty() && self.next_seq >= ring.next_seq {
             self.published.borrow_and_update();

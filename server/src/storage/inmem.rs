@@ -11,7 +11,7 @@ use super::check::{self, DeleteCheck};
 use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
 use super::{
     Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
-    WatchEvent, WriteCondition,
+    WatchEvent, WatchOptions, WriteCondition,
 };
 use crate::resource;
 
@@ -240,6 +240,7 @@ impl Backend for InMemBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<Version>,
+        options: WatchOptions,
     ) -> Result<Watch, StorageError> {
         let state = self.lock();
         let snapshot = match since {
@@ -248,6 +249,7 @@ impl Backend for InMemBackend {
         };
         state.events.watch(
             WatchFilter::new(resource_type, tenancy, name_prefix),
+            options,
             snapshot,
             Version::new(state.version),
             since,
@@ -331,7 +333,13 @@ mod tests {
         });
         let helpers = super::super::conformance::Fixture::new();
         let mut watch = backend
-            .watch_list(&helpers.artist_type(), &helpers.wildcard(), "", None)
+            .watch_list(
+                &helpers.artist_type(),
+                &helpers.wildcard(),
+                "",
+                None,
+                crate::storage::WatchOptions::default(),
+            )
             .await
             .expect("watch");
         assert!(matches!(
@@ -387,6 +395,7 @@ mod history_tests {
                 &fixture.wildcard(),
                 "",
                 Some(super::super::Version::new(2)),
+                crate::storage::WatchOptions::default(),
             )
             .await
             .err()
@@ -403,6 +412,7 @@ mod history_tests {
                 &fixture.wildcard(),
                 "",
                 Some(super::super::Version::new(7)),
+                crate::storage::WatchOptions::default(),
             )
             .await
             .expect("within the history");

@@ -91,6 +91,7 @@ async fn a_resume_past_the_byte_bound_gets_the_relist_error() {
     let error = log
         .watch(
             everything(),
+            WatchOptions::default(),
             Vec::new(),
             Version::new(10),
             Some(Version::new(2)),
@@ -104,6 +105,7 @@ async fn a_resume_past_the_byte_bound_gets_the_relist_error() {
     let mut resumed = log
         .watch(
             everything(),
+            WatchOptions::default(),
             Vec::new(),
             Version::new(10),
             Some(Version::new(9)),
@@ -118,8 +120,14 @@ async fn many_watchers_follow_the_same_changes_in_order() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let mut watches: Vec<_> = (0..50)
         .map(|_| {
-            log.watch(everything(), Vec::new(), Version::new(0), None)
-                .expect("watch")
+            log.watch(
+                everything(),
+                WatchOptions::default(),
+                Vec::new(),
+                Version::new(0),
+                None,
+            )
+            .expect("watch")
         })
         .collect();
     for index in 1..=5 {
@@ -139,7 +147,13 @@ async fn many_watchers_follow_the_same_changes_in_order() {
 async fn a_waiting_watcher_is_woken_by_a_publish() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let mut watch = log
-        .watch(everything(), Vec::new(), Version::new(0), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
     let waiter = tokio::spawn(async move { watch.next().await });
@@ -158,7 +172,13 @@ async fn a_waiting_watcher_is_woken_by_a_publish() {
 async fn a_reset_ends_every_open_watch_with_its_reason() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let mut watch = log
-        .watch(everything(), Vec::new(), Version::new(0), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
     log.reset("restored".into(), Version::new(7));
@@ -168,7 +188,13 @@ async fn a_reset_ends_every_open_watch_with_its_reason() {
     }
     assert!(watch.next().await.is_none());
     let mut fresh = log
-        .watch(everything(), Vec::new(), Version::new(7), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(7),
+            None,
+        )
         .expect("watch after the reset");
     let end = fresh.next().await.expect("end").expect("ok");
     assert_eq!(end.version, "7");
@@ -179,8 +205,14 @@ async fn every_watcher_of_a_change_shares_one_copy_and_one_encoding() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let mut watches: Vec<_> = (0..3)
         .map(|_| {
-            log.watch(everything(), Vec::new(), Version::new(0), None)
-                .expect("watch")
+            log.watch(
+                everything(),
+                WatchOptions::default(),
+                Vec::new(),
+                Version::new(0),
+                None,
+            )
+            .expect("watch")
         })
         .collect();
     for watch in &mut watches {
@@ -215,7 +247,13 @@ async fn encodings_watchers_make_count_against_the_bound_while_their_change_is_k
         Version::new(0),
     );
     let mut watch = log
-        .watch(everything(), Vec::new(), Version::new(0), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
     change(&mut log, "first", 1, 10);
@@ -272,7 +310,13 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
     let group = artist_group();
     let before = stamps.get(&group);
     let mut watch = log
-        .watch(everything(), Vec::new(), Version::new(0), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
     let waiter = tokio::spawn(async move {
@@ -332,7 +376,13 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
 async fn a_reset_within_a_commit_ends_the_watches_and_empties_the_history() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
     let mut watch = log
-        .watch(everything(), Vec::new(), Version::new(0), None)
+        .watch(
+            everything(),
+            WatchOptions::default(),
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
     log.publish_all(
@@ -368,19 +418,37 @@ async fn watchers_of_the_same_resource_versions_share_their_snapshot_events() {
     };
     let snapshot = || vec![artist_at("a", 5)];
     let a = first_event(
-        log.watch(everything(), snapshot(), Version::new(5), None)
-            .expect("watch"),
+        log.watch(
+            everything(),
+            WatchOptions::default(),
+            snapshot(),
+            Version::new(5),
+            None,
+        )
+        .expect("watch"),
     )
     .await;
     let b = first_event(
-        log.watch(everything(), snapshot(), Version::new(5), None)
-            .expect("watch"),
+        log.watch(
+            everything(),
+            WatchOptions::default(),
+            snapshot(),
+            Version::new(5),
+            None,
+        )
+        .expect("watch"),
     )
     .await;
     assert!(a.same(&b), "one event for both watchers");
     let newer = first_event(
-        log.watch(everything(), vec![artist_at("a", 6)], Version::new(6), None)
-            .expect("watch"),
+        log.watch(
+            everything(),
+            WatchOptions::default(),
+            vec![artist_at("a", 6)],
+            Version::new(6),
+            None,
+        )
+        .expect("watch"),
     )
     .await;
     assert!(!newer.same(&a), "another version is another event");
@@ -394,6 +462,7 @@ fn shared_snapshot_entries_are_swept_once_no_watcher_holds_them() {
         let watch = log
             .watch(
                 everything(),
+                WatchOptions::default(),
                 vec![artist_at(&format!("a{i}"), 1)],
                 Version::new(1),
                 None,
@@ -403,4 +472,118 @@ fn shared_snapshot_entries_are_swept_once_no_watcher_holds_them() {
     }
     let held = log.snapshots.lock().map_or(usize::MAX, |s| s.events.len());
     assert!(held <= 2 * SNAPSHOTS_FIRST_SWEEP, "{held} entries kept");
+}
+
+/// An artist labelled `team=TEAM`, written at `index`.
+fn labelled(log: &mut EventLog, name: &str, index: u64, team: &str) {
+    let Published::Change {
+        key,
+        mut event,
+        version,
+    } = upsert(name, Version::new(index), 0)
+    else {
+        unreachable!("upsert makes a change");
+    };
+    if let Operation::Upsert(resource) = &mut event.operation {
+        resource.metadata.insert("team".into(), team.into());
+    }
+    event.actor = "tester".into();
+    log.publish_all(
+        vec![Published::Change {
+            key,
+            event,
+            version,
+        }],
+        version,
+    );
+}
+
+/// The next event of `watch`, which must have one queued.
+async fn next_event(watch: &mut Watch) -> WatchEvent {
+    tokio::time::timeout(std::time::Duration::from_secs(5), watch.next())
+        .await
+        .expect("an event is queued")
+        .expect("open")
+        .expect("ok")
+        .event()
+        .clone()
+}
+
+/// The selector is applied in the cursor: a change that does not match is never queued for the
+/// watcher (only a progress mark, when asked for), one that starts matching is an Upsert and one
+/// that stops matching a Delete.
+#[tokio::test]
+async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let selector = proto::selector::Selector::parse("team=a").expect("selector");
+    let mut watch = log
+        .watch(
+            everything(),
+            WatchOptions {
+                selector: Some(selector),
+                progress: true,
+            },
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
+        .expect("watch");
+    assert!(matches!(
+        next_event(&mut watch).await.operation,
+        Operation::EndOfSnapshot
+    ));
+    labelled(&mut log, "other", 1, "b");
+    labelled(&mut log, "other", 2, "b");
+    let progress = next_event(&mut watch).await;
+    assert!(matches!(progress.operation, Operation::Bookmark));
+    assert_eq!(progress.version, Version::new(2).to_string());
+    labelled(&mut log, "x", 3, "a");
+    let upsert = next_event(&mut watch).await;
+    assert!(
+        matches!(upsert.operation, Operation::Upsert(_)),
+        "{upsert:?}"
+    );
+    labelled(&mut log, "x", 4, "b");
+    let stopped = next_event(&mut watch).await;
+    assert!(
+        matches!(stopped.operation, Operation::Delete(_)),
+        "{stopped:?}"
+    );
+    assert_eq!(stopped.version, Version::new(4).to_string());
+    // Nothing else is queued: the non-matching changes were dropped where they are.
+    labelled(&mut log, "x", 5, "b");
+    let progress = next_event(&mut watch).await;
+    assert!(
+        matches!(progress.operation, Operation::Bookmark),
+        "{progress:?}"
+    );
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), watch.next())
+            .await
+            .is_err()
+    );
+}
+
+/// Without progress asked for, a watch that goes past changes that are not for it gets nothing.
+#[tokio::test]
+async fn a_watch_without_progress_gets_no_marks() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let selector = proto::selector::Selector::parse("team=a").expect("selector");
+    let mut watch = log
+        .watch(
+            everything(),
+            WatchOptions {
+                selector: Some(selector),
+                progress: false,
+            },
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
+        .expect("watch");
+    next_event(&mut watch).await;
+    labelled(&mut log, "other", 1, "b");
+    labelled(&mut log, "x", 2, "a");
+    let first = next_event(&mut watch).await;
+    assert!(matches!(first.operation, Operation::Upsert(_)), "{first:?}");
 }

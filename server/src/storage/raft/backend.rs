@@ -142,11 +142,12 @@ impl Backend for RaftBackend {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<crate::storage::Version>,
+        options: crate::storage::WatchOptions,
     ) -> Result<Watch, StorageError> {
         self.node.check_ready()?;
         self.node
             .state_machine()
-            .watch_list(resource_type, tenancy, name_prefix, since)
+            .watch_list(resource_type, tenancy, name_prefix, since, options)
     }
 
     fn group_stamp(&self, group: &str) -> Option<u64> {

@@ -641,6 +641,7 @@ impl SmShared {
         tenancy: &Tenancy,
         name_prefix: &str,
         since: Option<Version>,
+        options: crate::storage::WatchOptions,
     ) -> Result<Watch, StorageError> {
         let log = lock(&self.events);
         let sm = self.current();
@@ -672,6 +673,7 @@ impl SmShared {
         }
         log.watch_events(
             WatchFilter::new(resource_type, tenancy, name_prefix),
+            options,
             snapshot,
             Version::new(current),
             since,

@@ -294,9 +294,10 @@ impl crate::storage::Backend for Member {
         tenancy: &proto::resource::v1::Tenancy,
         name_prefix: &str,
         since: Option<crate::storage::Version>,
+        options: crate::storage::WatchOptions,
     ) -> Result<crate::storage::Watch, crate::storage::StorageError> {
         self.backend()
-            .watch_list(resource_type, tenancy, name_prefix, since)
+            .watch_list(resource_type, tenancy, name_prefix, since, options)
             .await
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
@@ -377,7 +378,13 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
     let fixture = crate::storage::conformance::Fixture::new();
     let everything = crate::storage::conformance::tenancy("*", "*");
     let mut watch = backend
-        .watch_list(&fixture.artist_type(), &everything, "", None)
+        .watch_list(
+            &fixture.artist_type(),
+            &everything,
+            "",
+            None,
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("watch");
     assert_eq!(
@@ -429,7 +436,13 @@ async fn concurrent_writes_are_batched_with_unique_ordered_versions_and_resumabl
         .find(|version| version.position > 0)
         .expect("a batched version");
     let mut resumed = backend
-        .watch_list(&fixture.artist_type(), &everything, "", Some(middle))
+        .watch_list(
+            &fixture.artist_type(),
+            &everything,
+            "",
+            Some(middle),
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("resume");
     let mut replayed = Vec::new();
@@ -1184,7 +1197,13 @@ async fn a_retried_change_is_answered_with_its_first_outcome_and_applied_once() 
         .await
         .expect("create");
     let mut watch = storage(&cluster.nodes[2])
-        .watch_list(&fixture.artist_type(), &fixture.wildcard(), "", None)
+        .watch_list(
+            &fixture.artist_type(),
+            &fixture.wildcard(),
+            "",
+            None,
+            crate::storage::WatchOptions::default(),
+        )
         .await
         .expect("watch");
     // A CAS forwarded twice with one request id, as a follower retries after losing the
