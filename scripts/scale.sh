@@ -154,7 +154,12 @@ else
   etcd_figure unclean "$(etcd_serving m3 "$t") s"
   say "etcd: a new member joins and serves"
   initial=$(echo "$eps" | tr ',' '\n' | awk -F: '{printf "%sm%d=http://127.0.0.1:%d", (NR>1?",":""), NR, $3 + 10}')
-  etcdctl --endpoints="$eps" member add m4 --peer-urls=http://127.0.0.1:23804 >/dev/null
+  # etcd refuses a member while one restarted moments ago (its strict reconfiguration check).
+  for attempt in $(seq 1 60); do
+    etcdctl --endpoints="$eps" member add m4 --peer-urls=http://127.0.0.1:23804 >/dev/null 2>&1 && break
+    (( attempt < 60 )) || { say "etcd refused the new member for a minute"; exit 1; }
+    sleep 1
+  done
   t=$(now)
   etcd --name m4 --data-dir "$ANCHOR_BASE/etcd3/m4" --listen-client-urls http://127.0.0.1:23794 \
     --advertise-client-urls http://127.0.0.1:23794 --listen-peer-urls http://127.0.0.1:23804 \

@@ -4,9 +4,11 @@
 //! A backend owns one `EventLog` under the same lock it commits with: it publishes after each
 //! commit, and a new watcher takes its snapshot (or replay) and its place in the history under
 //! that lock, so it sees every later change exactly once. The history is one ring, bounded by
-//! count and by bytes; each watcher is a cursor into it, woken when something is published. A
-//! watcher whose next change has left the ring (it fell behind) gets an error, never a gap, and
-//! nothing is held per watcher: memory is the ring's, whatever the number of watchers.
+//! count and by bytes; each watcher is a cursor into it. A publish wakes only the watchers the
+//! change may concern ([`Interests`]: by type, by a label their selector requires, by a resource
+//! they hold as matching), so many watchers of other things cost a commit nothing. A watcher
+//! whose next change for it has left the ring (it fell behind) gets an error, never a gap, and
+//! no change is held per watcher: memory is the ring's, whatever the number of watchers.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,7 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{Stream, StreamExt};
 use proto::resource::v1::{Resource, Tenancy};
-use tokio::sync::watch;
+use proto::selector::{Operator, Selector};
+use tokio::sync::Notify;
 
 use super::{
     Operation, SharedEvent, StorageError, StorageKey, UnversionedType, Version, Watch, WatchEvent,
@@ -76,6 +79,221 @@ struct Ring {
     latest: Version,
     /// The last reset: watchers that started before this sequence number end with the reason.
     reset: Option<(u64, String)>,
+    /// Who to wake for what.
+    interests: Interests,
+    /// The log is gone (its backend shut down): every watch ends.
+    closed: bool,
+}
+
+/// Which watchers a change may concern, so that a publish wakes those and not every watcher (a
+/// node with 10,000 watches would otherwise poll 10,000 tasks per commit). Kept in the ring,
+/// under its lock: a watcher registers when it starts, keeps the resources it holds as
+/// matching here, and leaves when dropped.
+#[derive(Debug, Default)]
+struct Interests {
+    next_id: u64,
+    watchers: HashMap<u64, Interest>,
+    /// Woken by every change (watches that report progress).
+    everything: HashSet<u64>,
+    /// Woken by every change of a type: group, then kind.
+    by_type: HashMap<String, HashMap<String, HashSet<u64>>>,
+    /// Woken by a change whose resource carries a label: key, then value. A selected watch
+    /// whose selector requires a key to have one of some values is indexed under those.
+    by_label: HashMap<String, HashMap<String, HashSet<u64>>>,
+    /// Woken by any change of a resource the watcher holds as matching (it may stop matching).
+    by_resource: HashMap<StorageKey, HashSet<u64>>,
+}
+
+#[derive(Debug)]
+struct Interest {
+    wake: Arc<Notify>,
+    /// The sequence number of the first change published for this watcher since it last
+    /// looked (none: nothing was; it may skip whatever the ring holds).
+    pending: Option<u64>,
+    index: Index,
+}
+
+/// Where a watcher is indexed.
+#[derive(Debug, Clone)]
+enum Index {
+    Everything,
+    Type { group: String, kind: String },
+    Labels { key: String, values: Vec<String> },
+}
+
+impl Index {
+    /// The narrowest index that still sees every change a watch may need: a label its
+    /// selector requires (a complete selected watch: one that resumed may hold resources it
+    /// never saw, so it sees its whole type), else its type; everything when it reports
+    /// progress.
+    fn of(filter: &WatchFilter, selection: Option<&Selection>, progress: bool) -> Index {
+        if progress {
+            return Index::Everything;
+        }
+        let required = selection
+            .filter(|selection| selection.complete)
+            .and_then(|selection| {
+                selection
+                    .selector
+                    .requirements()
+                    .iter()
+                    .find_map(|requirement| {
+                        let values = match &requirement.operator {
+                            Operator::Equals(value) => vec![value.clone()],
+                            Operator::In(values) => values.iter().cloned().collect(),
+                            _ => return None,
+                        };
+                        Some(Index::Labels {
+                            key: requirement.key.clone(),
+                            values,
+                        })
+                    })
+            });
+        required.unwrap_or_else(|| Index::Type {
+            group: filter.resource_type.group.clone(),
+            kind: filter.resource_type.kind.clone(),
+        })
+    }
+}
+
+impl Interests {
+    fn register(&mut self, index: Index) -> (u64, Arc<Notify>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        match &index {
+            Index::Everything => {
+                self.everything.insert(id);
+            }
+            Index::Type { group, kind } => {
+                self.by_type
+                    .entry(group.clone())
+                    .or_default()
+                    .entry(kind.clone())
+                    .or_default()
+                    .insert(id);
+            }
+            Index::Labels { key, values } => {
+                let by_value = self.by_label.entry(key.clone()).or_default();
+                for value in values {
+                    by_value.entry(value.clone()).or_default().insert(id);
+                }
+            }
+        }
+        let wake = Arc::new(Notify::new());
+        self.watchers.insert(
+            id,
+            Interest {
+                wake: wake.clone(),
+                pending: None,
+                index,
+            },
+        );
+        (id, wake)
+    }
+
+    /// Watcher `id` holds `key` as matching (`true`) or no longer does.
+    fn hold(&mut self, id: u64, key: &StorageKey, held: bool) {
+        if held {
+            self.by_resource.entry(key.clone()).or_default().insert(id);
+        } else if let Some(holders) = self.by_resource.get_mut(key) {
+            holders.remove(&id);
+            if holders.is_empty() {
+                self.by_resource.remove(key);
+            }
+        }
+    }
+
+    /// Watcher `id` is gone; it held `held`.
+    fn leave<'k>(&mut self, id: u64, held: impl Iterator<Item = &'k StorageKey>) {
+        for key in held {
+            self.hold(id, key, false);
+        }
+        let Some(interest) = self.watchers.remove(&id) else {
+            return;
+        };
+        match interest.index {
+            Index::Everything => {
+                self.everything.remove(&id);
+            }
+            Index::Type { group, kind } => {
+                if let Some(kinds) = self.by_type.get_mut(&group) {
+                    if let Some(ids) = kinds.get_mut(&kind) {
+                        ids.remove(&id);
+                        if ids.is_empty() {
+                            kinds.remove(&kind);
+                        }
+                    }
+                    if kinds.is_empty() {
+                        self.by_type.remove(&group);
+                    }
+                }
+            }
+            Index::Labels { key, values } => {
+                if let Some(by_value) = self.by_label.get_mut(&key) {
+                    for value in values {
+                        if let Some(ids) = by_value.get_mut(&value) {
+                            ids.remove(&id);
+                            if ids.is_empty() {
+                                by_value.remove(&value);
+                            }
+                        }
+                    }
+                    if by_value.is_empty() {
+                        self.by_label.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes the watchers change `seq` (of the resource at `key`) may concern.
+    fn published(&mut self, seq: u64, key: &StorageKey, event: &WatchEvent) {
+        let Interests {
+            watchers,
+            everything,
+            by_type,
+            by_label,
+            by_resource,
+            ..
+        } = self;
+        let mut wake = |ids: &HashSet<u64>| {
+            for id in ids {
+                if let Some(interest) = watchers.get_mut(id)
+                    && interest.pending.is_none()
+                {
+                    interest.pending = Some(seq);
+                    interest.wake.notify_one();
+                }
+            }
+        };
+        wake(everything);
+        if let Some(ids) = by_type
+            .get(&key.group)
+            .and_then(|kinds| kinds.get(&key.kind))
+        {
+            wake(ids);
+        }
+        if let Some(ids) = by_resource.get(key) {
+            wake(ids);
+        }
+        if !by_label.is_empty()
+            && let Operation::Upsert(resource) | Operation::Delete(resource) = &event.operation
+        {
+            for (label, value) in &resource.metadata {
+                if let Some(ids) = by_label.get(label).and_then(|values| values.get(value)) {
+                    wake(ids);
+                }
+            }
+        }
+    }
+
+    /// Wakes every watcher (a reset, or the log closing).
+    fn wake_all(&mut self, seq: u64) {
+        for interest in self.watchers.values_mut() {
+            interest.pending.get_or_insert(seq);
+            interest.wake.notify_one();
+        }
+    }
 }
 
 impl Ring {
@@ -93,6 +311,7 @@ impl Ring {
         self.latest = self.latest.max(version);
         let bytes = event_bytes(&key, &event);
         let event = SharedEvent::in_history(event, self.wire_bytes.clone());
+        self.interests.published(self.next_seq, &key, event.event());
         self.items.push_back(Arc::new(Item {
             seq: self.next_seq,
             key,
@@ -114,6 +333,7 @@ impl Ring {
         self.floor = version;
         self.latest = version;
         self.reset = Some((self.next_seq, reason));
+        self.interests.wake_all(self.next_seq);
         self.next_seq += 1;
     }
 
@@ -222,8 +442,6 @@ impl GroupStamps {
 #[derive(Debug)]
 pub(crate) struct EventLog {
     ring: Arc<Mutex<Ring>>,
-    /// The ring's `next_seq`, sent after each publish: wakes waiting watchers.
-    published: watch::Sender<u64>,
     stamps: Arc<GroupStamps>,
     snapshots: Mutex<SharedSnapshots>,
 }
@@ -304,7 +522,6 @@ fn event_bytes(key: &StorageKey, event: &WatchEvent) -> usize {
 impl EventLog {
     /// A log whose history starts at version `floor` (what was applied when it was created).
     pub(crate) fn new(limits: HistoryLimits, floor: Version) -> Self {
-        let (published, _) = watch::channel(0);
         EventLog {
             ring: Arc::new(Mutex::new(Ring {
                 items: VecDeque::new(),
@@ -318,8 +535,9 @@ impl EventLog {
                 floor,
                 latest: floor,
                 reset: None,
+                interests: Interests::default(),
+                closed: false,
             })),
-            published,
             stamps: Arc::default(),
             snapshots: Mutex::default(),
         }
@@ -337,13 +555,13 @@ impl EventLog {
         (ring.total_bytes(), ring.items.len())
     }
 
-    /// Publishes what one commit collected, in order, and wakes the watchers once for all of it
-    /// (not once per change: a batch of writes is one commit); a reset is at `applied`.
+    /// Publishes what one commit collected, in order, waking the watchers it concerns (each at
+    /// most once: a batch of writes is one commit); a reset is at `applied`.
     pub(crate) fn publish_all(&mut self, items: Vec<Published>, applied: Version) {
         if items.is_empty() {
             return;
         }
-        let next_seq = {
+        {
             let mut ring = lock(&self.ring);
             for item in items {
                 match item {
@@ -361,9 +579,7 @@ impl EventLog {
                     }
                 }
             }
-            ring.next_seq
-        };
-        self.published.send_replace(next_seq);
+        }
     }
 
     /// Publishes one change (a backend that commits changes one at a time).
@@ -436,7 +652,7 @@ impl EventLog {
         applied: Version,
         since: Option<Version>,
     ) -> Result<Watch, StorageError> {
-        let ring = lock(&self.ring);
+        let mut ring = lock(&self.ring);
         let current = ring.latest.max(applied);
         let initial: Vec<SharedEvent> = match since {
             None => snapshot,
@@ -463,19 +679,27 @@ impl EventLog {
             matched: HashSet::new(),
             complete: since.is_none(),
         });
+        let (id, wake) =
+            ring.interests
+                .register(Index::of(&filter, selection.as_ref(), options.progress));
         let initial: Vec<SharedEvent> = match selection.as_mut() {
             None => initial,
             Some(selection) => initial
                 .into_iter()
                 .filter_map(|event| {
                     let key = event_key(&event)?;
-                    selection.view(&key, &event)
+                    let (seen, crossing) = selection.view(&key, &event);
+                    if let Some(held) = crossing {
+                        ring.interests.hold(id, &key, held);
+                    }
+                    seen
                 })
                 .collect(),
         };
         let cursor = Cursor {
             ring: self.ring.clone(),
-            published: self.published.subscribe(),
+            id,
+            wake,
             next_seq: ring.next_seq,
             filter,
             selection,
@@ -509,7 +733,7 @@ fn event_key(event: &SharedEvent) -> Option<StorageKey> {
 /// is queued for the watcher): the watcher sees a resource that starts matching as an Upsert,
 /// one that stops matching as a Delete, and nothing of the others.
 struct Selection {
-    selector: proto::selector::Selector,
+    selector: Selector,
     /// The resources last sent to this watcher as matching.
     matched: HashSet<StorageKey>,
     /// Whether the watch began with a snapshot. A resumed watch may hold resources it was sent
@@ -518,34 +742,43 @@ struct Selection {
 }
 
 impl Selection {
-    /// The event at `key` as the watcher sees it: as it is, a Delete made of it, or nothing.
-    fn view(&mut self, key: &StorageKey, event: &SharedEvent) -> Option<SharedEvent> {
+    /// The event at `key` as the watcher sees it (as it is, a Delete made of it, or nothing),
+    /// and whether the watcher now holds the resource as matching, when that changed.
+    fn view(
+        &mut self,
+        key: &StorageKey,
+        event: &SharedEvent,
+    ) -> (Option<SharedEvent>, Option<bool>) {
         match &event.event().operation {
             Operation::Upsert(resource) => {
                 if self.selector.matches(&resource.metadata) {
-                    if !self.matched.contains(key) {
+                    let crossed = !self.matched.contains(key);
+                    if crossed {
                         self.matched.insert(key.clone());
                     }
-                    return Some(event.clone());
+                    return (Some(event.clone()), crossed.then_some(true));
                 }
                 let held = !self.matched.is_empty() && self.matched.remove(key);
+                let crossing = held.then_some(false);
                 // The snapshot part of a watch reports state (no actor): what does not match
                 // there was never sent.
                 if held || (!self.complete && !event.event().actor.is_empty()) {
-                    return Some(SharedEvent::new(WatchEvent {
+                    let stopped = SharedEvent::new(WatchEvent {
                         version: event.event().version.clone(),
                         operation: Operation::Delete(resource.clone()),
                         actor: event.event().actor.clone(),
-                    }));
+                    });
+                    return (Some(stopped), crossing);
                 }
-                None
+                (None, crossing)
             }
             Operation::Delete(resource) => {
                 let held = !self.matched.is_empty() && self.matched.remove(key);
-                (held || (!self.complete && self.selector.matches(&resource.metadata)))
-                    .then(|| event.clone())
+                let seen = (held || (!self.complete && self.selector.matches(&resource.metadata)))
+                    .then(|| event.clone());
+                (seen, held.then_some(false))
             }
-            Operation::EndOfSnapshot | Operation::Bookmark => Some(event.clone()),
+            Operation::EndOfSnapshot | Operation::Bookmark => (Some(event.clone()), None),
         }
     }
 }
@@ -553,7 +786,9 @@ impl Selection {
 /// A watcher's place in the ring.
 struct Cursor {
     ring: Arc<Mutex<Ring>>,
-    published: watch::Receiver<u64>,
+    /// Its registration in the ring's [`Interests`], and what a publish for it wakes.
+    id: u64,
+    wake: Arc<Notify>,
     /// The sequence number of the next change this watcher has not seen.
     next_seq: u64,
     filter: WatchFilter,
@@ -567,19 +802,58 @@ enum Step {
     Events(Vec<SharedEvent>),
     Wait,
     End(StorageError),
+    /// The log is gone: its backend shut down.
+    Closed,
+}
+
+impl Drop for Cursor {
+    fn drop(&mut self) {
+        let mut ring = lock(&self.ring);
+        let held = self.selection.as_ref().map(|s| &s.matched);
+        ring.interests
+            .leave(self.id, held.into_iter().flat_map(|matched| matched.iter()));
+    }
+}
+
+impl Drop for EventLog {
+    fn drop(&mut self) {
+        let mut ring = lock(&self.ring);
+        ring.closed = true;
+        let seq = ring.next_seq;
+        ring.interests.wake_all(seq);
+    }
 }
 
 impl Cursor {
     /// Takes the next matching changes, or says why the watch ends, or that there is nothing yet
-    /// (having marked the wake-up signal seen under the ring's lock, so no publish is missed).
+    /// (a publish for it after this look wakes it: [`Interests`] keeps a permit).
     fn step(&mut self) -> Step {
-        let ring = lock(&self.ring);
+        let mut ring = lock(&self.ring);
+        if ring.closed {
+            return Step::Closed;
+        }
         if let Some((reset_seq, reason)) = &ring.reset
             && *reset_seq >= self.next_seq
         {
             return Step::End(StorageError::WatchClosed(reason.clone()));
         }
         let first_seq = ring.first_seq();
+        let next_seq = ring.next_seq;
+        let pending = ring
+            .interests
+            .watchers
+            .get_mut(&self.id)
+            .and_then(|interest| interest.pending.take());
+        match pending {
+            // Nothing for this watcher since its last look: whatever it did not look at is not
+            // for it.
+            None => self.next_seq = self.next_seq.max(next_seq),
+            // What lies before the first change for it is not for it either.
+            Some(first_for_it) if first_for_it >= first_seq => {
+                self.next_seq = self.next_seq.max(first_for_it);
+            }
+            Some(_) => {}
+        }
         if self.next_seq < first_seq {
             return Step::End(StorageError::WatchClosed(format!(
                 "the watcher fell {} events behind (the server keeps the last {} changes, at most {} bytes); resume from its last version or list again",
@@ -594,12 +868,17 @@ impl Cursor {
         let mut events = Vec::new();
         // The version of the last change looked at, when it was not for this watcher.
         let mut went_past = None;
+        let mut crossings = Vec::new();
         for item in ring.items.range(start..).take(READ_BATCH) {
             self.next_seq = item.seq + 1;
             let seen = if !self.filter.matches(&item.key) {
                 None
             } else if let Some(selection) = self.selection.as_mut() {
-                selection.view(&item.key, &item.event)
+                let (seen, crossing) = selection.view(&item.key, &item.event);
+                if let Some(held) = crossing {
+                    crossings.push((item.clone(), held));
+                }
+                seen
             } else {
                 Some(item.event.clone())
             };
@@ -618,8 +897,15 @@ impl Cursor {
                 actor: String::new(),
             }));
         }
-        if events.is_empty() && self.next_seq >= ring.next_seq {
-            self.published.borrow_and_update();
+        for (item, held) in crossings {
+            ring.interests.hold(self.id, &item.key, held);
+        }
+        if self.next_seq < ring.next_seq {
+            // The batch ended before the ring did: the rest may hold changes for it.
+            if let Some(interest) = ring.interests.watchers.get_mut(&self.id) {
+                interest.pending.get_or_insert(self.next_seq);
+            }
+        } else if events.is_empty() {
             return Step::Wait;
         }
         Step::Events(events)
@@ -639,12 +925,8 @@ fn follow(cursor: Cursor) -> impl Stream<Item = Result<SharedEvent, StorageError
             match cursor.step() {
                 Step::Events(events) => pending.extend(events),
                 Step::End(error) => return Some((Err(error), None)),
-                Step::Wait => {
-                    if cursor.published.changed().await.is_err() {
-                        // The log is gone: its backend shut down.
-                        return None;
-                    }
-                }
+                Step::Closed => return None,
+                Step::Wait => cursor.wake.clone().notified().await,
             }
         }
     })

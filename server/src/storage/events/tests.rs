@@ -515,7 +515,7 @@ async fn next_event(watch: &mut Watch) -> WatchEvent {
 #[tokio::test]
 async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
-    let selector = proto::selector::Selector::parse("team=a").expect("selector");
+    let selector = Selector::parse("team=a").expect("selector");
     let mut watch = log
         .watch(
             everything(),
@@ -568,7 +568,7 @@ async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
 #[tokio::test]
 async fn a_watch_without_progress_gets_no_marks() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
-    let selector = proto::selector::Selector::parse("team=a").expect("selector");
+    let selector = Selector::parse("team=a").expect("selector");
     let mut watch = log
         .watch(
             everything(),
@@ -586,4 +586,112 @@ async fn a_watch_without_progress_gets_no_marks() {
     labelled(&mut log, "x", 2, "a");
     let first = next_event(&mut watch).await;
     assert!(matches!(first.operation, Operation::Upsert(_)), "{first:?}");
+}
+
+/// A publish marks (and wakes) only the watchers the change may concern: of its type, whose
+/// selector requires one of its labels, that hold it as matching, or that follow everything.
+#[test]
+fn a_publish_wakes_only_the_watchers_it_concerns() {
+    let fixture = Fixture::new();
+    let artist = fixture.artist_type();
+    let mut interests = Interests::default();
+    let (of_type, _) = interests.register(Index::Type {
+        group: artist.group.clone(),
+        kind: artist.kind.clone(),
+    });
+    let (of_other_type, _) = interests.register(Index::Type {
+        group: artist.group.clone(),
+        kind: "Album".into(),
+    });
+    let (of_team_a, _) = interests.register(Index::Labels {
+        key: "team".into(),
+        values: vec!["a".into()],
+    });
+    let (of_all, _) = interests.register(Index::Everything);
+    let pending = |interests: &mut Interests| {
+        let mut woken: Vec<u64> = interests
+            .watchers
+            .iter_mut()
+            .filter_map(|(id, interest)| interest.pending.take().map(|_| *id))
+            .collect();
+        woken.sort_unstable();
+        woken
+    };
+    let change = |name: &str, team: &str| {
+        let mut resource = fixture.artist(name);
+        resource.metadata.insert("team".into(), team.into());
+        let key = StorageKey::of(resource.id.as_ref().expect("id"));
+        let event = WatchEvent {
+            version: "1".into(),
+            operation: Operation::Upsert(resource),
+            actor: String::new(),
+        };
+        (key, event)
+    };
+    let (key, event) = change("x", "b");
+    interests.published(1, &key, &event);
+    assert_eq!(pending(&mut interests), vec![of_type, of_all]);
+    let (key, event) = change("x", "a");
+    interests.published(2, &key, &event);
+    assert_eq!(pending(&mut interests), vec![of_type, of_team_a, of_all]);
+    // Holding x, the team-a watcher hears of x when it leaves team a.
+    interests.hold(of_team_a, &key, true);
+    let (key, event) = change("x", "b");
+    interests.published(3, &key, &event);
+    assert_eq!(pending(&mut interests), vec![of_type, of_team_a, of_all]);
+    interests.leave(of_team_a, std::iter::once(&key));
+    interests.published(4, &key, &event);
+    assert_eq!(pending(&mut interests), vec![of_type, of_all]);
+    assert!(interests.by_resource.is_empty() && interests.by_label.is_empty());
+    interests.leave(of_other_type, std::iter::empty());
+    assert_eq!(interests.by_type[&artist.group].len(), 1);
+}
+
+/// A selected watch that nothing it selects concerns does not fall behind however far the
+/// history moves on (it was never woken: nothing it skipped was for it); one that was left a
+/// change it selects before the history dropped it does.
+#[tokio::test]
+async fn a_sparse_watch_survives_the_history_moving_on_but_not_losing_its_change() {
+    let mut log = EventLog::new(
+        HistoryLimits {
+            changes: 10,
+            bytes: 64 << 20,
+        },
+        Version::new(0),
+    );
+    let selected = |log: &EventLog| {
+        log.watch(
+            everything(),
+            WatchOptions {
+                selector: Some(Selector::parse("team=a").expect("selector")),
+                progress: false,
+            },
+            Vec::new(),
+            Version::new(0),
+            None,
+        )
+        .expect("watch")
+    };
+    let mut quiet = selected(&log);
+    let mut lagging = selected(&log);
+    next_event(&mut quiet).await;
+    next_event(&mut lagging).await;
+    labelled(&mut log, "mine", 1, "a");
+    next_event(&mut quiet).await;
+    // `lagging` does not read its change before the history drops it.
+    for index in 2..=100 {
+        labelled(&mut log, "other", index, "b");
+    }
+    labelled(&mut log, "mine", 101, "a");
+    let seen = next_event(&mut quiet).await;
+    assert!(matches!(seen.operation, Operation::Upsert(_)), "{seen:?}");
+    assert_eq!(seen.version, Version::new(101).to_string());
+    let behind = tokio::time::timeout(std::time::Duration::from_secs(5), lagging.next())
+        .await
+        .expect("an answer")
+        .expect("open");
+    assert!(
+        matches!(&behind, Err(StorageError::WatchClosed(why)) if why.contains("fell")),
+        "{behind:?}"
+    );
 }
