@@ -2,9 +2,11 @@
 # What many watchers, and stalled ones, cost (issue 41): a 3-node cluster on loopback, every
 # watch on node 1, the same writes measured without watches, with 10,000 reading watches, and
 # with 10,000 of which 100 never read (a consumer that stopped: etcd issues #16839, #18109 and
-# #22264). Writes and watches are spread over 100 label groups (`resctl bench --watch-groups`),
-# so each write reaches 1 % of the watches, as a platform's controllers each watch their own
-# share. Prints a Markdown table; every figure comes from this one run.
+# #22264). Reading watches select a label group each (`resctl bench --watch-groups`: with
+# 10,000 groups each write reaches one of them, as a platform's controllers each watch their
+# own share; GROUPS_OF_WATCHES=100 makes each write reach 100); stalled ones select every write,
+# so they stop reading with the whole type's changes coming. Prints a Markdown table; every
+# figure comes from this one run.
 #
 #   cargo build --release -p server -p ctl
 #   scripts/watchers.sh                               # 10,000 watchers, 100 stalled
@@ -16,7 +18,8 @@ set -euo pipefail
 watchers=${WATCHERS:-10000}
 stalled=${STALLED:-100}
 writes=${WRITES:-20000}
-groups=${GROUPS_OF_WATCHES:-100}
+groups=${GROUPS_OF_WATCHES:-10000}
+keys=${KEYS:-$groups}
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${RESD_BIN:-$root/target/release}"
 work="$(mktemp -d -t resd-watchers-XXXXXX)"
@@ -41,7 +44,7 @@ peak() { sort -n "$1" | tail -1; }
 bench() {
   local name=$1; shift
   sample_rss "$work/$name.rss" & local sampler=$!
-  "$bin/resctl" --server "127.0.0.1:${api[1]}" bench -c 16 --keys 1000 --value-size 1024 -o json "$@" \
+  "$bin/resctl" --server "127.0.0.1:${api[1]}" bench -c 16 --keys "$keys" --value-size 1024 -o json "$@" \
     >"$work/$name.json"
   touch "$work/$name.rss.stop"; wait "$sampler"
   peak "$work/$name.rss" >"$work/$name.peak"
@@ -75,6 +78,6 @@ row "put p99 with $stalled stalled ÷ put p99 without watches" \
   "$(python3 -c "print(round($(field stalled 'latency_ms["p99"]') / $(field none 'latency_ms["p99"]'), 2))")"
 
 echo
-echo "| figure ($writes writes of 1 KiB, 16 in flight; watches on node 1 of 3, $groups groups) | value |"
+echo "| figure ($writes writes of 1 KiB over $keys resources, 16 in flight; watches on node 1 of 3; $groups groups) | value |"
 echo "|---|---|"
 cat "$results"

@@ -526,7 +526,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub watchers: usize,
     /// Of the watches, how many never read an event after their opening listing (a stalled
-    /// consumer; they use connections of their own)
+    /// consumer of every write; they use connections of their own)
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub stalled: usize,
     /// Groups the watch workload spreads its writes (label `bench-group=KEY % G`) and its

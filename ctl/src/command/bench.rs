@@ -410,8 +410,10 @@ impl Watches {
                 } else {
                     &stalling[(index - readers) / WATCHES_PER_CONNECTION]
                 };
+                // A stalled watch selects every write: a stopped consumer of a whole type, the
+                // kind whose backlog would grow fastest.
                 let mut request = request.clone();
-                if groups > 1 {
+                if groups > 1 && index < readers {
                     request.selector = format!("{GROUP_LABEL}={}", index as u64 % groups);
                 }
                 let watcher = connection.watcher(request);
