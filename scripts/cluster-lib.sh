@@ -5,6 +5,8 @@ declare -A pid=() api=() raft=() http=()
 cleanup() {
   for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # KEEP_LOGS=DIR keeps the nodes' logs (RESD_LOG=info makes them say more).
+  if [[ -n "${KEEP_LOGS:-}" ]]; then mkdir -p "$KEEP_LOGS" && cp "$work"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -19,7 +21,7 @@ row() { echo "| $1 | $2 |" | tee -a "$results" >&2; }
 
 start() {
   local node=$1; shift
-  RUST_LOG=warn "$bin/resd" agent --insecure --node-id "$node" --data-dir "$work/node$node" \
+  RUST_LOG=${RESD_LOG:-warn} "$bin/resd" agent --insecure --node-id "$node" --data-dir "$work/node$node" \
     --api-addr "127.0.0.1:${api[$node]}" --raft-addr "127.0.0.1:${raft[$node]}" \
     --http-addr "127.0.0.1:${http[$node]}" "${node_flags[@]}" "$@" \
     >>"$work/node$node.log" 2>&1 &

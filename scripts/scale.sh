@@ -69,12 +69,12 @@ figure save "operator snapshot save" "$(since "$t") s ($(du -m "$work/state.snap
 
 say "clean restart of node 3"
 kill -TERM "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
-t=$(now); start 3 --join "127.0.0.1:${api[1]}"
+t=$(now); RESD_LOG=${RESD_LOG:-info} start 3 --join "127.0.0.1:${api[1]}"
 figure clean "clean restart (SIGTERM) to serving" "$(until_ready 3 "$t") s"
 
 say "unclean restart of node 3 (SIGKILL)"
 kill -KILL "${pid[3]}"; wait "${pid[3]}" 2>/dev/null || true
-t=$(now); start 3 --join "127.0.0.1:${api[1]}"
+t=$(now); RESD_LOG=${RESD_LOG:-info} start 3 --join "127.0.0.1:${api[1]}"
 figure unclean "unclean restart (SIGKILL) to serving" "$(until_ready 3 "$t") s"
 
 say "a new node joins and serves"
