@@ -50,4 +50,7 @@ three_nodes() {
   until_ready 2 "$(now)" >/dev/null; until_ready 3 "$(now)" >/dev/null
 }
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/${pid[$1]}/status"; }
+# RSS of a process as "total (anon)" MiB: the anonymous part is its own memory; the rest is
+# mapped file pages (LMDB's, bbolt's) the kernel may reclaim like page cache.
+rss_split() { awk '/VmRSS/ {t=$2} /RssAnon/ {a=$2} END {printf "%.0f (%.0f)", t/1024, a/1024}' "/proc/$1/status"; }
 disk_mib() { du -sm "$work/node$1" | cut -f1; }

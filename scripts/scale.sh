@@ -44,7 +44,7 @@ load_rate=$(python3 -c "import json; print(round(json.load(open('$work/load.json
 figure load "load (64 writes in flight)" "${load_s} s (${load_rate} writes/s)"
 
 say "memory and disk"
-figure rss "RSS per node after load (MiB)" "$(rss_mib 1) / $(rss_mib 2) / $(rss_mib 3)"
+figure rss "RSS per node after load, MiB: total (anonymous)" "$(rss_split "${pid[1]}") / $(rss_split "${pid[2]}") / $(rss_split "${pid[3]}")"
 figure disk "disk per node (MiB)" "$(disk_mib 1) / $(disk_mib 2) / $(disk_mib 3)"
 
 say "a paged list of everything"
@@ -90,7 +90,7 @@ figure restore "operator snapshot restore" "$(since "$t") s"
 for node in "${!pid[@]}"; do kill "${pid[$node]}" 2>/dev/null || true; done
 wait 2>/dev/null || true
 pid=()
-rm -rf "$work"/node*
+rm -rf "$work"/node[0-9]
 
 etcd_column() {
   if [[ "${SCALE_ETCD:-1}" == 0 ]]; then echo "SCALE_ETCD=0"; return 1; fi
@@ -119,7 +119,7 @@ else
   "$cluster" start 3 >&2
   eps=$("$cluster" eps 3)
   etcd_pid() { cat "$ANCHOR_BASE/etcd3/$1.pid"; }
-  etcd_rss() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/$(etcd_pid "$1")/status"; }
+  etcd_rss() { rss_split "$(etcd_pid "$1")"; }
   etcd_disk() { du -sm "$ANCHOR_BASE/etcd3/$1" | cut -f1; }
   etcd_serving() { # seconds from $2 until member $1 answers a serializable read of the last key
     local ep

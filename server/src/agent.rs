@@ -700,8 +700,20 @@ impl Agent {
         )
         .await;
         shutdown.cancel();
-        for task in tasks {
-            let _ = task.await;
+        // The node's tasks stop at the token; one that cannot (a controller's write waiting for
+        // a quorum that left first) must not keep the process up past the grace period.
+        let stopped =
+            tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join_all(tasks.iter_mut())).await;
+        if stopped.is_err() {
+            let running = tasks.iter().filter(|task| !task.is_finished()).count();
+            tracing::warn!(
+                running,
+                grace = ?SHUTDOWN_GRACE,
+                "tasks still running after the grace period (waiting for a quorum that is gone?); stopping them"
+            );
+            for task in &tasks {
+                task.abort();
+            }
         }
         if let Some(raft) = raft
             && tokio::time::timeout(SHUTDOWN_GRACE, raft.shutdown())

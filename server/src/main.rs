@@ -682,4 +682,24 @@ async fn wait_for_signal(shutdown: CancellationToken) {
         "shutting down: finishing in-flight requests and ending watches"
     );
     shutdown.cancel();
+    // Every step of the shutdown has its own grace period; this bounds the whole, so nothing
+    // (a task that ignores the token, a thread waiting on another) keeps a stopped node up.
+    let watchdog = std::thread::Builder::new()
+        .name("resd-shutdown-watchdog".into())
+        .spawn(|| {
+            std::thread::sleep(SHUTDOWN_DEADLINE);
+            tracing::error!(
+                deadline = ?SHUTDOWN_DEADLINE,
+                "the shutdown did not finish in time; exiting without a clean stop (the next start rebuilds the state from the snapshot and the log; nothing acknowledged is lost)"
+            );
+            std::process::exit(EXIT_UNCLEAN_SHUTDOWN);
+        });
+    if let Err(error) = watchdog {
+        tracing::warn!(%error, "cannot start the shutdown watchdog");
+    }
 }
+
+/// How long a shutdown may take in all: longer than the grace periods of its steps together.
+const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(45);
+/// The exit code of a shutdown the watchdog had to end.
+const EXIT_UNCLEAN_SHUTDOWN: i32 = 4;
