@@ -75,6 +75,9 @@ pub struct TypeData {
     /// During a relist: the keys the fresh snapshot has delivered so far (the others are
     /// dropped at its end; until then the old rows stay on screen).
     pub relisting: Option<HashSet<ResKey>>,
+    /// While the first listing arrives: the keys it brought, in arrival order (the server's
+    /// key order), so the table can append them instead of rebuilding a million rows per batch.
+    pub arrivals: Vec<ResKey>,
     /// Why the watch stopped for good (permission denied…), if it did.
     pub failed: Option<String>,
     /// Bumped on every change, so derived views know when to rebuild.
@@ -91,6 +94,7 @@ impl TypeData {
             resources: HashMap::new(),
             synced: false,
             relisting: None,
+            arrivals: Vec::new(),
             failed: None,
             revision: 0,
         }
@@ -118,8 +122,14 @@ impl TypeData {
                 if let Some(seen) = self.relisting.as_mut() {
                     seen.insert(key.clone());
                 }
-                match self.resources.insert(key, resource) {
-                    None => Change::Created,
+                let listing = !self.synced && self.relisting.is_none();
+                match self.resources.insert(key.clone(), resource) {
+                    None => {
+                        if listing {
+                            self.arrivals.push(key);
+                        }
+                        Change::Created
+                    }
                     Some(_) => Change::Updated,
                 }
             }
@@ -137,6 +147,7 @@ impl TypeData {
                     self.resources.retain(|key, _| seen.contains(key));
                 }
                 self.synced = true;
+                self.arrivals = Vec::new();
                 Change::Synced
             }
             Some(Event::Bookmark(_)) | None => Change::Nothing,
@@ -150,6 +161,7 @@ impl TypeData {
     /// The server could not resume: a fresh snapshot follows.
     pub fn begin_relist(&mut self) {
         self.relisting = Some(HashSet::new());
+        self.arrivals = Vec::new();
         self.revision += 1;
     }
 }

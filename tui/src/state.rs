@@ -229,7 +229,7 @@ impl State {
     /// events costs one sort.
     pub fn prepare(&mut self) {
         let page = self.page;
-        self.resources.prepare(&self.store, page, self.now);
+        self.resources.prepare(&self.store, page);
         self.tree.prepare(&self.store, page);
         self.types.cursor.clamp(self.store.types.len(), page);
         let members = self

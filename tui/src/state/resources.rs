@@ -157,14 +157,10 @@ pub struct Rows {
     pub keys: Vec<ResKey>,
     /// What the rows were built from; a different stamp means rebuild.
     stamp: (u64, String, SortKey, bool, TenancyFilter),
-    /// When they were built (by the state's clock, which ticks each second).
-    built_at: Option<std::time::SystemTime>,
+    /// While the type's first listing arrives: how many of its arrivals the rows hold (new
+    /// ones are appended, filtered, unsorted; the listing's end sorts them once).
+    appended: Option<usize>,
 }
-
-/// While a type's listing is still arriving, its rows are rebuilt (filtered and sorted) at most
-/// this often: a million resources arrive in thousands of batches, and sorting them all after
-/// each one would leave no time to draw or read keys.
-const LISTING_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The resource table of one type.
 #[derive(Debug, Clone, Default)]
@@ -200,7 +196,7 @@ impl ResourcesScreen {
 
     /// Rebuilds the rows when the data, filter, sort or tenancy changed; keeps the selection
     /// on the same resource.
-    pub(super) fn prepare(&mut self, store: &Store, page: usize, now: std::time::SystemTime) {
+    pub(super) fn prepare(&mut self, store: &Store, page: usize) {
         let Some(gvk) = self.current_type.clone() else {
             self.rows = Rows::default();
             return;
@@ -216,22 +212,48 @@ impl ResourcesScreen {
             self.descending,
             self.tenancy.clone(),
         );
-        // Only what arrived changed, while the listing arrives, and the rows are recent: keep
-        // them (the view says the listing goes on).
-        let only_new_data = self.rows.gvk == gvk
-            && self.rows.stamp.0 != stamp.0
+        // While the listing arrives, with nothing but the data changed: append what arrived (a
+        // million resources come in hundreds of batches; filtering and sorting them all after
+        // each would leave no time to draw or read keys). The listing's end sorts once.
+        let same_view = self.rows.gvk == gvk
             && (
                 &self.rows.stamp.1,
                 self.rows.stamp.2,
                 self.rows.stamp.3,
                 &self.rows.stamp.4,
             ) == (&stamp.1, stamp.2, stamp.3, &stamp.4);
-        let recent = self.rows.built_at.is_some_and(|built| {
-            now.duration_since(built)
-                .is_ok_and(|age| age < LISTING_REBUILD_EVERY)
-        });
-        let throttled = !data.synced && only_new_data && recent;
-        if (self.rows.gvk != gvk || self.rows.stamp != stamp) && !throttled {
+        let appending = match self.rows.appended {
+            Some(appended)
+                if same_view
+                    && !data.synced
+                    && data.relisting.is_none()
+                    && appended <= data.arrivals.len() =>
+            {
+                Some(appended)
+            }
+            _ => None,
+        };
+        if let Some(appended) = appending {
+            if self.rows.stamp.0 != stamp.0 {
+                let filter = RowFilter::of(&self.filter);
+                let arrived = data.arrivals[appended..].iter().filter(|key| {
+                    self.tenancy.matches(key)
+                        && data
+                            .resources
+                            .get(*key)
+                            .is_some_and(|resource| filter.keeps(key, resource))
+                });
+                if self.descending {
+                    let mut arrived: Vec<ResKey> = arrived.cloned().collect();
+                    arrived.reverse();
+                    self.rows.keys.splice(0..0, arrived);
+                } else {
+                    self.rows.keys.extend(arrived.cloned());
+                }
+                self.rows.appended = Some(data.arrivals.len());
+                self.rows.stamp = stamp;
+            }
+        } else if self.rows.gvk != gvk || self.rows.stamp != stamp {
             let filter = RowFilter::of(&self.filter);
             let mut keys: Vec<&ResKey> = data
                 .resources
@@ -244,11 +266,12 @@ impl ResourcesScreen {
             if self.descending {
                 keys.reverse();
             }
+            let listing = !data.synced && data.relisting.is_none();
             self.rows = Rows {
                 gvk: gvk.clone(),
                 keys: keys.into_iter().cloned().collect(),
                 stamp,
-                built_at: Some(now),
+                appended: listing.then_some(data.arrivals.len()),
             };
         }
         // Keep the selection on the same resource; if it went away, on the same row.
