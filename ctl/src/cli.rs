@@ -522,7 +522,8 @@ pub struct BenchArgs {
     /// Namespace-scoped type to write (its data needs a `name` and a `description` string)
     #[arg(long = "type", default_value = "demo.v1.Artist", value_name = "TYPE")]
     pub resource_type: String,
-    /// Watches the watch workload opens on the written type (every one sees every write)
+    /// Watches the watch workload opens on the written type (each sees every write, or with
+    /// --watch-groups its group's)
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub watchers: usize,
     /// Of the watches, how many never read an event after their opening listing (a stalled
