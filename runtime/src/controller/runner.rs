@@ -5,6 +5,7 @@ use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use proto::resource::v1::{Id, Resource, Tenancy, Type, WatchListRequest, watch_event};
@@ -297,9 +298,31 @@ async fn run_once<A: Api>(
     life.cancel();
     queue.shutdown();
     while watches.join_next().await.is_some() {}
-    while workers.join_next().await.is_some() {}
+    // A reconcile in flight finishes, within a grace period: one that waits on something that
+    // will not come (a write for a quorum that is gone) is stopped, or the controller, and the
+    // process stopping it, would never end.
+    let finished = tokio::time::timeout(RECONCILE_GRACE, async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            controller = controller.name,
+            grace = ?RECONCILE_GRACE,
+            "a reconcile was still running when the controller stopped; cancelling it"
+        );
+        workers.abort_all();
+        while workers.join_next().await.is_some() {}
+    }
     stopped
 }
+
+/// How long reconciles in flight have to finish once their controller stops.
+const RECONCILE_GRACE: Duration = if cfg!(test) {
+    Duration::from_millis(300)
+} else {
+    Duration::from_secs(10)
+};
 
 /// One worker: takes keys off the queue and reconciles them (while the gate allows) until the
 /// queue shuts down.

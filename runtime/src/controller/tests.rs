@@ -488,3 +488,34 @@ async fn a_watch_that_fails_while_another_primes_starts_the_controller_over() {
     assert_eq!(next(&mut calls).await.0, "miles");
     running.stop().await;
 }
+
+/// Reports its call, then waits forever (a write for a quorum that is gone).
+struct Stuck(mpsc::UnboundedSender<(String, usize, usize)>);
+
+#[async_trait::async_trait]
+impl Reconciler<Fake> for Stuck {
+    async fn reconcile(
+        &self,
+        _context: &Context<Fake>,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let _ = self.0.send((request.id.name, 0, 0));
+        std::future::pending().await
+    }
+}
+
+/// A reconcile that never returns cannot keep its controller, and the process stopping it,
+/// from ending: it gets a grace period and is then cancelled.
+#[tokio::test]
+async fn a_reconcile_that_never_returns_does_not_stop_the_shutdown() {
+    let api = Fake::default();
+    api.write(resource("Artist", "miles", None))
+        .await
+        .expect("artist");
+    let (sender, mut calls) = mpsc::unbounded_channel();
+    let controller = Controller::new("artists", new_type("Artist")).with_reconciler(Stuck(sender));
+    let running = start(controller, &api, None);
+    let (name, _, _) = next(&mut calls).await;
+    assert_eq!(name, "miles");
+    running.stop().await;
+}
