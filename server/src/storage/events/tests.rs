@@ -498,6 +498,21 @@ fn labelled(log: &mut EventLog, name: &str, index: u64, team: &str) {
     );
 }
 
+/// A watch of the artists labelled `team=a` from now on, with progress marks or without.
+fn team_a(log: &EventLog, progress: bool) -> Watch {
+    log.watch(
+        everything(),
+        WatchOptions {
+            selector: Some(Selector::parse("team=a").expect("selector")),
+            progress,
+        },
+        Vec::new(),
+        Version::new(0),
+        None,
+    )
+    .expect("watch")
+}
+
 /// The next event of `watch`, which must have one queued.
 async fn next_event(watch: &mut Watch) -> WatchEvent {
     tokio::time::timeout(std::time::Duration::from_secs(5), watch.next())
@@ -515,19 +530,7 @@ async fn next_event(watch: &mut Watch) -> WatchEvent {
 #[tokio::test]
 async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
-    let selector = Selector::parse("team=a").expect("selector");
-    let mut watch = log
-        .watch(
-            everything(),
-            WatchOptions {
-                selector: Some(selector),
-                progress: true,
-            },
-            Vec::new(),
-            Version::new(0),
-            None,
-        )
-        .expect("watch");
+    let mut watch = team_a(&log, true);
     assert!(matches!(
         next_event(&mut watch).await.operation,
         Operation::EndOfSnapshot
@@ -568,19 +571,7 @@ async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
 #[tokio::test]
 async fn a_watch_without_progress_gets_no_marks() {
     let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
-    let selector = Selector::parse("team=a").expect("selector");
-    let mut watch = log
-        .watch(
-            everything(),
-            WatchOptions {
-                selector: Some(selector),
-                progress: false,
-            },
-            Vec::new(),
-            Version::new(0),
-            None,
-        )
-        .expect("watch");
+    let mut watch = team_a(&log, false);
     next_event(&mut watch).await;
     labelled(&mut log, "other", 1, "b");
     labelled(&mut log, "x", 2, "a");
@@ -659,21 +650,8 @@ async fn a_sparse_watch_survives_the_history_moving_on_but_not_losing_its_change
         },
         Version::new(0),
     );
-    let selected = |log: &EventLog| {
-        log.watch(
-            everything(),
-            WatchOptions {
-                selector: Some(Selector::parse("team=a").expect("selector")),
-                progress: false,
-            },
-            Vec::new(),
-            Version::new(0),
-            None,
-        )
-        .expect("watch")
-    };
-    let mut quiet = selected(&log);
-    let mut lagging = selected(&log);
+    let mut quiet = team_a(&log, false);
+    let mut lagging = team_a(&log, false);
     next_event(&mut quiet).await;
     next_event(&mut lagging).await;
     labelled(&mut log, "mine", 1, "a");
