@@ -92,27 +92,24 @@ wait 2>/dev/null || true
 pid=()
 rm -rf "$work"/node[0-9]
 
+# The anchorbench binary for the etcd column on stdout, or why there is no etcd column.
 etcd_column() {
   if [[ "${SCALE_ETCD:-1}" == 0 ]]; then echo "SCALE_ETCD=0"; return 1; fi
   command -v etcd >/dev/null && command -v etcdctl >/dev/null \
     || { echo "etcd and etcdctl are not on PATH (Debian: apt-get install etcd-server etcd-client)"; return 1; }
   [[ -x "$bin/examples/etcd_pages" ]] \
     || { echo "$bin/examples/etcd_pages is missing: cargo build --release -p ctl --example etcd_pages"; return 1; }
-  anchorbench=${ANCHORBENCH:-}
-  if [[ -z "$anchorbench" ]]; then
-    local shared="$root/../shared/bench"
-    [[ -f "$shared/Cargo.toml" ]] || { echo "no anchorbench: set ANCHORBENCH or keep ../shared/bench"; return 1; }
-    (cd "$shared" && cargo build --release -q) >&2 || { echo "anchorbench did not build"; return 1; }
-    anchorbench="${CARGO_TARGET_DIR:-$shared/target}/release/anchorbench"
-  fi
+  local shared="$root/../shared/bench"
+  [[ -x "$shared/scripts/etcd-cluster.sh" ]] || { echo "no $shared (its scripts start etcd)"; return 1; }
+  if [[ -n "${ANCHORBENCH:-}" ]]; then echo "$ANCHORBENCH"; return 0; fi
+  (cd "$shared" && cargo build --release -q) >&2 || { echo "anchorbench did not build"; return 1; }
+  echo "${CARGO_TARGET_DIR:-$shared/target}/release/anchorbench"
 }
-if ! why=$(etcd_column); then
-  say "no etcd column: $why"
+if ! anchorbench=$(etcd_column); then
+  say "no etcd column: $anchorbench"
 else
-  anchorbench=${ANCHORBENCH:-${CARGO_TARGET_DIR:-$root/../shared/bench/target}/release/anchorbench}
-  export ANCHOR_BASE="$work/anchor" ETCD_EXTRA="--quota-backend-bytes=17179869184 --snapshot-count=100000"
   cluster="$root/../shared/bench/scripts/etcd-cluster.sh"
-  [[ -x "$cluster" ]] || cluster="$(dirname "$anchorbench")/../../scripts/etcd-cluster.sh"
+  export ANCHOR_BASE="$work/anchor" ETCD_EXTRA="--quota-backend-bytes=17179869184 --snapshot-count=100000"
   etcd_stop() { "$cluster" stop 3 >/dev/null 2>&1 || true; }
   trap 'etcd_stop; cleanup' EXIT
   say "etcd: starting 3 members"

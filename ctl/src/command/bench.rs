@@ -372,8 +372,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// first also timing it), and stalled ones, held open and never read.
 struct Watches {
     groups: u64,
-    /// Reading watches per group (`index % groups`).
-    readers_per_group: Vec<u64>,
     stalled: Vec<Watcher>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     /// When the first reader received each (name, version).
@@ -426,16 +424,11 @@ impl Watches {
             .into_iter()
             .collect::<anyhow::Result<_>>()?;
         opened.sort_by_key(|(index, _)| *index);
-        let mut readers_per_group = vec![0; groups as usize];
-        for index in 0..readers {
-            readers_per_group[index % groups as usize] += 1;
-        }
         let arrivals: Arrivals = Arc::default();
         let delivered = Arc::new(AtomicU64::new(0));
         let disturbed = Arc::new(AtomicU64::new(0));
         let mut watches = Watches {
             groups,
-            readers_per_group,
             stalled: Vec::new(),
             readers: Vec::new(),
             arrivals: arrivals.clone(),
@@ -460,10 +453,13 @@ impl Watches {
     /// and closes the stalled watches.
     async fn finish(self, acknowledgements: &[Acknowledged]) -> (Percentiles, FanOut) {
         let groups = self.groups;
-        let group = |key: u64| (key % groups) as usize;
+        let group = |key: u64| key % groups;
+        // Reader `index` selects group `index % groups`.
+        let readers = self.readers.len() as u64;
+        let readers_of = |group: u64| readers / groups + u64::from(group < readers % groups);
         let expected: u64 = acknowledgements
             .iter()
-            .map(|ack| self.readers_per_group[group(ack.key)])
+            .map(|ack| readers_of(group(ack.key)))
             .sum();
         let first_expects = acknowledgements
             .iter()

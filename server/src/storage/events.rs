@@ -96,12 +96,50 @@ struct Interests {
     /// Woken by every change (watches that report progress).
     everything: HashSet<u64>,
     /// Woken by every change of a type: group, then kind.
-    by_type: HashMap<String, HashMap<String, HashSet<u64>>>,
+    by_type: PairIndex,
     /// Woken by a change whose resource carries a label: key, then value. A selected watch
     /// whose selector requires a key to have one of some values is indexed under those.
-    by_label: HashMap<String, HashMap<String, HashSet<u64>>>,
+    by_label: PairIndex,
     /// Woken by any change of a resource the watcher holds as matching (it may stop matching).
     by_resource: HashMap<StorageKey, HashSet<u64>>,
+}
+
+/// Watchers by a pair of strings, looked up without building a key.
+#[derive(Debug, Default)]
+struct PairIndex(HashMap<String, HashMap<String, HashSet<u64>>>);
+
+impl PairIndex {
+    fn insert(&mut self, first: &str, second: &str, id: u64) {
+        self.0
+            .entry(first.to_owned())
+            .or_default()
+            .entry(second.to_owned())
+            .or_default()
+            .insert(id);
+    }
+
+    fn remove(&mut self, first: &str, second: &str, id: u64) {
+        let Some(seconds) = self.0.get_mut(first) else {
+            return;
+        };
+        if let Some(ids) = seconds.get_mut(second) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                seconds.remove(second);
+            }
+        }
+        if seconds.is_empty() {
+            self.0.remove(first);
+        }
+    }
+
+    fn get(&self, first: &str, second: &str) -> Option<&HashSet<u64>> {
+        self.0.get(first)?.get(second)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 #[derive(Debug)]
@@ -164,18 +202,10 @@ impl Interests {
             Index::Everything => {
                 self.everything.insert(id);
             }
-            Index::Type { group, kind } => {
-                self.by_type
-                    .entry(group.clone())
-                    .or_default()
-                    .entry(kind.clone())
-                    .or_default()
-                    .insert(id);
-            }
+            Index::Type { group, kind } => self.by_type.insert(group, kind, id),
             Index::Labels { key, values } => {
-                let by_value = self.by_label.entry(key.clone()).or_default();
                 for value in values {
-                    by_value.entry(value.clone()).or_default().insert(id);
+                    self.by_label.insert(key, value, id);
                 }
             }
         }
@@ -215,32 +245,10 @@ impl Interests {
             Index::Everything => {
                 self.everything.remove(&id);
             }
-            Index::Type { group, kind } => {
-                if let Some(kinds) = self.by_type.get_mut(&group) {
-                    if let Some(ids) = kinds.get_mut(&kind) {
-                        ids.remove(&id);
-                        if ids.is_empty() {
-                            kinds.remove(&kind);
-                        }
-                    }
-                    if kinds.is_empty() {
-                        self.by_type.remove(&group);
-                    }
-                }
-            }
+            Index::Type { group, kind } => self.by_type.remove(&group, &kind, id),
             Index::Labels { key, values } => {
-                if let Some(by_value) = self.by_label.get_mut(&key) {
-                    for value in values {
-                        if let Some(ids) = by_value.get_mut(&value) {
-                            ids.remove(&id);
-                            if ids.is_empty() {
-                                by_value.remove(&value);
-                            }
-                        }
-                    }
-                    if by_value.is_empty() {
-                        self.by_label.remove(&key);
-                    }
+                for value in values {
+                    self.by_label.remove(&key, &value, id);
                 }
             }
         }
@@ -267,10 +275,7 @@ impl Interests {
             }
         };
         wake(everything);
-        if let Some(ids) = by_type
-            .get(&key.group)
-            .and_then(|kinds| kinds.get(&key.kind))
-        {
+        if let Some(ids) = by_type.get(&key.group, &key.kind) {
             wake(ids);
         }
         if let Some(ids) = by_resource.get(key) {
@@ -280,7 +285,7 @@ impl Interests {
             && let Operation::Upsert(resource) | Operation::Delete(resource) = &event.operation
         {
             for (label, value) in &resource.metadata {
-                if let Some(ids) = by_label.get(label).and_then(|values| values.get(value)) {
+                if let Some(ids) = by_label.get(label, value) {
                     wake(ids);
                 }
             }

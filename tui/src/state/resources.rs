@@ -158,7 +158,8 @@ pub struct Rows {
     /// What the rows were built from; a different stamp means rebuild.
     stamp: (u64, String, SortKey, bool, TenancyFilter),
     /// While the type's first listing arrives: how many of its arrivals the rows hold (new
-    /// ones are appended, filtered, unsorted; the listing's end sorts them once).
+    /// ones are appended, filtered, unsorted and in arrival order whatever the sort; the
+    /// listing's end sorts them once).
     appended: Option<usize>,
 }
 
@@ -233,33 +234,26 @@ impl ResourcesScreen {
             }
             _ => None,
         };
+        let filter = RowFilter::of(&self.filter);
+        let keeps = |key: &ResKey, resource: &Resource| {
+            self.tenancy.matches(key) && filter.keeps(key, resource)
+        };
         if let Some(appended) = appending {
             if self.rows.stamp.0 != stamp.0 {
-                let filter = RowFilter::of(&self.filter);
                 let arrived = data.arrivals[appended..].iter().filter(|key| {
-                    self.tenancy.matches(key)
-                        && data
-                            .resources
-                            .get(*key)
-                            .is_some_and(|resource| filter.keeps(key, resource))
+                    data.resources
+                        .get(*key)
+                        .is_some_and(|resource| keeps(key, resource))
                 });
-                if self.descending {
-                    let mut arrived: Vec<ResKey> = arrived.cloned().collect();
-                    arrived.reverse();
-                    self.rows.keys.splice(0..0, arrived);
-                } else {
-                    self.rows.keys.extend(arrived.cloned());
-                }
+                self.rows.keys.extend(arrived.cloned());
                 self.rows.appended = Some(data.arrivals.len());
                 self.rows.stamp = stamp;
             }
         } else if self.rows.gvk != gvk || self.rows.stamp != stamp {
-            let filter = RowFilter::of(&self.filter);
             let mut keys: Vec<&ResKey> = data
                 .resources
                 .iter()
-                .filter(|(key, _)| self.tenancy.matches(key))
-                .filter(|(key, resource)| filter.keeps(key, resource))
+                .filter(|(key, resource)| keeps(key, resource))
                 .map(|(key, _)| key)
                 .collect();
             sort_keys(&mut keys, &data.resources, self.sort);

@@ -635,7 +635,7 @@ fn a_publish_wakes_only_the_watchers_it_concerns() {
     assert_eq!(pending(&mut interests), vec![of_type, of_all]);
     assert!(interests.by_resource.is_empty() && interests.by_label.is_empty());
     interests.leave(of_other_type, std::iter::empty());
-    assert_eq!(interests.by_type[&artist.group].len(), 1);
+    assert_eq!(interests.by_type.0[&artist.group].len(), 1);
 }
 
 /// A selected watch that nothing it selects concerns does not fall behind however far the
