@@ -61,6 +61,9 @@ reasons! {
     FailedPrecondition = "FAILED_PRECONDITION",
     /// The resource's registered Type is being deleted: nothing new of it is accepted.
     TypeBeingDeleted = "TYPE_BEING_DELETED",
+    /// Only the leader can answer this call, and this node does not lead (metadata `leader_id`
+    /// and `leader_addr`, its API address, when known): ask the leader.
+    NotLeader = "NOT_LEADER",
     PermissionDenied = "PERMISSION_DENIED",
     Unauthenticated = "UNAUTHENTICATED",
     /// The cluster has no leader, or the leader cannot commit (no quorum): wait, or bring a
@@ -108,6 +111,7 @@ impl Reason {
             Reason::UidMismatch
             | Reason::FailedPrecondition
             | Reason::TypeBeingDeleted
+            | Reason::NotLeader
             | Reason::Removed => &[Code::FailedPrecondition],
             Reason::AlreadyExists => &[Code::AlreadyExists],
             Reason::PermissionDenied => &[Code::PermissionDenied],
@@ -131,7 +135,11 @@ impl Reason {
     pub fn another_member_may_answer(self) -> bool {
         matches!(
             self,
-            Reason::CatchingUp | Reason::ShuttingDown | Reason::Removed | Reason::Damaged
+            Reason::CatchingUp
+                | Reason::ShuttingDown
+                | Reason::Removed
+                | Reason::Damaged
+                | Reason::NotLeader
         )
     }
 

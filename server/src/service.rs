@@ -38,7 +38,7 @@ mod write;
 mod tests;
 
 pub(crate) use admission::ForwardAdmission;
-pub(crate) use error::{Error, VersionConflict};
+pub(crate) use error::{Error, NotLeader, VersionConflict};
 
 /// Largest encoded resource accepted by default.
 pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;

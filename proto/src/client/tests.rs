@@ -109,11 +109,10 @@ fn client_decisions_follow_the_reason_and_never_the_message() {
         );
         assert!(!super::is_final(&error), "{reason:?} is not final");
     }
-    let removed = answer(Code::FailedPrecondition, Reason::Removed);
-    assert!(
-        super::moves_on(&removed),
-        "a removed node sends the client on"
-    );
+    for reason in [Reason::Removed, Reason::NotLeader] {
+        let error = answer(Code::FailedPrecondition, reason);
+        assert!(super::moves_on(&error), "{reason:?} sends the client on");
+    }
     for reason in [Reason::MembershipUnchanged, Reason::MembershipPending] {
         let error = answer(Code::Unavailable, reason);
         assert!(super::is_final(&error), "{reason:?} is final");

@@ -63,26 +63,60 @@ pub(crate) async fn ask(
     if let Some((leader_id, api_addr)) = leader_api
         && api_addr != target
     {
-        let channel = dialer
-            .endpoint(&api_addr, Some(leader_id))?
-            .connect()
-            .await
-            .map_err(|error| {
-                format!(
-                    "cannot reach the leader, node {leader_id} at {api_addr}: {}",
-                    crate::tls::describe_connect_error(&error)
-                )
-            })?;
-        client = ClusterServiceClient::new(channel);
+        client = leader_client(dialer, leader_id, &api_addr).await?;
     }
-    let leader = client
-        .join(with_token(token, request))
-        .await
-        .map_err(|status| format!("{target} refused the join: {}", status.message()))?
-        .into_inner()
-        .leader_id;
+    let leader = match client.join(with_token(token, request.clone())).await {
+        Ok(response) => response.into_inner().leader_id,
+        // Leadership moved since the members were listed: the answer names the new leader.
+        Err(status) => match moved_to(&status) {
+            Some((leader_id, api_addr)) => {
+                tracing::info!(leader_id, %api_addr, "the leader moved; joining through it");
+                leader_client(dialer, leader_id, &api_addr)
+                    .await?
+                    .join(with_token(token, request))
+                    .await
+                    .map_err(|status| refused(&api_addr, &status))?
+                    .into_inner()
+                    .leader_id
+            }
+            None => return Err(refused(target, &status)),
+        },
+    };
     tracing::info!(leader, "joined the cluster");
     Ok(())
+}
+
+/// The leader a refusal names (`NOT_LEADER`'s `leader_id` and `leader_addr`), if it names one.
+fn moved_to(status: &tonic::Status) -> Option<(u64, String)> {
+    let details = proto::reason::of(status)?;
+    if details.reason != proto::reason::Reason::NotLeader || !details.reason.fits(status.code()) {
+        return None;
+    }
+    let id = details.metadata.get("leader_id")?.parse().ok()?;
+    let addr = details.metadata.get("leader_addr")?;
+    (!addr.is_empty()).then(|| (id, addr.clone()))
+}
+
+fn refused(target: &str, status: &tonic::Status) -> String {
+    format!("{target} refused the join: {}", status.message())
+}
+
+async fn leader_client(
+    dialer: &Dialer,
+    leader_id: u64,
+    api_addr: &str,
+) -> Result<ClusterServiceClient<tonic::transport::Channel>, String> {
+    let channel = dialer
+        .endpoint(api_addr, Some(leader_id))?
+        .connect()
+        .await
+        .map_err(|error| {
+            format!(
+                "cannot reach the leader, node {leader_id} at {api_addr}: {}",
+                crate::tls::describe_connect_error(&error)
+            )
+        })?;
+    Ok(ClusterServiceClient::new(channel))
 }
 
 fn with_token<T>(token: Option<&str>, message: T) -> tonic::Request<T> {
@@ -93,4 +127,40 @@ fn with_token<T>(token: Option<&str>, message: T) -> tonic::Request<T> {
         request.metadata_mut().insert(proto::TOKEN_HEADER, value);
     }
     request
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::{Error, NotLeader};
+
+    /// A joiner follows the leader a refusal names as data, whatever the message says; any
+    /// other refusal, or a reason under a code it does not fit, names no leader.
+    #[test]
+    fn a_join_follows_the_leader_named_by_the_reason_alone() {
+        let status = tonic::Status::from(Error::NotLeader(NotLeader {
+            node: 2,
+            leader_id: 3,
+            leader_addr: "127.0.0.1:7003".into(),
+            why: "test",
+        }));
+        let noise = proto::reason::attach(
+            status.code(),
+            "zq#x noise",
+            &proto::reason::of(&status).expect("details"),
+        );
+        assert_eq!(moved_to(&noise), Some((3, "127.0.0.1:7003".to_owned())));
+        let other = tonic::Status::from(Error::FailedPrecondition(
+            "node 2 is not the leader: node 3 at 127.0.0.1:7003".into(),
+        ));
+        assert_eq!(moved_to(&other), None);
+        let misplaced = proto::reason::attach(
+            tonic::Code::Unavailable,
+            "x",
+            &proto::reason::Details::new(proto::reason::Reason::NotLeader)
+                .with("leader_id", 3)
+                .with("leader_addr", "127.0.0.1:7003"),
+        );
+        assert_eq!(moved_to(&misplaced), None);
+    }
 }

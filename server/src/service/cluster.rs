@@ -14,7 +14,7 @@ use proto::cluster::v1::{
 };
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Error;
+use super::{Error, NotLeader};
 
 use crate::acl::{self, Access, AclsDisabled, TokenResolver};
 use crate::cluster::{Cluster, Joiner};
@@ -573,12 +573,12 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             if self.dialer.tls().is_some() {
                 // The leader checks the joiner's own certificate: this node cannot pass it on.
-                return Err(Status::from(Error::FailedPrecondition(format!(
-                    "node {} is not the leader: join through the leader, node {} at {}",
-                    raft.id(),
-                    leader.id,
-                    leader.api_addr
-                ))));
+                return Err(Status::from(Error::NotLeader(NotLeader {
+                    node: raft.id(),
+                    leader_id: leader.id,
+                    leader_addr: leader.api_addr,
+                    why: "with TLS, only the leader can check the joiner's own certificate",
+                })));
             }
             return self
                 .member_client(&leader)

@@ -70,6 +70,10 @@ pub enum Error {
     /// The resource's registered Type is being deleted.
     #[error("{0}")]
     TypeBeingDeleted(String),
+    /// Only the leader can answer, and another node leads (`NOT_LEADER`, with its id and API
+    /// address).
+    #[error("{0}")]
+    NotLeader(NotLeader),
     /// A watch cannot resume from the requested version; the client must list again.
     #[error("{0}")]
     OutOfRange(String),
@@ -95,6 +99,27 @@ pub struct BadRequest(pub Vec<FieldViolation>);
 pub struct FieldViolation {
     pub field: String,
     pub message: String,
+}
+
+/// A call only the leader can answer, made on node `node` while `leader_id` leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotLeader {
+    pub node: u64,
+    pub leader_id: u64,
+    /// The leader's API address.
+    pub leader_addr: String,
+    /// Why this call cannot be passed on to the leader.
+    pub why: &'static str,
+}
+
+impl std::fmt::Display for NotLeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {} is not the leader ({}): ask the leader, node {} at {}",
+            self.node, self.why, self.leader_id, self.leader_addr
+        )
+    }
 }
 
 /// A lost compare-and-swap with both versions: `{what} is at version {actual}, the {by}
@@ -256,6 +281,7 @@ impl Error {
             Error::FailedPrecondition(_) => (Code::FailedPrecondition, Reason::FailedPrecondition),
             Error::TypeBeingDeleted(_) => (Code::FailedPrecondition, Reason::TypeBeingDeleted),
             Error::Removed(_) => (Code::FailedPrecondition, Reason::Removed),
+            Error::NotLeader(_) => (Code::FailedPrecondition, Reason::NotLeader),
             Error::AlreadyExists(_) => (Code::AlreadyExists, Reason::AlreadyExists),
             Error::PermissionDenied(_) => (Code::PermissionDenied, Reason::PermissionDenied),
             Error::Unauthenticated(_) => (Code::Unauthenticated, Reason::Unauthenticated),
@@ -290,6 +316,11 @@ impl From<Error> for tonic::Status {
             }
             Error::Removed(crate::storage::Removal { by: Some(by), .. }) => {
                 details = details.with("by", by);
+            }
+            Error::NotLeader(not_leader) => {
+                details = details
+                    .with("leader_id", not_leader.leader_id)
+                    .with("leader_addr", &not_leader.leader_addr);
             }
             Error::VersionConflict(conflict) => {
                 details = details
@@ -333,6 +364,12 @@ mod tests {
             Error::AlreadyExists("x".into()),
             Error::FailedPrecondition("x".into()),
             Error::TypeBeingDeleted("x".into()),
+            Error::NotLeader(NotLeader {
+                node: 2,
+                leader_id: 1,
+                leader_addr: "127.0.0.1:1".into(),
+                why: "x",
+            }),
             Error::Removed(String::from("x").into()),
             Error::PermissionDenied("x".into()),
             Error::Unauthenticated("x".into()),
@@ -370,6 +407,24 @@ mod tests {
             let (code, reason) = error.code_and_reason();
             assert!(reason.fits(code), "{reason:?} under {code:?}");
         }
+    }
+
+    /// A call only the leader answers names the leader as data: a joiner follows it without
+    /// reading the message.
+    #[test]
+    fn not_leader_names_the_leader() {
+        let status = tonic::Status::from(Error::NotLeader(NotLeader {
+            node: 2,
+            leader_id: 1,
+            leader_addr: "127.0.0.1:7001".into(),
+            why: "a join must reach the leader with the joiner's own certificate",
+        }));
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        let details = proto::reason::of(&status).expect("details");
+        assert_eq!(details.reason, Reason::NotLeader);
+        assert_eq!(details.metadata["leader_id"], "1");
+        assert_eq!(details.metadata["leader_addr"], "127.0.0.1:7001");
+        assert!(status.message().contains("node 1 at 127.0.0.1:7001"));
     }
 
     /// An invalid request names its fields as data (`google.rpc.BadRequest`), beside the words.
