@@ -2,6 +2,7 @@
 //! read. Plain data: no I/O, no terminal.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use proto::client::describe;
 use proto::cluster::v1::{Scope, TypeInfo};
@@ -63,21 +64,42 @@ pub enum Change {
     Nothing,
 }
 
+/// What one revision of a type did (see [`TypeData::touched`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Touch {
+    /// A resource the type's first listing brought.
+    Listed(Arc<ResKey>),
+    /// The first listing is complete.
+    ListingEnd,
+    /// A resource created, changed or deleted after that.
+    Changed(Arc<ResKey>),
+}
+
+/// At most this many changed keys are kept per type for the table to catch up with (a type
+/// changing faster than that between two frames is rebuilt).
+pub const TOUCHED_MAX: usize = 16_384;
+
 /// Every resource of one type.
 #[derive(Debug, Clone)]
 pub struct TypeData {
     pub info: TypeInfo,
     pub gvk: String,
     pub scope: Scope,
-    pub resources: HashMap<ResKey, Resource>,
+    /// Keyed by shared keys: the table's rows hold the same `Arc`s, so a million rows are built
+    /// without copying a million names.
+    pub resources: HashMap<Arc<ResKey>, Resource>,
     /// The watch delivered its initial snapshot.
     pub synced: bool,
     /// During a relist: the keys the fresh snapshot has delivered so far (the others are
     /// dropped at its end; until then the old rows stay on screen).
     pub relisting: Option<HashSet<ResKey>>,
-    /// While the first listing arrives: the keys it brought, in arrival order (the server's
-    /// key order), so the table can append them instead of rebuilding a million rows per batch.
-    pub arrivals: Vec<ResKey>,
+    /// What each revision after `touched_since` did, so the table follows the rows that changed
+    /// instead of rebuilding a million: the first listing's keys as they arrive (the server's
+    /// key order), its end, then each change. Once listed, the oldest are dropped past
+    /// [`TOUCHED_MAX`] (and `touched_since` moves on); a relist starts it afresh. A table older
+    /// than `touched_since` rebuilds.
+    pub touched: Vec<Touch>,
+    pub touched_since: u64,
     /// Why the watch stopped for good (permission denied…), if it did.
     pub failed: Option<String>,
     /// Bumped on every change, so derived views know when to rebuild.
@@ -94,7 +116,8 @@ impl TypeData {
             resources: HashMap::new(),
             synced: false,
             relisting: None,
-            arrivals: Vec::new(),
+            touched: Vec::new(),
+            touched_since: 0,
             failed: None,
             revision: 0,
         }
@@ -110,7 +133,8 @@ impl TypeData {
 
     /// Applies one event of this type's watch.
     pub fn apply(&mut self, event: WatchEvent) -> Change {
-        let change = match event.event {
+        let listing = !self.synced && self.relisting.is_none();
+        let (change, touch) = match event.event {
             Some(Event::Upsert(upsert)) => {
                 let Some(resource) = upsert.resource else {
                     return Change::Nothing;
@@ -122,47 +146,82 @@ impl TypeData {
                 if let Some(seen) = self.relisting.as_mut() {
                     seen.insert(key.clone());
                 }
-                let listing = !self.synced && self.relisting.is_none();
-                match self.resources.insert(key.clone(), resource) {
-                    None => {
-                        if listing {
-                            self.arrivals.push(key);
-                        }
-                        Change::Created
+                // An update keeps the stored key (the rows share it); a new key is stored once.
+                match self
+                    .resources
+                    .get_key_value(&key)
+                    .map(|(k, _)| Arc::clone(k))
+                {
+                    Some(stored) => {
+                        self.resources.insert(Arc::clone(&stored), resource);
+                        (Change::Updated, Some(Touch::Changed(stored)))
                     }
-                    Some(_) => Change::Updated,
+                    None => {
+                        let key = Arc::new(key);
+                        self.resources.insert(Arc::clone(&key), resource);
+                        let touch = if listing {
+                            Touch::Listed(key)
+                        } else {
+                            Touch::Changed(key)
+                        };
+                        (Change::Created, Some(touch))
+                    }
                 }
             }
             Some(Event::Delete(delete)) => {
                 let Some(id) = delete.resource.as_ref().and_then(|r| r.id.as_ref()) else {
                     return Change::Nothing;
                 };
-                match self.resources.remove(&ResKey::of(id)) {
-                    Some(_) => Change::Deleted,
-                    None => Change::Nothing,
+                match self.resources.remove_entry(&ResKey::of(id)) {
+                    Some((key, _)) => (Change::Deleted, Some(Touch::Changed(key))),
+                    None => return Change::Nothing,
                 }
             }
             Some(Event::EndOfSnapshot(_)) => {
-                if let Some(seen) = self.relisting.take() {
-                    self.resources.retain(|key, _| seen.contains(key));
-                }
+                let touch = match self.relisting.take() {
+                    Some(seen) => {
+                        self.resources.retain(|key, _| seen.contains(key.as_ref()));
+                        None
+                    }
+                    None => listing.then_some(Touch::ListingEnd),
+                };
                 self.synced = true;
-                self.arrivals = Vec::new();
-                Change::Synced
+                (Change::Synced, touch)
             }
-            Some(Event::Bookmark(_)) | None => Change::Nothing,
+            Some(Event::Bookmark(_)) | None => return Change::Nothing,
         };
-        if change != Change::Nothing {
-            self.revision += 1;
+        self.revision += 1;
+        match touch {
+            Some(touch) if self.relisting.is_none() => {
+                self.touched.push(touch);
+                if self.synced && self.touched.len() > TOUCHED_MAX {
+                    let dropped = self.touched.len() - TOUCHED_MAX / 2;
+                    self.touched.drain(..dropped);
+                    self.touched_since += dropped as u64;
+                }
+            }
+            _ => self.forget_touched(),
         }
         change
+    }
+
+    /// Starts the log of changed keys afresh at the current revision.
+    fn forget_touched(&mut self) {
+        self.touched = Vec::new();
+        self.touched_since = self.revision;
+    }
+
+    /// What changed after `revision`, if the log still holds all of it.
+    pub fn touched_after(&self, revision: u64) -> Option<&[Touch]> {
+        let from = usize::try_from(revision.checked_sub(self.touched_since)?).ok()?;
+        self.touched.get(from..)
     }
 
     /// The server could not resume: a fresh snapshot follows.
     pub fn begin_relist(&mut self) {
         self.relisting = Some(HashSet::new());
-        self.arrivals = Vec::new();
         self.revision += 1;
+        self.forget_touched();
     }
 }
 
@@ -264,7 +323,7 @@ impl Store {
                     })
                     .map(|(key, _)| ResRef {
                         gvk: data.gvk.clone(),
-                        key: key.clone(),
+                        key: ResKey::clone(key),
                     })
             })
             .collect();
@@ -280,7 +339,7 @@ impl Store {
                 if let Some(owner) = resource.owner.as_ref() {
                     index.entry(owner.uid.as_str()).or_default().push(ResRef {
                         gvk: data.gvk.clone(),
-                        key: key.clone(),
+                        key: ResKey::clone(key),
                     });
                 }
             }

@@ -230,7 +230,11 @@ impl State {
     pub fn prepare(&mut self) {
         let page = self.page;
         self.resources.prepare(&self.store, page);
-        self.tree.prepare(&self.store, page);
+        // The owner tree walks every resource: only while it is on screen (it catches up
+        // when shown again).
+        if self.screen == Screen::Tree {
+            self.tree.prepare(&self.store, page);
+        }
         self.types.cursor.clamp(self.store.types.len(), page);
         let members = self
             .cluster

@@ -129,6 +129,16 @@ pub fn upsert(resource: Resource) -> WatchEvent {
     }
 }
 
+pub fn delete(resource: Resource) -> WatchEvent {
+    WatchEvent {
+        actor: String::new(),
+        version: resource.version.clone(),
+        event: Some(Event::Delete(proto::resource::v1::watch_event::Delete {
+            resource: Some(resource),
+        })),
+    }
+}
+
 pub fn end_of_snapshot(version: &str) -> WatchEvent {
     WatchEvent {
         actor: String::new(),

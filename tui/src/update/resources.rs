@@ -7,7 +7,7 @@ use proto::meta;
 
 use super::{Keys, switch_to};
 use crate::keymap::Action;
-use crate::model::{ResRef, Store};
+use crate::model::{ResKey, ResRef, Store};
 use crate::msg::Effect;
 use crate::state::{
     Choice, Cursor, DeletePlan, Dialog, Input, InputKind, Screen, State, TenancyFilter, owner_tree,
@@ -38,7 +38,7 @@ pub(super) const TABLE: Keys = Keys {
             .rows
             .keys
             .get(state.resources.cursor.selected)
-            .cloned();
+            .map(|key| ResKey::clone(key));
     },
     open: open_detail,
     back: |state| {
