@@ -50,8 +50,10 @@ impl Backoff {
 
 #[derive(Debug)]
 struct State<K> {
-    /// Keys ready now, in arrival order.
+    /// Keys ready now, in arrival order, and the same as a set (asked on every add: a queue
+    /// of many thousand keys must not be searched one by one).
     ready: VecDeque<K>,
+    queued: HashSet<K>,
     /// Keys waiting for a deadline: the deadline per key, and the same ordered by time.
     deadlines: HashMap<K, (Instant, u64)>,
     timeline: BTreeSet<(Instant, u64)>,
@@ -78,6 +80,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         WorkQueue {
             state: Mutex::new(State {
                 ready: VecDeque::new(),
+                queued: HashSet::new(),
                 deadlines: HashMap::new(),
                 timeline: BTreeSet::new(),
                 by_slot: HashMap::new(),
@@ -111,9 +114,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             return;
         }
         Self::clear_deadline(&mut state, &key);
-        if !state.ready.contains(&key) {
-            state.ready.push_back(key);
-        }
+        Self::enqueue(&mut state, key);
         drop(state);
         self.changed.notify_one();
     }
@@ -127,7 +128,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         let delay = delay.min(LONGEST_DELAY);
         let deadline = Instant::now() + delay;
         let mut state = self.lock();
-        if state.shut_down || state.ready.contains(&key) {
+        if state.shut_down || state.queued.contains(&key) {
             return;
         }
         if state.running.contains(&key) {
@@ -181,9 +182,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         state.running.remove(key);
         if state.dirty.remove(key) && !state.shut_down {
             Self::clear_deadline(&mut state, key);
-            if !state.ready.contains(key) {
-                state.ready.push_back(key.clone());
-            }
+            Self::enqueue(&mut state, key.clone());
             drop(state);
             self.changed.notify_one();
         }
@@ -224,6 +223,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     .position(|key| !state.running.contains(key))
                     && let Some(key) = state.ready.remove(position)
                 {
+                    state.queued.remove(&key);
                     state.running.insert(key.clone());
                     // Another waiter may take the next ready key.
                     if !state.ready.is_empty() {
@@ -245,6 +245,13 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         }
     }
 
+    /// Puts `key` at the end of the ready keys unless it is among them.
+    fn enqueue(state: &mut State<K>, key: K) {
+        if state.queued.insert(key.clone()) {
+            state.ready.push_back(key);
+        }
+    }
+
     fn clear_deadline(state: &mut State<K>, key: &K) {
         if let Some(slot) = state.deadlines.remove(key) {
             state.timeline.remove(&slot);
@@ -262,8 +269,8 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 state.deadlines.remove(&key);
                 if state.running.contains(&key) {
                     state.dirty.insert(key);
-                } else if !state.ready.contains(&key) {
-                    state.ready.push_back(key);
+                } else {
+                    Self::enqueue(state, key);
                 }
             }
         }

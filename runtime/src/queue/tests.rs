@@ -227,3 +227,28 @@ async fn a_delay_past_the_end_of_time_waits_a_year_without_overflowing() {
     queue.add("soon");
     assert_eq!(queue.next().await, Some("soon"));
 }
+
+/// Many keys: each is queued once however often it is added, and handed out once, in order.
+#[tokio::test]
+async fn many_keys_are_queued_once_each_in_order() {
+    let queue = WorkQueue::new(Backoff::default());
+    for round in 0..3 {
+        for key in 0..20_000u32 {
+            if round == 1 {
+                queue.add_after(key, Duration::from_secs(60));
+            } else {
+                queue.add(key);
+            }
+        }
+    }
+    assert_eq!(queue.len(), 20_000);
+    for expected in 0..20_000u32 {
+        let key = queue.next().await.expect("a key");
+        assert_eq!(key, expected);
+        queue.done(&key);
+    }
+    assert!(queue.is_empty());
+    // Added again once handed out: queued again.
+    queue.add(7);
+    assert_eq!(queue.next().await, Some(7));
+}
