@@ -93,8 +93,6 @@ struct Ring {
 struct Interests {
     next_id: u64,
     watchers: HashMap<u64, Interest>,
-    /// Woken by every change (watches that report progress).
-    everything: HashSet<u64>,
     /// Woken by every change of a type: group, then kind.
     by_type: PairIndex,
     /// Woken by a change whose resource carries a label: key, then value. A selected watch
@@ -154,7 +152,6 @@ struct Interest {
 /// Where a watcher is indexed.
 #[derive(Debug, Clone)]
 enum Index {
-    Everything,
     Type { group: String, kind: String },
     Labels { key: String, values: Vec<String> },
 }
@@ -162,12 +159,10 @@ enum Index {
 impl Index {
     /// The narrowest index that still sees every change a watch may need: a label its
     /// selector requires (a complete selected watch: one that resumed may hold resources it
-    /// never saw, so it sees its whole type), else its type; everything when it reports
-    /// progress.
-    fn of(filter: &WatchFilter, selection: Option<&Selection>, progress: bool) -> Index {
-        if progress {
-            return Index::Everything;
-        }
+    /// never saw, so it sees its whole type), else its type. A watch that reports progress is
+    /// indexed the same: it marks what it went past on a timer ([`PROGRESS_EVERY`]), not by
+    /// being woken for every change.
+    fn of(filter: &WatchFilter, selection: Option<&Selection>) -> Index {
         let required = selection
             .filter(|selection| selection.complete)
             .and_then(|selection| {
@@ -199,9 +194,6 @@ impl Interests {
         let id = self.next_id;
         self.next_id += 1;
         match &index {
-            Index::Everything => {
-                self.everything.insert(id);
-            }
             Index::Type { group, kind } => self.by_type.insert(group, kind, id),
             Index::Labels { key, values } => {
                 for value in values {
@@ -242,9 +234,6 @@ impl Interests {
             return;
         };
         match interest.index {
-            Index::Everything => {
-                self.everything.remove(&id);
-            }
             Index::Type { group, kind } => self.by_type.remove(&group, &kind, id),
             Index::Labels { key, values } => {
                 for value in values {
@@ -258,7 +247,6 @@ impl Interests {
     fn published(&mut self, seq: u64, key: &StorageKey, event: &WatchEvent) {
         let Interests {
             watchers,
-            everything,
             by_type,
             by_label,
             by_resource,
@@ -274,7 +262,6 @@ impl Interests {
                 }
             }
         };
-        wake(everything);
         if let Some(ids) = by_type.get(&key.group, &key.kind) {
             wake(ids);
         }
@@ -684,9 +671,9 @@ impl EventLog {
             matched: HashSet::new(),
             complete: since.is_none(),
         });
-        let (id, wake) =
-            ring.interests
-                .register(Index::of(&filter, selection.as_ref(), options.progress));
+        let (id, wake) = ring
+            .interests
+            .register(Index::of(&filter, selection.as_ref()));
         let initial: Vec<SharedEvent> = match selection.as_mut() {
             None => initial,
             Some(selection) => initial
@@ -802,6 +789,11 @@ struct Cursor {
     progress: bool,
 }
 
+/// How often a watch reporting progress looks at the history while nothing for it changes, to
+/// mark the version it went past (the service's bookmarks are sent every few seconds from
+/// these).
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What one look at the ring found.
 enum Step {
     Events(Vec<SharedEvent>),
@@ -849,10 +841,18 @@ impl Cursor {
             .watchers
             .get_mut(&self.id)
             .and_then(|interest| interest.pending.take());
+        // A watch reporting progress marks the last change it skips unwoken (looking on its
+        // timer, it went past them).
+        let mut went_past = None;
         match pending {
             // Nothing for this watcher since its last look: whatever it did not look at is not
             // for it.
-            None => self.next_seq = self.next_seq.max(next_seq),
+            None => {
+                if self.progress && self.next_seq < next_seq {
+                    went_past = ring.items.back().map(|item| item.version);
+                }
+                self.next_seq = self.next_seq.max(next_seq);
+            }
             // What lies before the first change for it is not for it either.
             Some(first_for_it) if first_for_it >= first_seq => {
                 self.next_seq = self.next_seq.max(first_for_it);
@@ -871,8 +871,6 @@ impl Cursor {
             .unwrap_or(usize::MAX)
             .min(ring.items.len());
         let mut events = Vec::new();
-        // The version of the last change looked at, when it was not for this watcher.
-        let mut went_past = None;
         let mut crossings = Vec::new();
         for item in ring.items.range(start..).take(READ_BATCH) {
             self.next_seq = item.seq + 1;
@@ -887,6 +885,7 @@ impl Cursor {
             } else {
                 Some(item.event.clone())
             };
+            // The version of the last change looked at, when it was not for this watcher.
             went_past = match seen {
                 Some(event) => {
                     events.push(event);
@@ -931,6 +930,11 @@ fn follow(cursor: Cursor) -> impl Stream<Item = Result<SharedEvent, StorageError
                 Step::Events(events) => pending.extend(events),
                 Step::End(error) => return Some((Err(error), None)),
                 Step::Closed => return None,
+                Step::Wait if cursor.progress => {
+                    // Woken by its own changes, or on the timer to mark what it went past.
+                    let _ =
+                        tokio::time::timeout(PROGRESS_EVERY, cursor.wake.clone().notified()).await;
+                }
                 Step::Wait => cursor.wake.clone().notified().await,
             }
         }
