@@ -131,36 +131,27 @@ fn with_token<T>(token: Option<&str>, message: T) -> tonic::Request<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::service::{Error, NotLeader};
+    use proto::reason::{Details, Reason, attach};
 
-    /// A joiner follows the leader a refusal names as data, whatever the message says; any
-    /// other refusal, or a reason under a code it does not fit, names no leader.
+    use super::*;
+
+    /// A joiner follows the leader a refusal names as data (what `service::Error::NotLeader`
+    /// sends), whatever the message says; any other refusal, or the reason under a code it does
+    /// not fit, names no leader.
     #[test]
     fn a_join_follows_the_leader_named_by_the_reason_alone() {
-        let status = tonic::Status::from(Error::NotLeader(NotLeader {
-            node: 2,
-            leader_id: 3,
-            leader_addr: "127.0.0.1:7003".into(),
-            why: "test",
-        }));
-        let noise = proto::reason::attach(
-            status.code(),
-            "zq#x noise",
-            &proto::reason::of(&status).expect("details"),
-        );
+        let not_leader = Details::new(Reason::NotLeader)
+            .with("leader_id", 3)
+            .with("leader_addr", "127.0.0.1:7003");
+        let noise = attach(tonic::Code::FailedPrecondition, "zq#x noise", &not_leader);
         assert_eq!(moved_to(&noise), Some((3, "127.0.0.1:7003".to_owned())));
-        let other = tonic::Status::from(Error::FailedPrecondition(
-            "node 2 is not the leader: node 3 at 127.0.0.1:7003".into(),
-        ));
-        assert_eq!(moved_to(&other), None);
-        let misplaced = proto::reason::attach(
-            tonic::Code::Unavailable,
-            "x",
-            &proto::reason::Details::new(proto::reason::Reason::NotLeader)
-                .with("leader_id", 3)
-                .with("leader_addr", "127.0.0.1:7003"),
+        let words = attach(
+            tonic::Code::FailedPrecondition,
+            "node 2 is not the leader: node 3 at 127.0.0.1:7003",
+            &Details::new(Reason::FailedPrecondition),
         );
+        assert_eq!(moved_to(&words), None);
+        let misplaced = attach(tonic::Code::Unavailable, "x", &not_leader);
         assert_eq!(moved_to(&misplaced), None);
     }
 }
