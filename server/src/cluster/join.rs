@@ -38,17 +38,7 @@ pub(crate) async fn ask(
         // Checked above: this node's data carries no removal.
         from_node: true,
     };
-    let channel = dialer
-        .endpoint(target, None)?
-        .connect()
-        .await
-        .map_err(|error| {
-            format!(
-                "cannot reach {target}: {}",
-                crate::tls::describe_connect_error(&error)
-            )
-        })?;
-    let mut client = ClusterServiceClient::new(channel);
+    let mut client = client_of(dialer, target, None, target).await?;
     let members = client
         .members(with_token(token, MembersRequest {}))
         .await
@@ -106,13 +96,25 @@ async fn leader_client(
     leader_id: u64,
     api_addr: &str,
 ) -> Result<ClusterServiceClient<tonic::transport::Channel>, String> {
+    let what = format!("the leader, node {leader_id} at {api_addr}");
+    client_of(dialer, api_addr, Some(leader_id), &what).await
+}
+
+/// A client of the member at `addr` (`node`, when known, is the certificate's name to expect);
+/// `what` names it in the error.
+async fn client_of(
+    dialer: &Dialer,
+    addr: &str,
+    node: Option<u64>,
+    what: &str,
+) -> Result<ClusterServiceClient<tonic::transport::Channel>, String> {
     let channel = dialer
-        .endpoint(api_addr, Some(leader_id))?
+        .endpoint(addr, node)?
         .connect()
         .await
         .map_err(|error| {
             format!(
-                "cannot reach the leader, node {leader_id} at {api_addr}: {}",
+                "cannot reach {what}: {}",
                 crate::tls::describe_connect_error(&error)
             )
         })?;

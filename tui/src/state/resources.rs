@@ -211,6 +211,15 @@ impl ResourcesScreen {
         })
     }
 
+    /// Selects the resource on the cursor's row.
+    pub fn select_at_cursor(&mut self) {
+        self.selected = self
+            .rows
+            .keys
+            .get(self.cursor.selected)
+            .map(|key| ResKey::clone(key));
+    }
+
     fn view(&self) -> View {
         View {
             filter: self.filter.clone(),
@@ -310,11 +319,7 @@ impl ResourcesScreen {
             self.cursor.selected = at;
         }
         self.cursor.clamp(self.rows.keys.len(), page);
-        self.selected = self
-            .rows
-            .keys
-            .get(self.cursor.selected)
-            .map(|key| ResKey::clone(key));
+        self.select_at_cursor();
     }
 }
 

@@ -7,7 +7,7 @@ use proto::meta;
 
 use super::{Keys, switch_to};
 use crate::keymap::Action;
-use crate::model::{ResKey, ResRef, Store};
+use crate::model::{ResRef, Store};
 use crate::msg::Effect;
 use crate::state::{
     Choice, Cursor, DeletePlan, Dialog, Input, InputKind, Screen, State, TenancyFilter, owner_tree,
@@ -33,12 +33,7 @@ pub(super) const TABLE: Keys = Keys {
             .resources
             .cursor
             .moved(delta, state.resources.rows.keys.len());
-        state.resources.selected = state
-            .resources
-            .rows
-            .keys
-            .get(state.resources.cursor.selected)
-            .map(|key| ResKey::clone(key));
+        state.resources.select_at_cursor();
     },
     open: open_detail,
     back: |state| {

@@ -203,12 +203,7 @@ fn rows_that_follow_the_data_are_what_a_rebuild_gives() {
                 let rows = state.resources.rows.keys.len();
                 if rows > 0 {
                     state.resources.cursor.selected = dice.below(rows as u64) as usize;
-                    state.resources.selected = state
-                        .resources
-                        .rows
-                        .keys
-                        .get(state.resources.cursor.selected)
-                        .map(|key| ResKey::clone(key));
+                    state.resources.select_at_cursor();
                 }
                 check(&mut state, &format!("step {step}"));
             }
