@@ -5,12 +5,14 @@
 //! commit, and a new watcher takes its snapshot (or replay) and its place in the history under
 //! that lock, so it sees every later change exactly once. The history is one ring, bounded by
 //! count and by bytes; each watcher is a cursor into it. A publish wakes only the watchers the
-//! change may concern ([`Interests`]: by type, by a label their selector requires, by a resource
-//! they hold as matching), so many watchers of other things cost a commit nothing. A watcher
-//! whose next change for it has left the ring (it fell behind) gets an error, never a gap, and
-//! no change is held per watcher: memory is the ring's, whatever the number of watchers.
+//! change may concern ([`Interests`]: by type, or by a label their selector requires, in the
+//! resource's labels before or after the change), so many watchers of other things cost a
+//! commit nothing. A watcher whose next change for it has left the ring (it fell behind) gets an
+//! error, never a gap, and nothing is held per watcher, not even what its selector matched (each
+//! change carries the labels it replaced, as Kubernetes' watch cache keeps the previous object):
+//! memory is the ring's, whatever the number of watchers and whatever they match.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -24,6 +26,9 @@ use super::{
     WatchOptions, WeakEvent,
 };
 
+/// A resource's labels (its metadata).
+pub(crate) type Labels = BTreeMap<String, String>;
+
 /// Changes kept for resuming watches (and for watchers that fall behind).
 pub(crate) const DEFAULT_HISTORY: usize = 16 * 1024;
 /// Bytes of changes kept at most, whatever their count.
@@ -32,6 +37,8 @@ pub(crate) const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
 const READ_BATCH: usize = 256;
 /// What an item costs beyond its resource's encoded size.
 const ITEM_OVERHEAD: usize = 192;
+/// What one label an item keeps of what a change replaced costs beyond its text (a tree node).
+const LABEL_OVERHEAD: usize = 64;
 
 /// How much history an [`EventLog`] keeps: whichever bound is reached first evicts the oldest
 /// change. The newest change is always kept, however large.
@@ -57,6 +64,8 @@ struct Item {
     seq: u64,
     key: StorageKey,
     event: SharedEvent,
+    /// An Upsert's labels before it (`None`: it created the resource).
+    before: Option<Labels>,
     version: Version,
     bytes: usize,
 }
@@ -87,19 +96,17 @@ struct Ring {
 
 /// Which watchers a change may concern, so that a publish wakes those and not every watcher (a
 /// node with 10,000 watches would otherwise poll 10,000 tasks per commit). Kept in the ring,
-/// under its lock: a watcher registers when it starts, keeps the resources it holds as
-/// matching here, and leaves when dropped.
+/// under its lock: a watcher registers when it starts and leaves when dropped.
 #[derive(Debug, Default)]
 struct Interests {
     next_id: u64,
     watchers: HashMap<u64, Interest>,
     /// Woken by every change of a type: group, then kind.
     by_type: PairIndex,
-    /// Woken by a change whose resource carries a label: key, then value. A selected watch
-    /// whose selector requires a key to have one of some values is indexed under those.
+    /// Woken by a change whose resource carries a label, before or after the change: key,
+    /// then value. A selected watch whose selector requires a key to have one of some values
+    /// is indexed under those.
     by_label: PairIndex,
-    /// Woken by any change of a resource the watcher holds as matching (it may stop matching).
-    by_resource: HashMap<StorageKey, HashSet<u64>>,
 }
 
 /// Watchers by a pair of strings, looked up without building a key.
@@ -158,30 +165,28 @@ enum Index {
 
 impl Index {
     /// The narrowest index that still sees every change a watch may need: a label its
-    /// selector requires (a complete selected watch: one that resumed may hold resources it
-    /// never saw, so it sees its whole type), else its type. A watch that reports progress is
-    /// indexed the same: it marks what it went past on a timer ([`PROGRESS_EVERY`]), not by
-    /// being woken for every change.
+    /// selector requires (a change that takes a resource out of the match carries the label in
+    /// what it replaced), else its type. A watch that reports progress is indexed the same: it
+    /// marks what it went past on a timer ([`PROGRESS_EVERY`]), not by being woken for every
+    /// change.
     fn of(filter: &WatchFilter, selection: Option<&Selection>) -> Index {
-        let required = selection
-            .filter(|selection| selection.complete)
-            .and_then(|selection| {
-                selection
-                    .selector
-                    .requirements()
-                    .iter()
-                    .find_map(|requirement| {
-                        let values = match &requirement.operator {
-                            Operator::Equals(value) => vec![value.clone()],
-                            Operator::In(values) => values.iter().cloned().collect(),
-                            _ => return None,
-                        };
-                        Some(Index::Labels {
-                            key: requirement.key.clone(),
-                            values,
-                        })
+        let required = selection.and_then(|selection| {
+            selection
+                .selector
+                .requirements()
+                .iter()
+                .find_map(|requirement| {
+                    let values = match &requirement.operator {
+                        Operator::Equals(value) => vec![value.clone()],
+                        Operator::In(values) => values.iter().cloned().collect(),
+                        _ => return None,
+                    };
+                    Some(Index::Labels {
+                        key: requirement.key.clone(),
+                        values,
                     })
-            });
+                })
+        });
         required.unwrap_or_else(|| Index::Type {
             group: filter.resource_type.group.clone(),
             kind: filter.resource_type.kind.clone(),
@@ -213,23 +218,8 @@ impl Interests {
         (id, wake)
     }
 
-    /// Watcher `id` holds `key` as matching (`true`) or no longer does.
-    fn hold(&mut self, id: u64, key: &StorageKey, held: bool) {
-        if held {
-            self.by_resource.entry(key.clone()).or_default().insert(id);
-        } else if let Some(holders) = self.by_resource.get_mut(key) {
-            holders.remove(&id);
-            if holders.is_empty() {
-                self.by_resource.remove(key);
-            }
-        }
-    }
-
-    /// Watcher `id` is gone; it held `held`.
-    fn leave<'k>(&mut self, id: u64, held: impl Iterator<Item = &'k StorageKey>) {
-        for key in held {
-            self.hold(id, key, false);
-        }
+    /// Watcher `id` is gone.
+    fn leave(&mut self, id: u64) {
         let Some(interest) = self.watchers.remove(&id) else {
             return;
         };
@@ -243,13 +233,19 @@ impl Interests {
         }
     }
 
-    /// Wakes the watchers change `seq` (of the resource at `key`) may concern.
-    fn published(&mut self, seq: u64, key: &StorageKey, event: &WatchEvent) {
+    /// Wakes the watchers change `seq` (of the resource at `key`, whose labels were `before`)
+    /// may concern.
+    fn published(
+        &mut self,
+        seq: u64,
+        key: &StorageKey,
+        event: &WatchEvent,
+        before: Option<&Labels>,
+    ) {
         let Interests {
             watchers,
             by_type,
             by_label,
-            by_resource,
             ..
         } = self;
         let mut wake = |ids: &HashSet<u64>| {
@@ -265,13 +261,10 @@ impl Interests {
         if let Some(ids) = by_type.get(&key.group, &key.kind) {
             wake(ids);
         }
-        if let Some(ids) = by_resource.get(key) {
-            wake(ids);
-        }
         if !by_label.is_empty()
             && let Operation::Upsert(resource) | Operation::Delete(resource) = &event.operation
         {
-            for (label, value) in &resource.metadata {
+            for (label, value) in resource.metadata.iter().chain(before.into_iter().flatten()) {
                 if let Some(ids) = by_label.get(label, value) {
                     wake(ids);
                 }
@@ -299,15 +292,28 @@ impl Ring {
     }
 
     /// Appends a published change and evicts what the limits no longer hold.
-    fn push(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+    fn push(
+        &mut self,
+        key: StorageKey,
+        event: WatchEvent,
+        before: Option<Labels>,
+        version: Version,
+    ) {
         self.latest = self.latest.max(version);
-        let bytes = event_bytes(&key, &event);
+        let bytes = event_bytes(&key, &event)
+            + before
+                .iter()
+                .flatten()
+                .map(|(label, value)| label.len() + value.len() + LABEL_OVERHEAD)
+                .sum::<usize>();
         let event = SharedEvent::in_history(event, self.wire_bytes.clone());
-        self.interests.published(self.next_seq, &key, event.event());
+        self.interests
+            .published(self.next_seq, &key, event.event(), before.as_ref());
         self.items.push_back(Arc::new(Item {
             seq: self.next_seq,
             key,
             event,
+            before,
             version,
             bytes,
         }));
@@ -351,6 +357,9 @@ pub(crate) enum Published {
     Change {
         key: StorageKey,
         event: WatchEvent,
+        /// An Upsert's labels before it (`None`: it created the resource; a Delete carries the
+        /// last labels in its resource).
+        before: Option<Labels>,
         version: Version,
     },
     /// The whole state was replaced: every watch ends and must list again.
@@ -560,10 +569,11 @@ impl EventLog {
                     Published::Change {
                         key,
                         event,
+                        before,
                         version,
                     } => {
                         self.stamps.changed(&key.group);
-                        ring.push(key, event, version);
+                        ring.push(key, event, before, version);
                     }
                     Published::Reset { reason } => {
                         self.stamps.all_changed();
@@ -575,11 +585,18 @@ impl EventLog {
     }
 
     /// Publishes one change (a backend that commits changes one at a time).
-    pub(crate) fn publish_change(&mut self, key: StorageKey, event: WatchEvent, version: Version) {
+    pub(crate) fn publish_change(
+        &mut self,
+        key: StorageKey,
+        event: WatchEvent,
+        before: Option<Labels>,
+        version: Version,
+    ) {
         self.publish_all(
             vec![Published::Change {
                 key,
                 event,
+                before,
                 version,
             }],
             version,
@@ -646,8 +663,8 @@ impl EventLog {
     ) -> Result<Watch, StorageError> {
         let mut ring = lock(&self.ring);
         let current = ring.latest.max(applied);
-        let initial: Vec<SharedEvent> = match since {
-            None => snapshot,
+        let initial: Vec<(SharedEvent, Option<Labels>)> = match since {
+            None => snapshot.into_iter().map(|event| (event, None)).collect(),
             Some(since) if since > current => {
                 return Err(StorageError::ResumeUnavailable(format!(
                     "version {since} is ahead of this server, which has applied up to {current} (it may lag behind the leader); retry shortly or list again"
@@ -663,31 +680,20 @@ impl EventLog {
                 .items
                 .iter()
                 .filter(|item| item.version > since && filter.matches(&item.key))
-                .map(|item| item.event.clone())
+                .map(|item| (item.event.clone(), item.before.clone()))
                 .collect(),
         };
-        let mut selection = options.selector.map(|selector| Selection {
-            selector,
-            matched: HashSet::new(),
-            complete: since.is_none(),
-        });
+        let selection = options.selector.map(|selector| Selection { selector });
         let (id, wake) = ring
             .interests
             .register(Index::of(&filter, selection.as_ref()));
-        let initial: Vec<SharedEvent> = match selection.as_mut() {
-            None => initial,
-            Some(selection) => initial
-                .into_iter()
-                .filter_map(|event| {
-                    let key = event_key(&event)?;
-                    let (seen, crossing) = selection.view(&key, &event);
-                    if let Some(held) = crossing {
-                        ring.interests.hold(id, &key, held);
-                    }
-                    seen
-                })
-                .collect(),
-        };
+        let initial: Vec<SharedEvent> = initial
+            .into_iter()
+            .filter_map(|(event, before)| match &selection {
+                None => Some(event),
+                Some(selection) => selection.view(&event, before.as_ref()),
+            })
+            .collect();
         let cursor = Cursor {
             ring: self.ring.clone(),
             id,
@@ -711,66 +717,38 @@ impl EventLog {
     }
 }
 
-/// The key of the resource an event carries.
-fn event_key(event: &SharedEvent) -> Option<StorageKey> {
-    match &event.event().operation {
-        Operation::Upsert(resource) | Operation::Delete(resource) => {
-            resource.id.as_ref().map(StorageKey::of)
-        }
-        Operation::EndOfSnapshot | Operation::Bookmark => None,
-    }
-}
-
 /// A watch's selector, applied where the changes are (under the ring's lock, before anything
 /// is queued for the watcher): the watcher sees a resource that starts matching as an Upsert,
 /// one that stops matching as a Delete, and nothing of the others.
 struct Selection {
     selector: Selector,
-    /// The resources last sent to this watcher as matching.
-    matched: HashSet<StorageKey>,
-    /// Whether the watch began with a snapshot. A resumed watch may hold resources it was sent
-    /// before it resumed: a change that does not match reaches it as a Delete.
-    complete: bool,
 }
 
 impl Selection {
-    /// The event at `key` as the watcher sees it (as it is, a Delete made of it, or nothing),
-    /// and whether the watcher now holds the resource as matching, when that changed.
-    fn view(
-        &mut self,
-        key: &StorageKey,
-        event: &SharedEvent,
-    ) -> (Option<SharedEvent>, Option<bool>) {
+    /// The event as the watcher sees it: as it is, a Delete made of it (an Upsert that takes
+    /// the resource out of the match: its labels `before` matched), or nothing.
+    fn view(&self, event: &SharedEvent, before: Option<&Labels>) -> Option<SharedEvent> {
         match &event.event().operation {
             Operation::Upsert(resource) => {
                 if self.selector.matches(&resource.metadata) {
-                    let crossed = !self.matched.contains(key);
-                    if crossed {
-                        self.matched.insert(key.clone());
-                    }
-                    return (Some(event.clone()), crossed.then_some(true));
+                    return Some(event.clone());
                 }
-                let held = !self.matched.is_empty() && self.matched.remove(key);
-                let crossing = held.then_some(false);
-                // The snapshot part of a watch reports state (no actor): what does not match
-                // there was never sent.
-                if held || (!self.complete && !event.event().actor.is_empty()) {
-                    let stopped = SharedEvent::new(WatchEvent {
-                        version: event.event().version.clone(),
-                        operation: Operation::Delete(resource.clone()),
-                        actor: event.event().actor.clone(),
-                    });
-                    return (Some(stopped), crossing);
-                }
-                (None, crossing)
+                before
+                    .is_some_and(|labels| self.selector.matches(labels))
+                    .then(|| {
+                        SharedEvent::new(WatchEvent {
+                            version: event.event().version.clone(),
+                            operation: Operation::Delete(resource.clone()),
+                            actor: event.event().actor.clone(),
+                        })
+                    })
             }
-            Operation::Delete(resource) => {
-                let held = !self.matched.is_empty() && self.matched.remove(key);
-                let seen = (held || (!self.complete && self.selector.matches(&resource.metadata)))
-                    .then(|| event.clone());
-                (seen, held.then_some(false))
-            }
-            Operation::EndOfSnapshot | Operation::Bookmark => (Some(event.clone()), None),
+            // A Delete carries the resource as it last was: the watcher had it if it matched.
+            Operation::Delete(resource) => self
+                .selector
+                .matches(&resource.metadata)
+                .then(|| event.clone()),
+            Operation::EndOfSnapshot | Operation::Bookmark => Some(event.clone()),
         }
     }
 }
@@ -805,10 +783,7 @@ enum Step {
 
 impl Drop for Cursor {
     fn drop(&mut self) {
-        let mut ring = lock(&self.ring);
-        let held = self.selection.as_ref().map(|s| &s.matched);
-        ring.interests
-            .leave(self.id, held.into_iter().flat_map(|matched| matched.iter()));
+        lock(&self.ring).interests.leave(self.id);
     }
 }
 
@@ -871,17 +846,12 @@ impl Cursor {
             .unwrap_or(usize::MAX)
             .min(ring.items.len());
         let mut events = Vec::new();
-        let mut crossings = Vec::new();
         for item in ring.items.range(start..).take(READ_BATCH) {
             self.next_seq = item.seq + 1;
             let seen = if !self.filter.matches(&item.key) {
                 None
-            } else if let Some(selection) = self.selection.as_mut() {
-                let (seen, crossing) = selection.view(&item.key, &item.event);
-                if let Some(held) = crossing {
-                    crossings.push((item.clone(), held));
-                }
-                seen
+            } else if let Some(selection) = &self.selection {
+                selection.view(&item.event, item.before.as_ref())
             } else {
                 Some(item.event.clone())
             };
@@ -900,9 +870,6 @@ impl Cursor {
                 operation: Operation::Bookmark,
                 actor: String::new(),
             }));
-        }
-        for (item, held) in crossings {
-            ring.interests.hold(self.id, &item.key, held);
         }
         if self.next_seq < ring.next_seq {
             // The batch ended before the ring did: the rest may hold changes for it.

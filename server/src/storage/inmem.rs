@@ -87,8 +87,8 @@ impl InMemBackend {
         let version = state.version.to_string();
         let mut stored = resource;
         stored.version = version.clone();
-        if let Some(previous) = state.resources.insert(key.clone(), stored.clone())
-            && let Some(uid) = check::owner_uid(&previous)
+        let previous = state.resources.insert(key.clone(), stored.clone());
+        if let Some(uid) = previous.as_ref().and_then(check::owner_uid)
             && check::owner_uid(&stored) != Some(uid)
         {
             let uid = uid.to_owned();
@@ -109,6 +109,7 @@ impl InMemBackend {
                 operation: Operation::Upsert(stored.clone()),
                 actor: actor.to_owned(),
             },
+            previous.map(|previous| previous.metadata),
             index,
         );
         Ok(stored)
@@ -175,6 +176,7 @@ impl Backend for InMemBackend {
                 operation: Operation::Delete(removed),
                 actor: actor.to_owned(),
             },
+            None,
             index,
         );
         Ok(())

@@ -217,6 +217,7 @@ fn apply_change(
                     operation: Operation::Delete(existing),
                     actor: actor.to_owned(),
                 },
+                before: None,
                 version,
             });
             Ok(Ok(Applied::Done))
@@ -267,6 +268,7 @@ fn write(
             operation: Operation::Upsert(resource.clone()),
             actor: actor.to_owned(),
         },
+        before: existing.map(|existing| existing.metadata),
         version,
     });
     Ok(Ok(Applied::Written(resource)))
