@@ -121,15 +121,27 @@ struct Plan {
     value_size: usize,
     /// With more than one, each resource carries the label `bench-group=KEY % groups`.
     groups: u64,
+    /// Digits of the largest key: names are padded to it, so that key order is name order
+    /// (a load in key order is a load in the store's order, as etcd's benchmarks load etcd).
+    digits: usize,
+}
+
+/// The name of key `key`, its number padded to `digits`.
+fn bench_name(key: u64, digits: usize) -> String {
+    format!("{NAME_PREFIX}{key:0digits$}")
 }
 
 /// The label that spreads the watch workload's writes over its watches' selectors.
 const GROUP_LABEL: &str = "bench-group";
 
 impl Plan {
+    fn name(&self, key: u64) -> String {
+        bench_name(key, self.digits)
+    }
+
     fn resource(&self, key: u64, seed: u64) -> Result<Resource, ClientError> {
         let mut document = self.document.clone();
-        document["name"] = format!("{NAME_PREFIX}{key}").into();
+        document["name"] = self.name(key).into();
         document["data"]["description"] = payload(self.value_size, seed ^ key).into();
         if self.groups > 1 {
             document["metadata"] =
@@ -145,7 +157,7 @@ impl Plan {
 
     fn id(&self, key: u64) -> Id {
         let mut document = self.document.clone();
-        document["name"] = format!("{NAME_PREFIX}{key}").into();
+        document["name"] = self.name(key).into();
         self.codec
             .read_value(document)
             .ok()
@@ -183,6 +195,7 @@ async fn plan(session: &Session, args: &BenchArgs) -> anyhow::Result<Plan> {
         document,
         value_size: args.value_size,
         groups: args.watch_groups,
+        digits: args.keys.saturating_sub(1).to_string().len(),
     })
 }
 
@@ -647,5 +660,20 @@ mod tests {
         let p = Percentiles::of(&mut samples);
         assert_eq!((p.p50, p.p90, p.p99, p.max), (50.0, 90.0, 99.0, 100.0));
         assert_eq!(Percentiles::of(&mut []).max, 0.0);
+    }
+
+    /// Names sort as their keys do, so writing keys in order writes the store in order.
+    #[test]
+    fn names_sort_as_keys() {
+        let digits = 999_999u64.to_string().len();
+        let names: Vec<String> = [0u64, 9, 10, 99, 100, 999_999]
+            .iter()
+            .map(|key| bench_name(*key, digits))
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        assert_eq!(bench_name(42, digits), "bench-000042");
+        assert_eq!(bench_name(7, 1), "bench-7");
     }
 }
