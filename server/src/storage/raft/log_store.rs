@@ -625,6 +625,30 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, RaftStorageError> {
+        self.entries(range, None)
+    }
+
+    /// What replication sends: from `start`, at most what one AppendEntries carries (one
+    /// entry at least). Without the limit the leader read and decoded up to 300 entries per
+    /// round, and a restore's 4 MiB entries made that 1.2 GB to send 32 MB of it: followers
+    /// heard no heartbeat in time and elections churned.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, RaftStorageError> {
+        self.entries(start..end, Some(super::network::MAX_APPEND_BYTES))
+    }
+}
+
+impl LogStore {
+    /// The entries in `range` the log holds (from the first it has), up to `budget` bytes of
+    /// commands when given (at least one entry).
+    fn entries<RB: RangeBounds<u64>>(
+        &self,
+        range: RB,
+        budget: Option<usize>,
+    ) -> Result<Vec<Entry>, RaftStorageError> {
         let tail = self.tail();
         let first_visible = tail.purged.map(|p| p.index + 1).unwrap_or(0);
         let Some(last) = tail.last else {
@@ -645,7 +669,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        if let Some(entries) = tail.cached(start, end) {
+        if budget.is_none()
+            && let Some(entries) = tail.cached(start, end)
+        {
             return Ok(entries);
         }
         // Memory first (pending wins: it may hold re-appended entries that replace truncated
@@ -657,6 +683,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Disk(Arc<File>, Location),
         }
         let mut sources = Vec::with_capacity((end - start).min(1024) as usize);
+        let mut bytes = 0usize;
         for index in start..end {
             let source = match tail.pending.get(&index).or_else(|| tail.recent.get(&index)) {
                 Some(entry) => Some(Source::Memory(entry.clone())),
@@ -671,6 +698,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 }
                 break;
             };
+            bytes += match &source {
+                Source::Memory(entry) => entry_bytes(entry) / 2,
+                Source::Disk(_, location) => location.len as usize,
+            };
+            if budget.is_some_and(|budget| bytes > budget) && !sources.is_empty() {
+                break;
+            }
             sources.push(source);
         }
         drop(tail);
@@ -868,6 +902,42 @@ mod tests {
             .iter()
             .map(|e| (e.log_id.index, e.log_id.leader_id.term))
             .collect()
+    }
+
+    /// Replication reads at most what one AppendEntries carries (at least one entry), from
+    /// memory and from disk alike; an unlimited read still returns the whole range. Before,
+    /// a leader decoded up to 300 restore entries of 4 MiB per round to send 32 MB of them.
+    #[tokio::test]
+    async fn replication_reads_at_most_one_message_of_entries() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut log = LogStore::open(dir.path()).expect("open");
+        let size = 4 << 20;
+        for index in 1..=12 {
+            append_all(&mut log, vec![big_entry(1, index, size)]).await;
+        }
+        let limited = log.limited_get_log_entries(1, 13).await.expect("read");
+        let per_message = super::super::network::MAX_APPEND_BYTES / size;
+        assert!(
+            (1..=per_message).contains(&limited.len()),
+            "{} entries of 4 MiB in one read",
+            limited.len()
+        );
+        assert_eq!(terms(&limited)[0], (1, 1));
+        // A larger entry than the budget still goes alone.
+        append_all(&mut log, vec![big_entry(1, 13, 40 << 20)]).await;
+        let alone = log.limited_get_log_entries(13, 14).await.expect("read");
+        assert_eq!(alone.len(), 1);
+        let all = log.try_get_log_entries(1..14).await.expect("read");
+        assert_eq!(all.len(), 13);
+        // From disk: reopened, nothing in memory.
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        let limited = log.limited_get_log_entries(1, 13).await.expect("read");
+        assert!(
+            (1..=per_message).contains(&limited.len()),
+            "{}",
+            limited.len()
+        );
     }
 
     /// Across several segments: a truncate back into an older segment, entries of a new term
