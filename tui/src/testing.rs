@@ -432,6 +432,17 @@ pub fn demo_state() -> State {
     state
 }
 
+/// The names in the resource table, top to bottom.
+pub fn row_names(state: &State) -> Vec<String> {
+    state
+        .resources
+        .rows
+        .keys
+        .iter()
+        .map(|key| key.name.clone())
+        .collect()
+}
+
 /// A state with one type holding `count` resources (for benchmarks and scrolling tests).
 pub fn large_state(count: usize) -> State {
     let mut state = demo_state();

@@ -64,7 +64,8 @@ struct Item {
     seq: u64,
     key: StorageKey,
     event: SharedEvent,
-    /// An Upsert's labels before it (`None`: it created the resource).
+    /// An Upsert's labels before it, when it changed them (`None`: it created the resource or
+    /// kept its labels; either way the labels before match as the labels after do).
     before: Option<Labels>,
     version: Version,
     bytes: usize,
@@ -300,6 +301,11 @@ impl Ring {
         version: Version,
     ) {
         self.latest = self.latest.max(version);
+        // Labels an Upsert left as they were say nothing its own labels do not (most writes
+        // change data or a status, not labels): the history keeps only labels that changed.
+        let before = before.filter(|labels| {
+            !matches!(&event.operation, Operation::Upsert(resource) if &resource.metadata == labels)
+        });
         let bytes = event_bytes(&key, &event)
             + before
                 .iter()

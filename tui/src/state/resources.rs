@@ -286,13 +286,13 @@ impl ResourcesScreen {
             && RowFilter::of(&rows.view.filter).narrows_to(&filter)
         {
             // A longer filter keeps some of what the shorter one kept, in the same order.
+            // (The tenancy is the rows' already.)
             rows.keys.retain(|key| {
-                view.tenancy.matches(key)
-                    && filter.keeps_by_key(key).unwrap_or_else(|| {
-                        data.resources
-                            .get(key.as_ref())
-                            .is_some_and(|resource| filter.keeps(key, resource))
-                    })
+                filter.keeps_by_key(key).unwrap_or_else(|| {
+                    data.resources
+                        .get(key.as_ref())
+                        .is_some_and(|resource| filter.keeps(key, resource))
+                })
             });
             rows.view = view;
         } else {

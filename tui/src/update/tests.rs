@@ -16,7 +16,7 @@ use crate::state::{
     Choice, Cursor, EVENT_TAIL, EventKind, SnapshotInfo, SnapshotStep, SortKey, TenancyFilter,
     VerifyRow,
 };
-use crate::testing::{self, demo_state, resource, upsert};
+use crate::testing::{self, demo_state, resource, row_names, upsert};
 
 fn key(state: &mut State, code: KeyCode) -> Vec<Effect> {
     update(state, Msg::Key(KeyEvent::new(code, KeyModifiers::NONE)))
@@ -387,15 +387,7 @@ fn the_filter_narrows_as_you_type_and_esc_clears_it() {
 fn sorting_cycles_columns_and_reverses() {
     let mut state = demo_state();
     open(&mut state, "demo.v2.Artist");
-    let names = |state: &State| -> Vec<String> {
-        state
-            .resources
-            .rows
-            .keys
-            .iter()
-            .map(|k| k.name.clone())
-            .collect()
-    };
+    let names = row_names;
     assert_eq!(
         names(&state),
         ["john-coltrane", "miles-davis", "the-beatles"]

@@ -615,15 +615,7 @@ fn a_listing_that_is_still_arriving_is_appended_then_sorted_once() {
             )));
         }
     };
-    let names = |state: &State| -> Vec<String> {
-        state
-            .resources
-            .rows
-            .keys
-            .iter()
-            .map(|key| key.name.clone())
-            .collect()
-    };
+    let names = testing::row_names;
     arrive(&mut state, &["late-3", "late-1", "other"]);
     state.prepare();
     assert_eq!(

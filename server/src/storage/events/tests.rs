@@ -537,6 +537,12 @@ async fn next_event(watch: &mut Watch) -> WatchEvent {
         .clone()
 }
 
+/// `watch` has nothing for `quiet`.
+async fn assert_quiet(watch: &mut Watch, quiet: std::time::Duration, why: &str) {
+    let next = tokio::time::timeout(quiet, watch.next()).await;
+    assert!(next.is_err(), "{why}: {next:?}");
+}
+
 /// The selector is applied in the cursor: a change that does not match is never queued for the
 /// watcher (only a progress mark, when asked for), one that starts matching is an Upsert and one
 /// that stops matching a Delete.
@@ -573,11 +579,12 @@ async fn a_selected_watch_sees_crossings_and_progress_but_no_other_changes() {
         matches!(progress.operation, Operation::Bookmark),
         "{progress:?}"
     );
-    assert!(
-        tokio::time::timeout(std::time::Duration::from_millis(50), watch.next())
-            .await
-            .is_err()
-    );
+    assert_quiet(
+        &mut watch,
+        std::time::Duration::from_millis(50),
+        "nothing else",
+    )
+    .await;
 }
 
 /// Without progress asked for, a watch that goes past changes that are not for it gets nothing.
@@ -721,10 +728,32 @@ async fn a_resumed_selected_watch_hears_only_of_what_matched_before_or_after() {
     );
     assert_eq!(left.version, Version::new(4).to_string());
     labelled(&mut log, "x", 5, "c");
-    assert!(
-        tokio::time::timeout(std::time::Duration::from_secs(5), watch.next())
-            .await
-            .is_err(),
-        "x no longer matched before this change: nothing to say"
+    assert_quiet(
+        &mut watch,
+        std::time::Duration::from_secs(5),
+        "x no longer matched before this change: nothing to say",
+    )
+    .await;
+}
+
+/// The history keeps the labels a change replaced only when it changed them: a write of data or
+/// a status costs no copy of its labels.
+#[test]
+fn only_changed_labels_are_kept() {
+    let mut log = EventLog::new(HistoryLimits::default(), Version::new(0));
+    let before = |log: &EventLog| {
+        lock(&log.ring)
+            .items
+            .back()
+            .and_then(|item| item.before.clone())
+    };
+    labelled(&mut log, "x", 1, "a");
+    assert_eq!(before(&log), None, "created");
+    labelled(&mut log, "x", 2, "a");
+    assert_eq!(before(&log), None, "the same labels");
+    labelled(&mut log, "x", 3, "b");
+    assert_eq!(
+        before(&log).and_then(|labels| labels.get("team").cloned()),
+        Some("a".to_owned())
     );
 }
