@@ -669,8 +669,11 @@ impl LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        if budget.is_none()
-            && let Some(entries) = tail.cached(start, end)
+        if let Some(entries) = tail.cached(start, end)
+            && budget.is_none_or(|budget| {
+                entries.len() == 1
+                    || entries.iter().map(|e| entry_bytes(e) / 2).sum::<usize>() <= budget
+            })
         {
             return Ok(entries);
         }
