@@ -75,7 +75,7 @@ pub struct AgentConfig {
     /// API address of a member to join through.
     pub join: Option<String>,
     pub storage: StorageKind,
-    /// Build a raft snapshot every this many applied entries.
+    /// Build a raft snapshot once this many writes were applied since the last one.
     pub snapshot_every: u64,
     /// Largest encoded resource a client may write.
     pub max_resource_bytes: usize,

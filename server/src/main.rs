@@ -157,7 +157,7 @@ struct AgentArgs {
     #[arg(long, value_enum, env = "RESD_STORAGE")]
     storage: Option<StorageArg>,
 
-    /// Build a raft snapshot every this many applied entries [default: 10000].
+    /// Build a raft snapshot (and drop the log behind it) once this many writes were applied since the last one; a large state waits for a quarter as many writes as it holds resources, since a snapshot copies all of it [default: 10000].
     #[arg(long)]
     snapshot_every: Option<u64>,
 

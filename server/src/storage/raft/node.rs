@@ -56,7 +56,8 @@ pub(crate) struct RaftOptions {
     pub data_dir: PathBuf,
     /// Addresses other nodes and clients use to reach this one.
     pub node: NodeAddr,
-    /// Build a snapshot (and purge the log behind it) every this many applied entries.
+    /// Build a snapshot (and purge the log behind it) once this many writes were applied since
+    /// the last one, and no fewer than a quarter of the state's resources (`SnapshotCadence`).
     pub snapshot_every: u64,
     /// How long a request waits for a leader before failing with `Unavailable`.
     pub forward_timeout: Duration,
@@ -310,7 +311,10 @@ impl RaftNode {
             heartbeat_interval: options.heartbeat.as_millis() as u64,
             election_timeout_min: options.election_timeout.0.as_millis() as u64,
             election_timeout_max: options.election_timeout.1.as_millis() as u64,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
+            // Snapshots are asked for by the state machine's cadence (by writes, growing with
+            // the state; see `snapshot_when_due`): openraft's policy counts entries, and one
+            // entry carries a whole batch of writes.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: options.snapshot_every.min(1000),
             // Elections open only after a pre-vote a quorum granted (`prevote`); a node being
             // repaired stays out until its repair ends.
@@ -330,6 +334,8 @@ impl RaftNode {
         sm.shared.use_disk(disk.clone());
         sm.shared
             .set_quota(options.quota_bytes.min(super::schema::MAX_QUOTA_BYTES));
+        let cadence = sm.shared.cadence();
+        cadence.set_every(options.snapshot_every);
         sm.shared.measure_state();
         let contacts = Arc::new(super::network::Contacts::default());
         let shared = sm.shared.clone();
@@ -396,6 +402,7 @@ impl RaftNode {
             me: me.clone(),
         });
         tokio::spawn(watch_disk(Arc::downgrade(&backend)));
+        tokio::spawn(snapshot_when_due(Arc::downgrade(&backend), cadence));
         tokio::spawn(prevote::gate_elections(
             Arc::downgrade(&backend),
             options.election_timeout.0 / 3,
@@ -589,8 +596,12 @@ impl RaftNode {
         // The commit is applied here (a proposal answers once applied): the restored state
         // took effect at or before this node's applied index. No read barrier: after a long
         // restore the caller's deadline may have passed, and a barrier that gave up would
-        // report a restore that happened as one that did not.
-        Ok(applied_index(&self.raft.metrics().borrow()))
+        // report a restore that happened as one that did not. The state machine's own index,
+        // not raft's metrics: those are told of the apply after the proposal is answered.
+        Ok(self
+            .sm
+            .last_applied_index()
+            .max(applied_index(&self.raft.metrics().borrow())))
     }
 
     /// Proposes `op` as its own entry on the leader (this node must lead); waits through
@@ -674,6 +685,26 @@ impl RaftNode {
 /// Measures the data directory's free space every second (for the reserve, `Status` and
 /// `resd_disk_free_bytes`), saying when new writes start and stop being refused. Holds the
 /// backend weakly: it ends when the node goes.
+/// Asks raft for a snapshot whenever the state machine's cadence says one is due (raft ignores
+/// the ask while it builds one). Ends with the node.
+async fn snapshot_when_due(
+    backend: std::sync::Weak<RaftNode>,
+    cadence: Arc<super::state_machine::SnapshotCadence>,
+) {
+    loop {
+        let due = tokio::time::timeout(Duration::from_secs(1), cadence.due()).await;
+        let Some(node) = backend.upgrade() else {
+            return;
+        };
+        if due.is_ok()
+            && let Err(error) = node.raft.trigger().snapshot().await
+        {
+            tracing::debug!(%error, "raft stopped: no more snapshots");
+            return;
+        }
+    }
+}
+
 async fn watch_disk(backend: std::sync::Weak<RaftNode>) {
     let mut alarmed = false;
     loop {

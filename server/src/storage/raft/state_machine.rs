@@ -31,10 +31,12 @@ use crate::storage::{StorageError, StorageKey, UnversionedType, Version, Watch};
 use crate::wire::raft::{decode, encode};
 
 mod apply;
+mod cadence;
 mod export;
 mod recovery;
 mod snapshot;
 
+pub use cadence::SnapshotCadence;
 pub use snapshot::check_received;
 
 /// Most resource changes an apply runs on the async thread that asked for it (see
@@ -88,6 +90,8 @@ pub struct SmShared {
     damage: tokio::sync::watch::Sender<Option<String>>,
     /// The memory map of every environment this state machine opens ([`schema::map_size_for`]).
     map_size: usize,
+    /// When the next raft snapshot is due (by writes, growing with the state).
+    cadence: Arc<SnapshotCadence>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -313,6 +317,11 @@ impl SmShared {
         self.current().env.real_disk_size().unwrap_or(0)
     }
 
+    /// When raft snapshots are due: the node sets `--snapshot-every` and waits on it.
+    pub fn cadence(&self) -> Arc<SnapshotCadence> {
+        self.cadence.clone()
+    }
+
     /// Records apply durations and batch sizes into `metrics` from now on.
     pub fn use_metrics(&self, metrics: crate::metrics::StorageMetrics) {
         let _ = self.metrics.set(metrics);
@@ -483,6 +492,7 @@ impl SmShared {
         };
         let started = std::time::Instant::now();
         let mut writes = 0u64;
+        let mut written = 0u64;
         let sm = self.current();
         if self.closed.load(Ordering::SeqCst) {
             return Err(sm_write_error("the state machine is closed"));
@@ -504,6 +514,7 @@ impl SmShared {
                 EntryPayload::Normal(command) => {
                     let changes = command.op().change_count() as u64;
                     writes += changes;
+                    written += command.op().writes() as u64;
                     if let Some(metrics) = self.metrics.get() {
                         metrics.batch_entries.observe(changes as f64);
                     }
@@ -524,8 +535,10 @@ impl SmShared {
         let bytes = encode(&Some(last));
         put_meta(&sm.dbs, &mut wtxn, schema::META_LAST_APPLIED, &bytes).map_err(sm_write_error)?;
         let used = schema::state_bytes(&sm.env, &sm.dbs, &wtxn).map_err(sm_write_error)?;
+        let resources = sm.dbs.resources.len(&wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
         self.used_bytes.store(used, Ordering::Relaxed);
+        self.cadence.applied(written, resources);
         log.publish_all(published, Version::new(last.index));
         if let Some(metrics) = self.metrics.get() {
             metrics

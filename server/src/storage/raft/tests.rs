@@ -1456,3 +1456,75 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A restore's commit copies the staged records a chunk at a time (it used to hold them all in
+/// memory at once): more records than a chunk, owners among them, all land with the commit's
+/// version, and nothing of the state before is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
+    use crate::storage::{Backend, Consistency};
+
+    let member = Member::single().await;
+    let backend = member.backend();
+    let fixture = crate::storage::conformance::Fixture::new();
+    let before = backend
+        .write_cas(fixture.artist("before-the-restore"))
+        .await
+        .expect("write");
+    let owner = fixture.artist("restored-owner");
+    let owner_id = owner.id.clone().expect("id");
+    let mut records = vec![owner];
+    for index in 0..1_300 {
+        let mut artist = fixture.artist(&format!("restored-{index:04}"));
+        if index % 10 == 0 {
+            artist.owner = Some(owner_id.clone());
+        }
+        records.push(artist);
+    }
+    let (chunks, receiver) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        for chunk in records.chunks(500) {
+            if chunks.send(Ok(chunk.to_vec())).await.is_err() {
+                return;
+            }
+        }
+    });
+    let applied = member.restore(receiver).await.expect("restore");
+    let listed = backend
+        .list(
+            Consistency::Strong,
+            &fixture.artist_type(),
+            &fixture.wildcard(),
+            "",
+        )
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1_301, "the owner and 1,300 restored artists");
+    assert!(listed.iter().all(|r| {
+        r.id.as_ref()
+            .is_some_and(|id| id.name != "before-the-restore")
+    }));
+    let versions: std::collections::BTreeSet<&str> =
+        listed.iter().map(|r| r.version.as_str()).collect();
+    assert_eq!(versions.len(), 1, "one commit, one version: {versions:?}");
+    let version: crate::storage::Version = listed[0].version.parse().expect("version");
+    assert!(
+        version.index
+            > before
+                .version
+                .parse::<crate::storage::Version>()
+                .expect("v")
+                .index
+    );
+    assert!(
+        version.index <= applied,
+        "the restore took effect at {} and says {applied}",
+        version.index
+    );
+    let owned = backend.list_by_owner(&owner_id).await.expect("by owner");
+    assert_eq!(
+        owned.len(),
+        130,
+        "the owner index was rebuilt for every chunk"
+    );
+}

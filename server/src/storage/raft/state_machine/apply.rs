@@ -96,6 +96,30 @@ fn apply_once(
     Ok(result)
 }
 
+/// Stores `value` under `key`, appending when the key sorts after every key of `db`. LMDB splits
+/// a full page in half, except on an append, where the new key starts the next page and the full
+/// one stays full: keys written in order (names counting up, a restore, the request log) leave
+/// pages full instead of half empty. A smaller file is less disk, and fewer pages for the
+/// kernel's fault-around (which maps up to 16 cached neighbours of every page read) to keep
+/// resident in this process.
+fn put_in_order(
+    db: heed::Database<heed::types::Bytes, heed::types::Bytes>,
+    wtxn: &mut Txn<'_>,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(), heed::Error> {
+    let after_all = match db.last(wtxn)? {
+        Some((last, _)) => key > last,
+        None => true,
+    };
+    let flags = if after_all {
+        heed::PutFlags::APPEND
+    } else {
+        heed::PutFlags::empty()
+    };
+    db.put_with_flags(wtxn, flags, key, value)
+}
+
 /// Records a request's outcome and forgets the oldest beyond [`schema::REMEMBERED_REQUESTS`].
 fn remember(
     dbs: &SmDbs,
@@ -110,7 +134,8 @@ fn remember(
         &key,
         &sealed::seal(&key, &codec::encode_remembered(result)),
     )?;
-    dbs.request_order.put(
+    put_in_order(
+        dbs.request_order,
         wtxn,
         &schema::request_order_key(version.index, version.position),
         &key,
@@ -259,8 +284,12 @@ fn write(
         dbs.owners
             .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
     }
-    dbs.resources
-        .put(wtxn, &key, &sealed::seal_message(&key, &resource))?;
+    put_in_order(
+        dbs.resources,
+        wtxn,
+        &key,
+        &sealed::seal_message(&key, &resource),
+    )?;
     published.push(Published::Change {
         key: storage_key,
         event: WatchEvent {
@@ -305,6 +334,9 @@ fn stage_restore_chunk(
     Ok(Ok(Applied::Done))
 }
 
+/// Staged records a restore's commit copies at a time.
+const RESTORE_COPY_CHUNK: usize = 512;
+
 fn commit_restore(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
@@ -317,34 +349,58 @@ fn commit_restore(
     }
     // Staged records were checked when they were staged; one that no longer decodes means the
     // staging area is damaged: refuse the commit before anything is cleared.
-    let mut staged = Vec::new();
     for item in dbs.restore.iter(wtxn)? {
         let (key, stored) = item?;
         let bytes = sealed::open(key, stored)
             .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
-        match Resource::decode(bytes) {
-            Ok(resource) => staged.push((key.to_vec(), resource)),
-            Err(error) => {
-                return Ok(Err(StorageError::Internal(format!(
-                    "a staged restore record does not decode ({error}); nothing was restored"
-                ))));
-            }
+        if let Err(error) = Resource::decode(bytes) {
+            return Ok(Err(StorageError::Internal(format!(
+                "a staged restore record does not decode ({error}); nothing was restored"
+            ))));
         }
     }
     dbs.resources.clear(wtxn)?;
     dbs.owners.clear(wtxn)?;
-    for (key, mut resource) in staged {
-        // Restored resources are new writes: versions keep increasing.
-        resource.version = version.to_string();
-        if let (Some(owner), Some(storage_key)) = (
-            check::owner_uid(&resource),
-            schema::parse_resource_key(&key),
-        ) {
-            dbs.owners
-                .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
+    // Copied a chunk at a time (the staging area cannot be read while the same transaction
+    // writes): memory stays a chunk, whatever the size of the restored state.
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let mut chunk = Vec::with_capacity(RESTORE_COPY_CHUNK);
+        let range = (
+            after
+                .as_deref()
+                .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
+            std::ops::Bound::Unbounded,
+        );
+        for item in dbs.restore.range(wtxn, &range)?.take(RESTORE_COPY_CHUNK) {
+            let (key, stored) = item?;
+            let bytes = sealed::open(key, stored)
+                .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
+            let resource = Resource::decode(bytes)
+                .map_err(|error| heed::Error::Io(std::io::Error::other(error)))?;
+            chunk.push((key.to_vec(), resource));
         }
-        dbs.resources
-            .put(wtxn, &key, &sealed::seal_message(&key, &resource))?;
+        let Some((last, _)) = chunk.last() else {
+            break;
+        };
+        after = Some(last.clone());
+        for (key, mut resource) in chunk {
+            // Restored resources are new writes: versions keep increasing.
+            resource.version = version.to_string();
+            if let (Some(owner), Some(storage_key)) = (
+                check::owner_uid(&resource),
+                schema::parse_resource_key(&key),
+            ) {
+                dbs.owners
+                    .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
+            }
+            put_in_order(
+                dbs.resources,
+                wtxn,
+                &key,
+                &sealed::seal_message(&key, &resource),
+            )?;
+        }
     }
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;

@@ -161,6 +161,7 @@ impl StateMachineStore {
                 quota: AtomicU64::new(u64::MAX),
                 damage: tokio::sync::watch::Sender::new(None),
                 map_size,
+                cadence: Arc::default(),
             }),
         })
     }

@@ -20,6 +20,9 @@ impl SmShared {
     /// Copies the state machine into a compacted LMDB file and records it as the current snapshot.
     pub(super) fn build_snapshot_blocking(&self) -> Result<Snapshot, RaftStorageError> {
         let sm = self.current();
+        // Taken before the copy reads the state: writes applied while it copies count toward
+        // the next snapshot.
+        let mark = self.cadence.mark();
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let snapshots = self.data_dir.join(schema::SNAPSHOT_DIR);
         let building = schema::building_snapshot_dir(&self.data_dir, sequence);
@@ -78,6 +81,7 @@ impl SmShared {
         std::fs::rename(&building, &final_dir).map_err(snapshot_error)?;
         schema::sync_dir(&snapshots).map_err(snapshot_error)?;
         self.set_current_snapshot(meta.clone(), final_dir.join(schema::SNAPSHOT_DATA));
+        self.cadence.snapshot_taken(mark);
         tracing::info!(snapshot_id, "built a raft snapshot");
         Ok(Snapshot {
             meta,
@@ -150,6 +154,7 @@ impl SmShared {
         write_current(&self.data_dir, generation).map_err(snapshot_error)?;
         let _ = std::fs::remove_dir_all(schema::sm_generation_dir(&self.data_dir, old.generation));
         self.set_current_snapshot(meta.clone(), snapshot_dir.join(schema::SNAPSHOT_DATA));
+        self.cadence.snapshot_taken(self.cadence.mark());
         self.measure_state();
         tracing::info!(
             snapshot_id = meta.snapshot_id,
