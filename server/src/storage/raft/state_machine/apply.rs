@@ -410,3 +410,45 @@ fn commit_restore(
     });
     Ok(Ok(Applied::Done))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Leaf pages of 3,000 records of 1.2 KB (three to a page) written in `order`.
+    fn leaf_pages(order: impl Iterator<Item = usize>, in_order: bool) -> usize {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (env, dbs) = schema::open_sm(dir.path(), 1 << 30).expect("open");
+        let value = vec![7u8; 1200];
+        for chunk in order.collect::<Vec<_>>().chunks(50) {
+            // One transaction per 50 writes, as apply batches them.
+            let mut wtxn = env.write_txn().expect("txn");
+            for index in chunk {
+                let key = format!("demo/Artist/default/default/bench-{index:06}");
+                if in_order {
+                    put_in_order(dbs.resources, &mut wtxn, key.as_bytes(), &value).expect("put");
+                } else {
+                    dbs.resources
+                        .put(&mut wtxn, key.as_bytes(), &value)
+                        .expect("put");
+                }
+            }
+            wtxn.commit().expect("commit");
+        }
+        let rtxn = env.read_txn().expect("txn");
+        dbs.resources.stat(&rtxn).expect("stat").leaf_pages
+    }
+
+    #[test]
+    fn records_written_in_key_order_fill_their_pages() {
+        let plain = leaf_pages(0..3_000, false);
+        let appended = leaf_pages(0..3_000, true);
+        assert!(
+            appended <= 1_010 && plain >= 1_400,
+            "3,000 records, three to a page: {appended} pages appended, {plain} split in half"
+        );
+        // Out of order, nothing is appended but nothing is lost either.
+        let shuffled = (0..3_000).map(|index| (index * 7_919) % 3_000);
+        assert!(leaf_pages(shuffled, true) >= 1_000);
+    }
+}
