@@ -635,6 +635,8 @@ pub(crate) fn request_order_key(index: u64, position: u32) -> [u8; 12] {
 
 /// The file of a snapshot (or state machine generation) that holds the LMDB data.
 pub(crate) const SNAPSHOT_DATA: &str = "data.mdb";
+/// LMDB's lock file beside a data file.
+pub(crate) const SNAPSHOT_LOCK: &str = "lock.mdb";
 /// The file of a snapshot that holds its encoded `SnapshotMeta`.
 pub(crate) const SNAPSHOT_META: &str = "meta";
 /// The file of a snapshot that holds the length and checksum of its data file ([`FileSum`]).
