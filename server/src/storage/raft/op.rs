@@ -118,16 +118,6 @@ impl Op {
             _ => 0,
         }
     }
-
-    /// Resources the entry writes to the state: its changes, or a restore chunk's resources
-    /// (what the snapshot cadence counts).
-    pub fn writes(&self) -> usize {
-        match self {
-            Op::Changes(changes) => changes.len(),
-            Op::RestoreChunk { resources, .. } => resources.len(),
-            Op::RestoreBegin { .. } | Op::RestoreCommit { .. } => 0,
-        }
-    }
 }
 
 /// What applying one change (or one restore step) came to.

@@ -493,6 +493,7 @@ impl SmShared {
         let started = std::time::Instant::now();
         let mut writes = 0u64;
         let mut written = 0u64;
+        let mut restored = false;
         let sm = self.current();
         if self.closed.load(Ordering::SeqCst) {
             return Err(sm_write_error("the state machine is closed"));
@@ -514,7 +515,11 @@ impl SmShared {
                 EntryPayload::Normal(command) => {
                     let changes = command.op().change_count() as u64;
                     writes += changes;
-                    written += command.op().writes() as u64;
+                    written += changes;
+                    // A committed restore counts as writing every resource it left (its chunks
+                    // stage, they write nothing): the log holds the whole restored state, and a
+                    // snapshot of it is due once the restore commits, not while it stages.
+                    restored |= matches!(command.op(), Op::RestoreCommit { .. });
                     if let Some(metrics) = self.metrics.get() {
                         metrics.batch_entries.observe(changes as f64);
                     }
@@ -538,6 +543,9 @@ impl SmShared {
         let resources = sm.dbs.resources.len(&wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
         self.used_bytes.store(used, Ordering::Relaxed);
+        if restored {
+            written += resources;
+        }
         self.cadence.applied(written, resources);
         log.publish_all(published, Version::new(last.index));
         if let Some(metrics) = self.metrics.get() {

@@ -1459,12 +1459,21 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
 
 /// A restore's commit copies the staged records a chunk at a time (it used to hold them all in
 /// memory at once): more records than a chunk, owners among them, all land with the commit's
-/// version, and nothing of the state before is left.
+/// version, and nothing of the state before is left. The commit counts as writing every
+/// resource, so a snapshot of the restored state follows it (the staging chunks count nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
     use crate::storage::{Backend, Consistency};
 
-    let member = Member::single().await;
+    let member = Member {
+        cluster: Arc::new(
+            TestCluster::start_configured(1, Duration::from_secs(10), |options| {
+                options.snapshot_every = 1_000;
+            })
+            .await,
+        ),
+        index: 0,
+    };
     let backend = member.backend();
     let fixture = crate::storage::conformance::Fixture::new();
     let before = backend
@@ -1527,4 +1536,22 @@ async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
         130,
         "the owner index was rebuilt for every chunk"
     );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = member
+            .raft()
+            .metrics()
+            .borrow()
+            .snapshot
+            .map_or(0, |log_id| log_id.index);
+        if snapshot >= version.index {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot of the restored state (at {}) within 30 s: {snapshot}",
+            version.index
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
