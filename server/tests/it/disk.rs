@@ -357,6 +357,54 @@ async fn concurrent_writes_build_snapshots_by_writes_not_by_entries() {
     );
 }
 
+/// A snapshot that cannot be built (here: the directory it is built in cannot be made, as on a
+/// disk that answers with I/O errors) used to stop raft on the node: every write after it
+/// failed. Now raft goes on with the snapshot it has and the log behind it, and a later try,
+/// once the disk lets it, builds the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_cannot_be_built_does_not_stop_the_node() {
+    let node = Resd::start_with(&["--snapshot-every", "20"]);
+    write_artists(&node, 30).await;
+    wait_for_snapshot(&node, 20).await;
+    let before = node.status().await.expect("status").snapshot_index;
+    let snapshots = node
+        .data_dir()
+        .expect("data dir")
+        .join("raft")
+        .join("snapshots");
+    let pid = node.pid().expect("pid");
+    let blockers: Vec<PathBuf> = (0..64)
+        .map(|sequence| snapshots.join(format!("building-{pid}-{sequence}")))
+        .filter(|path| !path.exists())
+        .collect();
+    for blocker in &blockers {
+        std::fs::write(blocker, b"not a directory").expect("block a build");
+    }
+    let mut client = node.resources().await;
+    for i in 0..60 {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("while-blocked-{i}"))),
+            })
+            .await
+            .expect("acknowledged while no snapshot can be built");
+    }
+    let status = node.status().await.expect("status");
+    assert_eq!(status.snapshot_index, before, "no snapshot was built");
+    for blocker in &blockers {
+        std::fs::remove_file(blocker).expect("unblock");
+    }
+    for i in 0..30 {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("after-{i}"))),
+            })
+            .await
+            .expect("acknowledged");
+    }
+    wait_for_snapshot(&node, status.applied_index).await;
+}
+
 /// Waits until `node` has a raft snapshot at `index` or later (so its log is purged behind it).
 async fn wait_for_snapshot(node: &Resd, index: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -20,6 +20,8 @@ pub struct SnapshotCadence {
     written: AtomicU64,
     /// `written` when the state the last snapshot copied was read.
     at_snapshot: AtomicU64,
+    /// The writes the last due snapshot waited for.
+    threshold: AtomicU64,
     due: tokio::sync::Notify,
 }
 
@@ -37,7 +39,9 @@ impl SnapshotCadence {
         let written = self.written.fetch_add(writes, Ordering::Relaxed) + writes;
         let every = self.every.load(Ordering::Relaxed);
         let since = written.saturating_sub(self.at_snapshot.load(Ordering::Relaxed));
-        let due = every > 0 && since >= every.max(resources / STATE_PER_WRITE);
+        let threshold = every.max(resources / STATE_PER_WRITE);
+        self.threshold.store(threshold, Ordering::Relaxed);
+        let due = every > 0 && since >= threshold;
         if due {
             self.due.notify_one();
         }
@@ -53,6 +57,19 @@ impl SnapshotCadence {
     /// A snapshot of the state as of `mark` was built or installed.
     pub fn snapshot_taken(&self, mark: u64) {
         self.at_snapshot.fetch_max(mark, Ordering::Relaxed);
+    }
+
+    /// Building a snapshot failed: the next try waits for half as many writes again as the
+    /// last one did (not every apply, while the disk that failed it may fail it again).
+    pub fn postpone(&self) {
+        let written = self.written.load(Ordering::Relaxed);
+        let threshold = self.threshold.load(Ordering::Relaxed);
+        let half = (threshold / 2).max(1);
+        // Due again once `half` more writes are applied.
+        self.at_snapshot.fetch_max(
+            (written + half).saturating_sub(threshold),
+            Ordering::Relaxed,
+        );
     }
 
     /// Waits until a snapshot is due (a due that came while nobody waited is kept).
@@ -98,6 +115,19 @@ mod tests {
         cadence.snapshot_taken(10);
         assert!(!cadence.applied(9, 0));
         assert!(cadence.applied(1, 0));
+    }
+
+    #[test]
+    fn a_failed_snapshot_is_tried_again_after_half_as_many_writes() {
+        let cadence = SnapshotCadence::default();
+        cadence.set_every(100);
+        assert!(cadence.applied(100, 0));
+        cadence.postpone();
+        assert!(
+            !cadence.applied(49, 0),
+            "not on every apply after a failure"
+        );
+        assert!(cadence.applied(1, 0), "again after half the writes");
     }
 
     #[tokio::test]

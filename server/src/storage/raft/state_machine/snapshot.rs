@@ -227,11 +227,35 @@ impl SmShared {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    /// A build that fails for want of disk (an I/O error: the copy is new and nothing relies on
+    /// it yet) answers with the snapshot there is, which raft ignores: raft goes on, the log
+    /// stays unpurged, and the next try comes after more writes. Damage found in the state, or
+    /// a failure with no snapshot to fall back on, is raft's error, as before.
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || shared.build_snapshot_blocking())
+        let built = tokio::task::spawn_blocking(move || shared.build_snapshot_blocking())
             .await
-            .map_err(snapshot_error)?
+            .map_err(snapshot_error)?;
+        let error = match built {
+            Ok(snapshot) => return Ok(snapshot),
+            Err(error) => error,
+        };
+        let previous = lock(&self.shared.snapshot).clone();
+        match previous {
+            Some((meta, path)) if self.shared.damage().borrow().is_none() && path.exists() => {
+                tracing::error!(
+                    %error,
+                    kept = meta.snapshot_id,
+                    "building a raft snapshot failed: raft goes on with the snapshot it has, the log behind it is kept, and a new one is tried after more writes"
+                );
+                self.shared.cadence.postpone();
+                Ok(Snapshot {
+                    meta,
+                    snapshot: Box::new(SnapshotFile { path }),
+                })
+            }
+            _ => Err(error),
+        }
     }
 }
 
