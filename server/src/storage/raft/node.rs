@@ -682,9 +682,6 @@ impl RaftNode {
     }
 }
 
-/// Measures the data directory's free space every second (for the reserve, `Status` and
-/// `resd_disk_free_bytes`), saying when new writes start and stop being refused. Holds the
-/// backend weakly: it ends when the node goes.
 /// Asks raft for a snapshot whenever the state machine's cadence says one is due (raft ignores
 /// the ask while it builds one). Ends with the node.
 async fn snapshot_when_due(
@@ -705,6 +702,9 @@ async fn snapshot_when_due(
     }
 }
 
+/// Measures the data directory's free space every second (for the reserve, `Status` and
+/// `resd_disk_free_bytes`), saying when new writes start and stop being refused. Holds the
+/// backend weakly: it ends when the node goes.
 async fn watch_disk(backend: std::sync::Weak<RaftNode>) {
     let mut alarmed = false;
     loop {

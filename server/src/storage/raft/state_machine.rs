@@ -515,10 +515,14 @@ impl SmShared {
                 EntryPayload::Normal(command) => {
                     let changes = command.op().change_count() as u64;
                     writes += changes;
-                    written += changes;
-                    // A committed restore counts as writing every resource it left (its chunks
-                    // stage, they write nothing): the log holds the whole restored state, and a
-                    // snapshot of it is due once the restore commits, not while it stages.
+                    // Staged restore records count too: an abandoned restore's chunks stay
+                    // in the log until a snapshot purges them.
+                    written += match command.op() {
+                        Op::RestoreChunk { resources, .. } => resources.len() as u64,
+                        _ => changes,
+                    };
+                    // A committed restore counts as writing every resource it left: the log
+                    // holds the whole restored state, and a snapshot of it is due at the commit.
                     restored |= matches!(command.op(), Op::RestoreCommit { .. });
                     if let Some(metrics) = self.metrics.get() {
                         metrics.batch_entries.observe(changes as f64);

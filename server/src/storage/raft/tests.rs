@@ -1460,7 +1460,7 @@ async fn a_follower_that_lags_past_the_threshold_is_not_ready_until_it_catches_u
 /// A restore's commit copies the staged records a chunk at a time (it used to hold them all in
 /// memory at once): more records than a chunk, owners among them, all land with the commit's
 /// version, and nothing of the state before is left. The commit counts as writing every
-/// resource, so a snapshot of the restored state follows it (the staging chunks count nothing).
+/// resource, so a snapshot of the restored state follows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
     use crate::storage::{Backend, Consistency};

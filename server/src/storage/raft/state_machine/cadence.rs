@@ -48,6 +48,22 @@ impl SnapshotCadence {
         due
     }
 
+    /// Whether a snapshot is due now (an ask raft queued while the last one was being built
+    /// may reach the builder after it finished).
+    pub fn is_due(&self) -> bool {
+        let every = self.every.load(Ordering::Relaxed);
+        let since = self
+            .written
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.at_snapshot.load(Ordering::Relaxed));
+        every > 0 && since >= self.threshold.load(Ordering::Relaxed).max(every)
+    }
+
+    /// Whether the cadence is set (a node's state machine) and no snapshot is due by it.
+    pub fn nothing_due(&self) -> bool {
+        self.every.load(Ordering::Relaxed) > 0 && !self.is_due()
+    }
+
     /// The writes count to record with [`Self::snapshot_taken`] once a snapshot of the state as
     /// it is now is safely built.
     pub fn mark(&self) -> u64 {
@@ -94,8 +110,10 @@ mod tests {
         );
         let mark = cadence.mark();
         cadence.snapshot_taken(mark);
+        assert!(!cadence.is_due(), "just taken");
         assert!(!cadence.applied(99, 10));
         assert!(cadence.applied(1, 10));
+        assert!(cadence.is_due());
         cadence.snapshot_taken(cadence.mark());
         // A state of 1,000 resources waits for 250 writes, not 100.
         assert!(!cadence.applied(249, 1_000));

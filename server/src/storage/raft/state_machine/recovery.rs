@@ -191,6 +191,15 @@ fn load_latest_snapshot(data_dir: &Path) -> Option<(SnapshotMeta, PathBuf)> {
     let mut best: Option<(SnapshotMeta, PathBuf)> = None;
     for entry in entries.flatten() {
         let dir = entry.path();
+        // Being built or received when the process stopped: never a snapshot to rebuild from.
+        let unfinished = entry
+            .file_name()
+            .to_str()
+            .is_none_or(|name| name.starts_with("building-") || name.starts_with("incoming-"));
+        if unfinished {
+            let _ = std::fs::remove_dir_all(&dir);
+            continue;
+        }
         let meta = std::fs::read(dir.join(schema::SNAPSHOT_META))
             .ok()
             .and_then(|bytes| decode::<SnapshotMeta>(&bytes).ok());

@@ -20,16 +20,26 @@ use crate::wire::raft::encode;
 /// Records a repacking copies per transaction of the copy.
 const REPACK_BATCH: usize = 8_192;
 
+/// Why a repacking failed: reading the live state (damage: raft must not go on from it) or
+/// writing the copy (the disk: raft can go on with the snapshot it has).
+#[derive(Debug, thiserror::Error)]
+enum RepackError {
+    #[error("reading the state: {0}")]
+    Reading(heed::Error),
+    #[error("writing the copy: {0}")]
+    Writing(heed::Error),
+}
+
 /// Copies every database of `from` into a new state machine environment in `dir`, as of one
 /// read transaction, in key order and appended, so every page of the copy is full. LMDB's own
 /// compacting copy keeps each page as it is, and a B-tree written out of order keeps its leaves
 /// half to two thirds full: at a million resources of 1 KiB, 1.96 GB copied that way against
 /// about 1.3 GB repacked (less disk, less to send a joining node, and a node that installs the
 /// snapshot or rebuilds from it starts with a dense state).
-fn repack(from: &SmEnv, dir: &Path, map_size: usize) -> heed::Result<()> {
-    let (env, dbs) = schema::open_sm(dir, map_size)?;
+fn repack(from: &SmEnv, dir: &Path, map_size: usize) -> Result<(), RepackError> {
+    let (env, dbs) = schema::open_sm(dir, map_size).map_err(RepackError::Writing)?;
     let copied = (|| {
-        let rtxn = from.env.read_txn()?;
+        let rtxn = from.env.read_txn().map_err(RepackError::Reading)?;
         for (source, target) in [
             (from.dbs.resources, dbs.resources),
             (from.dbs.restore, dbs.restore),
@@ -61,17 +71,19 @@ fn copy_appending(
     rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
     env: &schema::LmdbEnv,
     flags: PutFlags,
-) -> heed::Result<()> {
-    let mut records = source.iter(rtxn)?;
+) -> Result<(), RepackError> {
+    let mut records = source.iter(rtxn).map_err(RepackError::Reading)?;
     loop {
-        let mut wtxn = env.write_txn()?;
+        let mut wtxn = env.write_txn().map_err(RepackError::Writing)?;
         let mut copied = 0;
         for item in records.by_ref().take(REPACK_BATCH) {
-            let (key, value) = item?;
-            target.put_with_flags(&mut wtxn, flags, key, value)?;
+            let (key, value) = item.map_err(RepackError::Reading)?;
+            target
+                .put_with_flags(&mut wtxn, flags, key, value)
+                .map_err(RepackError::Writing)?;
             copied += 1;
         }
-        wtxn.commit()?;
+        wtxn.commit().map_err(RepackError::Writing)?;
         if copied < REPACK_BATCH {
             return Ok(());
         }
@@ -81,13 +93,27 @@ fn copy_appending(
 impl SmShared {
     /// Copies the state machine into a repacked LMDB file and records it as the current snapshot.
     pub(super) fn build_snapshot_blocking(&self) -> Result<Snapshot, RaftStorageError> {
+        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let building = schema::building_snapshot_dir(&self.data_dir, sequence);
+        let built = self.build_snapshot_in(&building, sequence);
+        if built.is_err() && building.is_dir() {
+            // A copy that failed is no snapshot: its gigabytes go now, not at the next start.
+            let _ = std::fs::remove_dir_all(&building);
+        }
+        built
+    }
+
+    fn build_snapshot_in(
+        &self,
+        building: &Path,
+        sequence: u64,
+    ) -> Result<Snapshot, RaftStorageError> {
+        let building = building.to_path_buf();
         let sm = self.current();
         // Taken before the copy reads the state: writes applied while it copies count toward
         // the next snapshot.
         let mark = self.cadence.mark();
-        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let snapshots = self.data_dir.join(schema::SNAPSHOT_DIR);
-        let building = schema::building_snapshot_dir(&self.data_dir, sequence);
         std::fs::create_dir_all(&building).map_err(snapshot_error)?;
         let target = building.join(schema::SNAPSHOT_DATA);
         let copy = || {
@@ -95,13 +121,20 @@ impl SmShared {
             let _ = std::fs::remove_file(building.join(schema::SNAPSHOT_LOCK));
             repack(&sm, &building, self.map_size)
         };
-        super::super::disk::wait_out(
+        let copied = super::super::disk::wait_out(
             self.disk.get().map(|disk| &**disk),
             "building a raft snapshot",
-            super::super::disk::is_lmdb_no_space,
+            |error: &RepackError| matches!(error, RepackError::Writing(error) if super::super::disk::is_lmdb_no_space(error)),
             copy,
-        )
-        .map_err(snapshot_error)?;
+        );
+        if let Err(error) = copied {
+            if let RepackError::Reading(_) = error {
+                self.found_damage_saying(format!(
+                    "building a raft snapshot could not read the state machine: {error}"
+                ));
+            }
+            return Err(snapshot_error(error));
+        }
         // Every record of the copy passes its seal (as a follower receiving it will check): a
         // record damaged in the live state, and never read since, must not become the snapshot
         // the log is purged behind.
@@ -227,11 +260,22 @@ impl SmShared {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
-    /// A build that fails for want of disk (an I/O error: the copy is new and nothing relies on
-    /// it yet) answers with the snapshot there is, which raft ignores: raft goes on, the log
-    /// stays unpurged, and the next try comes after more writes. Damage found in the state, or
-    /// a failure with no snapshot to fall back on, is raft's error, as before.
+    /// A build that fails writing its copy (the disk: the copy is new and nothing relies on it
+    /// yet) answers with the snapshot there is, which raft ignores: raft goes on, the log stays
+    /// unpurged, and the next try comes after more writes. Damage found in the state (a record
+    /// that fails its seal, or the state unreadable), or a failure with no snapshot to fall
+    /// back on, is raft's error, as before.
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
+        // An ask queued while the last snapshot was being built: nothing is due, no new copy.
+        if self.shared.cadence.nothing_due()
+            && let Some((meta, path)) = lock(&self.shared.snapshot).clone()
+            && path.exists()
+        {
+            return Ok(Snapshot {
+                meta,
+                snapshot: Box::new(SnapshotFile { path }),
+            });
+        }
         let shared = self.shared.clone();
         let built = tokio::task::spawn_blocking(move || shared.build_snapshot_blocking())
             .await
