@@ -96,6 +96,27 @@ fn apply_once(
     Ok(result)
 }
 
+/// Stores `resource` under `key`, and its owner's index entry when it has an owner (and its
+/// storage key is known).
+fn store(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    key: &[u8],
+    storage_key: Option<&StorageKey>,
+    resource: &Resource,
+) -> Result<(), heed::Error> {
+    if let (Some(owner), Some(storage_key)) = (check::owner_uid(resource), storage_key) {
+        dbs.owners
+            .put(wtxn, &schema::owner_key(owner, storage_key), &())?;
+    }
+    put_in_order(
+        dbs.resources,
+        wtxn,
+        key,
+        &sealed::seal_message(key, resource),
+    )
+}
+
 /// Stores `value` under `key`, appending when the key sorts after every key of `db`. LMDB splits
 /// a full page in half, except on an append, where the new key starts the next page and the full
 /// one stays full: keys written in order (names counting up, a restore, the request log) leave
@@ -280,16 +301,7 @@ fn write(
         dbs.owners
             .delete(wtxn, &schema::owner_key(previous_owner, &storage_key))?;
     }
-    if let Some(owner) = check::owner_uid(&resource) {
-        dbs.owners
-            .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
-    }
-    put_in_order(
-        dbs.resources,
-        wtxn,
-        &key,
-        &sealed::seal_message(&key, &resource),
-    )?;
+    store(dbs, wtxn, &key, Some(&storage_key), &resource)?;
     published.push(Published::Change {
         key: storage_key,
         event: WatchEvent {
@@ -387,19 +399,8 @@ fn commit_restore(
         for (key, mut resource) in chunk {
             // Restored resources are new writes: versions keep increasing.
             resource.version = version.to_string();
-            if let (Some(owner), Some(storage_key)) = (
-                check::owner_uid(&resource),
-                schema::parse_resource_key(&key),
-            ) {
-                dbs.owners
-                    .put(wtxn, &schema::owner_key(owner, &storage_key), &())?;
-            }
-            put_in_order(
-                dbs.resources,
-                wtxn,
-                &key,
-                &sealed::seal_message(&key, &resource),
-            )?;
+            let storage_key = schema::parse_resource_key(&key);
+            store(dbs, wtxn, &key, storage_key.as_ref(), &resource)?;
         }
     }
     dbs.restore.clear(wtxn)?;

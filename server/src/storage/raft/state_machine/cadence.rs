@@ -36,12 +36,11 @@ impl SnapshotCadence {
         if writes == 0 {
             return false;
         }
-        let written = self.written.fetch_add(writes, Ordering::Relaxed) + writes;
+        self.written.fetch_add(writes, Ordering::Relaxed);
         let every = self.every.load(Ordering::Relaxed);
-        let since = written.saturating_sub(self.at_snapshot.load(Ordering::Relaxed));
-        let threshold = every.max(resources / STATE_PER_WRITE);
-        self.threshold.store(threshold, Ordering::Relaxed);
-        let due = every > 0 && since >= threshold;
+        self.threshold
+            .store(every.max(resources / STATE_PER_WRITE), Ordering::Relaxed);
+        let due = self.is_due();
         if due {
             self.due.notify_one();
         }
