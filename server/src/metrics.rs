@@ -63,6 +63,10 @@ pub struct StorageMetrics {
     /// Bytes the state holds, and its quota.
     pub state_bytes: Gauge,
     pub state_quota_bytes: Gauge,
+    /// Rebases of the live state onto a new snapshot, by outcome (`done`, `abandoned`), and
+    /// the log entries they wrote again to catch up.
+    pub state_rebases: Family<Labels, Counter>,
+    pub state_rebase_entries: Counter,
 }
 
 impl Default for StorageMetrics {
@@ -75,6 +79,8 @@ impl Default for StorageMetrics {
             disk_free_bytes: Gauge::default(),
             state_bytes: Gauge::default(),
             state_quota_bytes: Gauge::default(),
+            state_rebases: Family::default(),
+            state_rebase_entries: Counter::default(),
         }
     }
 }
@@ -224,6 +230,16 @@ impl Metrics {
             "resd_state_quota_bytes",
             "The state's quota (--quota-bytes)",
             storage.state_quota_bytes.clone(),
+        );
+        registry.register(
+            "resd_state_rebases",
+            "Rebases of the live state onto the snapshot just built (a dense copy, caught up from the raft log), by outcome",
+            storage.state_rebases.clone(),
+        );
+        registry.register(
+            "resd_state_rebase_entries",
+            "Raft log entries rebases wrote again into their copy to catch up with the live state",
+            storage.state_rebase_entries.clone(),
         );
         let watch = WatchMetrics::default();
         registry.register(

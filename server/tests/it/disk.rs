@@ -405,6 +405,61 @@ async fn a_snapshot_that_cannot_be_built_does_not_stop_the_node() {
     wait_for_snapshot(&node, status.applied_index).await;
 }
 
+/// The generation `raft/sm/CURRENT` names.
+fn current_generation(data: &Path) -> u64 {
+    std::fs::read_to_string(data.join("raft/sm/CURRENT"))
+        .map_or(0, |text| text.trim().parse::<u64>().expect("a generation"))
+}
+
+/// Every snapshot rebases the live state onto a dense copy of itself (a new generation). A
+/// rebase that cannot make its generation (here: a file where its directory goes, as on a disk
+/// answering with errors) is abandoned: the node serves and acknowledges writes from the state
+/// it has. Once it can, the next rebase swaps a generation in; a clean stop and a SIGKILL after
+/// it lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebase_that_cannot_be_made_changes_nothing_and_restarts_after_one_lose_nothing() {
+    let mut node = Resd::start_with(&["--snapshot-every", "20"]);
+    let data = node.data_dir().expect("data dir").to_path_buf();
+    let generation = current_generation(&data);
+    let blocked = data.join(format!("raft/sm/{:020}", generation + 1));
+    std::fs::write(&blocked, b"not a directory").expect("block the next generation");
+    write_artists(&node, 30).await;
+    wait_for_snapshot(&node, 20).await;
+    assert_eq!(
+        current_generation(&data),
+        generation,
+        "no rebase could be made"
+    );
+    wait_for_artists(&node, 30, "the live state after an abandoned rebase").await;
+
+    std::fs::remove_file(&blocked).expect("unblock");
+    let mut client = node.resources().await;
+    for i in 0..40 {
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("after-{i}"))),
+            })
+            .await
+            .expect("acknowledged");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while current_generation(&data) == generation {
+        assert!(
+            Instant::now() < deadline,
+            "no rebase within 30 s of unblocking"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_artists(&node, 70, "the rebased state").await;
+
+    node.terminate();
+    node.restart();
+    wait_for_artists(&node, 70, "after a clean stop following a rebase").await;
+    node.kill9();
+    node.restart();
+    wait_for_artists(&node, 70, "after a SIGKILL following a rebase").await;
+}
+
 /// Waits until `node` has a raft snapshot at `index` or later (so its log is purged behind it).
 async fn wait_for_snapshot(node: &Resd, index: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);

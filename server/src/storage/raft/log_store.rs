@@ -42,6 +42,29 @@ pub(crate) struct LogStore {
     inner: Arc<LogInner>,
 }
 
+/// A handle on the log that does not keep it open (the log closes when raft drops its
+/// stores): the state machine reads committed entries through it to rebase its live state
+/// (see `state_machine::rebase`).
+#[derive(Clone)]
+pub(crate) struct LogHandle {
+    inner: std::sync::Weak<LogInner>,
+}
+
+impl LogHandle {
+    /// The entries of `range` the log holds (from the first it has); an error once the log
+    /// has closed.
+    pub(crate) fn entries(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Entry>, RaftStorageError> {
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or_else(|| read_error("the raft log is closed"))?;
+        LogStore { inner }.entries(range, None)
+    }
+}
+
 impl Debug for LogStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore").finish_non_exhaustive()
@@ -361,6 +384,13 @@ impl LogStore {
 
     pub(crate) fn stats(&self) -> Arc<LogStats> {
         self.inner.stats.clone()
+    }
+
+    /// A handle that reads the log without keeping it open.
+    pub(crate) fn handle(&self) -> LogHandle {
+        LogHandle {
+            inner: Arc::downgrade(&self.inner),
+        }
     }
 
     fn tail(&self) -> MutexGuard<'_, Tail> {

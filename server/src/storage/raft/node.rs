@@ -326,6 +326,7 @@ impl RaftNode {
         let log_stats = log.stats();
         let _ = log_stats.metrics.set(options.metrics.clone());
         sm.shared.use_metrics(options.metrics.clone());
+        sm.shared.use_log(log.handle());
         let disk = Arc::new(super::disk::DiskSpace::new(
             &options.data_dir,
             options.disk_reserve,

@@ -33,6 +33,7 @@ use crate::wire::raft::{decode, encode};
 mod apply;
 mod cadence;
 mod export;
+mod rebase;
 mod recovery;
 mod snapshot;
 
@@ -92,6 +93,10 @@ pub struct SmShared {
     map_size: usize,
     /// When the next raft snapshot is due (by writes, growing with the state).
     cadence: Arc<SnapshotCadence>,
+    /// The raft log, read by rebases ([`rebase`]).
+    log: std::sync::OnceLock<super::log_store::LogHandle>,
+    /// Held by a rebase and by an install: both make the next generation.
+    rebasing: Mutex<()>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -491,58 +496,34 @@ impl SmShared {
             return Ok(Vec::new());
         };
         let started = std::time::Instant::now();
-        let mut writes = 0u64;
-        let mut written = 0u64;
-        let mut restored = false;
         let sm = self.current();
         if self.closed.load(Ordering::SeqCst) {
             return Err(sm_write_error("the state machine is closed"));
         }
         let mut wtxn = sm.env.write_txn().map_err(sm_write_error)?;
-        let mut results = Vec::with_capacity(entries.len());
+        let mut tally = Tally::default();
         let mut published = Vec::new();
-        for entry in entries {
-            let index = entry.log_id.index;
-            let result = match entry.payload {
-                EntryPayload::Blank => Outcome::default(),
-                EntryPayload::Membership(membership) => {
-                    let stored = StoredMembership::new(Some(entry.log_id), membership);
-                    let bytes = encode(&stored);
-                    put_meta(&sm.dbs, &mut wtxn, schema::META_MEMBERSHIP, &bytes)
-                        .map_err(sm_write_error)?;
-                    Outcome::default()
-                }
-                EntryPayload::Normal(command) => {
-                    let changes = command.op().change_count() as u64;
-                    writes += changes;
-                    // Staged restore records count too: an abandoned restore's chunks stay
-                    // in the log until a snapshot purges them.
-                    written += match command.op() {
-                        Op::RestoreChunk { resources, .. } => resources.len() as u64,
-                        _ => changes,
-                    };
-                    // A committed restore counts as writing every resource it left: the log
-                    // holds the whole restored state, and a snapshot of it is due at the commit.
-                    restored |= matches!(command.op(), Op::RestoreCommit { .. });
-                    if let Some(metrics) = self.metrics.get() {
-                        metrics.batch_entries.observe(changes as f64);
-                    }
-                    apply::apply_op(&sm.dbs, &mut wtxn, index, command.into_op(), &mut published)
-                        .map_err(|error| {
-                            // Apply must not decide anything from damaged bytes (the other
-                            // nodes would decide otherwise): raft stops here, and the node
-                            // restarts to rebuild its state.
-                            if let Some(damage) = damage_of(&error) {
-                                self.found_damage(damage);
-                            }
-                            sm_write_error(error)
-                        })?
-                }
-            };
-            results.push(result);
-        }
-        let bytes = encode(&Some(last));
-        put_meta(&sm.dbs, &mut wtxn, schema::META_LAST_APPLIED, &bytes).map_err(sm_write_error)?;
+        let results = write_entries(
+            &sm.dbs,
+            &mut wtxn,
+            entries,
+            Some(&mut tally),
+            self.metrics.get(),
+            &mut published,
+        )
+        .map_err(|error| {
+            // Apply must not decide anything from damaged bytes (the other nodes would decide
+            // otherwise): raft stops here, and the node restarts to rebuild its state.
+            if let Some(damage) = damage_of(&error) {
+                self.found_damage(damage);
+            }
+            sm_write_error(error)
+        })?;
+        let Tally {
+            writes,
+            mut written,
+            restored,
+        } = tally;
         let used = schema::state_bytes(&sm.env, &sm.dbs, &wtxn).map_err(sm_write_error)?;
         let resources = sm.dbs.resources.len(&wtxn).map_err(sm_write_error)?;
         wtxn.commit().map_err(sm_write_error)?;
@@ -708,6 +689,68 @@ impl SmShared {
 
 /// Bytes a batch may add to the state machine's file: twice what its entries carry (records,
 /// remembered requests, page splits), and a megabyte.
+/// What applying a run of entries wrote, for the snapshot cadence and the metrics.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Resource changes the entries carried.
+    writes: u64,
+    /// Records they wrote (a restore's staged chunks count too).
+    written: u64,
+    /// Whether one of them committed a restore.
+    restored: bool,
+}
+
+/// Writes `entries` into `wtxn`, then the last one's id as the last applied: the outcome of
+/// each, and in `published` the watch events to publish after the commit. Apply and a rebase's
+/// catch-up (which counts and publishes nothing) share it: the same entries on the same state
+/// write the same records.
+fn write_entries(
+    dbs: &SmDbs,
+    wtxn: &mut heed::RwTxn<'_>,
+    entries: Vec<Entry>,
+    mut tally: Option<&mut Tally>,
+    metrics: Option<&crate::metrics::StorageMetrics>,
+    published: &mut Vec<crate::storage::events::Published>,
+) -> Result<Vec<Outcome>, heed::Error> {
+    let Some(last) = entries.last().map(|entry| entry.log_id) else {
+        return Ok(Vec::new());
+    };
+    let mut results = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let index = entry.log_id.index;
+        let result = match entry.payload {
+            EntryPayload::Blank => Outcome::default(),
+            EntryPayload::Membership(membership) => {
+                let stored = StoredMembership::new(Some(entry.log_id), membership);
+                put_meta(dbs, wtxn, schema::META_MEMBERSHIP, &encode(&stored))?;
+                Outcome::default()
+            }
+            EntryPayload::Normal(command) => {
+                let changes = command.op().change_count() as u64;
+                if let Some(tally) = tally.as_deref_mut() {
+                    tally.writes += changes;
+                    // Staged restore records count too: an abandoned restore's chunks stay in
+                    // the log until a snapshot purges them.
+                    tally.written += match command.op() {
+                        Op::RestoreChunk { resources, .. } => resources.len() as u64,
+                        _ => changes,
+                    };
+                    // A committed restore counts as writing every resource it left: the log
+                    // holds the whole restored state, and a snapshot of it is due at the commit.
+                    tally.restored |= matches!(command.op(), Op::RestoreCommit { .. });
+                }
+                if let Some(metrics) = metrics {
+                    metrics.batch_entries.observe(changes as f64);
+                }
+                apply::apply_op(dbs, wtxn, index, command.into_op(), published)?
+            }
+        };
+        results.push(result);
+    }
+    put_meta(dbs, wtxn, schema::META_LAST_APPLIED, &encode(&Some(last)))?;
+    Ok(results)
+}
+
 fn room_needed(entries: &[Entry]) -> u64 {
     let carried: usize = entries
         .iter()

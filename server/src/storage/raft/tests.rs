@@ -173,6 +173,16 @@ impl Member {
         }
     }
 
+    /// A single node whose options `configure` adjusts last.
+    pub(super) async fn single_configured(configure: impl Fn(&mut RaftOptions)) -> Member {
+        Member {
+            cluster: Arc::new(
+                TestCluster::start_configured(1, Duration::from_secs(10), configure).await,
+            ),
+            index: 0,
+        }
+    }
+
     pub(super) async fn leader_of_three() -> Member {
         Member {
             cluster: Arc::new(TestCluster::start(3).await),

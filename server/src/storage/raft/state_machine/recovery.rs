@@ -162,6 +162,8 @@ impl StateMachineStore {
                 damage: tokio::sync::watch::Sender::new(None),
                 map_size,
                 cadence: Arc::default(),
+                log: std::sync::OnceLock::new(),
+                rebasing: Mutex::new(()),
             }),
         })
     }

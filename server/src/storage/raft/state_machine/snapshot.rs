@@ -96,9 +96,13 @@ impl SmShared {
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let building = schema::building_snapshot_dir(&self.data_dir, sequence);
         let built = self.build_snapshot_in(&building, sequence);
-        if built.is_err() && building.is_dir() {
+        match &built {
+            Ok(snapshot) => self.rebase_onto(&snapshot.snapshot.path),
             // A copy that failed is no snapshot: its gigabytes go now, not at the next start.
-            let _ = std::fs::remove_dir_all(&building);
+            Err(_) if building.is_dir() => {
+                let _ = std::fs::remove_dir_all(&building);
+            }
+            Err(_) => {}
         }
         built
     }
@@ -202,6 +206,7 @@ impl SmShared {
         meta: SnapshotMeta,
         file: SnapshotFile,
     ) -> Result<(), RaftStorageError> {
+        let _rebasing = lock(&self.rebasing);
         let old = self.current();
         let generation = old.generation + 1;
         let generation_dir = schema::sm_generation_dir(&self.data_dir, generation);
