@@ -51,6 +51,8 @@ say "a paged list of everything"
 t=$(now)
 listed=$(resctl get demo.v1.Artist -A -o name | wc -l)
 figure list "paged list of everything (pages of 500)" "$(since "$t") s ($listed listed)"
+# Reading everything maps every page of the file it was read from (resd's LMDB, etcd's bbolt).
+figure rss_listed "RSS per node after that list, MiB: total (anonymous)" "$(rss_split "${pid[1]}") / $(rss_split "${pid[2]}") / $(rss_split "${pid[3]}")"
 
 say "labelling 1 % and selecting it"
 resctl get demo.v1.Artist -A -o name | awk -v every=100 'NR % every == 0' | sed 's|.*/||' \
@@ -141,6 +143,7 @@ else
   say "etcd: a paged range of everything"
   paged=$("$bin/examples/etcd_pages" "$(echo "$eps" | cut -d, -f1)" bench/put/ 500)
   etcd_figure list "$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(f\"{d['seconds']:.2f} s ({d['keys']} listed)\")" "$paged")"
+  etcd_figure rss_listed "$(etcd_rss m1) / $(etcd_rss m2) / $(etcd_rss m3)"
   etcd_figure selector "— (etcd has no selectors)"
   say "etcd: snapshot save"
   t=$(now)

@@ -145,26 +145,35 @@ impl SmShared {
             let live = self.live_applied()?;
             caught_up += self.catch_up(&new, log, at, live)?;
             *self.current.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+            // CURRENT names the new generation before a clean stop (which takes this lock)
+            // can sync it and mark it clean.
+            let named = write_current(&self.data_dir, generation);
             drop(events);
-            Ok((new, caught_up))
+            Ok((new, caught_up, named))
         })();
-        let (new, caught_up) = match rebased {
+        let (new, caught_up, named) = match rebased {
             Ok(rebased) => rebased,
             Err(error) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(error);
             }
         };
-        // CURRENT names the generation in use from here (a crash before it leaves the old one
-        // named, whole: it is removed only after).
-        if let Err(error) = write_current(&self.data_dir, generation) {
-            // The next start opens the old generation, which a clean stop's marker (the sum of
-            // the new one's file) does not match: it is rebuilt from the snapshot, as after a
-            // crash. Its files stay until then.
-            tracing::warn!(%error, "cannot record the rebased generation; the previous one is kept for the next start");
-        } else {
-            let _ =
-                std::fs::remove_dir_all(schema::sm_generation_dir(&self.data_dir, old.generation));
+        match named {
+            // The old generation is named nowhere: its files go (a reader still holding it
+            // reads on from its map).
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(schema::sm_generation_dir(
+                    &self.data_dir,
+                    old.generation,
+                ));
+            }
+            // Both generations stay: whichever CURRENT names at the next start, a clean stop's
+            // marker (the sum of the new one's file) says whether it can be used as it is, and
+            // it is rebuilt from the snapshot otherwise, as after a crash.
+            Err(error) => tracing::warn!(
+                %error,
+                "cannot record the rebased generation; the previous one is kept for the next start"
+            ),
         }
         let before = old.env.real_disk_size().unwrap_or(0);
         drop(old);
