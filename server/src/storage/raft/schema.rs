@@ -10,7 +10,8 @@
 //!   entries            u64 big-endian index -> encoded Entry (empty from format 2)
 //!   meta               "format" | "vote" | "last_purged" -> encoded value;
 //!                      "wal" -> [1] once raft/wal holds the log (it must, from then on)
-//! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot)
+//! raft/sm/<generation>/  state machine environment (a new generation per installed snapshot,
+//!                        rebase onto a built one, or rebuild after an unclean stop)
 //!   resources          storage key -> sealed encoded Resource
 //!   owners             owner uid 0x00 storage key -> ()
 //!   meta               "format" -> u32; "last_applied" | "membership" | "restore_id" -> sealed

@@ -32,12 +32,14 @@ use crate::wire::raft::{decode, encode};
 
 mod apply;
 mod cadence;
+mod counts;
 mod export;
 mod rebase;
 mod recovery;
 mod snapshot;
 
 pub use cadence::SnapshotCadence;
+use counts::KindCounts;
 pub use snapshot::check_received;
 
 /// Most resource changes an apply runs on the async thread that asked for it (see
@@ -97,6 +99,10 @@ pub struct SmShared {
     log: std::sync::OnceLock<super::log_store::LogHandle>,
     /// Held by a rebase and by an install: both make the next generation.
     rebasing: Mutex<()>,
+    /// Resources per kind for the metrics, kept by apply once counted (under the apply lock).
+    kind_counts: Mutex<KindCounts>,
+    /// Held by the one ask that counts.
+    counting: Mutex<()>,
 }
 
 impl std::fmt::Debug for SmShared {
@@ -279,42 +285,25 @@ impl SmShared {
             .unwrap_or_default()
     }
 
-    /// Resources stored per `group.Kind`, from the keys alone (nothing is decoded).
+    /// Resources stored per `group.Kind`: counted from the keys at the first ask after the
+    /// state was opened or replaced, then kept by apply ([`counts`]).
     pub fn count_by_kind(&self) -> Result<std::collections::BTreeMap<String, u64>, StorageError> {
+        // One scan at a time: a second ask waits for the first and finds the counts known.
+        let _counting = lock(&self.counting);
+        let log = lock(&self.events);
+        if let KindCounts::Known(known) = &*lock(&self.kind_counts) {
+            return Ok(counts::labelled(known));
+        }
+        // The transaction is taken under the apply lock: what is applied after it is kept
+        // aside for the scan to add.
         let sm = self.current();
         let rtxn = sm.env.read_txn().map_err(storage_internal)?;
-        let mut counts = std::collections::BTreeMap::new();
-        let mut last: Option<(Vec<u8>, String)> = None;
-        for item in sm
-            .dbs
-            .resources
-            .lazily_decode_data()
-            .iter(&rtxn)
-            .map_err(storage_internal)?
-        {
-            let (key, _) = item.map_err(storage_internal)?;
-            // `group SEP kind SEP …`: the prefix up to the second separator names the kind.
-            let mut parts = key.splitn(3, |byte| *byte == schema::SEP);
-            let (Some(group), Some(kind)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let prefix_len = group.len() + 1 + kind.len();
-            let prefix = &key[..prefix_len.min(key.len())];
-            let label = match &last {
-                Some((bytes, label)) if bytes.as_slice() == prefix => label.clone(),
-                _ => {
-                    let label = format!(
-                        "{}.{}",
-                        String::from_utf8_lossy(group),
-                        String::from_utf8_lossy(kind)
-                    );
-                    last = Some((prefix.to_vec(), label.clone()));
-                    label
-                }
-            };
-            *counts.entry(label).or_insert(0) += 1;
-        }
-        Ok(counts)
+        *lock(&self.kind_counts) = KindCounts::Counting(counts::Counts::new());
+        drop(log);
+        let scanned = scan_kinds(&sm, &rtxn).map_err(storage_internal)?;
+        drop(rtxn);
+        let _log = lock(&self.events);
+        Ok(counts::labelled(&lock(&self.kind_counts).counted(scanned)))
     }
 
     /// Bytes on disk of the current state machine environment.
@@ -532,6 +521,7 @@ impl SmShared {
             written += resources;
         }
         self.cadence.applied(written, resources);
+        lock(&self.kind_counts).applied(&published);
         log.publish_all(published, Version::new(last.index));
         if let Some(metrics) = self.metrics.get() {
             metrics
@@ -689,6 +679,42 @@ impl SmShared {
 
 /// Bytes a batch may add to the state machine's file: twice what its entries carry (records,
 /// remembered requests, page splits), and a megabyte.
+/// Resources per group and kind in `rtxn`, from the keys alone (nothing is decoded).
+fn scan_kinds(
+    sm: &SmEnv,
+    rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
+) -> heed::Result<counts::Counts> {
+    let mut found = counts::Counts::new();
+    // Keys of one kind are adjacent: counted in a run, added once per run.
+    let mut run: Option<(Vec<u8>, usize)> = None;
+    let end_run = |found: &mut counts::Counts, run: Option<(Vec<u8>, usize)>| {
+        if let Some((prefix, count)) = run {
+            let mut parts = prefix.splitn(2, |byte| *byte == schema::SEP);
+            let group = String::from_utf8_lossy(parts.next().unwrap_or_default());
+            let kind = String::from_utf8_lossy(parts.next().unwrap_or_default());
+            counts::add(found, &group, &kind, count as i64);
+        }
+    };
+    for item in sm.dbs.resources.lazily_decode_data().iter(rtxn)? {
+        let (key, _) = item?;
+        // `group SEP kind SEP …`: the prefix up to the second separator names the kind.
+        let mut parts = key.splitn(3, |byte| *byte == schema::SEP);
+        let (Some(group), Some(kind)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let prefix = &key[..(group.len() + 1 + kind.len()).min(key.len())];
+        match &mut run {
+            Some((current, count)) if current.as_slice() == prefix => *count += 1,
+            _ => {
+                end_run(&mut found, run.take());
+                run = Some((prefix.to_vec(), 1));
+            }
+        }
+    }
+    end_run(&mut found, run);
+    Ok(found)
+}
+
 /// What applying a run of entries wrote, for the snapshot cadence and the metrics.
 #[derive(Debug, Default)]
 struct Tally {

@@ -41,6 +41,8 @@ pub(super) enum RebaseError {
     Copy(std::io::Error),
     #[error("the copy: {0}")]
     Copied(heed::Error),
+    #[error("reading the live state's last applied entry: {0}")]
+    Live(heed::Error),
     #[error("reading the raft log: {0}")]
     Log(String),
     #[error("the raft log no longer holds entry {0}")]
@@ -189,8 +191,8 @@ impl SmShared {
     /// The live state's last applied index.
     fn live_applied(&self) -> Result<u64, RebaseError> {
         let sm = self.current();
-        let rtxn = sm.env.read_txn().map_err(RebaseError::Copied)?;
-        applied_index(&sm.dbs, &rtxn).map_err(RebaseError::Copied)
+        let rtxn = sm.env.read_txn().map_err(RebaseError::Live)?;
+        applied_index(&sm.dbs, &rtxn).map_err(RebaseError::Live)
     }
 
     /// Writes the entries after `from` up to `to` into `new`, a chunk per transaction; how many.

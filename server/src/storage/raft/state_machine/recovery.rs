@@ -164,6 +164,8 @@ impl StateMachineStore {
                 cadence: Arc::default(),
                 log: std::sync::OnceLock::new(),
                 rebasing: Mutex::new(()),
+                kind_counts: Mutex::default(),
+                counting: Mutex::new(()),
             }),
         })
     }

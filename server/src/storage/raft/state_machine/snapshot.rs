@@ -245,6 +245,7 @@ impl SmShared {
                 generation,
                 file: std::sync::OnceLock::new(),
             });
+            lock(&self.kind_counts).forget();
             log.reset(
                 "this server installed a snapshot of the whole state; list again and start a new watch".into(),
                 Version::new(meta.last_log_id.map(|l| l.index).unwrap_or(0)),
