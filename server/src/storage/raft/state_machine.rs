@@ -684,35 +684,11 @@ fn scan_kinds(
     sm: &SmEnv,
     rtxn: &heed::RoTxn<'_, heed::WithoutTls>,
 ) -> heed::Result<counts::Counts> {
-    let mut found = counts::Counts::new();
-    // Keys of one kind are adjacent: counted in a run, added once per run.
-    let mut run: Option<(Vec<u8>, usize)> = None;
-    let end_run = |found: &mut counts::Counts, run: Option<(Vec<u8>, usize)>| {
-        if let Some((prefix, count)) = run {
-            let mut parts = prefix.splitn(2, |byte| *byte == schema::SEP);
-            let group = String::from_utf8_lossy(parts.next().unwrap_or_default());
-            let kind = String::from_utf8_lossy(parts.next().unwrap_or_default());
-            counts::add(found, &group, &kind, count as i64);
-        }
-    };
+    let mut tally = counts::KeyTally::default();
     for item in sm.dbs.resources.lazily_decode_data().iter(rtxn)? {
-        let (key, _) = item?;
-        // `group SEP kind SEP …`: the prefix up to the second separator names the kind.
-        let mut parts = key.splitn(3, |byte| *byte == schema::SEP);
-        let (Some(group), Some(kind)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        let prefix = &key[..(group.len() + 1 + kind.len()).min(key.len())];
-        match &mut run {
-            Some((current, count)) if current.as_slice() == prefix => *count += 1,
-            _ => {
-                end_run(&mut found, run.take());
-                run = Some((prefix.to_vec(), 1));
-            }
-        }
+        tally.key(item?.0);
     }
-    end_run(&mut found, run);
-    Ok(found)
+    Ok(tally.finish())
 }
 
 /// What applying a run of entries wrote, for the snapshot cadence and the metrics.

@@ -88,6 +88,47 @@ pub(super) fn add(counts: &mut Counts, group: &str, kind: &str, delta: i64) {
     }
 }
 
+/// Counts resource keys as they are read in key order (the keys of one kind are adjacent: a
+/// run is counted, and added once).
+#[derive(Debug, Default)]
+pub(super) struct KeyTally {
+    found: Counts,
+    run: Option<(Vec<u8>, i64)>,
+}
+
+impl KeyTally {
+    /// Counts the resource stored under `key` (`group SEP kind SEP …`).
+    pub(super) fn key(&mut self, key: &[u8]) {
+        let mut parts = key.splitn(3, |byte| *byte == super::schema::SEP);
+        let (Some(group), Some(kind)) = (parts.next(), parts.next()) else {
+            return;
+        };
+        let prefix = &key[..(group.len() + 1 + kind.len()).min(key.len())];
+        match &mut self.run {
+            Some((current, count)) if current.as_slice() == prefix => *count += 1,
+            _ => {
+                self.end_run();
+                self.run = Some((prefix.to_vec(), 1));
+            }
+        }
+    }
+
+    fn end_run(&mut self) {
+        if let Some((prefix, count)) = self.run.take() {
+            let mut parts = prefix.splitn(2, |byte| *byte == super::schema::SEP);
+            let group = String::from_utf8_lossy(parts.next().unwrap_or_default());
+            let kind = String::from_utf8_lossy(parts.next().unwrap_or_default());
+            add(&mut self.found, &group, &kind, count);
+        }
+    }
+
+    /// What was counted.
+    pub(super) fn finish(mut self) -> Counts {
+        self.end_run();
+        self.found
+    }
+}
+
 /// `group.Kind` -> resources, for people and the metrics (kinds with none left out).
 pub(super) fn labelled(counts: &Counts) -> BTreeMap<String, u64> {
     counts

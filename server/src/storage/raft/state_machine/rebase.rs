@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::log_store::LogHandle;
 use super::super::schema;
+use super::counts::{Counts, KindCounts};
 use super::recovery::write_current;
 use super::{SmEnv, SmShared, applied_index, lock, write_entries};
 
@@ -71,16 +72,17 @@ impl SmShared {
         let _ = self.log.set(log);
     }
 
-    /// Rebases the live state onto `snapshot`, the data file of the snapshot just built (see
-    /// the module's doc); logs what it did, or why it was abandoned.
-    pub(super) fn rebase_onto(&self, snapshot: &Path) {
+    /// Rebases the live state onto `snapshot`, the data file of the snapshot just built, which
+    /// holds `counts` resources per kind (see the module's doc); logs what it did, or why it
+    /// was abandoned.
+    pub(super) fn rebase_onto(&self, snapshot: &Path, counts: Counts) {
         let Some(log) = self.log.get() else {
             return;
         };
         // One at a time, and never with an install (both make the next generation).
         let _rebasing = lock(&self.rebasing);
         let started = std::time::Instant::now();
-        let rebased = self.try_rebase(snapshot, log);
+        let rebased = self.try_rebase(snapshot, log, counts);
         if let Some(metrics) = self.metrics.get() {
             let outcome = if rebased.is_ok() { "done" } else { "abandoned" };
             metrics
@@ -107,7 +109,14 @@ impl SmShared {
         }
     }
 
-    fn try_rebase(&self, snapshot: &Path, log: &LogHandle) -> Result<Rebased, RebaseError> {
+    fn try_rebase(
+        &self,
+        snapshot: &Path,
+        log: &LogHandle,
+        counts: Counts,
+    ) -> Result<Rebased, RebaseError> {
+        // Kept through the catch-up as apply keeps the live ones: the copy's counts at the swap.
+        let mut counts = KindCounts::Known(counts);
         let old = self.current();
         let generation = old.generation + 1;
         let dir = schema::sm_generation_dir(&self.data_dir, generation);
@@ -134,7 +143,7 @@ impl SmShared {
                 if live.saturating_sub(at) <= FINAL_CATCH_UP {
                     break;
                 }
-                caught_up += self.catch_up(&new, log, at, live)?;
+                caught_up += self.catch_up(&new, log, at, live, &mut counts)?;
                 at = live;
             }
             let events = lock(&self.events);
@@ -145,8 +154,9 @@ impl SmShared {
                 return Err(RebaseError::Replaced);
             }
             let live = self.live_applied()?;
-            caught_up += self.catch_up(&new, log, at, live)?;
+            caught_up += self.catch_up(&new, log, at, live, &mut counts)?;
             *self.current.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+            *lock(&self.kind_counts) = counts;
             // CURRENT names the new generation before a clean stop (which takes this lock)
             // can sync it and mark it clean.
             let named = write_current(&self.data_dir, generation);
@@ -195,13 +205,15 @@ impl SmShared {
         applied_index(&sm.dbs, &rtxn).map_err(RebaseError::Live)
     }
 
-    /// Writes the entries after `from` up to `to` into `new`, a chunk per transaction; how many.
+    /// Writes the entries after `from` up to `to` into `new`, a chunk per transaction, and
+    /// what they create and delete into `counts`; how many.
     fn catch_up(
         &self,
         new: &SmEnv,
         log: &LogHandle,
         from: u64,
         to: u64,
+        counts: &mut KindCounts,
     ) -> Result<u64, RebaseError> {
         let mut next = from + 1;
         while next <= to {
@@ -221,9 +233,11 @@ impl SmShared {
                 return Err(RebaseError::Gap(next + entries.len() as u64));
             }
             let mut wtxn = new.env.write_txn().map_err(RebaseError::Copied)?;
-            write_entries(&new.dbs, &mut wtxn, entries, None, None, &mut Vec::new())
+            let mut published = Vec::new();
+            write_entries(&new.dbs, &mut wtxn, entries, None, None, &mut published)
                 .map_err(RebaseError::Copied)?;
             wtxn.commit().map_err(RebaseError::Copied)?;
+            counts.applied(&published);
             next = end;
         }
         Ok(to.saturating_sub(from))
@@ -302,6 +316,25 @@ mod tests {
             metrics.state_rebase_entries.get() > 0,
             "rebases caught up with writes applied while they copied"
         );
+        // The counts per kind came with the rebase (nobody asked for them), and are the
+        // state's: the snapshot's, and what the catch-up and apply created since.
+        {
+            let _applying = lock(&sm.events);
+            let KindCounts::Known(known) = &*lock(&sm.kind_counts) else {
+                panic!("a rebase leaves the counts known");
+            };
+            let live = sm.current();
+            let rtxn = live.env.read_txn().expect("txn");
+            let scanned = super::super::scan_kinds(&live, &rtxn).expect("scan");
+            assert_eq!(
+                super::super::counts::labelled(known),
+                super::super::counts::labelled(&scanned)
+            );
+            assert_eq!(
+                super::super::counts::labelled(known).values().sum::<u64>(),
+                (WRITERS * EACH) as u64
+            );
+        }
         let listed: BTreeMap<String, String> = backend
             .list(
                 Consistency::Strong,
@@ -421,7 +454,7 @@ mod abandoned {
         let log = LogStore::open(log_dir.path()).expect("log");
         let error = sm
             .shared
-            .try_rebase(&path, &log.handle())
+            .try_rebase(&path, &log.handle(), Counts::new())
             .expect_err("nothing to catch up from");
         assert!(matches!(error, RebaseError::Gap(2)), "{error}");
         // A closed log.
@@ -429,7 +462,7 @@ mod abandoned {
         drop(log);
         let error = sm
             .shared
-            .try_rebase(&path, &handle)
+            .try_rebase(&path, &handle, Counts::new())
             .expect_err("the log closed");
         assert!(matches!(error, RebaseError::Log(_)), "{error}");
 
