@@ -637,44 +637,53 @@ async fn a_request_deadline_shorter_than_the_forward_timeout_ends_the_wait() {
     );
 }
 
+/// The log entry at `index` (term 1) that carries `change` alone.
+pub(super) fn entry_changing(index: u64, change: super::op::Change) -> Entry {
+    let command = super::op::Op::Changes(vec![super::op::Tagged::by_test(change)]);
+    Entry {
+        log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Normal(super::types::Command::new(command)),
+    }
+}
+
+/// The log entry at `index` that writes `resource` (created: no version expected).
+pub(super) fn entry_writing(index: u64, resource: proto::resource::v1::Resource) -> Entry {
+    entry_changing(
+        index,
+        super::op::Change::Write(
+            Arc::new(resource),
+            crate::storage::WriteCondition::Version,
+        ),
+    )
+}
+
+/// The log entry at `index` that creates an artist named `name`.
+pub(super) fn write_entry(index: u64, name: &str) -> Entry {
+    let fixture = crate::storage::conformance::Fixture::new();
+    entry_writing(index, fixture.artist(name))
+}
+
+/// The names of the artists `sm` holds, sorted.
+pub(super) fn names(sm: &StateMachineStore) -> Vec<String> {
+    let fixture = crate::storage::conformance::Fixture::new();
+    let mut names: Vec<String> = sm
+        .shared
+        .list(&fixture.artist_type(), &fixture.wildcard(), "")
+        .expect("list")
+        .into_iter()
+        .map(|r| r.id.unwrap_or_default().name)
+        .collect();
+    names.sort();
+    names
+}
+
 mod restart {
     use openraft::RaftSnapshotBuilder;
     use openraft::storage::RaftStateMachine;
 
     use super::super::state_machine::StateMachineStore;
-    use super::super::types::{Command, Entry, LogId};
-
-    fn write_entry(index: u64, name: &str) -> Entry {
-        let fixture = crate::storage::conformance::Fixture::new();
-        entry_writing(index, fixture.artist(name))
-    }
-
-    /// The log entry at `index` that writes `resource` (created: no version expected).
-    fn entry_writing(index: u64, resource: proto::resource::v1::Resource) -> Entry {
-        let command = super::super::op::Op::Changes(vec![super::super::op::Tagged::by_test(
-            super::super::op::Change::Write(
-                std::sync::Arc::new(resource),
-                crate::storage::WriteCondition::Version,
-            ),
-        )]);
-        Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Normal(Command::new(command)),
-        }
-    }
-
-    fn names(sm: &StateMachineStore) -> Vec<String> {
-        let fixture = crate::storage::conformance::Fixture::new();
-        let mut names: Vec<String> = sm
-            .shared
-            .list(&fixture.artist_type(), &fixture.wildcard(), "")
-            .expect("list")
-            .into_iter()
-            .map(|r| r.id.unwrap_or_default().name)
-            .collect();
-        names.sort();
-        names
-    }
+    use super::super::types::{Entry, LogId};
+    use super::{entry_writing, names, write_entry};
 
     #[tokio::test]
     async fn an_unclean_stop_rebuilds_the_state_machine_from_the_latest_snapshot() {

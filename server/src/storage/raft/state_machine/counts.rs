@@ -229,21 +229,12 @@ mod kept {
 
     use openraft::storage::RaftStateMachine;
 
-    use super::super::super::op::{Change, Op, Tagged};
-    use super::super::super::types::{Command, Entry, LogId};
+    use super::super::super::op::Change;
+    use super::super::super::tests::entry_changing as entry;
     use super::super::{StateMachineStore, scan_kinds};
     use super::*;
     use crate::storage::WriteCondition;
     use crate::storage::conformance::Fixture;
-
-    fn entry(index: u64, change: Change) -> Entry {
-        Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Normal(Command::new(Op::Changes(vec![
-                Tagged::by_test(change),
-            ]))),
-        }
-    }
 
     fn scanned(sm: &StateMachineStore) -> BTreeMap<String, u64> {
         let live = sm.shared.current();

@@ -397,36 +397,9 @@ mod abandoned {
     use openraft::storage::RaftStateMachine;
 
     use super::super::super::log_store::LogStore;
-    use super::super::super::op::{Change, Op, Tagged};
-    use super::super::super::types::{Command, Entry, LogId};
+    use super::super::super::tests::{names, write_entry};
     use super::super::StateMachineStore;
     use super::*;
-    use crate::storage::conformance::Fixture;
-
-    fn write_entry(index: u64, name: &str) -> Entry {
-        let resource = Fixture::new().artist(name);
-        let op = Op::Changes(vec![Tagged::by_test(Change::Write(
-            Arc::new(resource),
-            crate::storage::WriteCondition::Version,
-        ))]);
-        Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: openraft::EntryPayload::Normal(Command::new(op)),
-        }
-    }
-
-    fn names(sm: &StateMachineStore) -> Vec<String> {
-        let fixture = Fixture::new();
-        let mut names: Vec<String> = sm
-            .shared
-            .list(&fixture.artist_type(), &fixture.wildcard(), "")
-            .expect("list")
-            .into_iter()
-            .map(|r| r.id.unwrap_or_default().name)
-            .collect();
-        names.sort();
-        names
-    }
 
     /// A rebase that cannot catch up (the log no longer holds the entries after the snapshot,
     /// or has closed) changes nothing: the live generation stays, its copy is removed, and
