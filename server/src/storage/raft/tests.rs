@@ -650,10 +650,7 @@ pub(super) fn entry_changing(index: u64, change: super::op::Change) -> Entry {
 pub(super) fn entry_writing(index: u64, resource: proto::resource::v1::Resource) -> Entry {
     entry_changing(
         index,
-        super::op::Change::Write(
-            Arc::new(resource),
-            crate::storage::WriteCondition::Version,
-        ),
+        super::op::Change::Write(Arc::new(resource), crate::storage::WriteCondition::Version),
     )
 }
 
