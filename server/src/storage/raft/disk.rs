@@ -68,6 +68,11 @@ impl DiskSpace {
         Ok(free)
     }
 
+    /// The free space under which new writes are refused.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
+    }
+
     pub fn free(&self) -> u64 {
         self.free.load(Ordering::Relaxed)
     }

@@ -51,17 +51,18 @@ pub(crate) struct LogHandle {
 }
 
 impl LogHandle {
-    /// The entries of `range` the log holds (from the first it has); an error once the log
-    /// has closed.
+    /// The entries of `range` the log holds (from the first it has), up to `budget` bytes of
+    /// commands (at least one entry); an error once the log has closed.
     pub(crate) fn entries(
         &self,
         range: std::ops::Range<u64>,
+        budget: usize,
     ) -> Result<Vec<Entry>, RaftStorageError> {
         let inner = self
             .inner
             .upgrade()
             .ok_or_else(|| read_error("the raft log is closed"))?;
-        LogStore { inner }.entries(range, None)
+        LogStore { inner }.entries(range, Some(budget))
     }
 }
 

@@ -95,13 +95,15 @@ pub struct SmShared {
     map_size: usize,
     /// When the next raft snapshot is due (by writes, growing with the state).
     cadence: Arc<SnapshotCadence>,
-    /// The raft log, read by rebases ([`rebase`]).
+    /// The raft log: a rebase writes the entries applied since its snapshot again from it
+    /// ([`rebase`]).
     log: std::sync::OnceLock<super::log_store::LogHandle>,
     /// Held by a rebase and by an install: both make the next generation.
     rebasing: Mutex<()>,
-    /// Resources per kind for the metrics, kept by apply once counted (under the apply lock).
+    /// Resources per kind for the metrics, kept by apply once counted (under the apply lock):
+    /// a scrape must not read every key.
     kind_counts: Mutex<KindCounts>,
-    /// Held by the one ask that counts.
+    /// Held by the one ask that scans: a second one waits and finds the counts known.
     counting: Mutex<()>,
 }
 
@@ -207,6 +209,11 @@ impl SmShared {
         }
         let current = self.current();
         current.env.force_sync().map_err(io)?;
+        // The generation's directory entries, and CURRENT naming it (a rebase that could not
+        // write it left the previous one named): the next start finds what CLEAN describes.
+        let generation_dir = schema::sm_generation_dir(&self.data_dir, current.generation);
+        schema::sync_dir(&generation_dir)?;
+        recovery::write_current(&self.data_dir, current.generation)?;
         // What the file is now: the next start uses it only if it still is.
         let sum = schema::FileSum::of(
             &schema::sm_generation_dir(&self.data_dir, current.generation)
@@ -289,6 +296,11 @@ impl SmShared {
     /// state was opened or replaced, then kept by apply ([`counts`]).
     pub fn count_by_kind(&self) -> Result<std::collections::BTreeMap<String, u64>, StorageError> {
         // One scan at a time: a second ask waits for the first and finds the counts known.
+        // Known: answered without the apply lock (a scrape runs on an async thread, and the
+        // lock may be held for a watcher's whole snapshot).
+        if let KindCounts::Known(known) = &*lock(&self.kind_counts) {
+            return Ok(counts::labelled(known));
+        }
         let _counting = lock(&self.counting);
         let log = lock(&self.events);
         if let KindCounts::Known(known) = &*lock(&self.kind_counts) {
@@ -677,8 +689,6 @@ impl SmShared {
     }
 }
 
-/// Bytes a batch may add to the state machine's file: twice what its entries carry (records,
-/// remembered requests, page splits), and a megabyte.
 /// Resources per group and kind in `rtxn`, from the keys alone (nothing is decoded).
 fn scan_kinds(
     sm: &SmEnv,
@@ -753,6 +763,8 @@ fn write_entries(
     Ok(results)
 }
 
+/// Bytes a batch may add to the state machine's file: twice what its entries carry (records,
+/// remembered requests, page splits), and a megabyte.
 fn room_needed(entries: &[Entry]) -> u64 {
     let carried: usize = entries
         .iter()

@@ -59,17 +59,23 @@ impl KindCounts {
     }
 
     /// Ends a scan that found `scanned`: known from now on, unless the state was replaced
-    /// while it read (then it stays unknown). What the state holds now.
+    /// while it read (then it stays unknown: what the scan found is all there is to say).
+    /// What the state holds now, as far as is known.
     pub(super) fn counted(&mut self, mut scanned: Counts) -> Counts {
-        if let KindCounts::Counting(since) = self {
-            for (group, kinds) in since.iter() {
-                for (kind, delta) in kinds {
-                    add(&mut scanned, group, kind, *delta);
+        match self {
+            KindCounts::Counting(since) => {
+                for (group, kinds) in since.iter() {
+                    for (kind, delta) in kinds {
+                        add(&mut scanned, group, kind, *delta);
+                    }
                 }
+                *self = KindCounts::Known(scanned.clone());
+                scanned
             }
-            *self = KindCounts::Known(scanned.clone());
+            // A rebase made them known while the scan read: those are the state's.
+            KindCounts::Known(known) => known.clone(),
+            KindCounts::Unknown => scanned,
         }
-        scanned
     }
 }
 

@@ -22,17 +22,22 @@ use std::sync::atomic::Ordering;
 
 use super::super::log_store::LogHandle;
 use super::super::schema;
+use super::super::schema::SmDbs;
 use super::counts::{Counts, KindCounts};
 use super::recovery::write_current;
-use super::{SmEnv, SmShared, applied_index, lock, write_entries};
+use super::{SmEnv, SmShared, lock, read_applied, write_entries};
 
-/// Entries a catch-up reads and writes in one transaction.
+/// Entries a catch-up reads and writes in one transaction, and the bytes of commands it reads
+/// at most (one entry at least: a restore's chunk is up to 8 MiB).
 const CATCH_UP_CHUNK: u64 = 256;
+const CATCH_UP_BYTES: usize = 16 << 20;
 /// At most this many entries are written under the apply lock (apply waits meanwhile); while
 /// more remain, the catch-up goes on without it.
 const FINAL_CATCH_UP: u64 = 512;
-/// Catch-ups without the lock before the last one, whatever remains: apply outruns nothing here
-/// (it writes what the catch-up writes, plus raft's work), so each round leaves fewer.
+/// Catch-ups without the lock before the last one. Each round usually leaves fewer (apply
+/// does what the catch-up does, plus raft's work), but a disk or a load can outrun it: when
+/// more than twice [`FINAL_CATCH_UP`] remain after these, the rebase is abandoned rather than
+/// holding apply for them.
 const CATCH_UP_ROUNDS: usize = 16;
 
 /// Why a rebase was abandoned.
@@ -50,6 +55,12 @@ pub(super) enum RebaseError {
     Gap(u64),
     #[error("the state machine closed")]
     Closed,
+    #[error("the disk has {free} free, and a copy of the state with room to spare needs {needed}")]
+    NoRoom { free: String, needed: String },
+    #[error(
+        "apply outran the catch-up ({left} entries still to write after {CATCH_UP_ROUNDS} rounds)"
+    )]
+    Outrun { left: u64 },
     #[error("a snapshot was installed meanwhile")]
     Replaced,
 }
@@ -121,6 +132,10 @@ impl SmShared {
         let generation = old.generation + 1;
         let dir = schema::sm_generation_dir(&self.data_dir, generation);
         let rebased = (|| {
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(RebaseError::Closed);
+            }
+            self.room_for_copy(snapshot)?;
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).map_err(RebaseError::Copy)?;
             // Not synced: like every live state, it is trusted after a clean stop only (which
@@ -133,19 +148,23 @@ impl SmShared {
                 generation,
                 file: std::sync::OnceLock::new(),
             });
-            let mut at = {
+            // The index of the first entry the copy lacks.
+            let mut next = {
                 let rtxn = new.env.read_txn().map_err(RebaseError::Copied)?;
-                applied_index(&new.dbs, &rtxn).map_err(RebaseError::Copied)?
+                next_index(&new.dbs, &rtxn).map_err(RebaseError::Copied)?
             };
             let mut caught_up = 0;
             for _ in 0..CATCH_UP_ROUNDS {
-                let live = self.live_applied()?;
-                if live.saturating_sub(at) <= FINAL_CATCH_UP {
+                let live = self.live_next()?;
+                if live.saturating_sub(next) <= FINAL_CATCH_UP {
                     break;
                 }
-                caught_up += self.catch_up(&new, log, at, live, &mut counts)?;
-                at = live;
+                caught_up += self.catch_up(&new, log, next, live, &mut counts)?;
+                next = live;
             }
+            // Apply writes into room it has (see `ensure_room`) from the swap on.
+            self.ensure_room(&new, super::ROOM_AHEAD)
+                .map_err(RebaseError::Copy)?;
             let events = lock(&self.events);
             if self.closed.load(Ordering::SeqCst) {
                 return Err(RebaseError::Closed);
@@ -153,8 +172,12 @@ impl SmShared {
             if self.current().generation != old.generation {
                 return Err(RebaseError::Replaced);
             }
-            let live = self.live_applied()?;
-            caught_up += self.catch_up(&new, log, at, live, &mut counts)?;
+            let live = self.live_next()?;
+            let left = live.saturating_sub(next);
+            if left > 2 * FINAL_CATCH_UP {
+                return Err(RebaseError::Outrun { left });
+            }
+            caught_up += self.catch_up(&new, log, next, live, &mut counts)?;
             *self.current.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
             *lock(&self.kind_counts) = counts;
             // CURRENT names the new generation before a clean stop (which takes this lock)
@@ -198,39 +221,61 @@ impl SmShared {
         })
     }
 
-    /// The live state's last applied index.
-    fn live_applied(&self) -> Result<u64, RebaseError> {
-        let sm = self.current();
-        let rtxn = sm.env.read_txn().map_err(RebaseError::Live)?;
-        applied_index(&sm.dbs, &rtxn).map_err(RebaseError::Live)
+    /// Whether the disk has room for a copy of `snapshot` and then some: a rebase must never
+    /// be what fills it (apply would wait for space).
+    fn room_for_copy(&self, snapshot: &Path) -> Result<(), RebaseError> {
+        let Some(disk) = self.disk.get() else {
+            return Ok(());
+        };
+        let size = std::fs::metadata(snapshot)
+            .map_err(RebaseError::Copy)?
+            .len();
+        let needed = size
+            .saturating_add(disk.reserve())
+            .saturating_add(super::ROOM_WATCH);
+        let free = disk.refresh().map_err(RebaseError::Copy)?;
+        if free < needed {
+            return Err(RebaseError::NoRoom {
+                free: proto::bytes_label(free),
+                needed: proto::bytes_label(needed),
+            });
+        }
+        Ok(())
     }
 
-    /// Writes the entries after `from` up to `to` into `new`, a chunk per transaction, and
-    /// what they create and delete into `counts`; how many.
+    /// The index of the first entry the live state has not applied.
+    fn live_next(&self) -> Result<u64, RebaseError> {
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(RebaseError::Live)?;
+        next_index(&sm.dbs, &rtxn).map_err(RebaseError::Live)
+    }
+
+    /// Writes the entries from `next` up to `end` (excluded) into `new`, a chunk per
+    /// transaction, and what they create and delete into `counts`; how many.
     fn catch_up(
         &self,
         new: &SmEnv,
         log: &LogHandle,
-        from: u64,
-        to: u64,
+        mut next: u64,
+        end: u64,
         counts: &mut KindCounts,
     ) -> Result<u64, RebaseError> {
-        let mut next = from + 1;
-        while next <= to {
+        let from = next;
+        while next < end {
             if self.closed.load(Ordering::SeqCst) {
                 return Err(RebaseError::Closed);
             }
-            let end = (next + CATCH_UP_CHUNK).min(to + 1);
+            let chunk_end = (next + CATCH_UP_CHUNK).min(end);
             let entries = log
-                .entries(next..end)
+                .entries(next..chunk_end, CATCH_UP_BYTES)
                 .map_err(|error| RebaseError::Log(error.to_string()))?;
-            // The log has no holes: a run that does not start at `next` or stops short of `end`
-            // means it was purged (or truncated) there.
+            // The log has no holes: a run that does not start at `next` means it was purged
+            // (or truncated) there. A shorter run is the byte budget: the rest comes next.
+            let Some(last) = entries.last().map(|entry| entry.log_id.index) else {
+                return Err(RebaseError::Gap(next));
+            };
             if entries.first().map(|entry| entry.log_id.index) != Some(next) {
                 return Err(RebaseError::Gap(next));
-            }
-            if entries.len() as u64 != end - next {
-                return Err(RebaseError::Gap(next + entries.len() as u64));
             }
             let mut wtxn = new.env.write_txn().map_err(RebaseError::Copied)?;
             let mut published = Vec::new();
@@ -238,10 +283,17 @@ impl SmShared {
                 .map_err(RebaseError::Copied)?;
             wtxn.commit().map_err(RebaseError::Copied)?;
             counts.applied(&published);
-            next = end;
+            next = last + 1;
         }
-        Ok(to.saturating_sub(from))
+        Ok(end.saturating_sub(from))
     }
+}
+
+/// The index of the first entry a state has not applied (0 when it has applied none).
+fn next_index(dbs: &SmDbs, rtxn: &heed::RoTxn<'_, heed::WithoutTls>) -> heed::Result<u64> {
+    Ok(read_applied(dbs, rtxn)?
+        .0
+        .map_or(0, |log_id| log_id.index + 1))
 }
 
 #[cfg(test)]
@@ -402,7 +454,7 @@ mod abandoned {
     use super::*;
 
     /// A rebase that cannot catch up (the log no longer holds the entries after the snapshot,
-    /// or has closed) changes nothing: the live generation stays, its copy is removed, and
+    /// or has closed) or finds no room on the disk changes nothing: the live generation stays, its copy is removed, and
     /// apply goes on in the live state.
     #[tokio::test]
     async fn a_rebase_the_log_cannot_feed_leaves_the_live_state_as_it_was() {
@@ -439,6 +491,18 @@ mod abandoned {
             .expect_err("the log closed");
         assert!(matches!(error, RebaseError::Log(_)), "{error}");
 
+        // A disk without room for a copy and then some: nothing is copied at all.
+        let log = LogStore::open(log_dir.path()).expect("log");
+        sm.shared
+            .use_disk(Arc::new(super::super::super::disk::DiskSpace::new(
+                dir.path(),
+                u64::MAX / 4,
+            )));
+        let error = sm
+            .shared
+            .try_rebase(&path, &log.handle(), Counts::new())
+            .expect_err("no room");
+        assert!(matches!(error, RebaseError::NoRoom { .. }), "{error}");
         assert_eq!(
             sm.shared.current().generation,
             0,
