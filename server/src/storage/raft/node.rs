@@ -690,11 +690,16 @@ async fn snapshot_when_due(
     cadence: Arc<super::state_machine::SnapshotCadence>,
 ) {
     loop {
-        let due = tokio::time::timeout(Duration::from_secs(1), cadence.due()).await;
+        // Asked for when due, and every second while it stays due: raft ignores an ask that
+        // comes while a snapshot is being built (with its rebase, seconds at scale), and no
+        // write may come to ask again.
+        let asked = tokio::time::timeout(Duration::from_secs(1), cadence.due())
+            .await
+            .is_ok();
         let Some(node) = backend.upgrade() else {
             return;
         };
-        if due.is_ok()
+        if (asked || cadence.is_due())
             && let Err(error) = node.raft.trigger().snapshot().await
         {
             tracing::debug!(%error, "raft stopped: no more snapshots");
