@@ -499,8 +499,7 @@ async fn wait_for_artists(node: &Resd, count: usize, what: &str) {
 
 /// The state machine's data file and the raft snapshot's, of a data directory.
 fn state_file(data: &Path) -> PathBuf {
-    let generation = std::fs::read_to_string(data.join("raft/sm/CURRENT"))
-        .map_or(0, |text| text.trim().parse::<u64>().expect("a generation"));
+    let generation = current_generation(data);
     data.join(format!("raft/sm/{generation:020}/data.mdb"))
 }
 

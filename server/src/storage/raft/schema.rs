@@ -769,6 +769,26 @@ pub(crate) fn sm_generation_dir(data_dir: &Path, generation: u64) -> PathBuf {
     data_dir.join(SM_DIR).join(format!("{generation:020}"))
 }
 
+/// Makes `generation`'s directory anew, holding a synced copy of `snapshot` (the data file of
+/// a raft snapshot) when there is one; returns the directory. How a state machine starts from
+/// a snapshot: rebuilt after an unclean stop, installed from a leader, or rebased onto its own.
+pub(crate) fn new_generation(
+    data_dir: &Path,
+    generation: u64,
+    snapshot: Option<&Path>,
+) -> std::io::Result<PathBuf> {
+    let dir = sm_generation_dir(data_dir, generation);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    if let Some(snapshot) = snapshot {
+        let data = dir.join(SNAPSHOT_DATA);
+        std::fs::copy(snapshot, &data)?;
+        sync_file(&data)?;
+    }
+    sync_dir(&dir)?;
+    Ok(dir)
+}
+
 /// Separator inside composite keys; no name, group or kind contains it.
 pub(crate) const SEP: u8 = 0;
 

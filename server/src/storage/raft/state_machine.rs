@@ -215,10 +215,7 @@ impl SmShared {
         schema::sync_dir(&generation_dir)?;
         recovery::write_current(&self.data_dir, current.generation)?;
         // What the file is now: the next start uses it only if it still is.
-        let sum = schema::FileSum::of(
-            &schema::sm_generation_dir(&self.data_dir, current.generation)
-                .join(schema::SNAPSHOT_DATA),
-        )?;
+        let sum = schema::FileSum::of(&generation_dir.join(schema::SNAPSHOT_DATA))?;
         let marker = self.data_dir.join(schema::SM_CLEAN);
         std::fs::write(&marker, format!("clean {}", sum.render()))?;
         schema::sync_file(&marker)?;
@@ -295,12 +292,12 @@ impl SmShared {
     /// Resources stored per `group.Kind`: counted from the keys at the first ask after the
     /// state was opened or replaced, then kept by apply ([`counts`]).
     pub fn count_by_kind(&self) -> Result<std::collections::BTreeMap<String, u64>, StorageError> {
-        // One scan at a time: a second ask waits for the first and finds the counts known.
         // Known: answered without the apply lock (a scrape runs on an async thread, and the
         // lock may be held for a watcher's whole snapshot).
         if let KindCounts::Known(known) = &*lock(&self.kind_counts) {
             return Ok(counts::labelled(known));
         }
+        // One scan at a time: a second ask waits for the first and finds the counts known.
         let _counting = lock(&self.counting);
         let log = lock(&self.events);
         if let KindCounts::Known(known) = &*lock(&self.kind_counts) {

@@ -61,8 +61,6 @@ pub(super) enum RebaseError {
         "apply outran the catch-up ({left} entries still to write after {CATCH_UP_ROUNDS} rounds)"
     )]
     Outrun { left: u64 },
-    #[error("a snapshot was installed meanwhile")]
-    Replaced,
 }
 
 /// What a rebase did, for the log.
@@ -90,7 +88,8 @@ impl SmShared {
         let Some(log) = self.log.get() else {
             return;
         };
-        // One at a time, and never with an install (both make the next generation).
+        // One at a time, and never with an install (both make the next generation, and the
+        // generation copied from stays the live one until the swap).
         let _rebasing = lock(&self.rebasing);
         let started = std::time::Instant::now();
         let rebased = self.try_rebase(snapshot, log, counts);
@@ -136,11 +135,8 @@ impl SmShared {
                 return Err(RebaseError::Closed);
             }
             self.room_for_copy(snapshot)?;
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).map_err(RebaseError::Copy)?;
-            // Not synced: like every live state, it is trusted after a clean stop only (which
-            // syncs it), and rebuilt from the latest snapshot after any other.
-            std::fs::copy(snapshot, dir.join(schema::SNAPSHOT_DATA)).map_err(RebaseError::Copy)?;
+            schema::new_generation(&self.data_dir, generation, Some(snapshot))
+                .map_err(RebaseError::Copy)?;
             let (env, dbs) = schema::open_sm(&dir, self.map_size).map_err(RebaseError::Copied)?;
             let new = Arc::new(SmEnv {
                 env,
@@ -168,9 +164,6 @@ impl SmShared {
             let events = lock(&self.events);
             if self.closed.load(Ordering::SeqCst) {
                 return Err(RebaseError::Closed);
-            }
-            if self.current().generation != old.generation {
-                return Err(RebaseError::Replaced);
             }
             let live = self.live_next()?;
             let left = live.saturating_sub(next);
@@ -454,8 +447,8 @@ mod abandoned {
     use super::*;
 
     /// A rebase that cannot catch up (the log no longer holds the entries after the snapshot,
-    /// or has closed) or finds no room on the disk changes nothing: the live generation stays, its copy is removed, and
-    /// apply goes on in the live state.
+    /// or has closed) or finds no room on the disk changes nothing: the live generation stays,
+    /// its copy is removed, and apply goes on in the live state.
     #[tokio::test]
     async fn a_rebase_the_log_cannot_feed_leaves_the_live_state_as_it_was() {
         let dir = tempfile::tempdir().expect("dir");

@@ -106,13 +106,11 @@ impl StateMachineStore {
                 );
             }
             generation += 1;
-            let rebuilt = schema::sm_generation_dir(data_dir, generation);
-            let _ = std::fs::remove_dir_all(&rebuilt);
-            std::fs::create_dir_all(&rebuilt)?;
-            if let Some((_, path)) = &snapshot {
-                std::fs::copy(path, rebuilt.join(schema::SNAPSHOT_DATA))?;
-                schema::sync_file(&rebuilt.join(schema::SNAPSHOT_DATA))?;
-            }
+            schema::new_generation(
+                data_dir,
+                generation,
+                snapshot.as_ref().map(|(_, path)| path.as_path()),
+            )?;
             write_current(data_dir, generation)?;
         }
         let (env, dbs) =

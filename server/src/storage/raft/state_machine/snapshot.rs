@@ -134,18 +134,17 @@ impl SmShared {
         building: &Path,
         sequence: u64,
     ) -> Result<(Snapshot, Counts), RaftStorageError> {
-        let building = building.to_path_buf();
         let sm = self.current();
         // Taken before the copy reads the state: writes applied while it copies count toward
         // the next snapshot.
         let mark = self.cadence.mark();
         let snapshots = self.data_dir.join(schema::SNAPSHOT_DIR);
-        std::fs::create_dir_all(&building).map_err(snapshot_error)?;
+        std::fs::create_dir_all(building).map_err(snapshot_error)?;
         let target = building.join(schema::SNAPSHOT_DATA);
         let copy = || {
             let _ = std::fs::remove_file(&target);
             let _ = std::fs::remove_file(building.join(schema::SNAPSHOT_LOCK));
-            repack(&sm, &building, self.map_size)
+            repack(&sm, building, self.map_size)
         };
         let counts = super::super::disk::wait_out(
             self.disk.get().map(|disk| &**disk),
@@ -167,8 +166,8 @@ impl SmShared {
         // Every record of the copy passes its seal (as a follower receiving it will check): a
         // record damaged in the live state, and never read since, must not become the snapshot
         // the log is purged behind.
-        if let Err(why) = check_received(&building, self.map_size) {
-            let _ = std::fs::remove_dir_all(&building);
+        if let Err(why) = check_received(building, self.map_size) {
+            let _ = std::fs::remove_dir_all(building);
             self.found_damage_saying(format!(
                 "building a raft snapshot found the state machine damaged: {why}"
             ));
@@ -176,7 +175,7 @@ impl SmShared {
         }
         // The copy is consistent on its own: read what it holds, not what the live state holds now.
         let (last_applied, membership) = {
-            let (env, dbs) = schema::open_sm(&building, self.map_size).map_err(snapshot_error)?;
+            let (env, dbs) = schema::open_sm(building, self.map_size).map_err(snapshot_error)?;
             let rtxn = env.read_txn().map_err(snapshot_error)?;
             let (last_applied, membership) = read_applied(&dbs, &rtxn).map_err(snapshot_error)?;
             drop(rtxn);
@@ -198,10 +197,10 @@ impl SmShared {
         // log is purged behind it: it must be on disk before openraft learns of it.
         schema::sync_file(&building.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
         schema::sync_file(&building.join(schema::SNAPSHOT_META)).map_err(snapshot_error)?;
-        schema::write_snapshot_sum(&building).map_err(snapshot_error)?;
+        schema::write_snapshot_sum(building).map_err(snapshot_error)?;
         let final_dir = schema::snapshot_dir(&self.data_dir, &snapshot_id);
         let _ = std::fs::remove_dir_all(&final_dir);
-        std::fs::rename(&building, &final_dir).map_err(snapshot_error)?;
+        std::fs::rename(building, &final_dir).map_err(snapshot_error)?;
         schema::sync_dir(&snapshots).map_err(snapshot_error)?;
         self.set_current_snapshot(meta.clone(), final_dir.join(schema::SNAPSHOT_DATA));
         self.cadence.snapshot_taken(mark);
@@ -235,12 +234,8 @@ impl SmShared {
         let _rebasing = lock(&self.rebasing);
         let old = self.current();
         let generation = old.generation + 1;
-        let generation_dir = schema::sm_generation_dir(&self.data_dir, generation);
-        let _ = std::fs::remove_dir_all(&generation_dir);
-        std::fs::create_dir_all(&generation_dir).map_err(snapshot_error)?;
-        std::fs::copy(&file.path, generation_dir.join(schema::SNAPSHOT_DATA))
+        let generation_dir = schema::new_generation(&self.data_dir, generation, Some(&file.path))
             .map_err(snapshot_error)?;
-        schema::sync_file(&generation_dir.join(schema::SNAPSHOT_DATA)).map_err(snapshot_error)?;
         let (env, dbs) = schema::open_sm(&generation_dir, self.map_size).map_err(snapshot_error)?;
 
         // Keep the received file as this node's current snapshot.
