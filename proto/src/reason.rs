@@ -48,6 +48,9 @@ macro_rules! reasons {
 reasons! {
     /// The request is malformed; `BadRequest` names the field.
     Invalid = "INVALID",
+    /// A rule of the resource's type ran out of its cost budget on this resource (DESIGN §15):
+    /// the data is too large for the rule; retrying the same write fails the same way.
+    RuleCost = "RULE_COST",
     NotFound = "NOT_FOUND",
     /// The request's partition or namespace does not exist (yet).
     TenancyNotFound = "TENANCY_NOT_FOUND",
@@ -104,7 +107,7 @@ impl Reason {
     pub fn fits(self, code: tonic::Code) -> bool {
         use tonic::Code;
         let expected: &[Code] = match self {
-            Reason::Invalid => &[Code::InvalidArgument],
+            Reason::Invalid | Reason::RuleCost => &[Code::InvalidArgument],
             Reason::NotFound => &[Code::NotFound],
             Reason::TenancyNotFound => &[Code::NotFound, Code::InvalidArgument],
             Reason::CasConflict | Reason::WatchClosed => &[Code::Aborted],

@@ -18,6 +18,8 @@ use crate::acl::{self, AclError, Authorizer};
 use crate::resource;
 
 pub(crate) mod builtin;
+pub(crate) mod cel;
+pub(crate) mod pool;
 pub(crate) mod dynamic;
 #[cfg(test)]
 mod tests;
@@ -195,23 +197,16 @@ impl Registration {
     }
 
     /// The registration of a type registered at runtime: its message through its descriptor,
-    /// its rules (those without `old`) as the validate hook, its defaults as the mutate hook.
+    /// its defaults as the mutate hook. Its rules are not a hook: the service runs them metered,
+    /// on the rule pool, after the caller is authorized (`registered.compiled.check_rules`).
     pub(crate) fn registered(installed: dynamic::Installed) -> Self {
         let compiled = installed.compiled.clone();
-        let rules = compiled.clone();
         let defaults = compiled.clone();
         Registration {
             resource_type: compiled.resource_type.clone(),
             message_name: compiled.message.full_name().to_owned(),
             scope: compiled.scope,
-            validate: Some(Arc::new(move |resource: &Resource| {
-                let data = resource
-                    .data
-                    .as_ref()
-                    .map(|d| d.value.as_slice())
-                    .unwrap_or_default();
-                rules.check_rules(data, None)
-            })),
+            validate: None,
             references: None,
             mutate: Some(Arc::new(move |resource: &mut Resource| {
                 let Some(data) = resource.data.as_mut() else {

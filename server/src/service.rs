@@ -99,6 +99,8 @@ pub(crate) struct ResourceService {
     /// One read of the stored Types at a time ([`Self::learn_type`]), and how many started.
     type_read: tokio::sync::Mutex<()>,
     type_reads: std::sync::atomic::AtomicU64,
+    /// Where schemas compile and rules run.
+    pool: crate::registry::pool::Pool,
 }
 
 impl std::fmt::Debug for ResourceService {
@@ -126,6 +128,7 @@ impl ResourceService {
             list_budget: crate::limits::ByteBudget::new(crate::limits::DEFAULT_MAX_INFLIGHT_BYTES),
             type_read: tokio::sync::Mutex::new(()),
             type_reads: std::sync::atomic::AtomicU64::new(0),
+            pool: crate::registry::pool::Pool::default(),
         }
     }
 

@@ -8,14 +8,13 @@
 //! (from the stored descriptor set, never recompiling): nodes that have the same version of a
 //! Type have the same type.
 //!
-//! Rules are CEL over `self` (the decoded data, proto field names) and, on an update, `old`.
-//! Their cost is bounded before they run: a rule's size times (the largest list or map in the
-//! data + 1) to the power of its comprehension nesting must stay within [`COST_BUDGET`].
+//! Rules are CEL over `self` (the decoded data, proto field names) and, on an update, `old`,
+//! run by [`super::cel`]: estimated when the Type is written (a rule whose worst case exceeds
+//! [`cel::RULE_BUDGET`] is refused) and metered while they run.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use cel_interpreter::{Context, Value as CelValue};
 use cel_parser::{Expression, Member};
 use prost::Message as _;
 use prost_reflect::{
@@ -25,6 +24,7 @@ use proto::codec::field_type_name;
 use proto::registry::v1 as pb;
 
 use super::Scope;
+use super::cel::{self, EvalError, Meter};
 use crate::resource;
 
 /// Groups of the built-in types and packages: no Type may register in them (its package
@@ -52,23 +52,27 @@ pub(crate) const MAX_DECLARATIONS: usize = 256;
 const MAX_RULE_TEXT: usize = 4096;
 /// Deepest expression a rule may nest (evaluating it recurses once per level).
 pub(crate) const MAX_RULE_DEPTH: usize = 48;
-/// Most evaluation steps a rule may be estimated to take on one resource.
-pub(crate) const COST_BUDGET: u64 = 1_000_000;
-/// CEL functions that iterate (comprehensions): each level of nesting multiplies the cost.
-const COMPREHENSIONS: [&str; 5] = ["all", "exists", "exists_one", "map", "filter"];
 
 /// A compiled rule.
 #[derive(Debug)]
 struct Rule {
     index: usize,
-    expression: Expression,
+    program: cel::Program,
     message: String,
     field: String,
     /// Whether it reads `old` (then it runs on updates only, as a transition rule).
     uses_old: bool,
-    /// Nodes of the expression, and how deeply its comprehensions nest.
-    size: u64,
-    depth: u32,
+}
+
+/// Why a resource's data did not pass its type's rules.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum RuleFailure {
+    /// Rules that do not hold (or cannot be evaluated on this data), each naming its field.
+    #[error("{0}")]
+    Violations(String),
+    /// A rule, or the request's rules together, ran out of budget.
+    #[error("{0}")]
+    Cost(String),
 }
 
 /// A registered type, ready to use.
@@ -292,8 +296,14 @@ impl CompiledType {
     }
 
     /// Checks the rules on `data`: those without `old` always, those with `old` when `old` (the
-    /// stored data) is given. Every violation, each naming the rule's field and message.
-    pub(crate) fn check_rules(&self, data: &[u8], old: Option<&[u8]>) -> Result<(), String> {
+    /// stored data) is given. Each rule may spend [`cel::RULE_BUDGET`] units, and all of them
+    /// together what is left of `meter` (the request's budget).
+    pub(crate) fn check_rules(
+        &self,
+        data: &[u8],
+        old: Option<&[u8]>,
+        meter: &mut Meter,
+    ) -> Result<(), RuleFailure> {
         let relevant: Vec<&Rule> = self
             .rules
             .iter()
@@ -302,15 +312,10 @@ impl CompiledType {
         if relevant.is_empty() {
             return Ok(());
         }
-        let (value, mut sizes) = self.cel_value(data)?;
-        let mut context = Context::default();
-        context.add_variable_from_value("self", value);
+        let mut variables = vec![(Arc::new("self".to_owned()), self.cel_value(data)?)];
         if let Some(old) = old {
-            let (old_value, old_sizes) = self.cel_value(old)?;
-            sizes = sizes.max(old_sizes);
-            context.add_variable_from_value("old", old_value);
+            variables.push((Arc::new("old".to_owned()), self.cel_value(old)?));
         }
-        let Sizes { largest, longest } = sizes;
         let mut problems = Vec::new();
         for rule in relevant {
             let at = if rule.field.is_empty() {
@@ -318,39 +323,30 @@ impl CompiledType {
             } else {
                 format!("resource.data.{}", rule.field)
             };
-            // Steps, and the bytes a step may make: a rule that builds strings from long ones
-            // in a comprehension costs in memory what it costs in time.
-            let cost = rule
-                .size
-                .saturating_mul((largest + 1).saturating_pow(rule.depth))
-                .saturating_mul(1 + longest / 64);
-            if cost > COST_BUDGET {
-                problems.push(format!(
-                    "{at}: rule {} ({}) is over its cost budget for this resource (about {cost} steps, at most {COST_BUDGET}): its lists are too large for it",
-                    rule.index, rule.message
-                ));
-                continue;
-            }
-            // The interpreter panics on some inputs (an integer divided by zero): a rule that
-            // cannot be evaluated fails the write, never the handler.
-            let evaluated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                CelValue::resolve(&rule.expression, &context)
-            }));
-            let Ok(evaluated) = evaluated else {
-                problems.push(format!(
-                    "{at}: rule {} ({}) could not be evaluated (an integer divided by zero?)",
-                    rule.index, rule.message
-                ));
-                continue;
-            };
+            let left = meter.left();
+            let mut rule_meter = Meter::new(left.min(cel::RULE_BUDGET));
+            let evaluated =
+                cel::Evaluator::new(&rule.program, variables.clone(), &mut rule_meter).run();
+            meter.spend(rule_meter.used());
             match evaluated {
-                Ok(CelValue::Bool(true)) => {}
-                Ok(CelValue::Bool(false)) => problems.push(format!("{at}: {}", rule.message)),
+                Ok(cel::Value::Bool(true)) => {}
+                Ok(cel::Value::Bool(false)) => problems.push(format!("{at}: {}", rule.message)),
                 Ok(other) => problems.push(format!(
-                    "{at}: rule {} ({}) gave {other:?}, not a bool",
+                    "{at}: rule {} ({}) gave {other}, not a bool",
                     rule.index, rule.message
                 )),
-                Err(error) => problems.push(format!(
+                Err(EvalError::OverBudget { limit }) => {
+                    let whose = if limit < cel::RULE_BUDGET {
+                        format!("the request's rules together ran out of their budget of {} units", cel::REQUEST_BUDGET)
+                    } else {
+                        format!("it ran out of its budget of {limit} units")
+                    };
+                    return Err(RuleFailure::Cost(format!(
+                        "{at}: rule {} ({}) was stopped: {whose} on this resource; make the data smaller or the rule cheaper",
+                        rule.index, rule.message
+                    )));
+                }
+                Err(EvalError::Runtime(error)) => problems.push(format!(
                     "{at}: rule {} ({}) could not be evaluated: {error}",
                     rule.index, rule.message
                 )),
@@ -359,72 +355,32 @@ impl CompiledType {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("; "))
+            Err(RuleFailure::Violations(problems.join("; ")))
         }
     }
 
     /// The data as a CEL value (proto field names, every scalar field present, 64-bit integers
-    /// as numbers), and the sizes its rules' cost is estimated from.
-    fn cel_value(&self, data: &[u8]) -> Result<(CelValue, Sizes), String> {
-        let message = DynamicMessage::decode(self.message.clone(), data)
-            .map_err(|error| format!("resource.data invalid: {error}"))?;
+    /// as numbers).
+    fn cel_value(&self, data: &[u8]) -> Result<cel::Value, RuleFailure> {
+        let invalid = |error: &dyn std::fmt::Display| {
+            RuleFailure::Violations(format!("resource.data invalid: {error}"))
+        };
+        let message =
+            DynamicMessage::decode(self.message.clone(), data).map_err(|e| invalid(&e))?;
         let options = SerializeOptions::new()
             .use_proto_field_name(true)
             .stringify_64_bit_integers(false)
             .skip_default_fields(false);
         let json = message
             .serialize_with_options(serde_json::value::Serializer, &options)
-            .map_err(|error| format!("resource.data invalid: {error}"))?;
-        let sizes = sizes_of(&json);
-        let value = cel_interpreter::to_value(&json)
-            .map_err(|error| format!("resource.data cannot be read by rules: {error}"))?;
-        Ok((value, sizes))
+            .map_err(|e| invalid(&e))?;
+        Ok(cel::Value::from_json(&json))
     }
 
     /// Whether any rule reads `old` (the write path then checks on the stored object).
     pub(crate) fn has_transition_rules(&self) -> bool {
         self.rules.iter().any(|rule| rule.uses_old)
     }
-}
-
-/// What a rule's cost is estimated from: the largest list or map in the data (what a
-/// comprehension iterates), and the longest string (what a step may copy).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Sizes {
-    largest: u64,
-    longest: u64,
-}
-
-impl Sizes {
-    fn max(self, other: Sizes) -> Sizes {
-        Sizes {
-            largest: self.largest.max(other.largest),
-            longest: self.longest.max(other.longest),
-        }
-    }
-}
-
-/// [`Sizes`] of a decoded message, measured with an explicit stack.
-fn sizes_of(value: &serde_json::Value) -> Sizes {
-    let mut sizes = Sizes::default();
-    let mut pending = vec![value];
-    while let Some(value) = pending.pop() {
-        match value {
-            serde_json::Value::Array(items) => {
-                sizes.largest = sizes.largest.max(items.len() as u64);
-                pending.extend(items.iter());
-            }
-            serde_json::Value::Object(fields) => {
-                sizes.largest = sizes.largest.max(fields.len() as u64);
-                pending.extend(fields.values());
-            }
-            serde_json::Value::String(text) => {
-                sizes.longest = sizes.longest.max(text.len() as u64);
-            }
-            _ => {}
-        }
-    }
-    sizes
 }
 
 fn compile_rule(
@@ -468,8 +424,7 @@ fn compile_rule(
     }
     let mut unknown = BTreeSet::new();
     let mut uses_old = false;
-    let mut size = 0u64;
-    let depth = walk(&expression, message, &mut unknown, &mut uses_old, &mut size);
+    walk(&expression, message, &mut unknown, &mut uses_old);
     if !unknown.is_empty() {
         return Err(format!(
             "{at}.expression {:?} names unknown fields: {}",
@@ -480,14 +435,23 @@ fn compile_rule(
     if !rule.field.is_empty() {
         check_field_path(message, &rule.field).map_err(|why| format!("{at}.field: {why}"))?;
     }
+    let program = cel::prepare(expression, message, uses_old)
+        .map_err(|why| format!("{at}.expression {:?}: {why}", rule.expression))?;
+    if program.estimate > cel::RULE_BUDGET {
+        return Err(format!(
+            "{at}.expression {:?} may cost up to {} units on a resource of {} bytes, over the budget of {} per rule: a comprehension nested in another over the data's lists, or a large regex over long strings, costs the product of their sizes; check each list in a rule of its own, or keep literal lists short",
+            rule.expression,
+            program.estimate,
+            cel::MAX_DATA_BYTES,
+            cel::RULE_BUDGET
+        ));
+    }
     Ok(Rule {
         index,
-        expression,
+        program,
         message: rule.message.clone(),
         field: rule.field.clone(),
         uses_old,
-        size,
-        depth,
     })
 }
 
@@ -558,76 +522,28 @@ fn check_field_path(message: &MessageDescriptor, path: &str) -> Result<(), Strin
 }
 
 /// Walks a rule: field selections on `self`/`old` that the message lacks go to `unknown`;
-/// counts nodes into `size`; returns the comprehension nesting depth.
+/// whether it reads `old` to `uses_old`.
 fn walk(
     expression: &Expression,
     message: &MessageDescriptor,
     unknown: &mut BTreeSet<String>,
     uses_old: &mut bool,
-    size: &mut u64,
-) -> u32 {
-    use Expression as E;
-    *size += 1;
-    let recurse = |e: &Expression,
-                   unknown: &mut BTreeSet<String>,
-                   uses_old: &mut bool,
-                   size: &mut u64| walk(e, message, unknown, uses_old, size);
-    match expression {
-        E::Arithmetic(a, _, b) | E::Relation(a, _, b) | E::Or(a, b) | E::And(a, b) => {
-            recurse(a, unknown, uses_old, size).max(recurse(b, unknown, uses_old, size))
-        }
-        E::Ternary(a, b, c) => recurse(a, unknown, uses_old, size)
-            .max(recurse(b, unknown, uses_old, size))
-            .max(recurse(c, unknown, uses_old, size)),
-        E::Unary(_, a) => recurse(a, unknown, uses_old, size),
-        E::Member(target, member) => {
-            if let Member::Attribute(name) = member.as_ref()
-                && let Some(of) = selected_message(target, message, uses_old)
-                && of.get_field_by_name(name).is_none()
-            {
-                unknown.insert(format!("{} of {}", name, of.full_name()));
+) {
+    let mut pending = vec![expression];
+    while let Some(node) = pending.pop() {
+        match node {
+            Expression::Member(target, member) => {
+                if let Member::Attribute(name) = member.as_ref()
+                    && let Some(of) = selected_message(target, message, uses_old)
+                    && of.get_field_by_name(name).is_none()
+                {
+                    unknown.insert(format!("{} of {}", name, of.full_name()));
+                }
             }
-            let inner = match member.as_ref() {
-                Member::Index(index) => recurse(index, unknown, uses_old, size),
-                Member::Fields(fields) => fields
-                    .iter()
-                    .map(|(_, e)| recurse(e, unknown, uses_old, size))
-                    .max()
-                    .unwrap_or(0),
-                Member::Attribute(_) => 0,
-            };
-            recurse(target, unknown, uses_old, size).max(inner)
+            Expression::Ident(name) if name.as_str() == "old" => *uses_old = true,
+            _ => {}
         }
-        E::FunctionCall(function, target, arguments) => {
-            let iterates = matches!(function.as_ref(), E::Ident(name) if COMPREHENSIONS.contains(&name.as_str()));
-            let mut depth = recurse(function, unknown, uses_old, size);
-            if let Some(target) = target {
-                depth = depth.max(recurse(target, unknown, uses_old, size));
-            }
-            for argument in arguments {
-                depth = depth.max(recurse(argument, unknown, uses_old, size));
-            }
-            depth + u32::from(iterates)
-        }
-        E::List(items) => items
-            .iter()
-            .map(|e| recurse(e, unknown, uses_old, size))
-            .max()
-            .unwrap_or(0),
-        E::Map(entries) => entries
-            .iter()
-            .map(|(k, v)| {
-                recurse(k, unknown, uses_old, size).max(recurse(v, unknown, uses_old, size))
-            })
-            .max()
-            .unwrap_or(0),
-        E::Ident(name) => {
-            if name.as_str() == "old" {
-                *uses_old = true;
-            }
-            0
-        }
-        E::Atom(_) => 0,
+        pending.extend(children(node));
     }
 }
 

@@ -13,6 +13,9 @@ pub enum Error {
     /// Bad input; the message names the field (`resource.id.name invalid: …`).
     #[error("{0}")]
     InvalidArgument(String),
+    /// A rule of the resource's type ran out of its cost budget (`RULE_COST`).
+    #[error("{0}")]
+    RuleCost(String),
     /// Bad input, field by field (every violation found), sent with a `google.rpc.BadRequest`.
     #[error("{0}")]
     BadRequest(BadRequest),
@@ -216,6 +219,16 @@ impl From<MembershipError> for Error {
     }
 }
 
+impl From<crate::registry::dynamic::RuleFailure> for Error {
+    fn from(failure: crate::registry::dynamic::RuleFailure) -> Self {
+        use crate::registry::dynamic::RuleFailure;
+        match failure {
+            RuleFailure::Violations(why) => Error::InvalidArgument(why),
+            RuleFailure::Cost(why) => Error::RuleCost(why),
+        }
+    }
+}
+
 impl From<AclError> for Error {
     fn from(error: AclError) -> Self {
         match error {
@@ -273,6 +286,7 @@ impl Error {
             Error::InvalidArgument(_) | Error::BadRequest(_) => {
                 (Code::InvalidArgument, Reason::Invalid)
             }
+            Error::RuleCost(_) => (Code::InvalidArgument, Reason::RuleCost),
             Error::NotFound(_) => (Code::NotFound, Reason::NotFound),
             Error::TenancyNotFound(_) => (Code::NotFound, Reason::TenancyNotFound),
             Error::WriteToMissingTenancy(_) => (Code::InvalidArgument, Reason::TenancyNotFound),

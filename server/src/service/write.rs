@@ -14,6 +14,7 @@ use super::{
 };
 use crate::acl::Authorizer;
 use crate::registry::Registration;
+use crate::registry::cel::{self, Meter};
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
 use crate::storage::{Consistency, StorageError};
 
@@ -31,6 +32,33 @@ struct PreparedWrite {
     tenancy: TenancyState,
     /// Who writes: recorded with the change.
     actor: String,
+    /// Units of the request's rule budget its rules spent.
+    rules_used: u64,
+}
+
+/// The type's mutate and validate hooks, then a registered type's rules (metered): the units
+/// the rules spent.
+fn run_hooks(registration: &Registration, resource: &mut Resource) -> Result<u64, Error> {
+    if let Some(mutate) = &registration.mutate {
+        mutate(resource).map_err(Error::InvalidArgument)?;
+    }
+    if let Some(validate) = &registration.validate {
+        validate(resource).map_err(Error::InvalidArgument)?;
+    }
+    let Some(registered) = &registration.registered else {
+        return Ok(0);
+    };
+    let data = resource
+        .data
+        .as_ref()
+        .map(|d| d.value.as_slice())
+        .unwrap_or_default();
+    let mut meter = Meter::new(cel::REQUEST_BUDGET);
+    registered
+        .compiled
+        .check_rules(data, None, &mut meter)
+        .map_err(Error::from)?;
+    Ok(meter.used())
 }
 
 impl ResourceService {
@@ -140,18 +168,28 @@ impl ResourceService {
                 .check_data(data)
                 .map_err(Error::InvalidArgument)?;
         }
-        if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE
-            && let Some(id) = &resource.id
-        {
-            // Compiling a schema costs: only a caller who may write the Type makes the server
-            // do it.
-            registration.check_write_access_before_existence(authorizer, id)?;
-        }
-        if let Some(mutate) = &registration.mutate {
-            mutate(&mut resource).map_err(Error::InvalidArgument)?;
-        }
-        if let Some(validate) = &registration.validate {
-            validate(&resource).map_err(Error::InvalidArgument)?;
+        // A tenant's code (a schema to compile, rules to evaluate) runs only for a caller who
+        // may write the resource, and on the rule pool, never on an async worker.
+        let costly = registration.registered.is_some()
+            || registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
+        let mut rules_used = 0;
+        if costly {
+            if let Some(id) = &resource.id {
+                registration.check_write_access_before_existence(authorizer, id)?;
+            }
+            let hooks = registration.clone();
+            let (checked, outcome) = self
+                .pool
+                .run(move || {
+                    let outcome = run_hooks(&hooks, &mut resource);
+                    (resource, outcome)
+                })
+                .await
+                .map_err(|error| Error::Internal(error.to_string()))?;
+            resource = checked;
+            rules_used = outcome?;
+        } else {
+            run_hooks(&registration, &mut resource)?;
         }
         (registration.acls.write)(authorizer, &resource)?;
         if let Some(references) = &registration.references {
@@ -185,6 +223,7 @@ impl ResourceService {
             registration,
             tenancy,
             actor: authorizer.identity().to_owned(),
+            rules_used,
         })
     }
 
@@ -247,10 +286,16 @@ impl ResourceService {
                         let data = |r: &Resource| {
                             r.data.as_ref().map(|d| d.value.clone()).unwrap_or_default()
                         };
-                        registered
-                            .compiled
-                            .check_rules(&data(&input), Some(&data(&existing)))
-                            .map_err(Error::InvalidArgument)?;
+                        let (new, old) = (data(&input), data(&existing));
+                        let compiled = registered.compiled.clone();
+                        let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
+                        self.pool
+                            .run(move || {
+                                compiled.check_rules(&new, Some(&old), &mut Meter::new(left))
+                            })
+                            .await
+                            .map_err(|error| Error::Internal(error.to_string()))?
+                            .map_err(Error::from)?;
                     }
                 }
                 if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) && !marked {

@@ -1,0 +1,176 @@
+//! The evaluator's semantics, its meter and its estimate.
+
+use super::*;
+use crate::registry::dynamic::tests::invoice_message;
+
+fn run_with(source: &str, data: serde_json::Value, limit: u64) -> Result<Value, EvalError> {
+    let message = invoice_message();
+    let expression = cel_parser::parse(source).expect("parses");
+    let program = prepare(expression, &message, false).expect("prepares");
+    let mut meter = Meter::new(limit);
+    Evaluator::new(
+        &program,
+        vec![(Arc::new("self".to_owned()), Value::from_json(&data))],
+        &mut meter,
+    )
+    .run()
+}
+
+fn run(source: &str) -> Result<Value, EvalError> {
+    run_with(source, serde_json::json!({"amount_cents": 5, "customer": "acme", "lines": []}), RULE_BUDGET)
+}
+
+fn estimate_of(source: &str) -> u64 {
+    let expression = cel_parser::parse(source).expect("parses");
+    prepare(expression, &invoice_message(), false)
+        .expect("prepares")
+        .estimate
+}
+
+#[test]
+fn evaluates_the_language() {
+    for (source, expected) in [
+        ("1 + 2 * 3 == 7", true),
+        ("self.amount_cents >= 0 && self.customer == 'acme'", true),
+        ("self.customer.startsWith('ac') && self.customer.endsWith('me')", true),
+        ("self.customer.contains('cm')", true),
+        ("size(self.customer) == 4 && self.customer.size() == 4", true),
+        ("self.customer.matches('^[a-z]+$')", true),
+        ("[1, 2, 3].all(x, x > 0)", true),
+        ("[1, 2, 3].exists(x, x == 2)", true),
+        ("[1, 2, 3].exists_one(x, x > 2)", true),
+        ("[1, 2, 3].map(x, x * 2) == [2, 4, 6]", true),
+        ("[1, 2, 3].filter(x, x % 2 == 1) == [1, 3]", true),
+        ("[1, 2, 3].map(x, x > 1, x * 10) == [20, 30]", true),
+        ("{'a': 1}['a'] == 1 && 'a' in {'a': 1}", true),
+        ("2 in [1, 2]", true),
+        ("has(self.customer)", true),
+        ("self.amount_cents > 3 ? true : false", true),
+        ("1u + 2u == 3u && 1 == 1u && 1.0 == 1", true),
+        ("int('42') == 42 && string(42) == '42' && double(1) == 1.0", true),
+        ("'a,b'.split(',') == ['a', 'b'] && ['a', 'b'].join('-') == 'a-b'", true),
+        ("'  A '.trim().lowerAscii() == 'a'", true),
+        ("!(1 > 2)", true),
+        // CEL's commutative logic: a deciding side wins over an error on the other.
+        ("1 / 0 == 1 || true", true),
+        ("false && 1 / 0 == 1", false),
+    ] {
+        assert_eq!(run(source), Ok(Value::Bool(expected)), "{source}");
+    }
+}
+
+#[test]
+fn errors_are_values_not_panics() {
+    for source in [
+        "1 / 0 == 0",
+        "1 % 0 == 0",
+        "9223372036854775807 + 1 > 0",
+        "-(-9223372036854775807 - 1) > 0",
+        "[1][5] == 1",
+        "{'a': 1}['b'] == 1",
+        "'a' + 1 == 'a1'",
+        "int('x') == 1",
+        "self.customer < 1",
+    ] {
+        assert!(
+            matches!(run(source), Err(EvalError::Runtime(_))),
+            "{source}: {:?}",
+            run(source)
+        );
+    }
+}
+
+#[test]
+fn prepare_refuses_what_cannot_be_bounded() {
+    let message = invoice_message();
+    for (source, says) in [
+        ("self.customer.matches(self.currency)", "string literal"),
+        ("self.customer.matches('(')", "not valid"),
+        ("launch(self)", "unknown function"),
+        ("other > 1", "unknown name"),
+        ("old.amount_cents > 1", "only bound on updates"),
+        ("[1].all(1, true)", "macro"),
+    ] {
+        let expression = cel_parser::parse(source).expect("parses");
+        let error = prepare(expression, &message, false).expect_err(source);
+        assert!(error.contains(says), "{source}: {error}");
+    }
+}
+
+#[test]
+fn the_meter_stops_work_at_its_limit() {
+    // 300³ iterations: the attack that froze a cluster. Stopped after the budget's units.
+    let source = "[1,2,3].map(a, [1,2,3]).all(x, true)";
+    assert!(run(source).is_ok());
+    let big: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+    let list = format!("[{}]", big.join(","));
+    let source = format!("{list}.all(a, {list}.all(b, {list}.all(c, a + b + c >= 0)))");
+    let started = std::time::Instant::now();
+    assert_eq!(
+        run_with(&source, serde_json::json!({}), 1_000_000),
+        Err(EvalError::OverBudget { limit: 1_000_000 })
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn strings_are_charged_by_their_bytes() {
+    let long = "x".repeat(1 << 20);
+    let data = serde_json::json!({"customer": long});
+    // Reading a megabyte is 65,536 units: over a budget of 60,000, within one of 70,000.
+    let source = "self.customer.contains('y')";
+    assert!(matches!(
+        run_with(source, data.clone(), 60_000),
+        Err(EvalError::OverBudget { .. })
+    ));
+    assert_eq!(run_with(source, data, 70_000), Ok(Value::Bool(false)));
+}
+
+#[test]
+fn the_estimate_bounds_what_data_can_make_a_rule_do() {
+    // Constant work.
+    assert!(estimate_of("self.amount_cents >= 0") < 10);
+    // One pass over the largest list a resource can hold fits the budget.
+    let one = estimate_of("self.lines.all(l, l.cents >= 0)");
+    assert!(one < RULE_BUDGET, "{one}");
+    // A pass over a list of strings, reading each: many small ones or one large one.
+    let strings = estimate_of("self.lines.all(l, l.item.matches('^[a-z]+$'))");
+    assert!(strings < RULE_BUDGET, "{strings}");
+    // A comprehension nested over the data's list is quadratic: over any budget.
+    assert!(estimate_of("self.lines.all(a, self.lines.all(b, a.cents <= b.cents))") > RULE_BUDGET);
+    // Literal lists count their elements: three levels of 300 are 27 million iterations.
+    let big: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+    let list = format!("[{}]", big.join(","));
+    let nested = format!("{list}.all(a, {list}.all(b, {list}.all(c, a + b + c >= 0)))");
+    assert!(estimate_of(&nested) > RULE_BUDGET);
+    // Strings built in a comprehension cost what they copy.
+    assert!(estimate_of("size(self.lines.map(l, self.customer + self.customer)) >= 0") > RULE_BUDGET);
+}
+
+#[test]
+fn what_runs_never_costs_more_than_estimated() {
+    let lines: Vec<serde_json::Value> = (0..2000)
+        .map(|i| serde_json::json!({"item": format!("item{i}"), "cents": i}))
+        .collect();
+    let data = serde_json::json!({"customer": "x".repeat(5000), "lines": lines, "amount_cents": 1, "currency": "EUR"});
+    for source in [
+        "self.lines.all(l, l.cents >= 0)",
+        "self.lines.exists(l, l.item.matches('^item[0-9]+$') && l.cents > 1999)",
+        "self.lines.map(l, l.item + self.currency).size() > 0",
+        "self.customer.contains('y') || self.lines.filter(l, l.cents % 2 == 0).size() == 1000",
+        "[1, 2, 3].all(x, self.lines.exists(l, l.cents == x))",
+    ] {
+        let estimate = estimate_of(source);
+        let expression = cel_parser::parse(source).expect("parses");
+        let program = prepare(expression, &invoice_message(), false).expect("prepares");
+        let mut meter = Meter::new(u64::MAX);
+        Evaluator::new(
+            &program,
+            vec![(Arc::new("self".to_owned()), Value::from_json(&data))],
+            &mut meter,
+        )
+        .run()
+        .expect("runs");
+        assert!(meter.used() <= estimate, "{source}: used {} > estimated {estimate}", meter.used());
+    }
+}
