@@ -19,8 +19,8 @@ use crate::resource;
 
 pub(crate) mod builtin;
 pub(crate) mod cel;
-pub(crate) mod pool;
 pub(crate) mod dynamic;
+pub(crate) mod pool;
 #[cfg(test)]
 mod tests;
 

@@ -811,11 +811,10 @@ impl<'a> Evaluator<'a> {
                 }))
             }
             ("matches", [Value::String(s), Value::String(p)]) => {
-                let regex = self
-                    .program
-                    .regexes
-                    .get(&**p)
-                    .ok_or_else(|| runtime("matches() takes a pattern compiled with the Type"))?;
+                let regex =
+                    self.program.regexes.get(&**p).ok_or_else(|| {
+                        runtime("matches() takes a pattern compiled with the Type")
+                    })?;
                 self.meter.charge(regex_units(s.len() as u64, p))?;
                 Ok(Value::Bool(regex.is_match(s)))
             }
@@ -857,8 +856,7 @@ impl<'a> Evaluator<'a> {
                         }
                     }
                 }
-                self.meter
-                    .charge(items.len() as u64 + byte_units(total))?;
+                self.meter.charge(items.len() as u64 + byte_units(total))?;
                 let parts: Vec<&str> = items
                     .iter()
                     .map(|item| match item {
@@ -970,7 +968,9 @@ impl<'a> Evaluator<'a> {
                     other.type_name()
                 ))),
             },
-            _ => Err(runtime(format!("{name}() takes a variable and an expression"))),
+            _ => Err(runtime(format!(
+                "{name}() takes a variable and an expression"
+            ))),
         }
     }
 }
@@ -1030,12 +1030,7 @@ fn numeric_cmp(a: &Value, b: &Value) -> Option<Option<std::cmp::Ordering>> {
 }
 
 fn convert(name: &str, v: &Value) -> Result<Value, EvalError> {
-    let bad = || {
-        runtime(format!(
-            "{name}() cannot convert {} {v}",
-            v.type_name()
-        ))
-    };
+    let bad = || runtime(format!("{name}() cannot convert {} {v}", v.type_name()));
     Ok(match (name, v) {
         ("int", Value::Int(i)) => Value::Int(*i),
         ("int", Value::Uint(u)) => Value::Int(i64::try_from(*u).map_err(|_| bad())?),
@@ -1158,11 +1153,7 @@ impl Shape {
     /// The shape of field `name` of this message shape, or of any value for other shapes.
     fn field(&self, name: &str) -> Shape {
         let Some((descriptor, scale)) = &self.message else {
-            return self
-                .element
-                .as_deref()
-                .cloned()
-                .unwrap_or_else(Shape::any);
+            return self.element.as_deref().cloned().unwrap_or_else(Shape::any);
         };
         match descriptor.get_field_by_name(name) {
             Some(field) => field_shape(&field, *scale),
@@ -1213,7 +1204,9 @@ fn field_shape(field: &FieldDescriptor, scale: Scale) -> Shape {
             Kind::String => Shape::bytes(budget),
             // Base64.
             Kind::Bytes => Shape::bytes(budget.saturating_mul(4) / 3 + 4),
-            Kind::Enum(e) => Shape::bytes(e.values().map(|v| v.name().len() as u64).max().unwrap_or(0)),
+            Kind::Enum(e) => {
+                Shape::bytes(e.values().map(|v| v.name().len() as u64).max().unwrap_or(0))
+            }
             Kind::Message(m) => match m.full_name() {
                 "google.protobuf.Timestamp" | "google.protobuf.Duration" => Shape::bytes(40),
                 "google.protobuf.FieldMask" => Shape::bytes(budget),
@@ -1333,7 +1326,10 @@ impl Estimator<'_> {
                     }
                     _ => equal_cost(&sa, &sb),
                 };
-                (Shape::scalar(), ca.saturating_add(cb).saturating_add(compare))
+                (
+                    Shape::scalar(),
+                    ca.saturating_add(cb).saturating_add(compare),
+                )
             }
             Expression::Member(target, member) => {
                 let (shape, cost) = self.estimate(target);
@@ -1346,7 +1342,11 @@ impl Estimator<'_> {
                         } else {
                             Shape::any()
                         };
-                        (out, cost.saturating_add(ci).saturating_add(byte_units_u64(si.size)))
+                        (
+                            out,
+                            cost.saturating_add(ci)
+                                .saturating_add(byte_units_u64(si.size)),
+                        )
                     }
                     Member::Fields(_) => (Shape::any(), cost),
                 }
@@ -1431,9 +1431,7 @@ impl Estimator<'_> {
                 .saturating_add(large);
             // A map's keys are copied out.
             let copy = if range.key.is_some() { n } else { 0 };
-            let cost = range_cost
-                .saturating_add(copy)
-                .saturating_add(iterations);
+            let cost = range_cost.saturating_add(copy).saturating_add(iterations);
             let shape = match name {
                 "map" => Shape::list(n, out),
                 "filter" => Shape::list(n, element),
@@ -1490,8 +1488,12 @@ impl Estimator<'_> {
                     .saturating_add(separator)
                     .saturating_mul(list.size);
                 // Strings of one list share its bytes.
-                let bytes = bytes.min(MAX_DATA_BYTES.saturating_add(separator.saturating_mul(list.size)));
-                (Shape::bytes(bytes), list.size.saturating_add(byte_units_u64(bytes)))
+                let bytes =
+                    bytes.min(MAX_DATA_BYTES.saturating_add(separator.saturating_mul(list.size)));
+                (
+                    Shape::bytes(bytes),
+                    list.size.saturating_add(byte_units_u64(bytes)),
+                )
             }
             "string" => (Shape::bytes(first.max(24)), byte_units_u64(first)),
             "bytes" => (Shape::bytes(first), byte_units_u64(first)),

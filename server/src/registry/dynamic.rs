@@ -337,7 +337,10 @@ impl CompiledType {
                 )),
                 Err(EvalError::OverBudget { limit }) => {
                     let whose = if limit < cel::RULE_BUDGET {
-                        format!("the request's rules together ran out of their budget of {} units", cel::REQUEST_BUDGET)
+                        format!(
+                            "the request's rules together ran out of their budget of {} units",
+                            cel::REQUEST_BUDGET
+                        )
                     } else {
                         format!("it ran out of its budget of {limit} units")
                     };

@@ -20,4 +20,5 @@ mod snapshot;
 mod support;
 mod tidy;
 mod tls;
+mod type_attacks;
 mod types;

@@ -25,7 +25,7 @@ fn client_identity() -> Option<(&'static str, &'static str)> {
     Some(("client-test.pem", "client-test-key.pem"))
 }
 
-async fn tls_cluster(size: u64, extra: &[&str]) -> (Arc<TestCa>, Cluster) {
+pub(crate) async fn tls_cluster(size: u64, extra: &[&str]) -> (Arc<TestCa>, Cluster) {
     let ca = Arc::new(TestCa::new(size + 1));
     let client = ca.client(client_identity());
     let cluster = Cluster::start_tls(size as usize, extra, ca.clone(), client).await;

@@ -24,6 +24,8 @@ pub(crate) struct Resd {
     pub client_tls: Option<ClientTlsConfig>,
     /// The certificates of a node started secure by [`Resd::start_with`].
     _ca: Option<std::sync::Arc<TestCa>>,
+    /// The token the harness's own calls (status, members) carry, on a cluster with ACLs.
+    pub harness_token: Option<String>,
 }
 
 /// A CA with certificates for nodes 1..=`nodes` of cluster `resd` and a client `test`, made by
@@ -148,6 +150,7 @@ impl Resd {
             _data: None,
             client_tls: None,
             _ca: None,
+            harness_token: None,
         }
     }
 
@@ -191,6 +194,7 @@ impl Resd {
             _data: Some(dir),
             client_tls: None,
             _ca: None,
+            harness_token: None,
         }
     }
 
@@ -239,10 +243,22 @@ impl Resd {
             .await
             .ok()?;
         ClusterServiceClient::new(channel)
-            .status(StatusRequest {})
+            .status(self.harness_request(StatusRequest {}))
             .await
             .ok()
             .map(|reply| reply.into_inner())
+    }
+
+    /// A request carrying the harness's token, if the cluster has one.
+    pub(crate) fn harness_request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.harness_token {
+            request.metadata_mut().insert(
+                proto::TOKEN_HEADER,
+                token.parse().expect("a token is valid metadata"),
+            );
+        }
+        request
     }
 
     /// Sends SIGTERM (by PID) and waits for the exit.
@@ -364,6 +380,8 @@ pub(crate) struct Cluster {
     first_api: SocketAddr,
     /// With TLS: the certificates, and the client identity tests use.
     tls: Option<(std::sync::Arc<TestCa>, ClientTlsConfig)>,
+    /// With ACLs: the management secret the first node's bootstrap returned.
+    pub harness_token: Option<String>,
 }
 
 impl Cluster {
@@ -380,6 +398,7 @@ impl Cluster {
             first_api: SocketAddr::from(([127, 0, 0, 1], 0)),
             base,
             tls: None,
+            harness_token: None,
         };
         for _ in 0..size {
             let port = format!("127.0.0.1:{}", free_port());
@@ -412,9 +431,20 @@ impl Cluster {
             first_api: SocketAddr::from(([127, 0, 0, 1], 0)),
             base,
             tls,
+            harness_token: None,
         };
         for _ in 0..size {
             cluster.add_node(extra_args).await;
+            if cluster.nodes.len() == 1 && extra_args.contains(&"--acl-enabled") {
+                // The harness's calls need a token: bootstrap on the first node.
+                let secret = crate::acl::bootstrap(&cluster.nodes[0]).await;
+                cluster.harness_token = Some(secret);
+            }
+            if let Some(token) = &cluster.harness_token
+                && let Some(node) = cluster.nodes.last_mut()
+            {
+                node.harness_token = Some(token.clone());
+            }
         }
         cluster.wait_for_members(size).await;
         cluster
@@ -474,7 +504,9 @@ impl Cluster {
                 && let Ok(reply) = self.nodes[leader]
                     .cluster()
                     .await
-                    .members(proto::cluster::v1::MembersRequest {})
+                    .members(
+                        self.nodes[leader].harness_request(proto::cluster::v1::MembersRequest {}),
+                    )
                     .await
                 && reply.get_ref().members.iter().filter(|m| m.voter).count() == size
             {

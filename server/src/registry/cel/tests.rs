@@ -17,7 +17,11 @@ fn run_with(source: &str, data: serde_json::Value, limit: u64) -> Result<Value, 
 }
 
 fn run(source: &str) -> Result<Value, EvalError> {
-    run_with(source, serde_json::json!({"amount_cents": 5, "customer": "acme", "lines": []}), RULE_BUDGET)
+    run_with(
+        source,
+        serde_json::json!({"amount_cents": 5, "customer": "acme", "lines": []}),
+        RULE_BUDGET,
+    )
 }
 
 fn estimate_of(source: &str) -> u64 {
@@ -32,9 +36,15 @@ fn evaluates_the_language() {
     for (source, expected) in [
         ("1 + 2 * 3 == 7", true),
         ("self.amount_cents >= 0 && self.customer == 'acme'", true),
-        ("self.customer.startsWith('ac') && self.customer.endsWith('me')", true),
+        (
+            "self.customer.startsWith('ac') && self.customer.endsWith('me')",
+            true,
+        ),
         ("self.customer.contains('cm')", true),
-        ("size(self.customer) == 4 && self.customer.size() == 4", true),
+        (
+            "size(self.customer) == 4 && self.customer.size() == 4",
+            true,
+        ),
         ("self.customer.matches('^[a-z]+$')", true),
         ("[1, 2, 3].all(x, x > 0)", true),
         ("[1, 2, 3].exists(x, x == 2)", true),
@@ -47,8 +57,14 @@ fn evaluates_the_language() {
         ("has(self.customer)", true),
         ("self.amount_cents > 3 ? true : false", true),
         ("1u + 2u == 3u && 1 == 1u && 1.0 == 1", true),
-        ("int('42') == 42 && string(42) == '42' && double(1) == 1.0", true),
-        ("'a,b'.split(',') == ['a', 'b'] && ['a', 'b'].join('-') == 'a-b'", true),
+        (
+            "int('42') == 42 && string(42) == '42' && double(1) == 1.0",
+            true,
+        ),
+        (
+            "'a,b'.split(',') == ['a', 'b'] && ['a', 'b'].join('-') == 'a-b'",
+            true,
+        ),
         ("'  A '.trim().lowerAscii() == 'a'", true),
         ("!(1 > 2)", true),
         // CEL's commutative logic: a deciding side wins over an error on the other.
@@ -144,7 +160,9 @@ fn the_estimate_bounds_what_data_can_make_a_rule_do() {
     let nested = format!("{list}.all(a, {list}.all(b, {list}.all(c, a + b + c >= 0)))");
     assert!(estimate_of(&nested) > RULE_BUDGET);
     // Strings built in a comprehension cost what they copy.
-    assert!(estimate_of("size(self.lines.map(l, self.customer + self.customer)) >= 0") > RULE_BUDGET);
+    assert!(
+        estimate_of("size(self.lines.map(l, self.customer + self.customer)) >= 0") > RULE_BUDGET
+    );
 }
 
 #[test]
@@ -171,6 +189,10 @@ fn what_runs_never_costs_more_than_estimated() {
         )
         .run()
         .expect("runs");
-        assert!(meter.used() <= estimate, "{source}: used {} > estimated {estimate}", meter.used());
+        assert!(
+            meter.used() <= estimate,
+            "{source}: used {} > estimated {estimate}",
+            meter.used()
+        );
     }
 }

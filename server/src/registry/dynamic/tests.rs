@@ -157,8 +157,7 @@ fn transition_rules_see_the_stored_data() {
     // On create (no old) only the others run.
     rules(&compiled, &low, None).expect("create");
     rules(&compiled, &high, Some(&low)).expect("grows");
-    let error = rules(&compiled, &low, Some(&high))
-        .expect_err("shrinks");
+    let error = rules(&compiled, &low, Some(&high)).expect_err("shrinks");
     assert!(
         error.contains("resource.data: amount_cents may only grow"),
         "{error}"

@@ -1,0 +1,273 @@
+//! Types an attacker cannot turn against the platform (the red team's round on runtime types),
+//! each against real processes: rules that would freeze every node, schemas that would
+//! overflow a stack.
+
+use std::time::{Duration, Instant};
+
+use proto::acl::v1 as acl;
+use proto::registry::v1 as registry;
+use proto::resource::v1::resource_service_client::ResourceServiceClient;
+use proto::resource::v1::{Id, MutateAndValidateRequest, Resource, Tenancy, Type, WriteRequest};
+use tonic::Code;
+
+use crate::acl::{policy, token, with_token, write_as};
+
+const BLOB_PROTO: &str = r#"
+syntax = "proto3";
+package resd.attack.v1;
+message Blob {
+  repeated string items = 1;
+  string blob = 2;
+}
+"#;
+
+fn gvk(group: &str, version: &str, kind: &str) -> Type {
+    Type {
+        group: group.into(),
+        group_version: version.into(),
+        kind: kind.into(),
+    }
+}
+
+pub(crate) fn type_resource(name: &str, t: registry::Type) -> Resource {
+    Resource {
+        id: Some(Id {
+            name: name.into(),
+            r#type: Some(gvk("registry", "v1", "Type")),
+            tenancy: Some(Tenancy::default()),
+            ..Default::default()
+        }),
+        data: Some(proto::to_any(&t)),
+        ..Default::default()
+    }
+}
+
+fn blob_type(rules: &[&str]) -> registry::Type {
+    registry::Type {
+        group: "attack".into(),
+        group_version: "v1".into(),
+        kind: "Blob".into(),
+        scope: registry::Scope::Namespace as i32,
+        proto: BLOB_PROTO.into(),
+        rules: rules
+            .iter()
+            .map(|expression| registry::Rule {
+                expression: (*expression).into(),
+                message: "the blob holds".into(),
+                field: String::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A Blob's data message, encoded by hand: `items` (field 1) and `blob` (field 2).
+fn blob(name: &str, items: usize, blob: &str) -> Resource {
+    let mut value = Vec::new();
+    for _ in 0..items {
+        value.extend_from_slice(&[0x0a, 1, b'a']);
+    }
+    prost::encoding::string::encode(2, &blob.to_owned(), &mut value);
+    Resource {
+        id: Some(Id {
+            name: name.into(),
+            r#type: Some(gvk("attack", "v1", "Blob")),
+            tenancy: Some(Tenancy {
+                partition: "default".into(),
+                namespace: "default".into(),
+            }),
+            ..Default::default()
+        }),
+        data: Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.attack.v1.Blob".into(),
+            value,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Attack: a rule nesting `.all()` over literal lists (accepted at registration, then six
+/// MutateAndValidate calls from a token with no rights froze every node). Now its worst case is
+/// estimated and the Type refused; the costliest rules that are accepted run on the bounded
+/// pool, only for callers who may write, and health and a management write answer within 2 s
+/// on every node of a 3-node TLS + ACL cluster while writers keep that pool full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costly_rules_are_refused_or_bounded_and_the_cluster_stays_healthy() {
+    let (_ca, cluster) = crate::mtls::tls_cluster(3, &["--acl-enabled"]).await;
+    let leader = cluster.wait_for_leader().await;
+    let management = cluster.harness_token.clone().expect("bootstrapped");
+    let channel = cluster.nodes[leader].channel().await;
+
+    // Three levels of 300-element literal lists: 27 million iterations, refused by name.
+    let list = format!(
+        "[{}]",
+        (0..300)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let nested = format!("{list}.all(a, {list}.all(b, {list}.all(c, a + b + c >= 0)))");
+    let refused = write_as(
+        &channel,
+        &management,
+        type_resource("attack-blob", blob_type(&[&nested])),
+    )
+    .await
+    .expect_err("a rule over budget is refused");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("over the budget"), "{refused:?}");
+    // A pattern taken from the data is refused too.
+    let refused = write_as(
+        &channel,
+        &management,
+        type_resource(
+            "attack-blob",
+            blob_type(&["self.blob.matches(self.items[0])"]),
+        ),
+    )
+    .await
+    .expect_err("a pattern from data is refused");
+    assert!(refused.message().contains("string literal"), "{refused:?}");
+
+    // The costliest kind of rule the estimate accepts: a pass over the largest list.
+    write_as(
+        &channel,
+        &management,
+        type_resource(
+            "attack-blob",
+            blob_type(&[
+                "self.items.all(x, x.matches('^[a-z]+$'))",
+                "self.items.exists(x, x == 'b') || self.blob.matches('^[a-z]*$')",
+            ]),
+        ),
+    )
+    .await
+    .expect("a linear rule is accepted");
+    // A writer of attack.*, and a token that may read nothing.
+    let writer = acl::Rule {
+        types: vec!["attack.*.*".into()],
+        partition: "*".into(),
+        namespace: "*".into(),
+        name_prefix: String::new(),
+        access: acl::Access::Write as i32,
+    };
+    write_as(
+        &channel,
+        &management,
+        policy("attackers", vec![writer], acl::Access::Deny),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        policy("nothing", vec![], acl::Access::Deny),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("attacker", "attacker-secret-1", &["attackers"], ""),
+    )
+    .await
+    .expect("token");
+    write_as(
+        &channel,
+        &management,
+        token("nobody", "nobody-secret-12", &["nothing"], ""),
+    )
+    .await
+    .expect("token");
+
+    // No rights: refused before anything of the rule runs.
+    let heavy = blob("heavy", 300_000, "abc");
+    let started = Instant::now();
+    let denied = ResourceServiceClient::new(channel.clone())
+        .mutate_and_validate(with_token(
+            MutateAndValidateRequest {
+                resource: Some(heavy.clone()),
+            },
+            Some("nobody-secret-12"),
+        ))
+        .await
+        .expect_err("no rights");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Writers keep the rule pool of every node busy for a while.
+    let stop = Instant::now() + Duration::from_secs(6);
+    let mut attackers = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        for j in 0..3 {
+            let channel = node.channel().await;
+            let heavy = blob(&format!("heavy-{i}-{j}"), 300_000, "abc");
+            attackers.push(tokio::spawn(async move {
+                let mut calls = 0u32;
+                while Instant::now() < stop && calls < 200 {
+                    calls += 1;
+                    let _ = ResourceServiceClient::new(channel.clone())
+                        .mutate_and_validate(with_token(
+                            MutateAndValidateRequest {
+                                resource: Some(heavy.clone()),
+                            },
+                            Some("attacker-secret-1"),
+                        ))
+                        .await;
+                }
+                calls
+            }));
+        }
+    }
+    // Meanwhile: health and a management write on every node, each within 2 s.
+    let mut slowest = Duration::ZERO;
+    let mut round = 0;
+    while Instant::now() < stop && round < 20 {
+        round += 1;
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let started = Instant::now();
+            let mut health =
+                tonic_health::pb::health_client::HealthClient::new(node.channel().await);
+            let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            });
+            request.set_timeout(Duration::from_secs(2));
+            health
+                .check(request)
+                .await
+                .expect("health answers within 2 s");
+            let mut write = with_token(
+                WriteRequest {
+                    resource: Some(crate::acl::artist_in("default", &format!("probe-{i}"))),
+                },
+                Some(&management),
+            );
+            write.set_timeout(Duration::from_secs(2));
+            ResourceServiceClient::new(node.channel().await)
+                .write(write)
+                .await
+                .expect("a management write answers within 2 s");
+            slowest = slowest.max(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut calls = 0;
+    for attacker in attackers {
+        calls += attacker.await.expect("attacker");
+    }
+    assert!(calls > 9, "the attackers ran ({calls} calls)");
+    eprintln!("{round} rounds of probes; slowest {slowest:?}; {calls} attacking calls");
+
+    // The rule is enforced, not skipped: a blob that breaks it is refused.
+    let broken = blob("broken", 10, "ABC");
+    let refused = write_as(&channel, "attacker-secret-1", {
+        let mut b = broken;
+        if let Some(data) = b.data.as_mut() {
+            data.value.extend_from_slice(&[0x0a, 1, b'B']);
+        }
+        b
+    })
+    .await
+    .expect_err("breaks the rule");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+}
