@@ -48,6 +48,11 @@ pub(crate) const MAX_RULES: usize = 64;
 pub(crate) const MAX_DEFAULTS: usize = 64;
 /// Most messages and enums one schema may declare (nested ones included).
 pub(crate) const MAX_DECLARATIONS: usize = 256;
+/// Most fields one schema may declare, over all its messages.
+pub(crate) const MAX_FIELDS: usize = 10_000;
+/// Deepest a schema's source may nest brackets of any kind (messages in messages, option
+/// values, lists): checked before the compiler, which recurses once per level, runs.
+pub(crate) const MAX_SOURCE_NESTING: usize = 32;
 /// Longest rule expression, message or field path.
 const MAX_RULE_TEXT: usize = 4096;
 /// Deepest expression a rule may nest (evaluating it recurses once per level).
@@ -140,6 +145,7 @@ pub(crate) fn compile(t: &pb::Type) -> Result<pb::Type, String> {
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }
+    check_source_nesting(&t.proto)?;
     let descriptor_set = compile_source(t)?;
     let compiled = pb::Type {
         descriptor_set,
@@ -181,10 +187,15 @@ fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
             t.kind
         ));
     }
-    let declarations = count_declarations(file);
+    let (declarations, fields) = count_declarations(file);
     if declarations > MAX_DECLARATIONS {
         return Err(format!(
             "data.proto declares {declarations} messages and enums; a schema may declare at most {MAX_DECLARATIONS}"
+        ));
+    }
+    if fields > MAX_FIELDS {
+        return Err(format!(
+            "data.proto declares {fields} fields; a schema may declare at most {MAX_FIELDS} (split the type, or keep large maps of data in a map field)"
         ));
     }
     if !file.message_type.iter().any(|m| m.name() == t.kind) {
@@ -202,15 +213,64 @@ fn compile_source(t: &pb::Type) -> Result<Vec<u8>, String> {
     Ok(compiler.encode_file_descriptor_set())
 }
 
-/// Messages and enums a file declares, nested ones included (counted without recursion).
-fn count_declarations(file: &prost_types::FileDescriptorProto) -> usize {
+/// Messages and enums a file declares, nested ones included, and their fields and extensions
+/// (counted without recursion).
+fn count_declarations(file: &prost_types::FileDescriptorProto) -> (usize, usize) {
     let mut count = file.enum_type.len();
+    let mut fields = file.extension.len();
     let mut pending: Vec<&prost_types::DescriptorProto> = file.message_type.iter().collect();
     while let Some(message) = pending.pop() {
         count += 1 + message.enum_type.len();
+        fields += message.field.len() + message.extension.len();
         pending.extend(message.nested_type.iter());
     }
-    count
+    (count, fields)
+}
+
+/// Refuses a source that nests brackets (`{`, `[`, `(`, `<`) deeper than
+/// [`MAX_SOURCE_NESTING`], outside comments and string literals: the compiler parses option
+/// values and messages recursively, and a schema of a few kilobytes could overflow its stack.
+fn check_source_nesting(source: &str) -> Result<(), String> {
+    let bytes = source.as_bytes();
+    let (mut depth, mut line, mut i) = (0usize, 1usize, 0usize);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\n' => line += 1,
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i < bytes.len() && !(bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/')) {
+                    line += usize::from(bytes[i] == b'\n');
+                    i += 1;
+                }
+                i += 2;
+                continue;
+            }
+            quote @ (b'"' | b'\'') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote && bytes[i] != b'\n' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' | b'(' | b'<' => {
+                depth += 1;
+                if depth > MAX_SOURCE_NESTING {
+                    return Err(format!(
+                        "data.proto nests more than {MAX_SOURCE_NESTING} levels of brackets (at line {line}); messages and option values may nest at most {MAX_SOURCE_NESTING} deep"
+                    ));
+                }
+            }
+            b'}' | b']' | b')' | b'>' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// Serves the one source file of a Type to protox.

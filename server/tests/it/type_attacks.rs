@@ -271,3 +271,55 @@ async fn costly_rules_are_refused_or_bounded_and_the_cluster_stays_healthy() {
     .expect_err("breaks the rule");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }
+
+/// Attack: a 6.4 KB schema whose custom option value nests 2,000 levels overflowed a worker's
+/// stack in the compiler and killed the node (a dry run was enough). Now it is refused before
+/// the compiler runs, and the node lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_nesting_thousands_of_levels_is_refused_and_the_node_lives() {
+    let node = crate::process::Resd::start();
+    let levels = 2000;
+    let proto = format!(
+        "syntax = \"proto3\";\npackage resd.attack.v1;\nimport \"google/protobuf/descriptor.proto\";\nmessage Deep {{ Deep d = 1; }}\nextend google.protobuf.MessageOptions {{ Deep deep = 50000; }}\nmessage Blob {{ option (deep) = {}{{}}{}; string s = 1; }}\n",
+        "{ d: ".repeat(levels),
+        "}".repeat(levels)
+    );
+    let t = registry::Type {
+        proto,
+        rules: Vec::new(),
+        ..blob_type(&[])
+    };
+    for dry_run in [true, false] {
+        let resource = type_resource("attack-deep", t.clone());
+        let refused = if dry_run {
+            node.resources()
+                .await
+                .mutate_and_validate(MutateAndValidateRequest {
+                    resource: Some(resource),
+                })
+                .await
+                .map(drop)
+        } else {
+            node.resources()
+                .await
+                .write(WriteRequest {
+                    resource: Some(resource),
+                })
+                .await
+                .map(drop)
+        }
+        .expect_err("refused");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("nests more than 32"),
+            "{refused:?}"
+        );
+    }
+    let mut health = tonic_health::pb::health_client::HealthClient::new(node.channel().await);
+    health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("the node lives");
+}

@@ -374,7 +374,10 @@ fn hostile_nesting_is_refused_without_overflowing_the_stack() {
             let mut t = invoice_type();
             t.proto = source;
             let error = compile(&t).expect_err("too deep");
-            assert!(error.contains("does not compile"), "{error}");
+            assert!(error.contains("nests more than 32"), "{error}");
+            // A custom option whose value nests 2,000 levels (6 KB): the compiler never sees it.
+            let error = compile(&deep_option_type(2000)).expect_err("too deep");
+            assert!(error.contains("nests more than 32"), "{error}");
 
             // A flat chain of messages, each holding the next: refused for its size, and an
             // update of one as long as allowed is compared without recursion.
@@ -587,4 +590,47 @@ fn rules(compiled: &CompiledType, data: &[u8], old: Option<&[u8]>) -> Result<(),
     compiled
         .check_rules(data, old, &mut Meter::new(cel::REQUEST_BUDGET))
         .map_err(|failure| failure.to_string())
+}
+
+/// A Type whose message carries a custom option with a value nested `levels` deep.
+pub(crate) fn deep_option_type(levels: usize) -> pb::Type {
+    let mut t = invoice_type();
+    t.rules.clear();
+    t.defaults.clear();
+    t.proto = format!(
+        "syntax = \"proto3\";\npackage resd.payments.v1;\nimport \"google/protobuf/descriptor.proto\";\nmessage Deep {{ Deep d = 1; }}\nextend google.protobuf.MessageOptions {{ Deep deep = 50000; }}\nmessage Invoice {{ option (deep) = {}{{}}{}; int64 amount_cents = 1; }}\n",
+        "{ d: ".repeat(levels),
+        "}".repeat(levels)
+    );
+    t
+}
+
+#[test]
+fn nesting_within_the_bound_compiles_and_brackets_in_comments_and_strings_do_not_count() {
+    compile(&deep_option_type(20)).expect("20 levels are fine");
+    let mut t = invoice_type();
+    t.proto = format!(
+        "{}\n// {}\n/* {} */\nmessage Note {{ string s = 1 [json_name = \"{}\"]; }}\n",
+        INVOICE,
+        "{".repeat(100),
+        "[".repeat(100),
+        "(".repeat(100)
+    );
+    compile(&t).expect("brackets in comments and strings do not nest");
+}
+
+#[test]
+fn a_schema_over_the_field_limit_is_refused() {
+    let mut t = invoice_type();
+    t.rules.clear();
+    t.defaults.clear();
+    let fields: String = (1..=MAX_FIELDS + 1)
+        .map(|i| format!("  int32 f{i} = {i};\n"))
+        .collect();
+    t.proto = format!(
+        "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Invoice {{\n{fields}}}\n"
+    );
+    let error = compile(&t).expect_err("too many fields");
+    assert!(error.contains("10001 fields"), "{error}");
+    assert!(error.contains("at most 10000"), "{error}");
 }
