@@ -67,6 +67,12 @@ pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     fn acl(&self) -> Access {
         Access::Deny
     }
+    /// Type ownership of `gvk` (DESIGN §12.3): registering, changing or deleting the Type
+    /// that claims it needs WRITE. Never from a default policy or operator access.
+    fn schema(&self, gvk: &str) -> Access {
+        let _ = gvk;
+        Access::Deny
+    }
     /// Whether a node may join the cluster with this identity's token.
     fn may_join(&self) -> bool {
         false
@@ -133,6 +139,23 @@ pub(crate) fn require_operator(
         Err(AclError::PermissionDenied(format!(
             "token lacks operator {}",
             access_name(access)
+        )))
+    }
+}
+
+/// Requires `access` to the ownership of the type `gvk` (its `registry.v1.Type`).
+pub(crate) fn require_schema(
+    authorizer: &dyn Authorizer,
+    gvk: &str,
+    access: Access,
+) -> Result<(), AclError> {
+    if authorizer.schema(gvk) >= access {
+        Ok(())
+    } else {
+        Err(AclError::PermissionDenied(format!(
+            "token lacks schema {} on {gvk}: registering, changing or deleting the Type of {gvk} needs a policy rule with `schema: ACCESS_{}` whose types match it (the team that owns the group grants it; neither operator access nor the default policy does)",
+            access_name(access),
+            access_name(access).to_uppercase()
         )))
     }
 }
@@ -214,6 +237,9 @@ macro_rules! everything {
         }
         fn may_grant(&self, _grant: Grant<'_>) -> Result<(), AclError> {
             Ok(())
+        }
+        fn schema(&self, _gvk: &str) -> Access {
+            Access::Write
         }
     };
 }

@@ -132,12 +132,25 @@ pub(crate) fn check_policy(policy: &pb::Policy) -> Result<(), String> {
                 "{field}.name_prefix is longer than {MAX_PATTERN_LEN} characters"
             ));
         }
+        let schema = match access_of(rule.schema) {
+            Err(why) => {
+                problems.push(format!("{field}.schema: {why}"));
+                None
+            }
+            Ok(Some(Access::List)) => {
+                problems.push(format!(
+                    "{field}.schema: ACCESS_LIST means nothing for type ownership (use ACCESS_READ or ACCESS_WRITE)"
+                ));
+                None
+            }
+            Ok(schema) => schema,
+        };
         match access_of(rule.access) {
             Err(why) => problems.push(format!("{field}.access: {why}")),
-            Ok(None) => problems.push(format!(
-                "{field}.access is required (ACCESS_DENY, ACCESS_LIST, ACCESS_READ or ACCESS_WRITE)"
+            Ok(None) if schema.is_none() => problems.push(format!(
+                "{field}.access is required (ACCESS_DENY, ACCESS_LIST, ACCESS_READ or ACCESS_WRITE), unless the rule sets schema"
             )),
-            Ok(Some(_)) => {}
+            Ok(_) => {}
         }
     }
     if problems.is_empty() {
@@ -313,10 +326,41 @@ impl Rule {
     }
 }
 
+/// A rule's type ownership (`schema`): it applies to the rule's types only.
+#[derive(Debug, Clone)]
+struct SchemaRule {
+    types: Vec<String>,
+    access: Access,
+}
+
+impl SchemaRule {
+    fn matches(&self, gvk: &str) -> bool {
+        self.types.iter().any(|glob| glob_matches(glob, gvk))
+    }
+
+    /// Whether every type `other` matches, this matches too.
+    fn contains(&self, other: &SchemaRule) -> bool {
+        other
+            .types
+            .iter()
+            .all(|theirs| self.types.iter().any(|mine| glob_contains(mine, theirs)))
+    }
+
+    fn may_overlap(&self, other: &SchemaRule) -> bool {
+        self.types.iter().any(|mine| {
+            other
+                .types
+                .iter()
+                .any(|theirs| globs_may_overlap(mine, theirs))
+        })
+    }
+}
+
 /// A policy, compiled.
 #[derive(Debug, Clone)]
 pub(crate) struct CompiledPolicy {
     rules: Vec<Rule>,
+    schema: Vec<SchemaRule>,
     operator: Option<Access>,
     acl: Option<Access>,
     join: bool,
@@ -338,6 +382,16 @@ impl CompiledPolicy {
                         namespace: pattern(&rule.namespace),
                         name_prefix: rule.name_prefix.clone(),
                         access: access_of(rule.access).ok().flatten()?,
+                    })
+                })
+                .collect(),
+            schema: policy
+                .rules
+                .iter()
+                .filter_map(|rule| {
+                    Some(SchemaRule {
+                        types: rule.types.clone(),
+                        access: access_of(rule.schema).ok().flatten()?,
                     })
                 })
                 .collect(),
@@ -382,6 +436,35 @@ impl Grants {
             return Access::Write;
         }
         combine(self.policies.iter().filter_map(|p| p.acl)).unwrap_or(Access::Deny)
+    }
+
+    /// Type ownership of `gvk` (DESIGN §12.3): only what a policy grants (never the default).
+    pub(crate) fn schema(&self, gvk: &str) -> Access {
+        if self.management {
+            return Access::Write;
+        }
+        combine(
+            self.policies
+                .iter()
+                .flat_map(|p| p.schema.iter())
+                .filter(|rule| rule.matches(gvk))
+                .map(|rule| rule.access),
+        )
+        .unwrap_or(Access::Deny)
+    }
+
+    /// Whether every type `wanted` matches is owned here at least as `wanted` grants: no rule
+    /// of mine granting less may match one of them, and one rule of mine covers them all.
+    fn holds_schema(&self, wanted: &SchemaRule) -> bool {
+        let mine = self.policies.iter().flat_map(|policy| policy.schema.iter());
+        if mine
+            .clone()
+            .any(|rule| rule.access < wanted.access && rule.may_overlap(wanted))
+        {
+            return false;
+        }
+        mine.into_iter()
+            .any(|rule| rule.access >= wanted.access && rule.contains(wanted))
     }
 
     /// Whether a node may join with this token: a policy says so (never the default).
@@ -486,6 +569,15 @@ impl Grants {
             }
             if policy.join && !self.may_join() {
                 lacks.push(format!("join (policy {name})"));
+            }
+            for rule in &policy.schema {
+                if rule.access > Access::Deny && !self.holds_schema(rule) {
+                    lacks.push(format!(
+                        "schema {} on {} (policy {name})",
+                        super::access_name(rule.access),
+                        rule.types.join(",")
+                    ));
+                }
             }
             for (index, rule) in policy.rules.iter().enumerate() {
                 if rule.access > Access::Deny && !self.holds_rule(rule) {
@@ -612,6 +704,7 @@ pub(crate) mod tests {
             namespace: namespace.into(),
             name_prefix: prefix.into(),
             access: access as i32,
+            schema: 0,
         }
     }
 
@@ -815,6 +908,13 @@ pub(crate) mod tests {
                     namespace: g.pick(&["", "*", "jazz", "rock"]).to_string(),
                     name_prefix: g.pick(&["", "", "secret-", "m"]).to_string(),
                     access: *g.pick(&ACCESSES[1..]) as i32,
+                    schema: *g.pick(&[
+                        pb::Access::Unspecified,
+                        pb::Access::Unspecified,
+                        pb::Access::Deny,
+                        pb::Access::Read,
+                        pb::Access::Write,
+                    ]) as i32,
                 }
             })
             .collect();
@@ -831,6 +931,16 @@ pub(crate) mod tests {
             join: g.next().is_multiple_of(4),
         }
     }
+
+    /// Every type the generated rules can tell apart.
+    const SCHEMA_TYPES: [&str; 6] = [
+        "demo.v2.Artist",
+        "demo.v1.Artist",
+        "demo.v2.Album",
+        "demo.v1.Album",
+        "acl.v1.Token",
+        "other.v1.Thing",
+    ];
 
     /// Every resource the generated rules can tell apart.
     pub(crate) fn universe() -> Vec<Id> {
@@ -906,6 +1016,14 @@ pub(crate) mod tests {
             );
             assert!(token.acl() <= writer.acl(), "case {case}: acl");
             assert!(!token.may_join() || writer.may_join(), "case {case}: join");
+            for gvk in SCHEMA_TYPES {
+                assert!(
+                    token.schema(gvk) <= writer.schema(gvk),
+                    "case {case}: schema of {gvk}: the token gets {:?}, its writer holds {:?}",
+                    token.schema(gvk),
+                    writer.schema(gvk)
+                );
+            }
         }
         // The property is not vacuous: many grants were allowed (and so checked).
         assert!(allowed > 200, "only {allowed} of 4000 grants were allowed");

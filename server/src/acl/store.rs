@@ -64,6 +64,9 @@ impl Authorizer for TokenAuthorizer {
     fn may_join(&self) -> bool {
         self.grants.may_join()
     }
+    fn schema(&self, gvk: &str) -> Access {
+        self.grants.schema(gvk)
+    }
     fn is_management(&self) -> bool {
         self.grants.is_management()
     }

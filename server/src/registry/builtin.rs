@@ -104,6 +104,7 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
     let types = registry.dynamic().clone();
     registry.register(
         Registration::new::<registry_v1::Type>(REGISTRY_TYPE, Scope::Cluster)
+            .with_acls(type_acls())
             .with_mutate(compile_type)
             .with_validate(move |resource| validate_type(&types, resource)),
     )?;
@@ -139,6 +140,29 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_acls(demo_acls(false)),
     )?;
     Ok(())
+}
+
+/// A Type is written (and deleted) by who may write the Type resource and holds `schema` write
+/// on the group.version.Kind it claims (DESIGN §12.3). Called with only an id (before anything
+/// costly), it checks the first; with data, both.
+fn type_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)?;
+            if resource.data.is_some() {
+                let t: registry_v1::Type = decode_data(resource).map_err(|why| {
+                    AclError::PermissionDenied(format!(
+                        "the Type's claim cannot be read, so its ownership cannot be checked: {why}"
+                    ))
+                })?;
+                let gvk = format!("{}.{}.{}", t.group, t.group_version, t.kind);
+                acl::require_schema(authorizer, &gvk, Access::Write)?;
+            }
+            Ok(())
+        }),
+        ..Acls::default()
+    }
 }
 
 /// Compiles a Type's `.proto` source in the request handler (before proposing), storing the

@@ -174,7 +174,10 @@ impl ResourceService {
             || registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
         let mut rules_used = 0;
         if costly {
-            if let Some(id) = &resource.id {
+            if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE {
+                // Who may write the Type and owns the group.version.Kind it claims.
+                (registration.acls.write)(authorizer, &resource)?;
+            } else if let Some(id) = &resource.id {
                 registration.check_write_access_before_existence(authorizer, id)?;
             }
             let hooks = registration.clone();
@@ -276,6 +279,9 @@ impl ResourceService {
                 let is_type =
                     prepared.registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
                 if is_type {
+                    // The owner of what the stored Type claims may change it (a Type never
+                    // changes its claim, but the check does not rely on that).
+                    (prepared.registration.acls.write)(authorizer, &existing)?;
                     // Compatible with the Type as stored (not only as this node installed it).
                     check_type_update(&existing, &input)?;
                 }

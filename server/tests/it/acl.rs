@@ -114,6 +114,7 @@ pub(crate) fn demo_rule(namespace: &str, access: acl::Access) -> acl::Rule {
         namespace: namespace.into(),
         name_prefix: String::new(),
         access: access as i32,
+        schema: 0,
     }
 }
 

@@ -347,6 +347,7 @@ async fn a_token_grants_through_what_it_writes_only_what_it_holds() {
         namespace: "jazz".into(),
         name_prefix: String::new(),
         access: acl::Access::Read as i32,
+        schema: 0,
     };
     write_as(
         &channel,
@@ -387,6 +388,7 @@ async fn a_token_grants_through_what_it_writes_only_what_it_holds() {
                     namespace: "jazz".into(),
                     name_prefix: "secret-".into(),
                     access: acl::Access::Read as i32,
+                    schema: 0,
                 }],
                 acl::Access::Unspecified,
             ),
@@ -580,6 +582,7 @@ async fn a_deny_holds_through_every_group_version() {
         namespace: "*".into(),
         name_prefix: "secret-".into(),
         access: acl::Access::Deny as i32,
+        schema: 0,
     };
     write_as(
         &channel,
@@ -743,6 +746,7 @@ async fn a_delegate_cannot_lift_its_own_limits_or_take_another_tokens_secret() {
         namespace: "*".into(),
         name_prefix: "secret-".into(),
         access: acl::Access::Deny as i32,
+        schema: 0,
     };
     for resource in [
         delegate,

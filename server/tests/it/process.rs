@@ -437,7 +437,7 @@ impl Cluster {
             cluster.add_node(extra_args).await;
             if cluster.nodes.len() == 1 && extra_args.contains(&"--acl-enabled") {
                 // The harness's calls need a token: bootstrap on the first node.
-                let secret = crate::acl::bootstrap(&cluster.nodes[0]).await;
+                let secret = bootstrap_acls(&cluster.nodes[0]).await;
                 cluster.harness_token = Some(secret);
             }
             if let Some(token) = &cluster.harness_token
@@ -560,5 +560,24 @@ impl Cluster {
             return;
         }
         panic!("not every node applied index {index} within 60s");
+    }
+}
+
+/// Bootstraps ACLs on `node` (waiting for it to lead): the management secret.
+async fn bootstrap_acls(node: &Resd) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match node
+            .cluster()
+            .await
+            .acl_bootstrap(proto::cluster::v1::AclBootstrapRequest {})
+            .await
+        {
+            Ok(reply) => return reply.into_inner().secret,
+            Err(status) => {
+                assert!(Instant::now() < deadline, "cannot bootstrap: {status:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }

@@ -150,6 +150,7 @@ async fn costly_rules_are_refused_or_bounded_and_the_cluster_stays_healthy() {
         namespace: "*".into(),
         name_prefix: String::new(),
         access: acl::Access::Write as i32,
+        schema: 0,
     };
     write_as(
         &channel,
@@ -322,4 +323,170 @@ async fn a_schema_nesting_thousands_of_levels_is_refused_and_the_node_lives() {
         })
         .await
         .expect("the node lives");
+}
+
+/// A team's policy: write on its own Types (named `<team>-…`) and on its group's resources,
+/// and ownership (`schema` write) of its group.
+fn team_policy(team: &str) -> Resource {
+    policy(
+        &format!("team-{team}"),
+        vec![
+            acl::Rule {
+                types: vec!["registry.v1.Type".into()],
+                partition: "*".into(),
+                namespace: "*".into(),
+                name_prefix: format!("{team}-"),
+                access: acl::Access::Write as i32,
+                schema: 0,
+            },
+            acl::Rule {
+                types: vec![format!("{team}.*.*")],
+                partition: "*".into(),
+                namespace: "*".into(),
+                name_prefix: String::new(),
+                access: acl::Access::Write as i32,
+                schema: acl::Access::Write as i32,
+            },
+        ],
+        acl::Access::Deny,
+    )
+}
+
+fn invoice_type(group: &str) -> registry::Type {
+    registry::Type {
+        group: group.into(),
+        group_version: "v1".into(),
+        kind: "Invoice".into(),
+        scope: registry::Scope::Namespace as i32,
+        proto: format!(
+            "syntax = \"proto3\";\npackage resd.{group}.v1;\nmessage Invoice {{ int64 amount_cents = 1; string currency = 2; }}\n"
+        ),
+        ..Default::default()
+    }
+}
+
+/// Attack: a token allowed to write Types named `teama-*` registered `teamb.v1.Invoice`, so
+/// team B's own registration was refused, and team A set defaults on (and, deleting its Type,
+/// deleted) team B's invoices. Now a Type is written only by who holds `schema` write on what
+/// it claims: neither a Type name, operator access nor a default policy of allow grants it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_team_cannot_claim_another_teams_group() {
+    let node =
+        crate::process::Resd::start_with(&["--acl-enabled", "--acl-default-policy", "allow"]);
+    let management = crate::acl::bootstrap(&node).await;
+    let channel = node.channel().await;
+    for team in ["teama", "teamb"] {
+        write_as(&channel, &management, team_policy(team))
+            .await
+            .expect("policy");
+        write_as(
+            &channel,
+            &management,
+            token(
+                team,
+                &format!("{team}-secret-0123"),
+                &[&format!("team-{team}")],
+                "",
+            ),
+        )
+        .await
+        .expect("token");
+    }
+    let operator = policy("operators", Vec::new(), acl::Access::Write);
+    write_as(&channel, &management, operator)
+        .await
+        .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("ops", "ops-secret-01234", &["operators"], ""),
+    )
+    .await
+    .expect("token");
+
+    // Team A squats team B's group under a name of its own: refused, naming what it lacks.
+    let squat = write_as(
+        &channel,
+        "teama-secret-0123",
+        type_resource("teama-invoice", invoice_type("teamb")),
+    )
+    .await
+    .expect_err("squatting is refused");
+    assert_eq!(squat.code(), Code::PermissionDenied, "{squat:?}");
+    assert!(
+        squat.message().contains("schema write on teamb.v1.Invoice"),
+        "{squat:?}"
+    );
+    // Nor through a dry run.
+    let dry = ResourceServiceClient::new(channel.clone())
+        .mutate_and_validate(with_token(
+            MutateAndValidateRequest {
+                resource: Some(type_resource("teama-invoice", invoice_type("teamb"))),
+            },
+            Some("teama-secret-0123"),
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(dry.code(), Code::PermissionDenied, "{dry:?}");
+    // Operator write with a default policy of allow grants no ownership either.
+    let ops = write_as(
+        &channel,
+        "ops-secret-01234",
+        type_resource("ops-invoice", invoice_type("teamb")),
+    )
+    .await
+    .expect_err("operators own no group");
+    assert_eq!(ops.code(), Code::PermissionDenied, "{ops:?}");
+
+    // Each team registers its own group.
+    write_as(
+        &channel,
+        "teamb-secret-0123",
+        type_resource("teamb-invoice", invoice_type("teamb")),
+    )
+    .await
+    .expect("team B owns teamb");
+    write_as(
+        &channel,
+        "teama-secret-0123",
+        type_resource("teama-invoice", invoice_type("teama")),
+    )
+    .await
+    .expect("team A owns teama");
+    // Team A cannot change or delete team B's Type, even where it may write the Type resource.
+    let mut widened = team_policy("teama");
+    if let Some(data) = widened.data.as_mut() {
+        let mut p: acl::Policy = prost::Message::decode(data.value.as_slice()).expect("policy");
+        p.rules[0].name_prefix = String::new();
+        *data = proto::to_any(&p);
+    }
+    write_as(&channel, &management, widened)
+        .await
+        .expect("policy");
+    let mut changed = invoice_type("teamb");
+    changed.description = "mine now".into();
+    let refused = write_as(
+        &channel,
+        "teama-secret-0123",
+        type_resource("teamb-invoice", changed),
+    )
+    .await
+    .expect_err("not team A's");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let refused = ResourceServiceClient::new(channel.clone())
+        .delete(with_token(
+            proto::resource::v1::DeleteRequest {
+                id: type_resource("teamb-invoice", invoice_type("teamb")).id,
+                version: String::new(),
+            },
+            Some("teama-secret-0123"),
+        ))
+        .await
+        .expect_err("not team A's to delete");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    // Nobody grants ownership they lack: team A cannot hand teamb.* to a policy it writes
+    // (it lacks acl write anyway; management's tokens may).
+    let ok = write_as(&channel, &management, team_policy("teamc")).await;
+    assert!(ok.is_ok(), "{ok:?}");
 }

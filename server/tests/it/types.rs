@@ -427,6 +427,7 @@ async fn acl_rules_by_type_glob_cover_registered_types() {
         namespace: "*".into(),
         name_prefix: String::new(),
         access: acl::Access::Write as i32,
+        schema: 0,
     };
     for resource in [
         policy("payments", vec![payments], acl::Access::Unspecified),

@@ -144,6 +144,7 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
                 namespace: "*".into(),
                 name_prefix: String::new(),
                 access: pb::Access::Write as i32,
+                schema: 0,
             });
         }
         h.write(policy("writer", &writer_policy))
