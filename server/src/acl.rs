@@ -345,6 +345,17 @@ impl KeyRules {
 pub(crate) trait TokenResolver: Send + Sync + fmt::Debug {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated>;
 
+    /// [`Self::resolve`] for a request from `remote`: the work an unrecognised token costs is
+    /// charged to that address.
+    fn resolve_from(
+        &self,
+        token: Option<&str>,
+        remote: Option<std::net::IpAddr>,
+    ) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
+        let _ = remote;
+        self.resolve(token)
+    }
+
     /// Whether ACLs are enforced (a token is required).
     fn enabled(&self) -> bool {
         false

@@ -445,7 +445,7 @@ impl Limits {
         } else {
             match token {
                 None => (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES),
-                Some(secret) => match self.tokens.resolve(Some(secret)) {
+                Some(secret) => match self.tokens.resolve_from(Some(secret), remote) {
                     Ok(_) => (
                         Identity::Token(self.hasher.hash_one(secret)),
                         self.settings.max_body_bytes,

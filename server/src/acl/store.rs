@@ -151,24 +151,56 @@ struct Index {
 }
 
 /// Chosen secrets this node has verified, by the SHA-256 of the secret presented (memory only),
-/// so that each costs one slow hash per process; and a node-wide budget of slow hashes, so that
-/// strangers sending made-up tokens cannot keep the node's cores busy.
+/// so that each costs one slow hash per process; and budgets of slow hashes for secrets not
+/// verified yet, so that strangers sending made-up tokens cannot keep the node's cores busy —
+/// one per client address (a flood from one address spends its own, and a known token sent
+/// from elsewhere is still verified), within a node-wide one.
 #[derive(Debug)]
 struct Verified {
     /// SHA-256 of a presented secret -> the stored hash it matched.
     known: HashMap<String, String>,
     /// SHA-256 of presented secrets that matched nothing since the tokens last changed.
     missed: std::collections::HashSet<String>,
-    /// Seconds of slow hashing left to spend, refilled over time.
-    budget: f64,
+    /// The node's budget: seconds of slow hashing left to spend, refilled over time.
+    node: Bucket,
+    /// Each client address's budget (its network: an IPv6 /64), bounded in number.
+    addresses: HashMap<Option<std::net::IpAddr>, Bucket>,
+}
+
+/// Seconds of slow hashing left, refilled at a rate up to a burst.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    left: f64,
     refilled: std::time::Instant,
 }
 
-/// Seconds of one core a node spends per second hashing secrets it has not verified yet (a
-/// quarter of a core, whatever a hash costs on this machine), and at most in a burst.
+impl Bucket {
+    fn full(burst: f64) -> Bucket {
+        Bucket {
+            left: burst,
+            refilled: std::time::Instant::now(),
+        }
+    }
+
+    /// Refills for the time since the last refill; whether anything is left to spend.
+    fn refill(&mut self, per_second: f64, burst: f64) -> bool {
+        let now = std::time::Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.left = (self.left + elapsed * per_second).min(burst);
+        self.left > 0.0
+    }
+}
+
+/// Seconds of one core a client address may make the node spend per second hashing secrets it
+/// has not verified yet (a quarter of a core, whatever a hash costs on this machine), and at
+/// most in a burst; the node as a whole spends at most a core.
 const SLOW_HASHING_PER_SECOND: f64 = 0.25;
 const SLOW_HASHING_BURST: f64 = 0.5;
-/// Verified (and unmatched) secrets remembered; past it the memory starts over.
+const NODE_SLOW_HASHING_PER_SECOND: f64 = 1.0;
+const NODE_SLOW_HASHING_BURST: f64 = 2.0;
+/// Verified (and unmatched) secrets remembered, and addresses with a budget; past it the memory
+/// starts over.
 const MAX_VERIFIED: usize = 4096;
 
 /// The token cache of one node.
@@ -196,8 +228,8 @@ impl TokenStore {
             verified: std::sync::Mutex::new(Verified {
                 known: HashMap::new(),
                 missed: Default::default(),
-                budget: SLOW_HASHING_BURST,
-                refilled: std::time::Instant::now(),
+                node: Bucket::full(NODE_SLOW_HASHING_BURST),
+                addresses: HashMap::new(),
             }),
             changes: tokio::sync::watch::Sender::new(0),
         }
@@ -331,7 +363,11 @@ impl TokenStore {
         self.changes.send_modify(|generation| *generation += 1);
     }
 
-    fn entry(&self, token: Option<&str>) -> Result<Arc<Entry>, Unauthenticated> {
+    fn entry(
+        &self,
+        token: Option<&str>,
+        remote: Option<std::net::IpAddr>,
+    ) -> Result<Arc<Entry>, Unauthenticated> {
         let Some(token) = token.filter(|token| !token.is_empty()) else {
             return Err(Unauthenticated::Refused(
                 "ACLs are enabled and the request has no token (send it in the x-resd-token metadata)".into(),
@@ -355,7 +391,7 @@ impl TokenStore {
                 "this server is still loading its ACL tokens; retry in a moment or ask another member".into(),
             ));
         }
-        let entry = self.find(token)?.ok_or_else(|| {
+        let entry = self.find(token, remote)?.ok_or_else(|| {
             Unauthenticated::Refused("ACL token not found (deleted, or mistyped?)".into())
         })?;
         if let Some(expires_at) = entry.expires_at
@@ -372,7 +408,11 @@ impl TokenStore {
     /// The token whose secret is `secret`: by its SHA-256 (a generated secret), else by the
     /// memory of verified secrets, else by a slow hash with each salt in use, within the node's
     /// budget of slow hashes.
-    fn find(&self, secret: &str) -> Result<Option<Arc<Entry>>, Unauthenticated> {
+    fn find(
+        &self,
+        secret: &str,
+        remote: Option<std::net::IpAddr>,
+    ) -> Result<Option<Arc<Entry>>, Unauthenticated> {
         let fast = secrets::fast_hash(secret);
         let salts = {
             let index = self.read();
@@ -397,24 +437,47 @@ impl TokenStore {
             }
             index.salts.clone()
         };
+        let remote = remote.map(crate::limits::network_of);
         {
             let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            let now = std::time::Instant::now();
-            let elapsed = now.duration_since(verified.refilled).as_secs_f64();
-            verified.refilled = now;
-            verified.budget =
-                (verified.budget + elapsed * SLOW_HASHING_PER_SECOND).min(SLOW_HASHING_BURST);
-            if verified.budget <= 0.0 {
-                return Err(Unauthenticated::NotReady(
-                    "this server is checking too many unrecognised tokens at once; retry in a second"
-                        .into(),
-                ));
+            if verified.addresses.len() >= MAX_VERIFIED && !verified.addresses.contains_key(&remote)
+            {
+                // Forget the addresses that have their whole budget back (nothing lost).
+                verified.addresses.retain(|_, bucket| {
+                    !bucket.refill(SLOW_HASHING_PER_SECOND, SLOW_HASHING_BURST)
+                        || bucket.left < SLOW_HASHING_BURST
+                });
+                if verified.addresses.len() >= MAX_VERIFIED {
+                    verified.addresses.clear();
+                }
+            }
+            let address_has = verified
+                .addresses
+                .entry(remote)
+                .or_insert_with(|| Bucket::full(SLOW_HASHING_BURST))
+                .refill(SLOW_HASHING_PER_SECOND, SLOW_HASHING_BURST);
+            let node_has = verified
+                .node
+                .refill(NODE_SLOW_HASHING_PER_SECOND, NODE_SLOW_HASHING_BURST);
+            if !address_has || !node_has {
+                return Err(Unauthenticated::NotReady(format!(
+                    "this server is checking too many unrecognised tokens{} at once; retry in a second",
+                    if address_has {
+                        ""
+                    } else {
+                        " from this address"
+                    }
+                )));
             }
         }
         let started = std::time::Instant::now();
         let charge = |store: &TokenStore| {
+            let spent = started.elapsed().as_secs_f64();
             let mut verified = store.verified.lock().unwrap_or_else(|p| p.into_inner());
-            verified.budget -= started.elapsed().as_secs_f64();
+            verified.node.left -= spent;
+            if let Some(bucket) = verified.addresses.get_mut(&remote) {
+                bucket.left -= spent;
+            }
         };
         for (salt, iterations) in salts {
             let stored = StoredSecret::Slow {
@@ -445,13 +508,21 @@ impl TokenStore {
 
     /// The accessor, policies and expiry of a valid token.
     pub(crate) fn describe(&self, token: Option<&str>) -> Result<TokenInfo, Unauthenticated> {
-        self.entry(token).map(|entry| entry.info.clone())
+        self.entry(token, None).map(|entry| entry.info.clone())
     }
 }
 
 impl TokenResolver for TokenStore {
     fn resolve(&self, token: Option<&str>) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
-        self.entry(token)
+        self.resolve_from(token, None)
+    }
+
+    fn resolve_from(
+        &self,
+        token: Option<&str>,
+        remote: Option<std::net::IpAddr>,
+    ) -> Result<Arc<dyn Authorizer>, Unauthenticated> {
+        self.entry(token, remote)
             .map(|entry| entry.authorizer.clone() as Arc<dyn Authorizer>)
     }
 
@@ -578,7 +649,7 @@ mod tests {
         );
         assert_eq!(store.read().salts.len(), 1);
 
-        let spend = |store: &TokenStore| store.verified.lock().expect("lock").budget;
+        let spend = |store: &TokenStore| store.verified.lock().expect("lock").node.left;
         let before = spend(&store);
         assert_eq!(
             store
@@ -630,6 +701,40 @@ mod tests {
         // Deleting the token forgets it, memory or not.
         store.remove_token("chosen");
         assert!(store.resolve(Some("correct-horse-battery-staple")).is_err());
+    }
+
+    /// A flood of made-up tokens from one address spends that address's budget: a chosen secret
+    /// never verified on this node, sent from another address, is still verified.
+    #[test]
+    fn a_flood_from_one_address_does_not_lock_out_a_known_token_from_another() {
+        let store = TokenStore::new(Access::Deny);
+        store.replace_policies(Vec::new());
+        store.replace_tokens(vec![(
+            "chosen".into(),
+            token("correct-horse-battery-staple", &[MANAGEMENT_POLICY], ""),
+        )]);
+        let attacker = Some(std::net::IpAddr::from([127, 0, 0, 2]));
+        let operator = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        let mut refused = 0;
+        for attempt in 0..256 {
+            if let Err(Unauthenticated::NotReady(why)) =
+                store.resolve_from(Some(&format!("made-up-token-number-{attempt}")), attacker)
+            {
+                assert!(why.contains("from this address"), "{why}");
+                refused += 1;
+            }
+        }
+        assert!(
+            refused > 200,
+            "the attacker's budget ran out ({refused} refused)"
+        );
+        assert_eq!(
+            store
+                .resolve_from(Some("correct-horse-battery-staple"), operator)
+                .expect("verified from another address")
+                .identity(),
+            "chosen"
+        );
     }
 
     #[test]

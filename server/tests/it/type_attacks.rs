@@ -490,3 +490,101 @@ async fn one_team_cannot_claim_another_teams_group() {
     let ok = write_as(&channel, &management, team_policy("teamc")).await;
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+/// A channel to `node` whose connections come from `source` (another loopback address).
+async fn channel_from(node: &crate::process::Resd, source: [u8; 4]) -> tonic::transport::Channel {
+    let target = node.api_addr;
+    let connector = tower::service_fn(move |_: http::Uri| async move {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::from((source, 0)))?;
+        let stream = socket.connect(target).await?;
+        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+    });
+    node.endpoint()
+        .connect_with_connector(connector)
+        .await
+        .expect("connects")
+}
+
+/// Attack: 8 threads of made-up tokens (of a chosen secret's shape, each costing a slow hash)
+/// made a management token with a chosen secret fail every call for 30 s ("checking too many
+/// unrecognised tokens"). Now unrecognised tokens spend their address's budget: the flood is
+/// refused and the known token, sent from elsewhere, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_unknown_tokens_does_not_lock_out_a_known_one() {
+    let node = crate::process::Resd::start_with(&["--acl-enabled"]);
+    let management = crate::acl::bootstrap(&node).await;
+    let channel = node.channel().await;
+    // A management token with a chosen secret, never used on this node yet.
+    ResourceServiceClient::new(channel.clone())
+        .write(with_token(
+            WriteRequest {
+                resource: Some(token(
+                    "chosen-management",
+                    "correct-horse-battery-staple",
+                    &["global-management"],
+                    "",
+                )),
+            },
+            Some(&management),
+        ))
+        .await
+        .expect("token");
+
+    let stop = Instant::now() + Duration::from_secs(8);
+    let mut flood = Vec::new();
+    for worker in 0..8 {
+        let channel = channel_from(&node, [127, 0, 0, 2]).await;
+        flood.push(tokio::spawn(async move {
+            let (mut refused, mut calls) = (0u32, 0u32);
+            while Instant::now() < stop && calls < 5000 {
+                calls += 1;
+                let made_up = format!("made-up-secret-{worker}-{calls}");
+                let result = ResourceServiceClient::new(channel.clone())
+                    .read(with_token(
+                        proto::resource::v1::ReadRequest {
+                            id: crate::acl::artist_in("default", "x").id,
+                            ..Default::default()
+                        },
+                        Some(&made_up),
+                    ))
+                    .await;
+                refused += u32::from(result.is_err());
+            }
+            (refused, calls)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut served, mut asked) = (0u32, 0u32);
+    while Instant::now() < stop && asked < 40 {
+        asked += 1;
+        let mut request = with_token(
+            WriteRequest {
+                resource: Some(crate::acl::artist_in("default", &format!("probe-{asked}"))),
+            },
+            Some("correct-horse-battery-staple"),
+        );
+        request.set_timeout(Duration::from_secs(2));
+        match ResourceServiceClient::new(channel.clone())
+            .write(request)
+            .await
+        {
+            Ok(_) => served += 1,
+            Err(status) => eprintln!("refused: {status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut refused, mut calls) = (0, 0);
+    for worker in flood {
+        let (r, c) = worker.await.expect("flood");
+        refused += r;
+        calls += c;
+    }
+    eprintln!("management served {served} of {asked}; the flood refused {refused} of {calls}");
+    assert!(calls > 100, "the flood ran ({calls} calls)");
+    assert_eq!(refused, calls, "no made-up token was accepted");
+    assert!(
+        served * 10 >= asked * 9,
+        "the known token was served {served} times of {asked}"
+    );
+}
