@@ -1168,3 +1168,67 @@ async fn a_damaged_snapshot_is_never_installed_and_the_leader_sends_a_new_one() 
         .any(|item| item.file_name().to_string_lossy().starts_with("damaged-"));
     assert!(aside, "the leader set its damaged snapshot aside");
 }
+
+/// Attack: `raft/sm/CURRENT` deleted (or overwritten) while the node was down made it take
+/// itself for a new node, delete its live generation and refuse to start, though its snapshot
+/// and log sufficed. Now a missing or unreadable CURRENT rebuilds from the checked snapshot and
+/// the log, and the generations it cannot prove superseded are set aside, never deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_current_generation_file_is_lost_rebuilds_and_serves_everything() {
+    let mut node = Resd::start_with(&["--snapshot-every", "20"]);
+    let data = node.data_dir().expect("data dir").to_path_buf();
+    write_artists(&node, 30).await;
+    wait_for_snapshot(&node, 20).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while current_generation(&data) == 0 {
+        assert!(Instant::now() < deadline, "no rebase within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (round, damage) in [None, Some("not a number\n"), Some("999\n")]
+        .into_iter()
+        .enumerate()
+    {
+        let mut client = node.resources().await;
+        client
+            .write(WriteRequest {
+                resource: Some(artist(&format!("round-{round}"))),
+            })
+            .await
+            .expect("acknowledged");
+        node.terminate();
+        let current = data.join("raft/sm/CURRENT");
+        match damage {
+            None => std::fs::remove_file(&current).expect("remove CURRENT"),
+            Some(text) => std::fs::write(&current, text).expect("overwrite CURRENT"),
+        }
+        node.restart();
+        wait_for_artists(&node, 31 + round, &format!("after CURRENT was {damage:?}")).await;
+    }
+    let aside = std::fs::read_dir(data.join("raft"))
+        .expect("raft dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("damaged-"))
+        .count();
+    assert!(
+        aside > 0,
+        "the generations not proven superseded were set aside"
+    );
+}
+
+/// Attack: with the `LOCK` file deleted, a second agent started on the same data directory and
+/// both wrote its log. The lock is held on the directory itself: a second agent is refused
+/// whatever happened to the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_is_refused_even_after_the_lock_file_is_deleted() {
+    let first = Resd::start();
+    let dir = first.data_dir().expect("data dir").to_path_buf();
+    std::fs::remove_file(dir.join("LOCK")).expect("delete LOCK");
+    let output = run_to_exit(&args_for(first.args(), &dir));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is in use by another resd process"),
+        "{stderr}"
+    );
+    list_artists(&first).await;
+}

@@ -123,14 +123,16 @@ pub(crate) fn is_repairing(data_dir: &Path) -> bool {
     data_dir.join(REPAIR_FILE).exists()
 }
 
-/// Locked (`flock`, exclusive) by the process that serves the data directory, which writes its
-/// PID into it: a second process on the same directory would write the same log.
+/// Holds the PID of the process that serves the data directory (for people). The lock itself
+/// is `flock` (exclusive) on the directory: a second process on the same directory would write
+/// the same log, and a lock on a file someone can delete would let it.
 pub(crate) const LOCK_FILE: &str = "LOCK";
 
 /// The exclusive hold of a data directory, released when dropped (or when the process ends,
 /// however it ends: the kernel drops a dead process's locks).
 #[derive(Debug)]
 pub(crate) struct DirLock {
+    _dir: std::fs::File,
     _file: std::fs::File,
 }
 
@@ -178,14 +180,17 @@ impl DirLock {
                 );
             }
         }
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(failed)?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        // The directory's inode cannot be deleted while it holds anything, or replaced under a
+        // running node: the lock lives there.
+        let directory = std::fs::File::open(data_dir).map_err(|source| LockError::Io {
+            dir: data_dir.to_path_buf(),
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        match rustix::fs::flock(
+            &directory,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 let holder = std::fs::read_to_string(&path)
@@ -200,9 +205,19 @@ impl DirLock {
             }
             Err(errno) => return Err(failed(errno.into())),
         }
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(failed)?;
         file.set_len(0).map_err(failed)?;
         writeln!(file, "{}", std::process::id()).map_err(failed)?;
-        Ok(DirLock { _file: file })
+        Ok(DirLock {
+            _dir: directory,
+            _file: file,
+        })
     }
 }
 

@@ -35,11 +35,7 @@ impl StateMachineStore {
         history: HistoryLimits,
         map_size: usize,
     ) -> Result<StateMachineStore, std::io::Error> {
-        let mut generation = match std::fs::read_to_string(data_dir.join(schema::SM_CURRENT)) {
-            Ok(text) => text.trim().parse::<u64>().map_err(io)?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(error) => return Err(error),
-        };
+        let (mut generation, current_lost) = current_generation(data_dir)?;
         let clean_marker = data_dir.join(schema::SM_CLEAN);
         let existing = schema::sm_generation_dir(data_dir, generation).join(schema::SNAPSHOT_DATA);
         let clean = match std::fs::read_to_string(&clean_marker) {
@@ -79,6 +75,8 @@ impl StateMachineStore {
             Err(_) => clean,
         };
         let found_damaged = found_damaged.is_ok();
+        // Which generation is live is not known for sure: rebuilt, like after an unclean stop.
+        let clean = clean && !current_lost;
         let mut snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
         let opened_cleanly = clean || !existing.exists();
@@ -132,7 +130,12 @@ impl StateMachineStore {
             }
             Err(error) => return Err(io(error)),
         };
-        remove_other_generations(data_dir, generation);
+        if current_lost {
+            // Not proven superseded (CURRENT did not say which was live): kept, for people.
+            set_aside_other_generations(data_dir, generation);
+        } else {
+            remove_other_generations(data_dir, generation);
+        }
         if damaged_marker.exists() {
             std::fs::remove_file(&damaged_marker)?;
             schema::sync_dir(&data_dir.join(schema::SM_DIR))?;
@@ -166,6 +169,87 @@ impl StateMachineStore {
                 counting: Mutex::new(()),
             }),
         })
+    }
+}
+
+/// The generation `CURRENT` names, and whether it was lost: missing, unreadable, or naming a
+/// generation that is not on disk while others are. Then the newest generation on disk is
+/// taken, to be rebuilt from (never trusted as it is, never deleted); with none, the node is
+/// new (generation 0).
+fn current_generation(data_dir: &Path) -> std::io::Result<(u64, bool)> {
+    let path = data_dir.join(schema::SM_CURRENT);
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(generation) => Some(generation),
+            Err(_) => {
+                tracing::error!(path = %path.display(), content = %text.trim().escape_default(), "the file naming the live state machine generation is unreadable");
+                None
+            }
+        },
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => return Err(error),
+    };
+    let on_disk = generations_on_disk(data_dir);
+    let exists = |generation: u64| {
+        schema::sm_generation_dir(data_dir, generation)
+            .join(schema::SNAPSHOT_DATA)
+            .exists()
+    };
+    match recorded {
+        Some(generation) if exists(generation) || on_disk.is_empty() => Ok((generation, false)),
+        _ => match on_disk.last() {
+            None => Ok((0, false)),
+            Some(&newest) => {
+                tracing::error!(
+                    path = %path.display(),
+                    recorded = ?recorded,
+                    found = ?on_disk,
+                    "the file naming the live state machine generation is missing or wrong; rebuilding the state from the latest snapshot and the raft log, and setting the generations found aside"
+                );
+                Ok((newest, true))
+            }
+        },
+    }
+}
+
+/// The generations under `raft/sm` that hold a data file, oldest first.
+fn generations_on_disk(data_dir: &Path) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join(schema::SM_DIR)) else {
+        return Vec::new();
+    };
+    let mut found: Vec<u64> = entries
+        .flatten()
+        .filter(|entry| entry.path().join(schema::SNAPSHOT_DATA).exists())
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u64>().ok())
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// Moves every generation but `keep` to a `raft/damaged-…` directory.
+fn set_aside_other_generations(data_dir: &Path, keep: u64) {
+    let keep_dir = schema::sm_generation_dir(data_dir, keep);
+    let others: Vec<PathBuf> = std::fs::read_dir(data_dir.join(schema::SM_DIR))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.is_dir() && *path != keep_dir)
+                .collect()
+        })
+        .unwrap_or_default();
+    if others.is_empty() {
+        return;
+    }
+    let parts: Vec<&Path> = others.iter().map(PathBuf::as_path).collect();
+    match schema::set_aside(data_dir, &parts) {
+        Ok(aside) => tracing::warn!(
+            aside = %aside.display(),
+            "state machine generations set aside (not deleted): remove them once the node serves what it should"
+        ),
+        Err(error) => {
+            tracing::error!(%error, "could not set the old generations aside; they stay where they are")
+        }
     }
 }
 
