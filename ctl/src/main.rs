@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     match runtime.block_on(ctl::command::run(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            ctl::say!("error: {error:#}");
             ExitCode::from(ctl::exit_code(&error))
         }
     }

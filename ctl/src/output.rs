@@ -208,8 +208,47 @@ impl Table {
     }
 }
 
-/// Writes to stdout; a closed pipe (`resctl get … | head`) ends quietly.
+/// `text` without control characters (C0 but newline and tab, DEL, C1): what the cluster holds
+/// was written by others (a report, a schema comment, a rule's message), and an escape sequence
+/// in it must not move the operator's cursor, clear the terminal or forge a line.
+pub fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    let unwanted = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if text.contains(unwanted) {
+        std::borrow::Cow::Owned(text.chars().filter(|c| !unwanted(*c)).collect())
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// Writes a line to stderr, [`clean`].
+pub fn say_line(text: &str) {
+    eprintln!("{}", clean(text));
+}
+
+/// Writes to stderr, [`clean`].
+pub fn say_raw(text: &str) {
+    eprint!("{}", clean(text));
+}
+
+/// `eprintln!`, [`clean`]ed: every line resctl writes to stderr goes through it.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::output::say_line(&format!($($arg)*))
+    };
+}
+
+/// `eprint!`, [`clean`]ed.
+#[macro_export]
+macro_rules! say_raw {
+    ($($arg:tt)*) => {
+        $crate::output::say_raw(&format!($($arg)*))
+    };
+}
+
+/// Writes to stdout, [`clean`]; a closed pipe (`resctl get … | head`) ends quietly.
 pub fn print(text: &str) -> anyhow::Result<()> {
+    let text = clean(text);
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())
@@ -412,5 +451,17 @@ mod tests {
             .metadata
             .insert("deletionTimestamp".into(), "2026-11-26T00:00:00Z".into());
         assert_eq!(condition_cell(&resource), "Terminating");
+    }
+}
+
+#[cfg(test)]
+mod clean_tests {
+    use super::clean;
+
+    #[test]
+    fn control_characters_are_dropped_but_lines_and_tabs_kept() {
+        assert_eq!(clean("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(clean("a\u{1b}[2Jb\rc\u{7f}d\u{9b}31me"), "a[2Jbcd31me");
+        assert!(matches!(clean("no escapes"), std::borrow::Cow::Borrowed(_)));
     }
 }

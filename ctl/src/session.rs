@@ -204,7 +204,7 @@ pub fn confirm(question: &str, default: bool) -> bool {
         return false;
     }
     let hint = if default { "[Y/n]" } else { "[y/N]" };
-    eprint!("{question} {hint} ");
+    crate::say_raw!("{question} {hint} ");
     let mut answer = String::new();
     match std::io::stdin().read_line(&mut answer) {
         Ok(0) | Err(_) => false,

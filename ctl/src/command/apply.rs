@@ -771,7 +771,7 @@ pub async fn run(session: &Session, args: &crate::cli::ApplyArgs) -> anyhow::Res
     output::print(&render(&report, session.output)?)?;
     let failures = failures(&report);
     if !failures.is_empty() {
-        eprint!("{failures}");
+        crate::say_raw!("{failures}");
         return Ok(1);
     }
     Ok(0)

@@ -81,7 +81,7 @@ pub async fn status(session: &Session) -> anyhow::Result<StatusView> {
 pub async fn members(session: &Session) -> anyhow::Result<Vec<MemberView>> {
     let members = session.client.members().await?;
     if members.no_leader {
-        eprintln!(
+        crate::say!(
             "no leader answers: this is node {}'s own view of the members (no matches, lags or reachability); the cluster may have lost its quorum — `resctl cluster status` on each node says what it sees",
             members.answered_by
         );

@@ -320,11 +320,11 @@ pub async fn run(session: &Session, args: &DeleteArgs) -> anyhow::Result<u8> {
     };
     output::print(&text)?;
     if !report.blocked.is_empty() {
-        eprint!("{}", explain_blockers(&report));
+        crate::say_raw!("{}", explain_blockers(&report));
         return Ok(1);
     }
     if report.results.iter().any(|r| r.result == "not found") {
-        eprintln!("error: some resources were not found");
+        crate::say!("error: some resources were not found");
         return Ok(1);
     }
     Ok(0)

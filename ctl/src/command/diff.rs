@@ -202,7 +202,7 @@ pub async fn run(session: &Session, args: &crate::cli::DiffArgs) -> anyhow::Resu
         Ok(code) => Ok(code),
         // A diff that could not be computed is an error (2), never "no changes" or "changes".
         Err(error) => {
-            eprintln!("error: {error:#}");
+            crate::say!("error: {error:#}");
             Ok(2)
         }
     }
@@ -240,9 +240,10 @@ async fn compare_and_print(session: &Session, args: &crate::cli::DiffArgs) -> an
             } else {
                 format!(" ({} {})", difference.resource_type, difference.name)
             };
-            eprintln!(
+            crate::say!(
                 "error: {} document {}{what}: {error}",
-                difference.file, difference.document
+                difference.file,
+                difference.document
             );
         }
     }

@@ -91,11 +91,11 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
             return false;
         }
         match problem {
-            Problem::Conflict { changes, .. } => eprintln!(
+            Problem::Conflict { changes, .. } => crate::say!(
                 "the resource changed on the server while you edited:\n{changes}\
                  reopening the editor on the server's version with your changes merged in"
             ),
-            Problem::Rejected(message) => eprintln!(
+            Problem::Rejected(message) => crate::say!(
                 "error: {message}\nreopening the editor with the error on top (close it without a change to give up)"
             ),
         }

@@ -145,7 +145,7 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
             if resources.is_empty() && !session.output.is_structured() {
                 let info = session.resolve_type(&args.resource_type).await?;
                 let tenancy = session.tenancy(info.scope(), args.all_namespaces);
-                eprintln!(
+                crate::say!(
                     "{}",
                     nothing_found(&args.resource_type, &tenancy, args.all_namespaces)
                 );
@@ -156,11 +156,11 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
     };
     output::print(&text)?;
     if let Some(why) = session.client.last_stale() {
-        eprintln!("warning: {why}; --consistent reads through the leader");
+        crate::say!("warning: {why}; --consistent reads through the leader");
     }
     if session.output == output::OutputFormat::Wide {
         // Which member answered (with several --server addresses it may not be the first).
-        eprintln!("served by {}", session.client.server());
+        crate::say!("served by {}", session.client.server());
     }
     Ok(0)
 }

@@ -220,7 +220,7 @@ pub async fn run(session: &Session, command: SnapshotCommand) -> anyhow::Result<
                         .to_string(),
                 ]);
             }
-            eprintln!(
+            crate::say!(
                 "restoring {} (raft index {}, taken {}) replaces everything the cluster at {} holds:\n{}",
                 args.file.display(),
                 inspected.header.raft_index,
@@ -239,7 +239,7 @@ pub async fn run(session: &Session, command: SnapshotCommand) -> anyhow::Result<
                     "replace the cluster's state with this snapshot?",
                     false,
                 ) {
-                    eprintln!("restore cancelled; nothing changed");
+                    crate::say!("restore cancelled; nothing changed");
                     return Ok(1);
                 }
             }

@@ -126,7 +126,7 @@ pub async fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<u8> {
                 } else {
                     "does not exist"
                 };
-                eprintln!(
+                crate::say!(
                     "timed out after {}: {label} {state}; last seen: {last}",
                     humanize(timeout)
                 );

@@ -131,7 +131,7 @@ pub fn render_event(
 }
 
 fn notice(format: OutputFormat, event: &str, message: String) -> anyhow::Result<()> {
-    eprintln!("resctl: {message}");
+    crate::say!("resctl: {message}");
     if format == OutputFormat::Json {
         // Not for jsonpath: a template describes events, and a notice is not one.
         let line = WatchLine {

@@ -427,7 +427,12 @@ impl Reconciler<InProcess> for ReplicaReports {
         };
         let id = report.id.clone().unwrap_or_default();
         let every = decode_data::<proto::coordination::v1::Replica>(&report)
-            .map(|r| Duration::from_secs(u64::from(r.report_every_seconds.max(1))))
+            .map(|r| {
+                Duration::from_secs(u64::from(
+                    r.report_every_seconds
+                        .clamp(1, crate::registry::builtin::MAX_REPORT_EVERY_SECONDS),
+                ))
+            })
             .unwrap_or(Duration::from_secs(5));
         let forget_after = every * REPORT_PERIODS_TO_FORGET;
         let now = tokio::time::Instant::now();

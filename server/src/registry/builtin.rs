@@ -96,10 +96,11 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         LEASE,
         Scope::Namespace,
     ))?;
-    registry.register(Registration::new::<proto::coordination::v1::Replica>(
-        REPLICA,
-        Scope::Namespace,
-    ))?;
+    registry.register(
+        Registration::new::<proto::coordination::v1::Replica>(REPLICA, Scope::Namespace)
+            .with_validate(validate_replica)
+            .with_acls(replica_acls()),
+    )?;
 
     let types = registry.dynamic().clone();
     registry.register(
@@ -140,6 +141,128 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_acls(demo_acls(false)),
     )?;
     Ok(())
+}
+
+/// The controllers the server runs itself: no report may claim them (DESIGN §16).
+pub(crate) const BUILTIN_CONTROLLERS: [&str; 7] = [
+    "reaper",
+    "namespace",
+    "replica-reports",
+    "type",
+    "demo-artist",
+    "demo-album",
+    "demo-concept-observer",
+];
+/// Longest interval a report may name (0 means the default, 10 s).
+pub(crate) const MAX_REPORT_EVERY_SECONDS: u32 = 300;
+
+/// Whether `text` holds a control character (C0, DEL or C1): what could move an operator's
+/// cursor, clear a terminal or forge a line.
+pub(crate) fn has_control(text: &str) -> bool {
+    text.chars().any(char::is_control)
+}
+
+/// A report's shape (DESIGN §16): names without control characters, an interval within
+/// 1–300 seconds (0: the default).
+fn validate_replica(resource: &Resource) -> Result<(), String> {
+    let report: proto::coordination::v1::Replica = decode_data(resource)?;
+    let mut problems = Vec::new();
+    let mut named = vec![
+        ("controller", report.controller.as_str()),
+        ("identity", report.identity.as_str()),
+        ("host", report.host.as_str()),
+        ("lease", report.lease.as_str()),
+    ];
+    named.extend(
+        report
+            .finalizers
+            .iter()
+            .map(|f| ("finalizers[]", f.as_str())),
+    );
+    for (field, value) in named {
+        if has_control(value) {
+            problems.push(format!(
+                "resource.data.{field} {:?} holds control characters",
+                value.escape_default().to_string()
+            ));
+        }
+        if value.len() > 253 {
+            problems.push(format!(
+                "resource.data.{field} is {} bytes long; at most 253",
+                value.len()
+            ));
+        }
+    }
+    if report.controller.is_empty() {
+        problems.push("resource.data.controller is required".into());
+    }
+    if report.report_every_seconds > MAX_REPORT_EVERY_SECONDS {
+        problems.push(format!(
+            "resource.data.report_every_seconds is {}; a replica reports at least every {MAX_REPORT_EVERY_SECONDS} seconds (0 means every 10)",
+            report.report_every_seconds
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// A report is a claim checked by the server (DESIGN §16): it may name only a controller of a
+/// type its writer may write (never a built-in controller), and only finalizers under a domain
+/// of that type's group.
+fn replica_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)?;
+            if resource.data.is_none() {
+                return Ok(());
+            }
+            let report: proto::coordination::v1::Replica =
+                decode_data(resource).map_err(AclError::PermissionDenied)?;
+            if BUILTIN_CONTROLLERS.contains(&report.controller.as_str()) {
+                return Err(AclError::PermissionDenied(format!(
+                    "controller {:?} is built into the server: no report may claim it",
+                    report.controller
+                )));
+            }
+            let Some(managed) = report.managed_type.as_ref() else {
+                return Err(AclError::PermissionDenied(
+                    "a report names the type its controller manages (data.managed_type): what it may claim is checked against it".into(),
+                ));
+            };
+            let managed_id = Id {
+                uid: String::new(),
+                name: String::new(),
+                r#type: Some(managed.clone()),
+                tenancy: id.tenancy.clone(),
+            };
+            acl::require_resource(authorizer, &managed_id, Access::Write).map_err(|error| {
+                AclError::PermissionDenied(format!(
+                    "a report may claim only controllers of types its token may write: {error}"
+                ))
+            })?;
+            for finalizer in &report.finalizers {
+                let domain = finalizer.split('/').next().unwrap_or_default();
+                let ours = domain == managed.group
+                    || domain
+                        .strip_prefix(managed.group.as_str())
+                        .is_some_and(|rest| rest.starts_with('.'));
+                if !ours || !finalizer.contains('/') {
+                    return Err(AclError::PermissionDenied(format!(
+                        "finalizer {:?} is not under a domain of group {} (like {}.example.com/NAME): a report claims only its own type's finalizers",
+                        finalizer.escape_default().to_string(),
+                        managed.group,
+                        managed.group
+                    )));
+                }
+            }
+            Ok(())
+        }),
+        ..Acls::default()
+    }
 }
 
 /// A Type is written (and deleted) by who may write the Type resource and holds `schema` write

@@ -588,3 +588,125 @@ async fn a_flood_of_unknown_tokens_does_not_lock_out_a_known_one() {
         "the known token was served {served} times of {asked}"
     );
 }
+
+fn report(name: &str, data: proto::coordination::v1::Replica) -> Resource {
+    Resource {
+        id: Some(Id {
+            name: name.into(),
+            r#type: Some(gvk("coordination", "v1", "Replica")),
+            tenancy: Some(Tenancy {
+                partition: "default".into(),
+                namespace: "default".into(),
+            }),
+            ..Default::default()
+        }),
+        data: Some(proto::to_any(&data)),
+        ..Default::default()
+    }
+}
+
+/// Attack: a tenant's Replica report claimed the built-in `type` controller and its finalizer,
+/// with `report_every_seconds: 4294967295` and an identity holding ANSI escapes: it was shown
+/// as holding the lease, blamed by `delete --wait`, never went stale and cleared the operator's
+/// terminal. Now a report is a claim the server checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_controller_reports_are_refused() {
+    let node = crate::process::Resd::start_with(&["--acl-enabled"]);
+    let management = crate::acl::bootstrap(&node).await;
+    let channel = node.channel().await;
+    let rule = |types: &str| acl::Rule {
+        types: vec![types.into()],
+        partition: "*".into(),
+        namespace: "*".into(),
+        name_prefix: String::new(),
+        access: acl::Access::Write as i32,
+        schema: 0,
+    };
+    write_as(
+        &channel,
+        &management,
+        policy(
+            "reporters",
+            vec![rule("coordination.v1.Replica"), rule("demo.*.*")],
+            acl::Access::Deny,
+        ),
+    )
+    .await
+    .expect("policy");
+    write_as(
+        &channel,
+        &management,
+        token("tenant", "tenant-secret-012", &["reporters"], ""),
+    )
+    .await
+    .expect("token");
+    let honest = proto::coordination::v1::Replica {
+        controller: "artist-sync".into(),
+        identity: "artist-sync-1".into(),
+        host: "host-a".into(),
+        managed_type: Some(gvk("demo", "v2", "Artist")),
+        finalizers: vec!["demo.example.com/sync".into()],
+        report_every_seconds: 10,
+        ..Default::default()
+    };
+    let cases: Vec<(&str, proto::coordination::v1::Replica, Code, &str)> = vec![
+        (
+            "built-in controller",
+            proto::coordination::v1::Replica {
+                controller: "type".into(),
+                managed_type: Some(gvk("registry", "v1", "Type")),
+                finalizers: vec!["registry.resd.io/type-cleanup".into()],
+                ..honest.clone()
+            },
+            Code::PermissionDenied,
+            "built into the server",
+        ),
+        (
+            "another group's finalizer",
+            proto::coordination::v1::Replica {
+                finalizers: vec!["registry.resd.io/type-cleanup".into()],
+                ..honest.clone()
+            },
+            Code::PermissionDenied,
+            "not under a domain of group demo",
+        ),
+        (
+            "a type it may not write",
+            proto::coordination::v1::Replica {
+                managed_type: Some(gvk("registry", "v1", "Type")),
+                finalizers: Vec::new(),
+                ..honest.clone()
+            },
+            Code::PermissionDenied,
+            "types its token may write",
+        ),
+        (
+            "an interval of 136 years",
+            proto::coordination::v1::Replica {
+                report_every_seconds: u32::MAX,
+                ..honest.clone()
+            },
+            Code::InvalidArgument,
+            "at least every 300 seconds",
+        ),
+        (
+            "escapes in its identity",
+            proto::coordination::v1::Replica {
+                identity: "\u{1b}[2J\u{1b}[Hroot".into(),
+                ..honest.clone()
+            },
+            Code::InvalidArgument,
+            "control characters",
+        ),
+    ];
+    for (what, data, code, says) in cases {
+        let refused = write_as(&channel, "tenant-secret-012", report("forged", data))
+            .await
+            .expect_err(what);
+        assert_eq!(refused.code(), code, "{what}: {refused:?}");
+        assert!(refused.message().contains(says), "{what}: {refused:?}");
+    }
+    write_as(&channel, "tenant-secret-012", report("honest", honest))
+        .await
+        .expect("an honest report is accepted");
+}

@@ -129,3 +129,21 @@ async fn two_controllers_watching_each_other_are_reported() {
         vec![("albums".to_owned(), "artists".to_owned())]
     );
 }
+
+/// Reports may not claim a built-in controller: the registry's list of them is the list the
+/// server registers.
+#[tokio::test]
+async fn the_registry_knows_every_built_in_controller_by_name() {
+    let runtime = runtime().await;
+    let mut manager = Manager::new(runtime.api().service.clone());
+    crate::controller::builtin::register(
+        &mut manager,
+        runtime.api().service.registry().clone(),
+        Duration::from_secs(1),
+    )
+    .expect("register");
+    let names: Vec<&str> = manager.controllers().keys().map(String::as_str).collect();
+    let mut known = crate::registry::builtin::BUILTIN_CONTROLLERS.to_vec();
+    known.sort_unstable();
+    assert_eq!(names, known);
+}

@@ -94,7 +94,12 @@ pub(crate) async fn external_replicas(
         .iter()
         .filter_map(|stored| {
             let report: Replica = decode_data(stored).ok()?;
-            let every = Duration::from_secs(u64::from(report.report_every_seconds.max(1)));
+            // Bounded here too: a report stored before the bound was enforced.
+            let every = Duration::from_secs(u64::from(
+                report
+                    .report_every_seconds
+                    .clamp(1, crate::registry::builtin::MAX_REPORT_EVERY_SECONDS),
+            ));
             let stale = clock.stale(&key_of(stored), &stored.version, every * 3);
             Some(external_of(stored, report, stale))
         })
