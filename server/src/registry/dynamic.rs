@@ -69,12 +69,28 @@ struct Rule {
     uses_old: bool,
 }
 
+/// One rule that does not hold on a resource (Kubernetes' `field.Error`): the field it is
+/// reported on (`resource.data` or `resource.data.<field>`), what it says, and which rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Violation {
+    /// The rule's index in the Type; `None` for data that cannot be read at all.
+    pub rule: Option<usize>,
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
 /// Why a resource's data did not pass its type's rules.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub(crate) enum RuleFailure {
     /// Rules that do not hold (or cannot be evaluated on this data), each naming its field.
-    #[error("{0}")]
-    Violations(String),
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Violations(Vec<Violation>),
     /// A rule, or the request's rules together, ran out of budget.
     #[error("{0}")]
     Cost(String),
@@ -364,10 +380,22 @@ impl CompiledType {
         old: Option<&[u8]>,
         meter: &mut Meter,
     ) -> Result<(), RuleFailure> {
+        self.check_rules_of(data, old, meter, |_| true)
+    }
+
+    /// [`Self::check_rules`] for the rules `which` selects (by index).
+    pub(crate) fn check_rules_of(
+        &self,
+        data: &[u8],
+        old: Option<&[u8]>,
+        meter: &mut Meter,
+        which: impl Fn(usize) -> bool,
+    ) -> Result<(), RuleFailure> {
         let relevant: Vec<&Rule> = self
             .rules
             .iter()
             .filter(|rule| rule.uses_old == old.is_some() || !rule.uses_old)
+            .filter(|rule| which(rule.index))
             .collect();
         if relevant.is_empty() {
             return Ok(());
@@ -378,10 +406,11 @@ impl CompiledType {
         }
         let mut problems = Vec::new();
         for rule in relevant {
-            let at = if rule.field.is_empty() {
-                "resource.data".to_owned()
-            } else {
-                format!("resource.data.{}", rule.field)
+            let at = rule_field(&rule.field);
+            let violation = |message: String| Violation {
+                rule: Some(rule.index),
+                field: at.clone(),
+                message,
             };
             let left = meter.left();
             let mut rule_meter = Meter::new(left.min(cel::RULE_BUDGET));
@@ -390,11 +419,11 @@ impl CompiledType {
             meter.spend(rule_meter.used());
             match evaluated {
                 Ok(cel::Value::Bool(true)) => {}
-                Ok(cel::Value::Bool(false)) => problems.push(format!("{at}: {}", rule.message)),
-                Ok(other) => problems.push(format!(
-                    "{at}: rule {} ({}) gave {other}, not a bool",
+                Ok(cel::Value::Bool(false)) => problems.push(violation(rule.message.clone())),
+                Ok(other) => problems.push(violation(format!(
+                    "rule {} ({}) gave {other}, not a bool",
                     rule.index, rule.message
-                )),
+                ))),
                 Err(EvalError::OverBudget { limit }) => {
                     let whose = if limit < cel::RULE_BUDGET {
                         format!(
@@ -409,24 +438,63 @@ impl CompiledType {
                         rule.index, rule.message
                     )));
                 }
-                Err(EvalError::Runtime(error)) => problems.push(format!(
-                    "{at}: rule {} ({}) could not be evaluated: {error}",
+                Err(EvalError::Runtime(error)) => problems.push(violation(format!(
+                    "rule {} ({}) could not be evaluated: {error}",
                     rule.index, rule.message
-                )),
+                ))),
             }
         }
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(RuleFailure::Violations(problems.join("; ")))
+            Err(RuleFailure::Violations(problems))
         }
+    }
+
+    /// Ratcheting (DESIGN §15, Kubernetes' KEP-4008): which of `violations` (found on `data`)
+    /// still count on an update from `old`. One counts unless its rule broke on `old` too and
+    /// the field it is reported on (the whole data for a rule without one) is unchanged.
+    pub(crate) fn ratchet(
+        &self,
+        violations: Vec<Violation>,
+        data: &[u8],
+        old: &[u8],
+        meter: &mut Meter,
+    ) -> Result<Vec<Violation>, RuleFailure> {
+        if violations.iter().all(|v| v.rule.is_none()) {
+            return Ok(violations);
+        }
+        let failed: BTreeSet<usize> = violations.iter().filter_map(|v| v.rule).collect();
+        let broke_before: BTreeSet<usize> = match self
+            .check_rules_of(old, None, meter, |index| failed.contains(&index))
+        {
+            Ok(()) => BTreeSet::new(),
+            Err(RuleFailure::Violations(before)) => before.iter().filter_map(|v| v.rule).collect(),
+            Err(cost) => return Err(cost),
+        };
+        let (new_value, old_value) = (self.cel_value(data)?, self.cel_value(old)?);
+        Ok(violations
+            .into_iter()
+            .filter(|violation| {
+                let Some(index) = violation.rule else {
+                    return true;
+                };
+                let field = &self.rules[index].field;
+                let unchanged = value_at(&new_value, field) == value_at(&old_value, field);
+                !(broke_before.contains(&index) && unchanged)
+            })
+            .collect())
     }
 
     /// The data as a CEL value (proto field names, every scalar field present, 64-bit integers
     /// as numbers).
     fn cel_value(&self, data: &[u8]) -> Result<cel::Value, RuleFailure> {
         let invalid = |error: &dyn std::fmt::Display| {
-            RuleFailure::Violations(format!("resource.data invalid: {error}"))
+            RuleFailure::Violations(vec![Violation {
+                rule: None,
+                field: "resource.data".into(),
+                message: format!("invalid: {error}"),
+            }])
         };
         let message =
             DynamicMessage::decode(self.message.clone(), data).map_err(|e| invalid(&e))?;
@@ -444,6 +512,26 @@ impl CompiledType {
     pub(crate) fn has_transition_rules(&self) -> bool {
         self.rules.iter().any(|rule| rule.uses_old)
     }
+}
+
+/// Where a rule's violation is reported.
+fn rule_field(field: &str) -> String {
+    if field.is_empty() {
+        "resource.data".to_owned()
+    } else {
+        format!("resource.data.{field}")
+    }
+}
+
+/// The value at a dot path of field names (the whole value for an empty path).
+fn value_at<'v>(value: &'v cel::Value, path: &str) -> Option<&'v cel::Value> {
+    if path.is_empty() {
+        return Some(value);
+    }
+    path.split('.').try_fold(value, |value, name| match value {
+        cel::Value::Map(map) => map.get(&cel::Key::String(name.into())),
+        _ => None,
+    })
 }
 
 fn compile_rule(

@@ -223,7 +223,15 @@ impl From<crate::registry::dynamic::RuleFailure> for Error {
     fn from(failure: crate::registry::dynamic::RuleFailure) -> Self {
         use crate::registry::dynamic::RuleFailure;
         match failure {
-            RuleFailure::Violations(why) => Error::InvalidArgument(why),
+            RuleFailure::Violations(violations) => Error::BadRequest(BadRequest(
+                violations
+                    .into_iter()
+                    .map(|violation| FieldViolation {
+                        message: violation.to_string(),
+                        field: violation.field,
+                    })
+                    .collect(),
+            )),
             RuleFailure::Cost(why) => Error::RuleCost(why),
         }
     }

@@ -15,6 +15,7 @@ use super::{
 use crate::acl::Authorizer;
 use crate::registry::Registration;
 use crate::registry::cel::{self, Meter};
+use crate::registry::dynamic::{RuleFailure, Violation};
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
 use crate::storage::{Consistency, StorageError};
 
@@ -34,11 +35,18 @@ struct PreparedWrite {
     actor: String,
     /// Units of the request's rule budget its rules spent.
     rules_used: u64,
+    /// Rules the written data breaks: refused on a create; on an update, unless ratcheting
+    /// lets them pass (the stored object broke them too and their field is unchanged).
+    violations: Vec<Violation>,
 }
 
 /// The type's mutate and validate hooks, then a registered type's rules (metered): the units
-/// the rules spent.
-fn run_hooks(registration: &Registration, resource: &mut Resource) -> Result<u64, Error> {
+/// the rules spent, and the rules that do not hold (an update may still pass them by
+/// ratcheting, decided once the stored object is known).
+fn run_hooks(
+    registration: &Registration,
+    resource: &mut Resource,
+) -> Result<(u64, Vec<Violation>), Error> {
     if let Some(mutate) = &registration.mutate {
         mutate(resource).map_err(Error::InvalidArgument)?;
     }
@@ -46,7 +54,7 @@ fn run_hooks(registration: &Registration, resource: &mut Resource) -> Result<u64
         validate(resource).map_err(Error::InvalidArgument)?;
     }
     let Some(registered) = &registration.registered else {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     };
     let data = resource
         .data
@@ -54,11 +62,13 @@ fn run_hooks(registration: &Registration, resource: &mut Resource) -> Result<u64
         .map(|d| d.value.as_slice())
         .unwrap_or_default();
     let mut meter = Meter::new(cel::REQUEST_BUDGET);
-    registered
-        .compiled
-        .check_rules(data, None, &mut meter)
-        .map_err(Error::from)?;
-    Ok(meter.used())
+    match registered.compiled.check_rules(data, None, &mut meter) {
+        Ok(()) => Ok((meter.used(), Vec::new())),
+        Err(RuleFailure::Violations(violations)) if violations.iter().all(|v| v.rule.is_some()) => {
+            Ok((meter.used(), violations))
+        }
+        Err(failure) => Err(failure.into()),
+    }
 }
 
 impl ResourceService {
@@ -106,6 +116,7 @@ impl ResourceService {
         request: MutateAndValidateRequest,
     ) -> Result<MutateAndValidateResponse, Error> {
         let prepared = self.prepare_write(authorizer, request.resource).await?;
+        refuse_violations(prepared.violations.clone())?;
         Ok(MutateAndValidateResponse {
             resource: Some(prepared.resource),
         })
@@ -173,6 +184,7 @@ impl ResourceService {
         let costly = registration.registered.is_some()
             || registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
         let mut rules_used = 0;
+        let mut violations = Vec::new();
         if costly {
             if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE {
                 // Who may write the Type and owns the group.version.Kind it claims.
@@ -190,7 +202,7 @@ impl ResourceService {
                 .await
                 .map_err(|error| Error::Internal(error.to_string()))?;
             resource = checked;
-            rules_used = outcome?;
+            (rules_used, violations) = outcome?;
         } else {
             run_hooks(&registration, &mut resource)?;
         }
@@ -227,6 +239,7 @@ impl ResourceService {
             tenancy,
             actor: authorizer.identity().to_owned(),
             rules_used,
+            violations,
         })
     }
 
@@ -285,23 +298,44 @@ impl ResourceService {
                     // Compatible with the Type as stored (not only as this node installed it).
                     check_type_update(&existing, &input)?;
                 }
-                if !marked && let Some(registered) = &prepared.registration.registered {
-                    // A resource being deleted may still release its finalizers.
-                    refuse_while_type_is_deleted(registered, &existing_id)?;
-                    if registered.compiled.has_transition_rules() {
-                        let data = |r: &Resource| {
-                            r.data.as_ref().map(|d| d.value.clone()).unwrap_or_default()
-                        };
-                        let (new, old) = (data(&input), data(&existing));
+                if let Some(registered) = &prepared.registration.registered {
+                    if !marked {
+                        // A resource being deleted may still release its finalizers.
+                        refuse_while_type_is_deleted(registered, &existing_id)?;
+                    }
+                    // Metadata, labels and finalizers always change (ratcheting): rules judge
+                    // data, and data that does not change was judged when it was written.
+                    let data_changed = !prepared
+                        .registration
+                        .same_data(input.data.as_ref(), existing.data.as_ref());
+                    let data =
+                        |r: &Resource| r.data.as_ref().map(|d| d.value.clone()).unwrap_or_default();
+                    let (new, old) = (data(&input), data(&existing));
+                    let transition = !marked && registered.compiled.has_transition_rules();
+                    let deferred = prepared.violations.clone();
+                    if data_changed && (transition || !deferred.is_empty()) {
                         let compiled = registered.compiled.clone();
                         let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
-                        self.pool
-                            .run(move || {
-                                compiled.check_rules(&new, Some(&old), &mut Meter::new(left))
+                        let outcome = self
+                            .pool
+                            .run(move || -> Result<Vec<Violation>, RuleFailure> {
+                                let mut meter = Meter::new(left);
+                                let mut left_over =
+                                    compiled.ratchet(deferred, &new, &old, &mut meter)?;
+                                if transition
+                                    && let Err(failure) =
+                                        compiled.check_rules(&new, Some(&old), &mut meter)
+                                {
+                                    match failure {
+                                        RuleFailure::Violations(more) => left_over.extend(more),
+                                        cost => return Err(cost),
+                                    }
+                                }
+                                Ok(left_over)
                             })
                             .await
-                            .map_err(|error| Error::Internal(error.to_string()))?
-                            .map_err(Error::from)?;
+                            .map_err(|error| Error::Internal(error.to_string()))?;
+                        refuse_violations(outcome?)?;
                     }
                 }
                 if matches!(prepared.tenancy, TenancyState::MarkedForDeletion) && !marked {
@@ -373,6 +407,7 @@ impl ResourceService {
         mut input: Resource,
         prepared: &PreparedWrite,
     ) -> Result<Resource, Error> {
+        refuse_violations(prepared.violations.clone())?;
         let id = input.id.clone().unwrap_or_default();
         if !input.version.is_empty() {
             return Err(Error::CasFailed(format!(
@@ -913,4 +948,13 @@ fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error>
     let written = load(input).map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
     check_update(&stored, &written)
         .map_err(|why| Error::InvalidArgument(format!("resource.data: {why}")))
+}
+
+/// Refuses a write whose data breaks rules, naming each (a `google.rpc.BadRequest`).
+fn refuse_violations(violations: Vec<Violation>) -> Result<(), Error> {
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(RuleFailure::Violations(violations).into())
+    }
 }

@@ -480,3 +480,105 @@ async fn acl_rules_by_type_glob_cover_registered_types() {
         .expect("read back");
     assert!(read.into_inner().resource.is_some());
 }
+
+/// Attack (a tightened rule stranded data): after a rule that stored objects break was added,
+/// a finalizer could not be removed even by management, and deleting the Type hung for good.
+/// Ratcheting (DESIGN §15): metadata and finalizers always change; a write that leaves a
+/// broken rule's field unchanged passes; one that changes it must satisfy it; deleting the
+/// Type completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tightened_rule_never_strands_stored_objects() {
+    let node = Resd::start();
+    let type_id = invoice_type_resource(INVOICE_PROTO).id.clone();
+    write(&node, invoice_type_resource(INVOICE_PROTO))
+        .await
+        .expect("the Type");
+    let mut held = invoice("big", 5000);
+    held.metadata.insert(
+        proto::meta::FINALIZERS_KEY.into(),
+        "payments.example.com/hold".into(),
+    );
+    let held = write(&node, held)
+        .await
+        .expect("stored under the old rules");
+
+    // The rule tightens: amount_cents <= 1000 (the Type's controller writes it meanwhile).
+    for attempt in 0..20 {
+        let mut tightened = read(&node, type_id.clone().expect("id"))
+            .await
+            .expect("Type");
+        if let Some(data) = tightened.data.as_mut() {
+            let mut t: registry::Type =
+                prost::Message::decode(data.value.as_slice()).expect("Type");
+            t.rules.push(registry::Rule {
+                expression: "self.amount_cents <= 1000".into(),
+                message: "invoices are at most 10 euros now".into(),
+                field: "amount_cents".into(),
+            });
+            t.descriptor_set.clear();
+            *data = proto::to_any(&t);
+        }
+        match write(&node, tightened).await {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::Aborted && attempt < 19 => continue,
+            Err(status) => panic!("the rule does not tighten: {status:?}"),
+        }
+    }
+
+    // A new object must satisfy it; a stored one may change its labels, and its other fields.
+    let refused = write(&node, invoice("new", 5000)).await.expect_err("new");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("at most 10 euros"),
+        "{refused:?}"
+    );
+    let mut labelled = held.clone();
+    labelled.metadata.insert("team".into(), "billing".into());
+    let labelled = write(&node, labelled).await.expect("labels change");
+    let mut renamed = labelled.clone();
+    renamed.data = Some(invoice_data(5000, "ACME Corp"));
+    let renamed = write(&node, renamed)
+        .await
+        .expect("a field the broken rule does not report on changes");
+    let mut still_big = renamed.clone();
+    still_big.data = Some(invoice_data(4000, "ACME Corp"));
+    let refused = write(&node, still_big)
+        .await
+        .expect_err("the rule's field changes");
+    assert!(
+        refused.message().contains("at most 10 euros"),
+        "{refused:?}"
+    );
+
+    // Deleting the Type marks the invoice; its finalizer comes off; the deletion completes.
+    node.resources()
+        .await
+        .delete(DeleteRequest {
+            id: type_id,
+            version: String::new(),
+        })
+        .await
+        .expect("the Type is deleted");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let current = read(&node, invoice_id("big")).await.expect("still held");
+        if proto::meta::is_marked_for_deletion(&current) {
+            let mut released = current;
+            released.metadata.remove(proto::meta::FINALIZERS_KEY);
+            write(&node, released)
+                .await
+                .expect("the finalizer comes off though the data breaks a rule");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the invoice was never marked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !registered(&node).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the Type's deletion did not complete"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -634,3 +634,67 @@ fn a_schema_over_the_field_limit_is_refused() {
     assert!(error.contains("10001 fields"), "{error}");
     assert!(error.contains("at most 10000"), "{error}");
 }
+
+/// Ratcheting: a violation counts unless the stored data broke the same rule and the rule's
+/// field is unchanged.
+#[test]
+fn ratcheting_lets_unchanged_broken_fields_pass() {
+    let mut t = invoice_type();
+    t.rules = vec![
+        pb::Rule {
+            expression: "self.amount_cents <= 1000".into(),
+            message: "small".into(),
+            field: "amount_cents".into(),
+        },
+        pb::Rule {
+            expression: "self.customer != ''".into(),
+            message: "has a customer".into(),
+            field: String::new(),
+        },
+    ];
+    let compiled = load(&t);
+    let old = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5000, "customer": "a"}),
+    );
+    let new_other_field = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5000, "customer": "b"}),
+    );
+    let new_amount = data(
+        &compiled,
+        serde_json::json!({"amountCents": 4000, "customer": "b"}),
+    );
+    let mut meter = Meter::new(cel::REQUEST_BUDGET);
+    let violations =
+        |bytes: &[u8], meter: &mut Meter| match compiled.check_rules(bytes, None, meter) {
+            Err(RuleFailure::Violations(v)) => v,
+            other => panic!("{other:?}"),
+        };
+    let found = violations(&new_other_field, &mut meter);
+    assert!(
+        compiled
+            .ratchet(found, &new_other_field, &old, &mut meter)
+            .expect("ratchets")
+            .is_empty()
+    );
+    let found = violations(&new_amount, &mut meter);
+    let left = compiled
+        .ratchet(found, &new_amount, &old, &mut meter)
+        .expect("ratchets");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].field, "resource.data.amount_cents");
+    // A rule the stored data satisfied is never ratcheted.
+    let good_old = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5, "customer": "a"}),
+    );
+    let found = violations(&new_other_field, &mut meter);
+    assert_eq!(
+        compiled
+            .ratchet(found, &new_other_field, &good_old, &mut meter)
+            .expect("ratchets")
+            .len(),
+        1
+    );
+}
