@@ -422,3 +422,19 @@ impl TokenResolver for StaticTokens {
         }
     }
 }
+
+/// The network an address stands for: itself (IPv4), its /64 (IPv6: one host may hold a
+/// whole /64, so counting its addresses apart would count nothing).
+pub(crate) fn network_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => ip,
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => {
+                let mut octets = v6.octets();
+                octets[8..].fill(0);
+                std::net::IpAddr::V6(octets.into())
+            }
+        },
+    }
+}

@@ -551,21 +551,7 @@ impl Share {
     }
 }
 
-/// The network an address stands for: itself (IPv4), its /64 (IPv6: one host may hold a
-/// whole /64, so counting its addresses apart would count nothing).
-pub(crate) fn network_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let mut octets = v6.octets();
-                octets[8..].fill(0);
-                IpAddr::V6(octets.into())
-            }
-        },
-    }
-}
+pub(crate) use crate::acl::network_of;
 
 fn show_ip(ip: Option<IpAddr>) -> String {
     ip.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())

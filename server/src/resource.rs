@@ -218,3 +218,7 @@ pub(crate) fn tenancy_matches(pattern: &Tenancy, tenancy: &Tenancy) -> bool {
 pub(crate) fn rfc3339(time: std::time::SystemTime) -> String {
     prost_types::Timestamp::from(time).to_string()
 }
+
+/// Default of `--max-resource-bytes`: the largest resource, encoded. Rules' worst cases are
+/// estimated with it too (`registry::cel`).
+pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;

@@ -41,7 +41,7 @@ pub(crate) use admission::ForwardAdmission;
 pub(crate) use error::{Error, NotLeader, VersionConflict};
 
 /// Largest encoded resource accepted by default.
-pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) use crate::resource::DEFAULT_MAX_RESOURCE_BYTES;
 
 /// How long a blind operation keeps retrying lost compare-and-swap races (less when the request
 /// has an earlier deadline). Under contention every round has a winner, so each writer gets

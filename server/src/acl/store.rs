@@ -437,7 +437,7 @@ impl TokenStore {
             }
             index.salts.clone()
         };
-        let remote = remote.map(crate::limits::network_of);
+        let remote = remote.map(super::network_of);
         {
             let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
             if verified.addresses.len() >= MAX_VERIFIED && !verified.addresses.contains_key(&remote)

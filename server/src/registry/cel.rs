@@ -34,7 +34,7 @@ pub(crate) const REQUEST_BUDGET: u64 = 40_000_000;
 /// Bytes read or made per unit.
 pub(crate) const BYTES_PER_UNIT: u64 = 16;
 /// The most bytes a resource's data may have: every size in an estimate is bounded by it.
-pub(crate) const MAX_DATA_BYTES: u64 = crate::service::DEFAULT_MAX_RESOURCE_BYTES as u64;
+pub(crate) const MAX_DATA_BYTES: u64 = crate::resource::DEFAULT_MAX_RESOURCE_BYTES as u64;
 /// The largest compiled regex program.
 const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 
