@@ -403,9 +403,12 @@ struct DynamicState {
     /// Types removed, with the version they were removed at: an older read of the stored
     /// Types does not bring them back.
     retired: BTreeMap<String, String>,
-    /// The built-in descriptor set with every registered file added (ListTypes' answer), and
-    /// a pool of it (the HTTP API's JSON), made when first asked for.
-    published: std::sync::OnceLock<Published>,
+    /// The built-in descriptor set with every registered file added (ListTypes' answer), made
+    /// when first asked for.
+    published_set: std::sync::OnceLock<Arc<Vec<u8>>>,
+    /// A pool of it without source info (the HTTP API's JSON, reflection), made when first
+    /// asked for: a pool costs about ten times its descriptors, so ListTypes makes none.
+    published_pool: std::sync::OnceLock<Arc<prost_reflect::DescriptorPool>>,
 }
 
 #[derive(Debug, Clone)]
@@ -445,16 +448,20 @@ impl DynamicTypes {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn update(&self, change: impl FnOnce(&mut DynamicState)) {
+    /// Applies `change` to a copy of the state and publishes the copy, if `change` says it
+    /// changed something (what is published, cached per state, is then made again).
+    fn update(&self, change: impl FnOnce(&mut DynamicState) -> bool) {
         let mut guard = self.state.write().unwrap_or_else(|p| p.into_inner());
         let mut next = DynamicState {
             by_key: guard.by_key.clone(),
             by_name: guard.by_name.clone(),
             retired: guard.retired.clone(),
-            published: std::sync::OnceLock::new(),
+            published_set: std::sync::OnceLock::new(),
+            published_pool: std::sync::OnceLock::new(),
         };
-        change(&mut next);
-        *guard = Arc::new(next);
+        if change(&mut next) {
+            *guard = Arc::new(next);
+        }
     }
 
     pub(crate) fn set_max_types(&self, max: usize) {
@@ -518,26 +525,33 @@ impl DynamicTypes {
         name: &str,
         compiled: &dynamic::CompiledType,
     ) -> Result<(), String> {
+        // Each Type's names were computed when it was loaded: the check costs the new Type's
+        // names, whatever the number and size of the others.
         let state = self.read();
-        let mut pool = prost_reflect::DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET)
-            .map_err(|error| format!("the built-in descriptors: {error}"))?;
-        for registration in state.by_key.values() {
-            let Some(installed) = &registration.registered else {
-                continue;
-            };
-            if installed.name == name {
+        for (other, installed) in &state.by_name {
+            if other == name {
                 continue;
             }
-            // Each other Type's files were accepted beside the rest when it was written.
-            let _ = pool.decode_file_descriptor_set(installed.compiled.descriptor_set.as_slice());
+            let Some(theirs) = &installed.registration.registered else {
+                continue;
+            };
+            let same_package = theirs.compiled.resource_type.group == compiled.resource_type.group
+                && theirs.compiled.resource_type.group_version
+                    == compiled.resource_type.group_version;
+            if !same_package && !(compiled.extends && theirs.compiled.extends) {
+                continue;
+            }
+            if let Some(clash) = compiled
+                .symbols
+                .intersection(&theirs.compiled.symbols)
+                .next()
+            {
+                return Err(format!(
+                    "data.proto declares {clash}, which Type {other} declares too (two Types of one group and version share their package; extensions share their options message's numbers)"
+                ));
+            }
         }
-        pool.decode_file_descriptor_set(compiled.descriptor_set.as_slice())
-            .map(drop)
-            .map_err(|error| {
-                format!(
-                    "data.proto declares a name another type already declares (two Types of one group and version share their package): {error}"
-                )
-            })
+        Ok(())
     }
 
     /// The version of the Type `name` this node installed.
@@ -572,6 +586,35 @@ impl DynamicTypes {
         let Some(id) = &stored.id else { return };
         let name = id.name.as_str();
         let deleting = resource::is_marked_for_deletion(stored);
+        // What this node has decides whether to load at all (loading a schema costs).
+        let wanted = |state: &DynamicState| {
+            let had = state
+                .by_name
+                .get(name)
+                .map(|i| {
+                    (
+                        i.version.clone(),
+                        i.registration
+                            .registered
+                            .as_ref()
+                            .is_some_and(|r| r.deleting),
+                    )
+                })
+                .or_else(|| state.retired.get(name).map(|v| (v.clone(), false)));
+            match &had {
+                None => true,
+                Some((version, was_deleting)) => {
+                    always
+                        || (version != &stored.version && newer(version, &stored.version))
+                        || (version == &stored.version
+                            && *was_deleting != deleting
+                            && !state.retired.contains_key(name))
+                }
+            }
+        };
+        if !wanted(&self.read()) {
+            return;
+        }
         let t = match decode_data::<proto::registry::v1::Type>(stored) {
             Ok(t) => t,
             Err(why) => {
@@ -594,31 +637,8 @@ impl DynamicTypes {
         }));
         let mut installed = false;
         self.update(|state| {
-            let had = state
-                .by_name
-                .get(name)
-                .map(|i| {
-                    (
-                        i.version.clone(),
-                        i.registration
-                            .registered
-                            .as_ref()
-                            .is_some_and(|r| r.deleting),
-                    )
-                })
-                .or_else(|| state.retired.get(name).map(|v| (v.clone(), false)));
-            let wanted = match &had {
-                None => true,
-                Some((version, was_deleting)) => {
-                    always
-                        || (version != &stored.version && newer(version, &stored.version))
-                        || (version == &stored.version
-                            && *was_deleting != deleting
-                            && !state.retired.contains_key(name))
-                }
-            };
-            if !wanted {
-                return;
+            if !wanted(state) {
+                return false;
             }
             state.retired.remove(name);
             let previous = state.by_name.insert(
@@ -637,6 +657,7 @@ impl DynamicTypes {
             }
             state.elect(&key);
             installed = true;
+            true
         });
         if installed {
             tracing::info!(r#type = %name, deleting, "registered type installed");
@@ -656,6 +677,9 @@ impl DynamicTypes {
                 }
                 state.retired.insert(name.to_owned(), removed.version);
                 state.elect(&removed.key);
+                true
+            } else {
+                false
             }
         });
         tracing::info!(r#type = name, "registered type removed");
@@ -760,74 +784,75 @@ impl Registry {
     /// The encoded descriptor set of every data message, built-in and registered, with their
     /// imports (what ListTypes publishes).
     pub(crate) fn descriptor_set(&self) -> Arc<Vec<u8>> {
-        self.published().set.clone()
-    }
-
-    /// A pool of [`Registry::descriptor_set`]: what converts resources of any type to and from
-    /// JSON (an `Any` resolves its message in it).
-    pub(crate) fn descriptor_pool(&self) -> Arc<prost_reflect::DescriptorPool> {
-        self.published().pool.clone()
-    }
-
-    fn published(&self) -> Published {
         let state = self.dynamic.read();
         state
-            .published
-            .get_or_init(|| Published::of(&state))
+            .published_set
+            .get_or_init(|| Arc::new(prost::Message::encode_to_vec(&published_files(&state))))
+            .clone()
+    }
+
+    /// A pool of [`Registry::descriptor_set`] without source info: what converts resources of
+    /// any type to and from JSON (an `Any` resolves its message in it).
+    pub(crate) fn descriptor_pool(&self) -> Arc<prost_reflect::DescriptorPool> {
+        let state = self.dynamic.read();
+        state
+            .published_pool
+            .get_or_init(|| {
+                let mut set = published_files(&state);
+                for file in &mut set.file {
+                    file.source_code_info = None;
+                }
+                let pool = prost_reflect::DescriptorPool::from_file_descriptor_set(set)
+                    .unwrap_or_else(|error| {
+                        tracing::error!(%error, "the published descriptors do not make a pool; registered types are left out of it");
+                        prost_reflect::DescriptorPool::decode(proto::FILE_DESCRIPTOR_SET)
+                            .unwrap_or_default()
+                    });
+                Arc::new(pool)
+            })
             .clone()
     }
 }
 
-/// What the registry publishes of its schemas.
-#[derive(Debug, Clone)]
-struct Published {
-    set: Arc<Vec<u8>>,
-    pool: Arc<prost_reflect::DescriptorPool>,
-}
-
-impl Published {
-    fn of(state: &DynamicState) -> Published {
-        let mut set: prost_types::FileDescriptorSet =
-            prost::Message::decode(proto::FILE_DESCRIPTOR_SET).unwrap_or_default();
-        let mut pool = prost_reflect::DescriptorPool::from_file_descriptor_set(set.clone())
-            .unwrap_or_default();
-        let mut names: std::collections::BTreeSet<String> =
-            set.file.iter().map(|f| f.name().to_owned()).collect();
-        // Type by Type, each added only if it fits beside those before it (two Types written
-        // at once may both declare a name): one bad Type never hides the others.
-        for registration in state.by_key.values() {
-            let Some(installed) = &registration.registered else {
-                continue;
-            };
-            let Ok(files) = <prost_types::FileDescriptorSet as prost::Message>::decode(
-                installed.compiled.descriptor_set.as_slice(),
-            ) else {
-                continue;
-            };
-            let new: Vec<prost_types::FileDescriptorProto> = files
+/// The built-in descriptor set with every registered Type's files added: each Type whose
+/// names clash with none before it (two Types written at once may both declare a name; one bad
+/// Type never hides the others), each file once. Its cost is the size of what it holds.
+fn published_files(state: &DynamicState) -> prost_types::FileDescriptorSet {
+    let mut set: prost_types::FileDescriptorSet =
+        prost::Message::decode(proto::FILE_DESCRIPTOR_SET).unwrap_or_default();
+    let mut names: std::collections::BTreeSet<String> =
+        set.file.iter().map(|f| f.name().to_owned()).collect();
+    let mut symbols: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for registration in state.by_key.values() {
+        let Some(installed) = &registration.registered else {
+            continue;
+        };
+        let compiled = &installed.compiled;
+        if compiled
+            .symbols
+            .iter()
+            .any(|s| symbols.contains(s.as_str()))
+        {
+            tracing::warn!(
+                r#type = %installed.name,
+                "a registered schema clashes with another: it is left out of the published descriptors"
+            );
+            continue;
+        }
+        let Ok(files) = <prost_types::FileDescriptorSet as prost::Message>::decode(
+            compiled.descriptor_set.as_slice(),
+        ) else {
+            continue;
+        };
+        symbols.extend(compiled.symbols.iter().map(String::as_str));
+        set.file.extend(
+            files
                 .file
                 .into_iter()
-                .filter(|file| !names.contains(file.name()))
-                .collect();
-            let mut candidate = pool.clone();
-            match candidate.add_file_descriptor_protos(new.clone()) {
-                Ok(()) => {
-                    pool = candidate;
-                    names.extend(new.iter().map(|file| file.name().to_owned()));
-                    set.file.extend(new);
-                }
-                Err(error) => tracing::warn!(
-                    r#type = %installed.name,
-                    %error,
-                    "a registered schema clashes with another: it is left out of the published descriptors"
-                ),
-            }
-        }
-        Published {
-            set: Arc::new(prost::Message::encode_to_vec(&set)),
-            pool: Arc::new(pool),
-        }
+                .filter(|file| names.insert(file.name().to_owned())),
+        );
     }
+    set
 }
 
 /// Levenshtein distance, for suggestions.

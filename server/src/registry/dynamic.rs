@@ -106,6 +106,12 @@ pub(crate) struct CompiledType {
     pub descriptor_set: Vec<u8>,
     rules: Vec<Rule>,
     defaults: Vec<(FieldDescriptor, prost_reflect::Value)>,
+    /// Every name the Type's own file puts in its package (messages, enums and enum values,
+    /// nested ones included) and every extension it declares (`extendee#number`): what must
+    /// not clash with another Type's.
+    pub symbols: BTreeSet<String>,
+    /// Whether it declares extensions (their numbers may clash across packages).
+    pub extends: bool,
 }
 
 /// The file name the server compiles a Type's source as.
@@ -289,6 +295,46 @@ fn check_source_nesting(source: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The names a file declares in its package, and its extensions (see
+/// [`CompiledType::symbols`]), found without recursion.
+trait Symbols {
+    fn pipe_symbols(&self) -> BTreeSet<String>;
+}
+
+impl Symbols for prost_reflect::FileDescriptor {
+    fn pipe_symbols(&self) -> BTreeSet<String> {
+        let mut symbols = BTreeSet::new();
+        let package = self.package_name().to_owned();
+        let mut enums: Vec<prost_reflect::EnumDescriptor> = self.enums().collect();
+        let mut pending: Vec<MessageDescriptor> = self.messages().collect();
+        while let Some(message) = pending.pop() {
+            symbols.insert(message.full_name().to_owned());
+            enums.extend(message.child_enums());
+            pending.extend(message.child_messages());
+        }
+        for e in enums {
+            symbols.insert(e.full_name().to_owned());
+            // Enum values are scoped like their enum's siblings.
+            let scope = e
+                .full_name()
+                .rsplit_once('.')
+                .map_or(package.clone(), |(scope, _)| scope.to_owned());
+            for value in e.values() {
+                symbols.insert(format!("{scope}.{}", value.name()));
+            }
+        }
+        for extension in self.extensions() {
+            symbols.insert(extension.full_name().to_owned());
+            symbols.insert(format!(
+                "{}#{}",
+                extension.containing_message().full_name(),
+                extension.number()
+            ));
+        }
+        symbols
+    }
+}
+
 /// Serves the one source file of a Type to protox.
 struct SourceResolver {
     name: String,
@@ -318,13 +364,21 @@ pub(crate) fn scope_of(scope: i32) -> Option<Scope> {
 impl CompiledType {
     /// Builds a type from a stored (compiled) Type: its message, rules and defaults.
     pub(crate) fn load(t: &pb::Type) -> Result<CompiledType, String> {
-        let pool = DescriptorPool::decode(t.descriptor_set.as_slice())
+        // Without source info (the comments are for clients, in the stored set): a pool costs
+        // about ten times what it holds, and locations are half of that.
+        let mut set = prost_types::FileDescriptorSet::decode(t.descriptor_set.as_slice())
+            .map_err(|error| format!("data.descriptor_set is not a descriptor set: {error}"))?;
+        for file in &mut set.file {
+            file.source_code_info = None;
+        }
+        let pool = DescriptorPool::from_file_descriptor_set(set)
             .map_err(|error| format!("data.descriptor_set is not a descriptor set: {error}"))?;
         let message_name = format!("{}.{}", package(t), t.kind);
         let message = pool
             .get_message_by_name(&message_name)
             .ok_or_else(|| format!("data.descriptor_set holds no message {message_name}"))?;
         let scope = scope_of(t.scope).ok_or_else(|| "data.scope is required".to_owned())?;
+        let symbols = message.parent_file().pipe_symbols();
         let mut problems = Vec::new();
         let mut rules = Vec::new();
         for (index, rule) in t.rules.iter().enumerate() {
@@ -350,6 +404,8 @@ impl CompiledType {
             descriptor_set: t.descriptor_set.clone(),
             rules,
             defaults,
+            extends: symbols.iter().any(|symbol| symbol.contains('#')),
+            symbols,
         })
     }
 

@@ -709,3 +709,95 @@ async fn forged_controller_reports_are_refused() {
         .await
         .expect("an honest report is accepted");
 }
+
+/// The resident memory of a process, in bytes (Linux).
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A Type of `fields` fields, each named with `pad` more characters.
+fn wide_type(group: &str, fields: usize, pad: usize) -> registry::Type {
+    let padding = "x".repeat(pad);
+    let body: String = (1..=fields)
+        .map(|i| {
+            // 19000-19999 are reserved by protobuf.
+            let number = if i >= 19_000 { i + 1000 } else { i };
+            format!("int64 f{padding}{i}={number};\n")
+        })
+        .collect();
+    registry::Type {
+        group: group.into(),
+        group_version: "v1".into(),
+        kind: "Wide".into(),
+        scope: registry::Scope::Namespace as i32,
+        proto: format!(
+            "syntax = \"proto3\";\npackage resd.{group}.v1;\nmessage Wide {{\n{body}}}\n"
+        ),
+        ..Default::default()
+    }
+}
+
+/// Attack: five Types of 40,000 fields (938 KB each) took every node from 26 MB to 1.1 GB;
+/// one ListTypes took it to 1.77 GB and 7.6 s, and each later Type write took 5-13 s. Now a
+/// schema has at most 10,000 fields, and the most a tenant can register that way grows a node
+/// by less than 256 MiB, with ListTypes and Type writes staying cheap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn field_bloat_is_refused_and_what_is_allowed_stays_cheap() {
+    let node = crate::process::Resd::start();
+    let pid = node.pid().expect("running");
+    let refused = node
+        .resources()
+        .await
+        .write(WriteRequest {
+            resource: Some(type_resource("bloat", wide_type("bloat", 40_000, 0))),
+        })
+        .await
+        .expect_err("40,000 fields");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("at most 10000"), "{refused:?}");
+
+    let before = rss_of(pid);
+    let mut slowest_write = Duration::ZERO;
+    for i in 0..5 {
+        let started = Instant::now();
+        node.resources()
+            .await
+            .write(WriteRequest {
+                resource: Some(type_resource(
+                    &format!("wide-{i}"),
+                    wide_type(&format!("wide{i}"), 10_000, 70),
+                )),
+            })
+            .await
+            .expect("10,000 fields are allowed");
+        slowest_write = slowest_write.max(started.elapsed());
+    }
+    let mut slowest_list = Duration::ZERO;
+    for _ in 0..3 {
+        let started = Instant::now();
+        node.cluster()
+            .await
+            .max_decoding_message_size(256 << 20)
+            .list_types(proto::cluster::v1::ListTypesRequest::default())
+            .await
+            .expect("types");
+        slowest_list = slowest_list.max(started.elapsed());
+    }
+    // What the allocator still holds of the garbage made meanwhile is returned within its
+    // decay time (10 s): the growth that counts is what stays.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let grown = rss_of(pid).saturating_sub(before);
+    eprintln!(
+        "RSS grew {} MiB; slowest Type write {slowest_write:?}; slowest ListTypes {slowest_list:?}",
+        grown >> 20
+    );
+    assert!(grown < 256 << 20, "RSS grew {} MiB", grown >> 20);
+}

@@ -509,7 +509,7 @@ fn clashing_declarations_and_oneof_defaults_are_refused() {
     let error = types
         .check_symbols("receipt", &compiled)
         .expect_err("Line twice");
-    assert!(error.contains("another type already declares"), "{error}");
+    assert!(error.contains("which Type invoice declares too"), "{error}");
     // The invoice itself, rewritten, fits beside the rest.
     types
         .check_symbols("invoice", &load(&invoice_type()))
