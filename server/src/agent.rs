@@ -117,6 +117,8 @@ pub struct AgentConfig {
     pub max_watches_per_token: usize,
     /// Types registered at runtime (`registry.v1.Type`), at most.
     pub max_types: usize,
+    /// Bytes of compiled descriptors all registered types may hold together.
+    pub max_schema_bytes: usize,
     /// Requests per second one token may send, twice that in a burst; 0: no limit. With ACLs
     /// off there are no tokens to tell apart and no rate applies.
     pub max_requests_per_second_per_token: u32,
@@ -203,6 +205,7 @@ impl Default for AgentConfig {
             acl_initial_management_file: None,
             max_watches_per_token: crate::limits::DEFAULT_MAX_WATCHES_PER_TOKEN,
             max_types: crate::registry::DEFAULT_MAX_TYPES,
+            max_schema_bytes: crate::registry::DEFAULT_MAX_SCHEMA_BYTES,
             max_requests_per_second_per_token:
                 crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
             max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
@@ -328,6 +331,9 @@ impl Agent {
     ) -> Result<Agent, AgentError> {
         let registry = Arc::new(Registry::builtin()?);
         registry.dynamic().set_max_types(config.max_types);
+        registry
+            .dynamic()
+            .set_max_schema_bytes(config.max_schema_bytes);
         let tls = match config.tls_settings()? {
             Some(settings) => {
                 let tls = NodeTls::load(&settings, &config.cluster_name, config.node_id)?;

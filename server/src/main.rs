@@ -203,6 +203,11 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_TYPES")]
     max_types: Option<usize>,
 
+    /// Bytes of compiled schemas (descriptors) all registered types may hold together; a Type
+    /// past it is refused. Give every server the same value [default: 67108864].
+    #[arg(long, env = "RESD_MAX_SCHEMA_BYTES")]
+    max_schema_bytes: Option<usize>,
+
     /// Requests per second one token may send (twice that in a burst); past it requests are
     /// refused with RESOURCE_EXHAUSTED saying when to retry. 0: no limit. With ACLs off no
     /// rate applies (there are no tokens to tell apart) [default: 2000].
@@ -547,6 +552,9 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(types) = args.max_types {
         config.max_types = types;
+    }
+    if let Some(bytes) = args.max_schema_bytes {
+        config.max_schema_bytes = bytes;
     }
     if let Some(rate) = args.max_requests_per_second_per_token {
         config.max_requests_per_second_per_token = rate;

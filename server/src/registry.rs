@@ -376,6 +376,8 @@ pub(crate) struct DynamicTypes {
     state: std::sync::RwLock<Arc<DynamicState>>,
     /// `--max-types`.
     max_types: std::sync::atomic::AtomicUsize,
+    /// `--max-schema-bytes`: descriptors of every registered Type together.
+    max_schema_bytes: std::sync::atomic::AtomicUsize,
     /// Built-in types' keys (a Type may not take one).
     builtin: std::sync::RwLock<std::collections::BTreeSet<Key>>,
 }
@@ -385,6 +387,7 @@ impl Default for DynamicTypes {
         DynamicTypes {
             state: Default::default(),
             max_types: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_TYPES),
+            max_schema_bytes: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_SCHEMA_BYTES),
             builtin: Default::default(),
         }
     }
@@ -392,6 +395,8 @@ impl Default for DynamicTypes {
 
 /// Default of `--max-types`.
 pub(crate) const DEFAULT_MAX_TYPES: usize = 1000;
+/// Default of `--max-schema-bytes`.
+pub(crate) const DEFAULT_MAX_SCHEMA_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Default)]
 struct DynamicState {
@@ -467,6 +472,33 @@ impl DynamicTypes {
     pub(crate) fn set_max_types(&self, max: usize) {
         self.max_types
             .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_max_schema_bytes(&self, max: usize) {
+        self.max_schema_bytes
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the Type `name`, with `bytes` of descriptors, fits `--max-schema-bytes` beside
+    /// every other registered Type (the size a node holds for all of them grows with it).
+    pub(crate) fn check_schema_bytes(&self, name: &str, bytes: usize) -> Result<(), String> {
+        let state = self.read();
+        let others: usize = state
+            .by_name
+            .iter()
+            .filter(|(other, _)| other.as_str() != name)
+            .filter_map(|(_, installed)| installed.registration.registered.as_ref())
+            .map(|installed| installed.compiled.descriptor_set.len())
+            .sum();
+        let max = self
+            .max_schema_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if others.saturating_add(bytes) > max {
+            return Err(format!(
+                "data.proto compiles to {bytes} bytes of descriptors, and the registered types hold {others}: together over the {max} bytes --max-schema-bytes allows; delete a Type, make this one smaller, or raise the limit on every server"
+            ));
+        }
+        Ok(())
     }
 
     /// The registered type a Type resource named `name` installed.

@@ -319,6 +319,9 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
     types
         .check_symbols(name, &compiled)
         .map_err(|why| format!("resource.{why}"))?;
+    types
+        .check_schema_bytes(name, compiled.descriptor_set.len())
+        .map_err(|why| format!("resource.{why}"))?;
     Ok(())
 }
 

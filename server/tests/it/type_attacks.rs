@@ -801,3 +801,31 @@ async fn field_bloat_is_refused_and_what_is_allowed_stays_cheap() {
     );
     assert!(grown < 256 << 20, "RSS grew {} MiB", grown >> 20);
 }
+
+/// `--max-schema-bytes` bounds the descriptors of every registered Type together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_past_max_schema_bytes_are_refused() {
+    let node = crate::process::Resd::start_with(&["--max-schema-bytes", "60000"]);
+    let write = |resource: Resource| {
+        let node = &node;
+        async move {
+            node.resources()
+                .await
+                .write(WriteRequest {
+                    resource: Some(resource),
+                })
+                .await
+        }
+    };
+    write(type_resource("small", wide_type("small", 100, 0)))
+        .await
+        .expect("fits");
+    let refused = write(type_resource("large", wide_type("large", 2000, 10)))
+        .await
+        .expect_err("over --max-schema-bytes");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("--max-schema-bytes"),
+        "{refused:?}"
+    );
+}

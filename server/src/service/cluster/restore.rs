@@ -142,6 +142,7 @@ impl Spooled {
         let view = Registry::builtin()
             .map_err(|error| Error::Internal(format!("the built-in registry: {error}")))?;
         view.dynamic().set_max_types(usize::MAX);
+        view.dynamic().set_max_schema_bytes(usize::MAX);
         let mut body = self.body()?;
         let mut index = 0u64;
         while let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? {
