@@ -196,3 +196,222 @@ fn what_runs_never_costs_more_than_estimated() {
         );
     }
 }
+
+mod properties {
+    //! Random rules over random invoices: evaluation never panics, never spends more than its
+    //! meter allows, never more than the rule's estimate when the estimate is within budget, and
+    //! takes time in proportion to the units it spends.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn atom() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("self.amount_cents".to_owned()),
+            Just("self.customer".to_owned()),
+            Just("self.currency".to_owned()),
+            Just("self.lines".to_owned()),
+            Just("self.billing.city".to_owned()),
+            Just("self.status".to_owned()),
+            Just("x".to_owned()),
+            Just("x.item".to_owned()),
+            Just("x.cents".to_owned()),
+            (-5i64..50).prop_map(|i| i.to_string()),
+            "[a-c]{0,3}".prop_map(|s| format!("'{s}'")),
+            Just("[1, 2, 3]".to_owned()),
+            Just("{'a': 1, 'b': 2}".to_owned()),
+            Just("true".to_owned()),
+            Just("null".to_owned()),
+        ]
+    }
+
+    fn expression() -> impl Strategy<Value = String> {
+        atom().prop_recursive(5, 48, 3, |inner| {
+            prop_oneof![
+                (
+                    inner.clone(),
+                    inner.clone(),
+                    prop_oneof![
+                        Just("+"),
+                        Just("-"),
+                        Just("*"),
+                        Just("/"),
+                        Just("%"),
+                        Just("=="),
+                        Just("!="),
+                        Just("<"),
+                        Just(">="),
+                        Just("&&"),
+                        Just("||"),
+                        Just("in"),
+                    ]
+                )
+                    .prop_map(|(a, b, op)| format!("({a} {op} {b})")),
+                (inner.clone(), inner.clone(), inner.clone())
+                    .prop_map(|(c, a, b)| format!("({c} ? {a} : {b})")),
+                (
+                    inner.clone(),
+                    prop_oneof![
+                        Just("size"),
+                        Just("string"),
+                        Just("int"),
+                        Just("lowerAscii"),
+                    ]
+                )
+                    .prop_map(|(a, f)| if f == "lowerAscii" {
+                        format!("{a}.lowerAscii()")
+                    } else {
+                        format!("{f}({a})")
+                    }),
+                (
+                    inner.clone(),
+                    inner.clone(),
+                    prop_oneof![
+                        Just("all"),
+                        Just("exists"),
+                        Just("exists_one"),
+                        Just("map"),
+                        Just("filter"),
+                    ]
+                )
+                    .prop_map(|(range, body, m)| format!("{range}.{m}(x, {body})")),
+                (
+                    inner.clone(),
+                    prop_oneof![Just("all"), Just("exists_one"), Just("map")]
+                )
+                    .prop_map(|(body, m)| format!("self.lines.{m}(x, {body})")),
+                (
+                    inner.clone(),
+                    inner.clone(),
+                    prop_oneof![Just("contains"), Just("startsWith"), Just("endsWith"),]
+                )
+                    .prop_map(|(a, b, f)| format!("{a}.{f}({b})")),
+                inner
+                    .clone()
+                    .prop_map(|a| format!("{a}.matches('^(a|b)*c[0-9]+$')")),
+                inner.clone().prop_map(|a| format!("!{a}")),
+                inner.prop_map(|a| format!("has(self.billing) && {a} != null")),
+            ]
+        })
+    }
+
+    fn invoice() -> impl Strategy<Value = serde_json::Value> {
+        (
+            any::<i64>(),
+            "[a-z ]{0,2000}",
+            prop::collection::vec(("[a-c0-9]{0,40}", -100i64..100), 0..400),
+        )
+            .prop_map(|(amount, customer, lines)| {
+                let lines: Vec<serde_json::Value> = lines
+                    .into_iter()
+                    .map(|(item, cents)| serde_json::json!({"item": item, "cents": cents}))
+                    .collect();
+                serde_json::json!({
+                    "amount_cents": amount,
+                    "customer": customer,
+                    "currency": "EUR",
+                    "lines": lines,
+                    "billing": {"city": "Lyon"},
+                    "status": "STATUS_OPEN",
+                })
+            })
+    }
+
+    /// The slowest a unit was seen to take, in nanoseconds (reported by the last case).
+    static SLOWEST_UNIT_NS: std::sync::Mutex<(f64, u64)> = std::sync::Mutex::new((0.0, 0));
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_rules_stay_within_their_budget(source in expression(), data in invoice()) {
+            let Ok(expression) = cel_parser::parse(&source) else { return Ok(()); };
+            let Ok(program) = prepare(expression, &invoice_message(), false) else {
+                return Ok(());
+            };
+            let limit = RULE_BUDGET;
+            let mut meter = Meter::new(limit);
+            let value = Value::from_json(&data);
+            let started = std::time::Instant::now();
+            let outcome = Evaluator::new(
+                &program,
+                vec![(Arc::new("self".to_owned()), value)],
+                &mut meter,
+            )
+            .run();
+            let elapsed = started.elapsed();
+            let used = meter.used();
+            match outcome {
+                Err(EvalError::OverBudget { .. }) => prop_assert!(used > limit),
+                _ => prop_assert!(used <= limit),
+            }
+            if program.estimate <= limit {
+                prop_assert!(
+                    used <= program.estimate,
+                    "{source}: used {used} units, estimated {}", program.estimate
+                );
+            }
+            // Unmetered work shows as time out of proportion to the units (a loose bound:
+            // this is a debug build on a shared machine, not a benchmark).
+            prop_assert!(
+                elapsed <= std::time::Duration::from_millis(500)
+                    + std::time::Duration::from_nanos(used.saturating_mul(20_000)),
+                "{source}: {used} units took {elapsed:?}"
+            );
+            if used >= 5_000 {
+                let per_unit = elapsed.as_nanos() as f64 / used as f64;
+                let mut slowest = SLOWEST_UNIT_NS.lock().unwrap_or_else(|p| p.into_inner());
+                if per_unit > slowest.0 {
+                    *slowest = (per_unit, used);
+                    eprintln!("slowest unit so far: {per_unit:.1} ns ({used} units: {source})");
+                }
+            }
+        }
+    }
+}
+
+/// The costliest shapes of work per unit, each run near the rule budget: what a unit costs at
+/// worst (`cargo test --release -p server --lib cost_per_unit -- --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement: run in release"]
+fn cost_per_unit() {
+    let lines: Vec<serde_json::Value> = (0..20_000)
+        .map(|i| serde_json::json!({"item": format!("item{i}"), "cents": i % 7}))
+        .collect();
+    let data = serde_json::json!({
+        "customer": "ab".repeat(1 << 20),
+        "currency": "EUR",
+        "lines": lines,
+    });
+    let value = Value::from_json(&data);
+    for source in [
+        "self.lines.all(x, self.lines.exists(y, x.cents == y.cents + 100))",
+        "self.lines.map(x, x.item + x.item).size() > 0",
+        "self.lines.filter(x, x.cents in [1, 2, 3]).size() > 0",
+        "self.lines.all(x, self.customer.contains('zz'))",
+        "self.lines.all(x, self.customer.matches('^(a|b)*c$'))",
+        "self.lines.all(x, self.customer == self.customer + 'x')",
+        "self.lines.all(x, self.lines == self.lines)",
+        "self.lines.all(x, size(self.customer) > 0)",
+        "self.lines.all(x, string(x.cents).lowerAscii().split('1').size() >= 0)",
+    ] {
+        let expression = cel_parser::parse(source).expect("parses");
+        let program = prepare(expression, &invoice_message(), false).expect("prepares");
+        let mut meter = Meter::new(RULE_BUDGET);
+        let started = std::time::Instant::now();
+        let _ = Evaluator::new(
+            &program,
+            vec![(Arc::new("self".to_owned()), value.clone())],
+            &mut meter,
+        )
+        .run();
+        let elapsed = started.elapsed();
+        eprintln!(
+            "{:>8.1} ns/unit  {:>9} units  {:>8.1?}  {source}",
+            elapsed.as_nanos() as f64 / meter.used() as f64,
+            meter.used(),
+            elapsed
+        );
+    }
+}
