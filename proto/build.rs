@@ -46,6 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.enable_type_names();
     // Ordered maps encode deterministically: equal resources give equal bytes.
     config.btree_map(["."]);
+    // Shared, not copied, by every ListTypes answer.
+    config.bytes([".resd.cluster.v1.ListTypesResponse.file_descriptor_set"]);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -664,7 +664,7 @@ impl Client {
     pub async fn list_types(&self) -> Result<ListTypesResponse, ClientError> {
         self.retrying(|| {
             let mut cluster = self.cluster();
-            let request = self.request(ListTypesRequest {}, true);
+            let request = self.request(ListTypesRequest::default(), true);
             async move { cluster.list_types(request).await }
         })
         .await

@@ -208,12 +208,11 @@ pub fn version_rank(version: &str) -> (u32, u8, u32) {
 
 impl Codec {
     pub fn new(types: ListTypesResponse) -> Result<Codec, CodecError> {
-        let pool =
-            DescriptorPool::decode(types.file_descriptor_set.as_slice()).map_err(|error| {
-                CodecError::new(format!(
-                    "the server's descriptor set is unreadable: {error}"
-                ))
-            })?;
+        let pool = DescriptorPool::decode(types.file_descriptor_set.as_ref()).map_err(|error| {
+            CodecError::new(format!(
+                "the server's descriptor set is unreadable: {error}"
+            ))
+        })?;
         Ok(Codec {
             pool,
             types: types.types,

@@ -8,7 +8,7 @@
 //! agent's feed, and a read of them when a request names a type this node does not know yet),
 //! and is read on the request path by cloning one `Arc` under a lock held for no await.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -409,8 +409,8 @@ struct DynamicState {
     /// Types does not bring them back.
     retired: BTreeMap<String, String>,
     /// The built-in descriptor set with every registered file added (ListTypes' answer), made
-    /// when first asked for.
-    published_set: std::sync::OnceLock<Arc<Vec<u8>>>,
+    /// when first asked for, and its files by name (a page of ListTypes).
+    published_set: std::sync::OnceLock<(bytes::Bytes, Arc<FileIndex>)>,
     /// A pool of it without source info (the HTTP API's JSON, reflection), made when first
     /// asked for: a pool costs about ten times its descriptors, so ListTypes makes none.
     published_pool: std::sync::OnceLock<Arc<prost_reflect::DescriptorPool>>,
@@ -815,11 +815,51 @@ impl Registry {
 
     /// The encoded descriptor set of every data message, built-in and registered, with their
     /// imports (what ListTypes publishes).
-    pub(crate) fn descriptor_set(&self) -> Arc<Vec<u8>> {
+    pub(crate) fn descriptor_set(&self) -> bytes::Bytes {
+        self.published_set().0
+    }
+
+    /// The descriptor files the data messages of `registrations` need (theirs and their
+    /// imports), encoded as a set, in the order of [`Registry::descriptor_set`].
+    pub(crate) fn descriptor_set_for(&self, registrations: &[Arc<Registration>]) -> bytes::Bytes {
+        let (_, index) = self.published_set();
+        let mut wanted = std::collections::BTreeSet::new();
+        let mut pending: Vec<&str> = registrations
+            .iter()
+            .filter_map(|registration| index.message_file.get(&registration.message_name))
+            .map(|position| index.set.file[*position].name())
+            .collect();
+        while let Some(name) = pending.pop() {
+            let Some(&position) = index.by_name.get(name) else {
+                continue;
+            };
+            if wanted.insert(position) {
+                pending.extend(
+                    index.set.file[position]
+                        .dependency
+                        .iter()
+                        .map(String::as_str),
+                );
+            }
+        }
+        let set = prost_types::FileDescriptorSet {
+            file: wanted
+                .into_iter()
+                .map(|position| index.set.file[position].clone())
+                .collect(),
+        };
+        prost::Message::encode_to_vec(&set).into()
+    }
+
+    fn published_set(&self) -> (bytes::Bytes, Arc<FileIndex>) {
         let state = self.dynamic.read();
         state
             .published_set
-            .get_or_init(|| Arc::new(prost::Message::encode_to_vec(&published_files(&state))))
+            .get_or_init(|| {
+                let set = published_files(&state);
+                let encoded = bytes::Bytes::from(prost::Message::encode_to_vec(&set));
+                (encoded, Arc::new(FileIndex::of(set)))
+            })
             .clone()
     }
 
@@ -843,6 +883,38 @@ impl Registry {
                 Arc::new(pool)
             })
             .clone()
+    }
+}
+
+/// The published files, found by name and by the messages they declare.
+#[derive(Debug, Default)]
+struct FileIndex {
+    set: prost_types::FileDescriptorSet,
+    by_name: HashMap<String, usize>,
+    /// A top-level message's full name -> the position of its file.
+    message_file: HashMap<String, usize>,
+}
+
+impl FileIndex {
+    fn of(set: prost_types::FileDescriptorSet) -> FileIndex {
+        let mut by_name = HashMap::new();
+        let mut message_file = HashMap::new();
+        for (position, file) in set.file.iter().enumerate() {
+            by_name.insert(file.name().to_owned(), position);
+            for message in &file.message_type {
+                let full = if file.package().is_empty() {
+                    message.name().to_owned()
+                } else {
+                    format!("{}.{}", file.package(), message.name())
+                };
+                message_file.insert(full, position);
+            }
+        }
+        FileIndex {
+            set,
+            by_name,
+            message_file,
+        }
     }
 }
 

@@ -90,7 +90,8 @@ pub fn demo_types() -> Vec<TypeInfo> {
 pub fn demo_codec() -> Codec {
     Codec::new(ListTypesResponse {
         types: demo_types(),
-        file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+        file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec().into(),
+        next_page_token: String::new(),
     })
     .expect("the demo types decode")
 }

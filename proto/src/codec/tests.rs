@@ -26,7 +26,8 @@ fn codec() -> Codec {
             info("demo.v1.Executive", Scope::Cluster),
             info("tenancy.v1.Namespace", Scope::Partition),
         ],
-        file_descriptor_set: crate::FILE_DESCRIPTOR_SET.to_vec(),
+        file_descriptor_set: crate::FILE_DESCRIPTOR_SET.to_vec().into(),
+        next_page_token: String::new(),
     })
     .expect("codec")
 }

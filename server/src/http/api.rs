@@ -304,7 +304,7 @@ async fn types(
     params.finish(&["descriptors"])?;
     let mut response = state
         .cluster
-        .list_types(grpc_request(&headers, false, ListTypesRequest {})?)
+        .list_types(grpc_request(&headers, false, ListTypesRequest::default())?)
         .await?
         .into_inner();
     if !descriptors {

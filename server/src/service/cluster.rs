@@ -413,6 +413,9 @@ fn role(role: Role) -> pb::Role {
     }
 }
 
+/// Most types one page of ListTypes holds.
+const MAX_TYPES_PAGE: u32 = 500;
+
 #[tonic::async_trait]
 impl cluster_service_server::ClusterService for ClusterGrpc {
     async fn list_types(
@@ -425,9 +428,36 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         if let Some(service) = &self.service {
             service.learn_types().await;
         }
-        let types = self
-            .registry
-            .types()
+        let request = request.into_inner();
+        let all: Vec<_> = self.registry.types().collect();
+        let paged = request.page_size > 0;
+        let (page, next_page_token) = if paged {
+            // Ordered by group, version and kind; a page starts after the token's type.
+            let start = all
+                .iter()
+                .position(|registration| {
+                    request.page_token.is_empty() || registration.gvk() > request.page_token
+                })
+                .unwrap_or(all.len());
+            let end = start
+                .saturating_add(request.page_size.min(MAX_TYPES_PAGE) as usize)
+                .min(all.len());
+            let next = if end < all.len() {
+                all[end - 1].gvk()
+            } else {
+                String::new()
+            };
+            (all[start..end].to_vec(), next)
+        } else {
+            (all, String::new())
+        };
+        let file_descriptor_set = if paged {
+            self.registry.descriptor_set_for(&page)
+        } else {
+            self.registry.descriptor_set()
+        };
+        let types = page
+            .iter()
             .map(|registration| TypeInfo {
                 r#type: Some(registration.resource_type.clone()),
                 scope: match registration.scope {
@@ -451,7 +481,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             .collect();
         Ok(Response::new(ListTypesResponse {
             types,
-            file_descriptor_set: self.registry.descriptor_set().as_ref().clone(),
+            file_descriptor_set,
+            next_page_token,
         }))
     }
 

@@ -522,7 +522,7 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
         ),
         "ClusterService/ListTypes" => code(
             cluster
-                .list_types(with_token(cluster_pb::ListTypesRequest {}, token))
+                .list_types(with_token(cluster_pb::ListTypesRequest::default(), token))
                 .await
                 .map(drop),
         ),
@@ -753,7 +753,10 @@ async fn bad_acl_input_is_refused_naming_the_field_and_changes_nothing() {
     // Empty and oversized token headers.
     for bad in ["", &"x".repeat(10 * 1024)] {
         let status = ClusterServiceClient::new(channel.clone())
-            .list_types(with_token(cluster_pb::ListTypesRequest {}, Some(bad)))
+            .list_types(with_token(
+                cluster_pb::ListTypesRequest::default(),
+                Some(bad),
+            ))
             .await
             .expect_err("refused");
         assert_eq!(status.code(), Unauthenticated, "{status:?}");

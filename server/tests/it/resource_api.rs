@@ -255,7 +255,7 @@ async fn list_types_publishes_the_registry_and_descriptors() {
     let resd = Resd::start();
     let mut cluster = resd.cluster().await;
     let response = cluster
-        .list_types(proto::cluster::v1::ListTypesRequest {})
+        .list_types(proto::cluster::v1::ListTypesRequest::default())
         .await
         .expect("list types")
         .into_inner();
@@ -272,7 +272,7 @@ async fn list_types_publishes_the_registry_and_descriptors() {
         .expect("RecordLabel");
     assert_eq!(label.scope, proto::cluster::v1::Scope::Partition as i32);
     let set: prost_types::FileDescriptorSet =
-        prost::Message::decode(response.file_descriptor_set.as_slice())
+        prost::Message::decode(response.file_descriptor_set.as_ref())
             .expect("descriptor set decodes");
     assert!(set.file.iter().any(|f| f.package() == "resd.demo.v2"));
 }

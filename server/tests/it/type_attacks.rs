@@ -829,3 +829,62 @@ async fn schemas_past_max_schema_bytes_are_refused() {
         "{refused:?}"
     );
 }
+
+/// ListTypes pages: every type once, in order, each page with the descriptors its types need
+/// (and only those), the unpaged answer unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_types_pages_carry_what_their_types_need() {
+    let node = crate::process::Resd::start();
+    for i in 0..3 {
+        node.resources()
+            .await
+            .write(WriteRequest {
+                resource: Some(type_resource(
+                    &format!("wide-{i}"),
+                    wide_type(&format!("wide{i}"), 20, 0),
+                )),
+            })
+            .await
+            .expect("Type");
+    }
+    let everything = node
+        .cluster()
+        .await
+        .list_types(proto::cluster::v1::ListTypesRequest::default())
+        .await
+        .expect("types")
+        .into_inner();
+    assert!(everything.next_page_token.is_empty());
+    let mut paged = Vec::new();
+    let mut token = String::new();
+    for _ in 0..100 {
+        let page = node
+            .cluster()
+            .await
+            .list_types(proto::cluster::v1::ListTypesRequest {
+                page_size: 4,
+                page_token: token.clone(),
+            })
+            .await
+            .expect("page")
+            .into_inner();
+        assert!(page.types.len() <= 4);
+        let pool = prost_reflect::DescriptorPool::decode(page.file_descriptor_set.as_ref())
+            .expect("a page's descriptors make a pool");
+        for info in &page.types {
+            assert!(
+                pool.get_message_by_name(&info.message_name).is_some(),
+                "{} is described on its page",
+                info.message_name
+            );
+        }
+        assert!(page.file_descriptor_set.len() < everything.file_descriptor_set.len());
+        paged.extend(page.types);
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(token.is_empty(), "the pages end");
+    assert_eq!(paged, everything.types);
+}

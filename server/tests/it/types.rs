@@ -135,7 +135,7 @@ fn currency(resource: &Resource) -> String {
 async fn registered(node: &Resd) -> Vec<(String, bool, String)> {
     node.cluster()
         .await
-        .list_types(ListTypesRequest {})
+        .list_types(ListTypesRequest::default())
         .await
         .expect("types")
         .into_inner()

@@ -70,7 +70,8 @@ fn the_type_registry_starts_one_watch_per_type_and_the_start_commands() {
         &mut state,
         Msg::Types(Ok(ListTypesResponse {
             types: testing::demo_types(),
-            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec().into(),
+            next_page_token: String::new(),
         })),
     );
     match effects.as_slice() {
@@ -1152,7 +1153,8 @@ fn types_registered_while_running_are_learned_and_watched() {
         &mut state,
         Msg::Types(Ok(ListTypesResponse {
             types,
-            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec(),
+            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec().into(),
+            next_page_token: String::new(),
         })),
     );
     match effects.as_slice() {
