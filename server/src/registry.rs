@@ -288,8 +288,20 @@ impl Registration {
         let decoded = match &self.codec {
             DataCodec::Compiled { decode_check, .. } => decode_check(&data.value),
             DataCodec::Registered(message) => {
-                prost_reflect::DynamicMessage::decode(message.clone(), data.value.as_slice())
-                    .map(drop)
+                match prost_reflect::DynamicMessage::decode(message.clone(), data.value.as_slice())
+                {
+                    Ok(decoded) => {
+                        let depth = dynamic::message_depth(&decoded);
+                        if depth > dynamic::MAX_SOURCE_NESTING {
+                            return Err(format!(
+                                "resource.data nests messages {depth} levels deep; a registered type's data may nest at most {}",
+                                dynamic::MAX_SOURCE_NESTING
+                            ));
+                        }
+                        Ok(())
+                    }
+                    Err(error) => Err(error),
+                }
             }
         };
         decoded.map_err(|error| {

@@ -35,6 +35,12 @@ pub(crate) const REQUEST_BUDGET: u64 = 40_000_000;
 pub(crate) const BYTES_PER_UNIT: u64 = 16;
 /// The most bytes a resource's data may have: every size in an estimate is bounded by it.
 pub(crate) const MAX_DATA_BYTES: u64 = crate::resource::DEFAULT_MAX_RESOURCE_BYTES as u64;
+/// Data this small, under rules whose worst case on it is at most [`INLINE_UNITS`], is checked
+/// where the request is handled: the work is bounded and smaller than a hop to the pool.
+pub(crate) const SMALL_DATA_BYTES: u64 = 8 * 1024;
+/// See [`SMALL_DATA_BYTES`]: at most a millisecond or two of one core at the measured cost of
+/// a unit.
+pub(crate) const INLINE_UNITS: u64 = 50_000;
 /// The largest compiled regex program.
 const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 
@@ -230,6 +236,8 @@ pub(crate) struct Program {
     regexes: HashMap<String, regex::Regex>,
     /// The worst case the estimate found, in units.
     pub estimate: u64,
+    /// The worst case on data of at most [`SMALL_DATA_BYTES`].
+    pub small_estimate: u64,
 }
 
 /// Functions a rule may call, and the macros (`has` and the comprehensions).
@@ -274,19 +282,13 @@ pub(crate) fn prepare(
         bound.push("old".into());
     }
     check(&expression, &mut bound, &mut regexes)?;
-    let root = Shape::message(message.clone(), Scale::Large);
-    let mut estimator = Estimator {
-        vars: vec![("self".into(), root.clone())],
-        regexes: &regexes,
-    };
-    if has_old {
-        estimator.vars.push(("old".into(), root));
-    }
-    let (_, estimate) = estimator.estimate(&expression);
+    let estimate = estimate_with(&expression, message, has_old, &regexes, MAX_DATA_BYTES);
+    let small_estimate = estimate_with(&expression, message, has_old, &regexes, SMALL_DATA_BYTES);
     Ok(Program {
         expression,
         regexes,
         estimate,
+        small_estimate,
     })
 }
 
@@ -1071,6 +1073,39 @@ fn convert(name: &str, v: &Value) -> Result<Value, EvalError> {
 // ---------------------------------------------------------------------------------------------
 // The estimate.
 
+thread_local! {
+    /// The largest resource the estimate running on this thread assumes (its data's bytes bound
+    /// every list, map and string): [`MAX_DATA_BYTES`] for the budget check,
+    /// [`SMALL_DATA_BYTES`] for the inline check.
+    static DATA_BYTES: std::cell::Cell<u64> = const { std::cell::Cell::new(MAX_DATA_BYTES) };
+}
+
+fn data_bytes() -> u64 {
+    DATA_BYTES.with(std::cell::Cell::get)
+}
+
+/// [`Estimator::estimate`] of `expression` over data of at most `bytes` bytes.
+fn estimate_with(
+    expression: &Expression,
+    message: &MessageDescriptor,
+    has_old: bool,
+    regexes: &HashMap<String, regex::Regex>,
+    bytes: u64,
+) -> u64 {
+    let previous = DATA_BYTES.with(|cell| cell.replace(bytes));
+    let root = Shape::message(message.clone(), Scale::Large);
+    let mut estimator = Estimator {
+        vars: vec![("self".into(), root.clone())],
+        regexes,
+    };
+    if has_old {
+        estimator.vars.push(("old".into(), root));
+    }
+    let (_, estimate) = estimator.estimate(expression);
+    DATA_BYTES.with(|cell| cell.set(previous));
+    estimate
+}
+
 /// Whether a shape stands for its largest or its smallest instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scale {
@@ -1111,9 +1146,9 @@ impl Shape {
 
     /// Anything at all, as large as data may make it.
     fn any() -> Shape {
-        let leaf = Arc::new(Shape::bytes(MAX_DATA_BYTES));
+        let leaf = Arc::new(Shape::bytes(data_bytes()));
         Shape {
-            size: MAX_DATA_BYTES,
+            size: data_bytes(),
             element: Some(leaf.clone()),
             key: Some(leaf),
             message: None,
@@ -1196,7 +1231,7 @@ fn min_element_bytes(kind: &Kind) -> u64 {
 /// How a field reads in a rule (as JSON renders it), and how large it may be.
 fn field_shape(field: &FieldDescriptor, scale: Scale) -> Shape {
     let budget = match scale {
-        Scale::Large => MAX_DATA_BYTES,
+        Scale::Large => data_bytes(),
         Scale::Small => 0,
     };
     let single = |kind: &Kind| -> Shape {
@@ -1489,7 +1524,7 @@ impl Estimator<'_> {
                     .saturating_mul(list.size);
                 // Strings of one list share its bytes.
                 let bytes =
-                    bytes.min(MAX_DATA_BYTES.saturating_add(separator.saturating_mul(list.size)));
+                    bytes.min(data_bytes().saturating_add(separator.saturating_mul(list.size)));
                 (
                     Shape::bytes(bytes),
                     list.size.saturating_add(byte_units_u64(bytes)),
@@ -1514,7 +1549,7 @@ fn equal_cost(a: &Shape, b: &Shape) -> u64 {
         (Some(x), Some(y)) => n.saturating_mul(1u64.saturating_add(equal_cost(x, y))),
         _ if a.message.is_some() && b.message.is_some() => {
             // Messages compare field by field; each field may hold the whole resource.
-            n.saturating_mul(1 + byte_units_u64(MAX_DATA_BYTES))
+            n.saturating_mul(1 + byte_units_u64(data_bytes()))
         }
         _ => byte_units_u64(n),
     }

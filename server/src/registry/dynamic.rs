@@ -249,6 +249,33 @@ fn count_declarations(file: &prost_types::FileDescriptorProto) -> (usize, usize)
     (count, fields)
 }
 
+/// How deeply a message nests messages (itself 1), measured with an explicit stack: the data
+/// of a registered type may nest at most [`MAX_SOURCE_NESTING`] levels, like its schema, before
+/// anything walks it recursively (rules, JSON).
+pub(crate) fn message_depth(message: &DynamicMessage) -> usize {
+    use prost_reflect::Value;
+    let mut deepest = 0;
+    let mut pending: Vec<(&Value, usize)> = Vec::new();
+    let mut messages: Vec<(&DynamicMessage, usize)> = vec![(message, 1)];
+    loop {
+        if let Some((message, depth)) = messages.pop() {
+            deepest = deepest.max(depth);
+            pending.extend(message.fields().map(|(_, value)| (value, depth)));
+            continue;
+        }
+        let Some((value, depth)) = pending.pop() else {
+            break;
+        };
+        match value {
+            Value::Message(inner) => messages.push((inner, depth + 1)),
+            Value::List(items) => pending.extend(items.iter().map(|item| (item, depth))),
+            Value::Map(entries) => pending.extend(entries.values().map(|item| (item, depth))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// Refuses a source that nests brackets (`{`, `[`, `(`, `<`) deeper than
 /// [`MAX_SOURCE_NESTING`], outside comments and string literals: the compiler parses option
 /// values and messages recursively, and a schema of a few kilobytes could overflow its stack.
@@ -562,6 +589,20 @@ impl CompiledType {
             .serialize_with_options(serde_json::value::Serializer, &options)
             .map_err(|e| invalid(&e))?;
         Ok(cel::Value::from_json(&json))
+    }
+
+    /// Whether checking data of `bytes` bytes (with `old` of as many, when `with_old`) is cheap
+    /// enough to do where the request is handled rather than on the rule pool: the data is
+    /// small and the rules' worst case on data that small is at most [`cel::INLINE_UNITS`].
+    pub(crate) fn checks_inline(&self, bytes: usize, with_old: bool) -> bool {
+        bytes as u64 <= cel::SMALL_DATA_BYTES
+            && self
+                .rules
+                .iter()
+                .filter(|rule| with_old || !rule.uses_old)
+                .map(|rule| rule.program.small_estimate)
+                .fold(0u64, u64::saturating_add)
+                <= cel::INLINE_UNITS
     }
 
     /// Whether any rule reads `old` (the write path then checks on the stored object).

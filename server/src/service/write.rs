@@ -181,16 +181,25 @@ impl ResourceService {
         }
         // A tenant's code (a schema to compile, rules to evaluate) runs only for a caller who
         // may write the resource, and on the rule pool, never on an async worker.
-        let costly = registration.registered.is_some()
-            || registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
+        let is_type = registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
+        let data_bytes = resource.data.as_ref().map_or(0, |d| d.value.len());
+        let costly = is_type
+            || registration
+                .registered
+                .as_ref()
+                .is_some_and(|registered| !registered.compiled.checks_inline(data_bytes, false));
         let mut rules_used = 0;
         let mut violations = Vec::new();
+        if registration.registered.is_some()
+            && let Some(id) = &resource.id
+        {
+            // Rules run only for a caller who may write the resource.
+            registration.check_write_access_before_existence(authorizer, id)?;
+        }
         if costly {
-            if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE {
+            if is_type {
                 // Who may write the Type and owns the group.version.Kind it claims.
                 (registration.acls.write)(authorizer, &resource)?;
-            } else if let Some(id) = &resource.id {
-                registration.check_write_access_before_existence(authorizer, id)?;
             }
             let hooks = registration.clone();
             let (checked, outcome) = self
@@ -204,7 +213,7 @@ impl ResourceService {
             resource = checked;
             (rules_used, violations) = outcome?;
         } else {
-            run_hooks(&registration, &mut resource)?;
+            (rules_used, violations) = run_hooks(&registration, &mut resource)?;
         }
         (registration.acls.write)(authorizer, &resource)?;
         if let Some(references) = &registration.references {
@@ -316,25 +325,30 @@ impl ResourceService {
                     if data_changed && (transition || !deferred.is_empty()) {
                         let compiled = registered.compiled.clone();
                         let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
-                        let outcome = self
-                            .pool
-                            .run(move || -> Result<Vec<Violation>, RuleFailure> {
-                                let mut meter = Meter::new(left);
-                                let mut left_over =
-                                    compiled.ratchet(deferred, &new, &old, &mut meter)?;
-                                if transition
-                                    && let Err(failure) =
-                                        compiled.check_rules(&new, Some(&old), &mut meter)
-                                {
-                                    match failure {
-                                        RuleFailure::Violations(more) => left_over.extend(more),
-                                        cost => return Err(cost),
-                                    }
+                        let inline = compiled.checks_inline(new.len().max(old.len()), true);
+                        let check = move || -> Result<Vec<Violation>, RuleFailure> {
+                            let mut meter = Meter::new(left);
+                            let mut left_over =
+                                compiled.ratchet(deferred, &new, &old, &mut meter)?;
+                            if transition
+                                && let Err(failure) =
+                                    compiled.check_rules(&new, Some(&old), &mut meter)
+                            {
+                                match failure {
+                                    RuleFailure::Violations(more) => left_over.extend(more),
+                                    cost => return Err(cost),
                                 }
-                                Ok(left_over)
-                            })
-                            .await
-                            .map_err(|error| Error::Internal(error.to_string()))?;
+                            }
+                            Ok(left_over)
+                        };
+                        let outcome = if inline {
+                            check()
+                        } else {
+                            self.pool
+                                .run(check)
+                                .await
+                                .map_err(|error| Error::Internal(error.to_string()))?
+                        };
                         refuse_violations(outcome?)?;
                     }
                 }

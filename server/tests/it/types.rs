@@ -526,6 +526,26 @@ async fn a_tightened_rule_never_strands_stored_objects() {
     }
 
     // A new object must satisfy it; a stored one may change its labels, and its other fields.
+    // (The node's registry follows its Types a moment behind the write's acknowledgement until
+    // it is a projection of the log, DESIGN §15's fence: wait for the rule to be there.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let dry_run = node
+            .resources()
+            .await
+            .mutate_and_validate(proto::resource::v1::MutateAndValidateRequest {
+                resource: Some(invoice("new", 5000)),
+            })
+            .await;
+        match dry_run {
+            Err(status) => break status,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(_) => panic!("the tightened rule never applied"),
+        }
+    };
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     let refused = write(&node, invoice("new", 5000)).await.expect_err("new");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert!(

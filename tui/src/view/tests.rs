@@ -637,3 +637,24 @@ fn a_listing_that_is_still_arriving_is_appended_then_sorted_once() {
     state.prepare();
     assert_eq!(names(&state), ["late-2"]);
 }
+
+/// What the cluster holds was written by others: an escape sequence in a label (or any text)
+/// never reaches the terminal (ratatui drops control characters from what it draws).
+#[test]
+fn control_characters_from_the_cluster_are_never_drawn() {
+    let mut state = demo_state();
+    let mut hostile = testing::resource("demo.v2.Artist", "default/jazz", "hostile", 200);
+    hostile
+        .metadata
+        .insert("team".into(), "\u{1b}[2J\u{1b}[Hpwned\u{7}".into());
+    if let Some(data) = state.store.get_mut("demo.v2.Artist") {
+        data.apply(testing::upsert(hostile));
+    }
+    command(&mut state, "demo.v2.Artist");
+    let drawn = text(&draw(&mut state));
+    assert!(drawn.contains("hostile"), "{drawn}");
+    assert!(
+        !drawn.contains('\u{1b}') && !drawn.contains('\u{7}'),
+        "{drawn}"
+    );
+}

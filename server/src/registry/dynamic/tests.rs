@@ -698,3 +698,45 @@ fn ratcheting_lets_unchanged_broken_fields_pass() {
         1
     );
 }
+
+/// Data of a recursive message nests only as deep as a schema may.
+#[test]
+fn data_nesting_is_measured_without_recursion_and_bounded() {
+    let mut t = invoice_type();
+    t.rules.clear();
+    t.defaults.clear();
+    t.kind = "Tree".into();
+    t.proto = "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Tree { repeated Tree children = 1; map<string, Tree> named = 2; }\n".into();
+    let compiled = load(&t);
+    let nested = |levels: usize| {
+        let mut json = serde_json::json!({});
+        for i in 0..levels - 1 {
+            json = if i % 2 == 0 {
+                serde_json::json!({"children": [json]})
+            } else {
+                serde_json::json!({"named": {"x": json}})
+            };
+        }
+        DynamicMessage::deserialize(compiled.message.clone(), json).expect("tree")
+    };
+    assert_eq!(message_depth(&nested(1)), 1);
+    assert_eq!(message_depth(&nested(32)), 32);
+    assert_eq!(message_depth(&nested(60)), 60);
+}
+
+/// Small data under cheap rules is checked where the request is handled; large data, or rules
+/// that could be costly even on small data, go to the pool.
+#[test]
+fn only_cheap_checks_run_inline() {
+    let compiled = load(&invoice_type());
+    assert!(compiled.checks_inline(1000, true));
+    assert!(!compiled.checks_inline(1 << 20, false));
+    let mut t = invoice_type();
+    t.rules = vec![pb::Rule {
+        expression: "self.lines.all(a, self.lines.exists(b, a.cents == b.cents))".into(),
+        message: "quadratic".into(),
+        field: String::new(),
+    }];
+    // Refused outright: its worst case over 4 MiB is far over budget.
+    assert!(compile(&t).is_err());
+}
