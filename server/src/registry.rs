@@ -582,7 +582,8 @@ impl DynamicTypes {
             let same_package = theirs.compiled.resource_type.group == compiled.resource_type.group
                 && theirs.compiled.resource_type.group_version
                     == compiled.resource_type.group_version;
-            if !same_package && !(compiled.extends && theirs.compiled.extends) {
+            let may_clash = same_package || (compiled.extends && theirs.compiled.extends);
+            if !may_clash {
                 continue;
             }
             if let Some(clash) = compiled

@@ -562,30 +562,25 @@ impl<'a> Evaluator<'a> {
 
     fn arithmetic(&mut self, a: Value, op: &ArithmeticOp, b: Value) -> Result<Value, EvalError> {
         use ArithmeticOp as Op;
-        let overflow = || runtime("integer overflow");
+        // Integers of one sign: checked, an error (never a wrap or a panic) when out of range.
+        macro_rules! checked {
+            ($a:expr, $b:expr, $wrap:path) => {
+                match op {
+                    Op::Add => $a.checked_add($b),
+                    Op::Subtract => $a.checked_sub($b),
+                    Op::Multiply => $a.checked_mul($b),
+                    Op::Divide if $b == 0 => return Err(runtime("division by zero")),
+                    Op::Divide => $a.checked_div($b),
+                    Op::Modulus if $b == 0 => return Err(runtime("modulus by zero")),
+                    Op::Modulus => $a.checked_rem($b),
+                }
+                .map($wrap)
+                .ok_or_else(|| runtime("integer overflow"))
+            };
+        }
         match (a, b) {
-            (Value::Int(a), Value::Int(b)) => match op {
-                Op::Add => a.checked_add(b),
-                Op::Subtract => a.checked_sub(b),
-                Op::Multiply => a.checked_mul(b),
-                Op::Divide if b == 0 => return Err(runtime("division by zero")),
-                Op::Divide => a.checked_div(b),
-                Op::Modulus if b == 0 => return Err(runtime("modulus by zero")),
-                Op::Modulus => a.checked_rem(b),
-            }
-            .map(Value::Int)
-            .ok_or_else(overflow),
-            (Value::Uint(a), Value::Uint(b)) => match op {
-                Op::Add => a.checked_add(b),
-                Op::Subtract => a.checked_sub(b),
-                Op::Multiply => a.checked_mul(b),
-                Op::Divide if b == 0 => return Err(runtime("division by zero")),
-                Op::Divide => a.checked_div(b),
-                Op::Modulus if b == 0 => return Err(runtime("modulus by zero")),
-                Op::Modulus => a.checked_rem(b),
-            }
-            .map(Value::Uint)
-            .ok_or_else(overflow),
+            (Value::Int(a), Value::Int(b)) => checked!(a, b, Value::Int),
+            (Value::Uint(a), Value::Uint(b)) => checked!(a, b, Value::Uint),
             (Value::Double(a), Value::Double(b)) => Ok(Value::Double(match op {
                 Op::Add => a + b,
                 Op::Subtract => a - b,

@@ -180,7 +180,9 @@ impl ResourceService {
                 .map_err(Error::InvalidArgument)?;
         }
         // A tenant's code (a schema to compile, rules to evaluate) runs only for a caller who
-        // may write the resource, and on the rule pool, never on an async worker.
+        // may write the resource, and on the rule pool, never on an async worker — but for
+        // small data under rules cheap on it (estimated at registration), where the hop would
+        // cost more than the check.
         let is_type = registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
         let data_bytes = resource.data.as_ref().map_or(0, |d| d.value.len());
         let costly = is_type
@@ -188,15 +190,13 @@ impl ResourceService {
                 .registered
                 .as_ref()
                 .is_some_and(|registered| !registered.compiled.checks_inline(data_bytes, false));
-        let mut rules_used = 0;
-        let mut violations = Vec::new();
         if registration.registered.is_some()
             && let Some(id) = &resource.id
         {
             // Rules run only for a caller who may write the resource.
             registration.check_write_access_before_existence(authorizer, id)?;
         }
-        if costly {
+        let (rules_used, violations) = if costly {
             if is_type {
                 // Who may write the Type and owns the group.version.Kind it claims.
                 (registration.acls.write)(authorizer, &resource)?;
@@ -211,10 +211,10 @@ impl ResourceService {
                 .await
                 .map_err(|error| Error::Internal(error.to_string()))?;
             resource = checked;
-            (rules_used, violations) = outcome?;
+            outcome?
         } else {
-            (rules_used, violations) = run_hooks(&registration, &mut resource)?;
-        }
+            run_hooks(&registration, &mut resource)?
+        };
         (registration.acls.write)(authorizer, &resource)?;
         if let Some(references) = &registration.references {
             for (field, id) in references(&resource) {
