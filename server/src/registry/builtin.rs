@@ -292,9 +292,18 @@ fn type_acls() -> Acls {
 /// descriptor set beside it: every node then loads the same compiled schema.
 fn compile_type(resource: &mut Resource) -> Result<(), String> {
     let written: registry_v1::Type = decode_data(resource)?;
-    let compiled = super::dynamic::compile(&written).map_err(|why| format!("resource.{why}"))?;
+    let compiled = super::dynamic::compile(&written).map_err(|why| in_resource(&why))?;
     resource.data = Some(proto::to_any(&compiled));
     Ok(())
+}
+
+/// Problems found in a Type's data (`data.…`, several joined by `; `), each named as a field
+/// of the resource (`resource.data.…`).
+fn in_resource(problems: &str) -> String {
+    format!(
+        "resource.{}",
+        problems.replace("; data.", "; resource.data.")
+    )
 }
 
 /// A Type may claim its group.version.Kind (not built in, not another Type's, within
@@ -310,8 +319,7 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
     types
         .check_claim(name, &resource_type)
         .map_err(|why| format!("resource.{why}"))?;
-    let compiled =
-        super::dynamic::CompiledType::load(&t).map_err(|why| format!("resource.{why}"))?;
+    let compiled = super::dynamic::CompiledType::load(&t).map_err(|why| in_resource(&why))?;
     if let Some(installed) = types.installed(name) {
         super::dynamic::check_update(&installed.compiled, &compiled)
             .map_err(|why| format!("resource.data: {why}"))?;
