@@ -442,11 +442,18 @@ impl<'a> Evaluator<'a> {
         self.meter.charge(1)?;
         match e {
             Expression::Atom(atom) => Ok(match atom {
+                // A literal is copied each time it is evaluated: its bytes are paid for.
+                Atom::String(s) => {
+                    self.meter.charge(byte_units(s.len()))?;
+                    Value::String(s.as_str().into())
+                }
+                Atom::Bytes(b) => {
+                    self.meter.charge(byte_units(b.len()))?;
+                    Value::Bytes(b.as_slice().into())
+                }
                 Atom::Int(i) => Value::Int(*i),
                 Atom::UInt(u) => Value::Uint(*u),
                 Atom::Float(f) => Value::Double(*f),
-                Atom::String(s) => Value::String(s.as_str().into()),
-                Atom::Bytes(b) => Value::Bytes(b.as_slice().into()),
                 Atom::Bool(b) => Value::Bool(*b),
                 Atom::Null => Value::Null,
             }),
@@ -492,10 +499,12 @@ impl<'a> Evaluator<'a> {
                 let target = self.eval(target)?;
                 match member.as_ref() {
                     Member::Attribute(name) => match &target {
-                        Value::Map(map) => map
-                            .get(&Key::String(name.as_str().into()))
-                            .cloned()
-                            .ok_or_else(|| runtime(format!("no such key: {name}"))),
+                        Value::Map(map) => {
+                            self.meter.charge(byte_units(name.len()))?;
+                            map.get(&Key::String(name.as_str().into()))
+                                .cloned()
+                                .ok_or_else(|| runtime(format!("no such key: {name}")))
+                        }
                         other => Err(runtime(format!(
                             "cannot select .{name} from {}",
                             other.type_name()
@@ -771,7 +780,9 @@ impl<'a> Evaluator<'a> {
             let Member::Attribute(field) = member.as_ref() else {
                 return Err(runtime("has() takes a field selection"));
             };
-            return match self.eval(inner)? {
+            let inner = self.eval(inner)?;
+            self.meter.charge(byte_units(field.len()))?;
+            return match inner {
                 Value::Map(map) => Ok(Value::Bool(
                     map.contains_key(&Key::String(field.as_str().into())),
                 )),
@@ -1290,14 +1301,11 @@ impl Estimator<'_> {
 
     fn estimate_node(&mut self, e: &Expression) -> (Shape, u64) {
         match e {
-            Expression::Atom(atom) => (
-                match atom {
-                    Atom::String(s) => Shape::bytes(s.len() as u64),
-                    Atom::Bytes(b) => Shape::bytes(b.len() as u64),
-                    _ => Shape::scalar(),
-                },
-                0,
-            ),
+            Expression::Atom(atom) => match atom {
+                Atom::String(s) => (Shape::bytes(s.len() as u64), byte_units_u64(s.len() as u64)),
+                Atom::Bytes(b) => (Shape::bytes(b.len() as u64), byte_units_u64(b.len() as u64)),
+                _ => (Shape::scalar(), 0),
+            },
             Expression::Ident(name) => (
                 self.vars
                     .iter()
@@ -1364,7 +1372,10 @@ impl Estimator<'_> {
             Expression::Member(target, member) => {
                 let (shape, cost) = self.estimate(target);
                 match member.as_ref() {
-                    Member::Attribute(name) => (shape.field(name), cost),
+                    Member::Attribute(name) => (
+                        shape.field(name),
+                        cost.saturating_add(byte_units_u64(name.len() as u64)),
+                    ),
                     Member::Index(index) => {
                         let (si, ci) = self.estimate(index);
                         let out = if shape.key.is_some() || shape.message.is_none() {
@@ -1471,7 +1482,13 @@ impl Estimator<'_> {
         }
         if name == "has" {
             let cost = match arguments {
-                [Expression::Member(inner, _)] => self.estimate(inner).1,
+                [Expression::Member(inner, member)] => {
+                    let name = match member.as_ref() {
+                        Member::Attribute(name) => name.len() as u64,
+                        _ => 0,
+                    };
+                    self.estimate(inner).1.saturating_add(byte_units_u64(name))
+                }
                 _ => u64::MAX,
             };
             return (Shape::scalar(), cost);
@@ -1541,7 +1558,7 @@ fn byte_units_u64(bytes: u64) -> u64 {
 fn equal_cost(a: &Shape, b: &Shape) -> u64 {
     let n = a.size.min(b.size);
     match (&a.element, &b.element) {
-        (Some(x), Some(y)) => n.saturating_mul(1u64.saturating_add(equal_cost(x, y))),
+        (Some(x), Some(y)) => n.saturating_mul(equal_cost(x, y).saturating_add(1)),
         _ if a.message.is_some() && b.message.is_some() => {
             // Messages compare field by field; each field may hold the whole resource.
             n.saturating_mul(1 + byte_units_u64(data_bytes()))

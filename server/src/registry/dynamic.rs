@@ -112,6 +112,9 @@ pub(crate) struct CompiledType {
     pub symbols: BTreeSet<String>,
     /// Whether it declares extensions (their numbers may clash across packages).
     pub extends: bool,
+    /// What its defaults may add to a resource's data, at most (their JSON text, which is no
+    /// shorter than their encoding but for a few bytes of tag).
+    defaults_bytes: usize,
 }
 
 /// The file name the server compiles a Type's source as.
@@ -253,20 +256,68 @@ fn count_declarations(file: &prost_types::FileDescriptorProto) -> (usize, usize)
 /// of a registered type may nest at most [`MAX_SOURCE_NESTING`] levels, like its schema, before
 /// anything walks it recursively (rules, JSON).
 pub(crate) fn message_depth(message: &DynamicMessage) -> usize {
-    use prost_reflect::Value;
+    depth_from(message, 0)
+}
+
+/// [`message_depth`] of a message found `base` levels down. Recursive once per level of Any,
+/// and it stops past [`MAX_SOURCE_NESTING`] (each level adds one): at most 33 calls deep.
+fn depth_from(message: &DynamicMessage, base: usize) -> usize {
+    use prost_reflect::{ReflectMessage, Value};
     let mut deepest = 0;
     let mut pending: Vec<(&Value, usize)> = Vec::new();
-    let mut messages: Vec<(&DynamicMessage, usize)> = vec![(message, 1)];
+    let mut messages: Vec<(&DynamicMessage, usize)> = vec![(message, base + 1)];
+    // Payloads of Any, decoded here; measured by a call of their own (bounded: each level
+    // of Any is one call, and a chain deeper than the limit stops it).
+    let mut owned: Vec<(DynamicMessage, usize)> = Vec::new();
     loop {
         if let Some((message, depth)) = messages.pop() {
             deepest = deepest.max(depth);
             pending.extend(message.fields().map(|(_, value)| (value, depth)));
             continue;
         }
+        if pending.is_empty()
+            && let Some((payload, depth)) = owned.pop()
+        {
+            if depth > MAX_SOURCE_NESTING {
+                return depth;
+            }
+            let inner = depth_from(&payload, depth - 1);
+            if inner == usize::MAX {
+                return usize::MAX;
+            }
+            deepest = deepest.max(inner);
+            if deepest > MAX_SOURCE_NESTING {
+                return deepest;
+            }
+            continue;
+        }
         let Some((value, depth)) = pending.pop() else {
             break;
         };
         match value {
+            // An Any's payload is decoded (and turned into JSON) by whoever reads it: it counts,
+            // level by level; one whose type this schema does not know counts as too deep.
+            Value::Message(inner) if inner.descriptor().full_name() == "google.protobuf.Any" => {
+                let url = inner
+                    .get_field_by_name("type_url")
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let payload = inner
+                    .get_field_by_name("value")
+                    .and_then(|v| v.as_bytes().cloned())
+                    .unwrap_or_default();
+                let name = url.rsplit('/').next().unwrap_or_default();
+                match inner.descriptor().parent_pool().get_message_by_name(name) {
+                    _ if url.is_empty() && payload.is_empty() => {
+                        deepest = deepest.max(depth + 1);
+                    }
+                    Some(descriptor) => match DynamicMessage::decode(descriptor, payload) {
+                        Ok(decoded) => owned.push((decoded, depth + 1)),
+                        Err(_) => return usize::MAX,
+                    },
+                    None => return usize::MAX,
+                }
+            }
             Value::Message(inner) => messages.push((inner, depth + 1)),
             Value::List(items) => pending.extend(items.iter().map(|item| (item, depth))),
             Value::Map(entries) => pending.extend(entries.values().map(|item| (item, depth))),
@@ -285,6 +336,13 @@ fn check_source_nesting(source: &str) -> Result<(), String> {
     while i < bytes.len() {
         match bytes[i] {
             b'\n' => line += 1,
+            // protox reads `#` as a line comment too.
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
             b'/' if bytes.get(i + 1) == Some(&b'/') => {
                 while i < bytes.len() && bytes[i] != b'\n' {
                     i += 1;
@@ -302,8 +360,16 @@ fn check_source_nesting(source: &str) -> Result<(), String> {
             }
             quote @ (b'"' | b'\'') => {
                 i += 1;
+                // A string ends at its quote or at the end of its line, escaped or not.
                 while i < bytes.len() && bytes[i] != quote && bytes[i] != b'\n' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                    i += if bytes[i] == b'\\' && bytes.get(i + 1) != Some(&b'\n') {
+                        2
+                    } else {
+                        1
+                    };
+                }
+                if bytes.get(i) == Some(&b'\n') {
+                    continue;
                 }
             }
             b'{' | b'[' | b'(' | b'<' => {
@@ -432,6 +498,11 @@ impl CompiledType {
             rules,
             defaults,
             extends: symbols.iter().any(|symbol| symbol.contains('#')),
+            defaults_bytes: t
+                .defaults
+                .iter()
+                .map(|default| default.value.len() + default.field.len() + 8)
+                .sum(),
             symbols,
         })
     }
@@ -534,6 +605,18 @@ impl CompiledType {
         }
     }
 
+    /// The rules that read `old` (transition rules) on an update from `old` to `data`.
+    pub(crate) fn check_transition_rules(
+        &self,
+        data: &[u8],
+        old: &[u8],
+        meter: &mut Meter,
+    ) -> Result<(), RuleFailure> {
+        self.check_rules_of(data, Some(old), meter, |index| {
+            self.rules.get(index).is_some_and(|rule| rule.uses_old)
+        })
+    }
+
     /// Ratcheting (DESIGN §15, Kubernetes' KEP-4008): which of `violations` (found on `data`)
     /// still count on an update from `old`. One counts unless its rule broke on `old` too and
     /// the field it is reported on (the whole data for a rule without one) is unchanged.
@@ -595,7 +678,8 @@ impl CompiledType {
     /// enough to do where the request is handled rather than on the rule pool: the data is
     /// small and the rules' worst case on data that small is at most [`cel::INLINE_UNITS`].
     pub(crate) fn checks_inline(&self, bytes: usize, with_old: bool) -> bool {
-        bytes as u64 <= cel::SMALL_DATA_BYTES
+        // Decided before the defaults are set: what they may add counts.
+        bytes.saturating_add(self.defaults_bytes) as u64 <= cel::SMALL_DATA_BYTES
             && self
                 .rules
                 .iter()

@@ -332,7 +332,7 @@ impl ResourceService {
                                 compiled.ratchet(deferred, &new, &old, &mut meter)?;
                             if transition
                                 && let Err(failure) =
-                                    compiled.check_rules(&new, Some(&old), &mut meter)
+                                    compiled.check_transition_rules(&new, &old, &mut meter)
                             {
                                 match failure {
                                     RuleFailure::Violations(more) => left_over.extend(more),

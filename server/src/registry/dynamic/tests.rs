@@ -378,6 +378,15 @@ fn hostile_nesting_is_refused_without_overflowing_the_stack() {
             // A custom option whose value nests 2,000 levels (6 KB): the compiler never sees it.
             let error = compile(&deep_option_type(2000)).expect_err("too deep");
             assert!(error.contains("nests more than 32"), "{error}");
+            // Hidden from a scanner that does not read `#` comments or strings ended by a
+            // line break as protox does.
+            for hide in ["# /*\n", "# \"\\\n"] {
+                let mut t = deep_option_type(2000);
+                t.proto = t.proto.replace("message Invoice", &format!("{hide}message Invoice"));
+                t.proto.push_str("# */\n");
+                let error = compile(&t).expect_err("too deep");
+                assert!(error.contains("nests more than 32"), "{hide:?}: {error}");
+            }
 
             // A flat chain of messages, each holding the next: refused for its size, and an
             // update of one as long as allowed is compared without recursion.
