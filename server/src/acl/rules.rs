@@ -279,10 +279,7 @@ impl Rule {
         place(&self.partition, &other.partition)
             && place(&self.namespace, &other.namespace)
             && other.name_prefix.starts_with(&self.name_prefix)
-            && other
-                .types
-                .iter()
-                .all(|theirs| self.types.iter().any(|mine| glob_contains(mine, theirs)))
+            && types_contain(&self.types, &other.types)
     }
 
     /// Whether some resource may match both (conservative: `true` unless they cannot).
@@ -295,12 +292,7 @@ impl Rule {
             && place(&self.namespace, &other.namespace)
             && (self.name_prefix.starts_with(&other.name_prefix)
                 || other.name_prefix.starts_with(&self.name_prefix))
-            && self.types.iter().any(|mine| {
-                other
-                    .types
-                    .iter()
-                    .any(|theirs| globs_may_overlap(mine, theirs))
-            })
+            && types_may_overlap(&self.types, &other.types)
     }
 
     /// The resources it matches, for people: `demo.*.* default/jazz secret-*`.
@@ -337,23 +329,72 @@ impl SchemaRule {
     fn matches(&self, gvk: &str) -> bool {
         self.types.iter().any(|glob| glob_matches(glob, gvk))
     }
+}
 
-    /// Whether every type `other` matches, this matches too.
+/// What [`held`] asks of a rule: its access, and how the resources it matches relate to
+/// another rule's.
+trait Scoped {
+    fn access(&self) -> Access;
+    /// Whether every resource `other` matches, this matches too.
+    fn contains(&self, other: &Self) -> bool;
+    /// Whether some resource may match both (conservative).
+    fn may_overlap(&self, other: &Self) -> bool;
+}
+
+impl Scoped for Rule {
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn contains(&self, other: &Rule) -> bool {
+        Rule::contains(self, other)
+    }
+    fn may_overlap(&self, other: &Rule) -> bool {
+        Rule::may_overlap(self, other)
+    }
+}
+
+impl Scoped for SchemaRule {
+    fn access(&self) -> Access {
+        self.access
+    }
     fn contains(&self, other: &SchemaRule) -> bool {
-        other
-            .types
-            .iter()
-            .all(|theirs| self.types.iter().any(|mine| glob_contains(mine, theirs)))
+        types_contain(&self.types, &other.types)
     }
-
     fn may_overlap(&self, other: &SchemaRule) -> bool {
-        self.types.iter().any(|mine| {
-            other
-                .types
-                .iter()
-                .any(|theirs| globs_may_overlap(mine, theirs))
-        })
+        types_may_overlap(&self.types, &other.types)
     }
+}
+
+/// Whether rules `mine` hold `wanted`: none of them granting less may match what it matches,
+/// and either `default_suffices` or one of them covers all of it with enough.
+fn held<'a, R: Scoped + 'a>(
+    mine: impl Iterator<Item = &'a R> + Clone,
+    wanted: &R,
+    default_suffices: bool,
+) -> bool {
+    if mine
+        .clone()
+        .any(|rule| rule.access() < wanted.access() && rule.may_overlap(wanted))
+    {
+        return false;
+    }
+    default_suffices
+        || mine
+            .into_iter()
+            .any(|rule| rule.access() >= wanted.access() && rule.contains(wanted))
+}
+
+/// Whether every type glob of `theirs` falls inside one of `mine`.
+fn types_contain(mine: &[String], theirs: &[String]) -> bool {
+    theirs
+        .iter()
+        .all(|theirs| mine.iter().any(|mine| glob_contains(mine, theirs)))
+}
+
+/// Whether some type may match a glob of each.
+fn types_may_overlap(mine: &[String], theirs: &[String]) -> bool {
+    mine.iter()
+        .any(|mine| theirs.iter().any(|theirs| globs_may_overlap(mine, theirs)))
 }
 
 /// A policy, compiled.
@@ -456,15 +497,12 @@ impl Grants {
     /// Whether every type `wanted` matches is owned here at least as `wanted` grants: no rule
     /// of mine granting less may match one of them, and one rule of mine covers them all.
     fn holds_schema(&self, wanted: &SchemaRule) -> bool {
-        let mine = self.policies.iter().flat_map(|policy| policy.schema.iter());
-        if mine
-            .clone()
-            .any(|rule| rule.access < wanted.access && rule.may_overlap(wanted))
-        {
-            return false;
-        }
-        mine.into_iter()
-            .any(|rule| rule.access >= wanted.access && rule.contains(wanted))
+        // Never from the default policy.
+        held(
+            self.policies.iter().flat_map(|policy| policy.schema.iter()),
+            wanted,
+            false,
+        )
     }
 
     /// Whether a node may join with this token: a policy says so (never the default).
@@ -600,17 +638,11 @@ impl Grants {
     }
 
     fn holds_rule(&self, wanted: &Rule) -> bool {
-        let mine = self.policies.iter().flat_map(|policy| policy.rules.iter());
-        if mine
-            .clone()
-            .any(|rule| rule.access < wanted.access && rule.may_overlap(wanted))
-        {
-            return false;
-        }
-        self.default >= wanted.access
-            || mine
-                .into_iter()
-                .any(|rule| rule.access >= wanted.access && rule.contains(wanted))
+        held(
+            self.policies.iter().flat_map(|policy| policy.rules.iter()),
+            wanted,
+            self.default >= wanted.access,
+        )
     }
 
     /// Whether every resource is readable whatever its id: the management policy, or a default
