@@ -140,7 +140,29 @@ impl TestCluster {
                 .unwrap_or_else(|error| panic!("add voter {}: {error}", node.id()));
         }
         cluster.wait_for_leader(1, cluster.nodes.len()).await;
+        cluster.wait_until_ready().await;
         cluster
+    }
+
+    /// Waits until every node serves: a follower that knows its leader may still be catching
+    /// up to the commit index it learned, and refuses reads and watches until it has applied it.
+    pub(super) async fn wait_until_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: Vec<String> = self
+                .nodes
+                .iter()
+                .filter_map(|node| node.check_ready().err().map(|e| format!("{}: {e}", node.id())))
+                .collect();
+            if waiting.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nodes not ready within 20s: {waiting:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits until the first `count` nodes see `expected` as leader.
