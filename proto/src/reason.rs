@@ -64,6 +64,13 @@ reasons! {
     FailedPrecondition = "FAILED_PRECONDITION",
     /// The resource's registered Type is being deleted: nothing new of it is accepted.
     TypeBeingDeleted = "TYPE_BEING_DELETED",
+    /// The Type the change was checked against changed before the change could be stored
+    /// (DESIGN §15's fence); nothing changed. The server checks such a change again and retries
+    /// it itself: a client sees this only when that kept failing until its deadline. Retry.
+    SchemaChanged = "SCHEMA_CHANGED",
+    /// The ACL tokens or policies the change was authorized under changed before it could be
+    /// stored; nothing changed (retried by the server as `SCHEMA_CHANGED`).
+    AclChanged = "ACL_CHANGED",
     /// Only the leader can answer this call, and this node does not lead (metadata `leader_id`
     /// and `leader_addr`, its API address, when known): ask the leader.
     NotLeader = "NOT_LEADER",
@@ -110,7 +117,10 @@ impl Reason {
             Reason::Invalid | Reason::RuleCost => &[Code::InvalidArgument],
             Reason::NotFound => &[Code::NotFound],
             Reason::TenancyNotFound => &[Code::NotFound, Code::InvalidArgument],
-            Reason::CasConflict | Reason::WatchClosed => &[Code::Aborted],
+            Reason::CasConflict
+            | Reason::WatchClosed
+            | Reason::SchemaChanged
+            | Reason::AclChanged => &[Code::Aborted],
             Reason::UidMismatch
             | Reason::FailedPrecondition
             | Reason::TypeBeingDeleted

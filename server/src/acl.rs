@@ -81,6 +81,12 @@ pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     fn is_management(&self) -> bool {
         false
     }
+    /// The last change to the tokens and policies this identity's grants were made from: a
+    /// change it authorizes is refused if they changed since (DESIGN §15's fence). `None`
+    /// for identities no stored token or policy makes (the server's own, ACLs off).
+    fn acl_revision(&self) -> Option<crate::resource::Version> {
+        None
+    }
     /// `Ok` when this identity holds everything `grant` grants, so it may store it (no
     /// escalation); else what it lacks.
     fn may_grant(&self, grant: Grant<'_>) -> Result<(), AclError> {

@@ -15,7 +15,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-mod acl_feed;
 pub mod dev;
 mod reflection;
 mod serve;
@@ -234,6 +233,13 @@ pub enum AgentError {
     Raft(#[from] RaftStartError),
     #[error("cannot create the default partition and namespace: {0}")]
     Bootstrap(#[source] service::Error),
+    /// What the node decides from (tokens, reports) cannot be read from its stored state.
+    #[error("cannot read the stored {what}: {source}")]
+    Projection {
+        what: &'static str,
+        #[source]
+        source: crate::storage::StorageError,
+    },
     #[error(transparent)]
     Serve(#[from] ServeError),
     #[error("cannot use TLS: {0}")]
@@ -623,18 +629,14 @@ impl Agent {
         tasks.push(tokio::spawn(
             manager.run(leadership, shutdown.clone()).in_current_span(),
         ));
-        tasks.push(tokio::spawn(
-            acl_feed::follow(
-                service.clone(),
-                TypesFeed(service.registry().dynamic().clone()),
-                shutdown.clone(),
-            )
-            .in_current_span(),
-        ));
         if let Some(store) = acl_store {
-            tasks.push(tokio::spawn(
-                acl_feed::run(service.clone(), store, shutdown.clone()).in_current_span(),
-            ));
+            // The tokens and policies follow what this node applies (DESIGN §15).
+            service
+                .project(Arc::new(service::projections::Acl(store)))
+                .map_err(|source| AgentError::Projection {
+                    what: "ACL tokens and policies",
+                    source,
+                })?;
             if let Some(secret) = initial_management {
                 tasks.push(tokio::spawn(
                     bootstrap_acls_with(service.clone(), secret, shutdown.clone())
@@ -655,14 +657,14 @@ impl Agent {
         .with_limits(config.max_resource_bytes, config.max_snapshot_bytes)
         .with_dialer(net.dialer.clone())
         .with_acls(tokens.clone(), service.clone());
-        tasks.push(tokio::spawn(
-            acl_feed::follow(
-                service.clone(),
-                ReportsFeed(cluster.report_clock()),
-                shutdown.clone(),
-            )
-            .in_current_span(),
-        ));
+        service
+            .project(Arc::new(service::projections::Reports(
+                cluster.report_clock(),
+            )))
+            .map_err(|source| AgentError::Projection {
+                what: "replica reports",
+                source,
+            })?;
         let resources = ResourceGrpc::new(service.clone(), tokens.clone())
             .with_watch_metrics(metrics.watch.clone())
             .with_watch_stall_timeout(Duration::from_secs(config.watch_stall_seconds.max(1)));
@@ -1059,61 +1061,6 @@ pub fn dev_cluster(
             }
         })
         .collect()
-}
-
-/// Keeps the clock of external replicas' reports current on every node: when each report's
-/// version was first seen here (`ListControllers` calls a silent one stale).
-struct ReportsFeed(Arc<service::cluster::external::ReportClock>);
-
-impl acl_feed::Feed for ReportsFeed {
-    fn resource_type(&self) -> proto::resource::v1::Type {
-        crate::resource::new_type("coordination", "v1", "Replica")
-    }
-    fn tenancy(&self) -> proto::resource::v1::Tenancy {
-        proto::resource::v1::Tenancy {
-            partition: crate::resource::WILDCARD.into(),
-            namespace: crate::resource::WILDCARD.into(),
-        }
-    }
-    fn replace(&self, items: Vec<proto::resource::v1::Resource>) {
-        for item in &items {
-            self.upsert(item);
-        }
-    }
-    fn upsert(&self, item: &proto::resource::v1::Resource) {
-        self.0
-            .saw(&service::cluster::external::key_of(item), &item.version);
-    }
-    fn delete(&self, item: &proto::resource::v1::Resource) {
-        self.0.forget(&service::cluster::external::key_of(item));
-    }
-}
-
-/// Keeps the registry's dynamic part on the stored `registry.v1.Type` resources (DESIGN §15).
-struct TypesFeed(Arc<crate::registry::DynamicTypes>);
-
-impl acl_feed::Feed for TypesFeed {
-    fn resource_type(&self) -> proto::resource::v1::Type {
-        crate::registry::builtin::registry_type()
-    }
-    fn replace(&self, items: Vec<proto::resource::v1::Resource>) {
-        let names: Vec<String> = items
-            .iter()
-            .filter_map(|item| item.id.as_ref().map(|id| id.name.clone()))
-            .collect();
-        self.0.retain_only(&names);
-        for item in &items {
-            self.0.reinstall_stored(item);
-        }
-    }
-    fn upsert(&self, item: &proto::resource::v1::Resource) {
-        self.0.install_stored(item);
-    }
-    fn delete(&self, item: &proto::resource::v1::Resource) {
-        if let Some(id) = &item.id {
-            self.0.uninstall(&id.name);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -417,9 +417,8 @@ struct DynamicState {
     by_key: BTreeMap<Key, Arc<Registration>>,
     /// Every installed Type, owner of its key or not.
     by_name: BTreeMap<String, InstalledType>,
-    /// Types removed, with the version they were removed at: an older read of the stored
-    /// Types does not bring them back.
-    retired: BTreeMap<String, String>,
+    /// The last change to any Type this state reflects.
+    revision: resource::Version,
     /// The built-in descriptor set with every registered file added (ListTypes' answer), made
     /// when first asked for, and its files by name (a page of ListTypes).
     published_set: std::sync::OnceLock<(bytes::Bytes, Arc<FileIndex>)>,
@@ -431,9 +430,10 @@ struct DynamicState {
 #[derive(Debug, Clone)]
 struct InstalledType {
     key: Key,
-    /// The stored Type's version and uid.
-    version: String,
+    /// The stored Type's uid (its version is its registration's).
     uid: String,
+    /// Of its data: a write of the same data (a status) compiles nothing again.
+    digest: [u8; 32],
     registration: Arc<Registration>,
 }
 
@@ -457,9 +457,6 @@ impl DynamicState {
     }
 }
 
-/// Bound on [`DynamicState::retired`].
-const MAX_RETIRED: usize = 10_000;
-
 impl DynamicTypes {
     fn read(&self) -> Arc<DynamicState> {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -472,7 +469,7 @@ impl DynamicTypes {
         let mut next = DynamicState {
             by_key: guard.by_key.clone(),
             by_name: guard.by_name.clone(),
-            retired: guard.retired.clone(),
+            revision: guard.revision,
             published_set: std::sync::OnceLock::new(),
             published_pool: std::sync::OnceLock::new(),
         };
@@ -605,93 +602,82 @@ impl DynamicTypes {
         self.read()
             .by_name
             .get(name)
-            .map(|installed| installed.version.clone())
+            .and_then(|installed| installed.registration.registered.as_ref())
+            .map(|registered| registered.version.clone())
     }
 
-    /// Installs what a stored `registry.v1.Type` resource registers, unless this node has that
-    /// version already (the feed's changes).
+    /// Installs a stored Type outside apply (a registry made to check a snapshot's records,
+    /// tests), at its own version.
     pub(crate) fn install_stored(&self, stored: &Resource) {
-        self.install_when(stored, |_, _| true, false);
+        self.install(stored, stored.version.parse().unwrap_or_default());
     }
 
-    /// [`DynamicTypes::install_stored`] even when this node has the same version installed: a
-    /// restore may bring back another history's Type at a version this node has seen.
-    pub(crate) fn reinstall_stored(&self, stored: &Resource) {
-        self.install_when(stored, |_, _| true, true);
+    /// Removes the Type `name` outside apply (tests).
+    #[cfg(test)]
+    pub(crate) fn remove(&self, name: &str) {
+        self.uninstall(name, resource::Version::default());
     }
 
-    /// Installs a stored Type read outside the feed only if it is newer (by `newer(had,
-    /// stored)` on versions) than what this node has installed or removed: the feed may be
-    /// ahead of the read. Decided under the same lock as the install.
-    pub(crate) fn install_if_newer(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool) {
-        self.install_when(stored, newer, false);
+    /// The last change to any Type this registry holds (the fence of a change to a Type).
+    pub(crate) fn revision(&self) -> resource::Version {
+        self.read().revision
     }
 
-    fn install_when(&self, stored: &Resource, newer: impl Fn(&str, &str) -> bool, always: bool) {
+    /// Installs what a stored `registry.v1.Type` resource registers, at `revision`: compiled
+    /// again only when its data or its deletion mark changed (a status written on the Type
+    /// only moves the version its writes are fenced on).
+    pub(crate) fn install(&self, stored: &Resource, revision: resource::Version) {
         let Some(id) = &stored.id else { return };
         let name = id.name.as_str();
         let deleting = resource::is_marked_for_deletion(stored);
-        // What this node has decides whether to load at all (loading a schema costs).
-        let wanted = |state: &DynamicState| {
-            let had = state
-                .by_name
-                .get(name)
-                .map(|i| {
-                    (
-                        i.version.clone(),
-                        i.registration
-                            .registered
-                            .as_ref()
-                            .is_some_and(|r| r.deleting),
-                    )
-                })
-                .or_else(|| state.retired.get(name).map(|v| (v.clone(), false)));
-            match &had {
-                None => true,
-                Some((version, was_deleting)) => {
-                    always
-                        || (version != &stored.version && newer(version, &stored.version))
-                        || (version == &stored.version
-                            && *was_deleting != deleting
-                            && !state.retired.contains_key(name))
+        let digest = data_digest(stored);
+        let current = self.read();
+        let same = current
+            .by_name
+            .get(name)
+            .filter(|i| i.digest == digest && i.uid == id.uid)
+            .and_then(|i| i.registration.registered.as_ref())
+            .filter(|r| r.deleting == deleting)
+            .map(|r| r.compiled.clone());
+        let compiled = match same {
+            Some(compiled) => compiled,
+            None => {
+                let t = match decode_data::<proto::registry::v1::Type>(stored) {
+                    Ok(t) => t,
+                    Err(why) => {
+                        tracing::warn!(r#type = %name, %why, "a stored Type does not decode");
+                        self.uninstall(name, revision);
+                        return;
+                    }
+                };
+                match dynamic::CompiledType::load(&t) {
+                    Ok(compiled) => {
+                        tracing::info!(r#type = %name, deleting, version = %stored.version, "registered type installed");
+                        Arc::new(compiled)
+                    }
+                    Err(why) => {
+                        tracing::warn!(r#type = %name, %why, "a stored Type cannot be loaded; its resources are unavailable");
+                        self.uninstall(name, revision);
+                        return;
+                    }
                 }
-            }
-        };
-        if !wanted(&self.read()) {
-            return;
-        }
-        let t = match decode_data::<proto::registry::v1::Type>(stored) {
-            Ok(t) => t,
-            Err(why) => {
-                tracing::warn!(r#type = %name, %why, "a stored Type does not decode");
-                return;
-            }
-        };
-        let compiled = match dynamic::CompiledType::load(&t) {
-            Ok(compiled) => Arc::new(compiled),
-            Err(why) => {
-                tracing::warn!(r#type = %name, %why, "a stored Type cannot be loaded; its resources are unavailable");
-                return;
             }
         };
         let key = key_of(&compiled.resource_type);
         let registration = Arc::new(Registration::registered(dynamic::Installed {
             name: name.to_owned(),
+            version: stored.version.clone(),
             compiled,
             deleting,
         }));
-        let mut installed = false;
         self.update(|state| {
-            if !wanted(state) {
-                return false;
-            }
-            state.retired.remove(name);
+            state.revision = state.revision.max(revision);
             let previous = state.by_name.insert(
                 name.to_owned(),
                 InstalledType {
                     key: key.clone(),
-                    version: stored.version.clone(),
                     uid: id.uid.clone(),
+                    digest,
                     registration,
                 },
             );
@@ -701,48 +687,67 @@ impl DynamicTypes {
                 state.elect(&previous.key);
             }
             state.elect(&key);
-            installed = true;
             true
         });
-        if installed {
-            tracing::info!(r#type = %name, deleting, "registered type installed");
-        }
     }
 
-    /// Removes what the Type `name` registered (its deletion, at `version`, the stored Type's
-    /// last).
-    pub(crate) fn uninstall(&self, name: &str) {
-        if !self.read().by_name.contains_key(name) {
-            return;
-        }
+    /// Removes what the Type `name` registered (its deletion, at `revision`).
+    pub(crate) fn uninstall(&self, name: &str, revision: resource::Version) {
+        let mut removed = false;
         self.update(|state| {
-            if let Some(removed) = state.by_name.remove(name) {
-                if state.retired.len() >= MAX_RETIRED {
-                    state.retired.clear();
-                }
-                state.retired.insert(name.to_owned(), removed.version);
-                state.elect(&removed.key);
-                true
-            } else {
-                false
+            state.revision = state.revision.max(revision);
+            if let Some(gone) = state.by_name.remove(name) {
+                state.elect(&gone.key);
+                removed = true;
             }
+            true
         });
-        tracing::info!(r#type = name, "registered type removed");
+        if removed {
+            tracing::info!(r#type = name, "registered type removed");
+        }
     }
+}
 
-    /// Removes every registered type but those the Types named `names` registered.
-    pub(crate) fn retain_only(&self, names: &[String]) {
+impl DynamicTypes {
+    /// Replaces every registered type with what `stored` (every stored Type) registers, the
+    /// state at `revision` (a node opening, a snapshot installed, a restore).
+    pub(crate) fn reset(&self, stored: &[Resource], revision: resource::Version) {
+        let names: std::collections::BTreeSet<&str> = stored
+            .iter()
+            .filter_map(|item| item.id.as_ref().map(|id| id.name.as_str()))
+            .collect();
         let gone: Vec<String> = self
             .read()
             .by_name
             .keys()
-            .filter(|name| !names.contains(name))
+            .filter(|name| !names.contains(name.as_str()))
             .cloned()
             .collect();
         for name in gone {
-            self.uninstall(&name);
+            self.uninstall(&name, revision);
         }
+        for item in stored {
+            self.install(item, revision);
+        }
+        // A reset is the whole state: its revision is the state's, even if it is older than
+        // what this node held (a restore of an earlier history).
+        self.update(|state| {
+            state.revision = revision;
+            true
+        });
     }
+}
+
+/// What decides whether a stored Type must be compiled again: its data.
+fn data_digest(stored: &Resource) -> [u8; 32] {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    if let Some(data) = &stored.data {
+        hasher.update(data.type_url.as_bytes());
+        hasher.update([0]);
+        hasher.update(&data.value);
+    }
+    hasher.finalize().into()
 }
 
 impl Registry {

@@ -222,3 +222,49 @@ pub(crate) fn rfc3339(time: std::time::SystemTime) -> String {
 /// Default of `--max-resource-bytes`: the largest resource, encoded. Rules' worst cases are
 /// estimated with it too (`registry::cel`).
 pub(crate) const DEFAULT_MAX_RESOURCE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A storage version: the position of a change in the backend's history. For the Raft backend,
+/// the log index of the entry that made the change and, for the second and later operations of
+/// an entry that batches several, their position in it. Formats as `index` or
+/// `index.position`; ordered by index, then position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    pub index: u64,
+    pub position: u32,
+}
+
+impl Version {
+    pub fn new(index: u64) -> Self {
+        Version { index, position: 0 }
+    }
+
+    pub fn at(index: u64, position: u32) -> Self {
+        Version { index, position }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.position == 0 {
+            write!(f, "{}", self.index)
+        } else {
+            write!(f, "{}.{}", self.index, self.position)
+        }
+    }
+}
+
+impl std::str::FromStr for Version {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || format!("{text:?} is not a version this server issued");
+        let (index, position) = match text.split_once('.') {
+            Some((index, position)) => (index, position.parse::<u32>().map_err(|_| invalid())?),
+            None => (text, 0),
+        };
+        Ok(Version {
+            index: index.parse::<u64>().map_err(|_| invalid())?,
+            position,
+        })
+    }
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 use proto::resource::v1::{Id, Resource, Tenancy, WriteRequest};
 use tokio_util::sync::CancellationToken;
 
-use crate::acl::AllowAll;
+use crate::acl::{AllowAll, Authorizer};
 use crate::registry::{Registration, Registry, Scope, builtin};
 use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
@@ -27,6 +27,7 @@ pub(crate) mod encoded;
 mod error;
 pub(crate) mod grpc;
 mod page;
+pub(crate) mod projections;
 mod read;
 pub(crate) mod stalls;
 mod tenancy_units;
@@ -84,6 +85,11 @@ where
     }
 }
 
+/// Tries of a change whose Type or ACLs kept changing under it before the caller hears
+/// `SCHEMA_CHANGED` or `ACL_CHANGED` (each after the node caught up: a Type changing this often
+/// is being written in a loop).
+pub(crate) const FENCED_ATTEMPTS: usize = 8;
+
 /// The resource service over one backend and one registry. Callers pass the authorizer of the
 /// identity they act for: a token's, or [`AllowAll`] for in-process privileged callers.
 pub(crate) struct ResourceService {
@@ -96,9 +102,6 @@ pub(crate) struct ResourceService {
     tenancy_units: tenancy_units::TenancyUnits,
     /// Bytes of lists being answered, node-wide.
     list_budget: Arc<crate::limits::ByteBudget>,
-    /// One read of the stored Types at a time ([`Self::learn_type`]), and how many started.
-    type_read: tokio::sync::Mutex<()>,
-    type_reads: std::sync::atomic::AtomicU64,
     /// Where schemas compile and rules run.
     pool: crate::registry::pool::Pool,
 }
@@ -118,7 +121,16 @@ enum TenancyState {
 }
 
 impl ResourceService {
+    /// A service over `backend`; the registry's dynamic part follows the backend's stored
+    /// Types from now on (a projection: `service::projections`).
     pub(crate) fn new(backend: Arc<dyn Backend>, registry: Arc<Registry>) -> Self {
+        if let Err(error) =
+            backend.project(Arc::new(projections::Types(registry.dynamic().clone())))
+        {
+            // Only a damaged store fails this; its types stay unknown (writes of them are
+            // refused, never accepted unchecked) until the node rebuilds its state.
+            tracing::error!(%error, "cannot read the stored Types; registered types are unavailable");
+        }
         ResourceService {
             backend,
             registry,
@@ -126,18 +138,16 @@ impl ResourceService {
             shutdown: CancellationToken::new(),
             tenancy_units: tenancy_units::TenancyUnits::default(),
             list_budget: crate::limits::ByteBudget::new(crate::limits::DEFAULT_MAX_INFLIGHT_BYTES),
-            type_read: tokio::sync::Mutex::new(()),
-            type_reads: std::sync::atomic::AtomicU64::new(0),
             pool: crate::registry::pool::Pool::default(),
         }
     }
 
     /// Makes sure this node knows `resource_type` when a committed Type registers it, before a
     /// request naming it is answered (DESIGN §15: a resource written right after its Type is
-    /// accepted on every node). A node learns Types from its feed a moment after they apply;
-    /// a request that names a type it does not know yet reads the stored Types (strongly)
-    /// first. One read at a time; a read that started after a request arrived answers it too.
-    pub(crate) async fn learn_type(&self, resource_type: Option<&proto::resource::v1::Type>) {
+    /// accepted on every node). The registry follows what this node has applied; a type it
+    /// does not know may be registered by a Type committed but not applied here yet, so the
+    /// node first catches up with the leader (a read index), once.
+    pub(crate) async fn know_type(&self, resource_type: Option<&proto::resource::v1::Type>) {
         let Some(resource_type) = resource_type else {
             return;
         };
@@ -147,47 +157,81 @@ impl ResourceService {
         {
             return;
         }
-        self.learn_types().await;
+        if let Err(error) = self.backend.sync().await {
+            tracing::debug!(%error, "cannot catch up with the leader to look for a type");
+        }
     }
 
-    /// Reads the stored Types (strongly) and installs what this node lacks or has older; a read
-    /// that started after the call, by another caller, serves it too.
-    pub(crate) async fn learn_types(&self) {
-        use std::sync::atomic::Ordering;
-        let arrived = self.type_reads.load(Ordering::Acquire);
-        let _one = self.type_read.lock().await;
-        if self.type_reads.load(Ordering::Acquire) != arrived {
-            return;
+    /// What a change checked now, against `registration` and for `authorizer`, carries to
+    /// storage (DESIGN §15's fence): its type's Type at the version it was checked against, the
+    /// revision of every Type (for a change to a Type: `types`), and the revision of the tokens
+    /// and policies its caller's grants were made from.
+    fn fence(
+        authorizer: &dyn Authorizer,
+        registration: &Registration,
+        types: Option<crate::storage::Version>,
+    ) -> crate::storage::Fence {
+        use crate::storage::{Domain, Guard, StorageKey};
+        let mut guards = Vec::new();
+        if let Some(registered) = &registration.registered {
+            guards.push(Guard::Resource {
+                key: StorageKey::of(&Id {
+                    r#type: Some(builtin::registry_type()),
+                    tenancy: Some(Tenancy::default()),
+                    name: registered.name.clone(),
+                    uid: String::new(),
+                }),
+                version: registered.version.clone(),
+            });
         }
-        self.type_reads.fetch_add(1, Ordering::AcqRel);
-        let types = match self
-            .backend
-            .list(
-                Consistency::Strong,
-                &crate::storage::UnversionedType::of(&builtin::registry_type()),
-                &Tenancy::default(),
-                "",
-            )
-            .await
-        {
-            Ok(types) => types,
-            Err(error) => {
-                tracing::debug!(%error, "cannot read the stored Types");
-                return;
+        if let Some(revision) = types {
+            guards.push(Guard::Domain {
+                domain: Domain::Types,
+                revision,
+            });
+        }
+        if let Some(revision) = authorizer.acl_revision() {
+            guards.push(Guard::Domain {
+                domain: Domain::Acl,
+                revision,
+            });
+        }
+        crate::storage::Fence { guards }
+    }
+
+    /// Runs `attempt` again when the Type it was checked against changed before its change
+    /// could be stored (`SCHEMA_CHANGED`): once this node has caught up, every check runs
+    /// again, so no change checked under a replaced Type is ever stored. A change fenced off by
+    /// the ACLs goes back to the caller, which resolves its token again (`grpc`).
+    async fn refenced<T, F, Fut>(&self, mut attempt: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        for _ in 1..FENCED_ATTEMPTS {
+            match attempt().await {
+                Err(Error::Fenced(fenced)) if fenced.kind == crate::storage::FenceKind::Schema => {
+                    tracing::debug!(why = %fenced, "a change was checked against a Type that changed; checking it again");
+                    self.sync().await?;
+                }
+                other => return other,
             }
-        };
-        // Only additions and later versions: removals are the feed's (it may be ahead of
-        // this read).
-        let newer = |had: &str, stored: &str| match (
-            had.parse::<crate::storage::Version>(),
-            stored.parse::<crate::storage::Version>(),
-        ) {
-            (Ok(had), Ok(stored)) => stored > had,
-            _ => false,
-        };
-        for stored in types {
-            self.registry.dynamic().install_if_newer(&stored, newer);
         }
+        attempt().await
+    }
+
+    /// Keeps `projection` on this node's committed state ([`Backend::project`]).
+    pub(crate) fn project(
+        &self,
+        projection: Arc<dyn crate::storage::Projection>,
+    ) -> Result<(), StorageError> {
+        self.backend.project(projection)
+    }
+
+    /// Returns once this node has applied every change acknowledged before the call: its
+    /// registry and ACLs are then as new as any a client has seen ([`Backend::sync`]).
+    pub(crate) async fn sync(&self) -> Result<(), Error> {
+        self.backend.sync().await.map_err(Error::from)
     }
 
     /// Bounds the bytes of lists being answered at once (`--max-inflight-bytes`).
@@ -233,7 +277,7 @@ impl ResourceService {
             } else {
                 format!("did you mean {}?", similar.join(" or "))
             };
-            Error::invalid(format!(
+            Error::UnknownType(format!(
                 "{field} {} is not registered ({hint})",
                 resource::gvk(resource_type)
             ))

@@ -18,7 +18,10 @@ pub(crate) mod conformance;
 pub(crate) mod deadline;
 pub(crate) mod events;
 pub(crate) mod inmem;
+pub mod projection;
 pub mod raft;
+
+pub use projection::{Projection, ProjectionSource};
 
 /// What a write requires of the stored resource.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,50 +63,143 @@ impl UnversionedType {
     }
 }
 
-/// A storage version: the position of a change in the backend's history. For the Raft backend,
-/// the log index of the entry that made the change and, for the second and later operations of
-/// an entry that batches several, their position in it. Formats as `index` or
-/// `index.position`; ordered by index, then position.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Version {
-    pub index: u64,
-    pub position: u32,
+pub use crate::resource::Version;
+
+/// What a change was checked against (DESIGN §15, "the fence"): the state each of its guards
+/// names must still be as it was when the service checked the change, or apply refuses it with
+/// [`StorageError::Fenced`] and the service checks it again. Empty: nothing to hold (a server's
+/// own write, a tool's, a test's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fence {
+    pub guards: Vec<Guard>,
 }
 
-impl Version {
-    pub fn new(index: u64) -> Self {
-        Version { index, position: 0 }
-    }
-
-    pub fn at(index: u64, position: u32) -> Self {
-        Version { index, position }
+impl Fence {
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty()
     }
 }
 
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.position == 0 {
-            write!(f, "{}", self.index)
-        } else {
-            write!(f, "{}.{}", self.index, self.position)
+/// One thing a change was checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The resource under `key` is still stored at `version` (the registration of a registered
+    /// type: its Type resource).
+    Resource { key: StorageKey, version: String },
+    /// No resource of the domain changed after `revision` (every Type, for a change to a Type;
+    /// every token and policy, for a change a token authorized).
+    Domain { domain: Domain, revision: Version },
+}
+
+/// A set of resources whose last change the state machine records ([`Guard::Domain`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Domain {
+    /// `registry.v1.Type`: what the registry is made of.
+    Types,
+    /// `acl.v1.Token` and `acl.v1.Policy`: what a token's grants are made of.
+    Acl,
+}
+
+impl Domain {
+    pub const ALL: [Domain; 2] = [Domain::Types, Domain::Acl];
+
+    /// The domain a resource of `group`/`kind` belongs to.
+    pub fn of(group: &str, kind: &str) -> Option<Domain> {
+        match (group, kind) {
+            ("registry", "Type") => Some(Domain::Types),
+            ("acl", "Token" | "Policy") => Some(Domain::Acl),
+            _ => None,
+        }
+    }
+
+    /// Its name on the wire and in the state machine's records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Domain::Types => "types",
+            Domain::Acl => "acl",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Domain> {
+        Domain::ALL.into_iter().find(|domain| domain.name() == name)
+    }
+
+    /// What a refusal on it is about.
+    pub fn fenced(self) -> FenceKind {
+        match self {
+            Domain::Types => FenceKind::Schema,
+            Domain::Acl => FenceKind::Acl,
         }
     }
 }
 
-impl std::str::FromStr for Version {
-    type Err = String;
+/// What moved under a fenced change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceKind {
+    /// A Type (its schema, rules or deletion): reason `SCHEMA_CHANGED`.
+    Schema,
+    /// A token or policy: reason `ACL_CHANGED`.
+    Acl,
+}
 
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let invalid = || format!("{text:?} is not a version this server issued");
-        let (index, position) = match text.split_once('.') {
-            Some((index, position)) => (index, position.parse::<u32>().map_err(|_| invalid())?),
-            None => (text, 0),
-        };
-        Ok(Version {
-            index: index.parse::<u64>().map_err(|_| invalid())?,
-            position,
-        })
+/// A change refused because what it was checked against moved ([`Guard`]); nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fenced {
+    pub kind: FenceKind,
+    pub why: String,
+    /// The log index (the version) at which it was refused: a node that has applied it has the
+    /// state to check the change again.
+    pub at: u64,
+}
+
+impl std::fmt::Display for Fenced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
     }
+}
+
+/// The first guard of `fence` that the state no longer meets: `stored` is the version stored
+/// under a key ("" when nothing is), `revision` a domain's last change. Every backend decides
+/// with it, the same way.
+pub fn check_fence(
+    fence: &Fence,
+    at: Version,
+    mut stored: impl FnMut(&StorageKey) -> Result<String, StorageError>,
+    revision: impl Fn(Domain) -> Version,
+) -> Result<(), StorageError> {
+    for guard in &fence.guards {
+        let refused = match guard {
+            Guard::Resource { key, version } => {
+                let now = stored(key)?;
+                (now != *version).then(|| Fenced {
+                    kind: FenceKind::Schema,
+                    why: format!(
+                        "{}/{} {:?} changed (from version {:?} to {:?}) after this change was checked against it",
+                        key.group, key.kind, key.name, version, now
+                    ),
+                    at: at.index,
+                })
+            }
+            Guard::Domain { domain, revision: checked } => {
+                let now = revision(*domain);
+                (now > *checked).then(|| Fenced {
+                    kind: domain.fenced(),
+                    why: format!(
+                        "the {} changed at version {now}, after this change was checked (at {checked})",
+                        match domain {
+                            Domain::Types => "registered types",
+                            Domain::Acl => "ACL tokens and policies",
+                        }
+                    ),
+                    at: at.index,
+                })
+            }
+        };
+        if let Some(fenced) = refused {
+            return Err(StorageError::Fenced(fenced));
+        }
+    }
+    Ok(())
 }
 
 /// The storage identity of a resource. Orders by type, then tenancy, then name.
@@ -206,6 +302,10 @@ pub enum StorageError {
     /// nothing more from it and restarts to rebuild it. Another member can answer.
     #[error("{0}")]
     Damaged(String),
+    /// What the change was checked against changed before it could apply ([`Fence`]);
+    /// nothing changed. The service checks it again.
+    #[error("{0}")]
+    Fenced(Fenced),
     #[error("storage failure: {0}")]
     Internal(String),
 }
@@ -509,11 +609,15 @@ pub trait Backend: Send + Sync + 'static {
         id: &Id,
     ) -> Result<Vec<u8>, StorageError>;
 
-    /// Writes `resource` if its `version` equals the stored version (empty: must not exist).
-    /// The uid must be set. Returns the stored copy with its new version. `actor` (who made the
-    /// change) is recorded with it and reported by watches.
-    async fn write_cas_as(&self, resource: Resource, actor: &str)
-    -> Result<Resource, StorageError>;
+    /// Writes `resource` if its `version` equals the stored version (empty: must not exist)
+    /// and every guard of `fence` holds. The uid must be set. Returns the stored copy with its
+    /// new version. `actor` (who made the change) is recorded with it and reported by watches.
+    async fn write_cas_as(
+        &self,
+        resource: Resource,
+        actor: &str,
+        fence: &Fence,
+    ) -> Result<Resource, StorageError>;
 
     /// A blind write the service merged from the stored resource at `resource.version`: as
     /// [`Backend::write_cas_as`], and also stored over a later version of the same resource when
@@ -524,21 +628,37 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError>;
 
-    /// Deletes the resource if `version` matches. Missing resource or other uid: `Ok`, nothing
-    /// deleted. `actor` as for [`Backend::write_cas_as`].
-    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError>;
+    /// Deletes the resource if `version` matches and `fence` holds. Missing resource or other
+    /// uid: `Ok`, nothing deleted. `actor` as for [`Backend::write_cas_as`].
+    async fn delete_cas_as(
+        &self,
+        id: &Id,
+        version: &str,
+        actor: &str,
+        fence: &Fence,
+    ) -> Result<(), StorageError>;
 
     /// [`Backend::write_cas_as`] by nobody in particular (tests, tools).
     async fn write_cas(&self, resource: Resource) -> Result<Resource, StorageError> {
-        self.write_cas_as(resource, "").await
+        self.write_cas_as(resource, "", &Fence::default()).await
     }
 
     /// [`Backend::delete_cas_as`] by nobody in particular (tests, tools).
     async fn delete_cas(&self, id: &Id, version: &str) -> Result<(), StorageError> {
-        self.delete_cas_as(id, version, "").await
+        self.delete_cas_as(id, version, "", &Fence::default()).await
     }
+
+    /// Returns once this node has applied every change acknowledged before the call (a read
+    /// index): its projections are then at least as new as any a client has seen.
+    async fn sync(&self) -> Result<(), StorageError>;
+
+    /// Keeps `projection` on this node's state from now on: reset from what is stored, then
+    /// told every committed change it follows, in commit order, under the lock that publishes
+    /// watch events; reset again when the whole state is replaced (DESIGN §15).
+    fn project(&self, projection: std::sync::Arc<dyn Projection>) -> Result<(), StorageError>;
 
     /// Every resource of the type (all group versions) whose tenancy matches (fields may be
     /// `*`) and whose name starts with `name_prefix`, ordered by tenancy and name.
@@ -693,18 +813,32 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        (**self).write_cas_as(resource, actor).await
+        (**self).write_cas_as(resource, actor, fence).await
     }
     async fn write_merged_as(
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        (**self).write_merged_as(resource, actor).await
+        (**self).write_merged_as(resource, actor, fence).await
     }
-    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
-        (**self).delete_cas_as(id, version, actor).await
+    async fn delete_cas_as(
+        &self,
+        id: &Id,
+        version: &str,
+        actor: &str,
+        fence: &Fence,
+    ) -> Result<(), StorageError> {
+        (**self).delete_cas_as(id, version, actor, fence).await
+    }
+    async fn sync(&self) -> Result<(), StorageError> {
+        (**self).sync().await
+    }
+    fn project(&self, projection: std::sync::Arc<dyn Projection>) -> Result<(), StorageError> {
+        (**self).project(projection)
     }
     async fn list(
         &self,

@@ -24,6 +24,9 @@ pub(crate) struct TokenAuthorizer {
     policies: Arc<HashMap<String, Arc<CompiledPolicy>>>,
     /// Of the same moment: which token holds each secret hash, and the policies tokens name.
     tokens: Arc<TokenView>,
+    /// The last change to any token or policy the store had applied then: what a change this
+    /// token authorizes is fenced on (DESIGN §15).
+    revision: crate::resource::Version,
 }
 
 /// What the store knew of its tokens when an authorizer was made.
@@ -69,6 +72,9 @@ impl Authorizer for TokenAuthorizer {
     }
     fn is_management(&self) -> bool {
         self.grants.is_management()
+    }
+    fn acl_revision(&self) -> Option<crate::resource::Version> {
+        Some(self.revision)
     }
     fn may_grant(&self, grant: Grant<'_>) -> Result<(), AclError> {
         let granted = match grant {
@@ -143,6 +149,8 @@ struct Entry {
 struct Index {
     policies: BTreeMap<String, pb::Policy>,
     tokens: BTreeMap<String, pb::Token>,
+    /// The last change to any token or policy applied.
+    revision: crate::resource::Version,
     /// Stored secret hash -> token.
     by_hash: HashMap<String, Arc<Entry>>,
     /// The salts (and rounds) of the tokens with chosen secrets, the most used first: what a
@@ -236,12 +244,14 @@ impl TokenStore {
     }
 
     /// Records a stored policy (a new one or a change).
+    #[cfg(test)]
     pub(crate) fn put_policy(&self, name: &str, policy: pb::Policy) {
         self.update(|index| {
             index.policies.insert(name.to_owned(), policy);
         });
     }
 
+    #[cfg(test)]
     pub(crate) fn remove_policy(&self, name: &str) {
         self.update(|index| {
             index.policies.remove(name);
@@ -249,12 +259,14 @@ impl TokenStore {
     }
 
     /// Records a stored token (a new one or a change).
+    #[cfg(test)]
     pub(crate) fn put_token(&self, name: &str, token: pb::Token) {
         self.update(|index| {
             index.tokens.insert(name.to_owned(), token);
         });
     }
 
+    #[cfg(test)]
     pub(crate) fn remove_token(&self, name: &str) {
         self.update(|index| {
             index.tokens.remove(name);
@@ -262,6 +274,7 @@ impl TokenStore {
     }
 
     /// Replaces every policy (a fresh list from a watch's snapshot).
+    #[cfg(test)]
     pub(crate) fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
         self.update(|index| index.policies = policies.into_iter().collect());
         self.policies_loaded
@@ -269,6 +282,7 @@ impl TokenStore {
     }
 
     /// Replaces every token (a fresh list from a watch's snapshot).
+    #[cfg(test)]
     pub(crate) fn replace_tokens(&self, tokens: Vec<(String, pb::Token)>) {
         self.update(|index| index.tokens = tokens.into_iter().collect());
         self.tokens_loaded
@@ -327,6 +341,7 @@ impl TokenStore {
                         grants: Grants::new(management, policies, self.default),
                         policies: compiled.clone(),
                         tokens: view.clone(),
+                        revision: index.revision,
                     }),
                 };
                 by_hash
@@ -509,6 +524,85 @@ impl TokenStore {
     /// The accessor, policies and expiry of a valid token.
     pub(crate) fn describe(&self, token: Option<&str>) -> Result<TokenInfo, Unauthenticated> {
         self.entry(token, None).map(|entry| entry.info.clone())
+    }
+}
+
+/// A stored resource's data as `M` (`None`: no data, or data that does not decode).
+fn decode_stored<M: prost::Message + Default>(stored: &proto::resource::v1::Resource) -> Option<M> {
+    M::decode(stored.data.as_ref()?.value.as_slice()).ok()
+}
+
+/// The store follows the stored tokens and policies in apply, at their raft index, on every
+/// node (DESIGN §15): `service::projections` calls these.
+impl TokenStore {
+    /// A committed change of a token or policy (`upsert`: written, else deleted), at `version`.
+    /// One that does not decode (written so by a bug) grants nothing: it is removed.
+    pub(crate) fn changed(
+        &self,
+        stored: &proto::resource::v1::Resource,
+        upsert: bool,
+        version: crate::resource::Version,
+    ) {
+        let Some(id) = &stored.id else { return };
+        let kind = id.r#type.as_ref().map(|t| t.kind.as_str()).unwrap_or_default();
+        let name = id.name.clone();
+        self.update(|index| {
+            index.revision = index.revision.max(version);
+            match kind {
+                "Policy" => match upsert.then(|| decode_stored::<pb::Policy>(stored)).flatten() {
+                    Some(policy) => {
+                        index.policies.insert(name, policy);
+                    }
+                    None => {
+                        index.policies.remove(&name);
+                    }
+                },
+                "Token" => match upsert.then(|| decode_stored::<pb::Token>(stored)).flatten() {
+                    Some(token) => {
+                        index.tokens.insert(name, token);
+                    }
+                    None => {
+                        index.tokens.remove(&name);
+                    }
+                },
+                _ => {}
+            }
+        });
+    }
+
+    /// Every token and policy replaced by `stored`, the state at `revision`.
+    pub(crate) fn reset(
+        &self,
+        stored: &[proto::resource::v1::Resource],
+        revision: crate::resource::Version,
+    ) {
+        let mut policies = BTreeMap::new();
+        let mut tokens = BTreeMap::new();
+        for item in stored {
+            let Some(id) = &item.id else { continue };
+            match id.r#type.as_ref().map(|t| t.kind.as_str()) {
+                Some("Policy") => {
+                    if let Some(policy) = decode_stored::<pb::Policy>(item) {
+                        policies.insert(id.name.clone(), policy);
+                    }
+                }
+                Some("Token") => {
+                    if let Some(token) = decode_stored::<pb::Token>(item) {
+                        tokens.insert(id.name.clone(), token);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.update(|index| {
+            index.policies = policies;
+            index.tokens = tokens;
+            index.revision = revision;
+        });
+        self.policies_loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.tokens_loaded
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -319,7 +319,7 @@ impl Reconciler<InProcess> for TypeController {
         // A Type that registered nothing here (it never loaded, or another Type owns its
         // group.version.Kind) has no resources of its own to delete.
         let loads = crate::registry::dynamic::CompiledType::load(&t).is_ok();
-        runtime.api().service.learn_type(Some(&resource_type)).await;
+        runtime.api().service.know_type(Some(&resource_type)).await;
         let owner = runtime
             .api()
             .service

@@ -548,7 +548,7 @@ async fn write(
             .flatten()
             .is_some_and(|token| state.tokens.resolve(Some(token)).is_ok());
     if known_caller {
-        state.resources.service().learn_type(Some(&path_type)).await;
+        state.resources.service().know_type(Some(&path_type)).await;
     }
     if let Some(data) = value.get_mut("data").and_then(|d| d.as_object_mut())
         && !data.contains_key("@type")

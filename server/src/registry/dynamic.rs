@@ -1052,6 +1052,9 @@ fn compare_messages(old: &MessageDescriptor, new: &MessageDescriptor, problems: 
 pub(crate) struct Installed {
     /// The `registry.v1.Type` resource's name.
     pub name: String,
+    /// The stored Type's version when this node applied it: what a write checked against
+    /// this registration is fenced on (DESIGN §15).
+    pub version: String,
     pub compiled: Arc<CompiledType>,
     /// Whether its Type is marked for deletion.
     pub deleting: bool,

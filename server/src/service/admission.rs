@@ -69,7 +69,9 @@ pub(super) fn check_record(
 fn storage_error(error: Error) -> StorageError {
     match error {
         Error::BadRequest(violations) => StorageError::Rejected(violations.to_string()),
-        Error::InvalidArgument(why) | Error::NotFound(why) => StorageError::Rejected(why),
+        Error::InvalidArgument(why) | Error::NotFound(why) | Error::UnknownType(why) => {
+            StorageError::Rejected(why)
+        }
         Error::TenancyNotFound(why) | Error::WriteToMissingTenancy(why) => {
             StorageError::MissingTenancy(why)
         }
@@ -98,8 +100,9 @@ impl ForwardAdmission {
 #[async_trait]
 impl Admission for ForwardAdmission {
     async fn admit(&self, resource: &Resource) -> Result<(), StorageError> {
+        // A Type this node has committed but not applied yet: caught up first.
         self.service
-            .learn_type(resource.id.as_ref().and_then(|id| id.r#type.as_ref()))
+            .know_type(resource.id.as_ref().and_then(|id| id.r#type.as_ref()))
             .await;
         let registration = check_record(
             self.service.registry(),

@@ -423,10 +423,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         request: Request<ListTypesRequest>,
     ) -> Result<Response<ListTypesResponse>, Status> {
         self.authorize(&request, Need::Token, false)?;
-        // Types registered at runtime as committed now, not as this node's feed has them yet: a
-        // client that registered one and asks next learns it wherever it asks.
+        // Types registered at runtime as committed now, not as this node has applied them yet:
+        // a client that registered one and asks next learns it wherever it asks.
         if let Some(service) = &self.service {
-            service.learn_types().await;
+            service.sync().await.map_err(Status::from)?;
         }
         let request = request.into_inner();
         let all: Vec<_> = self.registry.types().collect();

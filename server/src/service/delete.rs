@@ -7,7 +7,7 @@ use super::{Error, ResourceService, VersionConflict, new_ulid, retry_blind};
 use crate::acl::Authorizer;
 use crate::registry::builtin;
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId};
-use crate::storage::StorageError;
+use crate::storage::{Fence, StorageError};
 
 impl ResourceService {
     pub(crate) async fn delete(
@@ -15,10 +15,20 @@ impl ResourceService {
         authorizer: &dyn Authorizer,
         request: DeleteRequest,
     ) -> Result<DeleteResponse, Error> {
+        self.refenced(|| self.delete_checked(authorizer, request.clone()))
+            .await
+    }
+
+    /// One delete, every check made once.
+    async fn delete_checked(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: DeleteRequest,
+    ) -> Result<DeleteResponse, Error> {
         let DeleteRequest { id, version } = request;
-        self.learn_type(id.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
         let (id, registration) = self.check_request_id(id, "id")?;
+        let fence = Self::fence(authorizer, &registration, None);
+        let fence = &fence;
         registration.check_write_access_before_existence(authorizer, &id)?;
         let gvk = registration.gvk();
         if (gvk == builtin::NAMESPACE
@@ -76,10 +86,10 @@ impl ResourceService {
                     resource::rfc3339(std::time::SystemTime::now()),
                 );
                 self.backend
-                    .write_cas_as(marked, authorizer.identity())
+                    .write_cas_as(marked, authorizer.identity(), fence)
                     .await?;
             } else {
-                self.delete_with_tombstone(&existing, authorizer.identity())
+                self.delete_with_tombstone(&existing, authorizer.identity(), fence)
                     .await?;
             }
             Ok(DeleteResponse {})
@@ -108,7 +118,10 @@ impl ResourceService {
                     _ => return Ok(()),
                 }
             };
-            Ok(self.delete_with_tombstone(&current, actor).await?)
+            // The end of a change already checked and stored: nothing to fence.
+            Ok(self
+                .delete_with_tombstone(&current, actor, &Fence::default())
+                .await?)
         })
         .await;
         match result {
@@ -129,6 +142,7 @@ impl ResourceService {
         &self,
         existing: &Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<(), StorageError> {
         let existing_id = existing.id.clone().unwrap_or_default();
         let is_tombstone = existing_id
@@ -156,7 +170,7 @@ impl ResourceService {
                     })),
                     ..Default::default()
                 };
-                match self.backend.write_cas_as(tombstone, actor).await {
+                match self.backend.write_cas_as(tombstone, actor, fence).await {
                     // Another delete of the same incarnation wrote it first.
                     Ok(_) | Err(StorageError::CasFailure) | Err(StorageError::WrongUid) => {}
                     Err(error) => return Err(error),
@@ -164,7 +178,7 @@ impl ResourceService {
             }
         }
         self.backend
-            .delete_cas_as(&existing_id, &existing.version, actor)
+            .delete_cas_as(&existing_id, &existing.version, actor, fence)
             .await
     }
 }

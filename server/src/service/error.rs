@@ -73,6 +73,15 @@ pub enum Error {
     /// The resource's registered Type is being deleted.
     #[error("{0}")]
     TypeBeingDeleted(String),
+    /// The request names a type this node does not know: invalid, once the node has caught
+    /// up with the leader (`grpc` asks again after [`super::ResourceService::sync`]).
+    #[error("{0}")]
+    UnknownType(String),
+    /// What the change was checked against (a Type, the ACL state) changed before it could
+    /// be stored; nothing changed. The service checks it again, so a client sees this only
+    /// when that kept failing.
+    #[error("{0}; retry")]
+    Fenced(crate::storage::Fenced),
     /// Only the leader can answer, and another node leads (`NOT_LEADER`, with its id and API
     /// address).
     #[error("{0}")]
@@ -195,6 +204,7 @@ impl Error {
             StorageError::Damaged(why) => Error::Damaged(format!(
                 "{why}; retry shortly or ask another member"
             )),
+            StorageError::Fenced(fenced) => Error::Fenced(fenced),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }
@@ -291,7 +301,7 @@ impl Error {
     pub fn code_and_reason(&self) -> (tonic::Code, Reason) {
         use tonic::Code;
         match self {
-            Error::InvalidArgument(_) | Error::BadRequest(_) => {
+            Error::InvalidArgument(_) | Error::BadRequest(_) | Error::UnknownType(_) => {
                 (Code::InvalidArgument, Reason::Invalid)
             }
             Error::RuleCost(_) => (Code::InvalidArgument, Reason::RuleCost),
@@ -302,6 +312,13 @@ impl Error {
             Error::UidMismatch(_) => (Code::FailedPrecondition, Reason::UidMismatch),
             Error::FailedPrecondition(_) => (Code::FailedPrecondition, Reason::FailedPrecondition),
             Error::TypeBeingDeleted(_) => (Code::FailedPrecondition, Reason::TypeBeingDeleted),
+            Error::Fenced(fenced) => (
+                Code::Aborted,
+                match fenced.kind {
+                    crate::storage::FenceKind::Schema => Reason::SchemaChanged,
+                    crate::storage::FenceKind::Acl => Reason::AclChanged,
+                },
+            ),
             Error::Removed(_) => (Code::FailedPrecondition, Reason::Removed),
             Error::NotLeader(_) => (Code::FailedPrecondition, Reason::NotLeader),
             Error::AlreadyExists(_) => (Code::AlreadyExists, Reason::AlreadyExists),
@@ -386,6 +403,16 @@ mod tests {
             Error::AlreadyExists("x".into()),
             Error::FailedPrecondition("x".into()),
             Error::TypeBeingDeleted("x".into()),
+            Error::Fenced(crate::storage::Fenced {
+                kind: crate::storage::FenceKind::Schema,
+                why: "x".into(),
+                at: 1,
+            }),
+            Error::Fenced(crate::storage::Fenced {
+                kind: crate::storage::FenceKind::Acl,
+                why: "x".into(),
+                at: 1,
+            }),
             Error::NotLeader(NotLeader {
                 node: 2,
                 leader_id: 1,

@@ -151,8 +151,6 @@ impl ResourceService {
         authorizer: &dyn Authorizer,
         request: ReadRequest,
     ) -> Result<(Id, Arc<Registration>, bool), Error> {
-        self.learn_type(request.id.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
         let (id, registration) = self.check_request_id(request.id, "id")?;
         // The ACL check comes before the tenancy check so that tenancy existence does not leak.
         let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
@@ -248,7 +246,6 @@ impl ResourceService {
         request: ListRequest,
         caller: Option<&crate::limits::Admitted>,
     ) -> Result<EncodedList, Error> {
-        self.learn_type(request.r#type.as_ref()).await;
         let query = self.query(
             request.r#type,
             request.tenancy,
@@ -308,8 +305,6 @@ impl ResourceService {
         authorizer: &dyn Authorizer,
         request: ListByOwnerRequest,
     ) -> Result<ListByOwnerResponse, Error> {
-        self.learn_type(request.owner.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
         let mut violations = Violations::default();
         validate::check_id(
             &mut violations,
@@ -405,7 +400,6 @@ impl ResourceService {
         grants: LiveGrants,
         request: WatchListRequest,
     ) -> Result<SharedWatchStream, Error> {
-        self.learn_type(request.r#type.as_ref()).await;
         let authorizer = grants.borrow().clone();
         let since = match request.since_version.as_str() {
             "" => None,

@@ -17,7 +17,7 @@ use crate::registry::Registration;
 use crate::registry::cel::{self, Meter};
 use crate::registry::dynamic::{RuleFailure, Violation};
 use crate::resource::{self, DELETION_TIMESTAMP_KEY, DisplayId, FINALIZERS_KEY};
-use crate::storage::{Consistency, StorageError};
+use crate::storage::{Consistency, Fence, StorageError};
 
 /// What one write attempt came to.
 enum Attempt {
@@ -38,6 +38,8 @@ struct PreparedWrite {
     /// Rules the written data breaks: refused on a create; on an update, unless ratcheting
     /// lets them pass (the stored object broke them too and their field is unchanged).
     violations: Vec<Violation>,
+    /// What the checks were made against (DESIGN §15's fence).
+    fence: Fence,
 }
 
 /// The type's mutate and validate hooks, then a registered type's rules (metered): the units
@@ -77,7 +79,18 @@ impl ResourceService {
         authorizer: &dyn Authorizer,
         request: WriteRequest,
     ) -> Result<WriteResponse, Error> {
-        let prepared = self.prepare_write(authorizer, request.resource).await?;
+        let resource = &request.resource;
+        self.refenced(|| self.write_checked(authorizer, resource.clone()))
+            .await
+    }
+
+    /// One write, every check made once.
+    async fn write_checked(
+        &self,
+        authorizer: &dyn Authorizer,
+        resource: Option<Resource>,
+    ) -> Result<WriteResponse, Error> {
+        let prepared = self.prepare_write(authorizer, resource).await?;
         let blind = prepared.resource.version.is_empty();
         // The first attempt reads the stored resource locally: cheap, and safe because the
         // storage CAS only accepts the write if that read was current. A mismatch seen by this
@@ -130,10 +143,9 @@ impl ResourceService {
         resource: Option<Resource>,
     ) -> Result<PreparedWrite, Error> {
         let mut resource = resource.ok_or_else(|| Error::invalid("resource is required"))?;
-        self.learn_type(resource.id.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
-        self.learn_type(resource.owner.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
+        // Before anything is checked against the registry: a Type that changes later fences
+        // this change off.
+        let types = self.registry.dynamic().revision();
         let size = resource.encoded_len();
         if size > self.max_resource_bytes {
             return Err(Error::invalid(format!(
@@ -242,6 +254,7 @@ impl ResourceService {
             }
             other => other?,
         };
+        let fence = Self::fence(authorizer, &registration, is_type.then_some(types));
         Ok(PreparedWrite {
             resource,
             registration,
@@ -249,6 +262,7 @@ impl ResourceService {
             actor: authorizer.identity().to_owned(),
             rules_used,
             violations,
+            fence,
         })
     }
 
@@ -393,9 +407,13 @@ impl ResourceService {
                 // A Type is replaced only over the version its compatibility was checked against:
                 // two blind updates each compatible with it could merge into one that is not.
                 let written = if blind && !is_type {
-                    self.backend.write_merged_as(input, &prepared.actor).await
+                    self.backend
+                        .write_merged_as(input, &prepared.actor, &prepared.fence)
+                        .await
                 } else {
-                    self.backend.write_cas_as(input, &prepared.actor).await
+                    self.backend
+                        .write_cas_as(input, &prepared.actor, &prepared.fence)
+                        .await
                 };
                 let stored = match written {
                     // Deleted and recreated since the read: a lost race, not the client's uid.
@@ -478,7 +496,11 @@ impl ResourceService {
             input_id.uid = new_ulid();
         }
         input.generation = new_ulid();
-        match self.backend.write_cas_as(input, &prepared.actor).await {
+        match self
+            .backend
+            .write_cas_as(input, &prepared.actor, &prepared.fence)
+            .await
+        {
             // Another writer created it since the read: a lost race.
             Err(StorageError::WrongUid) => Err(Error::CasFailed(format!(
                 "{} was created concurrently",
@@ -545,7 +567,12 @@ impl ResourceService {
                 }
                 match self
                     .backend
-                    .delete_cas_as(&record_id, &record.version, crate::acl::SERVER_IDENTITY)
+                    .delete_cas_as(
+                        &record_id,
+                        &record.version,
+                        crate::acl::SERVER_IDENTITY,
+                        &Fence::default(),
+                    )
                     .await
                 {
                     Ok(()) => tracing::warn!(
@@ -636,7 +663,7 @@ impl ResourceService {
             ..Default::default()
         };
         self.backend
-            .write_cas_as(record, crate::acl::SERVER_IDENTITY)
+            .write_cas_as(record, crate::acl::SERVER_IDENTITY, &Fence::default())
             .await
             .map(drop)
             .map_err(Error::from)
@@ -671,7 +698,12 @@ impl ResourceService {
         };
         match self
             .backend
-            .delete_cas_as(&id, &record.version, crate::acl::SERVER_IDENTITY)
+            .delete_cas_as(
+                &id,
+                &record.version,
+                crate::acl::SERVER_IDENTITY,
+                &Fence::default(),
+            )
             .await
         {
             Ok(()) | Err(StorageError::NotFound | StorageError::CasFailure) => Ok(()),
@@ -696,7 +728,7 @@ impl ResourceService {
         };
         match self
             .backend
-            .write_cas_as(record, crate::acl::SERVER_IDENTITY)
+            .write_cas_as(record, crate::acl::SERVER_IDENTITY, &Fence::default())
             .await
         {
             Ok(stored) => Ok(stored.version),
@@ -712,14 +744,22 @@ impl ResourceService {
         authorizer: &dyn Authorizer,
         request: WriteStatusRequest,
     ) -> Result<WriteStatusResponse, Error> {
+        self.refenced(|| self.write_status_checked(authorizer, request.clone()))
+            .await
+    }
+
+    /// One status write, every check made once.
+    async fn write_status_checked(
+        &self,
+        authorizer: &dyn Authorizer,
+        request: WriteStatusRequest,
+    ) -> Result<WriteStatusResponse, Error> {
         let WriteStatusRequest {
             id,
             version,
             key,
             status,
         } = request;
-        self.learn_type(id.as_ref().and_then(|id| id.r#type.as_ref()))
-            .await;
         let mut violations = Violations::default();
         validate::check_id(
             &mut violations,
@@ -785,8 +825,9 @@ impl ResourceService {
         };
 
         let blind = version.is_empty();
+        let fence = Self::fence(authorizer, &registration, None);
         let (id, registration, key, status) = (&id, &registration, &key, &status);
-        let version = &version;
+        let (version, fence) = (&version, &fence);
         retry_blind(blind, |_| async move {
             let Some(existing) = self.read_stored(id).await? else {
                 return Err(Error::NotFound(format!(
@@ -818,7 +859,7 @@ impl ResourceService {
             updated.status.insert(key.clone(), status);
             let stored = self
                 .backend
-                .write_cas_as(updated, authorizer.identity())
+                .write_cas_as(updated, authorizer.identity(), fence)
                 .await?;
             Ok(WriteStatusResponse {
                 resource: Some(stored),

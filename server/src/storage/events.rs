@@ -451,6 +451,9 @@ pub(crate) struct EventLog {
     ring: Arc<Mutex<Ring>>,
     stamps: Arc<GroupStamps>,
     snapshots: Mutex<SharedSnapshots>,
+    /// What the node decides from, told of each change before watchers are
+    /// ([`super::projection`]).
+    projections: super::projection::Projections,
 }
 
 /// The snapshot events watchers hold, shared: a watcher whose snapshot holds a resource at the
@@ -547,7 +550,24 @@ impl EventLog {
             })),
             stamps: Arc::default(),
             snapshots: Mutex::default(),
+            projections: Default::default(),
         }
+    }
+
+    /// Follows `projection` from now on, reset from `source` (the committed state, read under
+    /// the same lock as this log).
+    pub(crate) fn project(
+        &mut self,
+        projection: Arc<dyn super::Projection>,
+        source: &dyn super::ProjectionSource,
+    ) -> Result<(), StorageError> {
+        self.projections.add(projection, source)
+    }
+
+    /// Whether a change under `key` concerns a projection (applying it may cost: a Type to
+    /// compile).
+    pub(crate) fn projected(&self, group: &str, kind: &str) -> bool {
+        self.projections.concern(group, kind)
     }
 
     /// The per-group stamps publishing moves (readers keep a clone and need no lock).
@@ -563,11 +583,35 @@ impl EventLog {
     }
 
     /// Publishes what one commit collected, in order, waking the watchers it concerns (each at
-    /// most once: a batch of writes is one commit); a reset is at `applied`.
-    pub(crate) fn publish_all(&mut self, items: Vec<Published>, applied: Version) {
+    /// most once: a batch of writes is one commit); a reset is at `applied`. The projections
+    /// are told first (a watcher that acts on a change finds them current), and a reset resets
+    /// them from `source`, the state just committed.
+    pub(crate) fn publish_all(
+        &mut self,
+        items: Vec<Published>,
+        applied: Version,
+        source: &dyn super::ProjectionSource,
+    ) -> Result<(), StorageError> {
         if items.is_empty() {
-            return;
+            return Ok(());
         }
+        let mut reset = false;
+        for item in &items {
+            match item {
+                Published::Change {
+                    key,
+                    event,
+                    version,
+                    ..
+                } => self.projections.changed(key, event, *version),
+                Published::Reset { .. } => reset = true,
+            }
+        }
+        let projected = if reset {
+            self.projections.reset(source)
+        } else {
+            Ok(())
+        };
         {
             let mut ring = lock(&self.ring);
             for item in items {
@@ -588,6 +632,7 @@ impl EventLog {
                 }
             }
         }
+        projected
     }
 
     /// Publishes one change (a backend that commits changes one at a time).
@@ -598,7 +643,8 @@ impl EventLog {
         before: Option<Labels>,
         version: Version,
     ) {
-        self.publish_all(
+        // A change resets nothing: the source is never read.
+        let _ = self.publish_all(
             vec![Published::Change {
                 key,
                 event,
@@ -606,12 +652,19 @@ impl EventLog {
                 version,
             }],
             version,
+            &(),
         );
     }
 
-    /// Ends every watch; resumes from before `version` are no longer possible.
-    pub(crate) fn reset(&mut self, reason: String, version: Version) {
-        self.publish_all(vec![Published::Reset { reason }], version);
+    /// Ends every watch; resumes from before `version` are no longer possible. The projections
+    /// are reset from `source`.
+    pub(crate) fn reset(
+        &mut self,
+        reason: String,
+        version: Version,
+        source: &dyn super::ProjectionSource,
+    ) -> Result<(), StorageError> {
+        self.publish_all(vec![Published::Reset { reason }], version, source)
     }
 
     /// Starts a watch. `snapshot` is what matches now (ignored when resuming); `applied` is the

@@ -10,8 +10,8 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 use super::check::{self, DeleteCheck};
 use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
 use super::{
-    Backend, Consistency, Operation, StorageError, StorageKey, UnversionedType, Version, Watch,
-    WatchEvent, WatchOptions, WriteCondition,
+    Backend, Consistency, Domain, Fence, Operation, Projection, ProjectionSource, StorageError,
+    StorageKey, UnversionedType, Version, Watch, WatchEvent, WatchOptions, WriteCondition,
 };
 use crate::resource;
 
@@ -29,7 +29,47 @@ struct State {
     children: HashMap<String, BTreeSet<StorageKey>>,
     /// Last version handed out; versions are a counter across all writes and deletes.
     version: u64,
+    /// Each domain's last change ([`super::Guard::Domain`]).
+    revisions: HashMap<Domain, Version>,
     events: EventLog,
+}
+
+impl State {
+    /// Refuses a change whose fence no longer holds (it would be at the next version).
+    fn check_fence(&self, fence: &Fence) -> Result<(), StorageError> {
+        super::check_fence(
+            fence,
+            Version::new(self.version + 1),
+            |key| Ok(self.resources.get(key).map(|r| r.version.clone()).unwrap_or_default()),
+            |domain| self.revisions.get(&domain).copied().unwrap_or_default(),
+        )
+    }
+
+    /// Records a change of `key` at `version` in its domain, if it has one.
+    fn changed(&mut self, key: &StorageKey, version: Version) {
+        if let Some(domain) = Domain::of(&key.group, &key.kind) {
+            self.revisions.insert(domain, version);
+        }
+    }
+}
+
+/// The stored state, read by a projection's reset.
+struct Stored<'a> {
+    resources: &'a BTreeMap<StorageKey, Resource>,
+    revisions: &'a HashMap<Domain, Version>,
+}
+
+impl ProjectionSource for Stored<'_> {
+    fn stored(&self, resource_type: &UnversionedType) -> Result<Vec<Resource>, StorageError> {
+        let all = Tenancy {
+            partition: resource::WILDCARD.into(),
+            namespace: resource::WILDCARD.into(),
+        };
+        Ok(matching(self.resources, resource_type, &all, ""))
+    }
+    fn revision(&self, domain: Domain) -> Result<Version, StorageError> {
+        Ok(self.revisions.get(&domain).copied().unwrap_or_default())
+    }
 }
 
 impl Default for InMemBackend {
@@ -52,6 +92,7 @@ impl InMemBackend {
                 resources: BTreeMap::new(),
                 children: HashMap::new(),
                 version: 0,
+                revisions: HashMap::new(),
                 events,
             }),
         }
@@ -71,6 +112,7 @@ impl InMemBackend {
         resource: Resource,
         actor: &str,
         condition: WriteCondition,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
         let id = resource.id.clone().unwrap_or_default();
         if id.uid.is_empty() {
@@ -83,6 +125,7 @@ impl InMemBackend {
         let key = StorageKey::of(&id);
         let mut state = self.lock();
         check::check_write(state.resources.get(&key), &resource, condition)?;
+        state.check_fence(fence)?;
         state.version += 1;
         let version = state.version.to_string();
         let mut stored = resource;
@@ -102,6 +145,7 @@ impl InMemBackend {
                 .insert(key.clone());
         }
         let index = Version::new(state.version);
+        state.changed(&key, index);
         state.events.publish_change(
             key,
             WatchEvent {
@@ -141,24 +185,33 @@ impl Backend for InMemBackend {
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        self.write(resource, actor, WriteCondition::Version)
+        self.write(resource, actor, WriteCondition::Version, fence)
     }
 
     async fn write_merged_as(
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        self.write(resource, actor, WriteCondition::Merged)
+        self.write(resource, actor, WriteCondition::Merged, fence)
     }
 
-    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(
+        &self,
+        id: &Id,
+        version: &str,
+        actor: &str,
+        fence: &Fence,
+    ) -> Result<(), StorageError> {
         let key = StorageKey::of(id);
         let mut state = self.lock();
         if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
             return Ok(());
         }
+        state.check_fence(fence)?;
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());
         };
@@ -169,6 +222,7 @@ impl Backend for InMemBackend {
         state.version += 1;
         let version = state.version.to_string();
         let index = Version::new(state.version);
+        state.changed(&key, index);
         state.events.publish_change(
             key,
             WatchEvent {
@@ -190,7 +244,7 @@ impl Backend for InMemBackend {
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError> {
         let state = self.lock();
-        Ok(matching(&state, resource_type, tenancy, name_prefix))
+        Ok(matching(&state.resources, resource_type, tenancy, name_prefix))
     }
 
     async fn list_encoded(
@@ -204,7 +258,7 @@ impl Backend for InMemBackend {
     ) -> Result<(), StorageError> {
         let state = self.lock();
         let mut encoded = Vec::new();
-        for resource in matching_after(&state, resource_type, tenancy, name_prefix, after) {
+        for resource in matching_after(&state.resources, resource_type, tenancy, name_prefix, after) {
             encoded.clear();
             prost::Message::encode(&resource, &mut encoded)
                 .map_err(|error| StorageError::Internal(format!("encoding a resource: {error}")))?;
@@ -246,7 +300,7 @@ impl Backend for InMemBackend {
     ) -> Result<Watch, StorageError> {
         let state = self.lock();
         let snapshot = match since {
-            None => matching(&state, resource_type, tenancy, name_prefix),
+            None => matching(&state.resources, resource_type, tenancy, name_prefix),
             Some(_) => Vec::new(),
         };
         state.events.watch(
@@ -260,6 +314,22 @@ impl Backend for InMemBackend {
 
     fn group_stamp(&self, group: &str) -> Option<u64> {
         Some(self.stamps.get(group))
+    }
+
+    async fn sync(&self) -> Result<(), StorageError> {
+        // One process: every change is applied when it is acknowledged.
+        Ok(())
+    }
+
+    fn project(&self, projection: Arc<dyn Projection>) -> Result<(), StorageError> {
+        let mut guard = self.lock();
+        let State {
+            resources,
+            revisions,
+            events,
+            ..
+        } = &mut *guard;
+        events.project(projection, &Stored { resources, revisions })
     }
 }
 
@@ -277,17 +347,17 @@ fn remove_child(
 }
 
 fn matching(
-    state: &State,
+    resources: &BTreeMap<StorageKey, Resource>,
     resource_type: &UnversionedType,
     tenancy: &Tenancy,
     name_prefix: &str,
 ) -> Vec<Resource> {
-    matching_after(state, resource_type, tenancy, name_prefix, None)
+    matching_after(resources, resource_type, tenancy, name_prefix, None)
 }
 
 /// [`matching`] after `after` (in key order), when given.
 fn matching_after(
-    state: &State,
+    resources: &BTreeMap<StorageKey, Resource>,
     resource_type: &UnversionedType,
     tenancy: &Tenancy,
     name_prefix: &str,
@@ -304,8 +374,7 @@ fn matching_after(
             name: String::new(),
         }),
     };
-    state
-        .resources
+    resources
         .range((start, Bound::Unbounded))
         .take_while(|(key, _)| key.group == resource_type.group && key.kind == resource_type.kind)
         .filter(|(key, _)| key.matches(resource_type, tenancy, name_prefix))

@@ -9,7 +9,7 @@ use proto::resource::v1::Resource;
 
 use super::proto::{field_len as framed_len, put_field_header as frame};
 use crate::storage::WriteCondition;
-use crate::storage::raft::codec::{delete_cas, request_id_text};
+use crate::storage::raft::codec::{delete_cas, guards_of, request_id_text};
 use crate::storage::raft::op::{Change, Tagged};
 
 /// `Op::Changes` encoded exactly as `codec::command_of` builds and prost encodes it, written straight from the typed
@@ -56,6 +56,7 @@ struct WriteFields<'a> {
     request_id: String,
     actor: &'a String,
     merged: bool,
+    guards: Vec<pb::Guard>,
 }
 
 impl<'a> ChangeFields<'a> {
@@ -66,6 +67,7 @@ impl<'a> ChangeFields<'a> {
                 request_id: request_id_text(tagged.request_id),
                 actor: &tagged.actor,
                 merged: *condition == WriteCondition::Merged,
+                guards: guards_of(&tagged.fence),
             }),
             Change::Delete { id, version } => ChangeFields::Delete(delete_cas(id, version, tagged)),
         }
@@ -109,6 +111,7 @@ impl WriteFields<'_> {
         if self.merged {
             len += bool::encoded_len(4, &self.merged);
         }
+        len += message::encoded_len_repeated(5, &self.guards);
         len
     }
 
@@ -124,6 +127,9 @@ impl WriteFields<'_> {
         }
         if self.merged {
             bool::encode(4, &self.merged, buf);
+        }
+        for guard in &self.guards {
+            message::encode(5, guard, buf);
         }
     }
 }

@@ -457,7 +457,7 @@ fn types_are_bounded_and_claims_are_exclusive() {
 
     // Resolving a registered type is a map lookup; uninstalling removes it.
     assert!(registry.resolve(&invoice_gvk).is_some());
-    types.uninstall("invoice");
+    types.remove("invoice");
     assert!(registry.resolve(&invoice_gvk).is_none());
 }
 
@@ -563,26 +563,23 @@ fn concurrent_claims_resolve_the_same_way_everywhere_and_installs_only_move_forw
                 .install_stored(&stored(name, "5", uid, &invoice));
         }
         assert_eq!(owner_of(&registry).as_deref(), Some("first"), "{order:?}");
-        registry.dynamic().uninstall("second");
+        registry.dynamic().remove("second");
         assert_eq!(owner_of(&registry).as_deref(), Some("first"));
-        registry.dynamic().uninstall("first");
+        registry.dynamic().remove("first");
         assert_eq!(owner_of(&registry), None);
     }
 
+    // A status written on the Type moves the version its writes are fenced on, and compiles
+    // nothing again (the same compiled schema is kept).
     let registry = crate::registry::Registry::builtin().expect("registry");
     let types = registry.dynamic();
-    let newer = |had: &str, stored: &str| stored.parse::<u64>().ok() > had.parse::<u64>().ok();
     types.install_stored(&stored("invoice", "10", "01A", &invoice));
-    types.install_if_newer(&stored("invoice", "9", "01A", &invoice), newer);
-    assert_eq!(types.installed_version("invoice").as_deref(), Some("10"));
-    types.uninstall("invoice");
-    types.install_if_newer(&stored("invoice", "10", "01A", &invoice), newer);
-    assert!(
-        types.installed("invoice").is_none(),
-        "a read from before the removal"
-    );
-    types.install_if_newer(&stored("invoice", "12", "01C", &invoice), newer);
-    assert!(types.installed("invoice").is_some(), "created again since");
+    let before = types.installed("invoice").expect("installed");
+    types.install_stored(&stored("invoice", "12", "01A", &invoice));
+    let after = types.installed("invoice").expect("installed");
+    assert_eq!(after.version, "12");
+    assert!(Arc::ptr_eq(&before.compiled, &after.compiled));
+    assert_eq!(types.revision(), crate::resource::Version::new(12));
 }
 
 /// The invoice's data message, as its Type compiles it.

@@ -40,6 +40,14 @@ impl ReportClock {
     }
 
     /// Forgets a report that is gone.
+    /// Forgets every report but those named in `keys` (the whole state was replaced).
+    pub(crate) fn keep_only(&self, keys: &std::collections::HashSet<String>) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|key, _| keys.contains(key));
+    }
+
     pub(crate) fn forget(&self, key: &str) {
         self.seen
             .lock()

@@ -13,7 +13,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 use super::node::RaftNode;
 use super::op::{self, Change, Request, Tagged};
 use crate::storage::{
-    Backend, Consistency, StorageError, UnversionedType, Watch, WriteCondition, check,
+    Backend, Consistency, Fence, StorageError, UnversionedType, Watch, WriteCondition, check,
 };
 
 /// How long a write waits for this node to apply it before answering (read your writes).
@@ -41,11 +41,13 @@ impl RaftBackend {
         resource: Resource,
         condition: WriteCondition,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
-        let change = Tagged::new(Change::Write(Arc::new(resource), condition), actor);
+        let change =
+            Tagged::new(Change::Write(Arc::new(resource), condition), actor).fenced(fence);
         let stored = op::expect_resource(self.node.submit(Request::Change(change)).await)?;
         // Read your writes on this node: a write forwarded to the leader answers once this
         // node has applied it too (at once on the leader). Best effort, briefly: the write is
@@ -79,19 +81,29 @@ impl Backend for RaftBackend {
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        self.write(resource, WriteCondition::Version, actor).await
+        self.write(resource, WriteCondition::Version, actor, fence)
+            .await
     }
 
     async fn write_merged_as(
         &self,
         resource: Resource,
         actor: &str,
+        fence: &Fence,
     ) -> Result<Resource, StorageError> {
-        self.write(resource, WriteCondition::Merged, actor).await
+        self.write(resource, WriteCondition::Merged, actor, fence)
+            .await
     }
 
-    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(
+        &self,
+        id: &Id,
+        version: &str,
+        actor: &str,
+        fence: &Fence,
+    ) -> Result<(), StorageError> {
         check::check_key(id)?;
         let change = Tagged::new(
             Change::Delete {
@@ -99,8 +111,17 @@ impl Backend for RaftBackend {
                 version: version.into(),
             },
             actor,
-        );
+        )
+        .fenced(fence);
         op::expect_done(self.node.submit(Request::Change(change)).await)
+    }
+
+    async fn sync(&self) -> Result<(), StorageError> {
+        self.node.ready_to_read(Consistency::Strong).await
+    }
+
+    fn project(&self, projection: Arc<dyn crate::storage::Projection>) -> Result<(), StorageError> {
+        self.node.state_machine().project(projection)
     }
 
     async fn list(

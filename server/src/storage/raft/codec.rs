@@ -18,7 +18,10 @@ use proto::resource::v1::Resource;
 use super::op::{
     Applied, Change, ChangeResult, ListQuery, Op, Reply, ReplyResult, Request, RequestId, Tagged,
 };
-use crate::storage::{StorageError, UnversionedType, WriteCondition};
+use crate::storage::{
+    Domain, Fence, FenceKind, Fenced, Guard, StorageError, StorageKey, UnversionedType,
+    WriteCondition,
+};
 
 /// A message from the wire that decodes as protobuf but is not a valid raft value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,7 +80,64 @@ fn write_cas(resource: &Resource, condition: WriteCondition, tagged: &Tagged) ->
         request_id: request_id_text(tagged.request_id),
         actor: tagged.actor.clone(),
         merged: condition == WriteCondition::Merged,
+        guards: guards_of(&tagged.fence),
     }
+}
+
+/// A fence's guards on the wire.
+pub(crate) fn guards_of(fence: &Fence) -> Vec<pb::Guard> {
+    fence
+        .guards
+        .iter()
+        .map(|guard| pb::Guard {
+            guard: Some(match guard {
+                Guard::Resource { key, version } => pb::guard::Guard::Resource(pb::ResourceGuard {
+                    group: key.group.clone(),
+                    kind: key.kind.clone(),
+                    partition: key.partition.clone(),
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    version: version.clone(),
+                }),
+                Guard::Domain { domain, revision } => pb::guard::Guard::Domain(pb::DomainGuard {
+                    domain: domain.name().to_owned(),
+                    index: revision.index,
+                    position: revision.position,
+                }),
+            }),
+        })
+        .collect()
+}
+
+/// Most guards a change may carry (a Type's, a domain or two).
+const MAX_GUARDS: usize = 8;
+
+fn fence_of(guards: Vec<pb::Guard>) -> Result<Fence, CodecError> {
+    if guards.len() > MAX_GUARDS {
+        return Err(shape("change", "more than 8 guards"));
+    }
+    let guards = guards
+        .into_iter()
+        .map(|guard| match guard.guard {
+            Some(pb::guard::Guard::Resource(resource)) => Ok(Guard::Resource {
+                key: StorageKey {
+                    group: resource.group,
+                    kind: resource.kind,
+                    partition: resource.partition,
+                    namespace: resource.namespace,
+                    name: resource.name,
+                },
+                version: resource.version,
+            }),
+            Some(pb::guard::Guard::Domain(domain)) => Ok(Guard::Domain {
+                domain: Domain::from_name(&domain.domain)
+                    .ok_or_else(|| shape("change", "a guard of an unknown domain"))?,
+                revision: crate::storage::Version::at(domain.index, domain.position),
+            }),
+            None => Err(shape("change", "an empty guard")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Fence { guards })
 }
 
 pub(crate) fn delete_cas(
@@ -90,6 +150,7 @@ pub(crate) fn delete_cas(
         version: version.to_owned(),
         request_id: request_id_text(tagged.request_id),
         actor: tagged.actor.clone(),
+        guards: guards_of(&tagged.fence),
     }
 }
 
@@ -165,6 +226,7 @@ fn change_of_write(write: pb::WriteCas) -> Result<Tagged, CodecError> {
         request_id,
         change: Change::Write(std::sync::Arc::new(resource), condition),
         actor: actor_of(write.actor)?,
+        fence: fence_of(write.guards)?,
     })
 }
 
@@ -178,6 +240,7 @@ fn change_of_delete(delete: pb::DeleteCas) -> Result<Tagged, CodecError> {
             version: delete.version,
         },
         actor: actor_of(delete.actor)?,
+        fence: fence_of(delete.guards)?,
     })
 }
 
@@ -343,6 +406,9 @@ pub(crate) fn reply_of(response: pb::ForwardResponse) -> ReplyResult {
 
 /// `StorageFailure.reason` of a change naming a partition or namespace that does not exist.
 const TENANCY_NOT_FOUND: &str = proto::reason::Reason::TenancyNotFound.as_str();
+/// `StorageFailure.reason` of a change fenced off by a token or policy change (else a Type's).
+const ACL_CHANGED: &str = proto::reason::Reason::AclChanged.as_str();
+const SCHEMA_CHANGED: &str = proto::reason::Reason::SchemaChanged.as_str();
 
 pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
     let (code, stored) = match error {
@@ -364,6 +430,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         // an earlier build reads SHUTTING_DOWN as a storage failure, final); read either way.
         StorageError::ShuttingDown(_) => (Code::Inconsistent, None),
         StorageError::Damaged(_) => (Code::Damaged, None),
+        StorageError::Fenced(_) => (Code::Fenced, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };
     let message = match error {
@@ -378,14 +445,21 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::Internal(why) => why.clone(),
         StorageError::CatchingUp(progress) => progress.why.clone(),
         StorageError::Removed(removal) => removal.why.clone(),
+        StorageError::Fenced(fenced) => fenced.why.clone(),
         other => other.to_string(),
     };
     let (applied, target) = match error {
         StorageError::CatchingUp(progress) => (progress.applied, progress.target),
+        StorageError::Fenced(fenced) => (Some(fenced.at), None),
         _ => (None, None),
     };
     let reason = match error {
         StorageError::MissingTenancy(_) => TENANCY_NOT_FOUND.to_owned(),
+        StorageError::Fenced(Fenced {
+            kind: FenceKind::Acl,
+            ..
+        }) => ACL_CHANGED.to_owned(),
+        StorageError::Fenced(_) => SCHEMA_CHANGED.to_owned(),
         _ => String::new(),
     };
     pb::StorageFailure {
@@ -422,6 +496,15 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::Removed => StorageError::Removed(failure.message.into()),
         Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),
+        Code::Fenced => StorageError::Fenced(Fenced {
+            kind: if failure.reason == ACL_CHANGED {
+                FenceKind::Acl
+            } else {
+                FenceKind::Schema
+            },
+            why: failure.message,
+            at: failure.applied.unwrap_or_default(),
+        }),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }
 }

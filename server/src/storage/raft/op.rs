@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use proto::resource::v1::{Id, Resource, Tenancy};
 
-use crate::storage::{StorageError, UnversionedType, WriteCondition};
+use crate::storage::{Fence, StorageError, UnversionedType, WriteCondition};
 
 /// One resource change, checked against the stored resource when it is applied.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,13 +64,15 @@ impl Default for RequestId {
     }
 }
 
-/// A change, the request it belongs to (none for entries written before request ids) and who
-/// made it (empty for entries written before actors).
+/// A change, the request it belongs to (none for entries written before request ids), who
+/// made it (empty for entries written before actors) and what it was checked against (empty
+/// for entries written before fences).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tagged {
     pub request_id: Option<RequestId>,
     pub change: Change,
     pub actor: String,
+    pub fence: Fence,
 }
 
 impl Tagged {
@@ -80,7 +82,14 @@ impl Tagged {
             request_id: Some(RequestId::new()),
             change,
             actor: actor.to_owned(),
+            fence: Fence::default(),
         }
+    }
+
+    /// The same change, checked against `fence`.
+    pub fn fenced(mut self, fence: &Fence) -> Self {
+        self.fence = fence.clone();
+        self
     }
 
     /// A change of a new request, made by a test.

@@ -306,6 +306,26 @@ pub(crate) const META_WAL: &str = "wal";
 pub(crate) const META_LAST_APPLIED: &str = "last_applied";
 pub(crate) const META_MEMBERSHIP: &str = "membership";
 pub(crate) const META_RESTORE_ID: &str = "restore_id";
+/// Each fenced domain's last change (`revision/types`, `revision/acl`): the index and position
+/// of the version, big-endian (DESIGN §15's fence).
+pub(crate) fn meta_revision(domain: crate::storage::Domain) -> String {
+    format!("revision/{}", domain.name())
+}
+
+/// A domain's revision as the meta database holds it.
+pub(crate) fn encode_revision(version: crate::storage::Version) -> [u8; 12] {
+    let mut bytes = [0u8; 12];
+    bytes[..8].copy_from_slice(&version.index.to_be_bytes());
+    bytes[8..].copy_from_slice(&version.position.to_be_bytes());
+    bytes
+}
+
+/// [`encode_revision`] read back; `None` for bytes of another length.
+pub(crate) fn decode_revision(bytes: &[u8]) -> Option<crate::storage::Version> {
+    let index = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+    let position = u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?);
+    (bytes.len() == 12).then_some(crate::storage::Version::at(index, position))
+}
 
 pub(crate) type LmdbEnv = Env<WithoutTls>;
 

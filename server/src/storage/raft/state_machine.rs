@@ -476,6 +476,23 @@ impl SmShared {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Err(entries),
         };
+        // A change a projection follows may cost (a Type to compile): never on an async thread.
+        let projected = entries.iter().any(|entry| match &entry.payload {
+            EntryPayload::Normal(command) => match command.op() {
+                Op::Changes(batch) => batch.iter().any(|tagged| {
+                    tagged
+                        .change
+                        .id()
+                        .and_then(|id| id.r#type.as_ref())
+                        .is_some_and(|t| log.projected(&t.group, &t.kind))
+                }),
+                _ => true,
+            },
+            _ => false,
+        });
+        if projected {
+            return Err(entries);
+        }
         Ok(self.apply_locked(entries, log))
     }
 
@@ -531,13 +548,29 @@ impl SmShared {
         }
         self.cadence.applied(written, resources);
         lock(&self.kind_counts).applied(&published);
-        log.publish_all(published, Version::new(last.index));
+        if let Err(error) = log.publish_all(published, Version::new(last.index), &Source(&sm)) {
+            // The projections could not be read back from what was just committed: what the
+            // node decides from would be wrong, so it serves nothing more and rebuilds.
+            self.found_damage_saying(format!(
+                "the state just applied could not be read back for the registry and the ACLs: {error}"
+            ));
+        }
         if let Some(metrics) = self.metrics.get() {
             metrics
                 .apply
                 .record(started.elapsed().as_secs_f64(), writes);
         }
         Ok(results)
+    }
+
+    /// Follows `projection` from now on ([`crate::storage::Backend::project`]).
+    pub fn project(
+        &self,
+        projection: Arc<dyn crate::storage::Projection>,
+    ) -> Result<(), StorageError> {
+        let mut log = lock(&self.events);
+        let sm = self.current();
+        log.project(projection, &Source(&sm))
     }
 
     // Local (eventually consistent) reads.
@@ -683,6 +716,25 @@ impl SmShared {
             Version::new(current),
             since,
         )
+    }
+}
+
+/// The committed state of an environment, read by a projection's reset.
+struct Source<'a>(&'a SmEnv);
+
+impl crate::storage::ProjectionSource for Source<'_> {
+    fn stored(&self, resource_type: &UnversionedType) -> Result<Vec<Resource>, StorageError> {
+        let rtxn = self.0.env.read_txn().map_err(storage_internal)?;
+        let all = Tenancy {
+            partition: resource::WILDCARD.into(),
+            namespace: resource::WILDCARD.into(),
+        };
+        scan(self.0, &rtxn, resource_type, &all, "").map_err(storage_internal)
+    }
+
+    fn revision(&self, domain: crate::storage::Domain) -> Result<Version, StorageError> {
+        let rtxn = self.0.env.read_txn().map_err(storage_internal)?;
+        apply::revision(&self.0.dbs, &rtxn, domain).map_err(storage_internal)
     }
 }
 

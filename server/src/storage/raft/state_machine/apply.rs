@@ -24,7 +24,9 @@ use super::super::sealed;
 use super::{get_meta, get_sealed, put_meta};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
-use crate::storage::{Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition};
+use crate::storage::{
+    Domain, Fence, Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition,
+};
 
 type Txn<'t> = heed::RwTxn<'t>;
 
@@ -83,15 +85,16 @@ fn apply_once(
         request_id,
         change,
         actor,
+        fence,
     } = tagged;
     let Some(request_id) = request_id else {
-        return apply_change(dbs, wtxn, version, change, &actor, published);
+        return apply_change(dbs, wtxn, version, change, &actor, &fence, published);
     };
     let key = request_id.to_bytes();
     if let Some(remembered) = get_sealed(dbs.requests, wtxn, &key)? {
         return Ok(codec::remembered_result(remembered, &change));
     }
-    let result = apply_change(dbs, wtxn, version, change, &actor, published)?;
+    let result = apply_change(dbs, wtxn, version, change, &actor, &fence, published)?;
     remember(dbs, wtxn, version, request_id, &result)?;
     Ok(result)
 }
@@ -216,25 +219,117 @@ fn read_stored(
     })
 }
 
+/// The version stored under `key` ("" when nothing is), read for a fence's guard.
+fn stored_version(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    key: &StorageKey,
+) -> Result<Result<String, StorageError>, heed::Error> {
+    let Some(bytes) = get_sealed(dbs.resources, wtxn, &schema::resource_key(key))? else {
+        return Ok(Ok(String::new()));
+    };
+    Ok(crate::wire::proto::IdAndVersion::decode(bytes)
+        .map(|head| head.version)
+        .map_err(|error| {
+            StorageError::Internal(format!(
+                "the stored record of {}/{} {:?} does not decode: {error}",
+                key.group, key.kind, key.name
+            ))
+        }))
+}
+
+/// A domain's last change as the state records it (none yet: version 0).
+pub(super) fn revision(
+    dbs: &SmDbs,
+    txn: &heed::RoTxn<'_, heed::WithoutTls>,
+    domain: Domain,
+) -> Result<Version, heed::Error> {
+    Ok(get_meta(dbs, txn, &schema::meta_revision(domain))?
+        .and_then(schema::decode_revision)
+        .unwrap_or_default())
+}
+
+/// Refuses a change whose fence no longer holds ([`crate::storage::check_fence`]).
+fn check_fence(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    fence: &Fence,
+    at: Version,
+) -> Result<Result<(), StorageError>, heed::Error> {
+    if fence.is_empty() {
+        return Ok(Ok(()));
+    }
+    // Reads that fail on the environment (not on data) stop apply, as everywhere here.
+    let mut failed = None;
+    let mut revisions = [Version::default(); Domain::ALL.len()];
+    for (slot, domain) in revisions.iter_mut().zip(Domain::ALL) {
+        *slot = revision(dbs, wtxn, domain)?;
+    }
+    let checked = crate::storage::check_fence(
+        fence,
+        at,
+        |key| match stored_version(dbs, wtxn, key) {
+            Ok(found) => found,
+            Err(error) => {
+                failed = Some(error);
+                Ok(String::new())
+            }
+        },
+        |domain| {
+            Domain::ALL
+                .iter()
+                .position(|d| *d == domain)
+                .map(|i| revisions[i])
+                .unwrap_or_default()
+        },
+    );
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(checked),
+    }
+}
+
+/// Records a change of `key` at `version` as its domain's last, if it has one.
+fn record_revision(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    key: &StorageKey,
+    version: Version,
+) -> Result<(), heed::Error> {
+    match Domain::of(&key.group, &key.kind) {
+        Some(domain) => put_meta(
+            dbs,
+            wtxn,
+            &schema::meta_revision(domain),
+            &schema::encode_revision(version),
+        ),
+        None => Ok(()),
+    }
+}
+
 fn apply_change(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
     version: Version,
     change: Change,
     actor: &str,
+    fence: &Fence,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     match change {
         Change::Write(resource, condition) => {
             // The log's cache of recent entries still holds this change: a copy, once.
             let resource = std::sync::Arc::unwrap_or_clone(resource);
-            write(dbs, wtxn, version, resource, condition, actor, published)
+            write(dbs, wtxn, version, resource, condition, actor, fence, published)
         }
         Change::Delete {
             id,
             version: expected,
         } => {
             if let Err(refused) = check::check_key(&id) {
+                return Ok(Err(refused));
+            }
+            if let Err(refused) = check_fence(dbs, wtxn, fence, version)? {
                 return Ok(Err(refused));
             }
             let storage_key = StorageKey::of(&id);
@@ -256,6 +351,7 @@ fn apply_change(
                 dbs.owners
                     .delete(wtxn, &schema::owner_key(owner, &storage_key))?;
             }
+            record_revision(dbs, wtxn, &storage_key, version)?;
             published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
@@ -271,6 +367,7 @@ fn apply_change(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
@@ -278,11 +375,15 @@ fn write(
     mut resource: Resource,
     condition: WriteCondition,
     actor: &str,
+    fence: &Fence,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     // Sizes are the proposer's business (limits are configuration, and apply must not depend
     // on it); names and keys are not.
     if let Err(refused) = check::check_storable(&resource, usize::MAX) {
+        return Ok(Err(refused));
+    }
+    if let Err(refused) = check_fence(dbs, wtxn, fence, version)? {
         return Ok(Err(refused));
     }
     let storage_key = StorageKey::of(resource.id.as_ref().unwrap_or(&Default::default()));
@@ -302,6 +403,7 @@ fn write(
             .delete(wtxn, &schema::owner_key(previous_owner, &storage_key))?;
     }
     store(dbs, wtxn, &key, Some(&storage_key), &resource)?;
+    record_revision(dbs, wtxn, &storage_key, version)?;
     published.push(Published::Change {
         key: storage_key,
         event: WatchEvent {
@@ -405,6 +507,15 @@ fn commit_restore(
     }
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
+    // Every Type and token is new: whatever was checked against the old ones is refused.
+    for domain in Domain::ALL {
+        put_meta(
+            dbs,
+            wtxn,
+            &schema::meta_revision(domain),
+            &schema::encode_revision(version),
+        )?;
+    }
     published.push(Published::Reset {
         reason: "the cluster state was restored from a snapshot; list again and start a new watch"
             .into(),

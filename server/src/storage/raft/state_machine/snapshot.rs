@@ -260,17 +260,25 @@ impl SmShared {
 
         {
             let mut log = lock(&self.events);
-            *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(SmEnv {
+            let installed = Arc::new(SmEnv {
                 env,
                 dbs,
                 generation,
                 file: std::sync::OnceLock::new(),
             });
+            *self.current.write().unwrap_or_else(|p| p.into_inner()) = installed.clone();
             lock(&self.kind_counts).forget();
-            log.reset(
+            // The projections follow the installed state in the same step: no request is
+            // checked against the state this node had before.
+            if let Err(error) = log.reset(
                 "this server installed a snapshot of the whole state; list again and start a new watch".into(),
                 Version::new(meta.last_log_id.map(|l| l.index).unwrap_or(0)),
-            );
+                &super::Source(&installed),
+            ) {
+                self.found_damage_saying(format!(
+                    "the snapshot just installed could not be read for the registry and the ACLs: {error}"
+                ));
+            }
         }
         write_current(&self.data_dir, generation).map_err(snapshot_error)?;
         let _ = std::fs::remove_dir_all(schema::sm_generation_dir(&self.data_dir, old.generation));
