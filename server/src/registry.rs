@@ -596,16 +596,6 @@ impl DynamicTypes {
         Ok(())
     }
 
-    /// The version of the Type `name` this node installed.
-    #[cfg(test)]
-    pub(crate) fn installed_version(&self, name: &str) -> Option<String> {
-        self.read()
-            .by_name
-            .get(name)
-            .and_then(|installed| installed.registration.registered.as_ref())
-            .map(|registered| registered.version.clone())
-    }
-
     /// Installs a stored Type outside apply (a registry made to check a snapshot's records,
     /// tests), at its own version.
     pub(crate) fn install_stored(&self, stored: &Resource) {

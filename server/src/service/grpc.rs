@@ -1,6 +1,7 @@
 //! gRPC handlers: turn request metadata into a caller (authorizer, consistency), call
 //! [`ResourceService`], and map errors through the one `Error → Status` conversion.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use proto::resource::v1::{
@@ -61,7 +62,6 @@ impl ResourceGrpc {
         &self,
         request: Request<ListRequest>,
     ) -> Result<Response<super::read::EncodedList>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
         let caller = request
@@ -70,12 +70,15 @@ impl ResourceGrpc {
             .cloned();
         let list = crate::storage::deadline::scope(
             deadline,
-            self.service.list_encoded_for(
-                authorizer.as_ref(),
-                consistency,
-                request.into_inner(),
-                caller.as_ref(),
-            ),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                let caller = caller.clone();
+                async move {
+                    self.service
+                        .list_encoded_for(authorizer.as_ref(), consistency, body, caller.as_ref())
+                        .await
+                }
+            }),
         )
         .await?;
         let mut response = Response::new(list);
@@ -101,7 +104,6 @@ impl ResourceGrpc {
         &self,
         request: Request<ReadRequest>,
     ) -> Result<Response<super::encoded::EncodedRead>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
         let caller = request
@@ -110,8 +112,14 @@ impl ResourceGrpc {
             .cloned();
         let resource = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .read_encoded(authorizer.as_ref(), consistency, request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .read_encoded(authorizer.as_ref(), consistency, body)
+                        .await
+                }
+            }),
         )
         .await?;
         let mut response = Response::new(super::encoded::EncodedRead(resource));
@@ -148,10 +156,23 @@ impl ResourceGrpc {
             .transpose()
             .map_err(|refused| Error::from(refused).into_status())?;
         let (grants, live) = tokio::sync::watch::channel(authorizer);
-        let events: SharedWatchStream = crate::storage::deadline::scope(
-            deadline,
-            self.service.watch_list_shared(live, request.into_inner()),
-        )
+        // A type this node does not know yet may be registered by a Type it has not applied:
+        // looked for again once caught up.
+        let events: SharedWatchStream = crate::storage::deadline::scope(deadline, async {
+            match self
+                .service
+                .watch_list_shared(live.clone(), request.get_ref().clone())
+                .await
+            {
+                Err(Error::UnknownType(_)) => {
+                    self.service.sync().await?;
+                    self.service
+                        .watch_list_shared(live, request.into_inner())
+                        .await
+                }
+                other => other,
+            }
+        })
         .await?;
         let events = match self.tokens.changes() {
             Some(changes) => {
@@ -179,6 +200,37 @@ impl ResourceGrpc {
 
     fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
         resolve(self.tokens.as_ref(), request).map_err(Status::from)
+    }
+
+    /// Runs `call` as the request's caller. A change fenced off because a token or policy
+    /// changed after the caller was authorized (DESIGN §15: `ACL_CHANGED`), and a type this
+    /// node did not know (registered by a Type it has not applied yet), are tried again once
+    /// this node has caught up with the leader — with the token resolved again, so a deleted
+    /// or narrowed token is judged as it is now.
+    async fn as_caller<T, R, F, Fut>(&self, request: &Request<T>, mut call: F) -> Result<R, Error>
+    where
+        F: FnMut(Arc<dyn Authorizer>) -> Fut,
+        Fut: Future<Output = Result<R, Error>>,
+    {
+        let token = token_of(request)?;
+        let mut synced = false;
+        let mut attempts = 0;
+        loop {
+            let authorizer = self.tokens.resolve(token.as_deref()).map_err(Error::from)?;
+            attempts += 1;
+            match call(authorizer).await {
+                Err(Error::Fenced(fenced))
+                    if fenced.kind == crate::storage::FenceKind::Acl
+                        && attempts < super::FENCED_ATTEMPTS =>
+                {
+                    tracing::debug!(why = %fenced, "a change was authorized under ACLs that changed; authorizing it again");
+                }
+                Err(Error::UnknownType(_)) if !synced => {}
+                other => return other,
+            }
+            self.service.sync().await?;
+            synced = true;
+        }
     }
 }
 
@@ -313,13 +365,18 @@ fn consistency<T>(request: &Request<T>) -> Result<Consistency, Status> {
 #[tonic::async_trait]
 impl resource_service_server::ResourceService for ResourceGrpc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .read(authorizer.as_ref(), consistency, request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .read(authorizer.as_ref(), consistency, body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
@@ -329,12 +386,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .write(authorizer.as_ref(), request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .write(authorizer.as_ref(), body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
@@ -344,25 +406,35 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteStatusRequest>,
     ) -> Result<Response<WriteStatusResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .write_status(authorizer.as_ref(), request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .write_status(authorizer.as_ref(), body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .list(authorizer.as_ref(), consistency, request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .list(authorizer.as_ref(), consistency, body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
@@ -372,12 +444,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<ListByOwnerRequest>,
     ) -> Result<Response<ListByOwnerResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .list_by_owner(authorizer.as_ref(), request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .list_by_owner(authorizer.as_ref(), body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
@@ -387,12 +464,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .delete(authorizer.as_ref(), request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .delete(authorizer.as_ref(), body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))
@@ -419,12 +501,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<MutateAndValidateRequest>,
     ) -> Result<Response<MutateAndValidateResponse>, Status> {
-        let authorizer = self.authorizer(&request)?;
         let deadline = deadline(&request)?;
         let response = crate::storage::deadline::scope(
             deadline,
-            self.service
-                .mutate_and_validate(authorizer.as_ref(), request.into_inner()),
+            self.as_caller(&request, |authorizer| {
+                let body = request.get_ref().clone();
+                async move {
+                    self.service
+                        .mutate_and_validate(authorizer.as_ref(), body)
+                        .await
+                }
+            }),
         )
         .await?;
         Ok(Response::new(response))

@@ -368,23 +368,31 @@ impl Backend for LosingBackend {
         &self,
         resource: Resource,
         actor: &str,
+        fence: &crate::storage::Fence,
     ) -> Result<Resource, StorageError> {
         self.count_write()?;
-        self.inner.write_cas_as(resource, actor).await
+        self.inner.write_cas_as(resource, actor, fence).await
     }
     async fn write_merged_as(
         &self,
         resource: Resource,
         actor: &str,
+        fence: &crate::storage::Fence,
     ) -> Result<Resource, StorageError> {
         self.count_write()?;
-        self.inner.write_merged_as(resource, actor).await
+        self.inner.write_merged_as(resource, actor, fence).await
     }
-    async fn delete_cas_as(&self, id: &Id, version: &str, actor: &str) -> Result<(), StorageError> {
+    async fn delete_cas_as(
+        &self,
+        id: &Id,
+        version: &str,
+        actor: &str,
+        fence: &crate::storage::Fence,
+    ) -> Result<(), StorageError> {
         if self.lose() {
             return Err(StorageError::CasFailure);
         }
-        self.inner.delete_cas_as(id, version, actor).await
+        self.inner.delete_cas_as(id, version, actor, fence).await
     }
     async fn list(
         &self,
@@ -434,5 +442,14 @@ impl Backend for LosingBackend {
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.inner.group_stamp(group)
+    }
+    async fn sync(&self) -> Result<(), StorageError> {
+        self.inner.sync().await
+    }
+    fn project(
+        &self,
+        projection: Arc<dyn crate::storage::Projection>,
+    ) -> Result<(), StorageError> {
+        self.inner.project(projection)
     }
 }

@@ -472,9 +472,9 @@ pub(crate) async fn a_merged_write_lands_over_a_later_version_until_a_status_cha
     one.metadata.insert("writer".into(), "one".into());
     let mut two = first.clone();
     two.metadata.insert("writer".into(), "two".into());
-    let one = backend.write_merged_as(one, "").await.expect("first merge");
+    let one = backend.write_merged_as(one, "", &Default::default()).await.expect("first merge");
     let two = backend
-        .write_merged_as(two, "")
+        .write_merged_as(two, "", &Default::default())
         .await
         .expect("second merge over the first one's version");
     assert_ne!(two.version, one.version);
@@ -493,7 +493,7 @@ pub(crate) async fn a_merged_write_lands_over_a_later_version_until_a_status_cha
         .insert("reconciled".into(), Default::default());
     let with_status = backend.write_cas(with_status).await.expect("status");
     let error = backend
-        .write_merged_as(two.clone(), "")
+        .write_merged_as(two.clone(), "", &Default::default())
         .await
         .expect_err("merged from before the status");
     assert!(matches!(error, StorageError::CasFailure), "{error:?}");

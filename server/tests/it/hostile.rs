@@ -64,6 +64,7 @@ async fn forward_write_as(
                 request_id: request_id.to_owned(),
                 actor: "hostile-test".into(),
                 merged: false,
+                guards: Vec::new(),
             })),
         })
         .await

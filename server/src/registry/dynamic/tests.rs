@@ -579,7 +579,7 @@ fn concurrent_claims_resolve_the_same_way_everywhere_and_installs_only_move_forw
     let after = types.installed("invoice").expect("installed");
     assert_eq!(after.version, "12");
     assert!(Arc::ptr_eq(&before.compiled, &after.compiled));
-    assert_eq!(types.revision(), crate::resource::Version::new(12));
+    assert_eq!(types.revision(), resource::Version::new(12));
 }
 
 /// The invoice's data message, as its Type compiles it.

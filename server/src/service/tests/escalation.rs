@@ -3,7 +3,7 @@
 //! and WriteStatus — creating tokens, creating or rewriting policies, changing which policies a
 //! token names (its own included), deleting policies — no token ends up with access, on any
 //! resource, to cluster operations, to ACL management or to joining, above what it had before
-//! and above what the writer held. The token store is the real one, fed from what is stored.
+//! and above what the writer held. The token store is the real one, a projection of what is stored.
 
 use proto::acl::v1 as pb;
 
@@ -72,40 +72,6 @@ fn reach(authorizer: &dyn Authorizer, ids: &[Id]) -> Reach {
     }
 }
 
-/// The store, fed with everything stored now (as the agent's watch does).
-async fn refresh(h: &Harness, store: &TokenStore) {
-    let all = Tenancy::default();
-    let decode = |r: &Resource| r.data.clone().expect("data");
-    let policies = h
-        .list("acl.v1.Policy", all.clone(), "")
-        .await
-        .expect("policies")
-        .iter()
-        .map(|r| {
-            let name = r.id.as_ref().expect("id").name.clone();
-            (
-                name,
-                <pb::Policy as prost::Message>::decode(decode(r).value.as_slice()).expect("policy"),
-            )
-        })
-        .collect();
-    let tokens = h
-        .list("acl.v1.Token", all, "")
-        .await
-        .expect("tokens")
-        .iter()
-        .map(|r| {
-            let name = r.id.as_ref().expect("id").name.clone();
-            (
-                name,
-                <pb::Token as prost::Message>::decode(decode(r).value.as_slice()).expect("token"),
-            )
-        })
-        .collect();
-    store.replace_policies(policies);
-    store.replace_tokens(tokens);
-}
-
 #[tokio::test]
 async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
     let ids = universe();
@@ -118,7 +84,11 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
             Access::Write
         };
         let h = harness().await;
-        let store = TokenStore::new(default);
+        // The real store, following what is stored as every node's does (a projection).
+        let store = Arc::new(TokenStore::new(default));
+        h.service
+            .project(Arc::new(crate::service::projections::Acl(store.clone())))
+            .expect("the store follows the stored tokens");
         // Three policies; tokens "a" and "b" naming some of them; the writer "w" naming one or
         // two and always holding acl write (else every attempt is refused, vacuously).
         let names: Vec<String> = (0..3).map(|n| format!("p{n}")).collect();
@@ -181,7 +151,6 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
         for (name, secret, policies) in &tokens {
             h.write(token(name, secret, policies)).await.expect("token");
         }
-        refresh(&h, &store).await;
         let writer = store.resolve(Some(&tokens[0].1)).expect("writer");
         let writer_reach = reach(writer.as_ref(), &ids);
         let before: Vec<Option<Reach>> = tokens
@@ -232,7 +201,6 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
                         .await
                     {
                         Ok(_) => {
-                            refresh(&h, &store).await;
                             h.write_as(writer.as_ref(), token("new", &new_secret, &[name]))
                                 .await
                                 .map(drop)
@@ -276,7 +244,6 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
                 ) => refused += 1,
                 Err(other) => panic!("case {case}: unexpected {other:?}"),
             }
-            refresh(&h, &store).await;
         }
 
         let everyone = tokens

@@ -265,23 +265,26 @@ impl crate::storage::Backend for Member {
         &self,
         resource: proto::resource::v1::Resource,
         actor: &str,
+        fence: &crate::storage::Fence,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        self.backend().write_cas_as(resource, actor).await
+        self.backend().write_cas_as(resource, actor, fence).await
     }
     async fn write_merged_as(
         &self,
         resource: proto::resource::v1::Resource,
         actor: &str,
+        fence: &crate::storage::Fence,
     ) -> Result<proto::resource::v1::Resource, crate::storage::StorageError> {
-        self.backend().write_merged_as(resource, actor).await
+        self.backend().write_merged_as(resource, actor, fence).await
     }
     async fn delete_cas_as(
         &self,
         id: &proto::resource::v1::Id,
         version: &str,
         actor: &str,
+        fence: &crate::storage::Fence,
     ) -> Result<(), crate::storage::StorageError> {
-        self.backend().delete_cas_as(id, version, actor).await
+        self.backend().delete_cas_as(id, version, actor, fence).await
     }
     async fn list(
         &self,
@@ -334,6 +337,15 @@ impl crate::storage::Backend for Member {
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.backend().group_stamp(group)
+    }
+    async fn sync(&self) -> Result<(), crate::storage::StorageError> {
+        self.backend().sync().await
+    }
+    fn project(
+        &self,
+        projection: Arc<dyn crate::storage::Projection>,
+    ) -> Result<(), crate::storage::StorageError> {
+        self.backend().project(projection)
     }
 }
 
@@ -575,7 +587,7 @@ async fn concurrent_merged_writes_from_one_read_all_land() {
         let cluster = member.cluster.clone();
         writers.spawn(async move {
             storage(&cluster.nodes[n % 3])
-                .write_merged_as(write, "")
+                .write_merged_as(write, "", &Default::default())
                 .await
         });
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::storage::conformance::Fixture;
+use crate::storage::Version;
 
 fn artist(name: &str) -> Resource {
     Fixture::new().artist(name)
@@ -15,6 +16,26 @@ fn artist(name: &str) -> Resource {
 
 fn id(name: &str) -> Id {
     artist(name).id.expect("fixture id")
+}
+
+/// A fence of every kind of guard.
+fn fence() -> Fence {
+    Fence {
+        guards: vec![
+            Guard::Resource {
+                key: StorageKey::of(&id("invoice")),
+                version: "41".into(),
+            },
+            Guard::Domain {
+                domain: Domain::Types,
+                revision: Version::at(40, 2),
+            },
+            Guard::Domain {
+                domain: Domain::Acl,
+                revision: Version::new(7),
+            },
+        ],
+    }
 }
 
 fn tagged(change: Change) -> Tagged {
@@ -41,7 +62,13 @@ fn every_op_round_trips_through_the_log_encoding() {
                     version: "9.1".into(),
                 },
                 actor: String::new(),
+                fence: Default::default(),
             },
+            tagged(Change::Delete {
+                id: id("c"),
+                version: "10".into(),
+            })
+            .fenced(&fence()),
         ]),
         Op::RestoreBegin {
             restore_id: "r1".into(),
@@ -77,11 +104,17 @@ fn changes_are_encoded_byte_for_byte_as_their_protobuf_messages() {
         request_id: None,
         change,
         actor: String::new(),
+        fence: Default::default(),
     };
     let ops = [
         Op::Changes(Vec::new()),
         Op::Changes(vec![write(&big, WriteCondition::Version)]),
         Op::Changes(vec![write(&big, WriteCondition::Merged)]),
+        Op::Changes(vec![write(&big, WriteCondition::Version).fenced(&fence())]),
+        Op::Changes(vec![
+            write(&big, WriteCondition::Merged).fenced(&fence()),
+            tagged(delete.clone()).fenced(&fence()),
+        ]),
         Op::Changes(vec![anonymous(Change::Write(
             Arc::new(artist("a")),
             WriteCondition::Version,
@@ -119,6 +152,32 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 request_id: String::new(),
                 actor: String::new(),
                 merged: true,
+                guards: Vec::new(),
+            })),
+        },
+        // A guard of a domain this build does not know, and an empty one.
+        pb::Command {
+            command: Some(pb::command::Command::WriteCas(pb::WriteCas {
+                resource: Some(artist("a")),
+                request_id: String::new(),
+                actor: String::new(),
+                merged: false,
+                guards: vec![pb::Guard {
+                    guard: Some(pb::guard::Guard::Domain(pb::DomainGuard {
+                        domain: "weather".into(),
+                        index: 1,
+                        position: 0,
+                    })),
+                }],
+            })),
+        },
+        pb::Command {
+            command: Some(pb::command::Command::DeleteCas(pb::DeleteCas {
+                id: Some(id("a")),
+                version: "1".into(),
+                request_id: String::new(),
+                actor: String::new(),
+                guards: vec![pb::Guard { guard: None }],
             })),
         },
         pb::Command {
@@ -127,6 +186,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 version: "1".into(),
                 request_id: String::new(),
                 actor: String::new(),
+                guards: Vec::new(),
             })),
         },
         pb::Command {
@@ -258,6 +318,7 @@ fn a_request_id_that_is_not_a_ulid_is_malformed() {
             request_id: "not-a-ulid".into(),
             actor: String::new(),
             merged: false,
+            guards: Vec::new(),
         })),
     };
     assert!(matches!(
@@ -323,6 +384,7 @@ fn change_entries_keep_their_bytes() {
         request_id,
         change: Change::Write(Arc::new(resource), WriteCondition::Merged),
         actor: "alice".into(),
+        fence: Default::default(),
     };
     let delete = Tagged {
         request_id: None,
@@ -331,6 +393,7 @@ fn change_entries_keep_their_bytes() {
             version: "7".into(),
         },
         actor: String::new(),
+        fence: Default::default(),
     };
     let hex = |bytes: Vec<u8>| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let one = hex(encode_op(&Op::Changes(vec![write.clone()])));
