@@ -4,9 +4,10 @@
 //! A [`Registry`] has two parts. The built-in part is made once at startup
 //! ([`Registry::builtin`]); registration errors there are programming errors, surfacing at
 //! startup and in tests. The dynamic part holds the types teams register at runtime as
-//! `registry.v1.Type` resources (DESIGN §15, [`dynamic`]): it follows the stored Types (the
-//! agent's feed, and a read of them when a request names a type this node does not know yet),
-//! and is read on the request path by cloning one `Arc` under a lock held for no await.
+//! `registry.v1.Type` resources (DESIGN §15, [`dynamic`]): a projection of the stored Types,
+//! changed in apply at each Type's raft index (`service::projections::Types`), and read on the
+//! request path by cloning one `Arc` under a lock held for no await. Each registered type keeps
+//! the version of the Type it was installed from: what a change checked against it is fenced on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -465,13 +466,19 @@ impl DynamicTypes {
     /// Applies `change` to a copy of the state and publishes the copy, if `change` says it
     /// changed something (what is published, cached per state, is then made again).
     fn update(&self, change: impl FnOnce(&mut DynamicState) -> bool) {
+        self.update_with(false, change);
+    }
+
+    /// [`Self::update`]; with `same_schemas` (only versions moved: a status written on a
+    /// Type), what is published is kept rather than made again.
+    fn update_with(&self, same_schemas: bool, change: impl FnOnce(&mut DynamicState) -> bool) {
         let mut guard = self.state.write().unwrap_or_else(|p| p.into_inner());
         let mut next = DynamicState {
             by_key: guard.by_key.clone(),
             by_name: guard.by_name.clone(),
             revision: guard.revision,
-            published_set: std::sync::OnceLock::new(),
-            published_pool: std::sync::OnceLock::new(),
+            published_set: kept(same_schemas, &guard.published_set),
+            published_pool: kept(same_schemas, &guard.published_pool),
         };
         if change(&mut next) {
             *guard = Arc::new(next);
@@ -629,6 +636,7 @@ impl DynamicTypes {
             .and_then(|i| i.registration.registered.as_ref())
             .filter(|r| r.deleting == deleting)
             .map(|r| r.compiled.clone());
+        let recompiled = same.is_none();
         let compiled = match same {
             Some(compiled) => compiled,
             None => {
@@ -660,7 +668,7 @@ impl DynamicTypes {
             compiled,
             deleting,
         }));
-        self.update(|state| {
+        self.update_with(!recompiled, |state| {
             state.revision = state.revision.max(revision);
             let previous = state.by_name.insert(
                 name.to_owned(),
@@ -725,6 +733,14 @@ impl DynamicTypes {
             state.revision = revision;
             true
         });
+    }
+}
+
+/// What a published cache keeps across an update: its value when `same_schemas`.
+fn kept<T: Clone>(same_schemas: bool, lock: &std::sync::OnceLock<T>) -> std::sync::OnceLock<T> {
+    match (same_schemas, lock.get()) {
+        (true, Some(value)) => std::sync::OnceLock::from(value.clone()),
+        _ => std::sync::OnceLock::new(),
     }
 }
 

@@ -1,6 +1,8 @@
 //! The token cache every node keeps (DESIGN §12.3): the stored `acl.v1.Policy` and
-//! `acl.v1.Token` resources, indexed by secret hash, kept current by a watch (the agent feeds
-//! it) and answering each request's token without touching storage. A change ticks
+//! `acl.v1.Token` resources, indexed by secret hash, a projection of what the node applied
+//! (`service::projections::Acl`: changed in apply, at each change's raft index) answering each
+//! request's token without touching storage. An authorizer keeps the revision of the tokens and
+//! policies it was made from: what a change it authorizes is fenced on. A change ticks
 //! [`TokenResolver::changes`], so open watches re-check their token and end when it was deleted
 //! or has expired.
 

@@ -68,18 +68,19 @@ impl ResourceGrpc {
             .extensions()
             .get::<crate::limits::Admitted>()
             .cloned();
-        let list = crate::storage::deadline::scope(
-            deadline,
+        let list = crate::storage::deadline::scope(deadline, async {
+            let answer_at = self.read_after_sync(consistency).await?;
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
                 let caller = caller.clone();
                 async move {
                     self.service
-                        .list_encoded_for(authorizer.as_ref(), consistency, body, caller.as_ref())
+                        .list_encoded_for(authorizer.as_ref(), answer_at, body, caller.as_ref())
                         .await
                 }
-            }),
-        )
+            })
+            .await
+        })
         .await?;
         let mut response = Response::new(list);
         self.mark_stale(consistency, response.metadata_mut());
@@ -110,17 +111,18 @@ impl ResourceGrpc {
             .extensions()
             .get::<crate::limits::Admitted>()
             .cloned();
-        let resource = crate::storage::deadline::scope(
-            deadline,
+        let resource = crate::storage::deadline::scope(deadline, async {
+            let answer_at = self.read_after_sync(consistency).await?;
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
                 async move {
                     self.service
-                        .read_encoded(authorizer.as_ref(), consistency, body)
+                        .read_encoded(authorizer.as_ref(), answer_at, body)
                         .await
                 }
-            }),
-        )
+            })
+            .await
+        })
         .await?;
         let mut response = Response::new(super::encoded::EncodedRead(resource));
         self.mark_stale(consistency, response.metadata_mut());
@@ -202,11 +204,28 @@ impl ResourceGrpc {
         resolve(self.tokens.as_ref(), request).map_err(Status::from)
     }
 
-    /// Runs `call` as the request's caller. A change fenced off because a token or policy
-    /// changed after the caller was authorized (DESIGN §15: `ACL_CHANGED`), and a type this
-    /// node did not know (registered by a Type it has not applied yet), are tried again once
-    /// this node has caught up with the leader — with the token resolved again, so a deleted
-    /// or narrowed token is judged as it is now.
+    /// How a read at `consistency` is answered once its caller is authorized: a strong read
+    /// is authorized at or after its read index (DESIGN §15) — this node catches up with the
+    /// leader first, then resolves the token and answers from what it has applied, which
+    /// already reflects every write acknowledged before the request (so one read index serves
+    /// both, as before).
+    async fn read_after_sync(&self, consistency: Consistency) -> Result<Consistency, Error> {
+        match consistency {
+            Consistency::Strong => {
+                self.service.sync().await?;
+                Ok(Consistency::Eventual)
+            }
+            Consistency::Eventual => Ok(Consistency::Eventual),
+        }
+    }
+
+    /// Runs `call` as the request's caller, so that what this node decides follows the log
+    /// (DESIGN §15): a change fenced off because a token or policy changed after its caller
+    /// was authorized (`ACL_CHANGED`) is authorized again; and a refusal made from what this
+    /// node had applied — a type it does not know, a rule, a token it does not know, a grant
+    /// it lacks — is made again once it has caught up with the leader, so what was
+    /// acknowledged anywhere (a Type, a relaxed rule, a token, a policy) holds here too. The
+    /// token is resolved again each time: a deleted or narrowed token is judged as it is now.
     async fn as_caller<T, R, F, Fut>(&self, request: &Request<T>, mut call: F) -> Result<R, Error>
     where
         F: FnMut(Arc<dyn Authorizer>) -> Fut,
@@ -216,21 +235,42 @@ impl ResourceGrpc {
         let mut synced = false;
         let mut attempts = 0;
         loop {
-            let authorizer = self.tokens.resolve(token.as_deref()).map_err(Error::from)?;
             attempts += 1;
-            match call(authorizer).await {
+            let outcome = match self.tokens.resolve(token.as_deref()).map_err(Error::from) {
+                Ok(authorizer) => call(authorizer).await,
+                Err(refused) => Err(refused),
+            };
+            match outcome {
                 Err(Error::Fenced(fenced))
                     if fenced.kind == crate::storage::FenceKind::Acl
                         && attempts < super::FENCED_ATTEMPTS =>
                 {
                     tracing::debug!(why = %fenced, "a change was authorized under ACLs that changed; authorizing it again");
                 }
-                Err(Error::UnknownType(_)) if !synced => {}
+                Err(refusal) if !synced && may_be_stale(&refusal, token.is_some()) => {
+                    tracing::trace!(%refusal, "refused from what this node applied; catching up to decide again");
+                }
                 other => return other,
             }
             self.service.sync().await?;
             synced = true;
         }
+    }
+}
+
+/// Whether `refusal` was decided from this node's projections (its registry, its ACLs), which
+/// may lag what the cluster acknowledged: worth deciding again once caught up. A request
+/// without a token is refused whatever the node has applied.
+fn may_be_stale(refusal: &Error, has_token: bool) -> bool {
+    match refusal {
+        Error::Unauthenticated(_) => has_token,
+        Error::UnknownType(_)
+        | Error::InvalidArgument(_)
+        | Error::BadRequest(_)
+        | Error::RuleCost(_)
+        | Error::TypeBeingDeleted(_)
+        | Error::PermissionDenied(_) => true,
+        _ => false,
     }
 }
 
@@ -367,17 +407,18 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
+        let response = crate::storage::deadline::scope(deadline, async {
+            let answer_at = self.read_after_sync(consistency).await?;
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
                 async move {
                     self.service
-                        .read(authorizer.as_ref(), consistency, body)
+                        .read(authorizer.as_ref(), answer_at, body)
                         .await
                 }
-            }),
-        )
+            })
+            .await
+        })
         .await?;
         Ok(Response::new(response))
     }
@@ -425,17 +466,18 @@ impl resource_service_server::ResourceService for ResourceGrpc {
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let consistency = consistency(&request)?;
         let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
+        let response = crate::storage::deadline::scope(deadline, async {
+            let answer_at = self.read_after_sync(consistency).await?;
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
                 async move {
                     self.service
-                        .list(authorizer.as_ref(), consistency, body)
+                        .list(authorizer.as_ref(), answer_at, body)
                         .await
                 }
-            }),
-        )
+            })
+            .await
+        })
         .await?;
         Ok(Response::new(response))
     }

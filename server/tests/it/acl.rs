@@ -133,8 +133,9 @@ pub(crate) fn token(name: &str, secret: &str, policies: &[&str], expires_at: &st
 }
 
 /// Writes `resource` as `token`. A token written with a secret is waited for until the node
-/// resolves it (its token cache follows storage through a watch, a moment behind the write), so
-/// the next request can use it.
+/// resolves it (its token store is a projection of what it applied, and a write answers once the
+/// node that took it applied it — within a bounded wait under load), so the next request can use
+/// it.
 pub(crate) async fn write_as(
     channel: &Channel,
     token: &str,

@@ -9,6 +9,7 @@ mod crash;
 mod dev;
 mod disk;
 mod exhaustion;
+mod fence;
 mod hostile;
 mod membership;
 mod mtls;

@@ -59,8 +59,8 @@ impl ReportClock {
     fn stale(&self, key: &str, version: &str, stale_after: Duration) -> bool {
         let now = Instant::now();
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        // The feed owns the clock ([`ReportClock::saw`]); a report it has not seen yet (just
-        // written, or the feed restarting) starts counting now.
+        // The projection owns the clock ([`ReportClock::saw`], in apply); a report it has not
+        // seen yet starts counting now.
         let entry = seen
             .entry(key.to_owned())
             .or_insert_with(|| (version.to_owned(), now));
