@@ -248,7 +248,13 @@ impl ResourceGrpc {
                     tracing::debug!(why = %fenced, "a change was authorized under ACLs that changed; authorizing it again");
                 }
                 Err(refusal) if !synced && may_be_stale(&refusal, token.is_some()) => {
-                    tracing::trace!(%refusal, "refused from what this node applied; catching up to decide again");
+                    // Decided again once caught up; without a leader to catch up with, the
+                    // refusal stands as this node decided it.
+                    if self.service.sync().await.is_err() {
+                        return Err(refusal);
+                    }
+                    synced = true;
+                    continue;
                 }
                 other => return other,
             }

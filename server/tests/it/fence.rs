@@ -13,6 +13,24 @@ use crate::process::Cluster;
 use crate::support::{restore, save_snapshot};
 use crate::types::{INVOICE_PROTO, invoice, invoice_type_resource, read, type_of, write};
 
+/// Hands the cluster's leadership to another voter (through `node`), waiting for it.
+async fn change_leader(node: &crate::process::Resd, token: Option<&str>) {
+    let mut request = tonic::Request::new(proto::cluster::v1::TransferLeaderRequest {
+        to_node_id: 0,
+        campaign: false,
+    });
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert(proto::TOKEN_HEADER, token.parse().expect("metadata"));
+    }
+    node.cluster()
+        .await
+        .transfer_leader(request)
+        .await
+        .expect("the leadership moves");
+}
+
 /// Rounds of each race (more with `RESD_FENCE_ROUNDS`).
 fn rounds(default: usize) -> usize {
     std::env::var("RESD_FENCE_ROUNDS")
@@ -121,6 +139,10 @@ async fn no_write_is_stored_under_a_rule_replaced_before_it_was_acknowledged() {
 
     let mut changes = Vec::new();
     for round in 0..rounds(50) {
+        if round % 10 == 5 {
+            // A leader change in the middle of the race.
+            change_leader(&cluster.nodes[round % 3], None).await;
+        }
         let strict = round % 2 == 0;
         let by = &cluster.nodes[round % 3];
         let at = set_strict(by, strict).await;
@@ -175,18 +197,66 @@ async fn no_write_is_stored_under_a_rule_replaced_before_it_was_acknowledged() {
     );
 }
 
+/// Writers of invoices on every node, until `stop`: the version of each invoice stored.
+fn invoice_writers(
+    channels: Vec<tonic::transport::Channel>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    prefix: String,
+) -> tokio::task::JoinSet<Vec<(u64, u32)>> {
+    let mut writers = tokio::task::JoinSet::new();
+    for (index, channel) in channels.into_iter().enumerate() {
+        let (stop, prefix) = (stop.clone(), prefix.clone());
+        writers.spawn(async move {
+            let mut client =
+                proto::resource::v1::resource_service_client::ResourceServiceClient::new(channel);
+            let mut stored = Vec::new();
+            for n in 0..100_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(reply) = client
+                    .write(proto::resource::v1::WriteRequest {
+                        resource: Some(invoice(&format!("{prefix}-{index}-{n}"), 10)),
+                    })
+                    .await
+                {
+                    stored.push(version(&reply.into_inner().resource.expect("resource").version));
+                }
+            }
+            stored
+        });
+    }
+    writers
+}
+
 /// Once a Type's deletion is acknowledged (the Type marked: its resources are being deleted),
-/// no node accepts a new resource of it. Before the fence, 3–7 of 16 writes were accepted.
+/// no node accepts a new resource of it: neither writers racing the deletion on every node nor
+/// writes sent right after its acknowledgement. Before the fence, 3–7 of 16 writes were
+/// accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_type_whose_deletion_is_acknowledged_takes_no_new_resource_on_any_node() {
+    use proto::resource::v1::resource_service_client::ResourceServiceClient;
     let cluster = Cluster::start(3, &[]).await;
     for round in 0..rounds(3) {
         write(&cluster.nodes[0], invoice_type_resource(INVOICE_PROTO))
             .await
             .expect("the Type");
-        write(&cluster.nodes[1], invoice(&format!("kept-{round}"), 10))
+        let mut types = ResourceServiceClient::new(cluster.nodes[0].channel().await)
+            .watch_list(proto::resource::v1::WatchListRequest {
+                r#type: Some(type_of("registry", "v1", "Type")),
+                tenancy: Some(Tenancy::default()),
+                ..Default::default()
+            })
             .await
-            .expect("an invoice");
+            .expect("a watch of the Types")
+            .into_inner();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut channels = Vec::new();
+        for node in &cluster.nodes {
+            channels.push(node.channel().await);
+        }
+        let writers = invoice_writers(channels, stop.clone(), format!("race-{round}"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
         cluster.nodes[round % 3]
             .resources()
             .await
@@ -196,16 +266,52 @@ async fn a_type_whose_deletion_is_acknowledged_takes_no_new_resource_on_any_node
             })
             .await
             .expect("the Type's deletion");
-        let mut accepted = Vec::new();
+        // Right after the acknowledgement, on every node at once.
+        let mut probes = tokio::task::JoinSet::new();
         for n in 0..16 {
-            let node = &cluster.nodes[n % 3];
-            if let Ok(stored) = write(node, invoice(&format!("late-{round}-{n}"), 10)).await {
-                accepted.push(stored.version);
-            }
+            let channel = cluster.nodes[n % 3].channel().await;
+            probes.spawn(async move {
+                ResourceServiceClient::new(channel)
+                    .write(proto::resource::v1::WriteRequest {
+                        resource: Some(invoice(&format!("late-{round}-{n}"), 10)),
+                    })
+                    .await
+                    .ok()
+                    .and_then(|reply| reply.into_inner().resource)
+                    .map(|stored| stored.version)
+            });
         }
+        let accepted: Vec<String> = probes.join_all().await.into_iter().flatten().collect();
         assert!(
             accepted.is_empty(),
             "round {round}: stored after the deletion was acknowledged: {accepted:?}"
+        );
+        // The version the Type was marked at, from the watch.
+        let marked_at = loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), types.message())
+                .await
+                .expect("the mark is watched")
+                .expect("the watch")
+                .expect("an event");
+            if let Some(proto::resource::v1::watch_event::Event::Upsert(upsert)) = &event.event
+                && upsert.resource.as_ref().is_some_and(|r| {
+                    r.metadata.contains_key(proto::meta::DELETION_TIMESTAMP_KEY)
+                })
+            {
+                break version(&event.version);
+            }
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let late: Vec<_> = writers
+            .join_all()
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|at| *at > marked_at)
+            .collect();
+        assert!(
+            late.is_empty(),
+            "round {round}: invoices stored after the Type was marked at {marked_at:?}: {late:?}"
         );
         // The deletion completes (its resources first) before the next round registers it
         // again.
@@ -284,6 +390,10 @@ async fn after_a_restore_no_node_accepts_a_type_the_snapshot_lacks() {
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if round == 1 {
+            // A leader change while the writers race toward the restore.
+            change_leader(&cluster.nodes[0], None).await;
+        }
         restore(&cluster.nodes[round % 3], &without)
             .await
             .expect("the restore");
@@ -389,6 +499,10 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if round % 2 == 1 {
+            // A leader change while the token's requests are in flight.
+            change_leader(&cluster.nodes[round % 3], Some(&management)).await;
+        }
         // The deletion's version, from a watch of the tokens opened before it.
         let mut tokens = ResourceServiceClient::new(channel.clone())
             .watch_list(with_token(
@@ -451,4 +565,54 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
             );
         }
     }
+}
+
+/// A node that was down through a restore comes back to a state without the invoice Type (by
+/// a raft snapshot, or the log): its registry still held the Type, and must not accept an
+/// invoice for a moment while it catches up — it serves nothing until it has applied the
+/// leader's state, and then the Type is gone with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_back_after_a_restore_forgets_the_types_the_state_lost() {
+    let mut cluster = Cluster::start(3, &["--snapshot-every", "20"]).await;
+    let without = save_snapshot(&cluster.nodes[0]).await;
+    write(&cluster.nodes[0], invoice_type_resource(INVOICE_PROTO))
+        .await
+        .expect("the Type");
+    write(&cluster.nodes[2], invoice("before", 10))
+        .await
+        .expect("node 3 holds the Type");
+    cluster.nodes[2].terminate();
+    restore(&cluster.nodes[0], &without)
+        .await
+        .expect("the restore, with two of three");
+    // The log moves well past the restore (snapshots are due every 20 writes).
+    for n in 0..100 {
+        write(&cluster.nodes[n % 2], crate::acl::artist_in("default", &format!("after-{n}")))
+            .await
+            .expect("a write");
+    }
+    cluster.nodes[2].restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut probes = 0;
+    loop {
+        probes += 1;
+        match write(&cluster.nodes[2], invoice(&format!("late-{probes}"), 10)).await {
+            Ok(stored) => panic!(
+                "node 3 stored an invoice at {} after the restore removed its Type (probe {probes})",
+                stored.version
+            ),
+            Err(status) if status.code() == Code::InvalidArgument => break,
+            Err(status) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "node 3 did not come back: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    assert!(
+        read(&cluster.nodes[2], crate::types::invoice_id("before")).await.is_err(),
+        "the invoice the restore removed is gone on node 3 too"
+    );
 }
