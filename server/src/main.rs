@@ -329,6 +329,14 @@ fn main() -> ExitCode {
     }
     if is_agent || matches!(cli.command, Command::Dev(_)) {
         raise_descriptor_limit();
+        // Memory freed on a thread that then idles (the blocking pool's, where a Type's schema
+        // compiles in apply) is returned to the system on jemalloc's decay schedule by its
+        // background threads, not only when that thread's arena is used again.
+        if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
+            eprintln!(
+                "resd: jemalloc's background threads are off ({error}); freed memory is returned more slowly"
+            );
+        }
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));

@@ -50,9 +50,11 @@ impl Scope {
 }
 
 /// Validate hook: every violation in one message, naming the field (`resource.data.name is required`).
-pub(crate) type ValidateHook = Arc<dyn Fn(&Resource) -> Result<(), String> + Send + Sync>;
+pub(crate) type ValidateHook =
+    Arc<dyn Fn(&Resource) -> Result<(), resource::Invalid> + Send + Sync>;
 /// Mutate hook: fills defaults into the resource before validation.
-pub(crate) type MutateHook = Arc<dyn Fn(&mut Resource) -> Result<(), String> + Send + Sync>;
+pub(crate) type MutateHook =
+    Arc<dyn Fn(&mut Resource) -> Result<(), resource::Invalid> + Send + Sync>;
 /// References hook: the ids a resource names that must exist, with the field naming each.
 pub(crate) type ReferencesHook = Arc<dyn Fn(&Resource) -> Vec<(String, Id)> + Send + Sync>;
 /// Read ACL hook. Gets the stored resource only after it answered [`AclError::NeedResource`].
@@ -213,7 +215,10 @@ impl Registration {
                 let Some(data) = resource.data.as_mut() else {
                     return Ok(());
                 };
-                if let Some(with_defaults) = defaults.apply_defaults(&data.value)? {
+                if let Some(with_defaults) = defaults
+                    .apply_defaults(&data.value)
+                    .map_err(|why| resource::Invalid::at("resource.data", why))?
+                {
                     data.value = with_defaults;
                 }
                 Ok(())
@@ -236,7 +241,7 @@ impl Registration {
 
     pub(crate) fn with_validate(
         mut self,
-        hook: impl Fn(&Resource) -> Result<(), String> + Send + Sync + 'static,
+        hook: impl Fn(&Resource) -> Result<(), resource::Invalid> + Send + Sync + 'static,
     ) -> Self {
         self.validate = Some(Arc::new(hook));
         self
@@ -244,7 +249,7 @@ impl Registration {
 
     pub(crate) fn with_mutate(
         mut self,
-        hook: impl Fn(&mut Resource) -> Result<(), String> + Send + Sync + 'static,
+        hook: impl Fn(&mut Resource) -> Result<(), resource::Invalid> + Send + Sync + 'static,
     ) -> Self {
         self.mutate = Some(Arc::new(hook));
         self

@@ -268,3 +268,75 @@ impl std::str::FromStr for Version {
         })
     }
 }
+
+/// One thing wrong with a request or a resource (Kubernetes' `field.Error`): the field's path
+/// (`resource.data.amount_cents`) and the words for people, which name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldViolation {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldViolation {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A violation whose message starts with the field's path (`resource.data.x is required`,
+    /// `resource.data.x: …`), the form the checks below the service word theirs in.
+    pub fn named(message: impl Into<String>) -> Self {
+        let message = message.into();
+        let field = message
+            .split([' ', ':'])
+            .next()
+            .filter(|path| path.starts_with("resource.") || path.starts_with("data."))
+            .unwrap_or_default()
+            .to_owned();
+        FieldViolation { field, message }
+    }
+}
+
+/// Everything wrong with a resource (Kubernetes' `field.ErrorList`): a refusal as data, from a
+/// hook or a rule through storage and `Forward`, made into a `google.rpc.BadRequest` once, at
+/// the service's edge (`service::error`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Invalid(pub Vec<FieldViolation>);
+
+impl Invalid {
+    /// One violation of `field`.
+    pub fn at(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid(vec![FieldViolation::new(field, message)])
+    }
+
+    /// Problems worded with their field first, several joined by `; ` (what the checks of a
+    /// Type's schema report).
+    pub fn named(problems: &str) -> Self {
+        Invalid(problems.split("; ").map(FieldViolation::named).collect())
+    }
+
+    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldViolation::new(field, message));
+    }
+
+    /// `Ok` when nothing is wrong.
+    pub fn into_result(self) -> Result<(), Invalid> {
+        if self.0.is_empty() { Ok(()) } else { Err(self) }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, violation) in self.0.iter().enumerate() {
+            if n > 0 {
+                f.write_str("; ")?;
+            }
+            f.write_str(&violation.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Invalid {}

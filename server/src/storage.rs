@@ -180,7 +180,10 @@ pub fn check_fence(
                     at: at.index,
                 })
             }
-            Guard::Domain { domain, revision: checked } => {
+            Guard::Domain {
+                domain,
+                revision: checked,
+            } => {
                 let now = revision(*domain);
                 (now > *checked).then(|| Fenced {
                     kind: domain.fenced(),
@@ -302,6 +305,10 @@ pub enum StorageError {
     /// nothing more from it and restarts to rebuild it. Another member can answer.
     #[error("{0}")]
     Damaged(String),
+    /// What is wrong with the change, field by field (a peer's checks of a forwarded change);
+    /// nothing changed.
+    #[error("{0}")]
+    Invalid(crate::resource::Invalid),
     /// What the change was checked against changed before it could apply ([`Fence`]);
     /// nothing changed. The service checks it again.
     #[error("{0}")]

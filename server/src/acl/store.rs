@@ -546,12 +546,19 @@ impl TokenStore {
         version: crate::resource::Version,
     ) {
         let Some(id) = &stored.id else { return };
-        let kind = id.r#type.as_ref().map(|t| t.kind.as_str()).unwrap_or_default();
+        let kind = id
+            .r#type
+            .as_ref()
+            .map(|t| t.kind.as_str())
+            .unwrap_or_default();
         let name = id.name.clone();
         self.update(|index| {
             index.revision = index.revision.max(version);
             match kind {
-                "Policy" => match upsert.then(|| decode_stored::<pb::Policy>(stored)).flatten() {
+                "Policy" => match upsert
+                    .then(|| decode_stored::<pb::Policy>(stored))
+                    .flatten()
+                {
                     Some(policy) => {
                         index.policies.insert(name, policy);
                     }

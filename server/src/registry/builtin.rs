@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::{Acls, Registration, Registry, RegistryError, Scope, decode_data};
 use crate::acl::{self, Access, AclError, Authorizer};
-use crate::resource;
+use crate::resource::{self, Invalid};
 
 pub(crate) const TOMBSTONE: &str = "internal.v1.Tombstone";
 /// The record that ACLs were bootstrapped (one, named [`ACL_BOOTSTRAP_NAME`]).
@@ -164,9 +164,9 @@ pub(crate) fn has_control(text: &str) -> bool {
 
 /// A report's shape (DESIGN §16): names without control characters, an interval within
 /// 1–300 seconds (0: the default).
-fn validate_replica(resource: &Resource) -> Result<(), String> {
-    let report: proto::coordination::v1::Replica = decode_data(resource)?;
-    let mut problems = Vec::new();
+fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
+    let report: proto::coordination::v1::Replica = data_of(resource)?;
+    let mut problems = Invalid::default();
     let mut named = vec![
         ("controller", report.controller.as_str()),
         ("identity", report.identity.as_str()),
@@ -180,33 +180,50 @@ fn validate_replica(resource: &Resource) -> Result<(), String> {
             .map(|f| ("finalizers[]", f.as_str())),
     );
     for (field, value) in named {
+        let path = format!("resource.data.{}", field.trim_end_matches("[]"));
         if has_control(value) {
-            problems.push(format!(
-                "resource.data.{field} {:?} holds control characters",
-                value.escape_default().to_string()
-            ));
+            problems.push(
+                &path,
+                format!(
+                    "resource.data.{field} {:?} holds control characters",
+                    value.escape_default().to_string()
+                ),
+            );
         }
         if value.len() > 253 {
-            problems.push(format!(
-                "resource.data.{field} is {} bytes long; at most 253",
-                value.len()
-            ));
+            problems.push(
+                &path,
+                format!(
+                    "resource.data.{field} is {} bytes long; at most 253",
+                    value.len()
+                ),
+            );
         }
     }
     if report.controller.is_empty() {
-        problems.push("resource.data.controller is required".into());
+        problems.push(
+            "resource.data.controller",
+            "resource.data.controller is required",
+        );
     }
     if report.report_every_seconds > MAX_REPORT_EVERY_SECONDS {
-        problems.push(format!(
-            "resource.data.report_every_seconds is {}; a replica reports at least every {MAX_REPORT_EVERY_SECONDS} seconds (0 means every 10)",
-            report.report_every_seconds
-        ));
+        problems.push(
+            "resource.data.report_every_seconds",
+            format!(
+                "resource.data.report_every_seconds is {}; a replica reports at least every {MAX_REPORT_EVERY_SECONDS} seconds (0 means every 10)",
+                report.report_every_seconds
+            ),
+        );
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
+    problems.into_result()
+}
+
+/// A resource's data as `M`, or what is wrong with it (as the field `resource.data`).
+fn data_of<M>(resource: &Resource) -> Result<M, Invalid>
+where
+    M: prost::Message + Default + prost::Name,
+{
+    decode_data(resource).map_err(|why| Invalid::at("resource.data", why))
 }
 
 /// A report is a claim checked by the server (DESIGN §16): it may name only a controller of a
@@ -292,9 +309,10 @@ fn type_acls() -> Acls {
 
 /// Compiles a Type's `.proto` source in the request handler (before proposing), storing the
 /// descriptor set beside it: every node then loads the same compiled schema.
-fn compile_type(resource: &mut Resource) -> Result<(), String> {
-    let written: registry_v1::Type = decode_data(resource)?;
-    let compiled = super::dynamic::compile(&written).map_err(|why| in_resource(&why))?;
+fn compile_type(resource: &mut Resource) -> Result<(), Invalid> {
+    let written: registry_v1::Type = data_of(resource)?;
+    let compiled =
+        super::dynamic::compile(&written).map_err(|why| Invalid::named(&in_resource(&why)))?;
     resource.data = Some(proto::to_any(&compiled));
     Ok(())
 }
@@ -310,8 +328,8 @@ fn in_resource(problems: &str) -> String {
 
 /// A Type may claim its group.version.Kind (not built in, not another Type's, within
 /// `--max-types`), and an update of one stays compatible with what it replaces.
-fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(), String> {
-    let t: registry_v1::Type = decode_data(resource)?;
+fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(), Invalid> {
+    let t: registry_v1::Type = data_of(resource)?;
     let name = resource
         .id
         .as_ref()
@@ -320,18 +338,19 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
     let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
     types
         .check_claim(name, &resource_type)
-        .map_err(|why| format!("resource.{why}"))?;
-    let compiled = super::dynamic::CompiledType::load(&t).map_err(|why| in_resource(&why))?;
+        .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
+    let compiled =
+        super::dynamic::CompiledType::load(&t).map_err(|why| Invalid::named(&in_resource(&why)))?;
     if let Some(installed) = types.installed(name) {
         super::dynamic::check_update(&installed.compiled, &compiled)
-            .map_err(|why| format!("resource.data: {why}"))?;
+            .map_err(|why| Invalid::at("resource.data", format!("resource.data: {why}")))?;
     }
     types
         .check_symbols(name, &compiled)
-        .map_err(|why| format!("resource.{why}"))?;
+        .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
     types
         .check_schema_bytes(name, compiled.descriptor_set.len())
-        .map_err(|why| format!("resource.{why}"))?;
+        .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
     Ok(())
 }
 
@@ -389,31 +408,28 @@ fn demo_acls(read_needs_data: bool) -> Acls {
     }
 }
 
-fn validate_artist_v2(resource: &Resource) -> Result<(), String> {
-    let artist: demo_v2::Artist = decode_data(resource)?;
-    let mut violations = Vec::new();
+fn validate_artist_v2(resource: &Resource) -> Result<(), Invalid> {
+    let artist: demo_v2::Artist = data_of(resource)?;
+    let mut violations = Invalid::default();
     if artist.name.is_empty() {
-        violations.push("resource.data.name is required".to_owned());
+        violations.push("resource.data.name", "resource.data.name is required");
     }
     for (member, role) in &artist.group_members {
         if member.is_empty() {
-            violations.push(format!(
-                "resource.data.group_members has an empty member name (role {role:?})"
-            ));
+            violations.push(
+                "resource.data.group_members",
+                format!("resource.data.group_members has an empty member name (role {role:?})"),
+            );
         }
     }
-    if violations.is_empty() {
-        Ok(())
-    } else {
-        Err(violations.join("; "))
-    }
+    violations.into_result()
 }
 
-fn mutate_artist_v2(resource: &mut Resource) -> Result<(), String> {
+fn mutate_artist_v2(resource: &mut Resource) -> Result<(), Invalid> {
     let Some(data) = &resource.data else {
         return Ok(());
     };
-    let mut artist: demo_v2::Artist = decode_data(resource)?;
+    let mut artist: demo_v2::Artist = data_of(resource)?;
     if artist.genre == demo_v2::Genre::Unspecified as i32 {
         artist.genre = demo_v2::Genre::Disco as i32;
         resource.data = Some(prost_types::Any {
@@ -424,28 +440,30 @@ fn mutate_artist_v2(resource: &mut Resource) -> Result<(), String> {
     Ok(())
 }
 
-fn validate_policy(resource: &Resource) -> Result<(), String> {
-    let policy: acl_v1::Policy = decode_data(resource)?;
+fn validate_policy(resource: &Resource) -> Result<(), Invalid> {
+    let policy: acl_v1::Policy = data_of(resource)?;
     let name = resource
         .id
         .as_ref()
         .map(|id| id.name.as_str())
         .unwrap_or_default();
     if name == acl::MANAGEMENT_POLICY {
-        return Err(format!(
-            "resource.id.name: {name} is built in and cannot be written"
+        return Err(Invalid::at(
+            "resource.id.name",
+            format!("resource.id.name: {name} is built in and cannot be written"),
         ));
     }
-    acl::check_policy(&policy).map_err(|why| format!("resource.{why}"))
+    acl::check_policy(&policy).map_err(|why| Invalid::named(&format!("resource.{why}")))
 }
 
 /// Replaces a token's clear secret by its hash before anything else sees it.
-fn mutate_token(resource: &mut Resource) -> Result<(), String> {
-    let mut token: acl_v1::Token = decode_data(resource)?;
+fn mutate_token(resource: &mut Resource) -> Result<(), Invalid> {
+    let mut token: acl_v1::Token = data_of(resource)?;
     if token.secret.is_empty() {
         return Ok(());
     }
-    acl::rules::hash_token_secret(&mut token).map_err(|why| format!("resource.{why}"))?;
+    acl::rules::hash_token_secret(&mut token)
+        .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
     resource.data = Some(proto::to_any(&token));
     Ok(())
 }
@@ -487,9 +505,9 @@ fn may_grant_token(authorizer: &dyn Authorizer, resource: &Resource) -> Result<(
     })
 }
 
-fn validate_token(resource: &Resource) -> Result<(), String> {
-    let token: acl_v1::Token = decode_data(resource)?;
-    acl::check_token(&token).map_err(|why| format!("resource.{why}"))
+fn validate_token(resource: &Resource) -> Result<(), Invalid> {
+    let token: acl_v1::Token = data_of(resource)?;
+    acl::check_token(&token).map_err(|why| Invalid::named(&format!("resource.{why}")))
 }
 
 /// The stored policies a token names (the built-in one is not stored).

@@ -129,9 +129,12 @@ fn artist_validate_hook_requires_a_name() {
         data: Some(proto::to_any(&demo_v2::Artist::default())),
         ..Default::default()
     };
-    let message = (artist.validate.as_ref().expect("has a validate hook"))(&resource)
+    let invalid = (artist.validate.as_ref().expect("has a validate hook"))(&resource)
         .expect_err("name missing");
-    assert_eq!(message, "resource.data.name is required");
+    assert_eq!(
+        invalid,
+        resource::Invalid::at("resource.data.name", "resource.data.name is required")
+    );
 }
 
 #[test]

@@ -60,7 +60,7 @@ pub(super) fn check_record(
     if let Some(validate) = &registration.validate
         && registration.registered.is_none()
     {
-        validate(resource).map_err(Error::InvalidArgument)?;
+        validate(resource)?;
     }
     Ok(registration)
 }
@@ -68,7 +68,10 @@ pub(super) fn check_record(
 /// What a refusal looks like to storage.
 fn storage_error(error: Error) -> StorageError {
     match error {
-        Error::BadRequest(violations) => StorageError::Rejected(violations.to_string()),
+        // Typed: the peer's service answers its client with the same fields.
+        Error::BadRequest(violations) => {
+            StorageError::Invalid(crate::resource::Invalid(violations.0))
+        }
         Error::InvalidArgument(why) | Error::NotFound(why) | Error::UnknownType(why) => {
             StorageError::Rejected(why)
         }

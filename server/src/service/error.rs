@@ -107,10 +107,12 @@ pub enum Error {
 pub struct BadRequest(pub Vec<FieldViolation>);
 
 /// One violation: the field's path in the request, and the words for people (which name it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldViolation {
-    pub field: String,
-    pub message: String,
+pub(super) use crate::resource::FieldViolation;
+
+impl From<crate::resource::Invalid> for Error {
+    fn from(invalid: crate::resource::Invalid) -> Self {
+        Error::BadRequest(BadRequest(invalid.0))
+    }
 }
 
 /// A call only the leader can answer, made on node `node` while `leader_id` leads.
@@ -205,6 +207,7 @@ impl Error {
                 "{why}; retry shortly or ask another member"
             )),
             StorageError::Fenced(fenced) => Error::Fenced(fenced),
+            StorageError::Invalid(invalid) => Error::BadRequest(BadRequest(invalid.0)),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

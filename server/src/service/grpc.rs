@@ -438,11 +438,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             deadline,
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .write(authorizer.as_ref(), body)
-                        .await
-                }
+                async move { self.service.write(authorizer.as_ref(), body).await }
             }),
         )
         .await?;
@@ -458,11 +454,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             deadline,
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .write_status(authorizer.as_ref(), body)
-                        .await
-                }
+                async move { self.service.write_status(authorizer.as_ref(), body).await }
             }),
         )
         .await?;
@@ -497,11 +489,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             deadline,
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .list_by_owner(authorizer.as_ref(), body)
-                        .await
-                }
+                async move { self.service.list_by_owner(authorizer.as_ref(), body).await }
             }),
         )
         .await?;
@@ -517,11 +505,7 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             deadline,
             self.as_caller(&request, |authorizer| {
                 let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .delete(authorizer.as_ref(), body)
-                        .await
-                }
+                async move { self.service.delete(authorizer.as_ref(), body).await }
             }),
         )
         .await?;

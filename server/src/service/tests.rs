@@ -446,10 +446,7 @@ impl Backend for LosingBackend {
     async fn sync(&self) -> Result<(), StorageError> {
         self.inner.sync().await
     }
-    fn project(
-        &self,
-        projection: Arc<dyn crate::storage::Projection>,
-    ) -> Result<(), StorageError> {
+    fn project(&self, projection: Arc<dyn crate::storage::Projection>) -> Result<(), StorageError> {
         self.inner.project(projection)
     }
 }

@@ -50,10 +50,10 @@ fn run_hooks(
     resource: &mut Resource,
 ) -> Result<(u64, Vec<Violation>), Error> {
     if let Some(mutate) = &registration.mutate {
-        mutate(resource).map_err(Error::InvalidArgument)?;
+        mutate(resource)?;
     }
     if let Some(validate) = &registration.validate {
-        validate(resource).map_err(Error::InvalidArgument)?;
+        validate(resource)?;
     }
     let Some(registered) = &registration.registered else {
         return Ok((0, Vec::new()));

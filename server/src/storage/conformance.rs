@@ -472,7 +472,10 @@ pub(crate) async fn a_merged_write_lands_over_a_later_version_until_a_status_cha
     one.metadata.insert("writer".into(), "one".into());
     let mut two = first.clone();
     two.metadata.insert("writer".into(), "two".into());
-    let one = backend.write_merged_as(one, "", &Default::default()).await.expect("first merge");
+    let one = backend
+        .write_merged_as(one, "", &Default::default())
+        .await
+        .expect("first merge");
     let two = backend
         .write_merged_as(two, "", &Default::default())
         .await

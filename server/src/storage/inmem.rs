@@ -40,7 +40,13 @@ impl State {
         super::check_fence(
             fence,
             Version::new(self.version + 1),
-            |key| Ok(self.resources.get(key).map(|r| r.version.clone()).unwrap_or_default()),
+            |key| {
+                Ok(self
+                    .resources
+                    .get(key)
+                    .map(|r| r.version.clone())
+                    .unwrap_or_default())
+            },
             |domain| self.revisions.get(&domain).copied().unwrap_or_default(),
         )
     }
@@ -244,7 +250,12 @@ impl Backend for InMemBackend {
         name_prefix: &str,
     ) -> Result<Vec<Resource>, StorageError> {
         let state = self.lock();
-        Ok(matching(&state.resources, resource_type, tenancy, name_prefix))
+        Ok(matching(
+            &state.resources,
+            resource_type,
+            tenancy,
+            name_prefix,
+        ))
     }
 
     async fn list_encoded(
@@ -258,7 +269,8 @@ impl Backend for InMemBackend {
     ) -> Result<(), StorageError> {
         let state = self.lock();
         let mut encoded = Vec::new();
-        for resource in matching_after(&state.resources, resource_type, tenancy, name_prefix, after) {
+        for resource in matching_after(&state.resources, resource_type, tenancy, name_prefix, after)
+        {
             encoded.clear();
             prost::Message::encode(&resource, &mut encoded)
                 .map_err(|error| StorageError::Internal(format!("encoding a resource: {error}")))?;
@@ -329,7 +341,13 @@ impl Backend for InMemBackend {
             events,
             ..
         } = &mut *guard;
-        events.project(projection, &Stored { resources, revisions })
+        events.project(
+            projection,
+            &Stored {
+                resources,
+                revisions,
+            },
+        )
     }
 }
 

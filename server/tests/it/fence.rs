@@ -51,7 +51,9 @@ fn version(text: &str) -> (u64, u32) {
 }
 
 fn type_id() -> Id {
-    invoice_type_resource(INVOICE_PROTO).id.expect("the Type's id")
+    invoice_type_resource(INVOICE_PROTO)
+        .id
+        .expect("the Type's id")
 }
 
 /// The invoice Type with or without the rule `amount_cents <= 1000`, written over its stored
@@ -63,7 +65,8 @@ async fn set_strict(node: &crate::process::Resd, strict: bool) -> (u64, u32) {
         if let Some(data) = stored.data.as_mut() {
             let mut t: registry::Type =
                 prost::Message::decode(data.value.as_slice()).expect("a Type");
-            t.rules.retain(|rule| rule.field != "amount_cents" || !rule.expression.contains("<="));
+            t.rules
+                .retain(|rule| rule.field != "amount_cents" || !rule.expression.contains("<="));
             if strict {
                 t.rules.push(registry::Rule {
                     expression: "self.amount_cents <= 1000".into(),
@@ -152,7 +155,11 @@ async fn no_write_is_stored_under_a_rule_replaced_before_it_was_acknowledged() {
         let result = write(probe, invoice(&format!("probe-{round}"), 5000)).await;
         match (strict, result) {
             (true, Err(status)) => {
-                assert_eq!(status.code(), Code::InvalidArgument, "round {round}: {status:?}")
+                assert_eq!(
+                    status.code(),
+                    Code::InvalidArgument,
+                    "round {round}: {status:?}"
+                )
             }
             (true, Ok(stored)) => panic!(
                 "round {round}: stored at {} under a limit acknowledged at {at:?}",
@@ -220,7 +227,9 @@ fn invoice_writers(
                     })
                     .await
                 {
-                    stored.push(version(&reply.into_inner().resource.expect("resource").version));
+                    stored.push(version(
+                        &reply.into_inner().resource.expect("resource").version,
+                    ));
                 }
             }
             stored
@@ -294,9 +303,10 @@ async fn a_type_whose_deletion_is_acknowledged_takes_no_new_resource_on_any_node
                 .expect("the watch")
                 .expect("an event");
             if let Some(proto::resource::v1::watch_event::Event::Upsert(upsert)) = &event.event
-                && upsert.resource.as_ref().is_some_and(|r| {
-                    r.metadata.contains_key(proto::meta::DELETION_TIMESTAMP_KEY)
-                })
+                && upsert
+                    .resource
+                    .as_ref()
+                    .is_some_and(|r| r.metadata.contains_key(proto::meta::DELETION_TIMESTAMP_KEY))
             {
                 break version(&event.version);
             }
@@ -317,7 +327,10 @@ async fn a_type_whose_deletion_is_acknowledged_takes_no_new_resource_on_any_node
         // again.
         let deadline = Instant::now() + Duration::from_secs(30);
         while read(&cluster.nodes[0], type_id()).await.is_ok() {
-            assert!(Instant::now() < deadline, "the Type's deletion did not complete");
+            assert!(
+                Instant::now() < deadline,
+                "the Type's deletion did not complete"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -425,7 +438,10 @@ async fn after_a_restore_no_node_accepts_a_type_the_snapshot_lacks() {
                 })
                 .await;
             assert!(
-                listed.as_ref().is_err() || listed.as_ref().is_ok_and(|l| l.get_ref().resources.is_empty()),
+                listed.as_ref().is_err()
+                    || listed
+                        .as_ref()
+                        .is_ok_and(|l| l.get_ref().resources.is_empty()),
                 "round {round}: node {index} still lists invoices after the restore: {:?}",
                 listed.map(|l| l.into_inner().resources.len())
             );
@@ -437,7 +453,12 @@ async fn after_a_restore_no_node_accepts_a_type_the_snapshot_lacks() {
     for (n, file) in saved.iter().enumerate() {
         restore(&cluster.nodes[n % 3], file)
             .await
-            .unwrap_or_else(|status| panic!("snapshot {n} of {} does not restore: {status:?}", saved.len()));
+            .unwrap_or_else(|status| {
+                panic!(
+                    "snapshot {n} of {} does not restore: {status:?}",
+                    saved.len()
+                )
+            });
     }
 }
 
@@ -461,15 +482,23 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
         access: acl::Access::Write as i32,
         schema: 0,
     };
-    write_as(&channel, &management, policy("demo", vec![demo], acl::Access::Unspecified))
-        .await
-        .expect("the policy");
+    write_as(
+        &channel,
+        &management,
+        policy("demo", vec![demo], acl::Access::Unspecified),
+    )
+    .await
+    .expect("the policy");
     for round in 0..rounds(10) {
         let secret = format!("team-secret-{round:04}-0123456789");
         let accessor = format!("team-{round}");
-        write_as(&channel, &management, token(&accessor, &secret, &["demo"], ""))
-            .await
-            .expect("the token");
+        write_as(
+            &channel,
+            &management,
+            token(&accessor, &secret, &["demo"], ""),
+        )
+        .await
+        .expect("the token");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut writers = tokio::task::JoinSet::new();
         for (index, node) in cluster.nodes.iter().enumerate() {
@@ -492,7 +521,9 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
                         ))
                         .await
                     {
-                        stored.push(version(&reply.into_inner().resource.expect("resource").version));
+                        stored.push(version(
+                            &reply.into_inner().resource.expect("resource").version,
+                        ));
                     }
                 }
                 stored
@@ -533,7 +564,11 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
                 .expect("the watch")
                 .expect("an event");
             if let Some(proto::resource::v1::watch_event::Event::Delete(delete)) = &event.event
-                && delete.resource.as_ref().and_then(|r| r.id.as_ref()).map(|id| id.name.as_str())
+                && delete
+                    .resource
+                    .as_ref()
+                    .and_then(|r| r.id.as_ref())
+                    .map(|id| id.name.as_str())
                     == Some(accessor.as_str())
             {
                 break version(&event.version);
@@ -550,7 +585,11 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
                 ))
                 .await
                 .expect_err("a deleted token");
-            assert_eq!(refused.code(), Code::Unauthenticated, "round {round}: {refused:?}");
+            assert_eq!(
+                refused.code(),
+                Code::Unauthenticated,
+                "round {round}: {refused:?}"
+            );
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         while let Some(joined) = writers.join_next().await {
@@ -587,9 +626,12 @@ async fn a_node_back_after_a_restore_forgets_the_types_the_state_lost() {
         .expect("the restore, with two of three");
     // The log moves well past the restore (snapshots are due every 20 writes).
     for n in 0..100 {
-        write(&cluster.nodes[n % 2], crate::acl::artist_in("default", &format!("after-{n}")))
-            .await
-            .expect("a write");
+        write(
+            &cluster.nodes[n % 2],
+            crate::acl::artist_in("default", &format!("after-{n}")),
+        )
+        .await
+        .expect("a write");
     }
     cluster.nodes[2].restart();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -612,7 +654,9 @@ async fn a_node_back_after_a_restore_forgets_the_types_the_state_lost() {
         }
     }
     assert!(
-        read(&cluster.nodes[2], crate::types::invoice_id("before")).await.is_err(),
+        read(&cluster.nodes[2], crate::types::invoice_id("before"))
+            .await
+            .is_err(),
         "the invoice the restore removed is gone on node 3 too"
     );
 }

@@ -792,9 +792,17 @@ async fn field_bloat_is_refused_and_what_is_allowed_stays_cheap() {
         slowest_list = slowest_list.max(started.elapsed());
     }
     // What the allocator still holds of the garbage made meanwhile is returned within its
-    // decay time (10 s): the growth that counts is what stays.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let grown = rss_of(pid).saturating_sub(before);
+    // decay time (10 s, later on a machine busy with other tests): the growth that counts is
+    // what stays, the least seen over the next half minute.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut grown = u64::MAX;
+    for _ in 0..30 {
+        grown = grown.min(rss_of(pid).saturating_sub(before));
+        if grown < 256 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     eprintln!(
         "RSS grew {} MiB; slowest Type write {slowest_write:?}; slowest ListTypes {slowest_list:?}",
         grown >> 20

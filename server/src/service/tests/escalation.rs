@@ -200,11 +200,10 @@ async fn no_request_a_token_makes_lifts_any_token_above_its_writer() {
                         .write_as(writer.as_ref(), policy(&name, &valid_policy(&mut g)))
                         .await
                     {
-                        Ok(_) => {
-                            h.write_as(writer.as_ref(), token("new", &new_secret, &[name]))
-                                .await
-                                .map(drop)
-                        }
+                        Ok(_) => h
+                            .write_as(writer.as_ref(), token("new", &new_secret, &[name]))
+                            .await
+                            .map(drop),
                         Err(error) => Err(error),
                     }
                 }

@@ -10,7 +10,8 @@ fn change(log: &mut EventLog, name: &str, index: u64, payload: usize) {
         vec![upsert(name, Version::new(index), payload)],
         Version::new(index),
         &(),
-    ).expect("published");
+    )
+    .expect("published");
 }
 
 /// An artist written at `version`, carrying `payload` bytes of metadata.
@@ -183,7 +184,8 @@ async fn a_reset_ends_every_open_watch_with_its_reason() {
         )
         .expect("watch");
     watch.next().await.expect("end").expect("ok");
-    log.reset("restored".into(), Version::new(7), &()).expect("published");
+    log.reset("restored".into(), Version::new(7), &())
+        .expect("published");
     match watch.next().await {
         Some(Err(StorageError::WatchClosed(why))) => assert_eq!(why, "restored"),
         other => panic!("expected the reset, got {other:?}"),
@@ -301,7 +303,8 @@ fn a_change_moves_its_groups_stamp_and_a_reset_moves_every_stamp() {
     change(&mut log, "a", 1, 0);
     assert!(stamps.get(&group) > before, "the artist's group moved");
     assert_eq!(stamps.get("tenancy"), tenancy, "another group did not");
-    log.reset("restored".into(), Version::new(2), &()).expect("published");
+    log.reset("restored".into(), Version::new(2), &())
+        .expect("published");
     assert!(stamps.get("tenancy") > tenancy, "a reset moves every group");
 }
 
@@ -359,7 +362,8 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
         ],
         Version::new(5),
         &(),
-    ).expect("published");
+    )
+    .expect("published");
     let versions = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
         .await
         .expect("woken")
@@ -371,7 +375,8 @@ async fn a_commit_is_published_at_once_in_order_and_wakes_a_waiting_watcher() {
         "every change moved its group's stamp"
     );
     // Nothing collected: the history stays as it was.
-    log.publish_all(Vec::new(), Version::new(6), &()).expect("published");
+    log.publish_all(Vec::new(), Version::new(6), &())
+        .expect("published");
     assert_eq!(log.history_size().1, 3);
 }
 
@@ -397,7 +402,8 @@ async fn a_reset_within_a_commit_ends_the_watches_and_empties_the_history() {
         ],
         Version::new(3),
         &(),
-    ).expect("published");
+    )
+    .expect("published");
     // The change before the reset left the history with it: the watch ends with the reason.
     match watch.next().await {
         Some(Err(StorageError::WatchClosed(why))) => assert_eq!(why, "restored"),
@@ -512,7 +518,8 @@ fn labelled(log: &mut EventLog, name: &str, index: u64, team: &str) {
         }],
         version,
         &(),
-    ).expect("published");
+    )
+    .expect("published");
 }
 
 /// A watch of the artists labelled `team=a` from now on, with progress marks or without.

@@ -46,8 +46,7 @@ impl RaftBackend {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
-        let change =
-            Tagged::new(Change::Write(Arc::new(resource), condition), actor).fenced(fence);
+        let change = Tagged::new(Change::Write(Arc::new(resource), condition), actor).fenced(fence);
         let stored = op::expect_resource(self.node.submit(Request::Change(change)).await)?;
         // Read your writes on this node: a write forwarded to the leader answers once this
         // node has applied it too (at once on the leader). Best effort, briefly: the write is

@@ -409,6 +409,8 @@ const TENANCY_NOT_FOUND: &str = proto::reason::Reason::TenancyNotFound.as_str();
 /// `StorageFailure.reason` of a change fenced off by a token or policy change (else a Type's).
 const ACL_CHANGED: &str = proto::reason::Reason::AclChanged.as_str();
 const SCHEMA_CHANGED: &str = proto::reason::Reason::SchemaChanged.as_str();
+/// `StorageFailure.reason` of a change refused field by field (`violations`).
+const INVALID: &str = proto::reason::Reason::Invalid.as_str();
 
 pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
     let (code, stored) = match error {
@@ -422,7 +424,9 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::WatchClosed(_) => (Code::WatchClosed, None),
         StorageError::ResumeUnavailable(_) => (Code::ResumeUnavailable, None),
         // REJECTED (what earlier builds read), refined by `reason`.
-        StorageError::Rejected(_) | StorageError::MissingTenancy(_) => (Code::Rejected, None),
+        StorageError::Rejected(_) | StorageError::MissingTenancy(_) | StorageError::Invalid(_) => {
+            (Code::Rejected, None)
+        }
         StorageError::NoSpace(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
@@ -446,6 +450,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::CatchingUp(progress) => progress.why.clone(),
         StorageError::Removed(removal) => removal.why.clone(),
         StorageError::Fenced(fenced) => fenced.why.clone(),
+        StorageError::Invalid(invalid) => invalid.to_string(),
         other => other.to_string(),
     };
     let (applied, target) = match error {
@@ -460,7 +465,19 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
             ..
         }) => ACL_CHANGED.to_owned(),
         StorageError::Fenced(_) => SCHEMA_CHANGED.to_owned(),
+        StorageError::Invalid(_) => INVALID.to_owned(),
         _ => String::new(),
+    };
+    let violations = match error {
+        StorageError::Invalid(invalid) => invalid
+            .0
+            .iter()
+            .map(|violation| pb::storage_failure::FieldViolation {
+                field: violation.field.clone(),
+                message: violation.message.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
     };
     pb::StorageFailure {
         code: code as i32,
@@ -469,6 +486,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         applied,
         target,
         reason,
+        violations,
     }
 }
 
@@ -485,6 +503,15 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::ResumeUnavailable => StorageError::ResumeUnavailable(failure.message),
         Code::Rejected if failure.reason == TENANCY_NOT_FOUND => {
             StorageError::MissingTenancy(failure.message)
+        }
+        Code::Rejected if failure.reason == INVALID && !failure.violations.is_empty() => {
+            StorageError::Invalid(crate::resource::Invalid(
+                failure
+                    .violations
+                    .into_iter()
+                    .map(|v| crate::resource::FieldViolation::new(v.field, v.message))
+                    .collect(),
+            ))
         }
         Code::Rejected => StorageError::Rejected(failure.message),
         Code::NoSpace => StorageError::NoSpace(failure.message),

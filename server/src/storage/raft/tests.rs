@@ -152,7 +152,11 @@ impl TestCluster {
             let waiting: Vec<String> = self
                 .nodes
                 .iter()
-                .filter_map(|node| node.check_ready().err().map(|e| format!("{}: {e}", node.id())))
+                .filter_map(|node| {
+                    node.check_ready()
+                        .err()
+                        .map(|e| format!("{}: {e}", node.id()))
+                })
                 .collect();
             if waiting.is_empty() {
                 return;
@@ -284,7 +288,9 @@ impl crate::storage::Backend for Member {
         actor: &str,
         fence: &crate::storage::Fence,
     ) -> Result<(), crate::storage::StorageError> {
-        self.backend().delete_cas_as(id, version, actor, fence).await
+        self.backend()
+            .delete_cas_as(id, version, actor, fence)
+            .await
     }
     async fn list(
         &self,

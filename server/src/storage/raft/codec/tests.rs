@@ -7,8 +7,8 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 use std::sync::Arc;
 
 use super::*;
-use crate::storage::conformance::Fixture;
 use crate::storage::Version;
+use crate::storage::conformance::Fixture;
 
 fn artist(name: &str) -> Resource {
     Fixture::new().artist(name)
@@ -231,6 +231,26 @@ fn every_storage_error_survives_the_wire() {
             target: Some(9),
         }),
         StorageError::Damaged("damaged".into()),
+        StorageError::Invalid(crate::resource::Invalid(vec![
+            crate::resource::FieldViolation::new(
+                "resource.data.amount_cents",
+                "resource.data.amount_cents: at most 1000",
+            ),
+            crate::resource::FieldViolation::new(
+                "resource.data.name",
+                "resource.data.name is required",
+            ),
+        ])),
+        StorageError::Fenced(crate::storage::Fenced {
+            kind: crate::storage::FenceKind::Schema,
+            why: "the Type changed".into(),
+            at: 41,
+        }),
+        StorageError::Fenced(crate::storage::Fenced {
+            kind: crate::storage::FenceKind::Acl,
+            why: "a token changed".into(),
+            at: 42,
+        }),
         StorageError::Internal("disk".into()),
     ];
     for error in errors {

@@ -320,7 +320,9 @@ fn apply_change(
         Change::Write(resource, condition) => {
             // The log's cache of recent entries still holds this change: a copy, once.
             let resource = std::sync::Arc::unwrap_or_clone(resource);
-            write(dbs, wtxn, version, resource, condition, actor, fence, published)
+            write(
+                dbs, wtxn, version, resource, condition, actor, fence, published,
+            )
         }
         Change::Delete {
             id,
