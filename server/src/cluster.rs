@@ -41,6 +41,9 @@ pub(crate) use transfer::Handover;
 /// The chunks of an operator snapshot being exported.
 pub(crate) type ExportChunks = tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>;
 
+/// Whether a group and kind name one of the server's own types.
+pub(crate) type BuiltIn = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
 /// What the cluster service asks of the cluster this node belongs to.
 #[async_trait]
 pub(crate) trait Cluster: Send + Sync + std::fmt::Debug {
@@ -58,8 +61,9 @@ pub(crate) trait Cluster: Send + Sync + std::fmt::Debug {
     fn data_dir(&self) -> PathBuf;
     /// Where uploaded operator snapshots are spooled.
     fn spool_dir(&self) -> PathBuf;
-    /// A consistent operator snapshot of every resource, in chunks.
-    async fn export(&self) -> Result<ExportChunks, StorageError>;
+    /// A consistent operator snapshot of every resource, in chunks; refused if the state holds
+    /// a resource of a type that is neither `built_in(group, kind)` nor registered by a Type.
+    async fn export(&self, built_in: BuiltIn) -> Result<ExportChunks, StorageError>;
     /// Replaces the state with an operator snapshot's records; the index it was restored at.
     async fn restore(&self, chunks: RestoreChunks) -> Result<u64, StorageError>;
     /// Adds `joiner` as a voter (must run on the leader). `removed_at`: the raft address a
@@ -147,8 +151,8 @@ impl Cluster for RaftCluster {
         self.node.spool_dir()
     }
 
-    async fn export(&self) -> Result<ExportChunks, StorageError> {
-        self.node.export().await
+    async fn export(&self, built_in: BuiltIn) -> Result<ExportChunks, StorageError> {
+        self.node.export(built_in).await
     }
 
     async fn restore(&self, chunks: RestoreChunks) -> Result<u64, StorageError> {

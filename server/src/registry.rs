@@ -715,6 +715,10 @@ impl DynamicTypes {
     /// Replaces every registered type with what `stored` (every stored Type) registers, the
     /// state at `revision` (a node opening, a snapshot installed, a restore).
     pub(crate) fn reset(&self, stored: &[Resource], revision: resource::Version) {
+        // Each step keeps the revision the registry had: a change to a Type checked while the
+        // registry is half replaced carries that older revision, and apply refuses it (the
+        // state's revision is `revision` already). The new revision comes with the last step.
+        let before = self.revision();
         let names: std::collections::BTreeSet<&str> = stored
             .iter()
             .filter_map(|item| item.id.as_ref().map(|id| id.name.as_str()))
@@ -727,10 +731,10 @@ impl DynamicTypes {
             .cloned()
             .collect();
         for name in gone {
-            self.uninstall(&name, revision);
+            self.uninstall(&name, before);
         }
         for item in stored {
-            self.install(item, revision);
+            self.install(item, before);
         }
         // A reset is the whole state: its revision is the state's, even if it is older than
         // what this node held (a restore of an earlier history).

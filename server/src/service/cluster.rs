@@ -720,8 +720,21 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
         self.authorize(&request, Need::SnapshotSave, false)?;
         let raft = self.raft()?;
+        let built_in: std::collections::HashSet<(String, String)> = self
+            .registry
+            .types()
+            .filter(|registration| registration.registered.is_none())
+            .map(|registration| {
+                (
+                    registration.resource_type.group.clone(),
+                    registration.resource_type.kind.clone(),
+                )
+            })
+            .collect();
         let chunks = raft
-            .export()
+            .export(Arc::new(move |group: &str, kind: &str| {
+                built_in.contains(&(group.to_owned(), kind.to_owned()))
+            }))
             .await
             .map_err(|error| Status::from(Error::from(error)))?;
         tracing::info!("streaming an operator snapshot");

@@ -130,8 +130,9 @@ impl InMemBackend {
         check::check_storable(&resource, usize::MAX)?;
         let key = StorageKey::of(&id);
         let mut state = self.lock();
-        check::check_write(state.resources.get(&key), &resource, condition)?;
+        // As raft's apply: what the change was checked against first, then its CAS.
         state.check_fence(fence)?;
+        check::check_write(state.resources.get(&key), &resource, condition)?;
         state.version += 1;
         let version = state.version.to_string();
         let mut stored = resource;
@@ -214,10 +215,10 @@ impl Backend for InMemBackend {
     ) -> Result<(), StorageError> {
         let key = StorageKey::of(id);
         let mut state = self.lock();
+        state.check_fence(fence)?;
         if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
             return Ok(());
         }
-        state.check_fence(fence)?;
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());
         };

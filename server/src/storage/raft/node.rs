@@ -541,8 +541,11 @@ impl RaftNode {
     }
 
     /// A consistent snapshot of every resource as an operator snapshot file, in chunks.
+    /// `built_in(group, kind)`: whether a type is the server's own (every other type needs a
+    /// Type in the state for the snapshot to be restorable).
     pub(crate) async fn export(
         &self,
+        built_in: Arc<dyn Fn(&str, &str) -> bool + Send + Sync>,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>, StorageError> {
         self.read_barrier().await?;
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
@@ -550,7 +553,7 @@ impl RaftNode {
         let node_id = self.id;
         // Detached on purpose: it ends when the export is done or the receiver is dropped.
         tokio::task::spawn_blocking(move || {
-            if let Err(error) = sm.export_blocking(node_id, sender.clone()) {
+            if let Err(error) = sm.export_blocking(node_id, sender.clone(), &*built_in) {
                 let _ = sender.blocking_send(Err(error));
             }
         });

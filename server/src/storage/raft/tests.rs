@@ -1611,3 +1611,179 @@ async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A cluster-scoped resource of `group.v1.kind` named `name` (a Type, a token), with a uid.
+fn cluster_scoped(group: &str, kind: &str, name: &str) -> proto::resource::v1::Resource {
+    proto::resource::v1::Resource {
+        id: Some(proto::resource::v1::Id {
+            uid: ulid::Ulid::new().to_string(),
+            name: name.into(),
+            r#type: Some(crate::resource::new_type(group, "v1", kind)),
+            tenancy: Some(Default::default()),
+        }),
+        generation: ulid::Ulid::new().to_string(),
+        ..Default::default()
+    }
+}
+
+/// The fence in apply (DESIGN §15): a change whose Type moved since it was checked, or whose
+/// domain (every Type, every token and policy) changed after the revision it was checked at,
+/// is refused for that change alone, on every node the same way; the domains' revisions are
+/// the state's, and a restore moves them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_refuses_a_change_whose_guard_moved() {
+    use super::op::{Change, Op, Outcome, Tagged};
+    use crate::storage::WriteCondition;
+    use crate::storage::{Domain, Fence, FenceKind, Guard, StorageError, StorageKey, Version};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shared = StateMachineStore::open(dir.path(), Default::default())
+        .expect("open")
+        .shared;
+    let sm = StateMachineStore { shared };
+    let fixture = crate::storage::conformance::Fixture::new();
+    let mut index = 0;
+    let mut apply = |change: Change, fence: Fence| {
+        index += 1;
+        let entry = Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(super::types::Command::new(Op::Changes(vec![
+                Tagged::by_test(change).fenced(&fence),
+            ]))),
+        };
+        let mut sm = sm.clone();
+        async move {
+            let Outcome(mut results) =
+                openraft::storage::RaftStateMachine::apply(&mut sm, vec![entry])
+                    .await
+                    .expect("apply")
+                    .pop()
+                    .expect("an outcome");
+            results.pop().expect("a result")
+        }
+    };
+    let write = |resource: proto::resource::v1::Resource| {
+        Change::Write(Arc::new(resource), WriteCondition::Version)
+    };
+    let type_key = StorageKey::of(
+        cluster_scoped("registry", "Type", "payments-invoice")
+            .id
+            .as_ref()
+            .expect("id"),
+    );
+    let on_type = |version: &str| Fence {
+        guards: vec![Guard::Resource {
+            key: type_key.clone(),
+            version: version.into(),
+        }],
+    };
+    let domain = |domain, index| Fence {
+        guards: vec![Guard::Domain {
+            domain,
+            revision: Version::new(index),
+        }],
+    };
+    let fenced = |result: &super::op::ChangeResult, kind: FenceKind| matches!(result, Err(StorageError::Fenced(fenced)) if fenced.kind == kind);
+
+    let the_type = cluster_scoped("registry", "Type", "payments-invoice");
+    let stored = apply(write(the_type.clone()), Fence::default()).await;
+    assert!(stored.is_ok(), "{stored:?}"); // index 1
+    assert!(
+        apply(write(fixture.artist("a")), on_type("1"))
+            .await
+            .is_ok()
+    );
+    let mut changed = the_type.clone();
+    changed.version = "1".into();
+    assert!(apply(write(changed), Fence::default()).await.is_ok()); // index 3
+    let refused = apply(write(fixture.artist("b")), on_type("1")).await;
+    assert!(fenced(&refused, FenceKind::Schema), "{refused:?}");
+    assert!(
+        apply(write(fixture.artist("b")), on_type("3"))
+            .await
+            .is_ok()
+    );
+    // A Type that was never stored (or was deleted) holds nothing either.
+    let absent = Fence {
+        guards: vec![Guard::Resource {
+            key: StorageKey::of(
+                cluster_scoped("registry", "Type", "gone")
+                    .id
+                    .as_ref()
+                    .expect("id"),
+            ),
+            version: "1".into(),
+        }],
+    };
+    let refused = apply(write(fixture.artist("c")), absent).await;
+    assert!(fenced(&refused, FenceKind::Schema), "{refused:?}");
+    // Every Type: checked at 1, changed at 3.
+    let refused = apply(write(fixture.artist("d")), domain(Domain::Types, 1)).await;
+    assert!(fenced(&refused, FenceKind::Schema), "{refused:?}");
+    assert!(
+        apply(write(fixture.artist("d")), domain(Domain::Types, 3))
+            .await
+            .is_ok()
+    );
+    // The ACLs: a token written at 9 fences off what was authorized before it; deletes too.
+    assert!(
+        apply(
+            write(cluster_scoped("acl", "Token", "alice")),
+            Fence::default()
+        )
+        .await
+        .is_ok()
+    );
+    let refused = apply(write(fixture.artist("e")), domain(Domain::Acl, 0)).await;
+    assert!(fenced(&refused, FenceKind::Acl), "{refused:?}");
+    let stored_d = fixture.artist("d").id.expect("id");
+    let refused = apply(
+        Change::Delete {
+            id: stored_d,
+            version: "8".into(),
+        },
+        domain(Domain::Acl, 0),
+    )
+    .await;
+    assert!(fenced(&refused, FenceKind::Acl), "{refused:?}");
+    assert!(
+        apply(write(fixture.artist("e")), domain(Domain::Acl, 9))
+            .await
+            .is_ok()
+    );
+}
+
+/// An operator snapshot is restorable by construction: a state holding a resource of a type
+/// neither built in nor registered by one of its Types is refused, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_a_resource_no_type_registers_is_refused() {
+    let member = Member::single().await;
+    let backend = member.backend();
+    let fixture = crate::storage::conformance::Fixture::new();
+    crate::storage::Backend::write_cas(&backend, fixture.artist("orphan"))
+        .await
+        .expect("stored below any registry");
+    let export = |built_in: &'static (dyn Fn(&str, &str) -> bool + Send + Sync)| {
+        let shared = member.state_machine().clone();
+        let id = member.id();
+        tokio::task::spawn_blocking(move || {
+            let (sender, mut receiver) = tokio::sync::mpsc::channel(1024);
+            let result = shared.export_blocking(id, sender, built_in);
+            receiver.close();
+            result
+        })
+    };
+    let refused = export(&|_, _| false)
+        .await
+        .expect("joined")
+        .expect_err("an unregistered type");
+    let message = refused.to_string();
+    assert!(
+        message.contains("no Type registers") && message.contains("orphan"),
+        "{message}"
+    );
+    export(&|group, _| group == "demo")
+        .await
+        .expect("joined")
+        .expect("a built-in type's resources are saved");
+}

@@ -241,13 +241,13 @@ fn every_storage_error_survives_the_wire() {
                 "resource.data.name is required",
             ),
         ])),
-        StorageError::Fenced(crate::storage::Fenced {
-            kind: crate::storage::FenceKind::Schema,
+        StorageError::Fenced(Fenced {
+            kind: FenceKind::Schema,
             why: "the Type changed".into(),
             at: 41,
         }),
-        StorageError::Fenced(crate::storage::Fenced {
-            kind: crate::storage::FenceKind::Acl,
+        StorageError::Fenced(Fenced {
+            kind: FenceKind::Acl,
             why: "a token changed".into(),
             at: 42,
         }),
