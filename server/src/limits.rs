@@ -422,9 +422,9 @@ impl Limits {
         self.bodies.clone()
     }
 
-    /// Admits a request from its headers, before its body is read: resolves its token
-    /// (refusing an unknown one at once), takes one request from its identity's rate, and says
-    /// how large its body may be.
+    /// Admits a request from its headers, before its body is read: resolves its token (one
+    /// this node does not know counts as none: the handler refuses it once it has caught up),
+    /// takes one request from its identity's rate, and says how large its body may be.
     ///
     /// A method that does not look at tokens (`ignores_token`: bootstrap, health, reflection)
     /// counts a request whose token does not resolve as one without a token.
@@ -450,11 +450,11 @@ impl Limits {
                         Identity::Token(self.hasher.hash_one(secret)),
                         self.settings.max_body_bytes,
                     ),
-                    Err(Unauthenticated::Refused(_)) if ignores_token => {
+                    // A token this node does not know may be one acknowledged elsewhere a moment
+                    // ago, or this node may be catching up: the handler decides once caught up
+                    // with the leader (`service::grpc`). Until then the caller is a stranger.
+                    Err(Unauthenticated::Refused(_)) => {
                         (Identity::Anonymous(remote), ANONYMOUS_BODY_BYTES)
-                    }
-                    Err(Unauthenticated::Refused(why)) => {
-                        return Err(LimitError::Unauthenticated(why));
                     }
                     // ACLs not loaded yet (the handler answers CATCHING_UP), or too busy
                     // (UNAVAILABLE): until then the caller counts as anonymous.

@@ -44,15 +44,14 @@ fn a_budget_refuses_past_its_limit_and_takes_charges_back_when_dropped() {
 }
 
 #[test]
-fn an_unknown_token_is_refused_from_the_headers_and_a_missing_one_is_anonymous() {
+fn an_unknown_token_counts_as_a_stranger_and_a_missing_one_is_anonymous() {
     let limits = acl_limits(LimitSettings::default());
-    let refused = limits
+    // The handler refuses it once this node has caught up (it may be a token acknowledged
+    // elsewhere a moment ago); until then it gets a stranger's share.
+    let stranger = limits
         .admit(&with_token("stolen"), ATTACKER, false)
-        .map(|_| ());
-    assert!(
-        matches!(refused, Err(LimitError::Unauthenticated(_))),
-        "{refused:?}"
-    );
+        .expect("admitted as a stranger");
+    assert_eq!(stranger.max_body, ANONYMOUS_BODY_BYTES);
     let ignored = limits
         .admit(&with_token("stolen"), ATTACKER, true)
         .expect("anonymous");

@@ -146,7 +146,7 @@ impl ResourceGrpc {
         request: Request<WatchListRequest>,
     ) -> Result<Response<SharedEventStream>, Status> {
         use futures::StreamExt;
-        let authorizer = self.authorizer(&request)?;
+        let authorizer = self.authorizer_caught_up(&request).await?;
         let token = token_of(&request)?;
         let deadline = deadline(&request)?;
         // Counted against the caller's watches while the stream lives (requests that came
@@ -200,8 +200,35 @@ impl ResourceGrpc {
         ))
     }
 
-    fn authorizer<T>(&self, request: &Request<T>) -> Result<Arc<dyn Authorizer>, Status> {
-        resolve(self.tokens.as_ref(), request).map_err(Status::from)
+    /// Catches this node up with the leader after it refused a request from what it had
+    /// applied. A node that cannot catch up (it is restarting or catching up, or it has no
+    /// leader to ask) cannot tell whether its refusal still holds: it says why it cannot
+    /// answer, which the client retries or takes to another member, rather than a refusal
+    /// that may be stale.
+    async fn catch_up_after(&self, refusal: Error) -> Result<(), Error> {
+        match self.service.sync().await {
+            Ok(()) => Ok(()),
+            Err(cannot) => {
+                tracing::debug!(%refusal, %cannot, "a refusal could not be checked against the leader");
+                Err(cannot)
+            }
+        }
+    }
+
+    /// The authorizer of a request's token as this node decides it once caught up: a token it
+    /// does not know may be one acknowledged elsewhere a moment ago (or it may be catching up).
+    async fn authorizer_caught_up<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Arc<dyn Authorizer>, Error> {
+        let token = token_of(request)?;
+        match self.tokens.resolve(token.as_deref()).map_err(Error::from) {
+            Err(refusal) if may_be_stale(&refusal, token.is_some()) => {
+                self.catch_up_after(refusal).await?;
+                self.tokens.resolve(token.as_deref()).map_err(Error::from)
+            }
+            other => other,
+        }
     }
 
     /// How a read at `consistency` is answered once its caller is authorized: a strong read
@@ -248,11 +275,7 @@ impl ResourceGrpc {
                     tracing::debug!(why = %fenced, "a change was authorized under ACLs that changed; authorizing it again");
                 }
                 Err(refusal) if !synced && may_be_stale(&refusal, token.is_some()) => {
-                    // Decided again once caught up; without a leader to catch up with, the
-                    // refusal stands as this node decided it.
-                    if self.service.sync().await.is_err() {
-                        return Err(refusal);
-                    }
+                    self.catch_up_after(refusal).await?;
                     synced = true;
                     continue;
                 }

@@ -685,3 +685,42 @@ async fn a_node_back_after_a_restore_forgets_the_types_the_state_lost() {
         "the invoice the restore removed is gone on node 3 too"
     );
 }
+
+/// A node killed and started again rebuilds its state and its projections: the tokens it knew
+/// are known again once it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_and_restarted_knows_its_tokens_again() {
+    use crate::acl::with_token;
+    use proto::resource::v1::resource_service_client::ResourceServiceClient;
+    let (_ca, mut cluster) = crate::mtls::tls_cluster(3, &["--acl-enabled"]).await;
+    let management = cluster.harness_token.clone().expect("management");
+    let channel = cluster.nodes[0].channel().await;
+    crate::acl::write_as(
+        &channel,
+        &management,
+        crate::acl::artist_in("default", "before"),
+    )
+    .await
+    .expect("a write");
+    cluster.nodes[2].kill9();
+    cluster.nodes[2].restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let read = ResourceServiceClient::new(cluster.nodes[2].channel().await)
+            .read(with_token(
+                proto::resource::v1::ReadRequest {
+                    id: crate::acl::artist_in("default", "before").id,
+                },
+                Some(&management),
+            ))
+            .await;
+        match read {
+            Ok(_) => break,
+            Err(status) => {
+                assert_ne!(status.code(), Code::Unauthenticated, "{status:?}");
+                assert!(Instant::now() < deadline, "node 3 never served: {status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

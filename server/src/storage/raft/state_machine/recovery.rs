@@ -79,7 +79,9 @@ impl StateMachineStore {
         let clean = clean && !current_lost;
         let mut snapshot = load_latest_snapshot(data_dir);
         // A new node has served nothing; a clean stop left exactly what it had applied.
-        let opened_cleanly = clean || !existing.exists();
+        // (A node whose file naming its live generation was lost is not new: it may have
+        // served and acknowledged; it serves nothing until it has caught up again.)
+        let opened_cleanly = !current_lost && (clean || !existing.exists());
         if !clean && existing.exists() {
             // Rebuilt only from a snapshot that is what it was when it was written (checked
             // here, where it is used, not at every start: it is read whole).
