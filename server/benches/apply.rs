@@ -53,6 +53,7 @@ fn entries(count: usize, with_ids: bool) -> Vec<Entry> {
                         WriteCondition::Version,
                     ),
                     actor: "controller/bench".into(),
+                    fence: Default::default(),
                 })
                 .collect();
             Entry {

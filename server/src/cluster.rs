@@ -41,8 +41,7 @@ pub(crate) use transfer::Handover;
 /// The chunks of an operator snapshot being exported.
 pub(crate) type ExportChunks = tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>;
 
-/// Whether a group and kind name one of the server's own types.
-pub(crate) type BuiltIn = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+pub(crate) use crate::storage::raft::node::BuiltIn;
 
 /// What the cluster service asks of the cluster this node belongs to.
 #[async_trait]

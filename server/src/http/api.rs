@@ -559,12 +559,23 @@ async fn write(
             serde_json::Value::String(type_url(&registration.message_name)),
         );
     }
-    let mut resource: Resource = from_json(
+    let decoded = from_json(
         &state.registry.descriptor_pool(),
-        value,
+        value.clone(),
         "resd.resource.v1.Resource",
-    )
-    .map_err(|error| ApiError::invalid(format!("the body is not a Resource: {error}")))?;
+    );
+    let decoded = match decoded {
+        // A field a Type acknowledged elsewhere a moment ago added: read with this node's
+        // schemas once it has caught up with the leader.
+        Err(_) if known_caller && state.resources.service().sync().await.is_ok() => from_json(
+            &state.registry.descriptor_pool(),
+            value,
+            "resd.resource.v1.Resource",
+        ),
+        decoded => decoded,
+    };
+    let mut resource: Resource = decoded
+        .map_err(|error| ApiError::invalid(format!("the body is not a Resource: {error}")))?;
     let id = resource.id.get_or_insert_with(Id::default);
     match &id.r#type {
         None => id.r#type = Some(path_type.clone()),

@@ -144,6 +144,9 @@ pub enum RaftStartError {
     Fatal(String),
 }
 
+/// Whether a group and kind name one of the server's own types (an export's check).
+pub(crate) type BuiltIn = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
 pub(crate) struct RaftNode {
     id: NodeId,
     data_dir: PathBuf,
@@ -545,7 +548,7 @@ impl RaftNode {
     /// Type in the state for the snapshot to be restorable).
     pub(crate) async fn export(
         &self,
-        built_in: Arc<dyn Fn(&str, &str) -> bool + Send + Sync>,
+        built_in: BuiltIn,
     ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, StorageError>>, StorageError> {
         self.read_barrier().await?;
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
