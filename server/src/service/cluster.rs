@@ -302,7 +302,33 @@ impl ClusterGrpc {
     /// Authorizes a call: with ACLs on, the token must be valid and grant `need`. A node
     /// certificate of this cluster (TLS) stands for the node itself, which may ask for the
     /// members and join (`node_may`).
-    fn authorize<T>(
+    /// [`Self::authorize_now`], decided again once this node has caught up with the leader
+    /// when it refused (a token or policy acknowledged elsewhere a moment ago; DESIGN §15). A
+    /// node that cannot catch up says why rather than refuse.
+    async fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        need: Need,
+        node_may: bool,
+    ) -> Result<Caller, Status> {
+        match self.authorize_now(request, need, node_may) {
+            Err(refused)
+                if matches!(
+                    refused.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) && super::grpc::token_of(request).ok().flatten().is_some() =>
+            {
+                let Some(service) = &self.service else {
+                    return Err(refused);
+                };
+                service.sync().await.map_err(Status::from)?;
+                self.authorize_now(request, need, node_may)
+            }
+            other => other,
+        }
+    }
+
+    fn authorize_now<T>(
         &self,
         request: &Request<T>,
         need: Need,
@@ -422,7 +448,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<ListTypesRequest>,
     ) -> Result<Response<ListTypesResponse>, Status> {
-        self.authorize(&request, Need::Token, false)?;
+        self.authorize(&request, Need::Token, false).await?;
         // Types registered at runtime as committed now, not as this node has applied them yet:
         // a client that registered one and asks next learns it wherever it asks.
         // Without a leader the node answers what it has (as every default read does).
@@ -493,7 +519,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.authorize(&request, Need::Operator(Access::Read), false)?;
+        self.authorize(&request, Need::Operator(Access::Read), false)
+            .await?;
         let Some(raft) = &self.raft else {
             return Ok(Response::new(StatusResponse {
                 node_id: 0,
@@ -557,7 +584,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<MembersRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
-        let caller = self.authorize(&request, Need::Operator(Access::Read), true)?;
+        let caller = self
+            .authorize(&request, Need::Operator(Access::Read), true)
+            .await?;
         let raft = self.raft()?;
         // Without a leader to ask (none known, or it does not answer within a second), this
         // node's own view, marked as such: an operator whose cluster lost its quorum sees at
@@ -588,7 +617,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let authorized = self.authorize(&request, Need::Join, true)?;
+        let authorized = self.authorize(&request, Need::Join, true).await?;
         let raft = self.raft()?;
         let caller = authorized.conn.clone();
         let join_deadline = answer_by(&request);
@@ -660,7 +689,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<pb::ListControllersRequest>,
     ) -> Result<Response<pb::ListControllersResponse>, Status> {
-        let caller = self.authorize(&request, Need::Operator(Access::Read), false)?;
+        let caller = self
+            .authorize(&request, Need::Operator(Access::Read), false)
+            .await?;
         let local = self.local_controllers();
         // Replicas outside the server are the cluster's, not a node's: listed once, here.
         let external = match &self.service {
@@ -718,7 +749,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<SnapshotSaveRequest>,
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        self.authorize(&request, Need::SnapshotSave, false)?;
+        self.authorize(&request, Need::SnapshotSave, false).await?;
         let raft = self.raft()?;
         let built_in: std::collections::HashSet<(String, String)> = self
             .registry
@@ -752,7 +783,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<Streaming<SnapshotData>>,
     ) -> Result<Response<SnapshotRestoreResponse>, Status> {
-        let caller = self.authorize(&request, Need::Management, false)?;
+        let caller = self.authorize(&request, Need::Management, false).await?;
         let raft = self.raft()?;
         let mut chunks = request.into_inner();
         let spooled =
@@ -766,6 +797,25 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                 })??
         };
         let header = spooled.header.clone();
+        // The upload took a while: the caller is judged again as the cluster knows the ACLs
+        // now (a management token deleted meanwhile restores nothing).
+        if let Some(service) = &self.service {
+            service.sync().await.map_err(Status::from)?;
+        }
+        if self.tokens.enabled() {
+            let authorizer = self
+                .tokens
+                .resolve(caller.token.as_deref())
+                .map_err(|error| Status::from(Error::from(error)))?;
+            if !authorizer.is_management() {
+                return Err(Status::from(Error::from(acl::AclError::PermissionDenied(
+                    format!(
+                        "only a {} token may restore a snapshot, and this one no longer is one",
+                        acl::MANAGEMENT_POLICY
+                    ),
+                ))));
+            }
+        }
         if let Some(leader) = self.leader_elsewhere(raft.as_ref())? {
             let request = Self::on_behalf(&caller, spooled.upload()?, MEMBERSHIP_TIMEOUT);
             return self
@@ -798,7 +848,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<RemoveRequest>,
     ) -> Result<Response<RemoveResponse>, Status> {
-        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
+        let caller = self
+            .authorize(&request, Need::Operator(Access::Write), false)
+            .await?;
         let raft = self.raft()?;
         let deadline = answer_by(&request);
         let remove = request.into_inner();
@@ -843,7 +895,9 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
-        let caller = self.authorize(&request, Need::Operator(Access::Write), false)?;
+        let caller = self
+            .authorize(&request, Need::Operator(Access::Write), false)
+            .await?;
         let raft = self.raft()?;
         let deadline = answer_by(&request);
         let transfer = request.into_inner();

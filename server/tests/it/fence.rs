@@ -521,6 +521,18 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
         )
         .await
         .expect("the token");
+        // At once on another node, through the cluster service too.
+        cluster.nodes[(round + 1) % 3]
+            .cluster()
+            .await
+            .acl_who_am_i(with_token(
+                proto::cluster::v1::AclWhoAmIRequest {},
+                Some(&secret),
+            ))
+            .await
+            .unwrap_or_else(|status| {
+                panic!("round {round}: a new token on another node: {status:?}")
+            });
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut writers = tokio::task::JoinSet::new();
         for (index, node) in cluster.nodes.iter().enumerate() {
@@ -607,6 +619,20 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
                 ))
                 .await
                 .expect_err("a deleted token");
+            assert_eq!(
+                refused.code(),
+                Code::Unauthenticated,
+                "round {round}: {refused:?}"
+            );
+            let refused = node
+                .cluster()
+                .await
+                .acl_who_am_i(with_token(
+                    proto::cluster::v1::AclWhoAmIRequest {},
+                    Some(&secret),
+                ))
+                .await
+                .expect_err("a deleted token, through the cluster service");
             assert_eq!(
                 refused.code(),
                 Code::Unauthenticated,
