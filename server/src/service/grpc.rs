@@ -63,25 +63,20 @@ impl ResourceGrpc {
         request: Request<ListRequest>,
     ) -> Result<Response<super::read::EncodedList>, Status> {
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request)?;
         let caller = request
             .extensions()
             .get::<crate::limits::Admitted>()
             .cloned();
-        let list = crate::storage::deadline::scope(deadline, async {
-            let answer_at = self.read_after_sync(consistency).await?;
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
+        let list = self
+            .unary(&request, Some(consistency), |authorizer, body, at| {
                 let caller = caller.clone();
                 async move {
                     self.service
-                        .list_encoded_for(authorizer.as_ref(), answer_at, body, caller.as_ref())
+                        .list_encoded_for(authorizer.as_ref(), at, body, caller.as_ref())
                         .await
                 }
             })
-            .await
-        })
-        .await?;
+            .await?;
         let mut response = Response::new(list);
         self.mark_stale(consistency, response.metadata_mut());
         Ok(response)
@@ -106,24 +101,21 @@ impl ResourceGrpc {
         request: Request<ReadRequest>,
     ) -> Result<Response<super::encoded::EncodedRead>, Status> {
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request)?;
         let caller = request
             .extensions()
             .get::<crate::limits::Admitted>()
             .cloned();
-        let resource = crate::storage::deadline::scope(deadline, async {
-            let answer_at = self.read_after_sync(consistency).await?;
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move {
+        let resource = self
+            .unary(
+                &request,
+                Some(consistency),
+                |authorizer, body, at| async move {
                     self.service
-                        .read_encoded(authorizer.as_ref(), answer_at, body)
+                        .read_encoded(authorizer.as_ref(), at, body)
                         .await
-                }
-            })
-            .await
-        })
-        .await?;
+                },
+            )
+            .await?;
         let mut response = Response::new(super::encoded::EncodedRead(resource));
         self.mark_stale(consistency, response.metadata_mut());
         // The answer counts against its caller until sent (the port's guard keeps the charge
@@ -229,6 +221,35 @@ impl ResourceGrpc {
             }
             other => other,
         }
+    }
+
+    /// A unary call as its caller ([`Self::as_caller`]), within the request's deadline, on a
+    /// copy of the request's message each try; for a read at `consistency`, the consistency
+    /// the service answers at once the caller is authorized ([`Self::read_after_sync`]).
+    async fn unary<T, R, F, Fut>(
+        &self,
+        request: &Request<T>,
+        consistency: Option<Consistency>,
+        mut call: F,
+    ) -> Result<R, Status>
+    where
+        T: Clone,
+        F: FnMut(Arc<dyn Authorizer>, T, Consistency) -> Fut,
+        Fut: Future<Output = Result<R, Error>>,
+    {
+        let deadline = deadline(request)?;
+        let answered = crate::storage::deadline::scope(deadline, async {
+            let answer_at = match consistency {
+                Some(consistency) => self.read_after_sync(consistency).await?,
+                None => Consistency::Eventual,
+            };
+            self.as_caller(request, |authorizer| {
+                call(authorizer, request.get_ref().clone(), answer_at)
+            })
+            .await
+        })
+        .await?;
+        Ok(answered)
     }
 
     /// How a read at `consistency` is answered once its caller is authorized: a strong read
@@ -435,20 +456,15 @@ fn consistency<T>(request: &Request<T>) -> Result<Consistency, Status> {
 impl resource_service_server::ResourceService for ResourceGrpc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(deadline, async {
-            let answer_at = self.read_after_sync(consistency).await?;
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .read(authorizer.as_ref(), answer_at, body)
-                        .await
-                }
-            })
-            .await
-        })
-        .await?;
+        let response = self
+            .unary(
+                &request,
+                Some(consistency),
+                |authorizer, body, at| async move {
+                    self.service.read(authorizer.as_ref(), at, body).await
+                },
+            )
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -456,15 +472,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move { self.service.write(authorizer.as_ref(), body).await }
-            }),
-        )
-        .await?;
+        let response = self
+            .unary(&request, None, |authorizer, body, _| async move {
+                self.service.write(authorizer.as_ref(), body).await
+            })
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -472,34 +484,25 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteStatusRequest>,
     ) -> Result<Response<WriteStatusResponse>, Status> {
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move { self.service.write_status(authorizer.as_ref(), body).await }
-            }),
-        )
-        .await?;
+        let response = self
+            .unary(&request, None, |authorizer, body, _| async move {
+                self.service.write_status(authorizer.as_ref(), body).await
+            })
+            .await?;
         Ok(Response::new(response))
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let consistency = consistency(&request)?;
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(deadline, async {
-            let answer_at = self.read_after_sync(consistency).await?;
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .list(authorizer.as_ref(), answer_at, body)
-                        .await
-                }
-            })
-            .await
-        })
-        .await?;
+        let response = self
+            .unary(
+                &request,
+                Some(consistency),
+                |authorizer, body, at| async move {
+                    self.service.list(authorizer.as_ref(), at, body).await
+                },
+            )
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -507,15 +510,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<ListByOwnerRequest>,
     ) -> Result<Response<ListByOwnerResponse>, Status> {
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move { self.service.list_by_owner(authorizer.as_ref(), body).await }
-            }),
-        )
-        .await?;
+        let response = self
+            .unary(&request, None, |authorizer, body, _| async move {
+                self.service.list_by_owner(authorizer.as_ref(), body).await
+            })
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -523,15 +522,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move { self.service.delete(authorizer.as_ref(), body).await }
-            }),
-        )
-        .await?;
+        let response = self
+            .unary(&request, None, |authorizer, body, _| async move {
+                self.service.delete(authorizer.as_ref(), body).await
+            })
+            .await?;
         Ok(Response::new(response))
     }
 
@@ -556,19 +551,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<MutateAndValidateRequest>,
     ) -> Result<Response<MutateAndValidateResponse>, Status> {
-        let deadline = deadline(&request)?;
-        let response = crate::storage::deadline::scope(
-            deadline,
-            self.as_caller(&request, |authorizer| {
-                let body = request.get_ref().clone();
-                async move {
-                    self.service
-                        .mutate_and_validate(authorizer.as_ref(), body)
-                        .await
-                }
-            }),
-        )
-        .await?;
+        let response = self
+            .unary(&request, None, |authorizer, body, _| async move {
+                self.service
+                    .mutate_and_validate(authorizer.as_ref(), body)
+                    .await
+            })
+            .await?;
         Ok(Response::new(response))
     }
 }

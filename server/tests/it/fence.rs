@@ -40,6 +40,24 @@ async fn change_leader(node: &crate::process::Resd, token: Option<&str>) {
         .expect("the leadership moves");
 }
 
+/// The version of the first event of `watch` that `wanted` picks (within 10 s each).
+async fn watched(
+    watch: &mut tonic::Streaming<proto::resource::v1::WatchEvent>,
+    what: &str,
+    wanted: impl Fn(&proto::resource::v1::watch_event::Event) -> bool,
+) -> (u64, u32) {
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .unwrap_or_else(|_| panic!("{what} is watched"))
+            .expect("the watch")
+            .expect("an event");
+        if event.event.as_ref().is_some_and(&wanted) {
+            return version(&event.version);
+        }
+    }
+}
+
 /// Rounds of each race (more with `RESD_FENCE_ROUNDS`).
 fn rounds(default: usize) -> usize {
     std::env::var("RESD_FENCE_ROUNDS")
@@ -315,21 +333,13 @@ async fn a_type_whose_deletion_is_acknowledged_takes_no_new_resource_on_any_node
             "round {round}: stored after the deletion was acknowledged: {accepted:?}"
         );
         // The version the Type was marked at, from the watch.
-        let marked_at = loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), types.message())
-                .await
-                .expect("the mark is watched")
-                .expect("the watch")
-                .expect("an event");
-            if let Some(proto::resource::v1::watch_event::Event::Upsert(upsert)) = &event.event
-                && upsert
-                    .resource
-                    .as_ref()
-                    .is_some_and(|r| r.metadata.contains_key(proto::meta::DELETION_TIMESTAMP_KEY))
-            {
-                break version(&event.version);
-            }
-        };
+        let marked_at = watched(&mut types, "the mark", |event| {
+            matches!(event, proto::resource::v1::watch_event::Event::Upsert(upsert)
+            if upsert.resource.as_ref().is_some_and(|r| {
+                r.metadata.contains_key(proto::meta::DELETION_TIMESTAMP_KEY)
+            }))
+        })
+        .await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let stored: Vec<_> = writers.join_all().await.into_iter().flatten().collect();
         assert!(
@@ -591,23 +601,12 @@ async fn a_deleted_token_authorizes_nothing_once_its_deletion_is_acknowledged() 
             ))
             .await
             .expect("the token's deletion");
-        let deleted_at = loop {
-            let event = tokio::time::timeout(Duration::from_secs(10), tokens.message())
-                .await
-                .expect("the deletion is watched")
-                .expect("the watch")
-                .expect("an event");
-            if let Some(proto::resource::v1::watch_event::Event::Delete(delete)) = &event.event
-                && delete
-                    .resource
-                    .as_ref()
-                    .and_then(|r| r.id.as_ref())
-                    .map(|id| id.name.as_str())
-                    == Some(accessor.as_str())
-            {
-                break version(&event.version);
-            }
-        };
+        let deleted_at = watched(&mut tokens, "the deletion", |event| {
+            matches!(event, proto::resource::v1::watch_event::Event::Delete(delete)
+                if delete.resource.as_ref().and_then(|r| r.id.as_ref())
+                    .is_some_and(|id| id.name == accessor))
+        })
+        .await;
         // At once, on every node: the token is refused.
         for node in &cluster.nodes {
             let refused = ResourceServiceClient::new(node.channel().await)
