@@ -217,6 +217,12 @@ fn byte_units(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(BYTES_PER_UNIT)
 }
 
+/// Key comparisons a map of `entries` may make to find or place one key (its depth as a
+/// balanced tree): each may read the whole key, so a key's bytes are paid this many times.
+fn key_depth(entries: u64) -> u64 {
+    u64::from(64 - entries.leading_zeros()).max(1)
+}
+
 /// The weight of one regex step, by the pattern's size (what a step of the matcher may visit).
 fn regex_weight(pattern: &str) -> u64 {
     1 + (pattern.len() as u64).div_ceil(8)
@@ -528,8 +534,13 @@ impl<'a> Evaluator<'a> {
             Expression::Map(entries) => {
                 self.meter.charge(entries.len() as u64)?;
                 let mut map = BTreeMap::new();
+                let depth = key_depth(entries.len() as u64);
                 for (k, v) in entries {
                     let key = to_key(self.eval(k)?)?;
+                    if let Key::String(s) = &key {
+                        self.meter
+                            .charge(byte_units(s.len()).saturating_mul(depth))?;
+                    }
                     let value = self.eval(v)?;
                     map.insert(key, value);
                 }
@@ -646,7 +657,9 @@ impl<'a> Evaluator<'a> {
                 }
                 Value::Map(map) => {
                     if let Value::String(s) = &a {
-                        self.meter.charge(byte_units(s.len()))?;
+                        self.meter.charge(
+                            byte_units(s.len()).saturating_mul(key_depth(map.len() as u64)),
+                        )?;
                     }
                     Ok(Value::Bool(lookup_key(map, &a).is_some()))
                 }
@@ -749,7 +762,8 @@ impl<'a> Evaluator<'a> {
             }
             Value::Map(map) => {
                 if let Value::String(s) = index {
-                    self.meter.charge(byte_units(s.len()))?;
+                    self.meter
+                        .charge(byte_units(s.len()).saturating_mul(key_depth(map.len() as u64)))?;
                 }
                 lookup_key(map, index)
                     .cloned()
@@ -1357,7 +1371,7 @@ impl Estimator<'_> {
                 let compare = match op {
                     RelationOp::In => {
                         if sb.key.is_some() {
-                            byte_units_u64(sa.size)
+                            byte_units_u64(sa.size).saturating_mul(key_depth(sb.size))
                         } else {
                             sb.size.saturating_mul(1 + equal_cost(&sa, &sb.element()))
                         }
@@ -1383,10 +1397,16 @@ impl Estimator<'_> {
                         } else {
                             Shape::any()
                         };
+                        // A map's key is compared down the map's depth.
+                        let depth = if shape.key.is_some() || shape.message.is_none() {
+                            key_depth(shape.size)
+                        } else {
+                            1
+                        };
                         (
                             out,
                             cost.saturating_add(ci)
-                                .saturating_add(byte_units_u64(si.size)),
+                                .saturating_add(byte_units_u64(si.size).saturating_mul(depth)),
                         )
                     }
                     Member::Fields(_) => (Shape::any(), cost),
@@ -1410,12 +1430,16 @@ impl Estimator<'_> {
             }
             Expression::Map(entries) => {
                 let mut cost = entries.len() as u64;
+                let depth = key_depth(entries.len() as u64);
                 let mut key: Option<Shape> = None;
                 let mut value: Option<Shape> = None;
                 for (k, v) in entries {
                     let (sk, ck) = self.estimate(k);
                     let (sv, cv) = self.estimate(v);
-                    cost = cost.saturating_add(ck).saturating_add(cv);
+                    cost = cost
+                        .saturating_add(ck)
+                        .saturating_add(cv)
+                        .saturating_add(byte_units_u64(sk.size).saturating_mul(depth));
                     key = Some(key.map_or(sk.clone(), |k| larger(k, sk)));
                     value = Some(value.map_or(sv.clone(), |v| larger(v, sv)));
                 }

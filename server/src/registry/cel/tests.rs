@@ -142,6 +142,26 @@ fn strings_are_charged_by_their_bytes() {
     assert_eq!(run_with(source, data, 70_000), Ok(Value::Bool(false)));
 }
 
+/// A map compares a key down its depth, each comparison reading up to the whole key: a
+/// megabyte key looked up in a map of 64 entries (depth 7) is paid seven times, and each key a
+/// map is built with, its depth times (the keys' common prefix makes every comparison read it).
+#[test]
+fn map_keys_are_charged_for_every_comparison() {
+    let long = "x".repeat(1 << 20);
+    let data = serde_json::json!({"customer": long});
+    let keys: Vec<String> = (0..63).map(|i| format!("'k{i}': {i}")).collect();
+    let map = format!("{{{}, self.customer: 63}}", keys.join(", "));
+    let source = format!("self.customer in {map}");
+    // The key read (65,536 units) and placed in the map (x7), then looked up (x7): over
+    // 800,000 units, where one pass over it each time was about 200,000.
+    assert!(matches!(
+        run_with(&source, data.clone(), 800_000),
+        Err(EvalError::OverBudget { .. })
+    ));
+    assert_eq!(run_with(&source, data, 1_200_000), Ok(Value::Bool(true)));
+    assert!(estimate_of(&source) >= 800_000, "{}", estimate_of(&source));
+}
+
 #[test]
 fn the_estimate_bounds_what_data_can_make_a_rule_do() {
     // Constant work.
