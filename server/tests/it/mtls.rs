@@ -691,3 +691,36 @@ async fn a_join_cancelled_by_its_client_still_rolls_back() {
         .await
         .expect("a write");
 }
+
+/// A member of a build before DESIGN §15's fence applies fenced changes without checking them:
+/// this build and it never replicate to each other. A leader's certificate that sends entries
+/// (or asks for a vote) without saying it checks fences — as an earlier build does — is refused
+/// with the reason, and the cluster goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_of_a_build_before_the_fence_is_not_replicated_with() {
+    let (ca, cluster) = tls_cluster(2, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = 1 - leader;
+    let target = raft_addr(&cluster.nodes[follower]).await;
+    let term = term_of(&cluster.nodes[leader]).await;
+    let leader_id = leader as u64 + 1;
+    let mut earlier = raft_client_as(&target, Some(node_tls(&ca, leader_id)))
+        .await
+        .expect("connect as the leader");
+    let refused = earlier
+        .append_entries(append_as(leader_id, term))
+        .await
+        .expect_err("entries from a build that does not check fences");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("does not check fenced changes"),
+        "{refused:?}"
+    );
+    let refused = earlier
+        .vote(vote_for(leader_id, term + 1))
+        .await
+        .expect_err("a vote asked by a build that does not check fences");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    // The members of this build go on.
+    assert!(cluster.nodes[leader].status().await.is_some());
+}

@@ -43,6 +43,35 @@ impl Contacts {
 
 /// Largest AppendEntries message sent; larger batches are cut and reported as partial success.
 pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
+
+/// Sent with every replication call (append, vote, snapshot) and with every answer to one, by
+/// builds whose state machine checks changes' fences (DESIGN §15). A build before them
+/// applies fenced changes without checking them, so the two must never replicate to each
+/// other: a follower of this build refuses a leader of an earlier one, and a leader of this
+/// build does not replicate to a follower of an earlier one (treated as unreachable). A
+/// cluster then goes on with whichever build holds a majority; members of the other catch up
+/// once upgraded, and no two members ever apply the same entry differently.
+pub(crate) const FENCE_HEADER: &str = "x-resd-fence";
+
+/// Whether `metadata` says its sender checks fences.
+pub(crate) fn checks_fences(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata.get(FENCE_HEADER).is_some_and(|value| value == "1")
+}
+
+/// Marks `metadata` as sent by a build that checks fences.
+pub(crate) fn mark_fences(metadata: &mut tonic::metadata::MetadataMap) {
+    metadata.insert(
+        FENCE_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+}
+
+/// What a member of this build says of a peer of an earlier one.
+pub(crate) fn earlier_build(peer: &str) -> String {
+    format!(
+        "raft peer {peer} runs a build that does not check fenced changes (before DESIGN §15's fence): the two do not replicate to each other; upgrade every member"
+    )
+}
 /// Largest message the raft server accepts (a single entry may hold a 4 MiB resource).
 pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Size of the chunks a snapshot is streamed in.

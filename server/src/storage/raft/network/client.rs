@@ -118,6 +118,17 @@ impl NetworkClient {
         )))
     }
 
+    /// Refuses the answer of a peer of a build that does not check fences
+    /// ([`super::FENCE_HEADER`]): this leader does not replicate to it.
+    fn same_build(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Unreachable> {
+        if super::checks_fences(metadata) {
+            return Ok(());
+        }
+        Err(Unreachable::new(&std::io::Error::other(
+            super::earlier_build(&format!("{} at {}", self.target, self.addr)),
+        )))
+    }
+
     fn decode_reply<T: Wire>(&self, payload: &[u8]) -> RpcResult<T> {
         self.contacts.heard(self.target);
         let reply: Result<T, PeerFailure> =
@@ -180,11 +191,13 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
             None => {
                 let mut request = Request::new(pb::RaftMessage { payload });
                 request.set_timeout(option.hard_ttl());
+                super::mark_fences(request.metadata_mut());
                 let reply = self
                     .client()?
                     .append_entries(request)
                     .await
                     .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
+                self.same_build(reply.metadata())?;
                 self.decode_reply(&reply.into_inner().payload)?
             }
         };
@@ -204,11 +217,13 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         let payload = encode(&rpc);
         let mut request = Request::new(pb::RaftMessage { payload });
         request.set_timeout(option.hard_ttl());
+        super::mark_fences(request.metadata_mut());
         let reply = self
             .client()?
             .vote(request)
             .await
             .map_err(|status| RPCError::Unreachable(self.unreachable(&status)))?;
+        self.same_build(reply.metadata())?;
         self.decode_reply(&reply.into_inner().payload)
     }
 
@@ -225,11 +240,15 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
             .map_err(|error| StreamingError::Network(NetworkError::new(&error)))?;
         let chunks = snapshot_chunks(header, file, snapshot.snapshot.path.clone());
         let mut client = self.client().map_err(StreamingError::Unreachable)?;
-        let send = client.install_snapshot(Request::new(chunks));
+        let mut request = Request::new(chunks);
+        super::mark_fences(request.metadata_mut());
+        let send = client.install_snapshot(request);
         let reply = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             reply = send => reply.map_err(|status| StreamingError::Unreachable(self.unreachable(&status)))?,
         };
+        self.same_build(reply.metadata())
+            .map_err(StreamingError::Unreachable)?;
         self.contacts.heard(self.target);
         let result: Result<SnapshotResponse<NodeId>, PeerFailure> =
             decode(&reply.into_inner().payload)

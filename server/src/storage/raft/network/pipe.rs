@@ -66,12 +66,17 @@ impl Pipe {
             next_id: AtomicU64::new(1),
         });
         tokio::spawn(async move {
-            let requests = tokio_stream::wrappers::ReceiverStream::new(requests);
+            let mut requests =
+                tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
+            super::mark_fences(requests.metadata_mut());
             let ended = match client.append_stream(requests).await {
                 Err(status) if status.code() == tonic::Code::Unimplemented => {
                     PipeError::Unsupported
                 }
                 Err(status) => PipeError::Failed(format!("{peer}: {}", status.message())),
+                Ok(answers) if !super::checks_fences(answers.metadata()) => {
+                    PipeError::Failed(super::earlier_build(&peer))
+                }
                 Ok(answers) => {
                     let mut answers = answers.into_inner();
                     loop {
@@ -227,6 +232,8 @@ mod tests {
     struct Peer {
         streams: bool,
         end_after: u64,
+        /// A build that does not check fences (sends no `x-resd-fence`).
+        earlier_build: bool,
     }
 
     type Answers =
@@ -277,9 +284,13 @@ mod tests {
                     });
                 }
             });
-            Ok(Response::new(Box::pin(
+            let mut response: Response<Answers> = Response::new(Box::pin(
                 tokio_stream::wrappers::ReceiverStream::new(answered),
-            )))
+            ));
+            if !self.earlier_build {
+                super::super::mark_fences(response.metadata_mut());
+            }
+            Ok(response)
         }
 
         async fn vote(
@@ -350,6 +361,7 @@ mod tests {
             serve(Peer {
                 streams: true,
                 end_after: u64::MAX,
+                earlier_build: false,
             })
             .await,
             "test peer".into(),
@@ -375,6 +387,7 @@ mod tests {
             serve(Peer {
                 streams: true,
                 end_after: 1,
+                earlier_build: false,
             })
             .await,
             "test peer".into(),
@@ -408,6 +421,7 @@ mod tests {
             serve(Peer {
                 streams: false,
                 end_after: u64::MAX,
+                earlier_build: false,
             })
             .await,
             "old peer".into(),
@@ -419,5 +433,27 @@ mod tests {
         ));
         link.unsupported();
         assert!(link.pipe().is_none(), "unary calls until the retry time");
+    }
+
+    /// A follower of a build that does not check fences gets nothing from this leader: its
+    /// stream is refused by what it answers (DESIGN §15: the two never replicate to each
+    /// other), naming why.
+    #[tokio::test]
+    async fn a_peer_of_a_build_before_the_fence_is_not_replicated_to() {
+        let link = Link::new(
+            serve(Peer {
+                streams: true,
+                end_after: u64::MAX,
+                earlier_build: true,
+            })
+            .await,
+            "old peer".into(),
+        );
+        let pipe = link.pipe().expect("streams");
+        let refused = pipe.call(vec![1, 2], TIMEOUT).await;
+        assert!(
+            matches!(&refused, Err(PipeError::Failed(why)) if why.contains("does not check fenced changes")),
+            "{refused:?}"
+        );
     }
 }

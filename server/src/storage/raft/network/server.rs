@@ -164,11 +164,19 @@ const STREAM_IN_FLIGHT: usize = 64;
 impl RaftGrpc {
     /// One AppendEntries, as a call or a message on the append stream: the payload's request
     /// checked against the caller, given to raft, the answer encoded.
-    async fn append(&self, info: &ConnInfo, payload: &[u8]) -> Result<Vec<u8>, Status> {
+    /// `build`: whether the sender's build checks fences ([`same_build`]), refused once the
+    /// sender is known to speak for itself.
+    async fn append(
+        &self,
+        info: &ConnInfo,
+        payload: &[u8],
+        build: &Result<(), Status>,
+    ) -> Result<Vec<u8>, Status> {
         let started = std::time::Instant::now();
         let caller = self.caller(info)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(bad_payload)?;
         self.check_claim(info, caller, rpc.vote.leader_id().voted_for(), "entries")?;
+        build.clone()?;
         let answer = self.raft.append_entries(rpc).await;
         // Taken (or to be repaired from): the sender leads this node's term or a later one.
         if matches!(
@@ -190,6 +198,17 @@ impl RaftGrpc {
 
 fn bad_payload(error: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("undecodable raft payload: {error}"))
+}
+
+/// Refuses a replication call from a build that does not check fences ([`super::FENCE_HEADER`]).
+fn same_build<T>(request: &Request<T>, info: &ConnInfo) -> Result<(), Status> {
+    if super::checks_fences(request.metadata()) {
+        return Ok(());
+    }
+    let peer = info
+        .remote_ip()
+        .map_or_else(|| "(unknown address)".to_owned(), |ip| ip.to_string());
+    Err(Status::failed_precondition(super::earlier_build(&peer)))
 }
 
 /// A raft answer: the value, or raft's failure as words.
@@ -222,8 +241,13 @@ impl RaftService for RaftGrpc {
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let info = ConnInfo::of(&request);
-        let payload = self.append(&info, &request.into_inner().payload).await?;
-        Ok(Response::new(pb::RaftMessage { payload }))
+        let build = same_build(&request, &info);
+        let payload = self
+            .append(&info, &request.into_inner().payload, &build)
+            .await?;
+        let mut response = Response::new(pb::RaftMessage { payload });
+        super::mark_fences(response.metadata_mut());
+        Ok(response)
     }
 
     type AppendStreamStream =
@@ -237,6 +261,7 @@ impl RaftService for RaftGrpc {
         // Checked at the start too, so a stranger's stream is refused at once; every request
         // on it is checked again (membership may change while the stream stays open).
         self.caller(&info)?;
+        let build = same_build(&request, &info);
         let mut requests = request.into_inner();
         let (answers, answered) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
         let service = self.clone();
@@ -258,8 +283,9 @@ impl RaftService for RaftGrpc {
                 let service = service.clone();
                 let info = info.clone();
                 let answers = answers.clone();
+                let build = build.clone();
                 tokio::spawn(async move {
-                    let answer = match service.append(&info, &request.payload).await {
+                    let answer = match service.append(&info, &request.payload, &build).await {
                         Ok(payload) => pb::StreamedResponse {
                             id: request.id,
                             payload,
@@ -276,9 +302,11 @@ impl RaftService for RaftGrpc {
                 });
             }
         });
-        Ok(Response::new(Box::pin(
+        let mut response: Response<Self::AppendStreamStream> = Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(answered),
-        )))
+        ));
+        super::mark_fences(response.metadata_mut());
+        Ok(response)
     }
 
     async fn pre_vote(
@@ -321,6 +349,7 @@ impl RaftService for RaftGrpc {
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let info = ConnInfo::of(&request);
         let caller = self.caller(&info)?;
+        let earlier = same_build(&request, &info);
         let rpc: VoteRequest<NodeId> =
             decode(&request.into_inner().payload).map_err(bad_payload)?;
         self.check_claim(
@@ -329,10 +358,13 @@ impl RaftService for RaftGrpc {
             rpc.vote.leader_id().voted_for(),
             "a vote request",
         )?;
-        if let Some(refused) = self.backend.refuse_vote(&rpc) {
-            return reply(Ok::<_, openraft::error::RaftError<NodeId>>(refused));
-        }
-        reply(self.raft.vote(rpc).await)
+        earlier?;
+        let mut response = match self.backend.refuse_vote(&rpc) {
+            Some(refused) => reply(Ok::<_, openraft::error::RaftError<NodeId>>(refused))?,
+            None => reply(self.raft.vote(rpc).await)?,
+        };
+        super::mark_fences(response.metadata_mut());
+        Ok(response)
     }
 
     async fn install_snapshot(
@@ -341,6 +373,7 @@ impl RaftService for RaftGrpc {
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let info = ConnInfo::of(&request);
         let caller = self.caller(&info)?;
+        let earlier = same_build(&request, &info);
         let mut chunks = request.into_inner();
         let first = chunks
             .message()
@@ -430,7 +463,10 @@ impl RaftService for RaftGrpc {
             meta,
             snapshot: receiving,
         };
-        reply(self.raft.install_full_snapshot(vote, snapshot).await)
+        earlier?;
+        let mut response = reply(self.raft.install_full_snapshot(vote, snapshot).await)?;
+        super::mark_fences(response.metadata_mut());
+        Ok(response)
     }
 
     async fn removed(
