@@ -46,6 +46,30 @@ struct Peer {
     addr: String,
     client: RaftServiceClient<Channel>,
     link: Arc<Link>,
+    build: Arc<BuildCheck>,
+}
+
+/// When a peer last showed it checks fences ([`super::FENCE_HEADER`]): nothing is sent to it
+/// (no entry it might apply unchecked) until it has, and again after a while.
+#[derive(Debug, Default)]
+struct BuildCheck {
+    confirmed: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a peer's build, once confirmed, is taken as known.
+const BUILD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl BuildCheck {
+    fn fresh(&self) -> bool {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < BUILD_CHECK_EVERY)
+    }
+
+    fn confirm(&self) {
+        *self.confirmed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
 }
 
 impl NetworkFactory {
@@ -72,6 +96,7 @@ impl NetworkFactory {
                 format!("raft peer {target} at {addr}"),
             )),
             client,
+            build: Arc::default(),
         };
         self.channels.insert(target, peer.clone());
         Ok(peer)
@@ -87,6 +112,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             addr: node.raft_addr.clone(),
             link: peer.as_ref().ok().map(|peer| peer.link.clone()),
+            build: peer.as_ref().ok().map(|peer| peer.build.clone()),
             client: peer.map(|peer| peer.client),
             contacts: self.contacts.clone(),
         }
@@ -99,6 +125,8 @@ pub(crate) struct NetworkClient {
     client: Result<RaftServiceClient<Channel>, String>,
     /// AppendEntries on the peer's stream (`None` if the peer's address is unusable).
     link: Option<Arc<Link>>,
+    /// Whether the peer is known to check fences.
+    build: Option<Arc<BuildCheck>>,
     contacts: Arc<Contacts>,
 }
 
@@ -127,6 +155,31 @@ impl NetworkClient {
         Err(Unreachable::new(&std::io::Error::other(
             super::earlier_build(&format!("{} at {}", self.target, self.addr)),
         )))
+    }
+
+    /// Makes sure the peer checks fences before anything is sent to it (a peer of an earlier
+    /// build would apply what it is sent without checking): asked with a `Vouch` call, whose
+    /// answer says it, at most every [`BUILD_CHECK_EVERY`].
+    async fn ensure_same_build(&self) -> Result<(), Unreachable> {
+        let Some(build) = &self.build else {
+            return Ok(());
+        };
+        if build.fresh() {
+            return Ok(());
+        }
+        let mut request = Request::new(pb::VouchRequest {
+            node_id: self.target,
+        });
+        request.set_timeout(std::time::Duration::from_secs(2));
+        super::mark_fences(request.metadata_mut());
+        let reply = self
+            .client()?
+            .vouch(request)
+            .await
+            .map_err(|status| self.unreachable(&status))?;
+        self.same_build(reply.metadata())?;
+        build.confirm();
+        Ok(())
     }
 
     fn decode_reply<T: Wire>(&self, payload: &[u8]) -> RpcResult<T> {
@@ -161,6 +214,9 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         }
         let cut = keep < rpc.entries.len();
         rpc.entries.truncate(keep);
+        self.ensure_same_build()
+            .await
+            .map_err(RPCError::Unreachable)?;
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
 
         let payload = encode(&rpc);
@@ -234,6 +290,9 @@ impl RaftNetwork<TypeConfig> for NetworkClient {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        self.ensure_same_build()
+            .await
+            .map_err(StreamingError::Unreachable)?;
         let header = encode(&(vote, snapshot.meta.clone()));
         let file = tokio::fs::File::open(&snapshot.snapshot.path)
             .await

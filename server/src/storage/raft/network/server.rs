@@ -338,9 +338,12 @@ impl RaftService for RaftGrpc {
         let info = ConnInfo::of(&request);
         self.caller(&info)?;
         let asked = request.into_inner().node_id;
-        Ok(Response::new(pb::VouchResponse {
+        let mut response = Response::new(pb::VouchResponse {
             member: super::super::node::names_node(&self.raft, asked),
-        }))
+        });
+        // A leader asks before it sends anything (`client::NetworkClient::ensure_same_build`).
+        super::mark_fences(response.metadata_mut());
+        Ok(response)
     }
 
     async fn vote(
