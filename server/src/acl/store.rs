@@ -153,6 +153,11 @@ struct Index {
     tokens: BTreeMap<String, pb::Token>,
     /// The last change to any token or policy applied.
     revision: crate::resource::Version,
+    /// Every policy compiled, made again only when a policy changed (a token's change, in
+    /// apply, compiles nothing).
+    compiled: Arc<HashMap<String, Arc<CompiledPolicy>>>,
+    /// Whether a policy changed since `compiled` was made.
+    policies_changed: bool,
     /// Stored secret hash -> token.
     by_hash: HashMap<String, Arc<Entry>>,
     /// The salts (and rounds) of the tokens with chosen secrets, the most used first: what a
@@ -250,6 +255,7 @@ impl TokenStore {
     pub(crate) fn put_policy(&self, name: &str, policy: pb::Policy) {
         self.update(|index| {
             index.policies.insert(name.to_owned(), policy);
+            index.policies_changed = true;
         });
     }
 
@@ -257,6 +263,7 @@ impl TokenStore {
     pub(crate) fn remove_policy(&self, name: &str) {
         self.update(|index| {
             index.policies.remove(name);
+            index.policies_changed = true;
         });
     }
 
@@ -278,7 +285,10 @@ impl TokenStore {
     /// Replaces every policy (a fresh list from a watch's snapshot).
     #[cfg(test)]
     pub(crate) fn replace_policies(&self, policies: Vec<(String, pb::Policy)>) {
-        self.update(|index| index.policies = policies.into_iter().collect());
+        self.update(|index| {
+            index.policies = policies.into_iter().collect();
+            index.policies_changed = true;
+        });
         self.policies_loaded
             .store(true, std::sync::atomic::Ordering::Release);
     }
@@ -299,13 +309,16 @@ impl TokenStore {
         {
             let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
             change(&mut index);
-            let compiled: Arc<HashMap<String, Arc<CompiledPolicy>>> = Arc::new(
-                index
-                    .policies
-                    .iter()
-                    .map(|(name, policy)| (name.clone(), Arc::new(CompiledPolicy::new(policy))))
-                    .collect(),
-            );
+            if std::mem::take(&mut index.policies_changed) {
+                index.compiled = Arc::new(
+                    index
+                        .policies
+                        .iter()
+                        .map(|(name, policy)| (name.clone(), Arc::new(CompiledPolicy::new(policy))))
+                        .collect(),
+                );
+            }
+            let compiled = index.compiled.clone();
             let view = Arc::new(TokenView {
                 hashes: index
                     .tokens
@@ -555,17 +568,20 @@ impl TokenStore {
         self.update(|index| {
             index.revision = index.revision.max(version);
             match kind {
-                "Policy" => match upsert
-                    .then(|| decode_stored::<pb::Policy>(stored))
-                    .flatten()
-                {
-                    Some(policy) => {
-                        index.policies.insert(name, policy);
+                "Policy" => {
+                    index.policies_changed = true;
+                    match upsert
+                        .then(|| decode_stored::<pb::Policy>(stored))
+                        .flatten()
+                    {
+                        Some(policy) => {
+                            index.policies.insert(name, policy);
+                        }
+                        None => {
+                            index.policies.remove(&name);
+                        }
                     }
-                    None => {
-                        index.policies.remove(&name);
-                    }
-                },
+                }
                 "Token" => match upsert.then(|| decode_stored::<pb::Token>(stored)).flatten() {
                     Some(token) => {
                         index.tokens.insert(name, token);
@@ -605,6 +621,7 @@ impl TokenStore {
         }
         self.update(|index| {
             index.policies = policies;
+            index.policies_changed = true;
             index.tokens = tokens;
             index.revision = revision;
         });
@@ -872,5 +889,21 @@ mod tests {
                 token: &token("y-secret-0123456789", &["delegate"], ""),
             })
             .expect("within");
+    }
+
+    /// A token's change (each one is applied in raft apply) compiles no policy again; a
+    /// policy's does.
+    #[test]
+    fn a_token_change_compiles_no_policy_again() {
+        let store = TokenStore::new(Access::Deny);
+        store.replace_policies(vec![("ops".into(), pb::Policy::default())]);
+        store.replace_tokens(Vec::new());
+        let before = store.read().compiled.clone();
+        assert_eq!(before.len(), 1);
+        store.put_token("alice", token(&generated("alice"), &["ops"], ""));
+        store.remove_token("alice");
+        assert!(Arc::ptr_eq(&before, &store.read().compiled));
+        store.put_policy("ops", pb::Policy::default());
+        assert!(!Arc::ptr_eq(&before, &store.read().compiled));
     }
 }
