@@ -261,9 +261,15 @@ fn check_fence(
     }
     // Reads that fail on the environment (not on data) stop apply, as everywhere here.
     let mut failed = None;
-    let mut revisions = [Version::default(); Domain::ALL.len()];
-    for (slot, domain) in revisions.iter_mut().zip(Domain::ALL) {
-        *slot = revision(dbs, wtxn, domain)?;
+    // Only the domains the fence names are read (a registered type's write names none, or
+    // the ACLs alone).
+    let mut revisions = std::collections::BTreeMap::new();
+    for guard in &fence.guards {
+        if let crate::storage::Guard::Domain { domain, .. } = guard
+            && !revisions.contains_key(domain)
+        {
+            revisions.insert(*domain, revision(dbs, wtxn, *domain)?);
+        }
     }
     let checked = crate::storage::check_fence(
         fence,
@@ -275,13 +281,7 @@ fn check_fence(
                 Ok(String::new())
             }
         },
-        |domain| {
-            Domain::ALL
-                .iter()
-                .position(|d| *d == domain)
-                .map(|i| revisions[i])
-                .unwrap_or_default()
-        },
+        |domain| revisions.get(&domain).copied().unwrap_or_default(),
     );
     match failed {
         Some(error) => Err(error),
