@@ -366,6 +366,19 @@ impl ResourceService {
     /// Checks that the partition (and namespace) of a tenancy exist
     /// ([`Error::TenancyNotFound`] naming which).
     async fn tenancy_state(&self, scope: Scope, tenancy: &Tenancy) -> Result<TenancyState, Error> {
+        match self.tenancy_in_storage(scope, tenancy).await {
+            Err(StorageError::MissingTenancy(which)) => Err(Error::TenancyNotFound(which)),
+            other => Ok(other?),
+        }
+    }
+
+    /// [`Self::tenancy_state`] in storage's terms, for checks below the service (changes a peer
+    /// forwarded): a missing unit is [`StorageError::MissingTenancy`] naming which.
+    async fn tenancy_in_storage(
+        &self,
+        scope: Scope,
+        tenancy: &Tenancy,
+    ) -> Result<TenancyState, StorageError> {
         let needs_partition = matches!(scope, Scope::Partition | Scope::Namespace)
             || (scope == Scope::Any && !tenancy.partition.is_empty());
         let needs_namespace =
@@ -378,7 +391,7 @@ impl ResourceService {
         let mut state = TenancyState::Active;
         for unit in units.iter().flatten() {
             match self.tenancy_unit_marked(unit).await? {
-                None => return Err(Error::TenancyNotFound(unit.missing())),
+                None => return Err(StorageError::MissingTenancy(unit.missing())),
                 Some(true) => state = TenancyState::MarkedForDeletion,
                 Some(false) => {}
             }
@@ -392,7 +405,7 @@ impl ResourceService {
     async fn tenancy_unit_marked(
         &self,
         key: &tenancy_units::UnitKey,
-    ) -> Result<Option<bool>, Error> {
+    ) -> Result<Option<bool>, StorageError> {
         let stamp = self.backend.group_stamp(builtin::TENANCY_GROUP);
         if let Some(stamp) = stamp
             && let Some(marked) = self.tenancy_units.get(key, stamp)
@@ -412,13 +425,13 @@ impl ResourceService {
     /// Reads a partition or namespace: locally first (the common case: it exists), and with a
     /// strong read before concluding it is missing, so a namespace just created through another
     /// node is seen by a follower that has not applied it yet (read-your-writes across nodes).
-    async fn read_tenancy_unit(&self, id: &Id) -> Result<Option<Resource>, Error> {
+    async fn read_tenancy_unit(&self, id: &Id) -> Result<Option<Resource>, StorageError> {
         for consistency in [Consistency::Eventual, Consistency::Strong] {
             match self.backend.read(consistency, id).await {
                 Ok(unit) => return Ok(Some(unit)),
                 Err(StorageError::GroupVersionMismatch { stored }) => return Ok(Some(*stored)),
                 Err(StorageError::NotFound) => continue,
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(error),
             }
         }
         Ok(None)

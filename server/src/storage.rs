@@ -308,7 +308,7 @@ pub enum StorageError {
     /// What is wrong with the change, field by field (a peer's checks of a forwarded change);
     /// nothing changed.
     #[error("{0}")]
-    Invalid(crate::resource::Invalid),
+    Invalid(#[from] crate::resource::Invalid),
     /// What the change was checked against changed before it could apply ([`Fence`]);
     /// nothing changed. The service checks it again.
     #[error("{0}")]

@@ -8,29 +8,35 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use proto::resource::v1::Resource;
 
+use super::ResourceService;
 use super::validate::{self, Wildcards};
-use super::{Error, ResourceService};
 use crate::registry::{Registration, Registry};
+use crate::resource::Invalid;
 use crate::storage::{Admission, StorageError, check};
 
 /// Whether `resource`, as it would be stored, satisfies what Write enforces on its way in:
 /// storable (names, uid, keys, at most `max_resource_bytes`), a registered type, a tenancy
 /// complete for the type's scope, data of the registered message, and the type's validation.
 /// Types the server writes itself (tombstones) are accepted: peers and snapshots carry them.
+/// A check below the service: what it refuses is typed violations ([`StorageError::Invalid`]),
+/// which the service that sent the change answers its caller with, field by field.
 pub(super) fn check_record(
     registry: &Registry,
     max_resource_bytes: usize,
     resource: &Resource,
-) -> Result<Arc<Registration>, Error> {
+) -> Result<Arc<Registration>, StorageError> {
     check::check_storable(resource, max_resource_bytes)?;
     validate::check_resource_ids(resource, registry)?;
     let id = resource.id.clone().unwrap_or_default();
     let resource_type = id.r#type.clone().unwrap_or_default();
     let registration = registry.resolve(&resource_type).ok_or_else(|| {
-        Error::invalid(format!(
-            "resource.id.type {} is not registered on this server",
-            crate::resource::gvk(&resource_type)
-        ))
+        Invalid::at(
+            "resource.id.type",
+            format!(
+                "resource.id.type {} is not registered on this server",
+                crate::resource::gvk(&resource_type)
+            ),
+        )
     })?;
     let stored = id.tenancy.clone().unwrap_or_default();
     let mut complete = stored.clone();
@@ -42,18 +48,22 @@ pub(super) fn check_record(
         Wildcards::Forbidden,
     )?;
     if complete != stored {
-        return Err(Error::invalid(format!(
-            "resource.id.tenancy {{partition: {:?}, namespace: {:?}}} is incomplete for {} scope {}",
-            stored.partition,
-            stored.namespace,
-            registration.scope.name(),
-            registration.gvk()
-        )));
+        return Err(Invalid::at(
+            "resource.id.tenancy",
+            format!(
+                "resource.id.tenancy {{partition: {:?}, namespace: {:?}}} is incomplete for {} scope {}",
+                stored.partition,
+                stored.namespace,
+                registration.scope.name(),
+                registration.gvk()
+            ),
+        )
+        .into());
     }
     if let Some(data) = &resource.data {
         registration
             .check_data(data)
-            .map_err(Error::InvalidArgument)?;
+            .map_err(|why| Invalid::at("resource.data", why))?;
     }
     // A registered type's rules are checked when a resource is written (DESIGN §15): rules
     // added later do not make stored resources, or a snapshot of them, unacceptable.
@@ -63,28 +73,6 @@ pub(super) fn check_record(
         validate(resource)?;
     }
     Ok(registration)
-}
-
-/// What a refusal looks like to storage.
-fn storage_error(error: Error) -> StorageError {
-    match error {
-        // Typed: the peer's service answers its client with the same fields.
-        Error::BadRequest(violations) => {
-            StorageError::Invalid(crate::resource::Invalid(violations.0))
-        }
-        Error::InvalidArgument(why) | Error::NotFound(why) | Error::UnknownType(why) => {
-            StorageError::Rejected(why)
-        }
-        Error::TenancyNotFound(why) | Error::WriteToMissingTenancy(why) => {
-            StorageError::MissingTenancy(why)
-        }
-        Error::Unavailable(why) | Error::NoQuorum(why) => StorageError::Inconsistent(why),
-        Error::CatchingUp(progress) => StorageError::CatchingUp(progress),
-        Error::ShuttingDown(why) => StorageError::ShuttingDown(why),
-        Error::Damaged(why) => StorageError::Damaged(why),
-        Error::Removed(why) => StorageError::Removed(why),
-        other => StorageError::Internal(other.to_string()),
-    }
 }
 
 /// The resource service's checks for changes forwarded by peers: [`check_record`], then the
@@ -111,17 +99,15 @@ impl Admission for ForwardAdmission {
             self.service.registry(),
             self.service.max_resource_bytes(),
             resource,
-        )
-        .map_err(storage_error)?;
+        )?;
         let tenancy = resource
             .id
             .as_ref()
             .and_then(|id| id.tenancy.clone())
             .unwrap_or_default();
         self.service
-            .tenancy_state(registration.scope, &tenancy)
-            .await
-            .map_err(storage_error)?;
+            .tenancy_in_storage(registration.scope, &tenancy)
+            .await?;
         Ok(())
     }
 }

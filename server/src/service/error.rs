@@ -207,7 +207,7 @@ impl Error {
                 "{why}; retry shortly or ask another member"
             )),
             StorageError::Fenced(fenced) => Error::Fenced(fenced),
-            StorageError::Invalid(invalid) => Error::BadRequest(BadRequest(invalid.0)),
+            StorageError::Invalid(invalid) => invalid.into(),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

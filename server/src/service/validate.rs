@@ -3,13 +3,12 @@
 
 use proto::resource::v1::{Id, Reference, Tenancy, Type};
 
-use super::Error;
-use super::error::{BadRequest, FieldViolation};
+use super::error::FieldViolation;
 use crate::registry::{Registry, Scope, builtin};
 use crate::resource;
 
-/// Collects violations, each of a field, and turns them into one [`Error::BadRequest`] (its
-/// fields sent as a `google.rpc.BadRequest`).
+/// Collects violations, each of a field, and turns them into one [`resource::Invalid`] (typed
+/// data below the service; a `google.rpc.BadRequest` once it reaches the wire).
 #[derive(Debug, Default)]
 pub(super) struct Violations(Vec<FieldViolation>);
 
@@ -22,11 +21,11 @@ impl Violations {
         });
     }
 
-    pub(super) fn finish(self) -> Result<(), Error> {
+    pub(super) fn finish(self) -> Result<(), resource::Invalid> {
         if self.0.is_empty() {
             Ok(())
         } else {
-            Err(Error::BadRequest(BadRequest(self.0)))
+            Err(resource::Invalid(self.0))
         }
     }
 }
@@ -139,7 +138,7 @@ pub(super) fn check_id(
 pub(super) fn check_resource_ids(
     resource: &proto::resource::v1::Resource,
     registry: &Registry,
-) -> Result<(), Error> {
+) -> Result<(), resource::Invalid> {
     let mut violations = Violations::default();
     check_id(
         &mut violations,
@@ -221,7 +220,7 @@ pub(super) fn apply_scope(
     scope: Scope,
     tenancy: &mut Tenancy,
     wildcards: Wildcards,
-) -> Result<(), Error> {
+) -> Result<(), resource::Invalid> {
     let is_wildcard = |value: &str| wildcards == Wildcards::Allowed && value == resource::WILDCARD;
     let mut violations = Violations::default();
     match scope {

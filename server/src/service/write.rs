@@ -944,7 +944,7 @@ fn check_frozen_write(
     if added.is_empty() && input_finalizers == existing_finalizers {
         violations.push("resource", format!("no-op write rejected: {frozen}"));
     }
-    violations.finish()
+    Ok(violations.finish()?)
 }
 
 /// An owner reference the writer may not read: refused as the owner's read would be.
