@@ -22,6 +22,7 @@ pub(crate) mod builtin;
 pub(crate) mod cel;
 pub(crate) mod dynamic;
 pub(crate) mod pool;
+pub(crate) mod versions;
 #[cfg(test)]
 mod tests;
 
@@ -435,12 +436,24 @@ struct DynamicState {
 
 #[derive(Debug, Clone)]
 struct InstalledType {
-    key: Key,
-    /// The stored Type's uid (its version is its registration's).
+    /// A registration per served version, with its key.
+    registrations: Vec<(Key, Arc<Registration>)>,
+    /// The key of every version, served or not: what the Type claims.
+    claims: Vec<Key>,
+    /// The stored Type's uid (its version is its registrations').
     uid: String,
     /// Of its data: a write of the same data (a status) compiles nothing again.
     digest: [u8; 32],
-    registration: Arc<Registration>,
+    family: Arc<versions::Family>,
+}
+
+impl InstalledType {
+    fn registration(&self, key: &Key) -> Option<&Arc<Registration>> {
+        self.registrations
+            .iter()
+            .find(|(served, _)| served == key)
+            .map(|(_, registration)| registration)
+    }
 }
 
 impl DynamicState {
@@ -449,9 +462,9 @@ impl DynamicState {
         let owner = self
             .by_name
             .iter()
-            .filter(|(_, installed)| installed.key == *key)
+            .filter(|(_, installed)| installed.registration(key).is_some())
             .min_by(|a, b| (&a.1.uid, a.0).cmp(&(&b.1.uid, b.0)))
-            .map(|(_, installed)| installed.registration.clone());
+            .and_then(|(_, installed)| installed.registration(key).cloned());
         match owner {
             Some(owner) => {
                 self.by_key.insert(key.clone(), owner);
@@ -508,8 +521,7 @@ impl DynamicTypes {
             .by_name
             .iter()
             .filter(|(other, _)| other.as_str() != name)
-            .filter_map(|(_, installed)| installed.registration.registered.as_ref())
-            .map(|installed| installed.compiled.descriptor_set.len())
+            .map(|(_, installed)| installed.family.descriptor_bytes())
             .sum();
         let max = self
             .max_schema_bytes
@@ -524,41 +536,76 @@ impl DynamicTypes {
 
     /// The registered type a Type resource named `name` installed.
     pub(crate) fn installed(&self, name: &str) -> Option<dynamic::Installed> {
-        self.read()
-            .by_name
-            .get(name)?
-            .registration
-            .registered
-            .clone()
+        let state = self.read();
+        let installed = state.by_name.get(name)?;
+        match installed.registrations.first() {
+            Some((_, registration)) => registration.registered.clone(),
+            // A Type serving no version it claims (elected elsewhere) still has its family.
+            None => None,
+        }
     }
 
     /// Whether a Type resource may register `resource_type` under `name` (DESIGN §15): not a
     /// built-in type, not one another Type registered, within `--max-types`.
     pub(crate) fn check_claim(&self, name: &str, resource_type: &Type) -> Result<(), String> {
-        let key = key_of(resource_type);
-        let gvk = resource::gvk(resource_type);
-        if self
-            .builtin
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&key)
-        {
-            return Err(format!("data: {gvk} is a built-in type"));
-        }
+        self.check_claims(name, std::slice::from_ref(resource_type))
+    }
+
+    /// [`Self::check_claim`] for every version a Type claims. One Type holds every version of
+    /// a kind (DESIGN §15.1): a kind another Type registered in any version is refused.
+    pub(crate) fn check_claims(&self, name: &str, claimed: &[Type]) -> Result<(), String> {
         let state = self.read();
-        // A Type already stored with this claim may still change (and be deleted), whether it
-        // owns the key or lost it to one created earlier.
-        let claimed_before = state.by_name.get(name).is_some_and(|i| i.key == key);
-        if let Some(owner) = state
-            .by_key
-            .get(&key)
-            .and_then(|r| r.registered.as_ref())
-            .filter(|installed| installed.name != name && !claimed_before)
-        {
-            return Err(format!(
-                "data: {gvk} is already registered by Type {}",
-                owner.name
-            ));
+        for resource_type in claimed {
+            let key = key_of(resource_type);
+            let gvk = resource::gvk(resource_type);
+            if self
+                .builtin
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&key)
+            {
+                return Err(format!("data: {gvk} is a built-in type"));
+            }
+            // A Type already stored with this claim may still change (and be deleted), whether
+            // it owns the key or lost it to one created earlier.
+            let claimed_before = state
+                .by_name
+                .get(name)
+                .is_some_and(|i| i.claims.contains(&key));
+            if claimed_before {
+                continue;
+            }
+            if let Some(owner) = state
+                .by_key
+                .get(&key)
+                .and_then(|r| r.registered.as_ref())
+                .filter(|installed| installed.name != name)
+            {
+                return Err(format!(
+                    "data: {gvk} is already registered by Type {}",
+                    owner.name
+                ));
+            }
+            if let Some((other, theirs)) = state.by_name.iter().find(|(other, installed)| {
+                other.as_str() != name
+                    && installed
+                        .claims
+                        .iter()
+                        .any(|(g, _, k)| *g == key.0 && *k == key.2)
+            }) {
+                let versions: Vec<&str> = theirs
+                    .claims
+                    .iter()
+                    .map(|(_, version, _)| version.as_str())
+                    .collect();
+                return Err(format!(
+                    "data: {}.{} is registered by Type {other} (versions {}); one Type holds every version of a kind: add {} to its data.versions",
+                    key.0,
+                    key.2,
+                    versions.join(", "),
+                    key.1
+                ));
+            }
         }
         let max = self.max_types.load(std::sync::atomic::Ordering::Relaxed);
         if !state.by_name.contains_key(name) && state.by_name.len() >= max {
@@ -585,24 +632,19 @@ impl DynamicTypes {
             if other == name {
                 continue;
             }
-            let Some(theirs) = &installed.registration.registered else {
-                continue;
-            };
-            let same_package = theirs.compiled.resource_type.group == compiled.resource_type.group
-                && theirs.compiled.resource_type.group_version
-                    == compiled.resource_type.group_version;
-            let may_clash = same_package || (compiled.extends && theirs.compiled.extends);
-            if !may_clash {
-                continue;
-            }
-            if let Some(clash) = compiled
-                .symbols
-                .intersection(&theirs.compiled.symbols)
-                .next()
-            {
-                return Err(format!(
-                    "data.proto declares {clash}, which Type {other} declares too (two Types of one group and version share their package; extensions share their options message's numbers)"
-                ));
+            for theirs in &installed.family.versions {
+                let theirs = &theirs.compiled;
+                let same_package = theirs.resource_type.group == compiled.resource_type.group
+                    && theirs.resource_type.group_version == compiled.resource_type.group_version;
+                let may_clash = same_package || (compiled.extends && theirs.extends);
+                if !may_clash {
+                    continue;
+                }
+                if let Some(clash) = compiled.symbols.intersection(&theirs.symbols).next() {
+                    return Err(format!(
+                        "data.proto declares {clash}, which Type {other} declares too (two Types of one group and version share their package; extensions share their options message's numbers)"
+                    ));
+                }
             }
         }
         Ok(())
@@ -637,13 +679,15 @@ impl DynamicTypes {
         let same = current
             .by_name
             .get(name)
-            .filter(|i| i.digest == digest && i.uid == id.uid)
-            .and_then(|i| i.registration.registered.as_ref())
-            .filter(|r| r.deleting == deleting)
-            .map(|r| r.compiled.clone());
-        let recompiled = same.is_none();
-        let compiled = match same {
-            Some(compiled) => compiled,
+            .filter(|i| i.digest == digest && i.uid == id.uid);
+        let kept_deleting = same
+            .and_then(|i| i.registrations.first())
+            .and_then(|(_, r)| r.registered.as_ref())
+            .is_none_or(|r| r.deleting == deleting);
+        let reused = same.map(|i| i.family.clone());
+        let recompiled = reused.is_none() || !kept_deleting;
+        let family = match reused {
+            Some(family) => family,
             None => {
                 let t = match decode_data::<proto::registry::v1::Type>(stored) {
                     Ok(t) => t,
@@ -653,10 +697,10 @@ impl DynamicTypes {
                         return;
                     }
                 };
-                match dynamic::CompiledType::load(&t) {
-                    Ok(compiled) => {
-                        tracing::info!(r#type = %name, deleting, version = %stored.version, "registered type installed");
-                        Arc::new(compiled)
+                match versions::Family::load_any(&t) {
+                    Ok(family) => {
+                        tracing::info!(r#type = %name, deleting, version = %stored.version, storage_version = %family.storage, "registered type installed");
+                        Arc::new(family)
                     }
                     Err(why) => {
                         tracing::warn!(r#type = %name, %why, "a stored Type cannot be loaded; its resources are unavailable");
@@ -666,30 +710,47 @@ impl DynamicTypes {
                 }
             }
         };
-        let key = key_of(&compiled.resource_type);
-        let registration = Arc::new(Registration::registered(dynamic::Installed {
-            name: name.to_owned(),
-            version: stored.version.clone(),
-            compiled,
-            deleting,
-        }));
+        let claims: Vec<Key> = family
+            .versions
+            .iter()
+            .map(|v| key_of(&v.compiled.resource_type))
+            .collect();
+        let registrations: Vec<(Key, Arc<Registration>)> = family
+            .served()
+            .map(|v| {
+                let registration = Registration::registered(dynamic::Installed {
+                    name: name.to_owned(),
+                    version: stored.version.clone(),
+                    compiled: v.compiled.clone(),
+                    family: family.clone(),
+                    deleting,
+                });
+                (key_of(&v.compiled.resource_type), Arc::new(registration))
+            })
+            .collect();
         self.update_with(!recompiled, |state| {
             state.revision = state.revision.max(revision);
+            let served: Vec<Key> = registrations.iter().map(|(key, _)| key.clone()).collect();
             let previous = state.by_name.insert(
                 name.to_owned(),
                 InstalledType {
-                    key: key.clone(),
+                    registrations,
+                    claims,
                     uid: id.uid.clone(),
                     digest,
-                    registration,
+                    family,
                 },
             );
-            if let Some(previous) = previous
-                && previous.key != key
-            {
-                state.elect(&previous.key);
+            if let Some(previous) = previous {
+                for (key, _) in &previous.registrations {
+                    if !served.contains(key) {
+                        state.elect(key);
+                    }
+                }
             }
-            state.elect(&key);
+            for key in &served {
+                state.elect(key);
+            }
             true
         });
     }
@@ -700,7 +761,9 @@ impl DynamicTypes {
         self.update(|state| {
             state.revision = state.revision.max(revision);
             if let Some(gone) = state.by_name.remove(name) {
-                state.elect(&gone.key);
+                for (key, _) in &gone.registrations {
+                    state.elect(key);
+                }
                 removed = true;
             }
             true

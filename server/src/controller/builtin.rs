@@ -315,10 +315,16 @@ impl Reconciler<InProcess> for TypeController {
             },
             _ => Tenancy::default(),
         };
-        let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
         // A Type that registered nothing here (it never loaded, or another Type owns its
-        // group.version.Kind) has no resources of its own to delete.
-        let loads = crate::registry::dynamic::CompiledType::load(&t).is_ok();
+        // group.version.Kind) has no resources of its own to delete. Its objects are listed
+        // (and deleted) through one served version, whatever version each is stored in.
+        let family = crate::registry::versions::Family::load_any(&t).ok();
+        let loads = family.is_some();
+        let served = family
+            .as_ref()
+            .and_then(|family| family.served().next().map(|v| v.name.clone()))
+            .unwrap_or_else(|| t.group_version.clone());
+        let resource_type = resource::new_type(&t.group, &served, &t.kind);
         runtime.api().service.know_type(Some(&resource_type)).await;
         let owner = runtime
             .api()
@@ -337,18 +343,6 @@ impl Reconciler<InProcess> for TypeController {
         } else {
             runtime.list(&resource_type, &tenancy).await?
         };
-        // Stored objects are keyed without their version (DESIGN §2): those written through
-        // another version belong to that version's Type, if one is registered.
-        let listed: Vec<Resource> = listed
-            .into_iter()
-            .filter(|inside| {
-                inside
-                    .id
-                    .as_ref()
-                    .and_then(|id| id.r#type.as_ref())
-                    .is_none_or(|stored| stored.group_version == t.group_version)
-            })
-            .collect();
         let remaining = listed.len();
         for inside in listed {
             if !resource::is_marked_for_deletion(&inside)

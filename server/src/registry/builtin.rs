@@ -298,12 +298,25 @@ fn type_acls() -> Acls {
                         "the Type's claim cannot be read, so its ownership cannot be checked: {why}"
                     ))
                 })?;
-                let gvk = format!("{}.{}.{}", t.group, t.group_version, t.kind);
-                acl::require_schema(authorizer, &gvk, Access::Write)?;
+                for gvk in claimed_gvks(&t) {
+                    acl::require_schema(authorizer, &gvk, Access::Write)?;
+                }
             }
             Ok(())
         }),
         ..Acls::default()
+    }
+}
+
+/// Every group.version.Kind a Type claims: its one, or one per version (DESIGN §15.1).
+fn claimed_gvks(t: &registry_v1::Type) -> Vec<String> {
+    if t.versions.is_empty() {
+        vec![format!("{}.{}.{}", t.group, t.group_version, t.kind)]
+    } else {
+        t.versions
+            .iter()
+            .map(|v| format!("{}.{}.{}", t.group, v.name, t.kind))
+            .collect()
     }
 }
 
@@ -335,21 +348,27 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
         .as_ref()
         .map(|id| id.name.as_str())
         .unwrap_or_default();
-    let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
+    let family = super::versions::Family::load_any(&t)
+        .map_err(|why| Invalid::named(&in_resource(&why)))?;
+    let claimed: Vec<_> = family
+        .versions
+        .iter()
+        .map(|v| v.compiled.resource_type.clone())
+        .collect();
     types
-        .check_claim(name, &resource_type)
+        .check_claims(name, &claimed)
         .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
-    let compiled =
-        super::dynamic::CompiledType::load(&t).map_err(|why| Invalid::named(&in_resource(&why)))?;
     if let Some(installed) = types.installed(name) {
-        super::dynamic::check_update(&installed.compiled, &compiled)
+        super::versions::check_update(&installed.family, &family)
             .map_err(|why| Invalid::at("resource.data", format!("resource.data: {why}")))?;
     }
+    for version in &family.versions {
+        types
+            .check_symbols(name, &version.compiled)
+            .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
+    }
     types
-        .check_symbols(name, &compiled)
-        .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
-    types
-        .check_schema_bytes(name, compiled.descriptor_set.len())
+        .check_schema_bytes(name, family.descriptor_bytes())
         .map_err(|why| Invalid::named(&format!("resource.{why}")))?;
     Ok(())
 }

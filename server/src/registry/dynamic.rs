@@ -130,7 +130,10 @@ pub(crate) fn package(t: &pb::Type) -> String {
 /// Checks a Type as written and compiles its source: the Type to store (its `descriptor_set`
 /// the compiler's), or every problem found, each naming its field.
 pub(crate) fn compile(t: &pb::Type) -> Result<pb::Type, String> {
-    let mut problems = Vec::new();
+    if super::versions::is_multi_version(t) {
+        return super::versions::compile(t);
+    }
+    let mut problems = super::versions::column_problems("data.columns", &t.columns);
     let resource_type = resource::new_type(&t.group, &t.group_version, &t.kind);
     for violation in resource::type_violations(&resource_type) {
         problems.push(format!("data.{violation}"));
@@ -654,7 +657,7 @@ impl CompiledType {
 
     /// The data as a CEL value (proto field names, every scalar field present, 64-bit integers
     /// as numbers).
-    fn cel_value(&self, data: &[u8]) -> Result<cel::Value, RuleFailure> {
+    pub(super) fn cel_value(&self, data: &[u8]) -> Result<cel::Value, RuleFailure> {
         let invalid = |error: &dyn std::fmt::Display| {
             RuleFailure::Violations(vec![Violation {
                 rule: None,
@@ -789,7 +792,7 @@ fn compile_rule(
 
 /// How deeply an expression nests, found with an explicit stack (a rule written to nest
 /// thousands of levels must not overflow the stack of whoever measures it).
-fn nesting_depth(expression: &Expression) -> usize {
+pub(super) fn nesting_depth(expression: &Expression) -> usize {
     let mut deepest = 0;
     let mut pending: Vec<(&Expression, usize)> = vec![(expression, 1)];
     while let Some((node, depth)) = pending.pop() {
@@ -832,7 +835,7 @@ fn children(node: &Expression) -> Vec<&Expression> {
 }
 
 /// A dot-separated path of proto field names, each but the last a singular message.
-fn check_field_path(message: &MessageDescriptor, path: &str) -> Result<(), String> {
+pub(super) fn check_field_path(message: &MessageDescriptor, path: &str) -> Result<(), String> {
     let mut current = message.clone();
     let parts: Vec<&str> = path.split('.').collect();
     for (i, part) in parts.iter().enumerate() {
@@ -855,7 +858,7 @@ fn check_field_path(message: &MessageDescriptor, path: &str) -> Result<(), Strin
 
 /// Walks a rule: field selections on `self`/`old` that the message lacks go to `unknown`;
 /// whether it reads `old` to `uses_old`.
-fn walk(
+pub(super) fn walk(
     expression: &Expression,
     message: &MessageDescriptor,
     unknown: &mut BTreeSet<String>,
@@ -981,7 +984,7 @@ pub(crate) fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(),
         Ok(())
     } else {
         Err(format!(
-            "{}; a breaking change is a new group_version, i.e. a new Type",
+            "{}; a breaking change is a new version of the Type (add it to data.versions, DESIGN §15.1)",
             problems.join("; ")
         ))
     }
@@ -1055,9 +1058,27 @@ pub(crate) struct Installed {
     /// The stored Type's version when this node applied it: what a write checked against
     /// this registration is fenced on (DESIGN §15).
     pub version: String,
+    /// This version of the Type, compiled.
     pub compiled: Arc<CompiledType>,
+    /// Every version of the Type (one for a single-version Type), and how to convert.
+    pub family: Arc<super::versions::Family>,
     /// Whether its Type is marked for deletion.
     pub deleting: bool,
+}
+
+impl Installed {
+    /// The version objects of this type are stored in (this one for a single-version Type).
+    pub(crate) fn storage_version(&self) -> &str {
+        &self.family.storage
+    }
+
+    /// The warning answers in this version carry, if it is deprecated.
+    pub(crate) fn deprecation(&self) -> Option<&str> {
+        self.family
+            .version(&self.compiled.resource_type.group_version)
+            .filter(|v| v.deprecated)
+            .map(|v| v.warning.as_str())
+    }
 }
 
 #[cfg(test)]

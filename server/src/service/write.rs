@@ -991,10 +991,10 @@ fn refuse_while_type_is_deleted(
 /// An update of a `registry.v1.Type` keeps what its stored version registered compatible
 /// (DESIGN §15).
 fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error> {
-    use crate::registry::dynamic::{CompiledType, check_update};
+    use crate::registry::versions::{Family, check_update};
     let load = |resource: &Resource| {
         crate::registry::decode_data::<proto::registry::v1::Type>(resource)
-            .and_then(|t| CompiledType::load(&t))
+            .and_then(|t| Family::load_any(&t))
     };
     // A stored Type that does not load registered nothing: any valid replacement will do.
     let Ok(stored) = load(existing) else {
