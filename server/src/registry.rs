@@ -22,9 +22,9 @@ pub(crate) mod builtin;
 pub(crate) mod cel;
 pub(crate) mod dynamic;
 pub(crate) mod pool;
-pub(crate) mod versions;
 #[cfg(test)]
 mod tests;
+pub(crate) mod versions;
 
 /// Where resources of a type live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -534,6 +534,11 @@ impl DynamicTypes {
         Ok(())
     }
 
+    /// The registered type of `resource_type`, as installed now (no built-in ones).
+    pub(crate) fn resolve(&self, resource_type: &Type) -> Option<Arc<Registration>> {
+        self.read().by_key.get(&key_of(resource_type)).cloned()
+    }
+
     /// The registered type a Type resource named `name` installed.
     pub(crate) fn installed(&self, name: &str) -> Option<dynamic::Installed> {
         let state = self.read();
@@ -547,6 +552,7 @@ impl DynamicTypes {
 
     /// Whether a Type resource may register `resource_type` under `name` (DESIGN §15): not a
     /// built-in type, not one another Type registered, within `--max-types`.
+    #[cfg(test)]
     pub(crate) fn check_claim(&self, name: &str, resource_type: &Type) -> Result<(), String> {
         self.check_claims(name, std::slice::from_ref(resource_type))
     }

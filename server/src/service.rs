@@ -22,6 +22,7 @@ use validate::{Violations, Wildcards};
 
 mod admission;
 pub(crate) mod cluster;
+mod convert;
 mod delete;
 pub(crate) mod encoded;
 mod error;

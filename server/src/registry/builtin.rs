@@ -348,8 +348,8 @@ fn validate_type(types: &super::DynamicTypes, resource: &Resource) -> Result<(),
         .as_ref()
         .map(|id| id.name.as_str())
         .unwrap_or_default();
-    let family = super::versions::Family::load_any(&t)
-        .map_err(|why| Invalid::named(&in_resource(&why)))?;
+    let family =
+        super::versions::Family::load_any(&t).map_err(|why| Invalid::named(&in_resource(&why)))?;
     let claimed: Vec<_> = family
         .versions
         .iter()

@@ -967,7 +967,7 @@ pub(crate) fn check_update(old: &CompiledType, new: &CompiledType) -> Result<(),
     let mut problems = Vec::new();
     if old.resource_type != new.resource_type {
         problems.push(format!(
-            "data.group, group_version and kind cannot change ({} → {}): register a new Type for a new version",
+            "data.group, group_version and kind cannot change ({} → {}): add a version to data.versions instead (DESIGN §15.1)",
             resource::gvk(&old.resource_type),
             resource::gvk(&new.resource_type)
         ));

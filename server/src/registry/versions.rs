@@ -92,9 +92,12 @@ pub(crate) fn column_problems(at: &str, columns: &[pb::Column]) -> Vec<String> {
         }
         let path_ok = column.json_path.starts_with('.')
             && column.json_path.len() <= 256
-            && column.json_path[1..]
-                .split('.')
-                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
+            && column.json_path[1..].split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            });
         if !path_ok {
             problems.push(format!(
                 "{here}.json_path {:?} must be a path in the resctl document: `.data.sku`, `.metadata.team`",
@@ -254,6 +257,19 @@ impl Family {
             .sum()
     }
 
+    /// Whether converting data of `bytes` bytes is cheap enough to do where the request is
+    /// handled rather than on the rule pool (no CEL, or small data under cheap conversions).
+    pub(crate) fn converts_inline(&self, bytes: usize) -> bool {
+        self.conversions.is_empty()
+            || (bytes as u64 <= cel::SMALL_DATA_BYTES
+                && self
+                    .conversions
+                    .iter()
+                    .map(|c| c.program.small_estimate)
+                    .fold(0u64, u64::saturating_add)
+                    <= cel::INLINE_UNITS)
+    }
+
     /// Whether objects may be stored in one version and asked for in another.
     pub(crate) fn converts(&self) -> bool {
         self.versions.len() > 1
@@ -275,10 +291,7 @@ impl Family {
                     served: version.served,
                     deprecated: version.deprecated,
                     warning: if version.deprecation_message.is_empty() {
-                        format!(
-                            "{}.{}.{} is deprecated",
-                            t.group, version.name, t.kind
-                        )
+                        format!("{}.{}.{} is deprecated", t.group, version.name, t.kind)
                     } else {
                         version.deprecation_message.clone()
                     },
@@ -354,21 +367,23 @@ impl Family {
         base: Option<&[u8]>,
         meter: &mut Meter,
     ) -> Result<Vec<u8>, ConversionError> {
-        let source_version = self
-            .version(from)
-            .ok_or_else(|| ConversionError(format!("version {from:?} is not a version of this type")))?;
-        let target_version = self
-            .version(to)
-            .ok_or_else(|| ConversionError(format!("version {to:?} is not a version of this type")))?;
+        let source_version = self.version(from).ok_or_else(|| {
+            ConversionError(format!("version {from:?} is not a version of this type"))
+        })?;
+        let target_version = self.version(to).ok_or_else(|| {
+            ConversionError(format!("version {to:?} is not a version of this type"))
+        })?;
         let source = DynamicMessage::decode(source_version.compiled.message.clone(), data)
             .map_err(|error| {
                 ConversionError(format!("resource.data does not decode as {from}: {error}"))
             })?;
         let target_message = target_version.compiled.message.clone();
         let base = match base {
-            Some(bytes) => Some(DynamicMessage::decode(target_message.clone(), bytes).map_err(
-                |error| ConversionError(format!("the stored data does not decode as {to}: {error}")),
-            )?),
+            Some(bytes) => Some(
+                DynamicMessage::decode(target_message.clone(), bytes).map_err(|error| {
+                    ConversionError(format!("the stored data does not decode as {to}: {error}"))
+                })?,
+            ),
             None => None,
         };
         let mut target = carry(&source, &target_message, base.as_ref());
@@ -607,11 +622,13 @@ fn carries(from: &FieldDescriptor, to: &FieldDescriptor) -> bool {
         let (Kind::Message(a), Kind::Message(b)) = (from.kind(), to.kind()) else {
             return false;
         };
-        return kinds_carry(&a.map_entry_key_field().kind(), &b.map_entry_key_field().kind())
-            && kinds_carry(
-                &a.map_entry_value_field().kind(),
-                &b.map_entry_value_field().kind(),
-            );
+        return kinds_carry(
+            &a.map_entry_key_field().kind(),
+            &b.map_entry_key_field().kind(),
+        ) && kinds_carry(
+            &a.map_entry_value_field().kind(),
+            &b.map_entry_value_field().kind(),
+        );
     }
     kinds_carry(&from.kind(), &to.kind())
 }
@@ -655,7 +672,11 @@ fn carry(
                 .flatten(),
             _ => None,
         };
-        let value = carry_value(&source.get_field(&from), &field.kind(), nested_base.as_ref());
+        let value = carry_value(
+            &source.get_field(&from),
+            &field.kind(),
+            nested_base.as_ref(),
+        );
         out.set_field(&field, value);
     }
     out
@@ -670,9 +691,12 @@ fn carry_value(value: &Value, to: &Kind, base: Option<&DynamicMessage>) -> Value
                 Value::Message(carry(message, target, base))
             }
         }
-        (Value::List(items), _) => {
-            Value::List(items.iter().map(|item| carry_value(item, to, None)).collect())
-        }
+        (Value::List(items), _) => Value::List(
+            items
+                .iter()
+                .map(|item| carry_value(item, to, None))
+                .collect(),
+        ),
         (Value::Map(entries), Kind::Message(entry)) => {
             let value_kind = entry.map_entry_value_field().kind();
             Value::Map(
@@ -688,7 +712,11 @@ fn carry_value(value: &Value, to: &Kind, base: Option<&DynamicMessage>) -> Value
 
 /// Sets the field at `path` of `target` (creating the messages on the way) to `value`: a CEL
 /// value read as the field's JSON. `null` clears it.
-fn set_path(target: &mut DynamicMessage, path: &[String], value: &cel::Value) -> Result<(), String> {
+fn set_path(
+    target: &mut DynamicMessage,
+    path: &[String],
+    value: &cel::Value,
+) -> Result<(), String> {
     let Some((last, parents)) = path.split_last() else {
         return Err("the path is empty".into());
     };

@@ -10,7 +10,7 @@ use proto::resource::v1::{
 };
 
 use super::validate::{self, Absent, Violations, Wildcards};
-use super::{Error, ResourceService};
+use super::{Error, ResourceService, convert};
 use crate::acl::{AclError, Authorizer};
 use crate::registry::{ReadAcl, Registration};
 use crate::resource::{self, DisplayId};
@@ -108,11 +108,15 @@ impl ResourceService {
         request: ReadRequest,
     ) -> Result<ReadResponse, Error> {
         let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
-        let resource = self
-            .backend
-            .read(consistency, &id)
-            .await
-            .map_err(|error| read_error(&id, error))?;
+        let resource = match self.backend.read(consistency, &id).await {
+            Ok(resource) => resource,
+            Err(StorageError::GroupVersionMismatch { stored })
+                if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
+            {
+                self.converted_read(&registration, *stored).await?
+            }
+            Err(error) => return Err(read_error(&id, error)),
+        };
         if needs_resource {
             (registration.acls.read)(authorizer, &id, Some(&resource))?;
         }
@@ -131,17 +135,49 @@ impl ResourceService {
         request: ReadRequest,
     ) -> Result<Vec<u8>, Error> {
         let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
-        let bytes = self
-            .backend
-            .read_encoded(consistency, &id)
-            .await
-            .map_err(|error| read_error(&id, error))?;
+        let bytes = match self.backend.read_encoded(consistency, &id).await {
+            Ok(bytes) => bytes,
+            Err(StorageError::GroupVersionMismatch { stored })
+                if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
+            {
+                let converted = self.converted_read(&registration, *stored).await?;
+                if needs_resource {
+                    (registration.acls.read)(authorizer, &id, Some(&converted))?;
+                }
+                return Ok(prost::Message::encode_to_vec(&converted));
+            }
+            Err(error) => return Err(read_error(&id, error)),
+        };
         if needs_resource {
             let resource =
                 <Resource as prost::Message>::decode(bytes.as_slice()).map_err(undecodable)?;
             (registration.acls.read)(authorizer, &id, Some(&resource))?;
         }
         Ok(bytes)
+    }
+
+    /// `stored`, of another version of `registration`'s Type, converted to the version asked
+    /// for (on the rule pool when its conversions are not cheap).
+    async fn converted_read(
+        &self,
+        registration: &Arc<Registration>,
+        stored: Resource,
+    ) -> Result<Resource, Error> {
+        let Some(family) = registration
+            .registered
+            .as_ref()
+            .map(|installed| installed.family.clone())
+        else {
+            return Err(Error::Internal("a conversion without a family".into()));
+        };
+        let to = registration.resource_type.group_version.clone();
+        if family.converts_inline(stored.data.as_ref().map_or(0, |d| d.value.len())) {
+            return convert::convert(&family, stored, &to, None);
+        }
+        self.pool
+            .run(move || convert::convert(&family, stored, &to, None))
+            .await
+            .map_err(|error| Error::Internal(error.to_string()))?
     }
 
     /// A Read's checks before storage: the id, the read hook (whether it needs the resource),
@@ -267,6 +303,7 @@ impl ResourceService {
             everything_readable: query.registration.acls.read_is_default()
                 && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
+            family: convert::family_of(&query.registration),
             selector: query.selector.as_ref(),
             list: EncodedList::charged_to(self.list_budget.clone(), caller),
             page: (request.limit > 0).then_some(PageEnd {
@@ -437,6 +474,7 @@ impl ResourceService {
             resource_type: query.resource_type,
             tenancy: query.tenancy,
             name_prefix: query.name_prefix,
+            types: self.registry.dynamic().clone(),
         };
         let bookmarks = request.bookmarks.then(Bookmarks::new);
         let events = following_grants(watch, grants, scope, bookmarks);
@@ -452,9 +490,48 @@ struct WatchScope {
     resource_type: Type,
     tenancy: Tenancy,
     name_prefix: String,
+    /// The registered types as they are when each event comes: an event of another version
+    /// of the watched Type is converted by its versions of the moment (DESIGN §15.1).
+    types: Arc<crate::registry::DynamicTypes>,
 }
 
 impl WatchScope {
+    /// `event` as this watch sees it: as stored, or converted when it is of another version
+    /// of the watched Type; `None` when it is not visible.
+    fn present(
+        &self,
+        authorizer: &dyn Authorizer,
+        event: SharedEvent,
+    ) -> Result<Option<SharedEvent>, Error> {
+        let resource = match &event.event().operation {
+            Operation::Upsert(resource) | Operation::Delete(resource) => resource,
+            Operation::EndOfSnapshot | Operation::Bookmark => return Ok(Some(event)),
+        };
+        if same_group_version(resource, &self.resource_type) {
+            return Ok(self.visible(authorizer, &event).then_some(event));
+        }
+        let Some(registration) = self.types.resolve(&self.resource_type) else {
+            return Ok(None);
+        };
+        if !convert::converts_from(&registration, convert::group_version_of(resource)) {
+            return Ok(None);
+        }
+        let converted = convert::as_requested(&registration, resource.clone())?;
+        let Some(converted) = converted else {
+            return Ok(None);
+        };
+        let operation = match &event.event().operation {
+            Operation::Delete(_) => Operation::Delete(converted),
+            _ => Operation::Upsert(converted),
+        };
+        let event = SharedEvent::new(WatchEvent {
+            version: event.event().version.clone(),
+            operation,
+            actor: event.event().actor.clone(),
+        });
+        Ok(self.visible(authorizer, &event).then_some(event))
+    }
+
     fn visible(&self, authorizer: &dyn Authorizer, event: &SharedEvent) -> bool {
         match &event.event().operation {
             Operation::Upsert(resource) | Operation::Delete(resource) => {
@@ -601,11 +678,17 @@ fn following_grants(
                                 bookmarks.went_past(&event);
                             }
                             // Storage's progress marks only move the bookmarks.
-                            if matches!(event.event().operation, Operation::Bookmark)
-                                || !state.scope.visible(state.grants.borrow().as_ref(), &event)
-                            {
+                            if matches!(event.event().operation, Operation::Bookmark) {
                                 continue;
                             }
+                            let presented = state
+                                .scope
+                                .present(state.grants.borrow().as_ref(), event);
+                            let event = match presented {
+                                Ok(Some(event)) => event,
+                                Ok(None) => continue,
+                                Err(error) => return Some((Err(error), None)),
+                            };
                             if let Some(bookmarks) = state.bookmarks.as_mut() {
                                 bookmarks.sent(&event);
                             }
@@ -822,6 +905,9 @@ struct VisibleList<'a> {
     /// version decides, read in place (no id is decoded per resource).
     everything_readable: bool,
     group_version: &'a str,
+    /// The versions of the listed type, when objects stored in another of them are listed
+    /// converted (DESIGN §15.1).
+    family: Option<&'a crate::registry::versions::Family>,
     /// Only resources whose metadata matches (read in place, after the cheaper checks).
     selector: Option<&'a Selector>,
     list: EncodedList,
@@ -840,6 +926,30 @@ struct PageEnd {
 }
 
 impl VisibleList<'_> {
+    /// `bytes` converted to the listed version when they are stored in another version of the
+    /// same Type; `None` when they are listed as they are (or not at all).
+    fn converted(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let Some(family) = self.family else {
+            return Ok(None);
+        };
+        let Some(stored) = crate::wire::proto::encoded_group_version(bytes)? else {
+            return Ok(None);
+        };
+        if stored == self.group_version.as_bytes() {
+            return Ok(None);
+        }
+        if std::str::from_utf8(stored)
+            .ok()
+            .and_then(|from| family.version(from))
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let resource = <Resource as prost::Message>::decode(bytes).map_err(undecodable)?;
+        let converted = convert::convert(family, resource, self.group_version, None)?;
+        Ok(Some(prost::Message::encode_to_vec(&converted)))
+    }
+
     fn visible(&self, bytes: &[u8]) -> Result<bool, Error> {
         if !self.readable(bytes)? {
             return Ok(false);
@@ -881,7 +991,15 @@ impl VisibleList<'_> {
 }
 
 impl crate::storage::EncodedSink for VisibleList<'_> {
-    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
+    fn take(&mut self, stored: &[u8]) -> std::ops::ControlFlow<()> {
+        let converted = match self.converted(stored) {
+            Ok(converted) => converted,
+            Err(error) => {
+                self.failed = Some(error);
+                return std::ops::ControlFlow::Break(());
+            }
+        };
+        let encoded = converted.as_deref().unwrap_or(stored);
         match self.visible(encoded) {
             Ok(true) => {
                 if let Some(page) = self.page.as_mut() {
@@ -977,6 +1095,7 @@ mod tests {
             read_acl: &read_acl,
             everything_readable: false,
             group_version: &group_version,
+            family: None,
             selector: None,
             page: None,
             list: EncodedList::default(),
@@ -1016,6 +1135,7 @@ mod tests {
             read_acl: &defaults.read,
             everything_readable: true,
             group_version: "v2",
+            family: None,
             selector: None,
             list: EncodedList::default(),
             page: None,

@@ -10,7 +10,8 @@ use proto::resource::v1::{
 
 use super::validate::{self, Violations, Wildcards};
 use super::{
-    Error, ResourceService, TenancyState, VersionConflict, new_ulid, now_timestamp, retry_blind,
+    Error, ResourceService, TenancyState, VersionConflict, convert, new_ulid, now_timestamp,
+    retry_blind,
 };
 use crate::acl::Authorizer;
 use crate::registry::Registration;
@@ -281,9 +282,12 @@ impl ResourceService {
             None if local && !input.version.is_empty() => Ok(Attempt::Reread),
             // Boxed, like the finishing delete below: rarer paths with large futures of their
             // own, kept out of the future every update carries.
-            None => Box::pin(self.create(input, prepared))
-                .await
-                .map(|stored| Attempt::Written(Box::new(stored))),
+            None => {
+                let stored = Box::pin(self.create(input, prepared)).await?;
+                Ok(Attempt::Written(Box::new(
+                    self.answer_in(prepared, stored)?,
+                )))
+            }
             Some(existing) => {
                 // Stored under another group version: the write replaces that object, so it
                 // needs the access under the stored version too (a DENY there holds).
@@ -311,6 +315,16 @@ impl ResourceService {
                         actual: existing.version.clone(),
                     }));
                 }
+                // Stored in another version of the same Type: judged as the version written.
+                let stored_as_written = if convert::converts_from(
+                    &prepared.registration,
+                    convert::group_version_of(&existing),
+                ) {
+                    convert::as_requested(&prepared.registration, existing.clone())?
+                } else {
+                    None
+                };
+                let before = stored_as_written.as_ref().unwrap_or(&existing);
                 let marked = resource::is_marked_for_deletion(&existing);
                 let is_type =
                     prepared.registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
@@ -330,10 +344,10 @@ impl ResourceService {
                     // data, and data that does not change was judged when it was written.
                     let data_changed = !prepared
                         .registration
-                        .same_data(input.data.as_ref(), existing.data.as_ref());
+                        .same_data(input.data.as_ref(), before.data.as_ref());
                     let data =
                         |r: &Resource| r.data.as_ref().map(|d| d.value.clone()).unwrap_or_default();
-                    let (new, old) = (data(&input), data(&existing));
+                    let (new, old) = (data(&input), data(before));
                     let transition = !marked && registered.compiled.has_transition_rules();
                     let deferred = prepared.violations.clone();
                     if data_changed && (transition || !deferred.is_empty()) {
@@ -391,7 +405,7 @@ impl ResourceService {
                     input.version = existing.version.clone();
                 }
                 if marked {
-                    check_frozen_write(&input, &existing, &prepared.registration)?;
+                    check_frozen_write(&input, before, &prepared.registration)?;
                 } else if input.metadata.contains_key(DELETION_TIMESTAMP_KEY) {
                     return Err(Error::invalid(format!(
                         "resource.metadata.{DELETION_TIMESTAMP_KEY} is set by Delete, not by Write"
@@ -401,12 +415,16 @@ impl ResourceService {
                     input_id.uid = existing_id.uid.clone();
                 }
                 input.generation = new_ulid();
+                let (input, converted) = self
+                    .in_storage_version(prepared, input, Some(&existing))
+                    .await?;
                 // A blind update may land over a later version too, as long as nothing merged
                 // above from the stored resource changed (storage checks): concurrent blind
                 // writers of one resource then do not retry each lost race.
                 // A Type is replaced only over the version its compatibility was checked against:
                 // two blind updates each compatible with it could merge into one that is not.
-                let written = if blind && !is_type {
+                // A converted write kept fields of the stored data: only over that version.
+                let written = if blind && !is_type && !converted {
                     self.backend
                         .write_merged_as(input, &prepared.actor, &prepared.fence)
                         .await
@@ -429,7 +447,9 @@ impl ResourceService {
                     // The last finalizer is gone: finish the delete that was waiting for it.
                     Box::pin(self.finish_delete(&stored, &prepared.actor)).await?;
                 }
-                Ok(Attempt::Written(Box::new(stored)))
+                Ok(Attempt::Written(Box::new(
+                    self.answer_in(prepared, stored)?,
+                )))
             }
         }
     }
@@ -496,6 +516,7 @@ impl ResourceService {
             input_id.uid = new_ulid();
         }
         input.generation = new_ulid();
+        let (input, _) = self.in_storage_version(prepared, input, None).await?;
         match self
             .backend
             .write_cas_as(input, &prepared.actor, &prepared.fence)
@@ -507,6 +528,127 @@ impl ResourceService {
                 DisplayId(&id)
             ))),
             result => Ok(result?),
+        }
+    }
+
+    /// A write in a served version that is not the storage version, converted to the storage
+    /// version (DESIGN §15.1), and checked there as well: the storage version's defaults, its
+    /// rules (ratcheted against the stored object) and its transition rules. Fields nothing in
+    /// the written version sets keep what `existing` holds. `true` when it was converted.
+    async fn in_storage_version(
+        &self,
+        prepared: &PreparedWrite,
+        input: Resource,
+        existing: Option<&Resource>,
+    ) -> Result<(Resource, bool), Error> {
+        let Some(family) = convert::family_of(&prepared.registration) else {
+            return Ok((input, false));
+        };
+        let storage = family.storage.clone();
+        if convert::group_version_of(&input) == storage {
+            return Ok((input, false));
+        }
+        let family = prepared
+            .registration
+            .registered
+            .as_ref()
+            .map(|installed| installed.family.clone())
+            .ok_or_else(|| Error::Internal("a conversion without a family".into()))?;
+        let base: Option<Vec<u8>> = match existing {
+            Some(existing)
+                if family
+                    .version(convert::group_version_of(existing))
+                    .is_some() =>
+            {
+                let stored = convert::convert(&family, existing.clone(), &storage, None)?;
+                Some(stored.data.map(|d| d.value).unwrap_or_default())
+            }
+            _ => None,
+        };
+        let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
+        let written_as = convert::group_version_of(&input).to_owned();
+        let check = move || -> Result<Resource, Error> {
+            let mut converted = convert::convert(&family, input, &storage, base.as_deref())?;
+            let compiled = family.storage_version().compiled.clone();
+            let Some(data) = converted.data.as_mut() else {
+                return Ok(converted);
+            };
+            if let Some(with_defaults) = compiled
+                .apply_defaults(&data.value)
+                .map_err(|why| resource::Invalid::at("resource.data", why))?
+            {
+                data.value = with_defaults;
+            }
+            let mut meter = Meter::new(left);
+            let in_storage = |violations: Vec<Violation>| -> Result<(), Error> {
+                refuse_violations(
+                    violations
+                        .into_iter()
+                        .map(|v| Violation {
+                            message: format!(
+                                "{} (a rule of the storage version {storage}, on the object written as {written_as})",
+                                v.message
+                            ),
+                            ..v
+                        })
+                        .collect(),
+                )
+            };
+            let deferred = match compiled.check_rules(&data.value, None, &mut meter) {
+                Ok(()) => Vec::new(),
+                Err(RuleFailure::Violations(v)) if v.iter().all(|v| v.rule.is_some()) => v,
+                Err(failure) => return Err(failure.into()),
+            };
+            match &base {
+                None => in_storage(deferred)?,
+                Some(old) => {
+                    let mut left_over = compiled.ratchet(deferred, &data.value, old, &mut meter)?;
+                    if compiled.has_transition_rules()
+                        && let Err(failure) =
+                            compiled.check_transition_rules(&data.value, old, &mut meter)
+                    {
+                        match failure {
+                            RuleFailure::Violations(more) => left_over.extend(more),
+                            cost => return Err(cost.into()),
+                        }
+                    }
+                    in_storage(left_over)?;
+                }
+            }
+            Ok(converted)
+        };
+        let bytes = existing
+            .and_then(|e| e.data.as_ref())
+            .map_or(0, |d| d.value.len());
+        let inline = prepared
+            .registration
+            .registered
+            .as_ref()
+            .is_some_and(|installed| {
+                installed.family.converts_inline(bytes)
+                    && installed
+                        .family
+                        .storage_version()
+                        .compiled
+                        .checks_inline(bytes, true)
+            });
+        let converted = if inline {
+            check()?
+        } else {
+            self.pool
+                .run(check)
+                .await
+                .map_err(|error| Error::Internal(error.to_string()))??
+        };
+        Ok((converted, true))
+    }
+
+    /// What a write answers: the stored resource in the version it was written in.
+    fn answer_in(&self, prepared: &PreparedWrite, stored: Resource) -> Result<Resource, Error> {
+        if convert::converts_from(&prepared.registration, convert::group_version_of(&stored)) {
+            Ok(convert::as_requested(&prepared.registration, stored.clone())?.unwrap_or(stored))
+        } else {
+            Ok(stored)
         }
     }
 
@@ -526,7 +668,17 @@ impl ResourceService {
         if stored_type.map(|t| &t.group_version) == requested_type.map(|t| &t.group_version) {
             return Ok(());
         }
-        let Some(registration) = stored_type.and_then(|t| self.registry.resolve(t)) else {
+        let Some(registration) = stored_type
+            .and_then(|t| self.registry.resolve(t))
+            .or_else(|| {
+                // Another version of the same Type, served or not: its gvk is checked through the
+                // hook of the version asked through (grants name group.version.Kind).
+                let requested_registration =
+                    requested_type.and_then(|t| self.registry.resolve(t))?;
+                convert::converts_from(&requested_registration, convert::group_version_of(existing))
+                    .then_some(requested_registration)
+            })
+        else {
             return Err(Error::Internal(format!(
                 "{} is stored under a type this server does not know",
                 DisplayId(existing.id.as_ref().unwrap_or(requested))
@@ -861,6 +1013,13 @@ impl ResourceService {
                 .backend
                 .write_cas_as(updated, authorizer.identity(), fence)
                 .await?;
+            // Answered in the version asked through (DESIGN §15.1).
+            let stored = if convert::converts_from(registration, convert::group_version_of(&stored))
+            {
+                convert::as_requested(registration, stored.clone())?.unwrap_or(stored)
+            } else {
+                stored
+            };
             Ok(WriteStatusResponse {
                 resource: Some(stored),
             })

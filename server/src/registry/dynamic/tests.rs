@@ -65,6 +65,7 @@ pub(crate) fn invoice_type() -> pb::Type {
             field: "currency".into(),
             value: "\"EUR\"".into(),
         }],
+        ..Default::default()
     }
 }
 
@@ -317,7 +318,7 @@ fn updates_stay_wire_compatible() {
         change(&mut t);
         let error = check_update(&old, &load(&t)).expect_err(needle);
         assert!(error.contains(needle), "{needle:?} in {error}");
-        assert!(error.contains("new group_version"), "{error}");
+        assert!(error.contains("a new version of the Type"), "{error}");
     }
 }
 
