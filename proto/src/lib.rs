@@ -36,6 +36,9 @@ pub const CONSISTENCY_HEADER: &str = "x-resd-consistency-mode";
 /// Response metadata of a default (eventual) read or list answered by a node that knows no
 /// leader: why what it answered may be stale.
 pub const STALE_HEADER: &str = "x-resd-stale";
+/// Initial metadata on an answer in a deprecated version of a type (DESIGN §15.1): the Type's
+/// deprecation message, verbatim (non-ASCII escaped as `\u{…}`). Repeatable.
+pub const WARNING_HEADER: &str = "x-resd-warning";
 
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";

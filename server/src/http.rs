@@ -58,7 +58,7 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .merge(api::routes())
+        .merge(api::routes(state.clone()))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), record))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))

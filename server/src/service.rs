@@ -364,6 +364,20 @@ impl ResourceService {
         Ok(())
     }
 
+    /// The deprecation warning of the version `resource_type` names, when it is a deprecated
+    /// version of a registered Type (DESIGN §15.1).
+    pub(crate) fn deprecation(
+        &self,
+        resource_type: Option<&proto::resource::v1::Type>,
+    ) -> Option<String> {
+        let registration = self.registry.resolve(resource_type?)?;
+        registration
+            .registered
+            .as_ref()?
+            .deprecation()
+            .map(str::to_owned)
+    }
+
     /// Checks that the partition (and namespace) of a tenancy exist
     /// ([`Error::TenancyNotFound`] naming which).
     async fn tenancy_state(&self, scope: Scope, tenancy: &Tenancy) -> Result<TenancyState, Error> {

@@ -27,7 +27,42 @@ use crate::service::grpc::{CONSISTENCY_HEADER, TOKEN_HEADER};
 use prost_reflect::DescriptorPool;
 use proto::reason::Reason;
 
-pub(crate) fn routes() -> Router<HttpState> {
+pub(crate) fn routes(state: HttpState) -> Router<HttpState> {
+    resource_routes().route_layer(axum::middleware::from_fn_with_state(state, warn_deprecated))
+}
+
+/// Adds `Warning: 299 - "<message>"` to every answer about a deprecated version of a type
+/// (DESIGN §15.1): the path names the group, version and kind.
+async fn warn_deprecated(
+    State(state): State<HttpState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let named = {
+        let mut parts = request.uri().path().split('/').skip(1);
+        match (parts.next(), parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some("v1"), Some("resources"), Some(group), Some(version), Some(kind)) => {
+                Some(resource_type(group.into(), version.into(), kind.into()))
+            }
+            _ => None,
+        }
+    };
+    let mut response = next.run(request).await;
+    if let Some(warning) = named.and_then(|t| state.resources.service().deprecation(Some(&t)))
+    {
+        let text = warning.replace('\\', "\\\\").replace('"', "\\\"");
+        let text: String = text
+            .chars()
+            .map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '?' })
+            .collect();
+        if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\"")) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+fn resource_routes() -> Router<HttpState> {
     Router::new()
         .route("/v1/types", get(types))
         .route("/v1/cluster/status", get(cluster_status))

@@ -1067,11 +1067,6 @@ pub(crate) struct Installed {
 }
 
 impl Installed {
-    /// The version objects of this type are stored in (this one for a single-version Type).
-    pub(crate) fn storage_version(&self) -> &str {
-        &self.family.storage
-    }
-
     /// The warning answers in this version carry, if it is deprecated.
     pub(crate) fn deprecation(&self) -> Option<&str> {
         self.family

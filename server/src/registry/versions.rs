@@ -46,7 +46,6 @@ pub(crate) struct Version {
     /// What answers in this version warn with (the Type's message, or a default).
     pub warning: String,
     pub compiled: Arc<CompiledType>,
-    pub columns: Vec<pb::Column>,
 }
 
 /// A field of one version made from an object of another.
@@ -243,7 +242,6 @@ impl Family {
                 deprecated: false,
                 warning: String::new(),
                 compiled: Arc::new(compiled),
-                columns: t.columns.clone(),
             }],
             conversions: Vec::new(),
         })
@@ -296,7 +294,6 @@ impl Family {
                         version.deprecation_message.clone()
                     },
                     compiled: Arc::new(compiled),
-                    columns: version.columns.clone(),
                 }),
                 Err(why) => problems.push(format!("data.versions[{index}]: {why}")),
             }

@@ -67,6 +67,7 @@ impl ResourceGrpc {
             .extensions()
             .get::<crate::limits::Admitted>()
             .cloned();
+        let resource_type = request.get_ref().r#type.clone();
         let list = self
             .unary(&request, Some(consistency), |authorizer, body, at| {
                 let caller = caller.clone();
@@ -79,7 +80,22 @@ impl ResourceGrpc {
             .await?;
         let mut response = Response::new(list);
         self.mark_stale(consistency, response.metadata_mut());
+        self.warn(resource_type.as_ref(), response.metadata_mut());
         Ok(response)
+    }
+
+    /// Warns in the answer's metadata when it is in a deprecated version of a type (DESIGN
+    /// §15.1): `x-resd-warning`, the Type's deprecation message.
+    fn warn(
+        &self,
+        resource_type: Option<&proto::resource::v1::Type>,
+        metadata: &mut tonic::metadata::MetadataMap,
+    ) {
+        if let Some(warning) = self.service.deprecation(resource_type)
+            && let Ok(value) = tonic::metadata::MetadataValue::try_from(ascii(&warning))
+        {
+            metadata.append(proto::WARNING_HEADER, value);
+        }
     }
 
     /// Says in the answer's metadata when a default read comes from a node that knows no
@@ -118,6 +134,10 @@ impl ResourceGrpc {
             .await?;
         let mut response = Response::new(super::encoded::EncodedRead(resource));
         self.mark_stale(consistency, response.metadata_mut());
+        self.warn(
+            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
         // The answer counts against its caller until sent (the port's guard keeps the charge
         // with the answer's body).
         if let Some(caller) = caller {
@@ -139,6 +159,7 @@ impl ResourceGrpc {
     ) -> Result<Response<SharedEventStream>, Status> {
         use futures::StreamExt;
         let authorizer = self.authorizer_caught_up(&request).await?;
+        let resource_type = request.get_ref().r#type.clone();
         let token = token_of(&request)?;
         let deadline = deadline(&request)?;
         // Counted against the caller's watches while the stream lives (requests that came
@@ -177,7 +198,7 @@ impl ResourceGrpc {
         let events = self.stalls.watch(events);
         let open = self.watch_metrics.open_stream();
         let sent = self.watch_metrics.events_sent.clone();
-        Ok(Response::new(
+        let mut response = Response::new(
             events
                 .map(move |item| {
                     // The stream holds the guards: the gauge drops and the caller's watch is
@@ -189,7 +210,9 @@ impl ResourceGrpc {
                     item.map_err(Status::from)
                 })
                 .boxed(),
-        ))
+        );
+        self.warn(resource_type.as_ref(), response.metadata_mut());
+        Ok(response)
     }
 
     /// Catches this node up with the leader after it refused a request from what it had
@@ -465,7 +488,12 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                 },
             )
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(
+            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
+        Ok(response)
     }
 
     async fn write(
@@ -477,7 +505,17 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                 self.service.write(authorizer.as_ref(), body).await
             })
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(
+            request
+                .get_ref()
+                .resource
+                .as_ref()
+                .and_then(|r| r.id.as_ref())
+                .and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
+        Ok(response)
     }
 
     async fn write_status(
@@ -489,7 +527,12 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                 self.service.write_status(authorizer.as_ref(), body).await
             })
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(
+            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
+        Ok(response)
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
@@ -503,7 +546,9 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                 },
             )
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(request.get_ref().r#type.as_ref(), response.metadata_mut());
+        Ok(response)
     }
 
     async fn list_by_owner(
@@ -527,7 +572,12 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                 self.service.delete(authorizer.as_ref(), body).await
             })
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(
+            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
+        Ok(response)
     }
 
     type WatchListStream = std::pin::Pin<
@@ -539,11 +589,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         request: Request<WatchListRequest>,
     ) -> Result<Response<Self::WatchListStream>, Status> {
         use futures::StreamExt;
-        let events = self.watch_shared(request).await?.into_inner();
-        Ok(Response::new(
+        let (metadata, events, extensions) = self.watch_shared(request).await?.into_parts();
+        Ok(Response::from_parts(
+            metadata,
             events
                 .map(|item| item.map(|event| super::read::pb_event(event.event())))
                 .boxed(),
+            extensions,
         ))
     }
 
@@ -558,6 +610,29 @@ impl resource_service_server::ResourceService for ResourceGrpc {
                     .await
             })
             .await?;
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        self.warn(
+            request
+                .get_ref()
+                .resource
+                .as_ref()
+                .and_then(|r| r.id.as_ref())
+                .and_then(|id| id.r#type.as_ref()),
+            response.metadata_mut(),
+        );
+        Ok(response)
     }
+}
+
+/// `text` with every character outside printable ASCII written `\u{…}` (what metadata holds).
+fn ascii(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        }
+    }
+    out
 }
