@@ -41,7 +41,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             // A contexts file, certificate path or address that cannot be used is a usage error.
             let session = Session::from_args(&cli.global)
                 .map_err(|error| crate::UsageError(format!("{error:#}")))?;
-            match command {
+            let outcome = match command {
                 Command::Apply(args) => apply::run(&session, &args).await,
                 Command::Diff(args) => diff::run(&session, &args).await,
                 Command::Get(args) => get::run(&session, &args).await,
@@ -61,7 +61,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Bench(args) => bench::run(&session, &args).await,
                 Command::Tui(args) => tui::run(&session, &args, &cli.global).await,
                 Command::Completion(_) | Command::Context(_) => Ok(0),
-            }
+            };
+            session.print_warnings();
+            outcome
         }
     }
 }

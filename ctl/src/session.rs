@@ -31,6 +31,13 @@ pub struct Session {
 }
 
 impl Session {
+    /// Prints on stderr the deprecation warnings servers sent (DESIGN §15.1), each once.
+    pub fn print_warnings(&self) {
+        for warning in self.client.take_warnings() {
+            eprintln!("warning: {warning}");
+        }
+    }
+
     /// Resolves flags/environment over the selected context over the defaults.
     pub fn from_args(global: &GlobalArgs) -> anyhow::Result<Session> {
         let context = match crate::context::path() {

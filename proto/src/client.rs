@@ -420,6 +420,26 @@ pub struct Client {
     config: ClientConfig,
     /// Why the last read or list may be stale, as the server said ([`crate::STALE_HEADER`]).
     stale: Arc<std::sync::Mutex<Option<String>>>,
+    /// Deprecation warnings servers sent ([`crate::WARNING_HEADER`]), each once.
+    warnings: Arc<std::sync::Mutex<Warnings>>,
+}
+
+/// Warnings seen, and those not taken yet.
+#[derive(Debug, Default)]
+struct Warnings {
+    seen: std::collections::BTreeSet<String>,
+    pending: Vec<String>,
+}
+
+/// An answer whose metadata may carry warnings.
+trait Answer {
+    fn metadata(&self) -> &tonic::metadata::MetadataMap;
+}
+
+impl<T> Answer for tonic::Response<T> {
+    fn metadata(&self) -> &tonic::metadata::MetadataMap {
+        tonic::Response::metadata(self)
+    }
 }
 
 /// The clients of one server.
@@ -459,6 +479,7 @@ impl Client {
             current: Arc::new(AtomicUsize::new(0)),
             config,
             stale: Arc::default(),
+            warnings: Arc::default(),
         })
     }
 
@@ -630,6 +651,7 @@ impl Client {
     /// unavailability is spent. Backoff doubles from 50 ms to 1 s.
     async fn retrying<R, F, Fut>(&self, mut call: F) -> Result<R, ClientError>
     where
+        R: Answer,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<R, tonic::Status>>,
     {
@@ -640,7 +662,10 @@ impl Client {
         loop {
             let used = self.current.load(Ordering::Relaxed) % self.servers.len();
             let error = match call().await {
-                Ok(response) => return Ok(response),
+                Ok(response) => {
+                    self.note_warnings(response.metadata());
+                    return Ok(response);
+                }
                 Err(status) => self.decode(&status),
             };
             if moves_on(&error) && self.fail_over(used) && fresh_servers > 0 {
@@ -693,6 +718,33 @@ impl Client {
             Err(ClientError::NotFound { .. }) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// Keeps the deprecation warnings an answer carries, each once per client.
+    fn note_warnings(&self, metadata: &tonic::metadata::MetadataMap) {
+        let mut values = metadata.get_all(crate::WARNING_HEADER).iter().peekable();
+        if values.peek().is_none() {
+            return;
+        }
+        let mut warnings = self.warnings.lock().unwrap_or_else(|p| p.into_inner());
+        for value in values {
+            let Ok(text) = value.to_str() else { continue };
+            if warnings.seen.insert(text.to_owned()) {
+                warnings.pending.push(text.to_owned());
+            }
+        }
+    }
+
+    /// The deprecation warnings servers sent since the last call (each text once per client):
+    /// for a command line to print on stderr.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(
+            &mut self
+                .warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pending,
+        )
     }
 
     /// Remembers whether the server said its answer may be stale.

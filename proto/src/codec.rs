@@ -591,8 +591,9 @@ fn tenancy_document(tenancy: Option<&Tenancy>) -> Option<TenancyDocument> {
 #[cfg(test)]
 mod tests;
 
-/// Replaces `data.protoFile` of a `registry.v1.Type` document by the file's text as
-/// `data.proto` (DESIGN §15), the path relative to `base`.
+/// Replaces `data.protoFile` of a `registry.v1.Type` document (and `protoFile` of each of
+/// its `data.versions`) by the file's text as `proto` (DESIGN §15, §15.1), the path relative
+/// to `base`.
 fn inline_proto_file(
     document: &mut serde_json::Value,
     base: Option<&std::path::Path>,
@@ -605,16 +606,35 @@ fn inline_proto_file(
     else {
         return Ok(());
     };
-    let Some(file) = data.remove("protoFile") else {
+    inline_one(data, "data", base)?;
+    if let Some(versions) = data.get_mut("versions").and_then(|v| v.as_array_mut()) {
+        for (index, version) in versions.iter_mut().enumerate() {
+            if let Some(version) = version.as_object_mut() {
+                inline_one(version, &format!("data.versions[{index}]"), base)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `protoFile` of one object (`at` names it in errors) read into `proto`.
+fn inline_one(
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    at: &str,
+    base: Option<&std::path::Path>,
+) -> Result<(), CodecError> {
+    let Some(file) = object.remove("protoFile") else {
         return Ok(());
     };
     let Some(file) = file.as_str() else {
-        return Err(CodecError::new("data.protoFile must be a path (a string)"));
+        return Err(CodecError::new(format!(
+            "{at}.protoFile must be a path (a string)"
+        )));
     };
-    if data.contains_key("proto") {
-        return Err(CodecError::new(
-            "data.proto and data.protoFile are both given: keep one",
-        ));
+    if object.contains_key("proto") {
+        return Err(CodecError::new(format!(
+            "{at}.proto and {at}.protoFile are both given: keep one"
+        )));
     }
     let path = match base {
         Some(base) => base.join(file),
@@ -622,11 +642,11 @@ fn inline_proto_file(
     };
     let text = std::fs::read_to_string(&path).map_err(|error| {
         CodecError::new(format!(
-            "data.protoFile: cannot read {}: {error}",
+            "{at}.protoFile: cannot read {}: {error}",
             path.display()
         ))
     })?;
-    data.insert("proto".into(), serde_json::Value::String(text));
+    object.insert("proto".into(), serde_json::Value::String(text));
     Ok(())
 }
 

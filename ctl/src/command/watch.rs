@@ -171,6 +171,8 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
             update = watcher.next() => update,
             _ = tokio::signal::ctrl_c() => return Ok(0),
         };
+        // A deprecated version's warning, as soon as the stream is open.
+        session.print_warnings();
         match update {
             None => return Ok(1),
             Some(WatchUpdate::Event(event)) => {

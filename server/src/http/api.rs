@@ -40,7 +40,13 @@ async fn warn_deprecated(
 ) -> Response {
     let named = {
         let mut parts = request.uri().path().split('/').skip(1);
-        match (parts.next(), parts.next(), parts.next(), parts.next(), parts.next()) {
+        match (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) {
             (Some("v1"), Some("resources"), Some(group), Some(version), Some(kind)) => {
                 Some(resource_type(group.into(), version.into(), kind.into()))
             }
@@ -48,12 +54,17 @@ async fn warn_deprecated(
         }
     };
     let mut response = next.run(request).await;
-    if let Some(warning) = named.and_then(|t| state.resources.service().deprecation(Some(&t)))
-    {
+    if let Some(warning) = named.and_then(|t| state.resources.service().deprecation(Some(&t))) {
         let text = warning.replace('\\', "\\\\").replace('"', "\\\"");
         let text: String = text
             .chars()
-            .map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '?' })
+            .map(|c| {
+                if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                }
+            })
             .collect();
         if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\"")) {
             response.headers_mut().append(header::WARNING, value);

@@ -135,7 +135,11 @@ impl ResourceGrpc {
         let mut response = Response::new(super::encoded::EncodedRead(resource));
         self.mark_stale(consistency, response.metadata_mut());
         self.warn(
-            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            request
+                .get_ref()
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref()),
             response.metadata_mut(),
         );
         // The answer counts against its caller until sent (the port's guard keeps the charge
@@ -490,7 +494,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             .await?;
         let mut response = Response::new(response);
         self.warn(
-            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            request
+                .get_ref()
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref()),
             response.metadata_mut(),
         );
         Ok(response)
@@ -529,7 +537,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             .await?;
         let mut response = Response::new(response);
         self.warn(
-            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            request
+                .get_ref()
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref()),
             response.metadata_mut(),
         );
         Ok(response)
@@ -574,7 +586,11 @@ impl resource_service_server::ResourceService for ResourceGrpc {
             .await?;
         let mut response = Response::new(response);
         self.warn(
-            request.get_ref().id.as_ref().and_then(|id| id.r#type.as_ref()),
+            request
+                .get_ref()
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref()),
             response.metadata_mut(),
         );
         Ok(response)
