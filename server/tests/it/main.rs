@@ -23,3 +23,4 @@ mod tidy;
 mod tls;
 mod type_attacks;
 mod types;
+mod versions;

@@ -281,6 +281,12 @@ impl Resd {
     /// `GET path` on the node's HTTP server (`--http-addr`): status and body, or `None` when
     /// it does not answer within 5 s.
     pub(crate) fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        self.http_get_with_headers(path)
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// [`Resd::http_get`] with the answer's header lines too.
+    pub(crate) fn http_get_with_headers(&self, path: &str) -> Option<(u16, String, String)> {
         use std::io::{Read as _, Write as _};
         let at = self.args.iter().position(|arg| arg == "--http-addr")?;
         let addr: SocketAddr = self.args.get(at + 1)?.parse().ok()?;
@@ -295,8 +301,8 @@ impl Resd {
         let mut response = String::new();
         stream.read_to_string(&mut response).ok()?;
         let status = response.split(' ').nth(1)?.parse().ok()?;
-        let body = response.split_once("\r\n\r\n")?.1.to_owned();
-        Some((status, body))
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        Some((status, head.to_owned(), body.to_owned()))
     }
 
     /// Sends a signal by PID (`STOP`, `CONT`, …).
