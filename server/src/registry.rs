@@ -438,6 +438,9 @@ struct DynamicState {
 struct InstalledType {
     /// A registration per served version, with its key.
     registrations: Vec<(Key, Arc<Registration>)>,
+    /// A registration per version it does not serve: objects stored in one are still checked,
+    /// owned, reaped and snapshotted as this Type's ([`Registry::resolve_stored`]).
+    unserved: Vec<(Key, Arc<Registration>)>,
     /// The key of every version, served or not: what the Type claims.
     claims: Vec<Key>,
     /// The stored Type's uid (its version is its registrations').
@@ -532,6 +535,23 @@ impl DynamicTypes {
             ));
         }
         Ok(())
+    }
+
+    /// The registration of a version a Type claims but does not serve (none for a served one).
+    fn unserved(&self, resource_type: &Type) -> Option<Arc<Registration>> {
+        let key = key_of(resource_type);
+        let state = self.read();
+        let owner = state
+            .by_name
+            .iter()
+            .filter(|(_, installed)| installed.unserved.iter().any(|(k, _)| *k == key))
+            .min_by(|a, b| (&a.1.uid, a.0).cmp(&(&b.1.uid, b.0)))?;
+        owner
+            .1
+            .unserved
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, registration)| registration.clone())
     }
 
     /// The registered type of `resource_type`, as installed now (no built-in ones).
@@ -721,8 +741,9 @@ impl DynamicTypes {
             .iter()
             .map(|v| key_of(&v.compiled.resource_type))
             .collect();
-        let registrations: Vec<(Key, Arc<Registration>)> = family
-            .served()
+        let (registrations, unserved): (Vec<_>, Vec<_>) = family
+            .versions
+            .iter()
             .map(|v| {
                 let registration = Registration::registered(dynamic::Installed {
                     name: name.to_owned(),
@@ -731,9 +752,16 @@ impl DynamicTypes {
                     family: family.clone(),
                     deleting,
                 });
-                (key_of(&v.compiled.resource_type), Arc::new(registration))
+                (
+                    v.served,
+                    (key_of(&v.compiled.resource_type), Arc::new(registration)),
+                )
             })
-            .collect();
+            .partition(|(served, _)| *served);
+        let registrations: Vec<(Key, Arc<Registration>)> =
+            registrations.into_iter().map(|(_, r)| r).collect();
+        let unserved: Vec<(Key, Arc<Registration>)> =
+            unserved.into_iter().map(|(_, r)| r).collect();
         self.update_with(!recompiled, |state| {
             state.revision = state.revision.max(revision);
             let served: Vec<Key> = registrations.iter().map(|(key, _)| key.clone()).collect();
@@ -741,6 +769,7 @@ impl DynamicTypes {
                 name.to_owned(),
                 InstalledType {
                     registrations,
+                    unserved,
                     claims,
                     uid: id.uid.clone(),
                     digest,
@@ -883,6 +912,14 @@ impl Registry {
 
     /// Registered types a mistyped one probably meant: kinds of the same group within two edits,
     /// those of the requested version first; otherwise the same kind in other versions.
+    /// What a stored object's type is registered as: [`Self::resolve`], or a version its Type
+    /// keeps but no longer serves (DESIGN §15.1: objects stay stored in it until migrated).
+    /// For what checks, owns, reaps and snapshots stored objects — never for a request's type.
+    pub(crate) fn resolve_stored(&self, resource_type: &Type) -> Option<Arc<Registration>> {
+        self.resolve(resource_type)
+            .or_else(|| self.dynamic.unserved(resource_type))
+    }
+
     pub(crate) fn similar(&self, resource_type: &Type) -> Vec<String> {
         let wanted_kind = resource_type.kind.to_lowercase();
         let near: Vec<Arc<Registration>> = self

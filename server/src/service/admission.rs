@@ -29,7 +29,7 @@ pub(super) fn check_record(
     validate::check_resource_ids(resource, registry)?;
     let id = resource.id.clone().unwrap_or_default();
     let resource_type = id.r#type.clone().unwrap_or_default();
-    let registration = registry.resolve(&resource_type).ok_or_else(|| {
+    let registration = registry.resolve_stored(&resource_type).ok_or_else(|| {
         Invalid::at(
             "resource.id.type",
             format!(

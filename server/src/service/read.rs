@@ -378,7 +378,7 @@ impl ResourceService {
                 let Some(child_type) = child.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
                     return false;
                 };
-                match self.registry.resolve(child_type) {
+                match self.registry.resolve_stored(child_type) {
                     Some(child_registration) => {
                         readable(&child_registration.acls.read, authorizer, child)
                     }
@@ -406,7 +406,7 @@ impl ResourceService {
                     .id
                     .as_ref()
                     .and_then(|id| id.r#type.as_ref())
-                    .and_then(|child_type| self.registry.resolve(child_type))
+                    .and_then(|child_type| self.registry.resolve_stored(child_type))
                     .is_some_and(|registration| {
                         readable(&registration.acls.read, authorizer, child)
                     })

@@ -99,7 +99,7 @@ pub(super) fn check_tenancy(
 /// The longest name a type allows: tombstone names are longer than other names.
 fn max_name_len(registry: &Registry, resource_type: Option<&Type>) -> usize {
     resource_type
-        .and_then(|t| registry.resolve(t))
+        .and_then(|t| registry.resolve_stored(t))
         .map(|registration| registration.max_name_len)
         .unwrap_or(resource::MAX_NAME_LEN)
 }

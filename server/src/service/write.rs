@@ -668,17 +668,7 @@ impl ResourceService {
         if stored_type.map(|t| &t.group_version) == requested_type.map(|t| &t.group_version) {
             return Ok(());
         }
-        let Some(registration) = stored_type
-            .and_then(|t| self.registry.resolve(t))
-            .or_else(|| {
-                // Another version of the same Type, served or not: its gvk is checked through the
-                // hook of the version asked through (grants name group.version.Kind).
-                let requested_registration =
-                    requested_type.and_then(|t| self.registry.resolve(t))?;
-                convert::converts_from(&requested_registration, convert::group_version_of(existing))
-                    .then_some(requested_registration)
-            })
-        else {
+        let Some(registration) = stored_type.and_then(|t| self.registry.resolve_stored(t)) else {
             return Err(Error::Internal(format!(
                 "{} is stored under a type this server does not know",
                 DisplayId(existing.id.as_ref().unwrap_or(requested))

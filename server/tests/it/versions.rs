@@ -12,6 +12,7 @@ use proto::resource::v1::{ListRequest, Resource, Tenancy, WatchListRequest, watc
 use tonic::Code;
 
 use crate::process::{Cluster, Resd};
+use crate::support::{restore, save_snapshot};
 use crate::types::{read, type_of, write};
 
 const V1: &str = r#"
@@ -489,4 +490,29 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
         refused.message().contains("v2 is the storage version"),
         "{refused:?}"
     );
+
+    // v1 no longer served: its stored objects still read as v2, and a snapshot of them
+    // restores (they are this Type's, in a version it keeps).
+    let mut retired = two_versions();
+    retired.versions[0].served = false;
+    put_type(b, retired).await.expect("v1 unserved");
+    let refused = read(c, id("v1", "orders"))
+        .await
+        .expect_err("v1 is not served");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let as_v2 = read(c, id("v2", "orders"))
+        .await
+        .expect("still readable as v2");
+    assert_eq!(
+        data::<DatabaseV2>(&as_v2).storage,
+        Some(Storage { size_gb: 40 })
+    );
+    let snapshot = save_snapshot(a).await;
+    restore(a, &snapshot)
+        .await
+        .expect("a snapshot with objects in v1 restores");
+    let as_v2 = read(b, id("v2", "ledger"))
+        .await
+        .expect("readable after the restore");
+    assert_eq!(data::<DatabaseV2>(&as_v2).team, "finance");
 }
