@@ -167,6 +167,9 @@ pub enum Command {
     Edit(NamedArgs),
     /// List the types the server knows (built in, or registered by a registry.v1.Type)
     Types,
+    /// Plan a change to a registered Type against the objects stored under it
+    #[command(subcommand)]
+    Type(TypeCommand),
     /// Describe a type's schema, or one field of it: each field's type and its .proto comment
     #[command(
         after_help = "Examples:\n  resctl explain payments.v1.Invoice\n  resctl explain Invoice.amount_cents\n  resctl explain payments.v1.Invoice.lines.cents\n  resctl explain Invoice -o json"
@@ -217,6 +220,9 @@ pub struct ApplyArgs {
     /// Validate and mutate on the server and report what would change; store nothing
     #[arg(long)]
     pub dry_run: bool,
+    /// Write a changed Type even when its plan finds stored objects that would fail under it
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -466,6 +472,24 @@ pub struct RemoveArgs {
     /// taking writes until the members come back)
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TypeCommand {
+    /// Check a proposed Type (a registry.v1.Type document) against every stored object of its
+    /// kind: each version's rules, defaults and conversions; nothing changes (exit 0 when nothing
+    /// would fail, 1 otherwise)
+    #[command(
+        after_help = "Examples:\n  resctl type plan -f database-type.yaml\n  resctl type plan -f database-type.yaml -o json"
+    )]
+    Plan(TypePlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TypePlanArgs {
+    /// The YAML file holding the proposed Type
+    #[arg(short, long = "filename", value_name = "PATH")]
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]

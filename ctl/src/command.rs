@@ -14,6 +14,7 @@ pub mod edit;
 pub mod explain;
 pub mod get;
 pub mod label;
+pub mod plan;
 pub mod snapshot;
 pub mod status;
 pub mod tree;
@@ -51,6 +52,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Tree(args) => tree::run(&session, &args).await,
                 Command::Edit(args) => edit::run(&session, &args).await,
                 Command::Types => types::run(&session).await,
+                Command::Type(command) => plan::run(&session, command).await,
                 Command::Explain(args) => explain::run(&session, &args).await,
                 Command::Watch(args) => watch::run(&session, &args).await,
                 Command::Label(args) => label::run(&session, &args).await,

@@ -802,6 +802,26 @@ impl Client {
         .map(|response| response.into_inner().resource.unwrap_or_default())
     }
 
+    /// Checks a proposed `registry.v1.Type` against every stored object of its kind (DESIGN
+    /// §15.1); nothing changes.
+    pub async fn plan_type(
+        &self,
+        proposed: &Resource,
+    ) -> Result<crate::cluster::v1::PlanTypeResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster();
+            let request = self.request(
+                crate::cluster::v1::PlanTypeRequest {
+                    r#type: Some(proposed.clone()),
+                },
+                true,
+            );
+            async move { cluster.plan_type(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     /// Runs the type's mutate and validate hooks without storing anything.
     pub async fn mutate_and_validate(&self, resource: &Resource) -> Result<Resource, ClientError> {
         self.retrying(|| {

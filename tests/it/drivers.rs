@@ -102,7 +102,16 @@ impl Library {
         let session = self.session("default");
         let result = async {
             let sources = command::apply::read_sources(&[path.to_owned()])?;
-            command::apply::decode_and_apply(&session, &sources, dry_run, |_| {}).await
+            command::apply::decode_and_apply(
+                &session,
+                &sources,
+                command::apply::Mode {
+                    dry_run,
+                    force: false,
+                },
+                |_| {},
+            )
+            .await
         }
         .await;
         match result {

@@ -358,6 +358,15 @@ fn merge_metadata(desired: &mut Resource, stored: &Resource) {
 /// How many writes run at once within one ordering group.
 const PARALLEL_WRITES: usize = 16;
 
+/// How an apply goes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mode {
+    /// Store nothing; report what would change.
+    pub dry_run: bool,
+    /// Write a changed Type even when stored objects would fail under it.
+    pub force: bool,
+}
+
 /// Whether a document registers a type (`registry.v1.Type`).
 fn registers_a_type(document: &Document) -> bool {
     document.resource.as_ref().is_ok_and(|resource| {
@@ -375,7 +384,7 @@ fn registers_a_type(document: &Document) -> bool {
 pub async fn decode_and_apply(
     session: &Session,
     sources: &[Source],
-    dry_run: bool,
+    mode: Mode,
     mut on_result: impl FnMut(&Applied),
 ) -> anyhow::Result<ApplyReport> {
     let codec = session.codec().await?;
@@ -386,21 +395,21 @@ pub async fn decode_and_apply(
             .as_ref()
             .is_err_and(|error| error.unregistered_type)
     });
-    if dry_run || !unregistered || !documents.iter().any(registers_a_type) {
-        return apply(session, codec, &documents, dry_run, on_result).await;
+    if mode.dry_run || !unregistered || !documents.iter().any(registers_a_type) {
+        return apply(session, codec, &documents, mode, on_result).await;
     }
     let types: Vec<Document> = documents
         .iter()
         .filter(|d| registers_a_type(d))
         .cloned()
         .collect();
-    let mut report = apply(session, codec, &types, dry_run, &mut on_result).await?;
+    let mut report = apply(session, codec, &types, mode, &mut on_result).await?;
     let fresh = Codec::new(session.client.list_types().await?)?;
     let rest: Vec<Document> = decode(session, &fresh, sources)
         .into_iter()
         .filter(|d| !registers_a_type(d))
         .collect();
-    let more = apply(session, &fresh, &rest, dry_run, on_result).await?;
+    let more = apply(session, &fresh, &rest, mode, on_result).await?;
     report.results.extend(more.results);
     Ok(report)
 }
@@ -410,9 +419,10 @@ pub async fn apply(
     session: &Session,
     codec: &Codec,
     documents: &[Document],
-    dry_run: bool,
+    mode: Mode,
     mut on_result: impl FnMut(&Applied),
 ) -> anyhow::Result<ApplyReport> {
+    let dry_run = mode.dry_run;
     let mut results: Vec<Option<Applied>> = vec![None; documents.len()];
     // A dry run simulates the whole apply: partitions and namespaces it would create count as
     // existing for the documents after them.
@@ -424,7 +434,7 @@ pub async fn apply(
             async move {
                 (
                     index,
-                    apply_one(session, codec, document, dry_run, planned).await,
+                    apply_one(session, codec, document, mode, planned).await,
                 )
             }
         }))
@@ -489,9 +499,10 @@ async fn apply_one(
     session: &Session,
     codec: &Codec,
     document: &Document,
-    dry_run: bool,
+    mode: Mode,
     planned: &std::collections::BTreeSet<(String, String)>,
 ) -> Applied {
+    let dry_run = mode.dry_run;
     let (resource_type, name, tenancy) = document.labels();
     let mut applied = Applied {
         file: document.file.clone(),
@@ -510,7 +521,7 @@ async fn apply_one(
             return applied;
         }
     };
-    match write_if_changed(session, codec, resource, dry_run).await {
+    match write_if_changed(session, codec, resource, mode).await {
         Ok((outcome, version)) => {
             applied.outcome = outcome;
             applied.version = version;
@@ -613,10 +624,43 @@ async fn write_if_changed(
     session: &Session,
     codec: &Codec,
     resource: &Resource,
-    dry_run: bool,
+    mode: Mode,
 ) -> Result<(Outcome, String), ClientError> {
+    let dry_run = mode.dry_run;
+    let mut planned_type = false;
     for attempt in 1..=CAS_ATTEMPTS {
         let plan = plan(session, resource).await?;
+        let is_type = plan
+            .desired
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .is_some_and(|t| gvk(t) == "registry.v1.Type");
+        if is_type && plan.stored.is_some() && plan.changes(codec) && !planned_type {
+            // A change to a Type: its plan first (DESIGN §15.1), refused when stored objects
+            // would fail under it, unless forced.
+            planned_type = true;
+            let type_plan = super::plan::plan(session, &plan.desired)
+                .await
+                .map_err(|error| match error.downcast::<ClientError>() {
+                    Ok(client) => client,
+                    Err(other) => ClientError::Settings(other.to_string()),
+                })?;
+            crate::say!("{}", type_plan.summary());
+            if type_plan.failing() > 0 && !mode.force && !dry_run {
+                let first = &type_plan.failures[0];
+                return Err(ClientError::FailedPrecondition {
+                    reason: None,
+                    message: format!(
+                        "{} stored objects would fail under this Type (first: {} {}: {}); see them with `resctl type plan -f FILE`, or apply with --force",
+                        type_plan.failing(),
+                        first.resource_type,
+                        first.name,
+                        first.message
+                    ),
+                });
+            }
+        }
         let Some(stored) = &plan.stored else {
             if dry_run {
                 return Ok((Outcome::Created, String::new()));
@@ -766,7 +810,11 @@ pub async fn run(session: &Session, args: &crate::cli::ApplyArgs) -> anyhow::Res
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let report = decode_and_apply(session, &sources, args.dry_run, |_| bar.inc(1)).await?;
+    let mode = Mode {
+        dry_run: args.dry_run,
+        force: args.force,
+    };
+    let report = decode_and_apply(session, &sources, mode, |_| bar.inc(1)).await?;
     bar.finish_and_clear();
     output::print(&render(&report, session.output)?)?;
     let failures = failures(&report);

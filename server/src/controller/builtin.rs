@@ -297,8 +297,10 @@ impl Reconciler<InProcess> for TypeController {
                 let mut held = stored.clone();
                 resource::add_finalizer(&mut held, TYPE_FINALIZER);
                 runtime.write(held).await?;
+                // The write brings this Type back here, held.
+                return Ok(Action::await_change());
             }
-            return Ok(Action::await_change());
+            return migrate(runtime, &request, &stored).await;
         }
         let Ok(t) = decode_data::<proto::registry::v1::Type>(&stored) else {
             return Ok(Action::await_change());
@@ -394,6 +396,69 @@ impl Reconciler<InProcess> for TypeController {
             runtime.write(released).await?;
         }
         Ok(Action::await_change())
+    }
+}
+
+/// Status key of a Type's storage-version migration (DESIGN §15.1).
+pub(crate) const MIGRATION_STATUS: &str = "migration";
+/// Objects one migration pass rewrites at most; passes follow each other
+/// [`MIGRATION_PAUSE`] apart, which bounds the rate a migration adds to the cluster's writes.
+const MIGRATION_PASS: usize = 512;
+const MIGRATION_PAUSE: Duration = Duration::from_millis(100);
+
+/// One pass of a multi-version Type's migration to its storage version, and its progress as
+/// the Type's `migration` status: condition `Migrated`, TRUE once nothing is stored in another
+/// version, with `migrated=N remaining=M`.
+async fn migrate(
+    runtime: &Runtime,
+    request: &Request,
+    stored: &Resource,
+) -> Result<Action, ReconcileError> {
+    let service = &runtime.api().service;
+    let Some(pass) = service
+        .migrate_pass(&request.id.name, MIGRATION_PASS)
+        .await
+        .map_err(|error| ReconcileError(error.to_string()))?
+    else {
+        return Ok(Action::await_change());
+    };
+    let done = pass.remaining == 0;
+    let condition = Condition {
+        r#type: "Migrated".into(),
+        state: if done { State::True } else { State::False } as i32,
+        reason: match (&pass.failed, done) {
+            (_, true) => "Migrated".into(),
+            (Some(_), false) => "ConversionFailed".into(),
+            (None, false) => "Migrating".into(),
+        },
+        message: match &pass.failed {
+            Some(why) if !done => format!(
+                "migrated={} remaining={}; cannot convert {why}",
+                pass.migrated, pass.remaining
+            ),
+            _ => format!("migrated={} remaining={}", pass.migrated, pass.remaining),
+        },
+        resource: None,
+    };
+    let status = Status {
+        observed_generation: stored.generation.clone(),
+        conditions: vec![condition],
+        updated_at: None,
+    };
+    runtime
+        .write_status_if_changed(stored, MIGRATION_STATUS, status)
+        .await?;
+    if done {
+        tracing::info!(r#type = %request.id.name, migrated = pass.migrated, "storage-version migration complete");
+        Ok(Action::await_change())
+    } else if pass.failed.is_some() && pass.remaining as usize > MIGRATION_PASS {
+        // Objects that do not convert stay; the others go on at the same pace.
+        Ok(Action::requeue(MIGRATION_PAUSE))
+    } else if pass.failed.is_some() {
+        // Only objects that do not convert are left: try again later (the Type may change).
+        Ok(Action::requeue(Duration::from_secs(30)))
+    } else {
+        Ok(Action::requeue(MIGRATION_PAUSE))
     }
 }
 

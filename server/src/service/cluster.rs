@@ -515,6 +515,30 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         }))
     }
 
+    async fn plan_type(
+        &self,
+        request: Request<proto::cluster::v1::PlanTypeRequest>,
+    ) -> Result<Response<proto::cluster::v1::PlanTypeResponse>, Status> {
+        let caller = self.authorize(&request, Need::Token, false).await?;
+        let Some(service) = &self.service else {
+            return Err(Status::unimplemented(
+                "this server has no resource service to plan a Type against",
+            ));
+        };
+        // What writing the Type needs (DESIGN §15.1): the caller's own grants, as they are
+        // once this node has applied what was acknowledged before the call.
+        service.sync().await.map_err(Status::from)?;
+        let authorizer = self
+            .tokens
+            .resolve(caller.token.as_deref())
+            .map_err(|error| Status::from(Error::from(error)))?;
+        let plan = service
+            .plan_type(authorizer.as_ref(), request.into_inner().r#type)
+            .await
+            .map_err(Status::from)?;
+        Ok(Response::new(plan))
+    }
+
     async fn status(
         &self,
         request: Request<StatusRequest>,

@@ -1151,7 +1151,42 @@ fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error>
     };
     let written = load(input).map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
     check_update(&stored, &written)
-        .map_err(|why| Error::InvalidArgument(format!("resource.data: {why}")))
+        .map_err(|why| Error::InvalidArgument(format!("resource.data: {why}")))?;
+    // A version goes only once nothing is stored in it: the migration to the storage version
+    // has finished for the Type as it is now (DESIGN §15.1).
+    let removed: Vec<&str> = stored
+        .versions
+        .iter()
+        .map(|v| v.name.as_str())
+        .filter(|name| written.version(name).is_none())
+        .collect();
+    if !removed.is_empty() && stored.converts() && !migrated(existing) {
+        return Err(Error::InvalidArgument(format!(
+            "resource.data.versions: {} removed while objects may still be stored in {}: wait until the migration to {} has finished (the Type's status `migration`, condition Migrated=TRUE; `resctl wait registry.v1.Type {} --for condition=Migrated`), then remove it",
+            removed.join(", "),
+            if removed.len() == 1 { "it" } else { "them" },
+            stored.storage,
+            existing
+                .id
+                .as_ref()
+                .map(|id| id.name.as_str())
+                .unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the Type `existing` reports its migration finished for its current generation.
+fn migrated(existing: &Resource) -> bool {
+    existing
+        .status
+        .get(crate::controller::builtin::MIGRATION_STATUS)
+        .is_some_and(|status| {
+            status.observed_generation == existing.generation
+                && status.conditions.iter().any(|c| {
+                    c.r#type == "Migrated" && c.state == proto::resource::v1::State::True as i32
+                })
+        })
 }
 
 /// Refuses a write whose data breaks rules, naming each (a `google.rpc.BadRequest`).

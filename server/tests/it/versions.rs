@@ -314,7 +314,6 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
     for node in [a, b, c] {
         let as_v2 = read(node, id("v2", "orders")).await.expect("read as v2");
         assert_eq!(group_version(&as_v2), "v2");
-        assert_eq!(as_v2.version, written.version, "the same version");
         assert_eq!(
             as_v2.id.as_ref().expect("id").uid,
             written.id.as_ref().expect("id").uid
@@ -515,4 +514,221 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
         .await
         .expect("readable after the restore");
     assert_eq!(data::<DatabaseV2>(&as_v2).team, "finance");
+}
+
+/// The Type's `migration` status: whether the condition Migrated is TRUE, and its message.
+async fn migration(node: &Resd) -> Option<(bool, String)> {
+    let stored = read(node, type_resource(single_version()).id.expect("id"))
+        .await
+        .ok()?;
+    let status = stored.status.get("migration")?;
+    if status.observed_generation != stored.generation {
+        return None;
+    }
+    let condition = status.conditions.iter().find(|c| c.r#type == "Migrated")?;
+    Some((
+        condition.state == proto::resource::v1::State::True as i32,
+        condition.message.clone(),
+    ))
+}
+
+/// Objects in one migration run (more with `RESD_MIGRATION_OBJECTS`).
+fn migration_objects() -> usize {
+    std::env::var("RESD_MIGRATION_OBJECTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1500)
+}
+
+/// Changing the storage version migrates every object, in passes, while the leader (where the
+/// type controller runs) is killed in the middle: it completes, each object rewritten exactly
+/// once (an ordinary update by `controller/type-migration`, its generation kept), and the
+/// Type's status says `Migrated` with `migrated=N remaining=0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_survives_a_leader_kill_and_rewrites_each_object_once() {
+    use futures::StreamExt as _;
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let watcher = (leader + 1) % 3;
+    put_type(&cluster.nodes[watcher], single_version())
+        .await
+        .expect("v1 registers");
+    let count = migration_objects();
+    let node = &cluster.nodes[watcher];
+    let written: Vec<Resource> = futures::stream::iter(0..count)
+        .map(|i| async move {
+            write(
+                node,
+                v1(
+                    &format!("db-{i:05}"),
+                    &DatabaseV1 {
+                        engine: "postgres".into(),
+                        size_gb: (i % 100) as i64,
+                        owner: format!("team-{}", i % 7),
+                    },
+                ),
+            )
+            .await
+            .expect("a v1 object")
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let generations: std::collections::BTreeMap<String, String> = written
+        .iter()
+        .map(|r| {
+            (
+                r.id.as_ref().expect("id").name.clone(),
+                r.generation.clone(),
+            )
+        })
+        .collect();
+    let mut events = watch(&cluster.nodes[watcher], "v1").await.into_inner();
+
+    let started = std::time::Instant::now();
+    put_type(&cluster.nodes[watcher], two_versions())
+        .await
+        .expect("v2 becomes the storage version");
+    // The first rewrite seen, then the leader goes.
+    let mut rewrites: std::collections::BTreeMap<String, usize> = Default::default();
+    let record = |event: proto::resource::v1::WatchEvent,
+                  rewrites: &mut std::collections::BTreeMap<String, usize>| {
+        if event.actor != "controller/type-migration" {
+            return;
+        }
+        let Some(Event::Upsert(upsert)) = event.event else {
+            panic!("a migration writes updates only: {event:?}");
+        };
+        let resource = upsert.resource.expect("resource");
+        let name = resource.id.as_ref().expect("id").name.clone();
+        assert_eq!(
+            generations.get(&name),
+            Some(&resource.generation),
+            "{name} keeps its generation"
+        );
+        *rewrites.entry(name).or_default() += 1;
+    };
+    while rewrites.is_empty() {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.message())
+            .await
+            .expect("the migration starts")
+            .expect("the watch")
+            .expect("an event");
+        record(event, &mut rewrites);
+    }
+    cluster.nodes[leader].kill9();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut restarted = false;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the migration did not finish: {} of {count} rewritten",
+            rewrites.len()
+        );
+        if !restarted && std::time::Instant::now() > started + Duration::from_secs(3) {
+            cluster.nodes[leader].restart();
+            restarted = true;
+        }
+        match tokio::time::timeout(Duration::from_millis(500), events.message()).await {
+            Ok(Ok(Some(event))) => record(event, &mut rewrites),
+            Ok(other) => panic!("the watch on a surviving node ended: {other:?}"),
+            Err(_) => {}
+        }
+        if rewrites.len() == count
+            && let Some((true, message)) = migration(&cluster.nodes[watcher]).await
+        {
+            assert_eq!(message, format!("migrated={count} remaining=0"));
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(
+        rewrites.values().all(|times| *times == 1),
+        "rewritten more than once: {:?}",
+        rewrites.iter().filter(|(_, t)| **t > 1).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "migrated {count} objects in {:.1} s across a leader kill ({:.0} objects/s)",
+        took.as_secs_f64(),
+        count as f64 / took.as_secs_f64()
+    );
+    // Nothing is left in v1: the plan of the Type as it is has nothing to migrate, and v1 can
+    // now go.
+    let plan = cluster.nodes[watcher]
+        .cluster()
+        .await
+        .plan_type(proto::cluster::v1::PlanTypeRequest {
+            r#type: Some(type_resource(two_versions())),
+        })
+        .await
+        .expect("plan")
+        .into_inner();
+    assert_eq!(plan.checked, count as u64);
+    assert_eq!(plan.to_migrate, 0);
+    assert!(plan.failures.is_empty(), "{:?}", plan.failures);
+}
+
+/// A plan names exactly the objects a new rule would refuse, and a Type that does not compile
+/// is InvalidArgument; nothing changes either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_names_exactly_the_objects_a_new_rule_would_refuse() {
+    let cluster = Cluster::start(3, &[]).await;
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    put_type(a, single_version()).await.expect("v1 registers");
+    for (name, size) in [("small", 10), ("big", 150), ("huge", 900), ("edge", 100)] {
+        write(
+            b,
+            v1(
+                name,
+                &DatabaseV1 {
+                    engine: "postgres".into(),
+                    size_gb: size,
+                    owner: "t".into(),
+                },
+            ),
+        )
+        .await
+        .expect("written");
+    }
+    let plan = |t: registry::Type| async move {
+        b.cluster()
+            .await
+            .plan_type(proto::cluster::v1::PlanTypeRequest {
+                r#type: Some(type_resource(t)),
+            })
+            .await
+            .map(|answer| answer.into_inner())
+    };
+    let answer = plan(two_versions()).await.expect("a plan");
+    assert_eq!(answer.checked, 4);
+    assert_eq!(answer.to_migrate, 4);
+    assert_eq!(answer.storage_version, "v2");
+    let named: Vec<&str> = answer
+        .failures
+        .iter()
+        .map(|f| f.id.as_ref().expect("id").name.as_str())
+        .collect();
+    assert_eq!(named, ["big", "huge"], "{:?}", answer.failures);
+    assert!(
+        answer.failures[0]
+            .message
+            .contains("a database holds at most 100 GB")
+            && answer.failures[0].message.contains("v2"),
+        "{:?}",
+        answer.failures[0]
+    );
+    // A Type that does not compile.
+    let mut broken = two_versions();
+    broken.versions[1].proto = "syntax = \"proto3\"; message {".into();
+    let refused = plan(broken).await.expect_err("does not compile");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("does not compile"),
+        "{refused:?}"
+    );
+    // Nothing changed: still one version.
+    let refused = read(a, id("v2", "small"))
+        .await
+        .expect_err("v2 is not registered");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }

@@ -1,3 +1,6 @@
+//! Versions of a Type: compiling them, converting between them, the round-trip check and
+//! what an update may change.
+
 use prost::Message as _;
 use prost_reflect::DynamicMessage;
 use proto::registry::v1 as pb;
@@ -313,8 +316,8 @@ fn an_update_keeps_the_storage_version_and_compatible_versions() {
     // check, which would refuse it first).
     let mut broken = compile(&database()).expect("compiles");
     broken.versions[0].proto = V1.replace("int64 size_gb = 2;", "string size_gb = 2;");
-    let alone = crate::registry::dynamic::compile(&version_type(&broken, &broken.versions[0]))
-        .expect("v1 alone compiles");
+    let alone =
+        dynamic::compile(&version_type(&broken, &broken.versions[0])).expect("v1 alone compiles");
     broken.versions[0].descriptor_set = alone.descriptor_set;
     broken.conversions.clear();
     let error = check_update(&old, &Family::load(&broken).expect("loads")).expect_err("retyped");
@@ -324,8 +327,8 @@ fn an_update_keeps_the_storage_version_and_compatible_versions() {
 
 #[test]
 fn a_single_version_type_is_a_family_of_one() {
-    let t = crate::registry::dynamic::tests::invoice_type();
-    let compiled = crate::registry::dynamic::compile(&t).expect("compiles");
+    let t = dynamic::tests::invoice_type();
+    let compiled = dynamic::compile(&t).expect("compiles");
     let family = Family::load_any(&compiled).expect("loads");
     assert!(!family.converts());
     assert_eq!(family.storage, "v1");
@@ -341,6 +344,6 @@ fn samples_set_every_field() {
         assert!(sample.has_field(&field), "{} unset", field.name());
     }
     let mut other = sample.clone();
-    other.set_field_by_name("region", prost_reflect::Value::String("x".into()));
+    other.set_field_by_name("region", Value::String("x".into()));
     assert_eq!(first_difference(&sample, &other).as_deref(), Some("region"));
 }
