@@ -365,9 +365,21 @@ pub fn render_resources(
         OutputFormat::Table | OutputFormat::Wide => {
             let wide = format == OutputFormat::Wide;
             let now = SystemTime::now();
-            let mut headers = vec!["NAME", "TENANCY", "VERSION", "AGE", "CONDITION", "OWNER"];
+            // The type's own columns (DESIGN §15.1), after NAME and TENANCY.
+            let type_columns = type_columns(codec, resources);
+            let mut headers: Vec<String> = vec!["NAME".into(), "TENANCY".into()];
+            headers.extend(type_columns.iter().map(|(name, _, _)| name.to_uppercase()));
+            headers.extend(
+                ["VERSION", "AGE", "CONDITION", "OWNER"]
+                    .into_iter()
+                    .map(str::to_owned),
+            );
             if wide {
-                headers.extend(["GENERATION", "FINALIZERS", "UID", "TYPE"]);
+                headers.extend(
+                    ["GENERATION", "FINALIZERS", "UID", "TYPE"]
+                        .into_iter()
+                        .map(str::to_owned),
+                );
             }
             let mut table = Table::new(headers);
             for resource in resources {
@@ -375,11 +387,19 @@ pub fn render_resources(
                 let mut row = vec![
                     id.name.clone(),
                     describe::tenancy_label(id.tenancy.as_ref()),
+                ];
+                if !type_columns.is_empty() {
+                    let document = codec.to_value(resource)?;
+                    for (_, path, kind) in &type_columns {
+                        row.push(column_cell(&path.render(&document), kind, now));
+                    }
+                }
+                row.extend([
                     resource.version.clone(),
                     describe::age_of(resource, now),
                     condition_cell(resource),
                     owner_cell(resource),
-                ];
+                ]);
                 if wide {
                     row.extend([
                         resource.generation.clone(),
@@ -393,6 +413,46 @@ pub fn render_resources(
             Ok(table.render())
         }
     }
+}
+
+/// The columns a registered type declares (name, path, type), when every resource is of that
+/// one type; paths that do not parse are left out.
+fn type_columns(codec: &Codec, resources: &[Resource]) -> Vec<(String, JsonPath, String)> {
+    let Some(first) = resources
+        .first()
+        .and_then(|r| r.id.as_ref())
+        .and_then(|id| id.r#type.as_ref())
+    else {
+        return Vec::new();
+    };
+    let same = resources
+        .iter()
+        .all(|r| r.id.as_ref().and_then(|id| id.r#type.as_ref()) == Some(first));
+    let Some(info) = codec.type_info(first).filter(|_| same) else {
+        return Vec::new();
+    };
+    info.columns
+        .iter()
+        .filter_map(|column| {
+            let path = column.json_path.parse().ok()?;
+            Some((column.name.clone(), path, column.r#type.clone()))
+        })
+        .collect()
+}
+
+/// A type column's cell: `<none>` when the path selects nothing; a `date` as an age.
+fn column_cell(value: &str, kind: &str, now: SystemTime) -> String {
+    if value.is_empty() {
+        return "<none>".to_owned();
+    }
+    if kind == "date"
+        && let Ok(at) =
+            time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+        && let Ok(age) = now.duration_since(SystemTime::from(at))
+    {
+        return describe::age_label(age);
+    }
+    value.to_owned()
 }
 
 /// A table of `columns` (a cell that selects nothing is `<none>`, as kubectl prints it).

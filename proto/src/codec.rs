@@ -289,6 +289,13 @@ impl Codec {
         }
     }
 
+    /// What ListTypes said of `resource_type` (exactly that version).
+    pub fn type_info(&self, resource_type: &Type) -> Option<&TypeInfo> {
+        self.types
+            .iter()
+            .find(|info| info.r#type.as_ref() == Some(resource_type))
+    }
+
     fn with_kind(&self, kind: &str) -> Vec<String> {
         self.types
             .iter()

@@ -46,6 +46,8 @@ pub(crate) struct Version {
     /// What answers in this version warn with (the Type's message, or a default).
     pub warning: String,
     pub compiled: Arc<CompiledType>,
+    /// What `resctl get` shows for it.
+    pub columns: Vec<pb::Column>,
 }
 
 /// A field of one version made from an object of another.
@@ -242,6 +244,7 @@ impl Family {
                 deprecated: false,
                 warning: String::new(),
                 compiled: Arc::new(compiled),
+                columns: t.columns.clone(),
             }],
             conversions: Vec::new(),
         })
@@ -294,6 +297,7 @@ impl Family {
                         version.deprecation_message.clone()
                     },
                     compiled: Arc::new(compiled),
+                    columns: version.columns.clone(),
                 }),
                 Err(why) => problems.push(format!("data.versions[{index}]: {why}")),
             }

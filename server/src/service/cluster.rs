@@ -439,6 +439,26 @@ fn role(role: Role) -> pb::Role {
     }
 }
 
+/// What ListTypes says of a registered type's version (DESIGN §15.1): its columns, whether
+/// it is deprecated, and its Type's storage version.
+fn version_info(registration: &crate::registry::Registration) -> TypeInfo {
+    let Some(installed) = &registration.registered else {
+        return TypeInfo::default();
+    };
+    let family = &installed.family;
+    let version = family.version(&registration.resource_type.group_version);
+    TypeInfo {
+        columns: version.map(|v| v.columns.clone()).unwrap_or_default(),
+        deprecated: version.is_some_and(|v| v.deprecated),
+        deprecation_message: version
+            .filter(|v| v.deprecated)
+            .map(|v| v.warning.clone())
+            .unwrap_or_default(),
+        storage_version: family.storage.clone(),
+        ..TypeInfo::default()
+    }
+}
+
 /// Most types one page of ListTypes holds.
 const MAX_TYPES_PAGE: u32 = 500;
 
@@ -506,6 +526,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
                     .registered
                     .as_ref()
                     .is_some_and(|installed| installed.deleting),
+                ..version_info(registration)
             })
             .collect();
         Ok(Response::new(ListTypesResponse {

@@ -8,9 +8,9 @@ use unicode_width::UnicodeWidthStr as _;
 
 /// One column: its header, how wide it may grow and shrink, and how much it matters
 /// (higher keeps its width longer).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Column {
-    pub header: &'static str,
+    pub header: std::borrow::Cow<'static, str>,
     pub min: u16,
     pub max: u16,
     pub priority: u8,
@@ -110,19 +110,19 @@ mod tests {
 
     const COLUMNS: [Column; 3] = [
         Column {
-            header: "NAME",
+            header: std::borrow::Cow::Borrowed("NAME"),
             min: 8,
             max: 60,
             priority: 9,
         },
         Column {
-            header: "CONDITION",
+            header: std::borrow::Cow::Borrowed("CONDITION"),
             min: 9,
             max: 30,
             priority: 5,
         },
         Column {
-            header: "OWNER",
+            header: std::borrow::Cow::Borrowed("OWNER"),
             min: 6,
             max: 40,
             priority: 1,

@@ -44,43 +44,43 @@ const COLUMN_SPACING: u16 = 2;
 /// The resource table's columns; NAME matters most, then CONDITION and TENANCY.
 const TABLE_COLUMNS: [Column; 7] = [
     Column {
-        header: "NAME",
+        header: std::borrow::Cow::Borrowed("NAME"),
         min: 12,
         max: 63,
         priority: 9,
     },
     Column {
-        header: "TENANCY",
+        header: std::borrow::Cow::Borrowed("TENANCY"),
         min: 9,
         max: 40,
         priority: 6,
     },
     Column {
-        header: "VERSION",
+        header: std::borrow::Cow::Borrowed("VERSION"),
         min: 7,
         max: 20,
         priority: 4,
     },
     Column {
-        header: "AGE",
+        header: std::borrow::Cow::Borrowed("AGE"),
         min: 3,
         max: 8,
         priority: 5,
     },
     Column {
-        header: "CONDITION",
+        header: std::borrow::Cow::Borrowed("CONDITION"),
         min: 12,
         max: 40,
         priority: 7,
     },
     Column {
-        header: "FINALIZERS",
+        header: std::borrow::Cow::Borrowed("FINALIZERS"),
         min: 8,
         max: 30,
         priority: 2,
     },
     Column {
-        header: "OWNER",
+        header: std::borrow::Cow::Borrowed("OWNER"),
         min: 8,
         max: 50,
         priority: 3,
@@ -169,7 +169,30 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
         .iter()
         .skip(cursor.offset)
         .take(height.max(1));
-    let cells: Vec<(Style, [Span<'static>; 7])> = visible
+    // The type's own columns (DESIGN §15.1), after NAME and TENANCY.
+    let extra: Vec<(String, Vec<String>)> = data
+        .info
+        .columns
+        .iter()
+        .map(|column| {
+            let path = column
+                .json_path
+                .trim_start_matches('.')
+                .split('.')
+                .map(str::to_owned)
+                .collect();
+            (column.name.to_uppercase(), path)
+        })
+        .collect();
+    let mut table_columns: Vec<Column> = TABLE_COLUMNS[..2].to_vec();
+    table_columns.extend(extra.iter().map(|(name, _)| Column {
+        header: std::borrow::Cow::Owned(name.clone()),
+        min: 4,
+        max: 30,
+        priority: 5,
+    }));
+    table_columns.extend(TABLE_COLUMNS[2..].iter().cloned());
+    let cells: Vec<(Style, Vec<Span<'static>>)> = visible
         .filter_map(|key| {
             let resource = data.resources.get(key)?;
             let owner = resource
@@ -182,22 +205,41 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
             } else {
                 Style::default()
             };
-            Some((
-                style,
-                [
-                    Span::raw(key.name.clone()),
-                    Span::raw(key.tenancy_label()),
-                    Span::raw(resource.version.clone()),
-                    Span::raw(describe::age_of(resource, state.now)),
-                    condition_span(resource),
-                    finalizers_cell(resource),
-                    Span::raw(owner),
-                ],
-            ))
+            let mut row = vec![Span::raw(key.name.clone()), Span::raw(key.tenancy_label())];
+            if !extra.is_empty() {
+                let document = state
+                    .codec
+                    .as_ref()
+                    .and_then(|codec| codec.to_value(resource).ok());
+                for (_, path) in &extra {
+                    let cell = document
+                        .as_ref()
+                        .and_then(|document| {
+                            path.iter()
+                                .try_fold(document, |value, part| value.get(part))
+                        })
+                        .map(|value| match value {
+                            serde_json::Value::String(text) => text.clone(),
+                            other => other.to_string(),
+                        });
+                    row.push(match cell {
+                        Some(text) => Span::raw(text),
+                        None => Span::styled("<none>", dim()),
+                    });
+                }
+            }
+            row.extend([
+                Span::raw(resource.version.clone()),
+                Span::raw(describe::age_of(resource, state.now)),
+                condition_span(resource),
+                finalizers_cell(resource),
+                Span::raw(owner),
+            ]);
+            Some((style, row))
         })
         .collect();
     // Sized to what is on screen; on a narrow terminal NAME keeps its width longest.
-    let mut natural = [0u16; 7];
+    let mut natural = vec![0u16; table_columns.len()];
     for (_, row) in &cells {
         for (width, cell) in natural.iter_mut().zip(row) {
             *width = (*width).max(cell.width() as u16);
@@ -205,7 +247,7 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
     }
     // Borders (2) and the selection marker (2).
     let available = area.width.saturating_sub(4);
-    let widths = columns::fit(&TABLE_COLUMNS, &natural, available, COLUMN_SPACING);
+    let widths = columns::fit(&table_columns, &natural, available, COLUMN_SPACING);
     let shown = |index: &usize| widths[*index] > 0;
     let rows: Vec<Row> = cells
         .iter()
@@ -220,9 +262,9 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
         })
         .collect();
     let header = Row::new(
-        (0..TABLE_COLUMNS.len())
+        (0..table_columns.len())
             .filter(shown)
-            .map(|index| columns::ellipsize(TABLE_COLUMNS[index].header, widths[index]))
+            .map(|index| columns::ellipsize(&table_columns[index].header, widths[index]))
             .collect::<Vec<_>>(),
     )
     .style(Style::default().add_modifier(Modifier::BOLD));
