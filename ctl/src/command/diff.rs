@@ -140,7 +140,30 @@ fn shown(codec: &Codec, resource: &Resource) -> anyhow::Result<String> {
     resource.version.clear();
     resource.generation.clear();
     resource.status.clear();
+    without_compiled_schemas(&mut resource);
     Ok(codec.to_yaml(&resource)?)
+}
+
+/// A `registry.v1.Type` without the descriptor sets the server compiles from its `.proto`
+/// text: a diff of a Type shows the schema's text, not two encodings of it (DESIGN §15.1).
+fn without_compiled_schemas(resource: &mut Resource) {
+    let is_type = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .is_some_and(|t| gvk(t) == "registry.v1.Type");
+    let Some(data) = resource.data.as_mut().filter(|_| is_type) else {
+        return;
+    };
+    let Ok(mut t) = <proto::registry::v1::Type as prost::Message>::decode(data.value.as_slice())
+    else {
+        return;
+    };
+    t.descriptor_set.clear();
+    for version in &mut t.versions {
+        version.descriptor_set.clear();
+    }
+    data.value = prost::Message::encode_to_vec(&t);
 }
 
 /// The unified diff between what is stored and what apply would store; empty when the same.
@@ -260,6 +283,62 @@ async fn compare_and_print(session: &Session, args: &crate::cli::DiffArgs) -> an
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Type's diff shows its schema's text, line by line, and none of the compiled bytes.
+    #[test]
+    fn a_type_shows_its_schema_text_not_its_descriptors() {
+        use proto::cluster::v1::{ListTypesResponse, Scope, TypeInfo};
+        let codec = Codec::new(ListTypesResponse {
+            types: vec![TypeInfo {
+                r#type: Some(proto::resource::v1::Type {
+                    group: "registry".into(),
+                    group_version: "v1".into(),
+                    kind: "Type".into(),
+                }),
+                scope: Scope::Cluster as i32,
+                message_name: "resd.registry.v1.Type".into(),
+                builtin: true,
+                ..Default::default()
+            }],
+            file_descriptor_set: proto::FILE_DESCRIPTOR_SET.to_vec().into(),
+            next_page_token: String::new(),
+        })
+        .expect("codec");
+        let t = proto::registry::v1::Type {
+            group: "platform".into(),
+            kind: "Database".into(),
+            versions: vec![proto::registry::v1::TypeVersion {
+                name: "v1".into(),
+                proto: "syntax = \"proto3\";\npackage resd.platform.v1;\nmessage Database {}\n"
+                    .into(),
+                descriptor_set: vec![7; 300],
+                served: true,
+                ..Default::default()
+            }],
+            descriptor_set: vec![9; 300],
+            ..Default::default()
+        };
+        let resource = Resource {
+            id: Some(proto::resource::v1::Id {
+                name: "platform-database".into(),
+                r#type: Some(proto::resource::v1::Type {
+                    group: "registry".into(),
+                    group_version: "v1".into(),
+                    kind: "Type".into(),
+                }),
+                ..Default::default()
+            }),
+            data: Some(proto::to_any(&t)),
+            ..Default::default()
+        };
+        let text = shown(&codec, &resource).expect("shown");
+        assert!(!text.contains("descriptorSet"), "{text}");
+        assert!(
+            text.lines()
+                .any(|line| line.trim() == "package resd.platform.v1;"),
+            "the schema is text, a line each: {text}"
+        );
+    }
 
     #[test]
     fn colour_marks_added_removed_and_hunks() {
