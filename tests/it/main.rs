@@ -6,6 +6,7 @@ mod chaos;
 mod cli;
 mod client;
 mod drivers;
+mod evolve;
 mod http;
 mod invoices;
 mod lease;

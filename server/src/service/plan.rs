@@ -211,19 +211,26 @@ fn check_object(family: &Family, stored: Resource) -> Option<String> {
         if let Some(why) = rules_fail(&version.compiled, &there, &mut meter) {
             return Some(format!("a rule of {}: {why}", version.name));
         }
-        let back = match family.convert(&there, &version.name, &family.storage, None, &mut meter) {
-            Ok(back) => back,
+        // Served → storage → served keeps every field (what an update through this version
+        // does to the object, but for what only newer versions hold, which the write keeps).
+        let again = family
+            .convert(&there, &version.name, &family.storage, None, &mut meter)
+            .and_then(|back| {
+                family.convert(&back, &family.storage, &version.name, None, &mut meter)
+            });
+        let again = match again {
+            Ok(again) => again,
             Err(error) => return Some(format!("back from {}: {error}", version.name)),
         };
         let decode = |bytes: &[u8]| {
-            prost_reflect::DynamicMessage::decode(storage.compiled.message.clone(), bytes).ok()
+            prost_reflect::DynamicMessage::decode(version.compiled.message.clone(), bytes).ok()
         };
-        if let (Some(a), Some(b)) = (decode(&data), decode(&back))
+        if let (Some(a), Some(b)) = (decode(&there), decode(&again))
             && let Some(field) = crate::registry::versions::first_difference(&a, &b)
         {
             return Some(format!(
                 "field {field} does not survive {} → {} → {}",
-                family.storage, version.name, family.storage
+                version.name, family.storage, version.name
             ));
         }
     }
