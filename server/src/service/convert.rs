@@ -5,6 +5,8 @@
 
 use proto::resource::v1::Resource;
 
+use std::sync::Arc;
+
 use super::Error;
 use crate::registry::Registration;
 use crate::registry::cel::{self, Meter};
@@ -42,9 +44,26 @@ pub(crate) fn converts_from(registration: &Registration, group_version: &str) ->
 /// named in `to`. Uid, version, generation, metadata, owner and statuses stay.
 pub(crate) fn convert(
     family: &Family,
+    resource: Resource,
+    to: &str,
+    base: Option<&[u8]>,
+) -> Result<Resource, Error> {
+    convert_metered(
+        family,
+        resource,
+        to,
+        base,
+        &mut Meter::new(cel::REQUEST_BUDGET),
+    )
+}
+
+/// [`convert`] charging `meter` (a List charges all its conversions to one).
+pub(crate) fn convert_metered(
+    family: &Family,
     mut resource: Resource,
     to: &str,
     base: Option<&[u8]>,
+    meter: &mut Meter,
 ) -> Result<Resource, Error> {
     let from = group_version_of(&resource).to_owned();
     if from == to {
@@ -60,9 +79,8 @@ pub(crate) fn convert(
         )));
     }
     if let Some(data) = resource.data.as_mut() {
-        let mut meter = Meter::new(cel::REQUEST_BUDGET);
         let converted = family
-            .convert(&data.value, &from, to, base, &mut meter)
+            .convert(&data.value, &from, to, base, meter)
             .map_err(|error| {
                 Error::FailedPrecondition(format!(
                     "{} (stored in {from}) cannot be converted to {to}: {error}",
@@ -103,4 +121,21 @@ pub(crate) fn as_requested(
         )?)),
         _ => Ok(None),
     }
+}
+
+/// [`as_requested`] on the rule pool when the Type's conversions are not cheap for this object
+/// (a Type's CEL never holds an async worker for long).
+pub(crate) async fn as_requested_off_thread(
+    pool: &crate::registry::pool::Pool,
+    registration: &Arc<Registration>,
+    resource: Resource,
+) -> Result<Option<Resource>, Error> {
+    let bytes = resource.data.as_ref().map_or(0, |d| d.value.len());
+    if family_of(registration).is_none_or(|family| family.converts_inline(bytes)) {
+        return as_requested(registration, resource);
+    }
+    let registration = registration.clone();
+    pool.run(move || as_requested(&registration, resource))
+        .await
+        .map_err(|error| Error::Internal(error.to_string()))?
 }

@@ -5,6 +5,8 @@
 //! each object is rewritten once: the rewrite is a compare-and-swap on the version it read,
 //! and a rewritten object is in the storage version, which no later pass touches.
 
+use std::sync::Arc;
+
 use futures::StreamExt as _;
 use proto::resource::v1::{Resource, Tenancy};
 
@@ -117,14 +119,24 @@ impl ResourceService {
     /// why it cannot be converted.
     async fn rewrite(
         &self,
-        family: &Family,
+        family: &Arc<Family>,
         stored: Resource,
         to: &str,
         fence: &crate::storage::Fence,
     ) -> Result<bool, String> {
         let name = DisplayId(stored.id.as_ref().unwrap_or(&Default::default())).to_string();
-        let converted = convert::convert(family, stored, to, None)
-            .map_err(|error| format!("{name}: {error}"))?;
+        let bytes = stored.data.as_ref().map_or(0, |d| d.value.len());
+        let converted = if family.converts_inline(bytes) {
+            convert::convert(family, stored, to, None)
+        } else {
+            let (family, to) = (family.clone(), to.to_owned());
+            self.pool
+                .run(move || convert::convert(&family, stored, &to, None))
+                .await
+                .map_err(|error| Error::Internal(error.to_string()))
+                .and_then(|converted| converted)
+        }
+        .map_err(|error| format!("{name}: {error}"))?;
         match self
             .backend
             .write_cas_as(converted, MIGRATION_ACTOR, fence)

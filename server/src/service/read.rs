@@ -62,6 +62,10 @@ pub(crate) fn wire_event(event: &SharedEvent) -> bytes::Bytes {
     event.wire(|event| prost::Message::encode_to_vec(&pb_event(event)).into())
 }
 
+/// What the CEL conversions of one List may spend together: some tens of milliseconds of one
+/// core, where storage hands the list over (DESIGN §15.1; each page of a list gets as much).
+const LIST_CONVERSION_UNITS: u64 = 2_000_000;
+
 /// A validated List or WatchList query.
 struct Query {
     registration: Arc<Registration>,
@@ -304,6 +308,7 @@ impl ResourceService {
                 && authorizer.reads_everything(),
             group_version: &query.resource_type.group_version,
             family: convert::family_of(&query.registration),
+            conversions: crate::registry::cel::Meter::new(LIST_CONVERSION_UNITS),
             selector: query.selector.as_ref(),
             list: EncodedList::charged_to(self.list_budget.clone(), caller),
             page: (request.limit > 0).then_some(PageEnd {
@@ -475,6 +480,7 @@ impl ResourceService {
             tenancy: query.tenancy,
             name_prefix: query.name_prefix,
             types: self.registry.dynamic().clone(),
+            pool: self.pool.clone(),
         };
         let bookmarks = request.bookmarks.then(Bookmarks::new);
         let events = following_grants(watch, grants, scope, bookmarks);
@@ -493,12 +499,15 @@ struct WatchScope {
     /// The registered types as they are when each event comes: an event of another version
     /// of the watched Type is converted by its versions of the moment (DESIGN §15.1).
     types: Arc<crate::registry::DynamicTypes>,
+    /// Where costly conversions run.
+    pool: crate::registry::pool::Pool,
 }
 
 impl WatchScope {
     /// `event` as this watch sees it: as stored, or converted when it is of another version
-    /// of the watched Type; `None` when it is not visible.
-    fn present(
+    /// of the watched Type (on the rule pool unless its conversions are cheap); `None` when it
+    /// is not visible.
+    async fn present(
         &self,
         authorizer: &dyn Authorizer,
         event: SharedEvent,
@@ -516,7 +525,18 @@ impl WatchScope {
         if !convert::converts_from(&registration, convert::group_version_of(resource)) {
             return Ok(None);
         }
-        let converted = convert::as_requested(&registration, resource.clone())?;
+        let bytes = resource.data.as_ref().map_or(0, |d| d.value.len());
+        let inline =
+            convert::family_of(&registration).is_none_or(|family| family.converts_inline(bytes));
+        let converted = if inline {
+            convert::as_requested(&registration, resource.clone())?
+        } else {
+            let (registration, resource) = (registration.clone(), resource.clone());
+            self.pool
+                .run(move || convert::as_requested(&registration, resource))
+                .await
+                .map_err(|error| Error::Internal(error.to_string()))??
+        };
         let Some(converted) = converted else {
             return Ok(None);
         };
@@ -681,9 +701,8 @@ fn following_grants(
                             if matches!(event.event().operation, Operation::Bookmark) {
                                 continue;
                             }
-                            let presented = state
-                                .scope
-                                .present(state.grants.borrow().as_ref(), event);
+                            let grants = state.grants.borrow().clone();
+                            let presented = state.scope.present(grants.as_ref(), event).await;
                             let event = match presented {
                                 Ok(Some(event)) => event,
                                 Ok(None) => continue,
@@ -908,6 +927,9 @@ struct VisibleList<'a> {
     /// The versions of the listed type, when objects stored in another of them are listed
     /// converted (DESIGN §15.1).
     family: Option<&'a crate::registry::versions::Family>,
+    /// What the conversions of this list may spend, together (they run where storage hands
+    /// the list over, so a Type's costly conversions cannot hold a thread for long).
+    conversions: crate::registry::cel::Meter,
     /// Only resources whose metadata matches (read in place, after the cheaper checks).
     selector: Option<&'a Selector>,
     list: EncodedList,
@@ -928,7 +950,7 @@ struct PageEnd {
 impl VisibleList<'_> {
     /// `bytes` converted to the listed version when they are stored in another version of the
     /// same Type; `None` when they are listed as they are (or not at all).
-    fn converted(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    fn converted(&mut self, bytes: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let Some(family) = self.family else {
             return Ok(None);
         };
@@ -946,7 +968,17 @@ impl VisibleList<'_> {
             return Ok(None);
         }
         let resource = <Resource as prost::Message>::decode(bytes).map_err(undecodable)?;
-        let converted = convert::convert(family, resource, self.group_version, None)?;
+        let converted =
+            convert::convert_metered(family, resource, self.group_version, None, &mut self.conversions)
+                .map_err(|error| match error {
+                    Error::FailedPrecondition(why) if self.conversions.left() == 0 => {
+                        Error::ResourceExhausted(format!(
+                            "converting this list to {} costs more than the {LIST_CONVERSION_UNITS} units one List may spend on conversions ({why}): list in pages (a limit), or in the storage version {}",
+                            self.group_version, family.storage
+                        ))
+                    }
+                    other => other,
+                })?;
         Ok(Some(prost::Message::encode_to_vec(&converted)))
     }
 
@@ -1096,6 +1128,7 @@ mod tests {
             everything_readable: false,
             group_version: &group_version,
             family: None,
+            conversions: crate::registry::cel::Meter::new(super::LIST_CONVERSION_UNITS),
             selector: None,
             page: None,
             list: EncodedList::default(),
@@ -1136,6 +1169,7 @@ mod tests {
             everything_readable: true,
             group_version: "v2",
             family: None,
+            conversions: crate::registry::cel::Meter::new(super::LIST_CONVERSION_UNITS),
             selector: None,
             list: EncodedList::default(),
             page: None,

@@ -26,6 +26,7 @@ mod pages;
 mod read;
 mod select;
 mod status;
+mod versions;
 mod watch;
 mod write;
 

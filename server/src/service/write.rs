@@ -285,7 +285,7 @@ impl ResourceService {
             None => {
                 let stored = Box::pin(self.create(input, prepared)).await?;
                 Ok(Attempt::Written(Box::new(
-                    self.answer_in(prepared, stored)?,
+                    self.answer_in(prepared, stored).await?,
                 )))
             }
             Some(existing) => {
@@ -448,7 +448,7 @@ impl ResourceService {
                     Box::pin(self.finish_delete(&stored, &prepared.actor)).await?;
                 }
                 Ok(Attempt::Written(Box::new(
-                    self.answer_in(prepared, stored)?,
+                    self.answer_in(prepared, stored).await?,
                 )))
             }
         }
@@ -644,9 +644,21 @@ impl ResourceService {
     }
 
     /// What a write answers: the stored resource in the version it was written in.
-    fn answer_in(&self, prepared: &PreparedWrite, stored: Resource) -> Result<Resource, Error> {
+    async fn answer_in(
+        &self,
+        prepared: &PreparedWrite,
+        stored: Resource,
+    ) -> Result<Resource, Error> {
         if convert::converts_from(&prepared.registration, convert::group_version_of(&stored)) {
-            Ok(convert::as_requested(&prepared.registration, stored.clone())?.unwrap_or(stored))
+            Ok(
+                convert::as_requested_off_thread(
+                    &self.pool,
+                    &prepared.registration,
+                    stored.clone(),
+                )
+                .await?
+                .unwrap_or(stored),
+            )
         } else {
             Ok(stored)
         }
@@ -1006,7 +1018,9 @@ impl ResourceService {
             // Answered in the version asked through (DESIGN §15.1).
             let stored = if convert::converts_from(registration, convert::group_version_of(&stored))
             {
-                convert::as_requested(registration, stored.clone())?.unwrap_or(stored)
+                convert::as_requested_off_thread(&self.pool, registration, stored.clone())
+                    .await?
+                    .unwrap_or(stored)
             } else {
                 stored
             };

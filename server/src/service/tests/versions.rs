@@ -1,0 +1,177 @@
+//! Versions of a registered type at the service (DESIGN §15.1), attacked: a Type whose
+//! conversions are costly cannot make one List hold a thread for long, and a list in pages
+//! still works; a watch in the costly version still gets its events.
+
+use proto::registry::v1 as registry;
+use proto::resource::v1::{ListRequest, Resource, Tenancy, WatchListRequest};
+
+use super::*;
+
+const V1: &str =
+    "syntax = \"proto3\";\npackage resd.attack.v1;\nmessage Pile { repeated string tags = 1; }\n";
+const V2: &str =
+    "syntax = \"proto3\";\npackage resd.attack.v2;\nmessage Pile { repeated string labels = 2; }\n";
+
+/// v2 stored; v1 served, its `tags` made from v2's `labels` by a CEL map over every element.
+fn costly_type() -> Resource {
+    let t = registry::Type {
+        group: "attack".into(),
+        kind: "Pile".into(),
+        scope: registry::Scope::Namespace as i32,
+        versions: vec![
+            registry::TypeVersion {
+                name: "v1".into(),
+                proto: V1.into(),
+                served: true,
+                ..Default::default()
+            },
+            registry::TypeVersion {
+                name: "v2".into(),
+                proto: V2.into(),
+                served: true,
+                ..Default::default()
+            },
+        ],
+        storage_version: "v2".into(),
+        conversions: vec![
+            registry::Conversion {
+                from_version: "v1".into(),
+                to_version: "v2".into(),
+                field: "labels".into(),
+                expression: "self.tags.map(t, t + '')".into(),
+            },
+            registry::Conversion {
+                from_version: "v2".into(),
+                to_version: "v1".into(),
+                field: "tags".into(),
+                expression: "self.labels.map(l, l + '')".into(),
+            },
+        ],
+        ..Default::default()
+    };
+    Resource {
+        id: Some(id("registry.v1.Type", Tenancy::default(), "attack-pile")),
+        data: Some(proto::to_any(&t)),
+        ..Default::default()
+    }
+}
+
+fn pile(name: &str, labels: usize) -> Resource {
+    let mut value = Vec::new();
+    for index in 0..labels {
+        prost::encoding::string::encode(2, &format!("{index:0>60}"), &mut value);
+    }
+    Resource {
+        id: Some(id("attack.v2.Pile", default_ns(), name)),
+        data: Some(prost_types::Any {
+            type_url: "type.googleapis.com/resd.attack.v2.Pile".into(),
+            value,
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_list_in_a_version_whose_conversions_are_costly_is_bounded_and_pages_work() {
+    let harness = harness().await;
+    harness
+        .write(costly_type())
+        .await
+        .expect("the Type registers");
+    for index in 0..300 {
+        harness
+            .write(pile(&format!("pile-{index:03}"), 1500))
+            .await
+            .expect("a pile");
+    }
+    // In the storage version: nothing to convert.
+    let stored = harness
+        .list("attack.v2.Pile", default_ns(), "")
+        .await
+        .expect("listed as stored");
+    assert_eq!(stored.len(), 300);
+    // In v1, every object converted by CEL: over the list's conversion budget, refused
+    // saying what to do, rather than converting for as long as it takes.
+    let refused = match harness.list("attack.v1.Pile", default_ns(), "").await {
+        Ok(listed) => panic!(
+            "{} listed: over the budget, expected a refusal",
+            listed.len()
+        ),
+        Err(error) => error,
+    };
+    let Error::ResourceExhausted(why) = refused else {
+        panic!("expected RESOURCE_EXHAUSTED, got {refused:?}");
+    };
+    assert!(why.contains("list in pages") && why.contains("v2"), "{why}");
+    // A page at a time, it works.
+    let page = harness
+        .service
+        .list(
+            &AllowAll,
+            Consistency::Eventual,
+            ListRequest {
+                r#type: Some(resource::parse_gvk("attack.v1.Pile").expect("gvk")),
+                tenancy: Some(default_ns()),
+                limit: 20,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a page");
+    assert_eq!(page.resources.len(), 20);
+    assert_eq!(
+        page.resources[0].data.as_ref().expect("data").type_url,
+        "type.googleapis.com/resd.attack.v1.Pile"
+    );
+    assert!(!page.next_page_token.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_in_a_costly_version_gets_its_events_converted_off_the_workers() {
+    use futures::StreamExt as _;
+    let harness = harness().await;
+    harness
+        .write(costly_type())
+        .await
+        .expect("the Type registers");
+    let mut events = harness
+        .service
+        .watch_list(
+            Arc::new(AllowAll),
+            WatchListRequest {
+                r#type: Some(resource::parse_gvk("attack.v1.Pile").expect("gvk")),
+                tenancy: Some(default_ns()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("watch");
+    // The end of the (empty) snapshot.
+    events.next().await.expect("an event").expect("ok");
+    harness.write(pile("big", 1500)).await.expect("a pile");
+    let event = tokio::time::timeout(std::time::Duration::from_secs(10), events.next())
+        .await
+        .expect("the event comes")
+        .expect("an event")
+        .expect("ok");
+    let Some(proto::resource::v1::watch_event::Event::Upsert(upsert)) = event.event else {
+        panic!("an upsert: {event:?}");
+    };
+    let resource = upsert.resource.expect("resource");
+    assert_eq!(
+        resource
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .map(|t| t.group_version.as_str()),
+        Some("v1")
+    );
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PileV1 {
+        #[prost(string, repeated, tag = "1")]
+        tags: Vec<String>,
+    }
+    let converted: PileV1 =
+        prost::Message::decode(resource.data.expect("data").value.as_slice()).expect("v1");
+    assert_eq!(converted.tags.len(), 1500);
+}
