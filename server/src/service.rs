@@ -28,6 +28,7 @@ pub(crate) mod encoded;
 mod error;
 pub(crate) mod grpc;
 mod migrate;
+pub(crate) use migrate::MIGRATION_STATUS;
 mod page;
 mod plan;
 pub(crate) mod projections;

@@ -19,6 +19,7 @@ use super::{
 };
 use crate::registry::{Registry, Scope, decode_data};
 use crate::resource::{self, DisplayId};
+use crate::service::MIGRATION_STATUS;
 
 /// Finalizer the namespace controller holds on every namespace.
 pub(crate) const NAMESPACE_FINALIZER: &str = "tenancy.resd.io/namespace-cleanup";
@@ -399,8 +400,6 @@ impl Reconciler<InProcess> for TypeController {
     }
 }
 
-/// Status key of a Type's storage-version migration (DESIGN §15.1).
-pub(crate) const MIGRATION_STATUS: &str = "migration";
 /// Objects one migration pass rewrites at most; passes follow each other
 /// [`MIGRATION_PAUSE`] apart, which bounds the rate a migration adds to the cluster's writes.
 const MIGRATION_PASS: usize = 512;

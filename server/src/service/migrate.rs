@@ -17,6 +17,8 @@ use crate::registry::versions::Family;
 use crate::resource::{self, DisplayId};
 use crate::storage::{Consistency, StorageError, UnversionedType};
 
+/// Status key of a Type's storage-version migration (DESIGN §15.1).
+pub(crate) const MIGRATION_STATUS: &str = "migration";
 /// Who the rewrites are recorded as (watchers see it as the events' actor).
 pub(crate) const MIGRATION_ACTOR: &str = "controller/type-migration";
 /// Rewrites in flight at once within a pass.

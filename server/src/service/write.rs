@@ -1194,7 +1194,7 @@ fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error>
 fn migrated(existing: &Resource) -> bool {
     existing
         .status
-        .get(crate::controller::builtin::MIGRATION_STATUS)
+        .get(super::migrate::MIGRATION_STATUS)
         .is_some_and(|status| {
             status.observed_generation == existing.generation
                 && status.conditions.iter().any(|c| {

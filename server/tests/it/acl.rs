@@ -340,6 +340,8 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
             "ClusterService/AclWhoAmI",
             [U, U, U, Served, Served, Served, Served],
         ),
+        // What writing the Type needs: write on it and `schema` write on what it claims.
+        ("ClusterService/PlanType", [U, U, U, P, P, P, Served]),
     ])
 }
 
@@ -612,6 +614,19 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
         "ClusterService/AclWhoAmI" => code(
             cluster
                 .acl_who_am_i(with_token(cluster_pb::AclWhoAmIRequest {}, token))
+                .await
+                .map(drop),
+        ),
+        "ClusterService/PlanType" => code(
+            cluster
+                .plan_type(with_token(
+                    cluster_pb::PlanTypeRequest {
+                        r#type: Some(crate::types::invoice_type_resource(
+                            crate::types::INVOICE_PROTO,
+                        )),
+                    },
+                    token,
+                ))
                 .await
                 .map(drop),
         ),
