@@ -732,3 +732,100 @@ async fn a_plan_names_exactly_the_objects_a_new_rule_would_refuse() {
         .expect_err("v2 is not registered");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
 }
+
+/// The message of the Type's `Migrated` condition once it is TRUE (within 60 s).
+async fn migration_finished(node: &Resd) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((true, message)) = migration(node).await {
+            return message;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the migration finishes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A snapshot saved in the middle of a migration restores, and the migration resumes from
+/// what the snapshot holds: it completes again, every object in the storage version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_resumes_after_a_restore_of_a_snapshot_taken_in_its_middle() {
+    use futures::StreamExt as _;
+    let cluster = Cluster::start(3, &[]).await;
+    let node = &cluster.nodes[1];
+    put_type(node, single_version())
+        .await
+        .expect("v1 registers");
+    let count = 1200;
+    futures::stream::iter(0..count)
+        .map(|i| async move {
+            write(
+                node,
+                v1(
+                    &format!("db-{i:05}"),
+                    &DatabaseV1 {
+                        engine: "mysql".into(),
+                        size_gb: (i % 50) as i64,
+                        owner: "t".into(),
+                    },
+                ),
+            )
+            .await
+            .expect("a v1 object")
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let mut events = watch(node, "v1").await.into_inner();
+    put_type(node, two_versions()).await.expect("v2 stored");
+    // The first rewrite, then a snapshot while the migration runs.
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.message())
+            .await
+            .expect("the migration starts")
+            .expect("the watch")
+            .expect("an event");
+        if event.actor == "controller/type-migration" {
+            break;
+        }
+    }
+    let snapshot = save_snapshot(node).await;
+    assert_eq!(
+        migration_finished(node).await,
+        format!("migrated={count} remaining=0")
+    );
+    restore(node, &snapshot)
+        .await
+        .expect("the snapshot restores");
+    let plan = node
+        .cluster()
+        .await
+        .plan_type(proto::cluster::v1::PlanTypeRequest {
+            r#type: Some(type_resource(two_versions())),
+        })
+        .await
+        .expect("plan")
+        .into_inner();
+    assert!(
+        plan.to_migrate > 0 && plan.to_migrate < count as u64,
+        "the snapshot holds a migration half done: {} to migrate",
+        plan.to_migrate
+    );
+    assert_eq!(
+        migration_finished(node).await,
+        format!("migrated={count} remaining=0")
+    );
+    let plan = node
+        .cluster()
+        .await
+        .plan_type(proto::cluster::v1::PlanTypeRequest {
+            r#type: Some(type_resource(two_versions())),
+        })
+        .await
+        .expect("plan")
+        .into_inner();
+    assert_eq!(plan.to_migrate, 0);
+    assert_eq!(plan.checked, count as u64);
+}
