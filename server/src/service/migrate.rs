@@ -67,35 +67,48 @@ impl ResourceService {
                 namespace: resource::WILDCARD.into(),
             },
         };
-        let listed = self
-            .backend
-            .list(
+        // Read in place: only the version of each object is looked at, and only the objects a
+        // pass rewrites are kept (a pass over a million objects holds at most a pass's worth).
+        let mut scan = Scan {
+            storage: storage.group_version.as_bytes().to_vec(),
+            family: &family,
+            max: max_rewrites,
+            migrated: 0,
+            remaining: 0,
+            picked: Vec::new(),
+            failed: None,
+        };
+        self.backend
+            .list_encoded(
                 Consistency::Strong,
                 &UnversionedType::of(&storage),
                 &everywhere,
                 "",
+                None,
+                &mut scan,
             )
             .await?;
-        let mut migrated = 0u64;
-        let mut behind = Vec::new();
-        for stored in listed {
-            let version = convert::group_version_of(&stored);
-            if version == storage.group_version {
-                migrated += 1;
-            } else if family.version(version).is_some() {
-                behind.push(stored);
-            }
+        if let Some(error) = scan.failed {
+            return Err(error.into());
         }
-        let remaining = behind.len() as u64;
+        let migrated = scan.migrated;
+        let remaining = scan.remaining;
+        let behind: Vec<Resource> = scan
+            .picked
+            .iter()
+            .map(|bytes| {
+                <Resource as prost::Message>::decode(bytes.as_slice())
+                    .map_err(crate::storage::undecodable)
+            })
+            .collect::<Result<_, _>>()?;
         let fence = Self::fence(&AllowAll, &registration, None);
         let (fence, family) = (&fence, &family);
         let to = storage.group_version.as_str();
-        let outcomes: Vec<Result<bool, String>> =
-            futures::stream::iter(behind.into_iter().take(max_rewrites))
-                .map(|stored| async move { self.rewrite(family, stored, to, fence).await })
-                .buffer_unordered(CONCURRENT_REWRITES)
-                .collect()
-                .await;
+        let outcomes: Vec<Result<bool, String>> = futures::stream::iter(behind)
+            .map(|stored| async move { self.rewrite(family, stored, to, fence).await })
+            .buffer_unordered(CONCURRENT_REWRITES)
+            .collect()
+            .await;
         let mut pass = MigrationPass {
             migrated,
             remaining,
@@ -115,7 +128,46 @@ impl ResourceService {
         }
         Ok(Some(pass))
     }
+}
 
+/// Counts a Type's objects by the version they are stored in, keeping the encodings of the first
+/// `max` stored in another of its versions.
+struct Scan<'a> {
+    storage: Vec<u8>,
+    family: &'a Family,
+    max: usize,
+    migrated: u64,
+    remaining: u64,
+    picked: Vec<Vec<u8>>,
+    failed: Option<StorageError>,
+}
+
+impl crate::storage::EncodedSink for Scan<'_> {
+    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
+        let version = match crate::wire::proto::encoded_group_version(encoded) {
+            Ok(version) => version.unwrap_or_default(),
+            Err(error) => {
+                self.failed = Some(error);
+                return std::ops::ControlFlow::Break(());
+            }
+        };
+        if version == self.storage.as_slice() {
+            self.migrated += 1;
+        } else if std::str::from_utf8(version)
+            .ok()
+            .and_then(|version| self.family.version(version))
+            .is_some()
+        {
+            self.remaining += 1;
+            if self.picked.len() < self.max {
+                self.picked.push(encoded.to_vec());
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+}
+
+impl ResourceService {
     /// Rewrites one object in the storage version `to`: `true` when it did; `false` when the
     /// object changed or went meanwhile (the next pass sees it as it is now); an error says
     /// why it cannot be converted.
