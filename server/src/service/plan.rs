@@ -79,7 +79,33 @@ impl ResourceService {
             .await
             .map_err(|error| Error::Internal(error.to_string()))?
             .map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
-        let family = Arc::new(family);
+        self.scan(Arc::new(family), Checks::All, usize::MAX).await
+    }
+
+    /// Whether every stored object of the kind survives `family`'s conversions — to its
+    /// storage version, and to each served version and back (DESIGN §15.1: a Type whose
+    /// versions do not round-trip on the stored objects is refused, naming the object and the
+    /// field). Rules are not checked: stored objects keep the rules they were written under.
+    pub(super) async fn check_stored_round_trips(&self, family: Arc<Family>) -> Result<(), Error> {
+        let scanned = self.scan(family, Checks::Conversions, 1).await?;
+        match scanned.failures.first() {
+            None => Ok(()),
+            Some(failure) => Err(Error::invalid(format!(
+                "resource.data: the stored object {} would not survive this Type: {}; change the conversions (`resctl type plan -f FILE` lists every object)",
+                resource::DisplayId(failure.id.as_ref().unwrap_or(&Default::default())),
+                failure.message
+            ))),
+        }
+    }
+
+    /// Checks every stored object of `family`'s kind, a page at a time on the rule pool; stops
+    /// once `stop_after` failures are found.
+    async fn scan(
+        &self,
+        family: Arc<Family>,
+        checks: Checks,
+        stop_after: usize,
+    ) -> Result<PlanTypeResponse, Error> {
         let storage = family.storage_version();
         let storage_type = storage.compiled.resource_type.clone();
         let everywhere = match storage.compiled.scope {
@@ -114,7 +140,7 @@ impl ResourceService {
             let family = family.clone();
             let checked_page = self
                 .pool
-                .run(move || check_page(&family, page.items))
+                .run(move || check_page(&family, page.items, checks))
                 .await
                 .map_err(|error| Error::Internal(error.to_string()))??;
             answer.checked += checked_page.checked;
@@ -126,6 +152,9 @@ impl ResourceService {
                     answer.omitted += 1;
                 }
             }
+            if answer.failures.len() >= stop_after {
+                break;
+            }
             match (full, checked_page.last) {
                 (true, Some(last)) => after = Some(last),
                 _ => break,
@@ -133,6 +162,15 @@ impl ResourceService {
         }
         Ok(answer)
     }
+}
+
+/// What a scan checks of each object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checks {
+    /// Conversions, defaults and rules (a plan).
+    All,
+    /// Conversions and round trips only (a Type being written).
+    Conversions,
 }
 
 /// What one page came to.
@@ -143,7 +181,7 @@ struct CheckedPage {
     last: Option<StorageKey>,
 }
 
-fn check_page(family: &Family, items: Vec<Vec<u8>>) -> Result<CheckedPage, Error> {
+fn check_page(family: &Family, items: Vec<Vec<u8>>, checks: Checks) -> Result<CheckedPage, Error> {
     let mut page = CheckedPage {
         checked: 0,
         to_migrate: 0,
@@ -160,7 +198,7 @@ fn check_page(family: &Family, items: Vec<Vec<u8>>) -> Result<CheckedPage, Error
         if convert::group_version_of(&stored) != family.storage {
             page.to_migrate += 1;
         }
-        if let Some(message) = check_object(family, stored) {
+        if let Some(message) = check_object(family, stored, checks) {
             page.failures.push(PlanFailure {
                 id: Some(id),
                 message,
@@ -173,31 +211,66 @@ fn check_page(family: &Family, items: Vec<Vec<u8>>) -> Result<CheckedPage, Error
 /// Why `stored` would fail under `family`, if it would: it must convert to the storage
 /// version, take its defaults and pass its rules there; and in every served version it must
 /// convert, pass that version's rules and come back unchanged.
-fn check_object(family: &Family, stored: Resource) -> Option<String> {
+fn check_object(family: &Family, stored: Resource, checks: Checks) -> Option<String> {
+    let rules = checks == Checks::All;
     let from = convert::group_version_of(&stored).to_owned();
     if family.version(&from).is_none() {
         return Some(format!(
             "stored in version {from}, which the proposed Type does not have: it could be neither read nor migrated"
         ));
     }
+    let original = stored
+        .data
+        .as_ref()
+        .map(|d| d.value.clone())
+        .unwrap_or_default();
     let in_storage = match convert::convert(family, stored, &family.storage, None) {
         Ok(converted) => converted,
         Err(error) => return Some(error.to_string()),
     };
+    let decode_as = |version: &str, bytes: &[u8]| {
+        family.version(version).and_then(|v| {
+            prost_reflect::DynamicMessage::decode(v.compiled.message.clone(), bytes).ok()
+        })
+    };
+    // Stored in another version: it survives the migration and reads back as it is.
+    if from != family.storage {
+        let mut meter = Meter::new(cel::REQUEST_BUDGET);
+        let stored_data = in_storage
+            .data
+            .as_ref()
+            .map(|d| d.value.clone())
+            .unwrap_or_default();
+        match family.convert(&stored_data, &family.storage, &from, None, &mut meter) {
+            Err(error) => return Some(format!("back to {from}: {error}")),
+            Ok(back) => {
+                if let (Some(a), Some(b)) = (decode_as(&from, &original), decode_as(&from, &back))
+                    && let Some(field) = crate::registry::versions::first_difference(&a, &b)
+                {
+                    return Some(format!(
+                        "field {field} (stored in {from}) does not survive {from} → {} → {from}",
+                        family.storage
+                    ));
+                }
+            }
+        }
+    }
     let storage = family.storage_version();
     let mut data = in_storage
         .data
         .as_ref()
         .map(|d| d.value.clone())
         .unwrap_or_default();
-    match storage.compiled.apply_defaults(&data) {
-        Ok(Some(with_defaults)) => data = with_defaults,
-        Ok(None) => {}
-        Err(why) => return Some(format!("the defaults of {}: {why}", storage.name)),
-    }
-    let mut meter = Meter::new(cel::REQUEST_BUDGET);
-    if let Some(why) = rules_fail(&storage.compiled, &data, &mut meter) {
-        return Some(format!("a rule of {}: {why}", storage.name));
+    if rules {
+        match storage.compiled.apply_defaults(&data) {
+            Ok(Some(with_defaults)) => data = with_defaults,
+            Ok(None) => {}
+            Err(why) => return Some(format!("the defaults of {}: {why}", storage.name)),
+        }
+        let mut meter = Meter::new(cel::REQUEST_BUDGET);
+        if let Some(why) = rules_fail(&storage.compiled, &data, &mut meter) {
+            return Some(format!("a rule of {}: {why}", storage.name));
+        }
     }
     for version in family.served() {
         if version.name == family.storage {
@@ -208,29 +281,29 @@ fn check_object(family: &Family, stored: Resource) -> Option<String> {
             Ok(there) => there,
             Err(error) => return Some(format!("as {}: {error}", version.name)),
         };
-        if let Some(why) = rules_fail(&version.compiled, &there, &mut meter) {
+        if rules && let Some(why) = rules_fail(&version.compiled, &there, &mut meter) {
             return Some(format!("a rule of {}: {why}", version.name));
         }
-        // Served → storage → served keeps every field (what an update through this version
-        // does to the object, but for what only newer versions hold, which the write keeps).
-        let again = family
-            .convert(&there, &version.name, &family.storage, None, &mut meter)
-            .and_then(|back| {
-                family.convert(&back, &family.storage, &version.name, None, &mut meter)
-            });
-        let again = match again {
+        // An update through this version keeps every field of the stored object it does not
+        // change: storage → served → storage (the write keeping what the version cannot set).
+        let again = match family.convert(
+            &there,
+            &version.name,
+            &family.storage,
+            Some(&data),
+            &mut meter,
+        ) {
             Ok(again) => again,
             Err(error) => return Some(format!("back from {}: {error}", version.name)),
         };
-        let decode = |bytes: &[u8]| {
-            prost_reflect::DynamicMessage::decode(version.compiled.message.clone(), bytes).ok()
-        };
-        if let (Some(a), Some(b)) = (decode(&there), decode(&again))
-            && let Some(field) = crate::registry::versions::first_difference(&a, &b)
+        if let (Some(a), Some(b)) = (
+            decode_as(&family.storage, &data),
+            decode_as(&family.storage, &again),
+        ) && let Some(field) = crate::registry::versions::first_difference(&a, &b)
         {
             return Some(format!(
-                "field {field} does not survive {} → {} → {}",
-                version.name, family.storage, version.name
+                "field {field} does not survive {} → {} → {} (an update through {})",
+                family.storage, version.name, family.storage, version.name
             ));
         }
     }

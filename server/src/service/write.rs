@@ -333,7 +333,10 @@ impl ResourceService {
                     // changes its claim, but the check does not rely on that).
                     (prepared.registration.acls.write)(authorizer, &existing)?;
                     // Compatible with the Type as stored (not only as this node installed it).
-                    check_type_update(&existing, &input)?;
+                    if let Some(family) = check_type_update(&existing, &input)? {
+                        // New versions or conversions: every stored object must survive them.
+                        self.check_stored_round_trips(family).await?;
+                    }
                 }
                 if let Some(registered) = &prepared.registration.registered {
                     if !marked {
@@ -1153,17 +1156,27 @@ fn refuse_while_type_is_deleted(
 
 /// An update of a `registry.v1.Type` keeps what its stored version registered compatible
 /// (DESIGN §15).
-fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error> {
+/// The written Type's versions when they convert differently from the stored Type's (its
+/// versions, storage version or conversions changed): the stored objects are checked against
+/// them.
+fn check_type_update(
+    existing: &Resource,
+    input: &Resource,
+) -> Result<Option<Arc<crate::registry::versions::Family>>, Error> {
     use crate::registry::versions::{Family, check_update};
-    let load = |resource: &Resource| {
-        crate::registry::decode_data::<proto::registry::v1::Type>(resource)
-            .and_then(|t| Family::load_any(&t))
-    };
+    let decode =
+        |resource: &Resource| crate::registry::decode_data::<proto::registry::v1::Type>(resource);
     // A stored Type that does not load registered nothing: any valid replacement will do.
-    let Ok(stored) = load(existing) else {
-        return Ok(());
+    let Ok(stored_type) = decode(existing) else {
+        return Ok(None);
     };
-    let written = load(input).map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
+    let Ok(stored) = Family::load_any(&stored_type) else {
+        return Ok(None);
+    };
+    let written_type =
+        decode(input).map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
+    let written = Family::load_any(&written_type)
+        .map_err(|why| Error::InvalidArgument(format!("resource.{why}")))?;
     check_update(&stored, &written)
         .map_err(|why| Error::InvalidArgument(format!("resource.data: {why}")))?;
     // A version goes only once nothing is stored in it: the migration to the storage version
@@ -1187,7 +1200,21 @@ fn check_type_update(existing: &Resource, input: &Resource) -> Result<(), Error>
                 .unwrap_or_default()
         )));
     }
-    Ok(())
+    let shape = |t: &proto::registry::v1::Type| {
+        let versions: Vec<(String, String)> = t
+            .versions
+            .iter()
+            .map(|v| (v.name.clone(), v.proto.clone()))
+            .collect();
+        (
+            versions,
+            t.storage_version.clone(),
+            t.conversions.clone(),
+            t.proto.clone(),
+        )
+    };
+    let converts_anew = written.converts() && shape(&stored_type) != shape(&written_type);
+    Ok(converts_anew.then(|| Arc::new(written)))
 }
 
 /// Whether the Type `existing` reports its migration finished for its current generation.

@@ -717,6 +717,19 @@ async fn a_plan_names_exactly_the_objects_a_new_rule_would_refuse() {
         "{:?}",
         answer.failures[0]
     );
+    // A conversion that loses what only some stored objects hold (generated samples pass it):
+    // writing the Type is refused, naming an object that would not survive.
+    let mut lossy = two_versions();
+    lossy.conversions[1].expression =
+        "has(self.storage) && self.storage.size_gb < 500 ? self.storage.size_gb : 0".into();
+    let refused = put_type(a, lossy)
+        .await
+        .expect_err("huge would lose its size");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("huge") && refused.message().contains("size_gb"),
+        "{refused:?}"
+    );
     // A Type that does not compile.
     let mut broken = two_versions();
     broken.versions[1].proto = "syntax = \"proto3\"; message {".into();
