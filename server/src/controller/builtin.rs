@@ -274,6 +274,9 @@ impl Reconciler<InProcess> for NamespaceController {
 pub(crate) struct TypeController {
     /// Passes that found no resource of a Type being deleted, per Type uid.
     empty_passes: Mutex<HashMap<String, u32>>,
+    /// When each Type's last migration pass ran, per Type uid: passes keep their pace even when
+    /// the pass's own status write brings the Type back at once.
+    last_pass: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl TypeController {
@@ -301,7 +304,7 @@ impl Reconciler<InProcess> for TypeController {
                 // The write brings this Type back here, held.
                 return Ok(Action::await_change());
             }
-            return migrate(runtime, &request, &stored).await;
+            return self.migrate(runtime, &request, &stored).await;
         }
         let Ok(t) = decode_data::<proto::registry::v1::Type>(&stored) else {
             return Ok(Action::await_change());
@@ -408,56 +411,83 @@ const MIGRATION_PAUSE: Duration = Duration::from_millis(100);
 /// One pass of a multi-version Type's migration to its storage version, and its progress as
 /// the Type's `migration` status: condition `Migrated`, TRUE once nothing is stored in another
 /// version, with `migrated=N remaining=M`.
-async fn migrate(
-    runtime: &Runtime,
-    request: &Request,
-    stored: &Resource,
-) -> Result<Action, ReconcileError> {
-    let service = &runtime.api().service;
-    let Some(pass) = service
-        .migrate_pass(&request.id.name, MIGRATION_PASS)
-        .await
-        .map_err(|error| ReconcileError(error.to_string()))?
-    else {
-        return Ok(Action::await_change());
-    };
-    let done = pass.remaining == 0;
-    let condition = Condition {
-        r#type: "Migrated".into(),
-        state: if done { State::True } else { State::False } as i32,
-        reason: match (&pass.failed, done) {
-            (_, true) => "Migrated".into(),
-            (Some(_), false) => "ConversionFailed".into(),
-            (None, false) => "Migrating".into(),
-        },
-        message: match &pass.failed {
-            Some(why) if !done => format!(
-                "migrated={} remaining={}; cannot convert {why}",
-                pass.migrated, pass.remaining
-            ),
-            _ => format!("migrated={} remaining={}", pass.migrated, pass.remaining),
-        },
-        resource: None,
-    };
-    let status = Status {
-        observed_generation: stored.generation.clone(),
-        conditions: vec![condition],
-        updated_at: None,
-    };
-    runtime
-        .write_status_if_changed(stored, MIGRATION_STATUS, status)
-        .await?;
-    if done {
-        tracing::info!(r#type = %request.id.name, migrated = pass.migrated, "storage-version migration complete");
-        Ok(Action::await_change())
-    } else if pass.failed.is_some() && pass.remaining as usize > MIGRATION_PASS {
-        // Objects that do not convert stay; the others go on at the same pace.
-        Ok(Action::requeue(MIGRATION_PAUSE))
-    } else if pass.failed.is_some() {
-        // Only objects that do not convert are left: try again later (the Type may change).
-        Ok(Action::requeue(Duration::from_secs(30)))
-    } else {
-        Ok(Action::requeue(MIGRATION_PAUSE))
+impl TypeController {
+    async fn migrate(
+        &self,
+        runtime: &Runtime,
+        request: &Request,
+        stored: &Resource,
+    ) -> Result<Action, ReconcileError> {
+        let uid = stored
+            .id
+            .as_ref()
+            .map(|id| id.uid.clone())
+            .unwrap_or_default();
+        let since = self
+            .last_pass
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&uid)
+            .map(|at| at.elapsed());
+        if let Some(since) = since
+            && since < MIGRATION_PAUSE
+        {
+            return Ok(Action::requeue(MIGRATION_PAUSE - since));
+        }
+        let service = &runtime.api().service;
+        let Some(pass) = service
+            .migrate_pass(&request.id.name, MIGRATION_PASS)
+            .await
+            .map_err(|error| ReconcileError(error.to_string()))?
+        else {
+            return Ok(Action::await_change());
+        };
+        let done = pass.remaining == 0;
+        {
+            let mut last = self.last_pass.lock().unwrap_or_else(|p| p.into_inner());
+            if done {
+                last.remove(&uid);
+            } else {
+                last.insert(uid.clone(), tokio::time::Instant::now());
+            }
+        }
+        let condition = Condition {
+            r#type: "Migrated".into(),
+            state: if done { State::True } else { State::False } as i32,
+            reason: match (&pass.failed, done) {
+                (_, true) => "Migrated".into(),
+                (Some(_), false) => "ConversionFailed".into(),
+                (None, false) => "Migrating".into(),
+            },
+            message: match &pass.failed {
+                Some(why) if !done => format!(
+                    "migrated={} remaining={}; cannot convert {why}",
+                    pass.migrated, pass.remaining
+                ),
+                _ => format!("migrated={} remaining={}", pass.migrated, pass.remaining),
+            },
+            resource: None,
+        };
+        let status = Status {
+            observed_generation: stored.generation.clone(),
+            conditions: vec![condition],
+            updated_at: None,
+        };
+        runtime
+            .write_status_if_changed(stored, MIGRATION_STATUS, status)
+            .await?;
+        if done {
+            tracing::info!(r#type = %request.id.name, migrated = pass.migrated, "storage-version migration complete");
+            Ok(Action::await_change())
+        } else if pass.failed.is_some() && pass.remaining as usize > MIGRATION_PASS {
+            // Objects that do not convert stay; the others go on at the same pace.
+            Ok(Action::requeue(MIGRATION_PAUSE))
+        } else if pass.failed.is_some() {
+            // Only objects that do not convert are left: try again later (the Type may change).
+            Ok(Action::requeue(Duration::from_secs(30)))
+        } else {
+            Ok(Action::requeue(MIGRATION_PAUSE))
+        }
     }
 }
 
