@@ -344,8 +344,20 @@ async fn the_readme_grpc_examples_work_without_a_tenancy() {
         read.id.map(|id| id.uid),
         written.id.as_ref().map(|id| id.uid.clone())
     );
-    let version = |text: &str| text.parse::<u64>().unwrap_or(0);
-    assert!(version(&read.version) >= version(&written.version));
+    // Versions are `index` or `index.position` (a change in a batch entry), ordered as pairs.
+    let version = |text: &str| -> (u64, u32) {
+        let (index, position) = text.split_once('.').unwrap_or((text, "0"));
+        (
+            index.parse().expect("a version's index"),
+            position.parse().expect("a version's position"),
+        )
+    };
+    assert!(
+        version(&read.version) >= version(&written.version),
+        "read {} after writing {}",
+        read.version,
+        written.version
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
