@@ -131,6 +131,16 @@ impl ResourceService {
     ) -> Result<MutateAndValidateResponse, Error> {
         let prepared = self.prepare_write(authorizer, request.resource).await?;
         refuse_violations(prepared.violations.clone())?;
+        // Written in a version that is not the storage version: judged by the storage
+        // version's rules too, as the write would be (DESIGN §15.1); nothing is stored.
+        if convert::family_of(&prepared.registration)
+            .is_some_and(|family| family.storage != convert::group_version_of(&prepared.resource))
+        {
+            let id = prepared.resource.id.clone().unwrap_or_default();
+            let existing = self.read_stored_with(&id, Consistency::Eventual).await?;
+            self.in_storage_version(&prepared, prepared.resource.clone(), existing.as_ref())
+                .await?;
+        }
         Ok(MutateAndValidateResponse {
             resource: Some(prepared.resource),
         })

@@ -413,6 +413,24 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
         "{refused:?}"
     );
 
+    // MutateAndValidate (apply's dry run) judges the same, storing nothing.
+    let refused = b
+        .resources()
+        .await
+        .mutate_and_validate(proto::resource::v1::MutateAndValidateRequest {
+            resource: Some(v1(
+                "huge",
+                &DatabaseV1 {
+                    engine: "postgres".into(),
+                    size_gb: 500,
+                    owner: "x".into(),
+                },
+            )),
+        })
+        .await
+        .expect_err("over 100 GB in v2");
+    assert!(refused.message().contains("at most 100 GB"), "{refused:?}");
+
     // Lists in either version hold every object, converted.
     for (node, version) in [(a, "v1"), (b, "v2"), (c, "v1")] {
         let listed = list(node, version).await;
