@@ -271,6 +271,11 @@ impl Family {
                     <= cel::INLINE_UNITS)
     }
 
+    /// Whether any conversion is a CEL expression (others only carry fields over).
+    pub(crate) fn has_cel_conversions(&self) -> bool {
+        !self.conversions.is_empty()
+    }
+
     /// Whether objects may be stored in one version and asked for in another.
     pub(crate) fn converts(&self) -> bool {
         self.versions.len() > 1

@@ -318,16 +318,26 @@ impl ResourceService {
             }),
             failed: None,
         };
-        self.backend
-            .list_encoded(
-                consistency,
-                &UnversionedType::of(&query.resource_type),
-                &query.tenancy,
-                &query.name_prefix,
-                after.as_ref(),
-                &mut visible,
-            )
-            .await?;
+        // A Type's CEL conversions run where storage hands the list over: on a thread this
+        // worker's other tasks move away from, when the runtime has workers to move them to.
+        let costly = visible
+            .family
+            .is_some_and(crate::registry::versions::Family::has_cel_conversions);
+        let unversioned = UnversionedType::of(&query.resource_type);
+        let read = self.backend.list_encoded(
+            consistency,
+            &unversioned,
+            &query.tenancy,
+            &query.name_prefix,
+            after.as_ref(),
+            &mut visible,
+        );
+        let handle = tokio::runtime::Handle::current();
+        if costly && handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(|| handle.block_on(read))?;
+        } else {
+            read.await?;
+        }
         if let Some(error) = visible.failed {
             return Err(error);
         }

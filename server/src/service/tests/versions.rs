@@ -71,7 +71,7 @@ fn pile(name: &str, labels: usize) -> Resource {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_in_a_version_whose_conversions_are_costly_is_bounded_and_pages_work() {
     let harness = harness().await;
     harness
