@@ -191,6 +191,13 @@ impl ResourceService {
                 .and_then(|converted| converted)
         }
         .map_err(|error| format!("{name}: {error}"))?;
+        let size = prost::Message::encoded_len(&converted);
+        if size > self.max_resource_bytes {
+            return Err(format!(
+                "{name}: in {to} it is {size} bytes encoded, over the limit of {} bytes",
+                self.max_resource_bytes
+            ));
+        }
         match self
             .backend
             .write_cas_as(converted, MIGRATION_ACTOR, fence)

@@ -653,6 +653,15 @@ impl ResourceService {
                 .await
                 .map_err(|error| Error::Internal(error.to_string()))??
         };
+        // Conversions may make an object larger: what is stored stays within the limit.
+        let size = converted.encoded_len();
+        if size > self.max_resource_bytes {
+            return Err(Error::invalid(format!(
+                "resource converted to the storage version {} is {size} bytes encoded, over the limit of {} bytes: the Type's conversions make it larger than it was written",
+                convert::group_version_of(&converted),
+                self.max_resource_bytes
+            )));
+        }
         Ok((converted, true))
     }
 

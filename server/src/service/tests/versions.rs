@@ -175,3 +175,69 @@ async fn a_watch_in_a_costly_version_gets_its_events_converted_off_the_workers()
         prost::Message::decode(resource.data.expect("data").value.as_slice()).expect("v1");
     assert_eq!(converted.tags.len(), 1500);
 }
+
+/// A conversion that makes an object larger cannot store one over the size limit: a write in
+/// the written version's limit whose storage-version form is over it is refused, saying so.
+#[tokio::test]
+async fn a_conversion_that_inflates_an_object_past_the_limit_is_refused() {
+    let harness = harness().await;
+    let small =
+        "syntax = \"proto3\";\npackage resd.inflate.v1;\nmessage Blob { string text = 1; }\n";
+    let large = "syntax = \"proto3\";\npackage resd.inflate.v2;\nmessage Blob { string text = 1; string twice = 2; }\n";
+    let t = registry::Type {
+        group: "inflate".into(),
+        kind: "Blob".into(),
+        scope: registry::Scope::Namespace as i32,
+        versions: vec![
+            registry::TypeVersion {
+                name: "v1".into(),
+                proto: small.into(),
+                served: true,
+                ..Default::default()
+            },
+            registry::TypeVersion {
+                name: "v2".into(),
+                proto: large.into(),
+                served: true,
+                ..Default::default()
+            },
+        ],
+        storage_version: "v2".into(),
+        conversions: vec![registry::Conversion {
+            from_version: "v1".into(),
+            to_version: "v2".into(),
+            field: "twice".into(),
+            expression: "self.text + self.text".into(),
+        }],
+        ..Default::default()
+    };
+    harness
+        .write(Resource {
+            id: Some(id("registry.v1.Type", Tenancy::default(), "inflate-blob")),
+            data: Some(proto::to_any(&t)),
+            ..Default::default()
+        })
+        .await
+        .expect("the Type registers");
+    let mut value = Vec::new();
+    prost::encoding::string::encode(1, &"x".repeat(1_500_000), &mut value);
+    let refused = harness
+        .write(Resource {
+            id: Some(id("inflate.v1.Blob", default_ns(), "big")),
+            data: Some(prost_types::Any {
+                type_url: "type.googleapis.com/resd.inflate.v1.Blob".into(),
+                value,
+            }),
+            ..Default::default()
+        })
+        .await
+        .err()
+        .expect("4.5 MB in v2 is refused");
+    let Error::InvalidArgument(why) = &refused else {
+        panic!("expected INVALID_ARGUMENT, got {refused:?}");
+    };
+    assert!(
+        why.contains("storage version v2") && why.contains("over the limit"),
+        "{why}"
+    );
+}
