@@ -128,6 +128,18 @@ pub(super) fn table(state: &State, frame: &mut Frame, area: Rect) {
             Style::default().fg(Color::Yellow),
         ));
     }
+    if data.info.deprecated {
+        // The version's deprecation (DESIGN §15.1), as resctl prints it on stderr.
+        let message = if data.info.deprecation_message.is_empty() {
+            format!("{gvk} is deprecated")
+        } else {
+            data.info.deprecation_message.clone()
+        };
+        title.push(Span::styled(
+            format!("· {message} "),
+            Style::default().fg(Color::Yellow),
+        ));
+    }
     if data.relisting.is_some() {
         title.push(Span::styled(
             "· listing again… ",

@@ -658,3 +658,38 @@ fn control_characters_from_the_cluster_are_never_drawn() {
         "{drawn}"
     );
 }
+
+/// A registered type's own columns show after NAME and TENANCY (DESIGN §15.1), and a deprecated
+/// version says so in the table's title, in yellow.
+#[test]
+fn a_types_columns_and_its_deprecation_show_in_the_resource_table() {
+    let mut state = demo_state();
+    if let Some(data) = state.store.get_mut("demo.v2.Artist") {
+        data.info.columns = vec![proto::registry::v1::Column {
+            name: "Called".into(),
+            json_path: ".data.name".into(),
+            r#type: "string".into(),
+        }];
+        data.info.deprecated = true;
+        data.info.deprecation_message = "demo.v2.Artist is deprecated: use v3".into();
+    }
+    command(&mut state, "demo.v2.Artist");
+    let buffer = draw(&mut state);
+    let (called, row) = find(&buffer, "CALLED").expect("the column's header");
+    let (tenancy, _) = find(&buffer, "TENANCY").expect("TENANCY");
+    let (version, _) = find(&buffer, "VERSION").expect("VERSION");
+    assert!(
+        tenancy < called && called < version,
+        "after TENANCY, before VERSION"
+    );
+    assert!(
+        text(&buffer)
+            .lines()
+            .skip(usize::from(row) + 1)
+            .any(|line| line.contains("miles-davis") && line.contains("Miles Davis")),
+        "the column holds each artist's name:\n{}",
+        text(&buffer)
+    );
+    let (x, y) = find(&buffer, "demo.v2.Artist is deprecated: use v3").expect("the warning");
+    assert_eq!(buffer[(x, y)].fg, Color::Yellow);
+}
