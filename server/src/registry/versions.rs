@@ -671,44 +671,49 @@ fn carry(
             out.clear_field(&field);
             continue;
         }
-        let nested_base = match (base, field.kind()) {
-            (Some(base), Kind::Message(_)) if !field.is_list() && !field.is_map() => base
-                .has_field(&field)
-                .then(|| base.get_field(&field).as_message().cloned())
-                .flatten(),
-            _ => None,
-        };
-        let value = carry_value(
-            &source.get_field(&from),
-            &field.kind(),
-            nested_base.as_ref(),
-        );
+        let nested_base = base
+            .filter(|base| base.has_field(&field))
+            .map(|base| base.get_field(&field).into_owned());
+        let value = carry_value(&source.get_field(&from), &field.kind(), nested_base.as_ref());
         out.set_field(&field, value);
     }
     out
 }
 
-fn carry_value(value: &Value, to: &Kind, base: Option<&DynamicMessage>) -> Value {
+/// A carried value; `base` is what the target held there (a write keeps what the source
+/// version cannot set, in messages inside lists and maps too: item by index, value by key).
+fn carry_value(value: &Value, to: &Kind, base: Option<&Value>) -> Value {
     match (value, to) {
         (Value::Message(message), Kind::Message(target)) => {
             if message.descriptor().full_name() == target.full_name() {
                 value.clone()
             } else {
+                let base = base.and_then(Value::as_message);
                 Value::Message(carry(message, target, base))
             }
         }
-        (Value::List(items), _) => Value::List(
-            items
-                .iter()
-                .map(|item| carry_value(item, to, None))
-                .collect(),
-        ),
+        (Value::List(items), _) => {
+            let base = base.and_then(Value::as_list);
+            Value::List(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(index, item)| carry_value(item, to, base.and_then(|b| b.get(index))))
+                    .collect(),
+            )
+        }
         (Value::Map(entries), Kind::Message(entry)) => {
             let value_kind = entry.map_entry_value_field().kind();
+            let base = base.and_then(Value::as_map);
             Value::Map(
                 entries
                     .iter()
-                    .map(|(key, item)| (key.clone(), carry_value(item, &value_kind, None)))
+                    .map(|(key, item)| {
+                        (
+                            key.clone(),
+                            carry_value(item, &value_kind, base.and_then(|b| b.get(key))),
+                        )
+                    })
                     .collect(),
             )
         }

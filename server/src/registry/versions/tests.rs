@@ -347,3 +347,36 @@ fn samples_set_every_field() {
     other.set_field_by_name("region", Value::String("x".into()));
     assert_eq!(first_difference(&sample, &other).as_deref(), Some("region"));
 }
+
+/// A write through an older version keeps what only the newer one has inside messages in lists
+/// and maps too (the item at the same index, the value at the same key).
+#[test]
+fn a_write_through_an_older_version_keeps_newer_fields_inside_lists_and_maps() {
+    let old = "syntax = \"proto3\";\npackage resd.net.v1;\nmessage Port { int32 port = 1; }\nmessage Service { repeated Port ports = 1; map<string, Port> named = 2; }\n";
+    let new = "syntax = \"proto3\";\npackage resd.net.v2;\nmessage Port { int32 port = 1; string protocol = 2; }\nmessage Service { repeated Port ports = 1; map<string, Port> named = 2; }\n";
+    let t = pb::Type {
+        group: "net".into(),
+        kind: "Service".into(),
+        scope: pb::Scope::Namespace as i32,
+        versions: vec![version("v1", old), version("v2", new)],
+        storage_version: "v2".into(),
+        ..Default::default()
+    };
+    let family = family(&t);
+    let stored = encode(
+        &family,
+        "v2",
+        serde_json::json!({"ports": [{"port": 80, "protocol": "TCP"}], "named": {"web": {"port": 443, "protocol": "TLS"}}}),
+    );
+    let read = family.convert(&stored, "v2", "v1", None, &mut meter()).expect("to v1");
+    let mut edited = json(&family, "v1", &read);
+    edited["ports"][0]["port"] = serde_json::json!(8080);
+    let written = encode(&family, "v1", edited);
+    let merged = family
+        .convert(&written, "v1", "v2", Some(&stored), &mut meter())
+        .expect("to v2");
+    assert_eq!(
+        json(&family, "v2", &merged),
+        serde_json::json!({"ports": [{"port": 8080, "protocol": "TCP"}], "named": {"web": {"port": 443, "protocol": "TLS"}}})
+    );
+}
