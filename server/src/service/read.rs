@@ -117,7 +117,7 @@ impl ResourceService {
             Err(StorageError::GroupVersionMismatch { stored })
                 if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
             {
-                self.converted_read(&registration, *stored).await?
+                self.converted_read(authorizer, &registration, *stored).await?
             }
             Err(error) => return Err(read_error(&id, error)),
         };
@@ -144,7 +144,7 @@ impl ResourceService {
             Err(StorageError::GroupVersionMismatch { stored })
                 if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
             {
-                let converted = self.converted_read(&registration, *stored).await?;
+                let converted = self.converted_read(authorizer, &registration, *stored).await?;
                 if needs_resource {
                     (registration.acls.read)(authorizer, &id, Some(&converted))?;
                 }
@@ -164,9 +164,14 @@ impl ResourceService {
     /// for (on the rule pool when its conversions are not cheap).
     async fn converted_read(
         &self,
+        authorizer: &dyn Authorizer,
         registration: &Arc<Registration>,
         stored: Resource,
     ) -> Result<Resource, Error> {
+        // Read as stored too: a grant on the version asked for does not open another version
+        // (DESIGN §12.3: access holds on the object as stored as well as on the request).
+        let stored_id = stored.id.clone().unwrap_or_default();
+        (registration.acls.read)(authorizer, &stored_id, Some(&stored))?;
         let Some(family) = registration
             .registered
             .as_ref()
@@ -532,7 +537,9 @@ impl WatchScope {
         let Some(registration) = self.types.resolve(&self.resource_type) else {
             return Ok(None);
         };
-        if !convert::converts_from(&registration, convert::group_version_of(resource)) {
+        if !convert::converts_from(&registration, convert::group_version_of(resource))
+            || !readable(&self.read_acl, authorizer, resource)
+        {
             return Ok(None);
         }
         let bytes = resource.data.as_ref().map_or(0, |d| d.value.len());
@@ -976,6 +983,25 @@ impl VisibleList<'_> {
             .is_none()
         {
             return Ok(None);
+        }
+        // Only what this caller sees is converted: read on the object as stored (as well as on
+        // the version listed, checked after) and the selector, on the stored bytes.
+        if !self.everything_readable {
+            let stored_id = <crate::wire::proto::IdOnly as prost::Message>::decode(bytes)
+                .map_err(undecodable)?
+                .id
+                .unwrap_or_default();
+            if (self.read_acl)(self.authorizer, &stored_id, None).is_err() {
+                return Ok(None);
+            }
+        }
+        if let Some(selector) = self.selector {
+            let metadata = <crate::wire::proto::MetadataOnly as prost::Message>::decode(bytes)
+                .map_err(undecodable)?
+                .metadata;
+            if !selector.matches(&metadata) {
+                return Ok(None);
+            }
         }
         let resource = <Resource as prost::Message>::decode(bytes).map_err(undecodable)?;
         let converted =

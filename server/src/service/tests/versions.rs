@@ -242,3 +242,36 @@ async fn a_conversion_that_inflates_an_object_past_the_limit_is_refused() {
         "{why}"
     );
 }
+
+/// Attack: a token that may read only `inflate.v1.*` asks for an object stored in v2 through
+/// v1. Before, the conversion answered it; access holds on the object as stored too, so Read
+/// is refused and List and WatchList leave it out.
+#[tokio::test]
+async fn a_grant_on_one_version_does_not_read_objects_stored_in_another() {
+    use crate::acl::{Access, KeyRules};
+    let harness = harness().await;
+    harness.write(costly_type()).await.expect("the Type registers");
+    harness.write(pile("secret", 3)).await.expect("stored in v2");
+    let v1_reader = KeyRules::default()
+        .key_prefix("resource/", Access::List)
+        .key_prefix("resource/attack.v1.Pile/", Access::Read);
+    let refused = harness
+        .read_as(&v1_reader, &id("attack.v1.Pile", default_ns(), "secret"))
+        .await
+        .err()
+        .map(|error| matches!(error, Error::PermissionDenied(_)));
+    assert_eq!(refused, Some(true), "read as v1 of a v2 object is denied");
+    let listed = harness
+        .list_as(&v1_reader, "attack.v1.Pile", default_ns(), "")
+        .await
+        .expect("a list");
+    assert!(listed.is_empty(), "{} listed", listed.len());
+    // Who may read both versions reads it through either.
+    let both = KeyRules::default()
+        .key_prefix("resource/", Access::List)
+        .key_prefix("resource/attack.", Access::Read);
+    harness
+        .read_as(&both, &id("attack.v1.Pile", default_ns(), "secret"))
+        .await
+        .expect("readable through v1");
+}
