@@ -674,7 +674,11 @@ fn carry(
         let nested_base = base
             .filter(|base| base.has_field(&field))
             .map(|base| base.get_field(&field).into_owned());
-        let value = carry_value(&source.get_field(&from), &field.kind(), nested_base.as_ref());
+        let value = carry_value(
+            &source.get_field(&from),
+            &field.kind(),
+            nested_base.as_ref(),
+        );
         out.set_field(&field, value);
     }
     out

@@ -117,7 +117,8 @@ impl ResourceService {
             Err(StorageError::GroupVersionMismatch { stored })
                 if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
             {
-                self.converted_read(authorizer, &registration, *stored).await?
+                self.converted_read(authorizer, &registration, *stored)
+                    .await?
             }
             Err(error) => return Err(read_error(&id, error)),
         };
@@ -144,7 +145,9 @@ impl ResourceService {
             Err(StorageError::GroupVersionMismatch { stored })
                 if convert::converts_from(&registration, convert::group_version_of(&stored)) =>
             {
-                let converted = self.converted_read(authorizer, &registration, *stored).await?;
+                let converted = self
+                    .converted_read(authorizer, &registration, *stored)
+                    .await?;
                 if needs_resource {
                     (registration.acls.read)(authorizer, &id, Some(&converted))?;
                 }

@@ -330,7 +330,12 @@ impl ResourceService {
                     &prepared.registration,
                     convert::group_version_of(&existing),
                 ) {
-                    convert::as_requested(&prepared.registration, existing.clone())?
+                    convert::as_requested_off_thread(
+                        &self.pool,
+                        &prepared.registration,
+                        existing.clone(),
+                    )
+                    .await?
                 } else {
                     None
                 };
@@ -567,20 +572,32 @@ impl ResourceService {
             .as_ref()
             .map(|installed| installed.family.clone())
             .ok_or_else(|| Error::Internal("a conversion without a family".into()))?;
-        let base: Option<Vec<u8>> = match existing {
+        // The stored object, converted to the storage version where the checks run (on the
+        // rule pool when the conversions are not cheap): fields the written version cannot set
+        // keep what it holds there.
+        let stored_object: Option<Resource> = match existing {
             Some(existing)
                 if family
                     .version(convert::group_version_of(existing))
                     .is_some() =>
             {
-                let stored = convert::convert(&family, existing.clone(), &storage, None)?;
-                Some(stored.data.map(|d| d.value).unwrap_or_default())
+                Some(existing.clone())
             }
             _ => None,
         };
         let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
         let written_as = convert::group_version_of(&input).to_owned();
+        let written_bytes = input.data.as_ref().map_or(0, |d| d.value.len());
         let check = move || -> Result<Resource, Error> {
+            let base: Option<Vec<u8>> = match stored_object {
+                Some(stored) => Some(
+                    convert::convert(&family, stored, &storage, None)?
+                        .data
+                        .map(|d| d.value)
+                        .unwrap_or_default(),
+                ),
+                None => None,
+            };
             let mut converted = convert::convert(&family, input, &storage, base.as_deref())?;
             let compiled = family.storage_version().compiled.clone();
             let Some(data) = converted.data.as_mut() else {
@@ -630,9 +647,12 @@ impl ResourceService {
             }
             Ok(converted)
         };
+        // Sized by the larger of what is written and what is stored (a create has no stored
+        // object; its input alone may be large).
         let bytes = existing
             .and_then(|e| e.data.as_ref())
-            .map_or(0, |d| d.value.len());
+            .map_or(0, |d| d.value.len())
+            .max(written_bytes);
         let inline = prepared
             .registration
             .registered

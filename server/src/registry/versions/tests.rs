@@ -368,7 +368,9 @@ fn a_write_through_an_older_version_keeps_newer_fields_inside_lists_and_maps() {
         "v2",
         serde_json::json!({"ports": [{"port": 80, "protocol": "TCP"}], "named": {"web": {"port": 443, "protocol": "TLS"}}}),
     );
-    let read = family.convert(&stored, "v2", "v1", None, &mut meter()).expect("to v1");
+    let read = family
+        .convert(&stored, "v2", "v1", None, &mut meter())
+        .expect("to v1");
     let mut edited = json(&family, "v1", &read);
     edited["ports"][0]["port"] = serde_json::json!(8080);
     let written = encode(&family, "v1", edited);

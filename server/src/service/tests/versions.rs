@@ -250,8 +250,14 @@ async fn a_conversion_that_inflates_an_object_past_the_limit_is_refused() {
 async fn a_grant_on_one_version_does_not_read_objects_stored_in_another() {
     use crate::acl::{Access, KeyRules};
     let harness = harness().await;
-    harness.write(costly_type()).await.expect("the Type registers");
-    harness.write(pile("secret", 3)).await.expect("stored in v2");
+    harness
+        .write(costly_type())
+        .await
+        .expect("the Type registers");
+    harness
+        .write(pile("secret", 3))
+        .await
+        .expect("stored in v2");
     let v1_reader = KeyRules::default()
         .key_prefix("resource/", Access::List)
         .key_prefix("resource/attack.v1.Pile/", Access::Read);
