@@ -277,6 +277,9 @@ pub(crate) struct TypeController {
     /// When each Type's last migration pass ran, per Type uid: passes keep their pace even when
     /// the pass's own status write brings the Type back at once.
     last_pass: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Objects a Type's migration could not convert, per Type uid and generation: later passes
+    /// go past them (a Type change tries them again).
+    failing: Mutex<HashMap<String, (std::collections::HashSet<String>, String)>>,
 }
 
 impl TypeController {
@@ -435,14 +438,43 @@ impl TypeController {
             return Ok(Action::requeue(MIGRATION_PAUSE - since));
         }
         let service = &runtime.api().service;
+        let failing_key = format!("{uid}/{}", stored.generation);
+        let (skip, first_failure) = self
+            .failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&failing_key)
+            .cloned()
+            .unwrap_or_default();
         let Some(pass) = service
-            .migrate_pass(&request.id.name, MIGRATION_PASS)
+            .migrate_pass(&request.id.name, MIGRATION_PASS, &skip)
             .await
             .map_err(|error| ReconcileError(error.to_string()))?
         else {
             return Ok(Action::await_change());
         };
         let done = pass.remaining == 0;
+        // Only objects that do not convert are left (this pass's and the earlier ones').
+        let only_failing = !done && pass.remaining as usize <= skip.len() + pass.failing.len();
+        let failure = pass
+            .failed
+            .clone()
+            .or_else(|| (!first_failure.is_empty()).then(|| first_failure.clone()));
+        {
+            let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+            // Another generation of this Type: its failures are tried again.
+            let this_type = format!("{uid}/");
+            failing.retain(|key, _| !key.starts_with(&this_type) || *key == failing_key);
+            if done {
+                failing.remove(&failing_key);
+            } else if !pass.failing.is_empty() {
+                let entry = failing.entry(failing_key.clone()).or_default();
+                entry.0.extend(pass.failing.iter().cloned());
+                if entry.1.is_empty() {
+                    entry.1 = pass.failed.clone().unwrap_or_default();
+                }
+            }
+        }
         {
             let mut last = self.last_pass.lock().unwrap_or_else(|p| p.into_inner());
             if done {
@@ -454,12 +486,12 @@ impl TypeController {
         let condition = Condition {
             r#type: "Migrated".into(),
             state: if done { State::True } else { State::False } as i32,
-            reason: match (&pass.failed, done) {
+            reason: match (&failure, done) {
                 (_, true) => "Migrated".into(),
                 (Some(_), false) => "ConversionFailed".into(),
                 (None, false) => "Migrating".into(),
             },
-            message: match &pass.failed {
+            message: match &failure {
                 Some(why) if !done => format!(
                     "migrated={} remaining={}; cannot convert {why}",
                     pass.migrated, pass.remaining
@@ -479,13 +511,16 @@ impl TypeController {
         if done {
             tracing::info!(r#type = %request.id.name, migrated = pass.migrated, "storage-version migration complete");
             Ok(Action::await_change())
-        } else if pass.failed.is_some() && pass.remaining as usize > MIGRATION_PASS {
-            // Objects that do not convert stay; the others go on at the same pace.
-            Ok(Action::requeue(MIGRATION_PAUSE))
-        } else if pass.failed.is_some() {
-            // Only objects that do not convert are left: try again later (the Type may change).
+        } else if only_failing {
+            // Only objects that do not convert are left: try them again later (a Type change
+            // tries them at once).
+            self.failing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&failing_key);
             Ok(Action::requeue(Duration::from_secs(30)))
         } else {
+            // Objects that do not convert stay where they are; the others go on at the pace.
             Ok(Action::requeue(MIGRATION_PAUSE))
         }
     }

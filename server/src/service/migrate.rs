@@ -33,6 +33,9 @@ pub(crate) struct MigrationPass {
     pub remaining: u64,
     /// The first object a pass could not convert, and why (it stays where it is).
     pub failed: Option<String>,
+    /// The uids of the objects this pass could not convert (the next passes skip them, so the
+    /// others go on).
+    pub failing: Vec<String>,
 }
 
 impl ResourceService {
@@ -44,6 +47,7 @@ impl ResourceService {
         &self,
         type_name: &str,
         max_rewrites: usize,
+        skip: &std::collections::HashSet<String>,
     ) -> Result<Option<MigrationPass>, Error> {
         let Some(installed) = self.registry.dynamic().installed(type_name) else {
             return Ok(None);
@@ -77,6 +81,7 @@ impl ResourceService {
             remaining: 0,
             picked: Vec::new(),
             failed: None,
+            skip,
         };
         self.backend
             .list_encoded(
@@ -104,8 +109,17 @@ impl ResourceService {
         let fence = Self::fence(&AllowAll, &registration, None);
         let (fence, family) = (&fence, &family);
         let to = storage.group_version.as_str();
-        let outcomes: Vec<Result<bool, String>> = futures::stream::iter(behind)
-            .map(|stored| async move { self.rewrite(family, stored, to, fence).await })
+        let outcomes: Vec<Result<bool, (String, String)>> = futures::stream::iter(behind)
+            .map(|stored| async move {
+                let uid = stored
+                    .id
+                    .as_ref()
+                    .map(|id| id.uid.clone())
+                    .unwrap_or_default();
+                self.rewrite(family, stored, to, fence)
+                    .await
+                    .map_err(|why| (uid, why))
+            })
             .buffer_unordered(CONCURRENT_REWRITES)
             .collect()
             .await;
@@ -113,6 +127,7 @@ impl ResourceService {
             migrated,
             remaining,
             failed: None,
+            failing: Vec::new(),
         };
         for outcome in outcomes {
             match outcome {
@@ -121,8 +136,9 @@ impl ResourceService {
                     pass.remaining -= 1;
                 }
                 Ok(false) => {}
-                Err(why) => {
+                Err((uid, why)) => {
                     pass.failed.get_or_insert(why);
+                    pass.failing.push(uid);
                 }
             }
         }
@@ -140,6 +156,8 @@ struct Scan<'a> {
     remaining: u64,
     picked: Vec<Vec<u8>>,
     failed: Option<StorageError>,
+    /// Objects (uids) not to pick: they failed to convert in an earlier pass.
+    skip: &'a std::collections::HashSet<String>,
 }
 
 impl crate::storage::EncodedSink for Scan<'_> {
@@ -160,7 +178,14 @@ impl crate::storage::EncodedSink for Scan<'_> {
         {
             self.remaining += 1;
             if self.picked.len() < self.max {
-                self.picked.push(encoded.to_vec());
+                let skipped = !self.skip.is_empty()
+                    && <crate::wire::proto::IdOnly as prost::Message>::decode(encoded)
+                        .ok()
+                        .and_then(|head| head.id)
+                        .is_some_and(|id| self.skip.contains(&id.uid));
+                if !skipped {
+                    self.picked.push(encoded.to_vec());
+                }
             }
         }
         std::ops::ControlFlow::Continue(())
