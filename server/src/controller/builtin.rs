@@ -329,9 +329,17 @@ impl Reconciler<InProcess> for TypeController {
         // (and deleted) through one served version, whatever version each is stored in.
         let family = crate::registry::versions::Family::load_any(&t).ok();
         let loads = family.is_some();
+        // The storage version when it is served: what is stored there is listed as it is, with
+        // no conversion to spend a List's budget on.
         let served = family
             .as_ref()
-            .and_then(|family| family.served().next().map(|v| v.name.clone()))
+            .and_then(|family| {
+                family
+                    .served()
+                    .find(|v| v.name == family.storage)
+                    .or_else(|| family.served().next())
+                    .map(|v| v.name.clone())
+            })
             .unwrap_or_else(|| t.group_version.clone());
         let resource_type = resource::new_type(&t.group, &served, &t.kind);
         runtime.api().service.know_type(Some(&resource_type)).await;
