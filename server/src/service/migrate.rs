@@ -60,17 +60,7 @@ impl ResourceService {
         let Some(registration) = self.registry.resolve_stored(&storage) else {
             return Ok(None);
         };
-        let everywhere = match registration.scope {
-            Scope::Cluster => Tenancy::default(),
-            Scope::Partition => Tenancy {
-                partition: resource::WILDCARD.into(),
-                namespace: String::new(),
-            },
-            Scope::Namespace | Scope::Any => Tenancy {
-                partition: resource::WILDCARD.into(),
-                namespace: resource::WILDCARD.into(),
-            },
-        };
+        let everywhere = every_tenancy(registration.scope);
         // Read in place: only the version of each object is looked at, and only the objects a
         // pass rewrites are kept (a pass over a million objects holds at most a pass's worth).
         let mut scan = Scan {
@@ -237,5 +227,20 @@ impl ResourceService {
             ) => Ok(false),
             Err(error) => Err(format!("{name}: {error}")),
         }
+    }
+}
+
+/// The tenancy that covers every object of a type of `scope` (its parts wildcards).
+pub(super) fn every_tenancy(scope: Scope) -> Tenancy {
+    match scope {
+        Scope::Cluster => Tenancy::default(),
+        Scope::Partition => Tenancy {
+            partition: resource::WILDCARD.into(),
+            namespace: String::new(),
+        },
+        Scope::Namespace | Scope::Any => Tenancy {
+            partition: resource::WILDCARD.into(),
+            namespace: resource::WILDCARD.into(),
+        },
     }
 }

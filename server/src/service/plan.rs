@@ -8,14 +8,14 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use proto::cluster::v1::{PlanFailure, PlanTypeResponse};
-use proto::resource::v1::{MutateAndValidateRequest, Resource, Tenancy};
+use proto::resource::v1::{MutateAndValidateRequest, Resource};
 
 use super::{Error, ResourceService, convert};
 use crate::acl::Authorizer;
 use crate::registry::cel::{self, Meter};
+use crate::registry::decode_data;
 use crate::registry::dynamic::RuleFailure;
 use crate::registry::versions::Family;
-use crate::registry::{Scope, decode_data};
 use crate::resource;
 use crate::storage::{Consistency, StorageKey, UnversionedType};
 
@@ -108,17 +108,7 @@ impl ResourceService {
     ) -> Result<PlanTypeResponse, Error> {
         let storage = family.storage_version();
         let storage_type = storage.compiled.resource_type.clone();
-        let everywhere = match storage.compiled.scope {
-            Scope::Cluster => Tenancy::default(),
-            Scope::Partition => Tenancy {
-                partition: resource::WILDCARD.into(),
-                namespace: String::new(),
-            },
-            Scope::Namespace | Scope::Any => Tenancy {
-                partition: resource::WILDCARD.into(),
-                namespace: resource::WILDCARD.into(),
-            },
-        };
+        let everywhere = super::migrate::every_tenancy(storage.compiled.scope);
         let mut answer = PlanTypeResponse {
             storage_version: family.storage.clone(),
             ..Default::default()

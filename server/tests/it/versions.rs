@@ -513,7 +513,18 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
     let mut retired = two_versions();
     retired.versions[0].served = false;
     put_type(b, retired).await.expect("v1 unserved");
-    let refused = read(c, id("v1", "orders"))
+    // A strong read: another node's default read may answer from before it applied the change.
+    let mut strong = tonic::Request::new(proto::resource::v1::ReadRequest {
+        id: Some(id("v1", "orders")),
+    });
+    strong.metadata_mut().insert(
+        "x-resd-consistency-mode",
+        "consistent".parse().expect("ascii"),
+    );
+    let refused = c
+        .resources()
+        .await
+        .read(strong)
         .await
         .expect_err("v1 is not served");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
