@@ -744,10 +744,10 @@ fn compile_rule(
             "{at}.message is required: what a violation says to the writer"
         ));
     }
-    let expression = cel_parser::parse(&rule.expression).map_err(|error| {
+    let expression = cel::parse(&rule.expression).map_err(|why| {
         format!(
-            "{at}.expression {:?} does not compile: {} at {}",
-            rule.expression, error.msg, error.span
+            "{at}.expression {:?} does not compile: {why}",
+            rule.expression
         )
     })?;
     // Measured without recursion, before anything recurses over it.

@@ -566,10 +566,10 @@ fn compile_conversion(
     }
     dynamic::check_field_path(&target.compiled.message, &conversion.field)
         .map_err(|why| format!("{at}.field: {why} (a path in {})", target.name))?;
-    let expression = cel_parser::parse(&conversion.expression).map_err(|error| {
+    let expression = cel::parse(&conversion.expression).map_err(|why| {
         format!(
-            "{at}.expression {:?} does not compile: {} at {}",
-            conversion.expression, error.msg, error.span
+            "{at}.expression {:?} does not compile: {why}",
+            conversion.expression
         )
     })?;
     let nesting = dynamic::nesting_depth(&expression);

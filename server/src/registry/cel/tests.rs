@@ -162,6 +162,44 @@ fn map_keys_are_charged_for_every_comparison() {
     assert!(estimate_of(&source) >= 800_000, "{}", estimate_of(&source));
 }
 
+/// `len` letters, each `a` or `b` at random (a fixed seed): text no matcher can skip through.
+fn random_ab(len: usize) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x & 1 == 0 { 'a' } else { 'b' }
+        })
+        .collect()
+}
+
+/// A regex step costs what its matcher may run at once, not what its text spells:
+/// `[ab]*a[ab]{400}c` is 16 bytes, yet on text of `a`s and `b`s about 400 threads run per byte
+/// (1.4 µs a byte measured). Its worst case over a resource's longest string is over budget, and
+/// on a megabyte of such text the meter stops it long before its seconds of work.
+#[test]
+fn a_regex_is_paid_for_by_what_its_matcher_runs() {
+    let explosive = "self.customer.matches('[ab]*a[ab]{400}c')";
+    assert!(
+        estimate_of(explosive) > RULE_BUDGET,
+        "{}",
+        estimate_of(explosive)
+    );
+    let data = serde_json::json!({"customer": random_ab(1 << 20)});
+    // Refused before matching: the charge comes first.
+    assert!(matches!(
+        run_with(explosive, data, RULE_BUDGET),
+        Err(EvalError::OverBudget { .. })
+    ));
+    // A class is one thread whatever it spans: a Unicode `\w` costs as little as `[a-z]`.
+    let word = estimate_of(r"self.customer.matches('^\\w+@\\w+$')");
+    let ascii = estimate_of("self.customer.matches('^[a-z]+@[a-z]+$')");
+    assert!(word <= ascii + ascii / 2, "{word} vs {ascii}");
+    assert!(word < RULE_BUDGET / 4, "{word}");
+}
+
 #[test]
 fn the_estimate_bounds_what_data_can_make_a_rule_do() {
     // Constant work.
@@ -400,7 +438,7 @@ fn cost_per_unit() {
         .map(|i| serde_json::json!({"item": format!("item{i}"), "cents": i % 7}))
         .collect();
     let data = serde_json::json!({
-        "customer": "ab".repeat(1 << 20),
+        "customer": random_ab(1 << 21),
         "currency": "EUR",
         "lines": lines,
     });
@@ -411,6 +449,8 @@ fn cost_per_unit() {
         "self.lines.filter(x, x.cents in [1, 2, 3]).size() > 0",
         "self.lines.all(x, self.customer.contains('zz'))",
         "self.lines.all(x, self.customer.matches('^(a|b)*c$'))",
+        "self.customer.matches('[ab]*a[ab]{400}c')",
+        "self.customer.matches('[ab]*a[ab]{40}c')",
         "self.lines.all(x, self.customer == self.customer + 'x')",
         "self.lines.all(x, self.lines == self.lines)",
         "self.lines.all(x, size(self.customer) > 0)",
