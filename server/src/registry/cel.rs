@@ -140,7 +140,7 @@ impl fmt::Display for Value {
             Value::Bool(b) => write!(f, "{b}"),
             Value::Int(i) => write!(f, "{i}"),
             Value::Uint(u) => write!(f, "{u}u"),
-            Value::Double(d) => write!(f, "{d}"),
+            Value::Double(d) => f.write_str(&format_double(*d)),
             Value::String(s) => write!(f, "{:?}", truncate(s, 64)),
             Value::Bytes(b) => write!(f, "bytes({})", b.len()),
             Value::List(l) => write!(f, "list({})", l.len()),
@@ -795,7 +795,12 @@ impl<'a> Evaluator<'a> {
                     return Ok(false);
                 }
                 for ((k1, v1), (k2, v2)) in a.iter().zip(b.iter()) {
-                    self.meter.charge(1)?;
+                    // Comparing keys reads them.
+                    let key_bytes = match (k1, k2) {
+                        (Key::String(x), Key::String(y)) => x.len().min(y.len()),
+                        _ => 0,
+                    };
+                    self.meter.charge(1 + byte_units(key_bytes))?;
                     if k1 != k2 || !self.equal(v1, v2)? {
                         return Ok(false);
                     }
@@ -1140,7 +1145,7 @@ fn convert(name: &str, v: &Value) -> Result<Value, EvalError> {
         ("string", Value::String(s)) => Value::String(s.clone()),
         ("string", Value::Int(i)) => Value::String(i.to_string().into()),
         ("string", Value::Uint(u)) => Value::String(u.to_string().into()),
-        ("string", Value::Double(d)) => Value::String(d.to_string().into()),
+        ("string", Value::Double(d)) => Value::String(format_double(*d).into()),
         ("string", Value::Bool(b)) => Value::String(b.to_string().into()),
         ("string", Value::Bytes(b)) => Value::String(
             std::str::from_utf8(b)
@@ -1159,6 +1164,30 @@ fn convert(name: &str, v: &Value) -> Result<Value, EvalError> {
     })
 }
 
+/// A double as CEL's reference implementation writes it (Go's `%g` with the shortest digits
+/// that read back the same: `1e+300`, `1.5e-07`, `123456.5`): never more than 24 bytes, where
+/// Rust's positional `Display` writes 309 digits for `1e308`.
+fn format_double(d: f64) -> String {
+    if d.is_nan() {
+        return "NaN".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 { "+Inf" } else { "-Inf" }.into();
+    }
+    // Shortest digits, as `m.mmme±x`.
+    let scientific = format!("{d:e}");
+    let (mantissa, exponent) = scientific
+        .split_once('e')
+        .unwrap_or((scientific.as_str(), "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if d != 0.0 && !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
+    } else {
+        format!("{d}")
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The estimate.
 
@@ -1173,6 +1202,12 @@ fn data_bytes() -> u64 {
     DATA_BYTES.with(std::cell::Cell::get)
 }
 
+thread_local! {
+    /// The longest field name of the schema the estimate on this thread runs over (see
+    /// [`longest_field_name`]), found once per estimate.
+    static LONGEST_NAME: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// [`Estimator::estimate`] of `expression` over data of at most `bytes` bytes.
 fn estimate_with(
     expression: &Expression,
@@ -1182,6 +1217,7 @@ fn estimate_with(
     bytes: u64,
 ) -> u64 {
     let previous = DATA_BYTES.with(|cell| cell.replace(bytes));
+    let previous_name = LONGEST_NAME.with(|cell| cell.replace(longest_field_name(message)));
     let root = Shape::message(message.clone(), Scale::Large);
     let mut estimator = Estimator {
         vars: vec![("self".into(), root.clone())],
@@ -1192,6 +1228,7 @@ fn estimate_with(
     }
     let (_, estimate) = estimator.estimate(expression);
     DATA_BYTES.with(|cell| cell.set(previous));
+    LONGEST_NAME.with(|cell| cell.set(previous_name));
     estimate
 }
 
@@ -1214,6 +1251,9 @@ struct Shape {
     key: Option<Arc<Shape>>,
     /// A message's fields, by name.
     message: Option<(MessageDescriptor, Scale)>,
+    /// Every element may be as large as `element` at once: they do not share the data's bytes
+    /// (a literal list naming the same long string, what `map` makes from outside its element).
+    repeated: bool,
 }
 
 impl Shape {
@@ -1223,6 +1263,21 @@ impl Shape {
             element: None,
             key: None,
             message: None,
+            repeated: false,
+        }
+    }
+
+    /// This shape with every element as large as `element` at once.
+    fn repeated(self, repeated: bool) -> Shape {
+        Shape { repeated, ..self }
+    }
+
+    /// Whether this value may hold the data's bytes even when what it was made from is as
+    /// small as can be (then many of them do not share those bytes).
+    fn holds_data(&self) -> bool {
+        match &self.message {
+            Some((_, scale)) => matches!(scale, Scale::Large),
+            None => self.size > 0,
         }
     }
 
@@ -1240,7 +1295,7 @@ impl Shape {
             size: data_bytes(),
             element: Some(leaf.clone()),
             key: Some(leaf),
-            message: None,
+            ..Shape::scalar()
         }
     }
 
@@ -1248,8 +1303,7 @@ impl Shape {
         Shape {
             size: descriptor.fields().len() as u64,
             message: Some((descriptor.clone(), scale)),
-            element: None,
-            key: None,
+            ..Shape::scalar()
         }
     }
 
@@ -1269,7 +1323,7 @@ impl Shape {
                 size: 0,
                 element: self.element.as_ref().map(|e| Arc::new(e.smallest())),
                 key: self.key.as_ref().map(|k| Arc::new(k.smallest())),
-                message: None,
+                ..Shape::scalar()
             },
         }
     }
@@ -1361,7 +1415,7 @@ fn field_shape(field: &FieldDescriptor, scale: Scale) -> Shape {
             size: budget / 2,
             element: Some(Arc::new(single(&value.kind()))),
             key: Some(Arc::new(single(&key.kind()))),
-            message: None,
+            ..Shape::scalar()
         };
     }
     if field.is_list() {
@@ -1428,6 +1482,7 @@ impl Estimator<'_> {
                         }),
                         key: None,
                         message: None,
+                        repeated: sa.repeated || sb.repeated,
                     }
                 } else {
                     Shape::scalar()
@@ -1493,7 +1548,8 @@ impl Estimator<'_> {
                     });
                 }
                 (
-                    Shape::list(items.len() as u64, element.unwrap_or_else(Shape::scalar)),
+                    Shape::list(items.len() as u64, element.unwrap_or_else(Shape::scalar))
+                        .repeated(true),
                     cost,
                 )
             }
@@ -1518,6 +1574,7 @@ impl Estimator<'_> {
                         element: Some(Arc::new(value.unwrap_or_else(Shape::scalar))),
                         key: Some(Arc::new(key.unwrap_or_else(Shape::scalar))),
                         message: None,
+                        repeated: true,
                     },
                     cost,
                 )
@@ -1558,17 +1615,22 @@ impl Estimator<'_> {
                 estimator.vars.pop();
                 (out, cost)
             };
-            let (_, small) = body(self, element.smallest());
+            let (out_small, small) = body(self, element.smallest());
             let (out, large) = body(self, element.clone());
-            let iterations = n
-                .saturating_mul(1u64.saturating_add(small))
-                .saturating_add(large);
+            let iterations = if range.repeated {
+                // Every element may be the largest.
+                n.saturating_mul(1u64.saturating_add(large))
+            } else {
+                n.saturating_mul(1u64.saturating_add(small))
+                    .saturating_add(large)
+            };
             // A map's keys are copied out.
             let copy = if range.key.is_some() { n } else { 0 };
             let cost = range_cost.saturating_add(copy).saturating_add(iterations);
             let shape = match name {
-                "map" => Shape::list(n, out),
-                "filter" => Shape::list(n, element),
+                // What `map` makes from outside its element is made for every element.
+                "map" => Shape::list(n, out).repeated(range.repeated || out_small.holds_data()),
+                "filter" => Shape::list(n, element).repeated(range.repeated),
                 _ => Shape::scalar(),
             };
             return (shape, cost);
@@ -1650,14 +1712,40 @@ fn byte_units_u64(bytes: u64) -> u64 {
 /// The most an equality of two values of these shapes may cost.
 fn equal_cost(a: &Shape, b: &Shape) -> u64 {
     let n = a.size.min(b.size);
+    if let (Some((_, scale)), Some(_)) = (&a.message, &b.message) {
+        // Messages compare field by field, each entry reading its name; below the top level,
+        // every byte of the data may be an element or entry of its own (a packed varint is one
+        // byte), and strings and bytes (base64) are read whole.
+        let entry = 1 + byte_units_u64(LONGEST_NAME.with(std::cell::Cell::get));
+        let fields = n.saturating_mul(entry);
+        return match scale {
+            Scale::Small => fields,
+            Scale::Large => fields
+                .saturating_add(data_bytes().saturating_mul(entry))
+                .saturating_add(byte_units_u64(data_bytes().saturating_mul(2))),
+        };
+    }
+    let keys = match (&a.key, &b.key) {
+        (Some(x), Some(y)) => equal_cost(x, y),
+        _ => 0,
+    };
     match (&a.element, &b.element) {
-        (Some(x), Some(y)) => n.saturating_mul(equal_cost(x, y).saturating_add(1)),
-        _ if a.message.is_some() && b.message.is_some() => {
-            // Messages compare field by field; each field may hold the whole resource.
-            n.saturating_mul(1 + byte_units_u64(data_bytes()))
+        (Some(x), Some(y)) => {
+            n.saturating_mul(equal_cost(x, y).saturating_add(keys).saturating_add(1))
         }
         _ => byte_units_u64(n),
     }
+}
+
+/// The longest name (as JSON writes it) of a field of any message in `descriptor`'s schema.
+fn longest_field_name(descriptor: &MessageDescriptor) -> u64 {
+    descriptor
+        .parent_pool()
+        .all_messages()
+        .flat_map(|m| m.fields().collect::<Vec<_>>())
+        .map(|f| f.name().len().max(f.json_name().len()) as u64)
+        .max()
+        .unwrap_or(0)
 }
 
 /// A shape that bounds both.
@@ -1681,6 +1769,7 @@ fn larger(a: Shape, b: Shape) -> Shape {
         element,
         key,
         message: a.message.or(b.message),
+        repeated: a.repeated || b.repeated,
     }
 }
 

@@ -255,6 +255,98 @@ fn what_runs_never_costs_more_than_estimated() {
     }
 }
 
+/// The estimate at the data's own size bounds what runs, where elements do not share the data's
+/// bytes: a literal list naming one long string many times, what `map` makes from outside its
+/// element, a message equality over a packed list (a byte an element), map keys compared.
+/// Each case spent past its estimate before.
+#[test]
+fn elements_that_do_not_share_the_data_are_estimated_each_at_its_largest() {
+    use prost::Message as _;
+    let message = packed_message();
+    let cases: Vec<(&str, serde_json::Value)> = vec![
+        (
+            "[self.name, self.name, self.name, self.name, self.name, self.name].all(x, !x.contains('z'))",
+            serde_json::json!({"name": "x".repeat(200_000)}),
+        ),
+        (
+            "self.tags.map(t, self.name).all(x, !x.contains('z'))",
+            serde_json::json!({"name": "x".repeat(100_000), "tags": vec!["t"; 200]}),
+        ),
+        (
+            "self == self",
+            serde_json::json!({"codes": vec![1; 200_000]}),
+        ),
+        (
+            "{self.name: 1} == {self.name: 1}",
+            serde_json::json!({"name": "x".repeat(200_000)}),
+        ),
+    ];
+    for (source, json) in cases {
+        let dynamic = prost_reflect::DynamicMessage::deserialize(message.clone(), json.clone())
+            .expect("data fits");
+        let bytes = dynamic.encode_to_vec().len() as u64;
+        let expression = cel_parser::parse(source).expect("parses");
+        let program = prepare(expression.clone(), &message, false).expect("prepares");
+        let estimate = estimate_with(&expression, &message, false, &program.regexes, bytes);
+        let mut meter = Meter::new(u64::MAX);
+        Evaluator::new(
+            &program,
+            vec![(Arc::new("self".to_owned()), Value::from_json(&json))],
+            &mut meter,
+        )
+        .run()
+        .expect("runs");
+        assert!(
+            meter.used() <= estimate,
+            "{source}: used {} > estimated {estimate} on {bytes} bytes",
+            meter.used()
+        );
+    }
+    // Comparing two maps reads their keys: 12,500 units for each of the two 200 KB keys placed
+    // and as much again to compare them (the comparison was free).
+    let data = serde_json::json!({"name": "x".repeat(200_000)});
+    let expression = cel_parser::parse("{self.name: 1} == {self.name: 1}").expect("parses");
+    let program = prepare(expression, &message, false).expect("prepares");
+    let mut meter = Meter::new(u64::MAX);
+    Evaluator::new(
+        &program,
+        vec![(Arc::new("self".to_owned()), Value::from_json(&data))],
+        &mut meter,
+    )
+    .run()
+    .expect("runs");
+    assert!(meter.used() >= 37_500, "{}", meter.used());
+}
+
+/// A double is written in at most 24 bytes, as CEL's reference implementation writes it.
+#[test]
+fn doubles_are_written_short() {
+    for (source, expected) in [
+        ("string(1e300) == '1e+300'", true),
+        ("string(1.5e-7) == '1.5e-07'", true),
+        ("string(123456.5) == '123456.5'", true),
+        ("string(1000000.0) == '1e+06'", true),
+        ("string(0.0001) == '0.0001'", true),
+        ("size(string(-1.2345678901234567e-308)) <= 24", true),
+        ("string(0.0) == '0'", true),
+    ] {
+        assert_eq!(run(source), Ok(Value::Bool(expected)), "{source}");
+    }
+}
+
+/// A message with a packed list of numbers, a string and a list of strings.
+fn packed_message() -> MessageDescriptor {
+    let mut t = crate::registry::dynamic::tests::invoice_type();
+    t.rules.clear();
+    t.defaults.clear();
+    t.kind = "Packed".into();
+    t.proto = "syntax = \"proto3\";\npackage resd.payments.v1;\nmessage Packed {\n  repeated int64 codes = 1;\n  string name = 2;\n  repeated string tags = 3;\n}\n".into();
+    let compiled = crate::registry::dynamic::compile(&t).expect("compiles");
+    crate::registry::dynamic::CompiledType::load(&compiled)
+        .expect("loads")
+        .message
+}
+
 mod properties {
     //! Random rules over random invoices: evaluation never panics, never spends more than its
     //! meter allows, never more than the rule's estimate when the estimate is within budget, and
