@@ -67,6 +67,9 @@ struct Rule {
     field: String,
     /// Whether it reads `old` (then it runs on updates only, as a transition rule).
     uses_old: bool,
+    /// The fields of the data it reads (dot paths; "" for the whole data): ratcheting forgives
+    /// a violation only when all of them are unchanged, whatever `field` it is reported on.
+    reads: BTreeSet<String>,
 }
 
 /// One rule that does not hold on a resource (Kubernetes' `field.Error`): the field it is
@@ -648,8 +651,10 @@ impl CompiledType {
                 let Some(index) = violation.rule else {
                     return true;
                 };
-                let field = &self.rules[index].field;
-                let unchanged = value_at(&new_value, field) == value_at(&old_value, field);
+                let unchanged = self.rules[index]
+                    .reads
+                    .iter()
+                    .all(|path| value_at(&new_value, path) == value_at(&old_value, path));
                 !(broke_before.contains(&index) && unchanged)
             })
             .collect())
@@ -781,12 +786,14 @@ fn compile_rule(
             cel::RULE_BUDGET
         ));
     }
+    let reads = read_paths(&program.expression, message);
     Ok(Rule {
         index,
         program,
         message: rule.message.clone(),
         field: rule.field.clone(),
         uses_old,
+        reads,
     })
 }
 
@@ -858,6 +865,62 @@ pub(super) fn check_field_path(message: &MessageDescriptor, path: &str) -> Resul
 
 /// Walks a rule: field selections on `self`/`old` that the message lacks go to `unknown`;
 /// whether it reads `old` to `uses_old`.
+/// The fields of `message` that `expression` reads from `self`, as dot paths: each chain of
+/// selections from `self` as far as it goes through singular messages of the schema (a list, a
+/// map, a scalar or a well-known type is compared whole); "" when `self` itself is read.
+fn read_paths(expression: &Expression, message: &MessageDescriptor) -> BTreeSet<String> {
+    let mut paths = BTreeSet::new();
+    let mut pending = vec![expression];
+    while let Some(node) = pending.pop() {
+        match self_path(node, message) {
+            Some(path) => {
+                paths.insert(path);
+            }
+            None => pending.extend(children(node)),
+        }
+    }
+    paths
+}
+
+/// The path a chain of attribute selections from `self` reads (see [`read_paths`]).
+fn self_path(node: &Expression, message: &MessageDescriptor) -> Option<String> {
+    let mut names = Vec::new();
+    let mut at = node;
+    loop {
+        match at {
+            Expression::Ident(name) if name.as_str() == "self" => break,
+            Expression::Member(inner, member) => match member.as_ref() {
+                Member::Attribute(name) => {
+                    names.push(name.as_str());
+                    at = inner;
+                }
+                _ => return None,
+            },
+            _ => return None,
+        }
+    }
+    names.reverse();
+    let mut of = message.clone();
+    let mut path: Vec<&str> = Vec::new();
+    for name in names {
+        let Some(field) = of.get_field_by_name(name) else {
+            break;
+        };
+        path.push(name);
+        match field.kind() {
+            Kind::Message(next)
+                if !field.is_list()
+                    && !field.is_map()
+                    && !next.full_name().starts_with("google.protobuf.") =>
+            {
+                of = next;
+            }
+            _ => break,
+        }
+    }
+    Some(path.join("."))
+}
+
 pub(super) fn walk(
     expression: &Expression,
     message: &MessageDescriptor,

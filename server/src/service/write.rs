@@ -46,9 +46,12 @@ struct PreparedWrite {
 /// The type's mutate and validate hooks, then a registered type's rules (metered): the units
 /// the rules spent, and the rules that do not hold (an update may still pass them by
 /// ratcheting, decided once the stored object is known).
+/// Runs the write hooks and the rules of `registration` on `resource`, the rules within `budget`.
+/// Setting defaults is idempotent, so a run that ran out of an inline budget can run again.
 fn run_hooks(
     registration: &Registration,
     resource: &mut Resource,
+    budget: u64,
 ) -> Result<(u64, Vec<Violation>), Error> {
     if let Some(mutate) = &registration.mutate {
         mutate(resource)?;
@@ -64,7 +67,7 @@ fn run_hooks(
         .as_ref()
         .map(|d| d.value.as_slice())
         .unwrap_or_default();
-    let mut meter = Meter::new(cel::REQUEST_BUDGET);
+    let mut meter = Meter::new(budget);
     match registered.compiled.check_rules(data, None, &mut meter) {
         Ok(()) => Ok((meter.used(), Vec::new())),
         Err(RuleFailure::Violations(violations)) if violations.iter().all(|v| v.rule.is_some()) => {
@@ -219,24 +222,35 @@ impl ResourceService {
             // Rules run only for a caller who may write the resource.
             registration.check_write_access_before_existence(authorizer, id)?;
         }
-        let (rules_used, violations) = if costly {
-            if is_type {
-                // Who may write the Type and owns the group.version.Kind it claims.
-                (registration.acls.write)(authorizer, &resource)?;
-            }
-            let hooks = registration.clone();
-            let (checked, outcome) = self
-                .pool
-                .run(move || {
-                    let outcome = run_hooks(&hooks, &mut resource);
-                    (resource, outcome)
-                })
-                .await
-                .map_err(|error| Error::Internal(error.to_string()))?;
-            resource = checked;
-            outcome?
+        if costly && is_type {
+            // Who may write the Type and owns the group.version.Kind it claims.
+            (registration.acls.write)(authorizer, &resource)?;
+        }
+        // Checked inline, rules never spend past INLINE_UNITS: one that would (the estimate
+        // was wrong) is checked again on the pool with the request's whole budget.
+        let inline = if costly {
+            None
         } else {
-            run_hooks(&registration, &mut resource)?
+            match run_hooks(&registration, &mut resource, cel::INLINE_UNITS) {
+                Err(Error::RuleCost(_)) if registration.registered.is_some() => None,
+                done => Some(done?),
+            }
+        };
+        let (rules_used, violations) = match inline {
+            Some(done) => done,
+            None => {
+                let hooks = registration.clone();
+                let (checked, outcome) = self
+                    .pool
+                    .run(move || {
+                        let outcome = run_hooks(&hooks, &mut resource, cel::REQUEST_BUDGET);
+                        (resource, outcome)
+                    })
+                    .await
+                    .map_err(|error| Error::Internal(error.to_string()))?;
+                resource = checked;
+                outcome?
+            }
         };
         (registration.acls.write)(authorizer, &resource)?;
         if let Some(references) = &registration.references {
@@ -372,10 +386,10 @@ impl ResourceService {
                         let compiled = registered.compiled.clone();
                         let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
                         let inline = compiled.checks_inline(new.len().max(old.len()), true);
-                        let check = move || -> Result<Vec<Violation>, RuleFailure> {
-                            let mut meter = Meter::new(left);
+                        let check = move |budget: u64| -> Result<Vec<Violation>, RuleFailure> {
+                            let mut meter = Meter::new(budget);
                             let mut left_over =
-                                compiled.ratchet(deferred, &new, &old, &mut meter)?;
+                                compiled.ratchet(deferred.clone(), &new, &old, &mut meter)?;
                             if transition
                                 && let Err(failure) =
                                     compiled.check_transition_rules(&new, &old, &mut meter)
@@ -387,13 +401,14 @@ impl ResourceService {
                             }
                             Ok(left_over)
                         };
-                        let outcome = if inline {
-                            check()
-                        } else {
-                            self.pool
-                                .run(check)
+                        // Inline within INLINE_UNITS, else (or past them) on the pool.
+                        let outcome = match inline.then(|| check(left.min(cel::INLINE_UNITS))) {
+                            Some(Err(RuleFailure::Cost(_))) | None => self
+                                .pool
+                                .run(move || check(left))
                                 .await
-                                .map_err(|error| Error::Internal(error.to_string()))?
+                                .map_err(|error| Error::Internal(error.to_string()))?,
+                            Some(done) => done,
                         };
                         refuse_violations(outcome?)?;
                     }
@@ -588,7 +603,10 @@ impl ResourceService {
         let left = cel::REQUEST_BUDGET.saturating_sub(prepared.rules_used);
         let written_as = convert::group_version_of(&input).to_owned();
         let written_bytes = input.data.as_ref().map_or(0, |d| d.value.len());
-        let check = move || -> Result<Resource, Error> {
+        let check = move |input: Resource,
+                          stored_object: Option<Resource>,
+                          budget: u64|
+              -> Result<Resource, Error> {
             let base: Option<Vec<u8>> = match stored_object {
                 Some(stored) => Some(
                     convert::convert(&family, stored, &storage, None)?
@@ -609,7 +627,7 @@ impl ResourceService {
             {
                 data.value = with_defaults;
             }
-            let mut meter = Meter::new(left);
+            let mut meter = Meter::new(budget);
             let in_storage = |violations: Vec<Violation>| -> Result<(), Error> {
                 refuse_violations(
                     violations
@@ -665,13 +683,27 @@ impl ResourceService {
                         .compiled
                         .checks_inline(bytes, true)
             });
-        let converted = if inline {
-            check()?
+        // Inline (small data: the copies are cheap) within INLINE_UNITS, else (or past them)
+        // on the pool with what is left of the request's budget.
+        let inline = if inline {
+            match check(
+                input.clone(),
+                stored_object.clone(),
+                left.min(cel::INLINE_UNITS),
+            ) {
+                Err(Error::RuleCost(_)) => None,
+                done => Some(done?),
+            }
         } else {
-            self.pool
-                .run(check)
+            None
+        };
+        let converted = match inline {
+            Some(converted) => converted,
+            None => self
+                .pool
+                .run(move || check(input, stored_object, left))
                 .await
-                .map_err(|error| Error::Internal(error.to_string()))??
+                .map_err(|error| Error::Internal(error.to_string()))??,
         };
         // Conversions may make an object larger: what is stored stays within the limit.
         let size = converted.encoded_len();

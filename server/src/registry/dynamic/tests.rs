@@ -713,6 +713,61 @@ fn ratcheting_lets_unchanged_broken_fields_pass() {
     );
 }
 
+/// Ratcheting forgives a broken rule by what the rule reads, not by the field it says it is
+/// reported on: a rule reading `amount_cents` reported on `customer` still refuses a changed
+/// amount when the customer is unchanged, and a rule reading into a well-known type (`due`, a
+/// Timestamp: a string to rules) sees it change. Both were forgiven before.
+#[test]
+fn ratcheting_compares_what_a_rule_reads() {
+    let mut t = invoice_type();
+    t.rules = vec![
+        pb::Rule {
+            expression: "self.amount_cents <= 1000".into(),
+            message: "small".into(),
+            field: "customer".into(),
+        },
+        pb::Rule {
+            expression: "self.due < '2000-01-01' || self.billing.city == 'x'".into(),
+            message: "due before 2000".into(),
+            field: "billing.city".into(),
+        },
+    ];
+    let compiled = load(&t);
+    let old = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5000, "customer": "a", "due": "2030-01-01T00:00:00Z"}),
+    );
+    let new = data(
+        &compiled,
+        serde_json::json!({"amountCents": 9000, "customer": "a", "due": "2031-01-01T00:00:00Z"}),
+    );
+    let mut meter = Meter::new(cel::REQUEST_BUDGET);
+    let found = match compiled.check_rules(&new, None, &mut meter) {
+        Err(RuleFailure::Violations(v)) => v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(found.len(), 2);
+    let left = compiled
+        .ratchet(found, &new, &old, &mut meter)
+        .expect("ratchets");
+    assert_eq!(left.len(), 2, "{left:?}");
+    // Unchanged reads: both forgiven.
+    let same_reads = data(
+        &compiled,
+        serde_json::json!({"amountCents": 5000, "customer": "b", "due": "2030-01-01T00:00:00Z", "currency": "USD"}),
+    );
+    let found = match compiled.check_rules(&same_reads, None, &mut meter) {
+        Err(RuleFailure::Violations(v)) => v,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        compiled
+            .ratchet(found, &same_reads, &old, &mut meter)
+            .expect("ratchets")
+            .is_empty()
+    );
+}
+
 /// Data of a recursive message nests only as deep as a schema may.
 #[test]
 fn data_nesting_is_measured_without_recursion_and_bounded() {
