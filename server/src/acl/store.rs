@@ -180,7 +180,15 @@ struct Verified {
     node: Bucket,
     /// Each client address's budget (its network: an IPv6 /64), bounded in number.
     addresses: HashMap<Option<std::net::IpAddr>, Bucket>,
+    /// What one round of a slow hash costs here (seconds), as last measured: a lookup reserves
+    /// its hashes' cost from the budgets before it starts, so lookups started together cannot
+    /// all pass a budget none of them has spent yet.
+    seconds_per_round: f64,
 }
+
+/// A round's cost before any is measured: on the high side (100,000 rounds: half a second), so
+/// the first lookups reserve too much rather than too little.
+const FIRST_SECONDS_PER_ROUND: f64 = 5e-6;
 
 /// Seconds of slow hashing left, refilled at a rate up to a burst.
 #[derive(Debug, Clone, Copy)]
@@ -245,6 +253,7 @@ impl TokenStore {
                 missed: Default::default(),
                 node: Bucket::full(NODE_SLOW_HASHING_BURST),
                 addresses: HashMap::new(),
+                seconds_per_round: FIRST_SECONDS_PER_ROUND,
             }),
             changes: tokio::sync::watch::Sender::new(0),
         }
@@ -468,7 +477,8 @@ impl TokenStore {
             index.salts.clone()
         };
         let remote = remote.map(super::network_of);
-        {
+        let rounds: f64 = salts.iter().map(|(_, iterations)| f64::from(*iterations)).sum();
+        let reserved = {
             let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
             if verified.addresses.len() >= MAX_VERIFIED && !verified.addresses.contains_key(&remote)
             {
@@ -499,17 +509,29 @@ impl TokenStore {
                     }
                 )));
             }
-        }
+            // Reserved now, settled once measured.
+            let reserved = rounds * verified.seconds_per_round;
+            verified.node.left -= reserved;
+            if let Some(bucket) = verified.addresses.get_mut(&remote) {
+                bucket.left -= reserved;
+            }
+            reserved
+        };
         let started = std::time::Instant::now();
-        let charge = |store: &TokenStore| {
+        let mut hashed = 0f64;
+        let charge = |store: &TokenStore, hashed: f64| {
             let spent = started.elapsed().as_secs_f64();
             let mut verified = store.verified.lock().unwrap_or_else(|p| p.into_inner());
-            verified.node.left -= spent;
+            verified.node.left -= spent - reserved;
             if let Some(bucket) = verified.addresses.get_mut(&remote) {
-                bucket.left -= spent;
+                bucket.left -= spent - reserved;
+            }
+            if hashed > 0.0 {
+                verified.seconds_per_round = spent / hashed;
             }
         };
         for (salt, iterations) in salts {
+            hashed += f64::from(iterations);
             let stored = StoredSecret::Slow {
                 iterations,
                 salt,
@@ -518,7 +540,7 @@ impl TokenStore {
             .to_string();
             let found = self.read().by_hash.get(&stored).cloned();
             if let Some(entry) = found {
-                charge(self);
+                charge(self, hashed);
                 let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
                 if verified.known.len() >= MAX_VERIFIED {
                     verified.known.clear();
@@ -527,7 +549,7 @@ impl TokenStore {
                 return Ok(Some(entry));
             }
         }
-        charge(self);
+        charge(self, hashed);
         let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
         if verified.missed.len() >= MAX_VERIFIED {
             verified.missed.clear();
@@ -855,6 +877,37 @@ mod tests {
                 .identity(),
             "chosen"
         );
+    }
+
+    /// Lookups started together reserve their hashes' cost before any is spent: sixteen made-up
+    /// secrets from one address at once start only as many slow hashes as its budget holds
+    /// (all sixteen ran before, each seeing the budget none had charged yet).
+    #[test]
+    fn lookups_started_together_cannot_overdraw_the_budget() {
+        let store = Arc::new(TokenStore::new(Access::Deny));
+        store.replace_policies(Vec::new());
+        store.replace_tokens(vec![(
+            "chosen".into(),
+            token("correct-horse-battery-staple", &[], ""),
+        )]);
+        let attacker = Some(std::net::IpAddr::from([127, 0, 0, 3]));
+        let start = Arc::new(std::sync::Barrier::new(16));
+        let threads: Vec<_> = (0..16)
+            .map(|n| {
+                let (store, start) = (store.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    store.resolve_from(Some(&format!("made-up-token-number-{n}")), attacker)
+                })
+            })
+            .collect();
+        let hashed = threads
+            .into_iter()
+            .map(|thread| thread.join().expect("joins"))
+            .filter(|outcome| !matches!(outcome, Err(Unauthenticated::NotReady(_))))
+            .count();
+        assert!(hashed <= 3, "{hashed} of 16 slow hashes started at once");
+        assert!(hashed >= 1, "the budget allows one");
     }
 
     #[test]
