@@ -125,7 +125,9 @@ pub(crate) fn is_repairing(data_dir: &Path) -> bool {
 
 /// Holds the PID of the process that serves the data directory (for people). The lock itself
 /// is `flock` (exclusive) on the directory: a second process on the same directory would write
-/// the same log, and a lock on a file someone can delete would let it.
+/// the same log, and a lock on a file someone can delete would let it. This file is locked too:
+/// builds before the directory lock held only it, and a node of such a build still running
+/// during an upgrade must keep the new build out.
 pub(crate) const LOCK_FILE: &str = "LOCK";
 
 /// The exclusive hold of a data directory, released when dropped (or when the process ends,
@@ -212,6 +214,21 @@ impl DirLock {
             .truncate(false)
             .open(&path)
             .map_err(failed)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u32>().ok())
+                    .map(|pid| format!(" (PID {pid}, a build that locks only {LOCK_FILE})"))
+                    .unwrap_or_default();
+                return Err(LockError::Held {
+                    dir: data_dir.to_path_buf(),
+                    holder,
+                });
+            }
+            Err(errno) => return Err(failed(errno.into())),
+        }
         file.set_len(0).map_err(failed)?;
         writeln!(file, "{}", std::process::id()).map_err(failed)?;
         Ok(DirLock {
@@ -986,6 +1003,24 @@ mod tests {
         );
         drop(held);
         DirLock::acquire(dir.path()).expect("free again");
+    }
+
+    /// A node of a build that held only `LOCK` (flock on the file, not the directory) keeps
+    /// this build out of its directory during an upgrade.
+    #[test]
+    fn a_build_that_locks_only_the_lock_file_keeps_this_one_out() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut old = std::fs::File::create(dir.path().join(LOCK_FILE)).expect("create");
+        rustix::fs::flock(&old, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .expect("the old build's lock");
+        writeln!(old, "4242").expect("pid");
+        let message = DirLock::acquire(dir.path())
+            .expect_err("held by the old build")
+            .to_string();
+        assert!(message.contains("(PID 4242"), "{message}");
+        drop(old);
+        DirLock::acquire(dir.path()).expect("free once it stops");
     }
 
     #[test]
