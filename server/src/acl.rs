@@ -81,6 +81,11 @@ pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     fn is_management(&self) -> bool {
         false
     }
+    /// Whether this is the server itself (its own steps and controllers): what no token,
+    /// management's included, can be.
+    fn is_server(&self) -> bool {
+        false
+    }
     /// The last change to the tokens and policies this identity's grants were made from: a
     /// change it authorizes is refused if they changed since (DESIGN §15's fence). `None`
     /// for identities no stored token or policy makes (the server's own, ACLs off).
@@ -264,6 +269,9 @@ impl Authorizer for AllowAll {
     fn identity(&self) -> &str {
         SERVER_IDENTITY
     }
+    fn is_server(&self) -> bool {
+        true
+    }
     everything!();
 }
 
@@ -285,6 +293,9 @@ impl ControllerIdentity {
 impl Authorizer for ControllerIdentity {
     fn identity(&self) -> &str {
         &self.identity
+    }
+    fn is_server(&self) -> bool {
+        true
     }
     everything!();
 }

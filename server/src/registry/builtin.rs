@@ -236,16 +236,20 @@ fn replica_acls() -> Acls {
             acl::require_resource(authorizer, &id, Access::Write)?;
             // The server's own identities (the reaper, the namespace controller, management)
             // may delete any report, a forged one stored before these checks included.
-            if resource.data.is_none() || authorizer.is_management() {
+            if resource.data.is_none() || authorizer.is_server() {
                 return Ok(());
             }
             let report: proto::coordination::v1::Replica =
                 decode_data(resource).map_err(AclError::PermissionDenied)?;
+            // Not even management's token: only the server runs its own controllers.
             if BUILTIN_CONTROLLERS.contains(&report.controller.as_str()) {
                 return Err(AclError::PermissionDenied(format!(
                     "controller {:?} is built into the server: no report may claim it",
                     report.controller
                 )));
+            }
+            if authorizer.is_management() {
+                return Ok(());
             }
             let Some(managed) = report.managed_type.as_ref() else {
                 return Err(AclError::PermissionDenied(

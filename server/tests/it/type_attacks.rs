@@ -705,6 +705,27 @@ async fn forged_controller_reports_are_refused() {
         assert_eq!(refused.code(), code, "{what}: {refused:?}");
         assert!(refused.message().contains(says), "{what}: {refused:?}");
     }
+    // Not even the management token may claim a controller the server runs itself.
+    let refused = write_as(
+        &channel,
+        &management,
+        report(
+            "forged-by-management",
+            proto::coordination::v1::Replica {
+                controller: "reaper".into(),
+                managed_type: Some(gvk("demo", "v2", "Artist")),
+                finalizers: Vec::new(),
+                ..honest.clone()
+            },
+        ),
+    )
+    .await
+    .expect_err("management claims the reaper");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("built into the server"),
+        "{refused:?}"
+    );
     write_as(&channel, "tenant-secret-012", report("honest", honest))
         .await
         .expect("an honest report is accepted");
