@@ -686,14 +686,52 @@ impl Client {
         }
     }
 
+    /// Every type the server serves, asked a page at a time (a page is bounded in types and in
+    /// descriptor bytes), as one answer: the types in order and every descriptor file once.
     pub async fn list_types(&self) -> Result<ListTypesResponse, ClientError> {
-        self.retrying(|| {
-            let mut cluster = self.cluster();
-            let request = self.request(ListTypesRequest::default(), true);
-            async move { cluster.list_types(request).await }
-        })
-        .await
-        .map(tonic::Response::into_inner)
+        let mut all = ListTypesResponse::default();
+        let mut files = prost_types::FileDescriptorSet::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut page_token = String::new();
+        // Bounded: each page holds one type at least, and a registry holds far fewer.
+        for _ in 0..100_000 {
+            let token = page_token.clone();
+            let page = self
+                .retrying(|| {
+                    let mut cluster = self.cluster();
+                    let request = self.request(
+                        ListTypesRequest {
+                            page_size: 500,
+                            page_token: token.clone(),
+                        },
+                        true,
+                    );
+                    async move { cluster.list_types(request).await }
+                })
+                .await?
+                .into_inner();
+            let set: prost_types::FileDescriptorSet = prost::Message::decode(
+                page.file_descriptor_set.as_ref(),
+            )
+            .map_err(|error| ClientError::Other {
+                code: Code::DataLoss,
+                message: format!(
+                    "the server's ListTypes page holds descriptors that do not decode: {error}"
+                ),
+            })?;
+            for file in set.file {
+                if seen.insert(file.name().to_owned()) {
+                    files.file.push(file);
+                }
+            }
+            all.types.extend(page.types);
+            if page.next_page_token.is_empty() || page.next_page_token == page_token {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
+        all.file_descriptor_set = prost::Message::encode_to_vec(&files).into();
+        Ok(all)
     }
 
     /// Reads one resource; `Ok(None)` when it does not exist.

@@ -958,28 +958,49 @@ impl Registry {
         self.published_set().0
     }
 
-    /// The descriptor files the data messages of `registrations` need (theirs and their
-    /// imports), encoded as a set, in the order of [`Registry::descriptor_set`].
-    pub(crate) fn descriptor_set_for(&self, registrations: &[Arc<Registration>]) -> bytes::Bytes {
+    /// How many of `registrations`, from the first, have descriptor files (theirs and their
+    /// imports) of at most `max_bytes` together (at least one), and that set encoded (in the
+    /// order of [`Registry::descriptor_set`]): what one page of ListTypes holds.
+    pub(crate) fn descriptor_set_within(
+        &self,
+        registrations: &[Arc<Registration>],
+        max_bytes: usize,
+    ) -> (usize, bytes::Bytes) {
         let (_, index) = self.published_set();
         let mut wanted = std::collections::BTreeSet::new();
-        let mut pending: Vec<&str> = registrations
-            .iter()
-            .filter_map(|registration| index.message_file.get(&registration.message_name))
-            .map(|position| index.set.file[*position].name())
-            .collect();
-        while let Some(name) = pending.pop() {
-            let Some(&position) = index.by_name.get(name) else {
-                continue;
-            };
-            if wanted.insert(position) {
-                pending.extend(
-                    index.set.file[position]
-                        .dependency
-                        .iter()
-                        .map(String::as_str),
-                );
+        let mut bytes = 0usize;
+        let mut taken = 0;
+        for registration in registrations {
+            let mut adding = std::collections::BTreeSet::new();
+            let mut pending: Vec<&str> = index
+                .message_file
+                .get(&registration.message_name)
+                .map(|position| index.set.file[*position].name())
+                .into_iter()
+                .collect();
+            while let Some(name) = pending.pop() {
+                let Some(&position) = index.by_name.get(name) else {
+                    continue;
+                };
+                if !wanted.contains(&position) && adding.insert(position) {
+                    pending.extend(
+                        index.set.file[position]
+                            .dependency
+                            .iter()
+                            .map(String::as_str),
+                    );
+                }
             }
+            let more: usize = adding
+                .iter()
+                .map(|position| prost::Message::encoded_len(&index.set.file[*position]) + 5)
+                .sum();
+            if taken > 0 && bytes.saturating_add(more) > max_bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(more);
+            wanted.extend(adding);
+            taken += 1;
         }
         let set = prost_types::FileDescriptorSet {
             file: wanted
@@ -987,7 +1008,7 @@ impl Registry {
                 .map(|position| index.set.file[position].clone())
                 .collect(),
         };
-        prost::Message::encode_to_vec(&set).into()
+        (taken, prost::Message::encode_to_vec(&set).into())
     }
 
     fn published_set(&self) -> (bytes::Bytes, Arc<FileIndex>) {

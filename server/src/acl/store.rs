@@ -477,7 +477,10 @@ impl TokenStore {
             index.salts.clone()
         };
         let remote = remote.map(super::network_of);
-        let rounds: f64 = salts.iter().map(|(_, iterations)| f64::from(*iterations)).sum();
+        let rounds: f64 = salts
+            .iter()
+            .map(|(_, iterations)| f64::from(*iterations))
+            .sum();
         let reserved = {
             let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
             if verified.addresses.len() >= MAX_VERIFIED && !verified.addresses.contains_key(&remote)

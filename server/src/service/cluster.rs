@@ -461,6 +461,8 @@ fn version_info(registration: &crate::registry::Registration) -> TypeInfo {
 
 /// Most types one page of ListTypes holds.
 const MAX_TYPES_PAGE: u32 = 500;
+/// Most bytes of descriptors one page of ListTypes holds (a page of one type may hold more).
+const MAX_TYPES_PAGE_BYTES: usize = 2 << 20;
 
 #[tonic::async_trait]
 impl cluster_service_server::ClusterService for ClusterGrpc {
@@ -479,9 +481,10 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         }
         let request = request.into_inner();
         let all: Vec<_> = self.registry.types().collect();
-        let paged = request.page_size > 0;
-        let (page, next_page_token) = if paged {
-            // Ordered by group, version and kind; a page starts after the token's type.
+        let (page, next_page_token, file_descriptor_set) = if request.page_size > 0 {
+            // Ordered by group, version and kind; a page starts after the token's type and
+            // holds at most MAX_TYPES_PAGE types, and descriptors of at most
+            // MAX_TYPES_PAGE_BYTES (one type at least, whatever its size).
             let start = all
                 .iter()
                 .position(|registration| {
@@ -491,19 +494,25 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             let end = start
                 .saturating_add(request.page_size.min(MAX_TYPES_PAGE) as usize)
                 .min(all.len());
-            let next = if end < all.len() {
+            let (taken, set) = self
+                .registry
+                .descriptor_set_within(&all[start..end], MAX_TYPES_PAGE_BYTES);
+            let end = start + taken;
+            let next = if end < all.len() && end > start {
                 all[end - 1].gvk()
             } else {
                 String::new()
             };
-            (all[start..end].to_vec(), next)
+            (all[start..end].to_vec(), next, set)
         } else {
-            (all, String::new())
-        };
-        let file_descriptor_set = if paged {
-            self.registry.descriptor_set_for(&page)
-        } else {
-            self.registry.descriptor_set()
+            let set = self.registry.descriptor_set();
+            if set.len() > MAX_TYPES_PAGE_BYTES * 4 {
+                return Err(Status::resource_exhausted(format!(
+                    "the registry's descriptors are {} bytes, too many for one answer: ask ListTypes in pages (page_size, page_token), as resctl and the dashboard do",
+                    set.len()
+                )));
+            }
+            (all, String::new(), set)
         };
         let types = page
             .iter()

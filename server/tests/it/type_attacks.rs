@@ -917,3 +917,53 @@ async fn list_types_pages_carry_what_their_types_need() {
     assert!(token.is_empty(), "the pages end");
     assert_eq!(paged, everything.types);
 }
+
+/// A page of ListTypes is bounded in descriptor bytes as well as in types: six Types of about
+/// 400 KB of descriptors each come in more than one page of 500, none much over 2 MiB (a page
+/// of 500 such Types was up to the whole registry, ~64 MiB at the default limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_types_pages_are_bounded_in_bytes() {
+    let node = crate::process::Resd::start();
+    for i in 0..6 {
+        node.resources()
+            .await
+            .write(WriteRequest {
+                resource: Some(type_resource(
+                    &format!("heavy-{i}"),
+                    wide_type(&format!("heavy{i}"), 8_000, 30),
+                )),
+            })
+            .await
+            .expect("Type");
+    }
+    let (mut pages, mut heavy, mut token) = (0, 0, String::new());
+    for _ in 0..100 {
+        let page = node
+            .cluster()
+            .await
+            .list_types(proto::cluster::v1::ListTypesRequest {
+                page_size: 500,
+                page_token: token.clone(),
+            })
+            .await
+            .expect("page")
+            .into_inner();
+        pages += 1;
+        assert!(
+            page.file_descriptor_set.len() < (2 << 20) + (600 << 10),
+            "a page of {} bytes",
+            page.file_descriptor_set.len()
+        );
+        heavy += page
+            .types
+            .iter()
+            .filter(|info| info.message_name.contains(".heavy"))
+            .count();
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(pages >= 2, "{pages} pages");
+    assert_eq!(heavy, 6, "every Type once");
+}
