@@ -315,6 +315,8 @@ impl Authorizer for Anonymous {
 pub(crate) struct KeyRules {
     pub operator: Access,
     pub key_prefixes: Vec<(String, Access)>,
+    /// `schema` access on every group.version.Kind (Type ownership).
+    pub schema: Access,
 }
 
 #[cfg(test)]
@@ -326,6 +328,11 @@ impl KeyRules {
 
     pub(crate) fn key_prefix(mut self, prefix: impl Into<String>, access: Access) -> Self {
         self.key_prefixes.push((prefix.into(), access));
+        self
+    }
+
+    pub(crate) fn schema(mut self, access: Access) -> Self {
+        self.schema = access;
         self
     }
 }
@@ -343,6 +350,10 @@ impl Authorizer for KeyRules {
             .map(crate::resource::gvk)
             .unwrap_or_default();
         self.key(&format!("resource/{gvk}/{}", id.name))
+    }
+
+    fn schema(&self, _gvk: &str) -> Access {
+        self.schema
     }
 }
 

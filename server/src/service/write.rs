@@ -1044,6 +1044,16 @@ impl ResourceService {
         };
         let registration = self.scope_id(&mut id, "id", Wildcards::Forbidden)?;
         registration.check_write_access_before_existence(authorizer, &id)?;
+        // A Type's migration status is what allows retiring a version (DESIGN §15.1): only
+        // the server's type controller writes it, never the Type's owner.
+        if registration.gvk() == crate::registry::builtin::REGISTRY_TYPE
+            && key == super::migrate::MIGRATION_STATUS
+            && !authorizer.is_server()
+        {
+            return Err(Error::PermissionDenied(format!(
+                "status {key:?} of a Type is written by the server's type controller only: it says which stored objects were migrated"
+            )));
+        }
         let tenancy = id.tenancy.clone().unwrap_or_default();
         match self.tenancy_state(registration.scope, &tenancy).await {
             Err(Error::TenancyNotFound(message)) => {

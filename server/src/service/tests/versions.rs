@@ -281,3 +281,47 @@ async fn a_grant_on_one_version_does_not_read_objects_stored_in_another() {
         .await
         .expect("readable through v1");
 }
+
+/// A Type's `migration` status is what lets its owner retire a version: the owner (who may
+/// write the Type and holds its schema) cannot write it to skip the migration, only the
+/// server's type controller can.
+#[tokio::test]
+async fn a_types_owner_cannot_fake_its_migration() {
+    use crate::acl::{Access, KeyRules};
+    let harness = harness().await;
+    let stored = harness
+        .write(costly_type())
+        .await
+        .expect("the Type registers");
+    let owner = KeyRules::default()
+        .key_prefix("resource/", Access::Write)
+        .schema(Access::Write);
+    let type_id = stored.id.clone().expect("id");
+    let migrated = proto::resource::v1::Status {
+        observed_generation: stored.generation.clone(),
+        conditions: vec![proto::resource::v1::Condition {
+            r#type: "Migrated".into(),
+            state: proto::resource::v1::State::True as i32,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let refused = harness
+        .write_status_as(&owner, &type_id, "", crate::service::MIGRATION_STATUS, migrated.clone())
+        .await
+        .expect_err("the owner fakes Migrated");
+    assert!(
+        matches!(&refused, Error::PermissionDenied(why) if why.contains("type controller")),
+        "{refused:?}"
+    );
+    // Other statuses of its own Type it may write.
+    harness
+        .write_status_as(&owner, &type_id, "", "team-notes", migrated.clone())
+        .await
+        .expect("another status");
+    // The server itself may.
+    harness
+        .write_status(&type_id, "", crate::service::MIGRATION_STATUS, migrated)
+        .await
+        .expect("the server's controller");
+}
