@@ -202,6 +202,28 @@ pub(crate) fn compile(t: &pb::Type) -> Result<pb::Type, String> {
             names.iter().copied().collect::<Vec<_>>().join(", ")
         ));
     }
+    for (index, conversion) in t.conversions.iter().enumerate() {
+        if conversion.from_version != t.storage_version
+            && conversion.to_version != t.storage_version
+            && conversion.from_version != conversion.to_version
+            && names.contains(conversion.from_version.as_str())
+            && names.contains(conversion.to_version.as_str())
+        {
+            problems.push(format!(
+                "data.conversions[{index}] converts {} to {}, neither the storage version {}: every conversion goes to or from the storage version ({} to {} goes through {}), so this one would never run; write it as {} → {} and {} → {}",
+                conversion.from_version,
+                conversion.to_version,
+                t.storage_version,
+                conversion.from_version,
+                conversion.to_version,
+                t.storage_version,
+                conversion.from_version,
+                t.storage_version,
+                t.storage_version,
+                conversion.to_version
+            ));
+        }
+    }
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }

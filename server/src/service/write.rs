@@ -616,7 +616,16 @@ impl ResourceService {
                 ),
                 None => None,
             };
-            let mut converted = convert::convert(&family, input, &storage, base.as_deref())?;
+            // The client's own data that does not convert is a bad request, naming the field.
+            let mut converted = convert::convert(&family, input, &storage, base.as_deref())
+                .map_err(|error| match error {
+                    Error::FailedPrecondition(why) => resource::Invalid::at(
+                        "resource.data",
+                        format!("does not convert to the storage version: {why}"),
+                    )
+                    .into(),
+                    other => other,
+                })?;
             let compiled = family.storage_version().compiled.clone();
             let Some(data) = converted.data.as_mut() else {
                 return Ok(converted);

@@ -286,6 +286,21 @@ fn the_storage_version_may_be_unserved_and_versions_convert_through_it() {
     );
 }
 
+/// A conversion between two versions neither of which is the storage version would never run:
+/// refused, saying how to write it.
+#[test]
+fn a_conversion_that_would_never_run_is_refused() {
+    let mut t = database();
+    t.versions.push(version("v3", V3));
+    t.conversions
+        .push(conversion("v1", "v3", "storage.size_gb", "self.size_gb"));
+    let refused = compile(&t).expect_err("v1 → v3 beside storage v2");
+    assert!(
+        refused.contains("data.conversions[2]") && refused.contains("would never run"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn an_update_keeps_the_storage_version_and_compatible_versions() {
     let old = family(&database());
@@ -293,6 +308,8 @@ fn an_update_keeps_the_storage_version_and_compatible_versions() {
     let mut next = database();
     next.versions.push(version("v3", V3));
     next.storage_version = "v3".into();
+    // v1 ↔ v2 would never run now (conversions go to and from the storage version).
+    next.conversions.clear();
     next.conversions
         .push(conversion("v1", "v3", "storage.size_gb", "self.size_gb"));
     next.conversions

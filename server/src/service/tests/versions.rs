@@ -297,7 +297,7 @@ async fn a_types_owner_cannot_fake_its_migration() {
         .key_prefix("resource/", Access::Write)
         .schema(Access::Write);
     let type_id = stored.id.clone().expect("id");
-    let migrated = proto::resource::v1::Status {
+    let migrated = Status {
         observed_generation: stored.generation.clone(),
         conditions: vec![proto::resource::v1::Condition {
             r#type: "Migrated".into(),
@@ -324,4 +324,70 @@ async fn a_types_owner_cannot_fake_its_migration() {
         .write_status(&type_id, "", crate::service::MIGRATION_STATUS, migrated)
         .await
         .expect("the server's controller");
+}
+
+/// Data a client writes through a version that does not convert to the storage version is the
+/// client's bad request (INVALID_ARGUMENT naming `resource.data`), not a state of the system.
+#[tokio::test]
+async fn a_write_that_does_not_convert_is_a_bad_request_naming_the_data() {
+    let harness = harness().await;
+    let t = registry::Type {
+        group: "attack".into(),
+        kind: "Count".into(),
+        scope: registry::Scope::Namespace as i32,
+        versions: vec![
+            registry::TypeVersion {
+                name: "v1".into(),
+                proto: "syntax = \"proto3\";\npackage resd.attack.v1;\nmessage Count { string text = 1; int64 value = 2; }\n".into(),
+                served: true,
+                ..Default::default()
+            },
+            registry::TypeVersion {
+                name: "v2".into(),
+                proto: "syntax = \"proto3\";\npackage resd.attack.v2;\nmessage Count { string text = 1; int64 value = 2; }\n".into(),
+                served: true,
+                ..Default::default()
+            },
+        ],
+        storage_version: "v2".into(),
+        conversions: vec![
+            registry::Conversion {
+                from_version: "v1".into(),
+                to_version: "v2".into(),
+                field: "value".into(),
+                // Fails on one text only (no sample has it).
+                expression: "self.text == 'twelve' ? int(self.text) : self.value".into(),
+            },
+        ],
+        ..Default::default()
+    };
+    harness
+        .write(Resource {
+            id: Some(id("registry.v1.Type", Tenancy::default(), "attack-count")),
+            data: Some(proto::to_any(&t)),
+            ..Default::default()
+        })
+        .await
+        .expect("the Type registers");
+    let mut value = Vec::new();
+    prost::encoding::string::encode(1, &"twelve".to_owned(), &mut value);
+    let refused = harness
+        .write(Resource {
+            id: Some(id("attack.v1.Count", default_ns(), "bad")),
+            data: Some(prost_types::Any {
+                type_url: "type.googleapis.com/resd.attack.v1.Count".into(),
+                value,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("text that is no number");
+    match &refused {
+        Error::BadRequest(bad) => assert!(
+            bad.0.iter().any(|v| v.field == "resource.data"
+                && v.message.contains("storage version")),
+            "{refused:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
