@@ -1290,11 +1290,12 @@ fn check_type_update(
                 .unwrap_or_default()
         )));
     }
+    // A version served again is checked as a new one: stored objects must survive it.
     let shape = |t: &proto::registry::v1::Type| {
-        let versions: Vec<(String, String)> = t
+        let versions: Vec<(String, String, bool)> = t
             .versions
             .iter()
-            .map(|v| (v.name.clone(), v.proto.clone()))
+            .map(|v| (v.name.clone(), v.proto.clone(), v.served))
             .collect();
         (
             versions,

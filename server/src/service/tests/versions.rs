@@ -307,7 +307,13 @@ async fn a_types_owner_cannot_fake_its_migration() {
         ..Default::default()
     };
     let refused = harness
-        .write_status_as(&owner, &type_id, "", crate::service::MIGRATION_STATUS, migrated.clone())
+        .write_status_as(
+            &owner,
+            &type_id,
+            "",
+            crate::service::MIGRATION_STATUS,
+            migrated.clone(),
+        )
         .await
         .expect_err("the owner fakes Migrated");
     assert!(
@@ -384,10 +390,84 @@ async fn a_write_that_does_not_convert_is_a_bad_request_naming_the_data() {
         .expect_err("text that is no number");
     match &refused {
         Error::BadRequest(bad) => assert!(
-            bad.0.iter().any(|v| v.field == "resource.data"
-                && v.message.contains("storage version")),
+            bad.0
+                .iter()
+                .any(|v| v.field == "resource.data" && v.message.contains("storage version")),
             "{refused:?}"
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// Serving a kept version again is a change stored objects must survive, as adding it would
+/// be: an object its conversion loses is named and the Type refused (the check compared
+/// versions by name and schema only, and let it through).
+#[tokio::test]
+async fn serving_a_version_again_checks_the_stored_objects() {
+    let harness = harness().await;
+    const V1: &str =
+        "syntax = \"proto3\";\npackage resd.attack.v1;\nmessage Meter { int64 value = 2; }\n";
+    const V2: &str =
+        "syntax = \"proto3\";\npackage resd.attack.v2;\nmessage Meter { int64 value = 2; }\n";
+    let meter_type = |v1_served: bool| {
+        let t = registry::Type {
+            group: "attack".into(),
+            kind: "Meter".into(),
+            scope: registry::Scope::Namespace as i32,
+            versions: vec![
+                registry::TypeVersion {
+                    name: "v1".into(),
+                    proto: V1.into(),
+                    served: v1_served,
+                    ..Default::default()
+                },
+                registry::TypeVersion {
+                    name: "v2".into(),
+                    proto: V2.into(),
+                    served: true,
+                    ..Default::default()
+                },
+            ],
+            storage_version: "v2".into(),
+            // v1 holds at most 1000: larger values are lost on the way.
+            conversions: vec![registry::Conversion {
+                from_version: "v2".into(),
+                to_version: "v1".into(),
+                field: "value".into(),
+                expression: "self.value > 1000 ? 1000 : self.value".into(),
+            }],
+            ..Default::default()
+        };
+        Resource {
+            id: Some(id("registry.v1.Type", Tenancy::default(), "attack-meter")),
+            data: Some(proto::to_any(&t)),
+            ..Default::default()
+        }
+    };
+    harness
+        .write(meter_type(false))
+        .await
+        .expect("registered with v1 kept, not served");
+    let mut value = Vec::new();
+    prost::encoding::int64::encode(2, &5000, &mut value);
+    harness
+        .write(Resource {
+            id: Some(id("attack.v2.Meter", default_ns(), "large")),
+            data: Some(prost_types::Any {
+                type_url: "type.googleapis.com/resd.attack.v2.Meter".into(),
+                value,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("stored in v2");
+    let refused = harness
+        .write(meter_type(true))
+        .await
+        .err()
+        .map(|error| format!("{error:?}"));
+    assert!(
+        refused.as_ref().is_some_and(|why| why.contains("large")),
+        "serving v1 again loses what `large` holds, named: {refused:?}"
+    );
 }
