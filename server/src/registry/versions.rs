@@ -467,28 +467,35 @@ impl Family {
             if version.name == self.storage {
                 continue;
             }
-            let sample = sample(&version.compiled.message);
-            let bytes = sample.encode_to_vec();
-            let mut meter = Meter::new(cel::REQUEST_BUDGET);
-            let back = self
-                .convert(&bytes, &version.name, &self.storage, None, &mut meter)
-                .and_then(|stored| {
-                    self.convert(&stored, &self.storage, &version.name, None, &mut meter)
-                });
-            match back {
-                Err(error) => problems.push(format!(
-                    "data.versions: a sample {} does not convert to the storage version {} and back: {error}",
-                    version.name, self.storage
-                )),
-                Ok(back) => {
-                    let back = DynamicMessage::decode(version.compiled.message.clone(), back.as_slice())
+            for sample in samples(&version.compiled.message) {
+                let bytes = sample.encode_to_vec();
+                let mut meter = Meter::new(cel::REQUEST_BUDGET);
+                let back = self
+                    .convert(&bytes, &version.name, &self.storage, None, &mut meter)
+                    .and_then(|stored| {
+                        self.convert(&stored, &self.storage, &version.name, None, &mut meter)
+                    });
+                let problem = match back {
+                    Err(error) => Some(format!(
+                        "data.versions: a sample {} does not convert to the storage version {} and back: {error}",
+                        version.name, self.storage
+                    )),
+                    Ok(back) => {
+                        let back = DynamicMessage::decode(
+                            version.compiled.message.clone(),
+                            back.as_slice(),
+                        )
                         .map_err(|error| error.to_string())?;
-                    if let Some(field) = first_difference(&sample, &back) {
-                        problems.push(format!(
+                        first_difference(&sample, &back).map(|field| format!(
                             "data.versions: field {field} of {} does not survive the round trip {} → {} → {}: give it the same number and type in {}, or add conversions both ways",
                             version.name, version.name, self.storage, version.name, self.storage
-                        ));
+                        ))
                     }
+                };
+                if let Some(problem) = problem {
+                    // One problem per version: the first sample that shows it.
+                    problems.push(problem);
+                    break;
                 }
             }
         }
@@ -825,23 +832,44 @@ fn to_json(value: &cel::Value) -> serde_json::Value {
 /// How deep [`sample`] fills nested messages (recursive types stop there).
 const SAMPLE_DEPTH: usize = 4;
 
-/// A message of `message` with every field set to a value that is not its zero (one item in
-/// each list and map, the last member of each oneof), nested messages to [`SAMPLE_DEPTH`].
-pub(crate) fn sample(message: &MessageDescriptor) -> DynamicMessage {
-    sample_at(message, 0)
+/// Most samples a version's round trip checks: one per member of the largest oneof, up to this.
+const MAX_SAMPLES: usize = 64;
+
+/// Samples of `message`, each with every field set to a value that is not its zero (one item in
+/// each list and map), nested messages to [`SAMPLE_DEPTH`]; between them they set every member
+/// of every oneof: the `k`th sets the `k`th member of each (the last of a smaller one), for as
+/// many as the largest oneof has (at most [`MAX_SAMPLES`]).
+pub(crate) fn samples(message: &MessageDescriptor) -> Vec<DynamicMessage> {
+    let largest = message
+        .parent_pool()
+        .all_messages()
+        .flat_map(|m| m.oneofs().map(|o| o.fields().len()).collect::<Vec<_>>())
+        .max()
+        .unwrap_or(1)
+        .clamp(1, MAX_SAMPLES);
+    (0..largest)
+        .map(|choice| sample_at(message, 0, choice))
+        .collect()
 }
 
-fn sample_at(message: &MessageDescriptor, depth: usize) -> DynamicMessage {
+fn sample_at(message: &MessageDescriptor, depth: usize, choice: usize) -> DynamicMessage {
     let mut out = DynamicMessage::new(message.clone());
     if message.full_name().starts_with("google.protobuf.") {
         return out;
     }
     for field in message.fields() {
+        if let Some(oneof) = field.containing_oneof().filter(|o| !o.is_synthetic()) {
+            let members: Vec<u32> = oneof.fields().map(|f| f.number()).collect();
+            let chosen = members[choice.min(members.len() - 1)];
+            if field.number() != chosen {
+                continue;
+            }
+        }
         let value = if field.is_map() {
             let Kind::Message(entry) = field.kind() else {
                 continue;
             };
-            let key = match sample_value(&entry.map_entry_key_field(), depth) {
+            let key = match sample_value(&entry.map_entry_key_field(), depth, choice) {
                 Some(Value::String(s)) => MapKey::String(s),
                 Some(Value::I32(i)) => MapKey::I32(i),
                 Some(Value::I64(i)) => MapKey::I64(i),
@@ -850,17 +878,17 @@ fn sample_at(message: &MessageDescriptor, depth: usize) -> DynamicMessage {
                 Some(Value::Bool(b)) => MapKey::Bool(b),
                 _ => continue,
             };
-            let Some(item) = sample_value(&entry.map_entry_value_field(), depth) else {
+            let Some(item) = sample_value(&entry.map_entry_value_field(), depth, choice) else {
                 continue;
             };
             Value::Map([(key, item)].into_iter().collect())
         } else if field.is_list() {
-            let Some(item) = sample_value(&field, depth) else {
+            let Some(item) = sample_value(&field, depth, choice) else {
                 continue;
             };
             Value::List(vec![item])
         } else {
-            let Some(item) = sample_value(&field, depth) else {
+            let Some(item) = sample_value(&field, depth, choice) else {
                 continue;
             };
             item
@@ -870,7 +898,7 @@ fn sample_at(message: &MessageDescriptor, depth: usize) -> DynamicMessage {
     out
 }
 
-fn sample_value(field: &FieldDescriptor, depth: usize) -> Option<Value> {
+fn sample_value(field: &FieldDescriptor, depth: usize, choice: usize) -> Option<Value> {
     let n = field.number();
     Some(match field.kind() {
         Kind::Double => Value::F64(f64::from(n) + 0.5),
@@ -893,7 +921,7 @@ fn sample_value(field: &FieldDescriptor, depth: usize) -> Option<Value> {
             if depth >= SAMPLE_DEPTH {
                 return None;
             }
-            Value::Message(sample_at(&m, depth + 1))
+            Value::Message(sample_at(&m, depth + 1, choice))
         }
     })
 }

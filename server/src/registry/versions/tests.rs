@@ -352,11 +352,43 @@ fn a_single_version_type_is_a_family_of_one() {
     assert_eq!(family.served().count(), 1);
 }
 
+/// Every member of a oneof is sampled, not only the last: a first member that does not carry
+/// over (its type changed) is found.
+#[test]
+fn every_member_of_a_oneof_is_sampled() {
+    let old = "syntax = \"proto3\";\npackage resd.pay.v1;\nmessage Charge { oneof by { string card = 1; string iban = 2; } }\n";
+    let new = "syntax = \"proto3\";\npackage resd.pay.v2;\nmessage Charge { oneof by { int64 card = 1; string iban = 2; } }\n";
+    let t = pb::Type {
+        group: "pay".into(),
+        kind: "Charge".into(),
+        scope: pb::Scope::Namespace as i32,
+        versions: vec![version("v1", old), version("v2", new)],
+        storage_version: "v2".into(),
+        ..Default::default()
+    };
+    let refused = compile(&t).expect_err("card is lost on the way");
+    assert!(refused.contains("field card of v1"), "{refused}");
+    let message = family(&pb::Type {
+        versions: vec![version("v1", old), version("v2", old.replace("pay.v1", "pay.v2").as_str())],
+        ..t
+    })
+    .version("v1")
+    .expect("v1")
+    .compiled
+    .message
+    .clone();
+    let all = samples(&message);
+    assert_eq!(all.len(), 2);
+    for (sample, member) in all.iter().zip(["card", "iban"]) {
+        assert!(sample.has_field_by_name(member), "{member} in {sample:?}");
+    }
+}
+
 #[test]
 fn samples_set_every_field() {
     let family = family(&database());
     let message = family.version("v2").expect("v2").compiled.message.clone();
-    let sample = sample(&message);
+    let sample = samples(&message).remove(0);
     for field in message.fields() {
         assert!(sample.has_field(&field), "{} unset", field.name());
     }
