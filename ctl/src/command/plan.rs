@@ -51,7 +51,12 @@ impl TypePlan {
                         resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
                         partition: tenancy.partition,
                         namespace: tenancy.namespace,
-                        name: id.name,
+                        // The server withholds what the token may not read.
+                        name: if id.name.is_empty() {
+                            "(not readable)".to_owned()
+                        } else {
+                            id.name
+                        },
                         message: failure.message,
                     }
                 })

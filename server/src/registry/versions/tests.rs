@@ -369,7 +369,10 @@ fn every_member_of_a_oneof_is_sampled() {
     let refused = compile(&t).expect_err("card is lost on the way");
     assert!(refused.contains("field card of v1"), "{refused}");
     let message = family(&pb::Type {
-        versions: vec![version("v1", old), version("v2", old.replace("pay.v1", "pay.v2").as_str())],
+        versions: vec![
+            version("v1", old),
+            version("v2", old.replace("pay.v1", "pay.v2").as_str()),
+        ],
         ..t
     })
     .version("v1")

@@ -471,3 +471,79 @@ async fn serving_a_version_again_checks_the_stored_objects() {
         "serving v1 again loses what `large` holds, named: {refused:?}"
     );
 }
+
+/// A plan counts the objects its caller may not read, without naming them or saying what they
+/// hold: writing a Type does not let its owner read every object of the kind.
+#[tokio::test]
+async fn a_plan_withholds_objects_its_caller_may_not_read() {
+    use crate::acl::{Access, KeyRules};
+    let harness = harness().await;
+    let thing = |rules: Vec<registry::Rule>| {
+        let t = registry::Type {
+            group: "attack".into(),
+            group_version: "v1".into(),
+            kind: "Thing".into(),
+            scope: registry::Scope::Namespace as i32,
+            proto:
+                "syntax = \"proto3\";\npackage resd.attack.v1;\nmessage Thing { int64 n = 1; }\n"
+                    .into(),
+            rules,
+            ..Default::default()
+        };
+        Resource {
+            id: Some(id("registry.v1.Type", Tenancy::default(), "attack-thing")),
+            data: Some(proto::to_any(&t)),
+            ..Default::default()
+        }
+    };
+    harness.write(thing(Vec::new())).await.expect("the Type");
+    for name in ["mine-big", "secret-big"] {
+        let mut value = Vec::new();
+        prost::encoding::int64::encode(1, &50, &mut value);
+        harness
+            .write(Resource {
+                id: Some(id("attack.v1.Thing", default_ns(), name)),
+                data: Some(prost_types::Any {
+                    type_url: "type.googleapis.com/resd.attack.v1.Thing".into(),
+                    value,
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("stored");
+    }
+    let owner = KeyRules::default()
+        .key_prefix("resource/registry.v1.Type/", Access::Write)
+        .key_prefix("resource/attack.v1.Thing/mine", Access::Read)
+        .schema(Access::Write);
+    let plan = harness
+        .service
+        .plan_type(
+            &owner,
+            Some(thing(vec![registry::Rule {
+                expression: "self.n < 10".into(),
+                message: "small".into(),
+                field: "n".into(),
+            }])),
+        )
+        .await
+        .expect("a plan");
+    assert_eq!(plan.failures.len(), 2, "{:?}", plan.failures);
+    let named: Vec<&str> = plan
+        .failures
+        .iter()
+        .filter_map(|f| f.id.as_ref().map(|id| id.name.as_str()))
+        .collect();
+    assert_eq!(named, ["mine-big"]);
+    let withheld = plan
+        .failures
+        .iter()
+        .find(|f| f.id.is_none())
+        .expect("one withheld");
+    assert!(
+        withheld.message.contains("may not read"),
+        "{}",
+        withheld.message
+    );
+    assert!(!withheld.message.contains("secret"), "{}", withheld.message);
+}
