@@ -198,6 +198,9 @@ pub enum Command {
     /// ACLs: bootstrap, tokens, and who you are
     #[command(subcommand)]
     Acl(AclCommand),
+    /// Ask the server what a token may do
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Manage named servers and tokens in the contexts file
     #[command(subcommand)]
     Context(ContextCommand),
@@ -364,6 +367,31 @@ pub struct WaitArgs {
     /// How long to wait (e.g. 30s, 5m)
     #[arg(long, default_value = "30s", value_name = "DURATION")]
     pub timeout: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Whether the token may do VERB on TYPE [NAME] (prints yes or no and the rule that decided;
+    /// exit 0 yes, 1 no)
+    #[command(
+        name = "can-i",
+        after_help = "Examples:\n  resctl auth can-i write demo.v2.Artist miles-davis -n jazz\n  resctl auth can-i list Album -n jazz\n  resctl auth can-i delete registry.v1.Type payments-invoice --as team-a\n\nVerbs: read, list, write, delete, watch (get, create, update and patch are aliases).\n--as asks for another token by its accessor: the caller's token needs acl read.\n\nExit status:\n  0  yes\n  1  no\n  2  an error (an unknown type or token, an unreachable server)"
+    )]
+    CanI(CanIArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CanIArgs {
+    /// read, list, write, delete or watch
+    pub verb: String,
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    /// The object (read, write, delete); none for list and watch
+    pub name: Option<String>,
+    /// Answer for the token with this accessor instead of the caller's (needs acl read)
+    #[arg(long = "as", value_name = "TOKEN_NAME")]
+    pub as_token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,6 +3,7 @@
 
 pub mod acl;
 pub mod apply;
+pub mod auth;
 pub mod bench;
 pub mod cluster;
 pub mod completion;
@@ -58,6 +59,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Label(args) => label::run(&session, &args).await,
                 Command::Cluster(command) => cluster::run(&session, command).await,
                 Command::Acl(command) => acl::run(&session, command).await,
+                Command::Auth(command) => auth::run(&session, command).await,
                 Command::Controllers => controllers::run(&session).await,
                 Command::Snapshot(command) => snapshot::run(&session, command).await,
                 Command::Bench(args) => bench::run(&session, &args).await,

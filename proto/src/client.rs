@@ -1033,6 +1033,30 @@ impl Client {
     }
 
     /// The identity of this client's token.
+    /// Whether the caller's token (or, with `token_name`, another token: needs `acl` read) may
+    /// do `verb` on `id`, and what decided it.
+    pub async fn acl_check(
+        &self,
+        id: &Id,
+        verb: &str,
+        token_name: &str,
+    ) -> Result<crate::cluster::v1::AclCheckResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster();
+            let request = self.request(
+                crate::cluster::v1::AclCheckRequest {
+                    id: Some(id.clone()),
+                    verb: verb.to_owned(),
+                    token_name: token_name.to_owned(),
+                },
+                true,
+            );
+            async move { cluster.acl_check(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     pub async fn acl_who_am_i(&self) -> Result<crate::cluster::v1::AclWhoAmIResponse, ClientError> {
         self.retrying(|| {
             let mut cluster = self.cluster();

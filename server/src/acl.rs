@@ -86,6 +86,10 @@ pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     fn is_server(&self) -> bool {
         false
     }
+    /// What decides this identity's access to `id`, in words (`AclCheck`'s reason).
+    fn explain(&self, id: &Id) -> String {
+        format!("this identity has {} on it", access_name(self.resource(id)))
+    }
     /// The last change to the tokens and policies this identity's grants were made from: a
     /// change it authorizes is refused if they changed since (DESIGN §15's fence). `None`
     /// for identities no stored token or policy makes (the server's own, ACLs off).
@@ -398,6 +402,13 @@ pub(crate) trait TokenResolver: Send + Sync + fmt::Debug {
     /// The accessor, policies and expiry of a token; `None` with ACLs off.
     fn describe(&self, _token: Option<&str>) -> Option<Result<store::TokenInfo, Unauthenticated>> {
         None
+    }
+
+    /// The authorizer of the token whose accessor is `accessor` (`AclCheck` for another
+    /// token): what a request with its secret would be allowed, without its secret.
+    fn named(&self, accessor: &str) -> Result<Arc<dyn Authorizer>, String> {
+        let _ = accessor;
+        Ok(Arc::new(Anonymous))
     }
 }
 

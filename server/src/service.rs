@@ -20,6 +20,7 @@ use crate::resource;
 use crate::storage::{Backend, Consistency, StorageError};
 use validate::{Violations, Wildcards};
 
+mod acl_check;
 mod admission;
 pub(crate) mod cluster;
 mod convert;

@@ -130,6 +130,97 @@ async fn resd_dev_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
         "{albums:?}"
     );
 
+    // `auth can-i`: the management token may do anything, and says which policy decided; a
+    // token of the observer policy (fixtures/acl) reads but may not write, asked for itself or
+    // by management with --as. Exit 0 yes, 1 no, 2 an error.
+    let policies = tests::fixtures().join("acl").display().to_string();
+    let applied = run(with_flags(&["apply", "-f", &policies]));
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let yes = run(with_flags(&[
+        "auth",
+        "can-i",
+        "delete",
+        "demo.v2.Album",
+        "kind-of-blue",
+        "-n",
+        "jazz",
+    ]));
+    assert_eq!(yes.status.code(), Some(0), "{}", stderr(&yes));
+    let said = String::from_utf8_lossy(&yes.stdout).into_owned();
+    assert!(
+        said.starts_with("yes\n") && said.contains("global-management"),
+        "{said}"
+    );
+    let created = run(with_flags(&[
+        "acl", "token", "create", "watcher", "--policy", "observer", "-o", "json",
+    ]));
+    assert!(created.status.success(), "{}", stderr(&created));
+    let secret =
+        serde_json::from_slice::<serde_json::Value>(&created.stdout).expect("json")["secret"]
+            .as_str()
+            .expect("a secret")
+            .to_owned();
+    let mut as_observer = with_flags(&[
+        "auth",
+        "can-i",
+        "write",
+        "demo.v2.Album",
+        "kind-of-blue",
+        "-n",
+        "jazz",
+    ]);
+    let at = as_observer
+        .iter()
+        .position(|flag| flag == "--token")
+        .expect("--token")
+        + 1;
+    as_observer[at] = secret.clone();
+    let no = run(as_observer.clone());
+    assert_eq!(no.status.code(), Some(1), "{}", stderr(&no));
+    let said = String::from_utf8_lossy(&no.stdout).into_owned();
+    assert!(
+        said.starts_with("no\n") && said.contains("policy observer"),
+        "{said}"
+    );
+    let read = as_observer
+        .iter()
+        .map(|arg| {
+            if arg == "write" {
+                "get".to_owned()
+            } else {
+                arg.clone()
+            }
+        })
+        .collect();
+    assert_eq!(run(read).status.code(), Some(0), "the observer reads");
+    let for_it = run(with_flags(&[
+        "auth",
+        "can-i",
+        "write",
+        "demo.v2.Album",
+        "kind-of-blue",
+        "-n",
+        "jazz",
+        "--as",
+        "watcher",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(for_it.status.code(), Some(1), "{}", stderr(&for_it));
+    let answer: serde_json::Value = serde_json::from_slice(&for_it.stdout).expect("json");
+    assert_eq!(answer["allowed"], false, "{answer}");
+    let bad = run(with_flags(&[
+        "auth",
+        "can-i",
+        "fly",
+        "demo.v2.Album",
+        "kind-of-blue",
+        "-n",
+        "jazz",
+    ]));
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("fly"), "{}", stderr(&bad));
+
     // Plaintext.
     let plain = run(vec![
         "--server".into(),

@@ -449,6 +449,8 @@ pub(crate) struct Grants {
     management: bool,
     policies: Vec<std::sync::Arc<CompiledPolicy>>,
     default: Access,
+    /// The policies' names, in the same order (for explaining a decision).
+    names: Vec<String>,
 }
 
 impl Grants {
@@ -461,6 +463,92 @@ impl Grants {
             management,
             policies,
             default,
+            names: Vec::new(),
+        }
+    }
+
+    /// These grants with their policies' names (in the order they were given).
+    pub(crate) fn named(self, names: Vec<String>) -> Grants {
+        Grants { names, ..self }
+    }
+
+    /// What decides access to `id`, in words: the rule (its policy and what it matches), the
+    /// management policy, or the default.
+    pub(crate) fn explain(&self, id: &Id) -> String {
+        if self.management {
+            return format!("the token holds the {MANAGEMENT_POLICY} policy: everything");
+        }
+        let gvk = id
+            .r#type
+            .as_ref()
+            .map(crate::resource::gvk)
+            .unwrap_or_default();
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        let name_of = |index: usize| {
+            self.names
+                .get(index)
+                .cloned()
+                .unwrap_or_else(|| format!("#{index}"))
+        };
+        let mut deciding: Option<(usize, usize, &Rule)> = None;
+        for (p, policy) in self.policies.iter().enumerate() {
+            for (r, rule) in policy.rules.iter().enumerate() {
+                if !rule.matches(&gvk, &tenancy.partition, &tenancy.namespace, &id.name) {
+                    continue;
+                }
+                let better = match deciding {
+                    None => true,
+                    Some((_, _, best)) => {
+                        best.access != Access::Deny
+                            && (rule.access == Access::Deny || rule.access > best.access)
+                    }
+                };
+                if better {
+                    deciding = Some((p, r, rule));
+                }
+            }
+        }
+        match deciding {
+            Some((p, r, rule)) => format!(
+                "policy {} rule {} (types {}{}{}{}) {} {}",
+                name_of(p),
+                r,
+                rule.types.join(", "),
+                rule.partition
+                    .as_deref()
+                    .map(|p| format!(", partition {p}"))
+                    .unwrap_or_default(),
+                rule.namespace
+                    .as_deref()
+                    .map(|n| format!(", namespace {n}"))
+                    .unwrap_or_default(),
+                if rule.name_prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!(", names starting {:?}", rule.name_prefix)
+                },
+                if rule.access == Access::Deny {
+                    "denies"
+                } else {
+                    "grants"
+                },
+                if rule.access == Access::Deny {
+                    String::new()
+                } else {
+                    crate::acl::access_name(rule.access).to_owned()
+                }
+            )
+            .trim_end()
+            .to_owned(),
+            None => format!(
+                "no rule of its policies ({}) matches {gvk}: the default policy gives {}",
+                if self.names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    self.names.join(", ")
+                },
+                crate::acl::access_name(self.default)
+            ),
         }
     }
 

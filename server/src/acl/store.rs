@@ -75,6 +75,9 @@ impl Authorizer for TokenAuthorizer {
     fn is_management(&self) -> bool {
         self.grants.is_management()
     }
+    fn explain(&self, id: &Id) -> String {
+        self.grants.explain(id)
+    }
     fn acl_revision(&self) -> Option<crate::resource::Version> {
         Some(self.revision)
     }
@@ -347,11 +350,11 @@ impl TokenStore {
                     continue;
                 }
                 let management = token.policies.iter().any(|p| p == MANAGEMENT_POLICY);
-                let policies = token
+                let (names, policies): (Vec<String>, Vec<_>) = token
                     .policies
                     .iter()
-                    .filter_map(|name| compiled.get(name).cloned())
-                    .collect();
+                    .filter_map(|name| Some((name.clone(), compiled.get(name).cloned()?)))
+                    .unzip();
                 let entry = Entry {
                     info: TokenInfo {
                         accessor: accessor.clone(),
@@ -362,7 +365,7 @@ impl TokenStore {
                         .then(|| rules::parse_expiry(&token.expires_at).unwrap_or(i64::MIN)),
                     authorizer: Arc::new(TokenAuthorizer {
                         accessor: accessor.clone(),
-                        grants: Grants::new(management, policies, self.default),
+                        grants: Grants::new(management, policies, self.default).named(names),
                         policies: compiled.clone(),
                         tokens: view.clone(),
                         revision: index.revision,
@@ -681,6 +684,27 @@ impl TokenResolver for TokenStore {
 
     fn describe(&self, token: Option<&str>) -> Option<Result<TokenInfo, Unauthenticated>> {
         Some(TokenStore::describe(self, token))
+    }
+
+    fn named(&self, accessor: &str) -> Result<Arc<dyn Authorizer>, String> {
+        let index = self.read();
+        let entry = index
+            .by_hash
+            .values()
+            .find(|entry| entry.info.accessor == accessor)
+            .cloned()
+            .ok_or_else(|| {
+                format!("no token is named {accessor:?} (acl.v1.Token names are accessors)")
+            })?;
+        if let Some(expires_at) = entry.expires_at
+            && expires_at <= time::OffsetDateTime::now_utc().unix_timestamp()
+        {
+            return Err(format!(
+                "token {accessor} expired at {}: it is allowed nothing",
+                entry.info.expires_at
+            ));
+        }
+        Ok(entry.authorizer.clone() as Arc<dyn Authorizer>)
     }
 }
 

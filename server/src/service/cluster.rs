@@ -463,6 +463,9 @@ fn version_info(registration: &crate::registry::Registration) -> TypeInfo {
 const MAX_TYPES_PAGE: u32 = 500;
 /// Most bytes of descriptors one page of ListTypes holds (a page of one type may hold more).
 const MAX_TYPES_PAGE_BYTES: usize = 2 << 20;
+/// Most bytes of descriptors an unpaged ListTypes answers (clients before paging); past it the
+/// caller is told to ask in pages.
+const MAX_UNPAGED_TYPES_BYTES: usize = 32 << 20;
 
 #[tonic::async_trait]
 impl cluster_service_server::ClusterService for ClusterGrpc {
@@ -506,7 +509,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             (all[start..end].to_vec(), next, set)
         } else {
             let set = self.registry.descriptor_set();
-            if set.len() > MAX_TYPES_PAGE_BYTES * 4 {
+            if set.len() > MAX_UNPAGED_TYPES_BYTES {
                 return Err(Status::resource_exhausted(format!(
                     "the registry's descriptors are {} bytes, too many for one answer: ask ListTypes in pages (page_size, page_token), as resctl and the dashboard do",
                     set.len()
@@ -543,6 +546,43 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
             file_descriptor_set,
             next_page_token,
         }))
+    }
+
+    async fn acl_check(
+        &self,
+        request: Request<proto::cluster::v1::AclCheckRequest>,
+    ) -> Result<Response<proto::cluster::v1::AclCheckResponse>, Status> {
+        let caller = self.authorize(&request, Need::Token, false).await?;
+        let Some(service) = &self.service else {
+            return Err(Status::unimplemented(
+                "this server has no resource service to check against",
+            ));
+        };
+        // Decided from the grants as they are once this node has applied what was
+        // acknowledged before the call.
+        service.sync().await.map_err(Status::from)?;
+        let authorizer = self
+            .tokens
+            .resolve(caller.token.as_deref())
+            .map_err(|error| Status::from(Error::from(error)))?;
+        let request = request.into_inner();
+        let subject = if request.token_name.is_empty() {
+            authorizer
+        } else {
+            acl::require_acl(authorizer.as_ref(), Access::Read).map_err(|error| {
+                Status::from(Error::from(acl::AclError::PermissionDenied(format!(
+                    "asking for another token ({}) needs acl read: {error}",
+                    request.token_name
+                ))))
+            })?;
+            self.tokens
+                .named(&request.token_name)
+                .map_err(|why| Status::from(Error::NotFound(why)))?
+        };
+        let answer = service
+            .acl_check(subject.as_ref(), request.id, &request.verb)
+            .map_err(Status::from)?;
+        Ok(Response::new(answer))
     }
 
     async fn plan_type(

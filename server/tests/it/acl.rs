@@ -342,6 +342,11 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
         ),
         // What writing the Type needs: write on it and `schema` write on what it claims.
         ("ClusterService/PlanType", [U, U, U, P, P, P, Served]),
+        // Any token asks for itself (the answer says yes or no).
+        (
+            "ClusterService/AclCheck",
+            [U, U, U, Served, Served, Served, Served],
+        ),
     ])
 }
 
@@ -624,6 +629,19 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                         r#type: Some(crate::types::invoice_type_resource(
                             crate::types::INVOICE_PROTO,
                         )),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+        ),
+        "ClusterService/AclCheck" => code(
+            cluster
+                .acl_check(with_token(
+                    cluster_pb::AclCheckRequest {
+                        id: Some(artist_in("default", "miles").id.expect("id")),
+                        verb: "write".into(),
+                        token_name: String::new(),
                     },
                     token,
                 ))
