@@ -103,6 +103,9 @@ reasons! {
     WatchClosed = "WATCH_CLOSED",
     /// Over a limit (a size, a quota, the disk's reserve, a rate); the message names it.
     Quota = "QUOTA",
+    /// A write would take a namespace or partition past a `tenancy.v1.Quota` (DESIGN §17);
+    /// metadata `quota`, `key`, `limit`, `used`. Deletes are never refused.
+    QuotaExceeded = "QUOTA_EXCEEDED",
     DeadlineExceeded = "DEADLINE_EXCEEDED",
     Internal = "INTERNAL",
 }
@@ -137,7 +140,7 @@ impl Reason {
             | Reason::MembershipPending
             | Reason::Unavailable => &[Code::Unavailable],
             Reason::ResumeUnavailable => &[Code::OutOfRange],
-            Reason::Quota => &[Code::ResourceExhausted],
+            Reason::Quota | Reason::QuotaExceeded => &[Code::ResourceExhausted],
             Reason::DeadlineExceeded => &[Code::DeadlineExceeded],
             Reason::Internal => &[Code::Internal],
         };

@@ -299,6 +299,32 @@ impl FieldViolation {
     }
 }
 
+/// A `tenancy.v1.Quota`'s `hard` key for stored bytes (DESIGN §17).
+pub(crate) const QUOTA_BYTES: &str = "bytes";
+/// A quota's `hard` keys for object counts start with this, then a `group.Kind` glob.
+pub(crate) const QUOTA_COUNT: &str = "count/";
+
+/// Checks the keys of a quota's `hard` (what a client writes): `bytes` or `count/<glob>`, the
+/// glob over `group.Kind` (no version) or `*`.
+pub(crate) fn check_quota_hard(
+    hard: &std::collections::BTreeMap<String, u64>,
+) -> Result<(), String> {
+    for key in hard.keys() {
+        let known = key == QUOTA_BYTES
+            || key.strip_prefix(QUOTA_COUNT).is_some_and(|glob| {
+                glob == "*"
+                    || (glob.split('.').count() == 2
+                        && glob.split('.').all(|part| !part.is_empty()))
+            });
+        if !known {
+            return Err(format!(
+                "data.hard key {key:?} is not `bytes` or `count/<group.Kind glob>` (like count/demo.Album, count/demo.*, count/*)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Everything wrong with a resource (Kubernetes' `field.ErrorList`): a refusal as data, from a
 /// hook or a rule through storage and `Forward`, made into a `google.rpc.BadRequest` once, at
 /// the service's edge (`service::error`).

@@ -19,6 +19,7 @@ pub(crate) mod deadline;
 pub(crate) mod events;
 pub(crate) mod inmem;
 pub mod projection;
+pub(crate) mod quota;
 pub mod raft;
 
 pub use projection::{Projection, ProjectionSource};
@@ -313,6 +314,10 @@ pub enum StorageError {
     /// nothing changed. The service checks it again.
     #[error("{0}")]
     Fenced(Fenced),
+    /// The change would take a namespace or partition past a quota (DESIGN §17); nothing
+    /// changed. Deletes are never refused.
+    #[error("{0}")]
+    QuotaExceeded(quota::QuotaExceeded),
     #[error("storage failure: {0}")]
     Internal(String),
 }

@@ -24,6 +24,7 @@ pub(crate) const REMOVED_MEMBER: &str = "internal.v1.RemovedMember";
 pub(crate) const INTERNAL_GROUP: &str = "internal";
 pub(crate) const PARTITION: &str = "tenancy.v1.Partition";
 pub(crate) const NAMESPACE: &str = "tenancy.v1.Namespace";
+pub(crate) const QUOTA: &str = "tenancy.v1.Quota";
 pub(crate) const ACL_POLICY: &str = "acl.v1.Policy";
 pub(crate) const ACL_TOKEN: &str = "acl.v1.Token";
 /// Types registered at runtime (DESIGN §15).
@@ -78,6 +79,11 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         NAMESPACE,
         Scope::Partition,
     ))?;
+    registry.register(
+        Registration::new::<tenancy_v1::Quota>(QUOTA, Scope::Any)
+            .with_acls(quota_acls())
+            .with_validate(validate_quota),
+    )?;
 
     registry.register(
         Registration::new::<acl_v1::Policy>(ACL_POLICY, Scope::Cluster)
@@ -164,6 +170,65 @@ pub(crate) fn has_control(text: &str) -> bool {
 
 /// A report's shape (DESIGN §16): names without control characters, an interval within
 /// 1–300 seconds (0: the default).
+/// A quota lives in a namespace or at a partition (never cluster-wide), and limits `bytes` or
+/// `count/<group.Kind glob>` (DESIGN §17). `used` is the server's: whatever is written there
+/// is replaced when the quota is stored.
+fn validate_quota(resource: &Resource) -> Result<(), Invalid> {
+    let quota: tenancy_v1::Quota = data_of(resource)?;
+    let tenancy = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.tenancy.clone())
+        .unwrap_or_default();
+    let mut problems = Invalid::default();
+    if tenancy.partition.is_empty() {
+        problems.push(
+            "resource.id.tenancy",
+            "a quota lives in a namespace (it counts that namespace) or at a partition (it counts every namespace of it): give it a partition, and a namespace or none",
+        );
+    }
+    if let Err(why) = resource::check_quota_hard(&quota.hard) {
+        problems.push("resource.data.hard", why);
+    }
+    problems.into_result()
+}
+
+/// Quotas are the platform's: writing one needs operator write (a team that may write its
+/// namespace may not raise its own limits); reading one, read on it.
+fn quota_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            acl::require_operator(authorizer, Access::Write).map_err(|error| {
+                AclError::PermissionDenied(format!(
+                    "writing a quota needs operator write (a namespace's writers may not raise their own limits): {error}"
+                ))
+            })?;
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)
+        }),
+        ..Acls::default()
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn quota_limits_are_bytes_or_counts_of_globs() {
+    for good in ["bytes", "count/demo.Album", "count/demo.*", "count/*"] {
+        let hard = [(good.to_owned(), 1)].into();
+        assert_eq!(resource::check_quota_hard(&hard), Ok(()), "{good}");
+    }
+    for bad in [
+        "count",
+        "count/",
+        "objects",
+        "count/demo.v2.Album",
+        "count/demo.",
+    ] {
+        let hard = [(bad.to_owned(), 1)].into();
+        assert!(resource::check_quota_hard(&hard).is_err(), "{bad}");
+    }
+}
+
 fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
     let report: proto::coordination::v1::Replica = data_of(resource)?;
     let mut problems = Invalid::default();

@@ -95,6 +95,9 @@ pub enum Error {
     /// Over a size limit; the message names the limit.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Over a `tenancy.v1.Quota` (DESIGN §17).
+    #[error("{0}")]
+    QuotaExceeded(crate::storage::quota::QuotaExceeded),
     /// The request did not arrive in time (its body stalled).
     #[error("{0}")]
     DeadlineExceeded(String),
@@ -197,6 +200,7 @@ impl Error {
             StorageError::Rejected(why) => Error::InvalidArgument(why),
             StorageError::MissingTenancy(why) => Error::WriteToMissingTenancy(why),
             StorageError::NoSpace(why) => Error::ResourceExhausted(why),
+            StorageError::QuotaExceeded(exceeded) => Error::QuotaExceeded(exceeded),
             // Said by the node that is catching up (here, or a peer the request went to).
             StorageError::CatchingUp(progress) => Error::CatchingUp(progress),
             StorageError::ShuttingDown(why) => Error::ShuttingDown(format!(
@@ -337,6 +341,7 @@ impl Error {
             Error::Aborted(_) => (Code::Aborted, Reason::WatchClosed),
             Error::OutOfRange(_) => (Code::OutOfRange, Reason::ResumeUnavailable),
             Error::ResourceExhausted(_) => (Code::ResourceExhausted, Reason::Quota),
+            Error::QuotaExceeded(_) => (Code::ResourceExhausted, Reason::QuotaExceeded),
             Error::DeadlineExceeded(_) => (Code::DeadlineExceeded, Reason::DeadlineExceeded),
             Error::Internal(_) => (Code::Internal, Reason::Internal),
         }
@@ -363,6 +368,13 @@ impl From<Error> for tonic::Status {
                 details = details
                     .with("leader_id", not_leader.leader_id)
                     .with("leader_addr", &not_leader.leader_addr);
+            }
+            Error::QuotaExceeded(exceeded) => {
+                details = details
+                    .with("quota", &exceeded.quota)
+                    .with("key", &exceeded.key)
+                    .with("limit", exceeded.limit)
+                    .with("used", exceeded.used);
             }
             Error::VersionConflict(conflict) => {
                 details = details

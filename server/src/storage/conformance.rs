@@ -59,6 +59,7 @@ macro_rules! conformance_tests {
             watch_event_versions_are_readable_afterwards,
             watch_resumes_after_a_version_without_gap_or_duplicate,
             watch_resume_from_a_future_version_is_refused,
+            quotas_are_kept_and_enforced_by_the_store,
         );
     };
     (@cases $make:expr, $fixture:expr; $($case:ident),* $(,)?) => {
@@ -577,6 +578,105 @@ pub(crate) async fn delete_with_the_current_version_removes_the_resource<B: Back
         .await
         .expect("delete");
     expect_not_found(backend, &id_of(&stored)).await;
+}
+
+/// A quota (DESIGN §17) as the store keeps it: `used` counted from what is stored when it is
+/// written (a client's value ignored), charged with every create and delete it covers, a raise
+/// past a limit refused naming the quota, a delete never; other namespaces are not counted.
+pub(crate) async fn quotas_are_kept_and_enforced_by_the_store<B: Backend>(backend: &B) {
+    use proto::tenancy::v1::Quota;
+    let fixture = Fixture::new();
+    let glob = format!("count/{}.*", fixture.group);
+    let first = backend
+        .write_cas(fixture.artist("before-the-quota"))
+        .await
+        .expect("an object the quota finds");
+    let mut quota = Resource {
+        id: Some(Id {
+            uid: ulid::Ulid::new().to_string(),
+            name: "limits".into(),
+            r#type: Some(Type {
+                group: "tenancy".into(),
+                group_version: "v1".into(),
+                kind: "Quota".into(),
+            }),
+            tenancy: Some(tenancy("default", "default")),
+        }),
+        generation: ulid::Ulid::new().to_string(),
+        ..Default::default()
+    };
+    quota.data = Some(proto::to_any(&Quota {
+        hard: [(glob.clone(), 3)].into(),
+        used: [(glob.clone(), 999)].into(),
+    }));
+    let stored = backend.write_cas(quota).await.expect("the quota");
+    let used = |resource: &Resource| -> u64 {
+        let data: Quota = prost::Message::decode(
+            resource
+                .data
+                .as_ref()
+                .map(|d| d.value.as_slice())
+                .unwrap_or_default(),
+        )
+        .expect("decodes");
+        data.used.get(&glob).copied().unwrap_or_default()
+    };
+    assert_eq!(
+        used(&stored),
+        1,
+        "counted from the store, not from the client"
+    );
+    let quota_id = id_of(&stored);
+    for name in ["second", "third"] {
+        backend
+            .write_cas(fixture.artist(name))
+            .await
+            .expect("within the quota");
+    }
+    let refused = backend
+        .write_cas(fixture.artist("fourth"))
+        .await
+        .expect_err("over the quota");
+    match &refused {
+        StorageError::QuotaExceeded(exceeded) => {
+            assert_eq!(exceeded.quota, "default/default/limits");
+            assert_eq!((exceeded.limit, exceeded.used), (3, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another namespace is not counted.
+    backend
+        .write_cas(fixture.resource("v2", "Artist", tenancy("default", "other"), "elsewhere"))
+        .await
+        .expect("another namespace");
+    // An update that adds nothing passes; a delete always, and frees its place.
+    let mut again = first.clone();
+    again.metadata.insert("touched".into(), "yes".into());
+    let first = backend
+        .write_cas(again)
+        .await
+        .expect("an update counts no object");
+    backend
+        .delete_cas(&id_of(&first), &first.version)
+        .await
+        .expect("a delete");
+    let now = eventually("the quota's use after the delete", || async {
+        let quota = backend
+            .read(Consistency::Strong, &quota_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if used(&quota) == 2 {
+            Ok(quota)
+        } else {
+            Err(format!("used {}", used(&quota)))
+        }
+    })
+    .await;
+    assert_eq!(used(&now), 2);
+    backend
+        .write_cas(fixture.artist("fourth"))
+        .await
+        .expect("room again");
 }
 
 pub(crate) async fn delete_of_a_missing_resource_succeeds<B: Backend>(backend: &B) {

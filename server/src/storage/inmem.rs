@@ -9,6 +9,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::check::{self, DeleteCheck};
 use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
+use super::quota;
 use super::{
     Backend, Consistency, Domain, Fence, Operation, Projection, ProjectionSource, StorageError,
     StorageKey, UnversionedType, Version, Watch, WatchEvent, WatchOptions, WriteCondition,
@@ -49,6 +50,58 @@ impl State {
             },
             |domain| self.revisions.get(&domain).copied().unwrap_or_default(),
         )
+    }
+
+    /// Charges `delta`, a change of `key`, to every quota that counts it (as raft's apply
+    /// does): the quotas changed, or the first refusal.
+    fn charge_quotas(
+        &self,
+        key: &StorageKey,
+        delta: quota::Delta,
+    ) -> Result<Vec<(StorageKey, Resource)>, StorageError> {
+        let mut charged = Vec::new();
+        for (partition, namespace) in quota::scopes(key) {
+            let first = StorageKey {
+                group: quota::GROUP.into(),
+                kind: quota::KIND.into(),
+                partition,
+                namespace,
+                name: String::new(),
+            };
+            for (quota_key, stored) in self.resources.range(first.clone()..) {
+                if quota_key.group != first.group
+                    || quota_key.kind != first.kind
+                    || quota_key.partition != first.partition
+                    || quota_key.namespace != first.namespace
+                {
+                    break;
+                }
+                if let Some(next) = quota::charge(stored, quota_key, key, delta)? {
+                    charged.push((quota_key.clone(), next));
+                }
+            }
+        }
+        Ok(charged)
+    }
+
+    /// Stores the quotas a change charged, each at a version of its own, and publishes them.
+    fn store_quotas(&mut self, charged: Vec<(StorageKey, Resource)>, actor: &str) {
+        for (quota_key, mut quota) in charged {
+            self.version += 1;
+            quota.version = self.version.to_string();
+            let previous = self.resources.insert(quota_key.clone(), quota.clone());
+            let index = Version::new(self.version);
+            self.events.publish_change(
+                quota_key,
+                WatchEvent {
+                    version: quota.version.clone(),
+                    operation: Operation::Upsert(quota),
+                    actor: actor.to_owned(),
+                },
+                previous.map(|previous| previous.metadata),
+                index,
+            );
+        }
     }
 
     /// Records a change of `key` at `version` in its domain, if it has one.
@@ -133,10 +186,29 @@ impl InMemBackend {
         // As raft's apply: what the change was checked against first, then its CAS.
         state.check_fence(fence)?;
         check::check_write(state.resources.get(&key), &resource, condition)?;
-        state.version += 1;
-        let version = state.version.to_string();
+        let version = (state.version + 1).to_string();
         let mut stored = resource;
         stored.version = version.clone();
+        if quota::is_quota(&key) {
+            quota::recount(
+                &mut stored,
+                &key,
+                state
+                    .resources
+                    .iter()
+                    .map(|(k, r)| (k.clone(), prost::Message::encoded_len(r) as u64)),
+            )?;
+        }
+        let before = state
+            .resources
+            .get(&key)
+            .map_or(0, prost::Message::encoded_len);
+        let delta = quota::Delta {
+            count: i64::from(!state.resources.contains_key(&key)),
+            bytes: prost::Message::encoded_len(&stored) as i64 - before as i64,
+        };
+        let charged = state.charge_quotas(&key, delta)?;
+        state.version += 1;
         let previous = state.resources.insert(key.clone(), stored.clone());
         if let Some(uid) = previous.as_ref().and_then(check::owner_uid)
             && check::owner_uid(&stored) != Some(uid)
@@ -163,6 +235,7 @@ impl InMemBackend {
             previous.map(|previous| previous.metadata),
             index,
         );
+        state.store_quotas(charged, actor);
         Ok(stored)
     }
 }
@@ -219,6 +292,14 @@ impl Backend for InMemBackend {
         if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
             return Ok(());
         }
+        let Some(existing) = state.resources.get(&key) else {
+            return Ok(());
+        };
+        let freed = quota::Delta {
+            count: -1,
+            bytes: -(prost::Message::encoded_len(existing) as i64),
+        };
+        let charged = state.charge_quotas(&key, freed)?;
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());
         };
@@ -240,6 +321,7 @@ impl Backend for InMemBackend {
             None,
             index,
         );
+        state.store_quotas(charged, actor);
         Ok(())
     }
 

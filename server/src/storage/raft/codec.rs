@@ -411,6 +411,8 @@ const ACL_CHANGED: &str = proto::reason::Reason::AclChanged.as_str();
 const SCHEMA_CHANGED: &str = proto::reason::Reason::SchemaChanged.as_str();
 /// `StorageFailure.reason` of a change refused field by field (`violations`).
 const INVALID: &str = proto::reason::Reason::Invalid.as_str();
+/// `StorageFailure.reason` of a change a quota refused (`quota_exceeded`).
+const QUOTA_EXCEEDED: &str = proto::reason::Reason::QuotaExceeded.as_str();
 
 pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
     let (code, stored) = match error {
@@ -427,7 +429,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::Rejected(_) | StorageError::MissingTenancy(_) | StorageError::Invalid(_) => {
             (Code::Rejected, None)
         }
-        StorageError::NoSpace(_) => (Code::NoSpace, None),
+        StorageError::NoSpace(_) | StorageError::QuotaExceeded(_) => (Code::NoSpace, None),
         StorageError::CatchingUp(_) => (Code::CatchingUp, None),
         StorageError::Removed(_) => (Code::Removed, None),
         // Sent as INCONSISTENT, which peers of every build retry on the next leader (one of
@@ -466,7 +468,18 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         }) => ACL_CHANGED.to_owned(),
         StorageError::Fenced(_) => SCHEMA_CHANGED.to_owned(),
         StorageError::Invalid(_) => INVALID.to_owned(),
+        StorageError::QuotaExceeded(_) => QUOTA_EXCEEDED.to_owned(),
         _ => String::new(),
+    };
+    let quota_exceeded = match error {
+        StorageError::QuotaExceeded(q) => Some(pb::storage_failure::QuotaExceeded {
+            quota: q.quota.clone(),
+            key: q.key.clone(),
+            limit: q.limit,
+            used: q.used,
+            wanted: q.wanted,
+        }),
+        _ => None,
     };
     let violations = match error {
         StorageError::Invalid(invalid) => invalid
@@ -487,6 +500,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         target,
         reason,
         violations,
+        quota_exceeded,
     }
 }
 
@@ -514,7 +528,18 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
             ))
         }
         Code::Rejected => StorageError::Rejected(failure.message),
-        Code::NoSpace => StorageError::NoSpace(failure.message),
+        Code::NoSpace => match failure.quota_exceeded {
+            Some(q) if failure.reason == QUOTA_EXCEEDED => {
+                StorageError::QuotaExceeded(crate::storage::quota::QuotaExceeded {
+                    quota: q.quota,
+                    key: q.key,
+                    limit: q.limit,
+                    used: q.used,
+                    wanted: q.wanted,
+                })
+            }
+            _ => StorageError::NoSpace(failure.message),
+        },
         Code::CatchingUp => StorageError::CatchingUp(crate::storage::CatchingUp {
             why: failure.message,
             applied: failure.applied,

@@ -24,6 +24,7 @@ use super::super::sealed;
 use super::{get_meta, get_sealed, put_meta};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
+use crate::storage::quota;
 use crate::storage::{
     Domain, Fence, Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition,
 };
@@ -348,6 +349,15 @@ fn apply_change(
             let Some(existing) = existing else {
                 return Ok(Ok(Applied::Done));
             };
+            // What its quotas counted of it is given back (a delete is never refused).
+            let freed = quota::Delta {
+                count: -1,
+                bytes: -(existing.encoded_len() as i64),
+            };
+            let charged = match charge_quotas(dbs, wtxn, &storage_key, freed)? {
+                Ok(charged) => charged,
+                Err(refused) => return Ok(Err(refused)),
+            };
             dbs.resources.delete(wtxn, &key)?;
             if let Some(owner) = check::owner_uid(&existing) {
                 dbs.owners
@@ -364,6 +374,7 @@ fn apply_change(
                 before: None,
                 version,
             });
+            store_quotas(dbs, wtxn, version, charged, actor, published)?;
             Ok(Ok(Applied::Done))
         }
     }
@@ -398,6 +409,25 @@ fn write(
         return Ok(Err(refused));
     }
     resource.version = version.to_string();
+    // A quota written is counted afresh from the state; what a quota counts is charged to it.
+    if quota::is_quota(&storage_key)
+        && let Err(refused) = recount_quota(dbs, wtxn, &storage_key, &mut resource)?
+    {
+        return Ok(Err(refused));
+    }
+    let charged = if quota::scopes(&storage_key).is_empty() {
+        Vec::new()
+    } else {
+        let before = get_sealed(dbs.resources, wtxn, &key)?.map_or(0, <[u8]>::len);
+        let delta = quota::Delta {
+            count: i64::from(existing.is_none()),
+            bytes: resource.encoded_len() as i64 - before as i64,
+        };
+        match charge_quotas(dbs, wtxn, &storage_key, delta)? {
+            Ok(charged) => charged,
+            Err(refused) => return Ok(Err(refused)),
+        }
+    };
     if let Some(previous_owner) = existing.as_ref().and_then(check::owner_uid)
         && check::owner_uid(&resource) != Some(previous_owner)
     {
@@ -416,7 +446,147 @@ fn write(
         before: existing.map(|existing| existing.metadata),
         version,
     });
+    store_quotas(dbs, wtxn, version, charged, actor, published)?;
     Ok(Ok(Applied::Written(resource)))
+}
+
+/// The quotas that count `key`, with their keys (a prefix read per tenancy that may hold one).
+fn quotas_over(
+    dbs: &SmDbs,
+    txn: &heed::RoTxn<'_, heed::WithoutTls>,
+    key: &StorageKey,
+) -> Result<Vec<(StorageKey, Resource)>, heed::Error> {
+    let mut found = Vec::new();
+    for (partition, namespace) in quota::scopes(key) {
+        let mut prefix = schema::resource_key(&StorageKey {
+            group: quota::GROUP.into(),
+            kind: quota::KIND.into(),
+            partition,
+            namespace,
+            name: String::new(),
+        });
+        // `…namespace 0 name`: the prefix ends with the separator before the name.
+        if prefix.last() != Some(&schema::SEP) {
+            prefix.push(schema::SEP);
+        }
+        for item in dbs.resources.prefix_iter(txn, &prefix)? {
+            let (stored_key, stored) = item?;
+            let Some(quota_key) = schema::parse_resource_key(stored_key) else {
+                continue;
+            };
+            // The prefix of a partition's quotas (no namespace) is not a prefix of a
+            // namespace's: `p 0 0 name` against `p 0 ns 0 name`.
+            if !quota::covers(&quota_key, key) {
+                continue;
+            }
+            let bytes = sealed::open(stored_key, stored)
+                .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
+            if let Ok(resource) = Resource::decode(bytes) {
+                found.push((quota_key, resource));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Charges `delta`, a change of `key`, to every quota that counts it: the quotas changed, or
+/// the first refusal.
+fn charge_quotas(
+    dbs: &SmDbs,
+    wtxn: &Txn<'_>,
+    key: &StorageKey,
+    delta: quota::Delta,
+) -> Result<Result<Vec<(StorageKey, Resource)>, StorageError>, heed::Error> {
+    let mut charged = Vec::new();
+    for (quota_key, stored) in quotas_over(dbs, wtxn, key)? {
+        match quota::charge(&stored, &quota_key, key, delta) {
+            Ok(Some(next)) => charged.push((quota_key, next)),
+            Ok(None) => {}
+            Err(refused) => return Ok(Err(refused)),
+        }
+    }
+    Ok(Ok(charged))
+}
+
+/// Stores the quotas a change charged, at the change's version, and publishes them.
+fn store_quotas(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    version: Version,
+    charged: Vec<(StorageKey, Resource)>,
+    actor: &str,
+    published: &mut Vec<Published>,
+) -> Result<(), heed::Error> {
+    for (quota_key, mut quota) in charged {
+        let before = quota.metadata.clone();
+        quota.version = version.to_string();
+        let key = schema::resource_key(&quota_key);
+        store(dbs, wtxn, &key, Some(&quota_key), &quota)?;
+        published.push(Published::Change {
+            key: quota_key,
+            event: WatchEvent {
+                version: version.to_string(),
+                operation: Operation::Upsert(quota),
+                actor: actor.to_owned(),
+            },
+            before: Some(before),
+            version,
+        });
+    }
+    Ok(())
+}
+
+/// Sets a quota's `used` from what its tenancy holds: every kind's objects there, read a kind
+/// at a time (a seek to each kind, then its objects in the tenancy).
+fn recount_quota(
+    dbs: &SmDbs,
+    txn: &heed::RoTxn<'_, heed::WithoutTls>,
+    quota_key: &StorageKey,
+    quota: &mut Resource,
+) -> Result<Result<(), StorageError>, heed::Error> {
+    let mut held = Vec::new();
+    let mut from: Vec<u8> = Vec::new();
+    loop {
+        // LMDB refuses an empty key, even as a bound: the first seek is unbounded.
+        let start = if from.is_empty() {
+            std::ops::Bound::Unbounded
+        } else {
+            std::ops::Bound::Included(from.as_slice())
+        };
+        let range = (start, std::ops::Bound::Unbounded);
+        let Some(first) = dbs.resources.range(txn, &range)?.next() else {
+            break;
+        };
+        let (first_key, _) = first?;
+        let Some(kind) = schema::parse_resource_key(first_key) else {
+            break;
+        };
+        let mut kind_prefix = kind.group.as_bytes().to_vec();
+        kind_prefix.push(schema::SEP);
+        kind_prefix.extend_from_slice(kind.kind.as_bytes());
+        kind_prefix.push(schema::SEP);
+        let mut scope = kind_prefix.clone();
+        scope.extend_from_slice(quota_key.partition.as_bytes());
+        scope.push(schema::SEP);
+        if !quota_key.namespace.is_empty() {
+            scope.extend_from_slice(quota_key.namespace.as_bytes());
+            scope.push(schema::SEP);
+        }
+        for item in dbs.resources.prefix_iter(txn, &scope)? {
+            let (stored_key, stored) = item?;
+            let Some(key) = schema::parse_resource_key(stored_key) else {
+                continue;
+            };
+            let bytes = sealed::open(stored_key, stored)
+                .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
+            held.push((key, bytes.len() as u64));
+        }
+        // The next kind: past every key of this one (`group 0 kind 1` sorts after them).
+        kind_prefix.pop();
+        kind_prefix.push(schema::SEP + 1);
+        from = kind_prefix;
+    }
+    Ok(quota::recount(quota, quota_key, held.into_iter()))
 }
 
 fn another_restore() -> StorageError {
