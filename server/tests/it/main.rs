@@ -15,6 +15,7 @@ mod hostile;
 mod membership;
 mod mtls;
 mod process;
+mod quota;
 mod reflection;
 mod resource_api;
 mod shutdown;
