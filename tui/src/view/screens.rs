@@ -53,6 +53,64 @@ fn scope_label(scope: Scope) -> &'static str {
     }
 }
 
+/// Whether `glob` (`*` matches any run of characters) matches `text`.
+fn glob_matches(glob: &str, text: &str) -> bool {
+    let parts: Vec<&str> = glob.split('*').collect();
+    if parts.len() == 1 {
+        return glob == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// How full the fullest quota that counts each type is (percent, 80 and over), by `group.Kind`
+/// glob, and the fullest `bytes` quota (shown on the quota type's own row).
+fn quotas_near_their_limit(state: &State) -> (Vec<(String, u64)>, Option<u64>) {
+    let mut counts = Vec::new();
+    let mut bytes: Option<u64> = None;
+    let Some(quotas) = state
+        .store
+        .types
+        .iter()
+        .find(|t| t.gvk == "tenancy.v1.Quota")
+    else {
+        return (counts, bytes);
+    };
+    for quota in quotas.resources.values() {
+        let Some(data) = quota.data.as_ref().and_then(|any| {
+            <proto::tenancy::v1::Quota as prost::Message>::decode(any.value.as_slice()).ok()
+        }) else {
+            continue;
+        };
+        for (key, limit) in &data.hard {
+            let used = data.used.get(key).copied().unwrap_or(0);
+            let percent = if *limit == 0 {
+                if used > 0 { 100 } else { 0 }
+            } else {
+                used.saturating_mul(100) / limit
+            };
+            if percent < 80 {
+                continue;
+            }
+            match key.strip_prefix("count/") {
+                Some(glob) => counts.push((glob.to_owned(), percent)),
+                None => bytes = Some(bytes.map_or(percent, |b| b.max(percent))),
+            }
+        }
+    }
+    (counts, bytes)
+}
+
 pub(super) fn types(state: &State, frame: &mut Frame, area: Rect) {
     let block = Block::bordered().title(Span::styled(
         format!(" Types ({}) ", state.store.types.len()),
@@ -71,6 +129,7 @@ pub(super) fn types(state: &State, frame: &mut Frame, area: Rect) {
     }
     let height = usize::from(area.height.saturating_sub(3)).max(1);
     let cursor = state.types.cursor;
+    let (near_counts, near_bytes) = quotas_near_their_limit(state);
     let rows: Vec<Row> = state
         .store
         .types
@@ -110,6 +169,34 @@ pub(super) fn types(state: &State, frame: &mut Frame, area: Rect) {
                 health.push(Span::styled(
                     format!("{deleting} deleting"),
                     Style::default().fg(Color::Magenta),
+                ));
+            }
+            // The fullest quota that counts this type (objects), or any quota's bytes on the
+            // quota type's own row.
+            let group_kind = data
+                .info
+                .r#type
+                .as_ref()
+                .map(|t| format!("{}.{}", t.group, t.kind))
+                .unwrap_or_default();
+            let fullest = near_counts
+                .iter()
+                .filter(|(glob, _)| glob_matches(glob, &group_kind))
+                .map(|(_, percent)| *percent)
+                .chain(
+                    (data.gvk == "tenancy.v1.Quota")
+                        .then_some(near_bytes)
+                        .flatten(),
+                )
+                .max();
+            if let Some(percent) = fullest {
+                health.push(Span::styled(
+                    format!(" quota {percent}%"),
+                    Style::default().fg(if percent >= 100 {
+                        Color::Red
+                    } else {
+                        Color::Yellow
+                    }),
                 ));
             }
             Row::new(vec![

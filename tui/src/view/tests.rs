@@ -693,3 +693,57 @@ fn a_types_columns_and_its_deprecation_show_in_the_resource_table() {
     let (x, y) = find(&buffer, "demo.v2.Artist is deprecated: use v3").expect("the warning");
     assert_eq!(buffer[(x, y)].fg, Color::Yellow);
 }
+
+/// A quota at 80 % of a limit or more shows on the rows of the types it counts (DESIGN §17),
+/// yellow, red once full; types it does not count show nothing.
+#[test]
+fn a_quota_near_its_limit_shows_on_the_types_it_counts() {
+    let mut state = demo_state();
+    let mut types = testing::demo_types();
+    types.push(testing::info(
+        "tenancy",
+        "v1",
+        "Quota",
+        proto::cluster::v1::Scope::Any,
+    ));
+    let kept: Vec<_> = std::mem::take(&mut state.store.types);
+    state.store = crate::model::Store::new(types);
+    for old in kept {
+        if let Some(data) = state.store.get_mut(&old.gvk.clone()) {
+            *data = old;
+        }
+    }
+    let mut quota = testing::resource("tenancy.v1.Quota", "default/jazz", "limits", 7);
+    quota.data = Some(proto::to_any(&proto::tenancy::v1::Quota {
+        hard: [
+            ("count/demo.Artist".to_owned(), 20),
+            ("count/demo.Concept".to_owned(), 10),
+        ]
+        .into(),
+        used: [
+            ("count/demo.Artist".to_owned(), 19),
+            ("count/demo.Concept".to_owned(), 10),
+        ]
+        .into(),
+    }));
+    if let Some(data) = state.store.get_mut("tenancy.v1.Quota") {
+        data.apply(testing::upsert(quota));
+        data.apply(testing::end_of_snapshot("100"));
+    }
+    let buffer = draw(&mut state);
+    let screen = text(&buffer);
+    let row = |gvk: &str| {
+        screen
+            .lines()
+            .find(|line| line.contains(gvk))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for gvk in ["demo.v1.Artist", "demo.v2.Artist"] {
+        assert!(row(gvk).contains("quota 95%"), "{gvk}:\n{screen}");
+    }
+    assert!(row("demo.v1.Concept").contains("quota 100%"), "{screen}");
+    assert!(!row("demo.v2.Album").contains("quota"), "{screen}");
+    let (x, y) = find(&buffer, "quota 100%").expect("shown");
+    assert_eq!(buffer[(x, y)].fg, Color::Red);
+}

@@ -290,3 +290,59 @@ async fn selectors_and_pages_keep_what_the_caller_cannot_read_out() {
     }
     assert_eq!(seen, ["public-one", "public-two"]);
 }
+
+/// A namespace's writers may not raise their own limits: writing a quota needs operator write;
+/// a quota at cluster scope or with an unknown limit is refused naming the field.
+#[tokio::test]
+async fn quotas_are_written_by_operators_and_checked() {
+    use crate::acl::{Access, KeyRules};
+    let h = harness().await;
+    let quota = |tenancy: Tenancy, key: &str| Resource {
+        id: Some(id("tenancy.v1.Quota", tenancy, "limits")),
+        data: Some(proto::to_any(&proto::tenancy::v1::Quota {
+            hard: [(key.to_owned(), 10)].into(),
+            used: Default::default(),
+        })),
+        ..Default::default()
+    };
+    let writer = KeyRules::default().key_prefix("resource/", Access::Write);
+    let refused = h
+        .write_as(
+            &writer,
+            quota(tenancy("default", "default"), "count/demo.*"),
+        )
+        .await
+        .err()
+        .map(|error| format!("{error:?}"));
+    assert!(
+        refused
+            .as_ref()
+            .is_some_and(|why| why.contains("operator write")),
+        "{refused:?}"
+    );
+    let operator = writer.clone().operator(Access::Write);
+    h.write_as(
+        &operator,
+        quota(tenancy("default", "default"), "count/demo.*"),
+    )
+    .await
+    .expect("an operator sets a quota");
+    for (tenancy, key, field) in [
+        (Tenancy::default(), "bytes", "resource.id.tenancy"),
+        (
+            tenancy("default", "default"),
+            "count/demo.v2.Artist",
+            "resource.data.hard",
+        ),
+    ] {
+        let refused = h
+            .write_as(&operator, quota(tenancy, key))
+            .await
+            .err()
+            .map(|error| format!("{error:?}"));
+        assert!(
+            refused.as_ref().is_some_and(|why| why.contains(field)),
+            "{field}: {refused:?}"
+        );
+    }
+}
