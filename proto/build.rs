@@ -9,6 +9,7 @@ const FILES: &[&str] = &[
     "resd/resource/v1/resource.proto",
     "resd/cluster/v1/cluster.proto",
     "resd/tenancy/v1/tenancy.proto",
+    "resd/policy/v1/policy.proto",
     "resd/acl/v1/acl.proto",
     "resd/registry/v1/registry.proto",
     "resd/coordination/v1/coordination.proto",

@@ -74,6 +74,13 @@ pub mod tenancy {
 }
 
 #[allow(clippy::all, unused_qualifications)]
+pub mod policy {
+    pub mod v1 {
+        tonic::include_proto!("resd.policy.v1");
+    }
+}
+
+#[allow(clippy::all, unused_qualifications)]
 pub mod acl {
     pub mod v1 {
         tonic::include_proto!("resd.acl.v1");

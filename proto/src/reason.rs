@@ -48,6 +48,9 @@ macro_rules! reasons {
 reasons! {
     /// The request is malformed; `BadRequest` names the field.
     Invalid = "INVALID",
+    /// An admission policy (DESIGN §17) refused the write: metadata `policy`; the message
+    /// says the policy's message.
+    AdmissionDenied = "ADMISSION_DENIED",
     /// A rule of the resource's type ran out of its cost budget on this resource (DESIGN §15):
     /// the data is too large for the rule; retrying the same write fails the same way.
     RuleCost = "RULE_COST",
@@ -117,7 +120,9 @@ impl Reason {
     pub fn fits(self, code: tonic::Code) -> bool {
         use tonic::Code;
         let expected: &[Code] = match self {
-            Reason::Invalid | Reason::RuleCost => &[Code::InvalidArgument],
+            Reason::Invalid | Reason::RuleCost | Reason::AdmissionDenied => {
+                &[Code::InvalidArgument]
+            }
             Reason::NotFound => &[Code::NotFound],
             Reason::TenancyNotFound => &[Code::NotFound, Code::InvalidArgument],
             Reason::CasConflict

@@ -21,6 +21,7 @@ use crate::resource;
 pub(crate) mod builtin;
 pub(crate) mod cel;
 pub(crate) mod dynamic;
+pub(crate) mod policies;
 pub(crate) mod pool;
 #[cfg(test)]
 mod tests;
@@ -387,6 +388,8 @@ fn key_of(resource_type: &Type) -> Key {
 pub(crate) struct Registry {
     types: BTreeMap<Key, Arc<Registration>>,
     dynamic: Arc<DynamicTypes>,
+    /// The admission policies, as this node has applied them (DESIGN §17).
+    policies: Arc<policies::PolicyStore>,
 }
 
 /// The types registered at runtime, as this node knows them (DESIGN §15).
@@ -873,6 +876,11 @@ impl Registry {
         let mut registry = Self::new();
         builtin::register(&mut registry)?;
         Ok(registry)
+    }
+
+    /// The admission policies (a projection kept in apply).
+    pub(crate) fn policies(&self) -> &Arc<policies::PolicyStore> {
+        &self.policies
     }
 
     /// The part types registered at runtime live in.

@@ -32,6 +32,7 @@ mod migrate;
 pub(crate) use migrate::MIGRATION_STATUS;
 mod page;
 mod plan;
+mod policy;
 pub(crate) mod projections;
 mod read;
 pub(crate) mod stalls;
@@ -135,6 +136,11 @@ impl ResourceService {
             // Only a damaged store fails this; its types stay unknown (writes of them are
             // refused, never accepted unchecked) until the node rebuilds its state.
             tracing::error!(%error, "cannot read the stored Types; registered types are unavailable");
+        }
+        if let Err(error) =
+            backend.project(Arc::new(projections::Policies(registry.policies().clone())))
+        {
+            tracing::error!(%error, "cannot read the stored admission policies");
         }
         ResourceService {
             backend,

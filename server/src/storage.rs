@@ -99,16 +99,19 @@ pub enum Domain {
     Types,
     /// `acl.v1.Token` and `acl.v1.Policy`: what a token's grants are made of.
     Acl,
+    /// `policy.v1.AdmissionPolicy`: what a write of any other type is admitted by.
+    Policies,
 }
 
 impl Domain {
-    pub const ALL: [Domain; 2] = [Domain::Types, Domain::Acl];
+    pub const ALL: [Domain; 3] = [Domain::Types, Domain::Acl, Domain::Policies];
 
     /// The domain a resource of `group`/`kind` belongs to.
     pub fn of(group: &str, kind: &str) -> Option<Domain> {
         match (group, kind) {
             ("registry", "Type") => Some(Domain::Types),
             ("acl", "Token" | "Policy") => Some(Domain::Acl),
+            ("policy", "AdmissionPolicy") => Some(Domain::Policies),
             _ => None,
         }
     }
@@ -118,6 +121,7 @@ impl Domain {
         match self {
             Domain::Types => "types",
             Domain::Acl => "acl",
+            Domain::Policies => "policies",
         }
     }
 
@@ -128,7 +132,7 @@ impl Domain {
     /// What a refusal on it is about.
     pub fn fenced(self) -> FenceKind {
         match self {
-            Domain::Types => FenceKind::Schema,
+            Domain::Types | Domain::Policies => FenceKind::Schema,
             Domain::Acl => FenceKind::Acl,
         }
     }
@@ -193,6 +197,7 @@ pub fn check_fence(
                         match domain {
                             Domain::Types => "registered types",
                             Domain::Acl => "ACL tokens and policies",
+                            Domain::Policies => "admission policies",
                         }
                     ),
                     at: at.index,

@@ -55,20 +55,7 @@ async fn warn_deprecated(
     };
     let mut response = next.run(request).await;
     if let Some(warning) = named.and_then(|t| state.resources.service().deprecation(Some(&t))) {
-        let text = warning.replace('\\', "\\\\").replace('"', "\\\"");
-        let text: String = text
-            .chars()
-            .map(|c| {
-                if c == ' ' || c.is_ascii_graphic() {
-                    c
-                } else {
-                    '?'
-                }
-            })
-            .collect();
-        if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\"")) {
-            response.headers_mut().append(header::WARNING, value);
-        }
+        append_warning(&mut response, &warning);
     }
     response
 }
@@ -211,7 +198,44 @@ fn answer<M: prost::Message>(
     answer: Result<tonic::Response<M>, tonic::Status>,
     name: &str,
 ) -> ApiResult {
-    json_response(pool, &answer?.into_inner(), name)
+    let answer = answer?;
+    // The answer's warnings (admission policies, deprecation) as HTTP warnings.
+    let warnings: Vec<String> = answer
+        .metadata()
+        .get_all(proto::WARNING_HEADER)
+        .iter()
+        .filter_map(|value| value.to_str().ok().map(str::to_owned))
+        .collect();
+    let mut response = json_response(pool, &answer.into_inner(), name)?;
+    for warning in warnings {
+        append_warning(&mut response, &warning);
+    }
+    Ok(response)
+}
+
+/// Adds `Warning: 299 - "<text>"` (once: the same text is not added twice).
+fn append_warning(response: &mut Response, warning: &str) {
+    let text = warning.replace('\\', "\\\\").replace('"', "\\\"");
+    let text: String = text
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\"")) {
+        if !response
+            .headers()
+            .get_all(header::WARNING)
+            .iter()
+            .any(|v| v == value)
+        {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
 }
 
 fn json_response<M: prost::Message>(pool: &DescriptorPool, message: &M, name: &str) -> ApiResult {

@@ -98,6 +98,15 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_references(token_policies),
     )?;
 
+    registry.register(
+        Registration::new::<proto::policy::v1::AdmissionPolicy>(
+            super::policies::ADMISSION_POLICY,
+            Scope::Cluster,
+        )
+        .with_acls(admission_policy_acls())
+        .with_validate(validate_admission_policy),
+    )?;
+
     registry.register(Registration::new::<proto::coordination::v1::Lease>(
         LEASE,
         Scope::Namespace,
@@ -191,6 +200,57 @@ fn validate_quota(resource: &Resource) -> Result<(), Invalid> {
         problems.push("resource.data.hard", why);
     }
     problems.into_result()
+}
+
+/// An admission policy compiles: its match, params and every validation (DESIGN §17), each
+/// refusal naming its field.
+fn validate_admission_policy(resource: &Resource) -> Result<(), Invalid> {
+    let policy: proto::policy::v1::AdmissionPolicy = data_of(resource)?;
+    let name = resource
+        .id
+        .as_ref()
+        .map(|id| id.name.as_str())
+        .unwrap_or_default();
+    match super::policies::compile(name, &policy) {
+        Ok(_) => Ok(()),
+        Err(problems) => Err(Invalid(
+            problems
+                .into_iter()
+                .map(|(field, why)| resource::FieldViolation::new(field, why))
+                .collect(),
+        )),
+    }
+}
+
+/// Writing (or deleting) an admission policy needs write on it and `schema` write on every
+/// type its match can cover (DESIGN §17): a team cannot police another team's types.
+fn admission_policy_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)?;
+            let Some(data) = resource.data.as_ref() else {
+                return Ok(());
+            };
+            let policy: proto::policy::v1::AdmissionPolicy =
+                prost::Message::decode(data.value.as_slice()).map_err(|error| {
+                    AclError::PermissionDenied(format!("resource.data does not decode: {error}"))
+                })?;
+            let globs = match &policy.r#match {
+                Some(m) if !m.types.is_empty() => m.types.clone(),
+                _ => vec!["*.*.*".to_owned()],
+            };
+            for glob in globs {
+                if authorizer.schema(&glob) != Access::Write {
+                    return Err(AclError::PermissionDenied(format!(
+                        "token lacks schema write on {glob}: a policy over a type needs the type's ownership (a policy rule with `schema: ACCESS_WRITE` whose types contain {glob}; no types means every type)"
+                    )));
+                }
+            }
+            Ok(())
+        }),
+        ..Acls::default()
+    }
 }
 
 /// Quotas are the platform's: writing one needs operator write (a team that may write its

@@ -68,7 +68,7 @@ pub(crate) enum Key {
 }
 
 impl Value {
-    fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::Null => "null",
             Value::Bool(_) => "bool",
@@ -365,6 +365,35 @@ pub(crate) fn prepare(
     check(&expression, &mut bound, &mut regexes)?;
     let estimate = estimate_with(&expression, message, has_old, &regexes, MAX_DATA_BYTES);
     let small_estimate = estimate_with(&expression, message, has_old, &regexes, SMALL_DATA_BYTES);
+    Ok(Program {
+        expression,
+        regexes,
+        estimate,
+        small_estimate,
+    })
+}
+
+/// [`prepare`] of an expression over `variables` of no known schema (an admission policy's
+/// `object`, `old_object`, `params`, `request`): each may be as large as a resource allows.
+pub(crate) fn prepare_over(expression: Expression, variables: &[&str]) -> Result<Program, String> {
+    let mut regexes = HashMap::new();
+    let mut bound: Vec<String> = variables.iter().map(|v| (*v).to_owned()).collect();
+    check(&expression, &mut bound, &mut regexes)?;
+    let estimate_at = |bytes: u64| {
+        let previous = DATA_BYTES.with(|cell| cell.replace(bytes));
+        let mut estimator = Estimator {
+            vars: variables
+                .iter()
+                .map(|v| ((*v).to_owned(), Shape::any()))
+                .collect(),
+            regexes: &regexes,
+        };
+        let (_, estimate) = estimator.estimate(&expression);
+        DATA_BYTES.with(|cell| cell.set(previous));
+        estimate
+    };
+    let estimate = estimate_at(MAX_DATA_BYTES);
+    let small_estimate = estimate_at(SMALL_DATA_BYTES);
     Ok(Program {
         expression,
         regexes,

@@ -27,8 +27,12 @@ impl ResourceService {
     ) -> Result<DeleteResponse, Error> {
         let DeleteRequest { id, version } = request;
         let (id, registration) = self.check_request_id(id, "id")?;
-        let fence = Self::fence(authorizer, &registration, None);
-        let fence = &fence;
+        let mut fence = Self::fence(authorizer, &registration, None);
+        let policies = self.policies_now();
+        if let Some(t) = id.r#type.as_ref() {
+            super::policy::fence_on(&mut fence, &policies, &t.group, &t.kind);
+        }
+        let (fence, policies) = (&fence, &policies);
         registration.check_write_access_before_existence(authorizer, &id)?;
         let gvk = registration.gvk();
         if (gvk == builtin::NAMESPACE
@@ -75,6 +79,18 @@ impl ResourceService {
                     expected: version.clone(),
                     actual: existing.version.clone(),
                 }));
+            }
+            // A deletion under way is never held up by a policy, nor one the server makes
+            // itself (a namespace emptied, a cascade): those always complete.
+            if !resource::is_marked_for_deletion(&existing) && !authorizer.is_server() {
+                self.admit(
+                    policies,
+                    &existing,
+                    Some(&existing),
+                    crate::registry::policies::Operation::Delete,
+                    authorizer.identity(),
+                )
+                .await?;
             }
             if resource::has_finalizers(&existing) {
                 if resource::is_marked_for_deletion(&existing) {

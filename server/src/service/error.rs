@@ -98,6 +98,9 @@ pub enum Error {
     /// Over a `tenancy.v1.Quota` (DESIGN §17).
     #[error("{0}")]
     QuotaExceeded(crate::storage::quota::QuotaExceeded),
+    /// An admission policy refused the write (DESIGN §17).
+    #[error("{0}")]
+    AdmissionDenied(super::policy::AdmissionDenied),
     /// The request did not arrive in time (its body stalled).
     #[error("{0}")]
     DeadlineExceeded(String),
@@ -342,6 +345,7 @@ impl Error {
             Error::OutOfRange(_) => (Code::OutOfRange, Reason::ResumeUnavailable),
             Error::ResourceExhausted(_) => (Code::ResourceExhausted, Reason::Quota),
             Error::QuotaExceeded(_) => (Code::ResourceExhausted, Reason::QuotaExceeded),
+            Error::AdmissionDenied(_) => (Code::InvalidArgument, Reason::AdmissionDenied),
             Error::DeadlineExceeded(_) => (Code::DeadlineExceeded, Reason::DeadlineExceeded),
             Error::Internal(_) => (Code::Internal, Reason::Internal),
         }
@@ -368,6 +372,9 @@ impl From<Error> for tonic::Status {
                 details = details
                     .with("leader_id", not_leader.leader_id)
                     .with("leader_addr", &not_leader.leader_addr);
+            }
+            Error::AdmissionDenied(denied) => {
+                details = details.with("policy", &denied.policy);
             }
             Error::QuotaExceeded(exceeded) => {
                 details = details

@@ -508,12 +508,14 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let response = self
-            .unary(&request, None, |authorizer, body, _| async move {
+        let (response, warnings) = super::policy::collecting(
+            self.unary(&request, None, |authorizer, body, _| async move {
                 self.service.write(authorizer.as_ref(), body).await
-            })
-            .await?;
-        let mut response = Response::new(response);
+            }),
+        )
+        .await;
+        let mut response = Response::new(response?);
+        admission_warnings(&warnings, response.metadata_mut());
         self.warn(
             request
                 .get_ref()
@@ -579,12 +581,14 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        let response = self
-            .unary(&request, None, |authorizer, body, _| async move {
+        let (response, warnings) = super::policy::collecting(
+            self.unary(&request, None, |authorizer, body, _| async move {
                 self.service.delete(authorizer.as_ref(), body).await
-            })
-            .await?;
-        let mut response = Response::new(response);
+            }),
+        )
+        .await;
+        let mut response = Response::new(response?);
+        admission_warnings(&warnings, response.metadata_mut());
         self.warn(
             request
                 .get_ref()
@@ -641,6 +645,15 @@ impl resource_service_server::ResourceService for ResourceGrpc {
 }
 
 /// `text` with every character outside printable ASCII written `\u{…}` (what metadata holds).
+/// The warnings admission policies gave an answer (DESIGN §17), as `x-resd-warning`.
+fn admission_warnings(warnings: &[String], metadata: &mut tonic::metadata::MetadataMap) {
+    for warning in warnings {
+        if let Ok(value) = tonic::metadata::MetadataValue::try_from(ascii(warning)) {
+            metadata.append(proto::WARNING_HEADER, value);
+        }
+    }
+}
+
 fn ascii(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {

@@ -44,6 +44,38 @@ impl Projection for Types {
     }
 }
 
+/// The admission policies over the stored `policy.v1.AdmissionPolicy` resources.
+pub(crate) struct Policies(pub(crate) Arc<crate::registry::policies::PolicyStore>);
+
+impl Projection for Policies {
+    fn name(&self) -> &'static str {
+        "admission policies"
+    }
+
+    fn follows(&self) -> Vec<UnversionedType> {
+        vec![UnversionedType {
+            group: "policy".into(),
+            kind: "AdmissionPolicy".into(),
+        }]
+    }
+
+    fn apply(&self, event: &WatchEvent, version: Version) {
+        match &event.operation {
+            Operation::Upsert(stored) => self.0.install(stored, version),
+            Operation::Delete(stored) => {
+                if let Some(id) = &stored.id {
+                    self.0.uninstall(&id.name, version);
+                }
+            }
+            Operation::EndOfSnapshot | Operation::Bookmark => {}
+        }
+    }
+
+    fn reset(&self, stored: Vec<Resource>, revision: &dyn Fn(Domain) -> Version) {
+        self.0.reset(&stored, revision(Domain::Policies));
+    }
+}
+
 /// A node's token store over the stored `acl.v1.Token` and `acl.v1.Policy` resources.
 pub(crate) struct Acl(pub(crate) Arc<TokenStore>);
 

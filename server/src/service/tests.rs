@@ -23,6 +23,7 @@ mod delete;
 mod escalation;
 mod grpc;
 mod pages;
+mod policies;
 mod read;
 mod select;
 mod status;

@@ -41,6 +41,9 @@ struct PreparedWrite {
     violations: Vec<Violation>,
     /// What the checks were made against (DESIGN §15's fence).
     fence: Fence,
+    /// The admission policies it is checked against (DESIGN §17), at the revision its fence
+    /// names.
+    policies: Arc<crate::registry::policies::PolicySet>,
 }
 
 /// The type's mutate and validate hooks, then a registered type's rules (metered): the units
@@ -279,7 +282,11 @@ impl ResourceService {
             }
             other => other?,
         };
-        let fence = Self::fence(authorizer, &registration, is_type.then_some(types));
+        let mut fence = Self::fence(authorizer, &registration, is_type.then_some(types));
+        let policies = self.policies_now();
+        if let Some(t) = resource.id.as_ref().and_then(|id| id.r#type.as_ref()) {
+            super::policy::fence_on(&mut fence, &policies, &t.group, &t.kind);
+        }
         Ok(PreparedWrite {
             resource,
             registration,
@@ -288,6 +295,7 @@ impl ResourceService {
             rules_used,
             violations,
             fence,
+            policies,
         })
     }
 
@@ -451,6 +459,18 @@ impl ResourceService {
                 let (input, converted) = self
                     .in_storage_version(prepared, input, Some(&existing))
                     .await?;
+                // An object marked for deletion only sheds finalizers and metadata: no policy
+                // holds that up (ratcheting, DESIGN §15).
+                if !marked {
+                    self.admit(
+                        &prepared.policies,
+                        &input,
+                        Some(&existing),
+                        crate::registry::policies::Operation::Update,
+                        &prepared.actor,
+                    )
+                    .await?;
+                }
                 // A blind update may land over a later version too, as long as nothing merged
                 // above from the stored resource changed (storage checks): concurrent blind
                 // writers of one resource then do not retry each lost race.
@@ -550,6 +570,14 @@ impl ResourceService {
         }
         input.generation = new_ulid();
         let (input, _) = self.in_storage_version(prepared, input, None).await?;
+        self.admit(
+            &prepared.policies,
+            &input,
+            None,
+            crate::registry::policies::Operation::Create,
+            &prepared.actor,
+        )
+        .await?;
         match self
             .backend
             .write_cas_as(input, &prepared.actor, &prepared.fence)

@@ -1,0 +1,256 @@
+//! Admission policies at write time (DESIGN §17): after the type's own checks, every policy
+//! that matches the write runs its validations over the object as resctl prints it, the object
+//! before (`old_object`), the policy's `params` and the `request`. A DENY refuses
+//! (ADMISSION_DENIED), a WARN adds a warning to the answer ([`collecting`]), an AUDIT records a
+//! line (target `resd::audit`). The set of policies is the node's projection at one revision,
+//! and the write is fenced on it: a policy changed before the write is stored sends it through
+//! these checks again.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use prost_reflect::{DynamicMessage, SerializeOptions};
+use proto::resource::v1::Resource;
+
+use super::{Error, ResourceService};
+use crate::registry::cel::{self, Meter, Value};
+use crate::registry::policies::{Action, CompiledPolicy, Operation, PolicySet, exempt};
+use crate::storage::{Consistency, Domain, Fence, Guard, StorageError};
+
+tokio::task_local! {
+    /// The warnings of the request being answered (WARN policies), when its handler collects
+    /// them.
+    static WARNINGS: Arc<Mutex<Vec<String>>>;
+}
+
+/// Runs `work` collecting the warnings admission policies give it.
+pub(crate) async fn collecting<F: Future>(work: F) -> (F::Output, Vec<String>) {
+    let sink = Arc::new(Mutex::new(Vec::new()));
+    let output = WARNINGS.scope(sink.clone(), work).await;
+    let warnings = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
+    (output, warnings)
+}
+
+fn warn(message: String) {
+    let _ = WARNINGS.try_with(|sink| {
+        let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+        // One of each, and a bounded number on one answer.
+        if !sink.contains(&message) && sink.len() < 16 {
+            sink.push(message);
+        }
+    });
+}
+
+/// Why a policy refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionDenied {
+    pub policy: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for AdmissionDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "admission policy {} denies this: {}",
+            self.policy, self.message
+        )
+    }
+}
+
+/// Adds the guard on the policies a write is checked against, for a type they may apply to.
+pub(super) fn fence_on(fence: &mut Fence, set: &PolicySet, group: &str, kind: &str) {
+    if !exempt(group, kind) {
+        fence.guards.push(Guard::Domain {
+            domain: Domain::Policies,
+            revision: set.revision,
+        });
+    }
+}
+
+impl ResourceService {
+    /// The policies the node holds now (one revision: what a write is checked and fenced on).
+    pub(super) fn policies_now(&self) -> Arc<PolicySet> {
+        self.registry.policies().current()
+    }
+
+    /// Checks `operation` on `object` (`old` the stored object) against every policy of `set`
+    /// that matches it.
+    pub(super) async fn admit(
+        &self,
+        set: &PolicySet,
+        object: &Resource,
+        old: Option<&Resource>,
+        operation: Operation,
+        actor: &str,
+    ) -> Result<(), Error> {
+        let Some(resource_type) = object.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
+            return Ok(());
+        };
+        if set.policies.is_empty() || exempt(&resource_type.group, &resource_type.kind) {
+            return Ok(());
+        }
+        let gvk = crate::resource::gvk(resource_type);
+        let namespace = object
+            .id
+            .as_ref()
+            .and_then(|id| id.tenancy.as_ref())
+            .map(|t| t.namespace.clone())
+            .unwrap_or_default();
+        let matching = set.matching(&gvk, &namespace, &object.metadata, operation);
+        if matching.is_empty() {
+            return Ok(());
+        }
+        // What each policy's params hold (read here, on this node, as applied).
+        let mut params = Vec::with_capacity(matching.len());
+        for policy in &matching {
+            params.push(match &policy.params {
+                None => Ok(Value::Null),
+                // The params' tenancy as its type's scope fills it in (`default/default`…).
+                Some(id) => match self.params_of(id).await {
+                    Ok(stored) => Ok(Value::from_json(&self.data_json(&stored))),
+                    Err(StorageError::NotFound) => Err(format!(
+                        "its params {} do not exist",
+                        crate::resource::DisplayId(id)
+                    )),
+                    Err(error) => Err(format!("its params cannot be read: {error}")),
+                },
+            });
+        }
+        let variables = |params: Value| {
+            vec![
+                (Arc::new("object".to_owned()), self.object_value(object)),
+                (
+                    Arc::new("old_object".to_owned()),
+                    old.map_or(Value::Null, |old| self.object_value(old)),
+                ),
+                (Arc::new("params".to_owned()), params),
+                (
+                    Arc::new("request".to_owned()),
+                    Value::from_json(&serde_json::json!({
+                        "operation": operation.name(),
+                        "actor": actor,
+                    })),
+                ),
+            ]
+        };
+        let jobs: Vec<(
+            Arc<CompiledPolicy>,
+            Result<Vec<(Arc<String>, Value)>, String>,
+        )> = matching
+            .into_iter()
+            .zip(params)
+            .map(|(policy, params)| (policy, params.map(variables)))
+            .collect();
+        let outcomes = self
+            .pool
+            .run(move || {
+                let mut meter = Meter::new(cel::REQUEST_BUDGET);
+                jobs.into_iter()
+                    .map(|(policy, variables)| {
+                        let outcome = match (&policy.broken, variables) {
+                            (Some(broken), _) => Err(format!("it does not compile here: {broken}")),
+                            (None, Err(why)) => Err(why),
+                            (None, Ok(variables)) => policy
+                                .validate(&variables, &mut meter)
+                                .map_err(|error| error.to_string()),
+                        };
+                        (policy, outcome)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|error| Error::Internal(error.to_string()))?;
+        for (policy, outcome) in outcomes {
+            match (policy.action, outcome) {
+                (_, Ok(None)) => {}
+                (Action::Deny, Ok(Some(message))) => {
+                    return Err(Error::AdmissionDenied(AdmissionDenied {
+                        policy: policy.name.clone(),
+                        message,
+                    }));
+                }
+                // Fails closed.
+                (Action::Deny, Err(why)) => {
+                    return Err(Error::AdmissionDenied(AdmissionDenied {
+                        policy: policy.name.clone(),
+                        message: format!("the policy cannot be evaluated, so it refuses: {why}"),
+                    }));
+                }
+                (Action::Warn, Ok(Some(message))) => {
+                    warn(format!("admission policy {}: {message}", policy.name));
+                }
+                // Fails open.
+                (Action::Warn, Err(why)) => warn(format!(
+                    "admission policy {} could not be evaluated and let this through: {why}",
+                    policy.name
+                )),
+                (Action::Audit, outcome) => tracing::info!(
+                    target: "resd::audit",
+                    policy = %policy.name,
+                    object = %crate::resource::DisplayId(object.id.as_ref().unwrap_or(&Default::default())),
+                    operation = operation.name(),
+                    actor,
+                    outcome = %match outcome {
+                        Ok(Some(message)) => message,
+                        Ok(None) => "admitted".to_owned(),
+                        Err(why) => format!("not evaluated (let through): {why}"),
+                    },
+                    "admission policy audit"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a policy's params resource, its tenancy filled in as its type's scope says.
+    async fn params_of(&self, id: &proto::resource::v1::Id) -> Result<Resource, StorageError> {
+        let mut id = id.clone();
+        if self
+            .scope_id(&mut id, "params", super::validate::Wildcards::Forbidden)
+            .is_err()
+        {
+            return Err(StorageError::NotFound);
+        }
+        self.backend.read(Consistency::Eventual, &id).await
+    }
+
+    /// A stored object as resctl prints it, for CEL: `type`, `name`, `uid`, `tenancy`,
+    /// `version`, `generation`, `metadata` and `data` (its JSON, every field present, 64-bit
+    /// integers as numbers; `null` when it does not decode).
+    fn object_value(&self, resource: &Resource) -> Value {
+        let id = resource.id.clone().unwrap_or_default();
+        let tenancy = id.tenancy.clone().unwrap_or_default();
+        Value::from_json(&serde_json::json!({
+            "type": id.r#type.as_ref().map(crate::resource::gvk).unwrap_or_default(),
+            "name": id.name,
+            "uid": id.uid,
+            "tenancy": {"partition": tenancy.partition, "namespace": tenancy.namespace},
+            "version": resource.version,
+            "generation": resource.generation,
+            "metadata": resource.metadata,
+            "data": self.data_json(resource),
+        }))
+    }
+
+    /// A resource's data as JSON (JSON names, every field present, 64-bit integers as
+    /// numbers); `null` when it does not decode.
+    fn data_json(&self, resource: &Resource) -> serde_json::Value {
+        resource
+            .data
+            .as_ref()
+            .and_then(|any| {
+                let name = any.type_url.rsplit('/').next()?;
+                let pool = self.registry.descriptor_pool();
+                let message = pool.get_message_by_name(name)?;
+                let decoded = DynamicMessage::decode(message, any.value.as_slice()).ok()?;
+                let options = SerializeOptions::new()
+                    .stringify_64_bit_integers(false)
+                    .skip_default_fields(false);
+                decoded
+                    .serialize_with_options(serde_json::value::Serializer, &options)
+                    .ok()
+            })
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
