@@ -346,6 +346,9 @@ fn may_be_stale(refusal: &Error, has_token: bool) -> bool {
         | Error::BadRequest(_)
         | Error::RuleCost(_)
         | Error::TypeBeingDeleted(_)
+        // The admission policies are a projection too: one deleted (or relaxed) and
+        // acknowledged may not have reached this node yet.
+        | Error::AdmissionDenied(_)
         | Error::PermissionDenied(_) => true,
         _ => false,
     }

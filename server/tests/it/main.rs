@@ -14,6 +14,7 @@ mod fence;
 mod hostile;
 mod membership;
 mod mtls;
+mod policies;
 mod process;
 mod quota;
 mod reflection;

@@ -287,6 +287,16 @@ impl Resd {
 
     /// [`Resd::http_get`] with the answer's header lines too.
     pub(crate) fn http_get_with_headers(&self, path: &str) -> Option<(u16, String, String)> {
+        self.http_send("GET", path, "")
+    }
+
+    /// An HTTP request with a JSON `body` (empty: none): the status, header lines and body.
+    pub(crate) fn http_send(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Option<(u16, String, String)> {
         use std::io::{Read as _, Write as _};
         let at = self.args.iter().position(|arg| arg == "--http-addr")?;
         let addr: SocketAddr = self.args.get(at + 1)?.parse().ok()?;
@@ -295,7 +305,8 @@ impl Resd {
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         write!(
             stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         )
         .ok()?;
         let mut response = String::new();
