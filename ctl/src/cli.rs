@@ -201,6 +201,9 @@ pub enum Command {
     /// Ask the server what a token may do
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Plan an admission policy against the objects stored under the types it matches
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Manage named servers and tokens in the contexts file
     #[command(subcommand)]
     Context(ContextCommand),
@@ -367,6 +370,24 @@ pub struct WaitArgs {
     /// How long to wait (e.g. 30s, 5m)
     #[arg(long, default_value = "30s", value_name = "DURATION")]
     pub timeout: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Check a proposed admission policy (a policy.v1.AdmissionPolicy document) against every
+    /// stored object it matches: which it would refuse and why; nothing changes (exit 0 when
+    /// none, 1 otherwise)
+    #[command(
+        after_help = "Examples:\n  resctl policy plan -f fixtures/policy/modern-albums.yaml\n  resctl policy plan -f policy.yaml -o json"
+    )]
+    Plan(PolicyPlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyPlanArgs {
+    /// The YAML file holding the proposed policy
+    #[arg(short, long = "filename", value_name = "PATH")]
+    pub file: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,6 +16,7 @@ pub mod explain;
 pub mod get;
 pub mod label;
 pub mod plan;
+pub mod policy;
 pub mod snapshot;
 pub mod status;
 pub mod tree;
@@ -60,6 +61,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Cluster(command) => cluster::run(&session, command).await,
                 Command::Acl(command) => acl::run(&session, command).await,
                 Command::Auth(command) => auth::run(&session, command).await,
+                Command::Policy(command) => policy::run(&session, command).await,
                 Command::Controllers => controllers::run(&session).await,
                 Command::Snapshot(command) => snapshot::run(&session, command).await,
                 Command::Bench(args) => bench::run(&session, &args).await,

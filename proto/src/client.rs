@@ -1033,6 +1033,26 @@ impl Client {
     }
 
     /// The identity of this client's token.
+    /// Checks a proposed admission policy against the stored objects it matches (nothing
+    /// changes).
+    pub async fn plan_policy(
+        &self,
+        policy: Resource,
+    ) -> Result<crate::cluster::v1::PlanPolicyResponse, ClientError> {
+        self.retrying(|| {
+            let mut cluster = self.cluster();
+            let request = self.request(
+                crate::cluster::v1::PlanPolicyRequest {
+                    policy: Some(policy.clone()),
+                },
+                true,
+            );
+            async move { cluster.plan_policy(request).await }
+        })
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
     /// Whether the caller's token (or, with `token_name`, another token: needs `acl` read) may
     /// do `verb` on `id`, and what decided it.
     pub async fn acl_check(

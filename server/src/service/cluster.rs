@@ -585,6 +585,28 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         Ok(Response::new(answer))
     }
 
+    async fn plan_policy(
+        &self,
+        request: Request<proto::cluster::v1::PlanPolicyRequest>,
+    ) -> Result<Response<proto::cluster::v1::PlanPolicyResponse>, Status> {
+        let caller = self.authorize(&request, Need::Token, false).await?;
+        let Some(service) = &self.service else {
+            return Err(Status::unimplemented(
+                "this server has no resource service to plan a policy against",
+            ));
+        };
+        service.sync().await.map_err(Status::from)?;
+        let authorizer = self
+            .tokens
+            .resolve(caller.token.as_deref())
+            .map_err(|error| Status::from(Error::from(error)))?;
+        let plan = service
+            .plan_policy(authorizer.as_ref(), request.into_inner().policy)
+            .await
+            .map_err(Status::from)?;
+        Ok(Response::new(plan))
+    }
+
     async fn plan_type(
         &self,
         request: Request<proto::cluster::v1::PlanTypeRequest>,

@@ -254,3 +254,175 @@ impl ResourceService {
             .unwrap_or(serde_json::Value::Null)
     }
 }
+
+/// Most failures a policy plan lists (the rest are counted).
+const MAX_PLAN_FAILURES: usize = 1000;
+
+impl ResourceService {
+    /// Plans the admission policy `proposed` (DESIGN §17): refused as its write would be
+    /// (compile, match, access), else every stored object it matches checked against it, as an
+    /// update of itself (a create or delete for policies only of those), nothing changed.
+    pub(crate) async fn plan_policy(
+        &self,
+        authorizer: &dyn crate::acl::Authorizer,
+        proposed: Option<Resource>,
+    ) -> Result<proto::cluster::v1::PlanPolicyResponse, Error> {
+        use proto::cluster::v1::{PlanFailure, PlanPolicyResponse};
+        let proposed = proposed.ok_or_else(|| Error::invalid("policy is required"))?;
+        let is_policy = proposed
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .is_some_and(|t| {
+                crate::resource::gvk(t) == crate::registry::policies::ADMISSION_POLICY
+            });
+        if !is_policy {
+            return Err(Error::invalid(format!(
+                "policy must be a {} resource",
+                crate::registry::policies::ADMISSION_POLICY
+            )));
+        }
+        // Every check of writing it, the write excepted.
+        let checked = self
+            .mutate_and_validate(
+                authorizer,
+                proto::resource::v1::MutateAndValidateRequest {
+                    resource: Some(proposed),
+                },
+            )
+            .await?
+            .resource
+            .unwrap_or_default();
+        let name = checked
+            .id
+            .as_ref()
+            .map(|id| id.name.clone())
+            .unwrap_or_default();
+        let data: proto::policy::v1::AdmissionPolicy =
+            crate::registry::decode_data(&checked).map_err(Error::InvalidArgument)?;
+        let mut compiled =
+            crate::registry::policies::compile(&name, &data).map_err(|problems| {
+                Error::invalid(
+                    problems
+                        .into_iter()
+                        .map(|(field, why)| format!("{field}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            })?;
+        // Planned as a DENY: whatever its action, the plan lists what its validations refuse.
+        compiled.action = Action::Deny;
+        let set = PolicySet {
+            revision: Default::default(),
+            policies: vec![Arc::new(compiled)],
+        };
+        let mut answer = PlanPolicyResponse::default();
+        // Each kind once (its versions share the stored objects).
+        let mut kinds = std::collections::BTreeSet::new();
+        for registration in self.registry.types() {
+            let t = &registration.resource_type;
+            if exempt(&t.group, &t.kind) || !kinds.insert((t.group.clone(), t.kind.clone())) {
+                continue;
+            }
+            let everywhere = super::migrate::every_tenancy(registration.scope);
+            let mut after: Option<crate::storage::StorageKey> = None;
+            loop {
+                let mut page = PlanPage(Vec::new());
+                self.backend
+                    .list_encoded(
+                        Consistency::Strong,
+                        &crate::storage::UnversionedType::of(t),
+                        &everywhere,
+                        "",
+                        after.as_ref(),
+                        &mut page,
+                    )
+                    .await?;
+                let full = page.0.len() >= PLAN_PAGE;
+                let mut last = None;
+                for bytes in page.0 {
+                    let stored = <Resource as prost::Message>::decode(bytes.as_slice())
+                        .map_err(crate::storage::undecodable)
+                        .map_err(Error::from)?;
+                    let id = stored.id.clone().unwrap_or_default();
+                    last = Some(crate::storage::StorageKey::of(&id));
+                    let gvk = id
+                        .r#type
+                        .as_ref()
+                        .map(crate::resource::gvk)
+                        .unwrap_or_default();
+                    let namespace = id
+                        .tenancy
+                        .as_ref()
+                        .map(|t| t.namespace.clone())
+                        .unwrap_or_default();
+                    let Some(operation) = [Operation::Update, Operation::Create, Operation::Delete]
+                        .into_iter()
+                        .find(|op| {
+                            !set.matching(&gvk, &namespace, &stored.metadata, *op)
+                                .is_empty()
+                        })
+                    else {
+                        continue;
+                    };
+                    answer.checked += 1;
+                    let refusal = match self
+                        .admit(
+                            &set,
+                            &stored,
+                            Some(&stored),
+                            operation,
+                            authorizer.identity(),
+                        )
+                        .await
+                    {
+                        Err(Error::AdmissionDenied(denied)) => Some(denied.message),
+                        Err(other) => Some(other.to_string()),
+                        Ok(()) => None,
+                    };
+                    let Some(message) = refusal else { continue };
+                    if answer.failures.len() >= MAX_PLAN_FAILURES {
+                        answer.omitted += 1;
+                        continue;
+                    }
+                    let readable =
+                        crate::acl::require_resource(authorizer, &id, crate::acl::Access::Read)
+                            .is_ok();
+                    answer.failures.push(if readable {
+                        PlanFailure {
+                            id: Some(id),
+                            message,
+                        }
+                    } else {
+                        PlanFailure {
+                            id: None,
+                            message: "an object this token may not read would be refused".into(),
+                        }
+                    });
+                }
+                match (full, last) {
+                    (true, Some(last)) => after = Some(last),
+                    _ => break,
+                }
+            }
+        }
+        Ok(answer)
+    }
+}
+
+/// Objects a plan reads at a time.
+const PLAN_PAGE: usize = 512;
+
+/// One page of encoded objects.
+struct PlanPage(Vec<Vec<u8>>);
+
+impl crate::storage::EncodedSink for PlanPage {
+    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
+        self.0.push(encoded.to_vec());
+        if self.0.len() >= PLAN_PAGE {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    }
+}

@@ -342,6 +342,8 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
         ),
         // What writing the Type needs: write on it and `schema` write on what it claims.
         ("ClusterService/PlanType", [U, U, U, P, P, P, Served]),
+        // What writing the policy needs: write on it and `schema` write on what it matches.
+        ("ClusterService/PlanPolicy", [U, U, U, P, P, P, Served]),
         // Any token asks for itself (the answer says yes or no).
         (
             "ClusterService/AclCheck",
@@ -629,6 +631,41 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
                         r#type: Some(crate::types::invoice_type_resource(
                             crate::types::INVOICE_PROTO,
                         )),
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+        ),
+        "ClusterService/PlanPolicy" => code(
+            cluster
+                .plan_policy(with_token(
+                    cluster_pb::PlanPolicyRequest {
+                        policy: Some(Resource {
+                            id: Some(Id {
+                                uid: String::new(),
+                                name: "plan".into(),
+                                r#type: Some(proto::resource::v1::Type {
+                                    group: "policy".into(),
+                                    group_version: "v1".into(),
+                                    kind: "AdmissionPolicy".into(),
+                                }),
+                                tenancy: Some(Tenancy::default()),
+                            }),
+                            data: Some(proto::to_any(&proto::policy::v1::AdmissionPolicy {
+                                r#match: Some(proto::policy::v1::Match {
+                                    types: vec!["demo.*.*".into()],
+                                    ..Default::default()
+                                }),
+                                validations: vec![proto::policy::v1::Validation {
+                                    expression: "true".into(),
+                                    message: "always".into(),
+                                }],
+                                action: proto::policy::v1::Action::Deny as i32,
+                                ..Default::default()
+                            })),
+                            ..Default::default()
+                        }),
                     },
                     token,
                 ))

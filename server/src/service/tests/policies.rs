@@ -287,3 +287,58 @@ async fn policies_cannot_name_the_platforms_types_and_need_their_types_ownership
     .await
     .expect("the owner of the types");
 }
+
+/// A plan lists exactly the stored objects a proposed policy would refuse (whatever its
+/// action), withholds the names its caller may not read, and stores nothing.
+#[tokio::test]
+async fn a_plan_names_exactly_the_objects_a_policy_would_refuse() {
+    let h = harness().await;
+    h.write(album_of("threshold", 1960, "default"))
+        .await
+        .expect("the params");
+    for (name, year) in [("old", 1950), ("older", 1940), ("new", 1970)] {
+        h.write(album_of(name, year, "default"))
+            .await
+            .expect("an album");
+    }
+    let plan = h
+        .service
+        .plan_policy(
+            &AllowAll,
+            Some(policy(
+                "modern-only",
+                minimum_year(pb::Action::Warn, "threshold"),
+            )),
+        )
+        .await
+        .expect("a plan");
+    let mut named: Vec<&str> = plan
+        .failures
+        .iter()
+        .filter_map(|f| f.id.as_ref().map(|id| id.name.as_str()))
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, ["old", "older"], "{:?}", plan.failures);
+    assert_eq!(plan.checked, 4);
+    // Nothing was stored: the policy does not hold.
+    h.write(album_of("oldest", 1930, "default"))
+        .await
+        .expect("no policy was written");
+    // A caller who may not read the albums learns how many, not which.
+    let owner = KeyRules::default()
+        .key_prefix("resource/policy.", Access::Write)
+        .schema(Access::Write);
+    let plan = h
+        .service
+        .plan_policy(
+            &owner,
+            Some(policy(
+                "modern-only",
+                minimum_year(pb::Action::Deny, "threshold"),
+            )),
+        )
+        .await
+        .expect("a plan");
+    assert_eq!(plan.failures.len(), 3);
+    assert!(plan.failures.iter().all(|f| f.id.is_none()));
+}

@@ -1,0 +1,153 @@
+//! `resctl policy plan -f FILE` (DESIGN §17): every stored object an admission policy would
+//! match, checked against it — which it would refuse and why — with nothing changed.
+
+use proto::codec::gvk;
+use serde::Serialize;
+
+use super::plan::Failure;
+use crate::output::{self, OutputFormat, Table};
+use crate::session::Session;
+
+/// The plan of one policy document.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyPlan {
+    pub name: String,
+    pub checked: u64,
+    pub failures: Vec<Failure>,
+    /// Refusals beyond those listed.
+    pub omitted: u64,
+}
+
+impl PolicyPlan {
+    fn refused(&self) -> u64 {
+        self.failures.len() as u64 + self.omitted
+    }
+}
+
+pub async fn run(session: &Session, command: crate::cli::PolicyCommand) -> anyhow::Result<u8> {
+    let crate::cli::PolicyCommand::Plan(args) = command;
+    let sources = super::apply::read_sources(std::slice::from_ref(&args.file))?;
+    let codec = session.codec().await?;
+    let documents = super::apply::decode(session, codec, &sources);
+    let mut plans = Vec::new();
+    for document in &documents {
+        let resource = match &document.resource {
+            Ok(resource) => resource,
+            Err(error) => anyhow::bail!(
+                "{} document {}: {}",
+                document.file,
+                document.index,
+                error.message
+            ),
+        };
+        let is_policy = resource
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .is_some_and(|t| gvk(t) == "policy.v1.AdmissionPolicy");
+        if !is_policy {
+            continue;
+        }
+        let name = resource
+            .id
+            .as_ref()
+            .map(|id| id.name.clone())
+            .unwrap_or_default();
+        let spinner = if session.interactive {
+            let spinner = indicatif::ProgressBar::new_spinner();
+            spinner.set_message(format!(
+                "checking the stored objects policy {name} matches (nothing changes)"
+            ));
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+            spinner
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let answer = session.client.plan_policy(resource.clone()).await;
+        spinner.finish_and_clear();
+        let answer = answer?;
+        plans.push(PolicyPlan {
+            name,
+            checked: answer.checked,
+            failures: answer
+                .failures
+                .into_iter()
+                .map(|failure| {
+                    let id = failure.id.unwrap_or_default();
+                    let tenancy = id.tenancy.unwrap_or_default();
+                    Failure {
+                        resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
+                        partition: tenancy.partition,
+                        namespace: tenancy.namespace,
+                        name: if id.name.is_empty() {
+                            "(not readable)".to_owned()
+                        } else {
+                            id.name
+                        },
+                        message: failure.message,
+                    }
+                })
+                .collect(),
+            omitted: answer.omitted,
+        });
+    }
+    if plans.is_empty() {
+        anyhow::bail!(
+            "{} holds no policy.v1.AdmissionPolicy document to plan",
+            args.file.display()
+        );
+    }
+    let text = match session.output {
+        OutputFormat::Json | OutputFormat::JsonPath => output::json(&plans)?,
+        OutputFormat::Yaml => output::yaml(&plans)?,
+        OutputFormat::Name => plans
+            .iter()
+            .flat_map(|plan| plan.failures.iter())
+            .map(|failure| format!("{}/{}\n", failure.resource_type, failure.name))
+            .collect(),
+        _ => {
+            let mut text = String::new();
+            for plan in &plans {
+                text.push_str(&format!(
+                    "Policy {}: {} {} matched, {} would be refused\n",
+                    plan.name,
+                    plan.checked,
+                    if plan.checked == 1 {
+                        "object"
+                    } else {
+                        "objects"
+                    },
+                    plan.refused()
+                ));
+                if plan.failures.is_empty() {
+                    continue;
+                }
+                let mut table = Table::new(["TYPE", "TENANCY", "NAME", "REFUSED BECAUSE"]);
+                for failure in &plan.failures {
+                    let tenancy = match (failure.partition.as_str(), failure.namespace.as_str()) {
+                        ("", _) => "-".to_owned(),
+                        (partition, "") => partition.to_owned(),
+                        (partition, namespace) => format!("{partition}/{namespace}"),
+                    };
+                    table.row([
+                        failure.resource_type.clone(),
+                        tenancy,
+                        failure.name.clone(),
+                        failure.message.clone(),
+                    ]);
+                }
+                text.push_str(&table.render());
+                if plan.omitted > 0 {
+                    text.push_str(&format!("… and {} more\n", plan.omitted));
+                }
+            }
+            text
+        }
+    };
+    output::print(&text)?;
+    Ok(if plans.iter().any(|plan| plan.refused() > 0) {
+        1
+    } else {
+        0
+    })
+}
