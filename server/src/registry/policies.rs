@@ -276,6 +276,14 @@ impl CompiledPolicy {
             && self.selector.as_ref().is_none_or(|s| s.matches(labels))
     }
 
+    /// The worst case of its validations on data of at most `cel::SMALL_DATA_BYTES`.
+    pub(crate) fn small_estimate(&self) -> u64 {
+        self.validations
+            .iter()
+            .map(|v| v.program.small_estimate)
+            .fold(0, u64::saturating_add)
+    }
+
     /// Runs the validations over `variables` (`object`, `old_object`, `params`, `request`):
     /// the message of the first that does not hold, or `None`.
     pub(crate) fn validate(

@@ -117,13 +117,13 @@ impl ResourceService {
                 },
             });
         }
+        // Made once, shared by every policy (values are shared, not copied).
+        let object_value = self.object_value(object);
+        let old_value = old.map_or(Value::Null, |old| self.object_value(old));
         let variables = |params: Value| {
             vec![
-                (Arc::new("object".to_owned()), self.object_value(object)),
-                (
-                    Arc::new("old_object".to_owned()),
-                    old.map_or(Value::Null, |old| self.object_value(old)),
-                ),
+                (Arc::new("object".to_owned()), object_value.clone()),
+                (Arc::new("old_object".to_owned()), old_value.clone()),
                 (Arc::new("params".to_owned()), params),
                 (
                     Arc::new("request".to_owned()),
@@ -142,25 +142,46 @@ impl ResourceService {
             .zip(params)
             .map(|(policy, params)| (policy, params.map(variables)))
             .collect();
-        let outcomes = self
-            .pool
-            .run(move || {
-                let mut meter = Meter::new(cel::REQUEST_BUDGET);
-                jobs.into_iter()
-                    .map(|(policy, variables)| {
-                        let outcome = match (&policy.broken, variables) {
-                            (Some(broken), _) => Err(format!("it does not compile here: {broken}")),
-                            (None, Err(why)) => Err(why),
-                            (None, Ok(variables)) => policy
-                                .validate(&variables, &mut meter)
-                                .map_err(|error| error.to_string()),
-                        };
-                        (policy, outcome)
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .map_err(|error| Error::Internal(error.to_string()))?;
+        let run = |jobs: &[(Arc<CompiledPolicy>, Result<Vec<(Arc<String>, Value)>, String>)],
+                   budget: u64| {
+            let mut meter = Meter::new(budget);
+            jobs.iter()
+                .map(|(policy, variables)| {
+                    let outcome = match (&policy.broken, variables) {
+                        (Some(broken), _) => Err(format!("it does not compile here: {broken}")),
+                        (None, Err(why)) => Err(why.clone()),
+                        (None, Ok(variables)) => policy
+                            .validate(variables, &mut meter)
+                            .map_err(|error| error.to_string()),
+                    };
+                    (policy.clone(), outcome)
+                })
+                .collect::<Vec<_>>()
+        };
+        // Small objects under cheap policies are checked where the request is handled (the hop
+        // to the pool would cost more), within INLINE_UNITS: past them, on the pool.
+        let bytes = prost::Message::encoded_len(object).max(old.map_or(0, prost::Message::encoded_len));
+        let cheap = bytes as u64 <= cel::SMALL_DATA_BYTES
+            && jobs
+                .iter()
+                .map(|(policy, _)| policy.small_estimate())
+                .fold(0u64, u64::saturating_add)
+                <= cel::INLINE_UNITS;
+        let inline = cheap
+            .then(|| run(&jobs, cel::INLINE_UNITS))
+            .filter(|outcomes| {
+                !outcomes
+                    .iter()
+                    .any(|(_, outcome)| matches!(outcome, Err(why) if why.contains("over its cost budget")))
+            });
+        let outcomes = match inline {
+            Some(outcomes) => outcomes,
+            None => self
+                .pool
+                .run(move || run(&jobs, cel::REQUEST_BUDGET))
+                .await
+                .map_err(|error| Error::Internal(error.to_string()))?,
+        };
         for (policy, outcome) in outcomes {
             match (policy.action, outcome) {
                 (_, Ok(None)) => {}
