@@ -220,15 +220,17 @@ pub(crate) fn compile(
             );
             continue;
         }
+        // A policy knows no schema (it may match any type): its validations are estimated over
+        // any object as large as a resource may be, against a request's whole budget.
         match cel::prepare_over(expression, &VARIABLES) {
-            Ok(program) if program.estimate > cel::RULE_BUDGET => problem(
+            Ok(program) if program.estimate > cel::REQUEST_BUDGET => problem(
                 &format!("{at}.expression"),
                 format!(
-                    "{:?} may cost up to {} units on an object of {} bytes, over the budget of {} per rule: a comprehension nested in another over the object's lists costs the product of their sizes",
+                    "{:?} may cost up to {} units on an object of {} bytes, over the budget of {} per request: a comprehension nested in another over the object's lists costs the product of their sizes",
                     validation.expression,
                     program.estimate,
                     cel::MAX_DATA_BYTES,
-                    cel::RULE_BUDGET
+                    cel::REQUEST_BUDGET
                 ),
             ),
             Ok(program) => validations.push(Validation {
@@ -292,7 +294,7 @@ impl CompiledPolicy {
         meter: &mut Meter,
     ) -> Result<Option<String>, EvalError> {
         for validation in &self.validations {
-            let mut rule_meter = Meter::new(meter.left().min(cel::RULE_BUDGET));
+            let mut rule_meter = Meter::new(meter.left());
             let outcome =
                 cel::Evaluator::new(&validation.program, variables.to_vec(), &mut rule_meter).run();
             meter.spend(rule_meter.used());

@@ -142,7 +142,10 @@ impl ResourceService {
             .zip(params)
             .map(|(policy, params)| (policy, params.map(variables)))
             .collect();
-        let run = |jobs: &[(Arc<CompiledPolicy>, Result<Vec<(Arc<String>, Value)>, String>)],
+        let run = |jobs: &[(
+            Arc<CompiledPolicy>,
+            Result<Vec<(Arc<String>, Value)>, String>,
+        )],
                    budget: u64| {
             let mut meter = Meter::new(budget);
             jobs.iter()
@@ -160,7 +163,8 @@ impl ResourceService {
         };
         // Small objects under cheap policies are checked where the request is handled (the hop
         // to the pool would cost more), within INLINE_UNITS: past them, on the pool.
-        let bytes = prost::Message::encoded_len(object).max(old.map_or(0, prost::Message::encoded_len));
+        let bytes =
+            prost::Message::encoded_len(object).max(old.map_or(0, prost::Message::encoded_len));
         let cheap = bytes as u64 <= cel::SMALL_DATA_BYTES
             && jobs
                 .iter()

@@ -342,3 +342,43 @@ async fn a_plan_names_exactly_the_objects_a_policy_would_refuse() {
     assert_eq!(plan.failures.len(), 3);
     assert!(plan.failures.iter().all(|f| f.id.is_none()));
 }
+
+/// A policy whose validation may cost more than a rule's budget on the largest object is
+/// refused when written, naming the validation; one over a list of the object's is fine.
+#[tokio::test]
+async fn a_policy_over_budget_is_refused_when_written() {
+    let h = harness().await;
+    let with = |expression: &str| {
+        policy(
+            "costly",
+            pb::AdmissionPolicy {
+                r#match: Some(pb::Match {
+                    types: vec!["demo.v2.Album".into()],
+                    ..Default::default()
+                }),
+                validations: vec![pb::Validation {
+                    expression: expression.into(),
+                    message: "no".into(),
+                }],
+                action: pb::Action::Deny as i32,
+                ..Default::default()
+            },
+        )
+    };
+    let refused = h
+        .write(with(
+            "object.data.tracks.all(a, object.data.tracks.all(b, a == b || a != b))",
+        ))
+        .await
+        .err()
+        .map(|error| format!("{error:?}"));
+    assert!(
+        refused.as_ref().is_some_and(
+            |why| why.contains("validations[0].expression") && why.contains("over the budget")
+        ),
+        "{refused:?}"
+    );
+    h.write(with("object.data.tracks.all(t, size(t) < 200)"))
+        .await
+        .expect("one pass over a list");
+}
