@@ -661,6 +661,19 @@ async fn write_if_changed(
                 });
             }
         }
+        let is_policy = plan
+            .desired
+            .id
+            .as_ref()
+            .and_then(|id| id.r#type.as_ref())
+            .is_some_and(|t| gvk(t) == "policy.v1.AdmissionPolicy");
+        if is_policy && attempt == 1 && (plan.stored.is_none() || plan.changes(codec)) {
+            // A new or changed admission policy: what it would refuse of what is stored
+            // (DESIGN §17). It judges writes from now on; what is stored stays.
+            if let Ok(policy_plan) = super::policy::plan(session, &plan.desired).await {
+                crate::say!("{}", policy_plan.summary());
+            }
+        }
         let Some(stored) = &plan.stored else {
             if dry_run {
                 return Ok((Outcome::Created, String::new()));

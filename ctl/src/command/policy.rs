@@ -22,6 +22,70 @@ impl PolicyPlan {
     fn refused(&self) -> u64 {
         self.failures.len() as u64 + self.omitted
     }
+
+    /// `Policy modern-albums: 12 objects matched, 2 would be refused`.
+    pub fn summary(&self) -> String {
+        format!(
+            "Policy {}: {} {} matched, {} would be refused",
+            self.name,
+            self.checked,
+            if self.checked == 1 {
+                "object"
+            } else {
+                "objects"
+            },
+            self.refused()
+        )
+    }
+}
+
+/// Plans `resource` (a `policy.v1.AdmissionPolicy`), with a spinner while the server checks.
+pub async fn plan(
+    session: &Session,
+    resource: &proto::resource::v1::Resource,
+) -> anyhow::Result<PolicyPlan> {
+    let name = resource
+        .id
+        .as_ref()
+        .map(|id| id.name.clone())
+        .unwrap_or_default();
+    let spinner = if session.interactive {
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!(
+            "checking the stored objects policy {name} matches (nothing changes)"
+        ));
+        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        spinner
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let answer = session.client.plan_policy(resource.clone()).await;
+    spinner.finish_and_clear();
+    let answer = answer?;
+    Ok(PolicyPlan {
+        name,
+        checked: answer.checked,
+        failures: answer
+            .failures
+            .into_iter()
+            .map(|failure| {
+                let id = failure.id.unwrap_or_default();
+                let tenancy = id.tenancy.unwrap_or_default();
+                Failure {
+                    resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
+                    partition: tenancy.partition,
+                    namespace: tenancy.namespace,
+                    name: if id.name.is_empty() {
+                        "(not readable)".to_owned()
+                    } else {
+                        id.name
+                    },
+                    message: failure.message,
+                }
+            })
+            .collect(),
+        omitted: answer.omitted,
+    })
 }
 
 pub async fn run(session: &Session, command: crate::cli::PolicyCommand) -> anyhow::Result<u8> {
@@ -48,48 +112,7 @@ pub async fn run(session: &Session, command: crate::cli::PolicyCommand) -> anyho
         if !is_policy {
             continue;
         }
-        let name = resource
-            .id
-            .as_ref()
-            .map(|id| id.name.clone())
-            .unwrap_or_default();
-        let spinner = if session.interactive {
-            let spinner = indicatif::ProgressBar::new_spinner();
-            spinner.set_message(format!(
-                "checking the stored objects policy {name} matches (nothing changes)"
-            ));
-            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-            spinner
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        let answer = session.client.plan_policy(resource.clone()).await;
-        spinner.finish_and_clear();
-        let answer = answer?;
-        plans.push(PolicyPlan {
-            name,
-            checked: answer.checked,
-            failures: answer
-                .failures
-                .into_iter()
-                .map(|failure| {
-                    let id = failure.id.unwrap_or_default();
-                    let tenancy = id.tenancy.unwrap_or_default();
-                    Failure {
-                        resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
-                        partition: tenancy.partition,
-                        namespace: tenancy.namespace,
-                        name: if id.name.is_empty() {
-                            "(not readable)".to_owned()
-                        } else {
-                            id.name
-                        },
-                        message: failure.message,
-                    }
-                })
-                .collect(),
-            omitted: answer.omitted,
-        });
+        plans.push(plan(session, resource).await?);
     }
     if plans.is_empty() {
         anyhow::bail!(

@@ -58,6 +58,13 @@ pub(crate) fn register(
         .with_reconciler(ReplicaReports::default()),
     )?;
     manager.register(
+        Controller::new(
+            POLICY_CONTROLLER,
+            resource::new_type("policy", "v1", "AdmissionPolicy"),
+        )
+        .with_reconciler(PolicyController),
+    )?;
+    manager.register(
         Controller::new("type", crate::registry::builtin::registry_type())
             .with_reconciler(TypeController::default())
             .with_finalizer(crate::registry::builtin::TYPE_FINALIZER),
@@ -531,6 +538,82 @@ impl TypeController {
             // Objects that do not convert stay where they are; the others go on at the pace.
             Ok(Action::requeue(MIGRATION_PAUSE))
         }
+    }
+}
+
+/// The admission-policy controller's name, and the status key it writes.
+pub(crate) const POLICY_CONTROLLER: &str = "admission-policies";
+pub(crate) const POLICY_STATUS: &str = "admission";
+/// How often a policy's params are looked for again (they may be written later).
+const PARAMS_RECHECK: Duration = Duration::from_secs(10);
+
+/// Says in each admission policy's status (key `admission`, condition `Ready`) whether it can
+/// run: its params exist (DESIGN §17). A DENY policy whose params are missing refuses what it
+/// matches, a WARN or AUDIT one lets it through: the status says which.
+pub(crate) struct PolicyController;
+
+#[async_trait]
+impl Reconciler<InProcess> for PolicyController {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(stored) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let policy: proto::policy::v1::AdmissionPolicy = match decode_data(&stored) {
+            Ok(policy) => policy,
+            Err(_) => return Ok(Action::await_change()),
+        };
+        let deny = policy.action == proto::policy::v1::Action::Deny as i32;
+        let (ready, reason, message) = match &policy.params {
+            None => (true, "Ready", "the policy takes no params".to_owned()),
+            Some(params) => match runtime.read(params).await {
+                Ok(Some(_)) => (
+                    true,
+                    "Ready",
+                    format!("its params {} exist", DisplayId(params)),
+                ),
+                Ok(None) => (
+                    false,
+                    "ParamsMissing",
+                    format!(
+                        "its params {} do not exist: {}",
+                        DisplayId(params),
+                        if deny {
+                            "it refuses everything it matches until they do"
+                        } else {
+                            "it lets everything through until they do"
+                        }
+                    ),
+                ),
+                Err(error) => (
+                    false,
+                    "ParamsUnreadable",
+                    format!("its params cannot be read: {error}"),
+                ),
+            },
+        };
+        let status = Status {
+            observed_generation: stored.generation.clone(),
+            conditions: vec![Condition {
+                r#type: "Ready".into(),
+                state: if ready { State::True } else { State::False } as i32,
+                reason: reason.into(),
+                message,
+                resource: None,
+            }],
+            updated_at: None,
+        };
+        runtime
+            .write_status_if_changed(&stored, POLICY_STATUS, status)
+            .await?;
+        Ok(if policy.params.is_some() {
+            Action::requeue(PARAMS_RECHECK)
+        } else {
+            Action::await_change()
+        })
     }
 }
 

@@ -226,15 +226,14 @@ fn append_warning(response: &mut Response, warning: &str) {
             }
         })
         .collect();
-    if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\"")) {
-        if !response
+    if let Ok(value) = http::HeaderValue::try_from(format!("299 - \"{text}\""))
+        && !response
             .headers()
             .get_all(header::WARNING)
             .iter()
             .any(|v| v == value)
-        {
-            response.headers_mut().append(header::WARNING, value);
-        }
+    {
+        response.headers_mut().append(header::WARNING, value);
     }
 }
 

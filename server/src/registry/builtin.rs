@@ -159,8 +159,9 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 }
 
 /// The controllers the server runs itself: no report may claim them (DESIGN §16).
-pub(crate) const BUILTIN_CONTROLLERS: [&str; 7] = [
+pub(crate) const BUILTIN_CONTROLLERS: [&str; 8] = [
     "reaper",
+    "admission-policies",
     "namespace",
     "replica-reports",
     "type",

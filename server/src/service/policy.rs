@@ -17,6 +17,12 @@ use crate::registry::cel::{self, Meter, Value};
 use crate::registry::policies::{Action, CompiledPolicy, Operation, PolicySet, exempt};
 use crate::storage::{Consistency, Domain, Fence, Guard, StorageError};
 
+/// A matching policy with what its validations run over (or why they cannot run).
+type Job = (
+    Arc<CompiledPolicy>,
+    Result<Vec<(Arc<String>, Value)>, String>,
+);
+
 tokio::task_local! {
     /// The warnings of the request being answered (WARN policies), when its handler collects
     /// them.
@@ -134,19 +140,12 @@ impl ResourceService {
                 ),
             ]
         };
-        let jobs: Vec<(
-            Arc<CompiledPolicy>,
-            Result<Vec<(Arc<String>, Value)>, String>,
-        )> = matching
+        let jobs: Vec<Job> = matching
             .into_iter()
             .zip(params)
             .map(|(policy, params)| (policy, params.map(variables)))
             .collect();
-        let run = |jobs: &[(
-            Arc<CompiledPolicy>,
-            Result<Vec<(Arc<String>, Value)>, String>,
-        )],
-                   budget: u64| {
+        let run = |jobs: &[Job], budget: u64| {
             let mut meter = Meter::new(budget);
             jobs.iter()
                 .map(|(policy, variables)| {

@@ -179,4 +179,67 @@ async fn a_deny_policy_holds_on_every_node_once_acknowledged_and_warnings_reach_
                 && line.contains("modern-please")),
         "{head}"
     );
+
+    // A policy's status says whether it can run: its params exist, or not (and then what it
+    // does meanwhile).
+    let mut orphan = policy("orphan", pb::Action::Deny);
+    if let Some(data) = orphan.data.as_mut() {
+        let mut decoded: pb::AdmissionPolicy =
+            prost::Message::decode(data.value.as_slice()).expect("decodes");
+        decoded.params = Some(id("demo.v2.Album", "default", "nowhere"));
+        decoded.r#match = Some(pb::Match {
+            types: vec!["demo.v1.Concept".into()],
+            ..Default::default()
+        });
+        *data = proto::to_any(&decoded);
+    }
+    writer(0)
+        .await
+        .write(WriteRequest {
+            resource: Some(orphan),
+        })
+        .await
+        .expect("a policy without its params");
+    let condition = |name: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let read = cluster.nodes[0]
+                .resources()
+                .await
+                .read(proto::resource::v1::ReadRequest {
+                    id: Some(id("policy.v1.AdmissionPolicy", "", name)),
+                })
+                .await
+                .expect("the policy")
+                .into_inner()
+                .resource
+                .expect("a resource");
+            read.status.get("admission").and_then(|status| {
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.r#type == "Ready")
+                    .map(|c| (c.state, c.reason.clone(), c.message.clone()))
+            })
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let (mut orphan_ready, mut warn_ready) = (None, None);
+    while std::time::Instant::now() < deadline {
+        orphan_ready = condition("orphan").await;
+        warn_ready = condition("modern-please").await;
+        if orphan_ready.is_some() && warn_ready.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (state, reason, message) = orphan_ready.expect("the orphan's status");
+    assert_eq!(state, proto::resource::v1::State::False as i32);
+    assert_eq!(reason, "ParamsMissing");
+    assert!(
+        message.contains("refuses everything it matches"),
+        "{message}"
+    );
+    let (state, _, _) = warn_ready.expect("the warn policy's status");
+    assert_eq!(state, proto::resource::v1::State::True as i32);
 }
