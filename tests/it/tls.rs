@@ -221,6 +221,52 @@ async fn resd_dev_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("fly"), "{}", stderr(&bad));
 
+    // An admission policy (DESIGN §17): as a DENY an old album in jazz is refused naming it;
+    // as a WARN it is stored and resctl prints the warning.
+    let policy = tests::fixtures().join("policy").display().to_string();
+    let applied = run(with_flags(&["apply", "-f", &policy]));
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    assert!(
+        stderr(&applied).contains("Policy modern-albums:"),
+        "apply prints the policy's plan first: {}",
+        stderr(&applied)
+    );
+    let old_album = scratch.path().join("old-album.yaml");
+    std::fs::write(
+        &old_album,
+        "type: demo.v2.Album\nname: very-old\ntenancy: {partition: default, namespace: jazz}\ndata:\n  name: Very Old\n  yearOfRelease: 1930\n",
+    )
+    .expect("write the album");
+    let old_album = old_album.display().to_string();
+    let refused = run(with_flags(&["apply", "-f", &old_album]));
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("admission policy modern-albums denies this"),
+        "{}",
+        stderr(&refused)
+    );
+    let warn_policy = scratch.path().join("warn.yaml");
+    std::fs::write(
+        &warn_policy,
+        std::fs::read_to_string(tests::fixtures().join("policy").join("modern-albums.yaml"))
+            .expect("the fixture")
+            .replace("ACTION_DENY", "ACTION_WARN"),
+    )
+    .expect("write the warn policy");
+    let applied = run(with_flags(&[
+        "apply",
+        "-f",
+        &warn_policy.display().to_string(),
+    ]));
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let warned = run(with_flags(&["apply", "-f", &old_album]));
+    assert!(warned.status.success(), "{}", stderr(&warned));
+    assert!(
+        stderr(&warned).contains("warning: admission policy modern-albums"),
+        "{}",
+        stderr(&warned)
+    );
+
     // Plaintext.
     let plain = run(vec![
         "--server".into(),
