@@ -137,3 +137,59 @@ fn columns_count_characters_not_bytes() {
     let error = Selector::parse("a=b,é").unwrap_err();
     assert_eq!(error.column, 5);
 }
+
+mod properties {
+    //! Random selectors: the canonical text of a parsed selector parses to the same selector
+    //! (and the same text); any text at all parses or is refused, never panics.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key() -> impl Strategy<Value = String> {
+        "([a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?/)?[a-z0-9]([a-z0-9_.-]{0,12}[a-z0-9])?"
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        "([a-z0-9]([a-z0-9_.-]{0,12}[a-z0-9])?)?"
+    }
+
+    fn set_value() -> impl Strategy<Value = String> {
+        "[a-z0-9]([a-z0-9_.-]{0,12}[a-z0-9])?"
+    }
+
+    fn requirement() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (key(), value()).prop_map(|(k, v)| format!("{k}={v}")),
+            (key(), value()).prop_map(|(k, v)| format!("{k}=={v}")),
+            (key(), value()).prop_map(|(k, v)| format!("{k}!={v}")),
+            (key(), prop::collection::vec(set_value(), 1..4))
+                .prop_map(|(k, vs)| format!("{k} in ({})", vs.join(","))),
+            (key(), prop::collection::vec(set_value(), 1..4))
+                .prop_map(|(k, vs)| format!("{k} notin ({})", vs.join(", "))),
+            key(),
+            key().prop_map(|k| format!("!{k}")),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_canonical_text_parses_to_the_same_selector(parts in prop::collection::vec(requirement(), 1..5)) {
+            let text = parts.join(",");
+            let parsed = Selector::parse(&text);
+            prop_assert!(parsed.is_ok(), "{text:?}: {parsed:?}");
+            let parsed = parsed.unwrap_or_default();
+            let canonical = parsed.to_string();
+            let again = Selector::parse(&canonical);
+            prop_assert_eq!(again.as_ref().map(ToString::to_string), Ok(canonical.clone()));
+            prop_assert_eq!(again.ok(), Some(parsed));
+        }
+
+        #[test]
+        fn any_text_parses_or_is_refused(text in "[ -~]{0,64}") {
+            let _ = Selector::parse(&text);
+        }
+    }
+}
