@@ -1546,6 +1546,98 @@ mod tests {
         }
     }
 
+    mod model {
+        //! Random workloads (batches of entries of random sizes across segment rolls, truncates,
+        //! purges, reopens) replay exactly what a model of the log holds.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            Write { count: u64, size: usize },
+            Truncate { back: u64 },
+            Purge { ahead: u64 },
+            Reopen,
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                4 => (1u64..6, 0usize..20_000).prop_map(|(count, size)| Step::Write { count, size }),
+                1 => (0u64..6).prop_map(|back| Step::Truncate { back }),
+                1 => (0u64..6).prop_map(|ahead| Step::Purge { ahead }),
+                1 => Just(Step::Reopen),
+            ]
+        }
+
+        fn check(replayed: &Replayed, model: &std::collections::BTreeMap<u64, Vec<u8>>) {
+            assert_eq!(
+                replayed.locations.keys().copied().collect::<Vec<_>>(),
+                model.keys().copied().collect::<Vec<_>>()
+            );
+            for (index, bytes) in model {
+                assert_eq!(&read(replayed, *index), bytes, "entry {index}");
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+            #[test]
+            fn a_random_workload_replays_as_written(steps in prop::collection::vec(step(), 1..24)) {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
+                let mut model = std::collections::BTreeMap::new();
+                let (mut next, mut purged) = (1u64, 0u64);
+                for step in steps {
+                    match step {
+                        Step::Write { count, size } => {
+                            let mut batch = Batch::default();
+                            for index in next..next + count {
+                                let bytes = vec![(index % 251) as u8; size];
+                                batch.entry(index, &bytes);
+                                model.insert(index, bytes);
+                            }
+                            wal.write(batch).expect("write");
+                            next += count;
+                        }
+                        Step::Truncate { back } => {
+                            let from = next.saturating_sub(back).max(purged + 1);
+                            if from < next {
+                                let mut batch = Batch::default();
+                                batch.truncate(from);
+                                wal.write(batch).expect("truncate");
+                                model.retain(|index, _| *index < from);
+                                next = from;
+                            }
+                        }
+                        Step::Purge { ahead } => {
+                            let upto = (purged + ahead).min(next - 1);
+                            if upto > purged {
+                                let mut batch = Batch::default();
+                                wal.purge(&mut batch, upto, &crate::wire::raft::encode(&log_id(1, upto)));
+                                wal.write(batch).expect("purge");
+                                model.retain(|index, _| *index > upto);
+                                purged = upto;
+                            }
+                        }
+                        Step::Reopen => {
+                            drop(wal);
+                            let (reopened, replayed) = Wal::open(dir.path(), true).expect("reopen");
+                            check(&replayed, &model);
+                            wal = reopened;
+                        }
+                    }
+                }
+                drop(wal);
+                let (_, replayed) = Wal::open(dir.path(), true).expect("reopen at the end");
+                check(&replayed, &model);
+                prop_assert_eq!(replayed.purged.map(|id| id.index), (purged > 0).then_some(purged));
+            }
+        }
+    }
+
     #[test]
     fn the_vote_of_a_damaged_log_is_salvaged_from_what_is_still_readable() {
         let dir = tempfile::tempdir().expect("temp dir");

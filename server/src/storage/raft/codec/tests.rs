@@ -523,8 +523,10 @@ mod properties {
                     WriteCondition::Version
                 }
             )),
-            (name(), "[0-9]{1,6}(\\.[0-9]{1,3})?")
-                .prop_map(|(n, version)| Change::Delete { id: id(&n), version }),
+            (name(), "[0-9]{1,6}(\\.[0-9]{1,3})?").prop_map(|(n, version)| Change::Delete {
+                id: id(&n),
+                version
+            }),
         ];
         (
             change,
