@@ -1571,7 +1571,7 @@ mod tests {
             ]
         }
 
-        fn check(replayed: &Replayed, model: &std::collections::BTreeMap<u64, Vec<u8>>) {
+        fn check(replayed: &Replayed, model: &BTreeMap<u64, Vec<u8>>) {
             assert_eq!(
                 replayed.locations.keys().copied().collect::<Vec<_>>(),
                 model.keys().copied().collect::<Vec<_>>()
@@ -1588,7 +1588,7 @@ mod tests {
             fn a_random_workload_replays_as_written(steps in prop::collection::vec(step(), 1..24)) {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let (mut wal, _) = Wal::open(dir.path(), false).expect("open");
-                let mut model = std::collections::BTreeMap::new();
+                let mut model = BTreeMap::new();
                 let (mut next, mut purged) = (1u64, 0u64);
                 for step in steps {
                     match step {
