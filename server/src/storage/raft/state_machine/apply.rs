@@ -354,7 +354,7 @@ fn apply_change(
                 count: -1,
                 bytes: -(existing.encoded_len() as i64),
             };
-            let charged = match charge_quotas(dbs, wtxn, &storage_key, freed)? {
+            let charged = match charge(quotas_over(dbs, wtxn, &storage_key)?, &storage_key, freed) {
                 Ok(charged) => charged,
                 Err(refused) => return Ok(Err(refused)),
             };
@@ -415,7 +415,9 @@ fn write(
     {
         return Ok(Err(refused));
     }
-    let charged = if quota::scopes(&storage_key).is_empty() {
+    // Most writes have no quota over them: the stored size is read only when one does.
+    let quotas = quotas_over(dbs, wtxn, &storage_key)?;
+    let charged = if quotas.is_empty() {
         Vec::new()
     } else {
         let before = get_sealed(dbs.resources, wtxn, &key)?.map_or(0, <[u8]>::len);
@@ -423,7 +425,7 @@ fn write(
             count: i64::from(existing.is_none()),
             bytes: resource.encoded_len() as i64 - before as i64,
         };
-        match charge_quotas(dbs, wtxn, &storage_key, delta)? {
+        match charge(quotas, &storage_key, delta) {
             Ok(charged) => charged,
             Err(refused) => return Ok(Err(refused)),
         }
@@ -489,23 +491,20 @@ fn quotas_over(
     Ok(found)
 }
 
-/// Charges `delta`, a change of `key`, to every quota that counts it: the quotas changed, or
-/// the first refusal.
-fn charge_quotas(
-    dbs: &SmDbs,
-    wtxn: &Txn<'_>,
+/// Charges `delta`, a change of `key`, to each of `quotas` (those that count it): the quotas
+/// changed, or the first refusal.
+fn charge(
+    quotas: Vec<(StorageKey, Resource)>,
     key: &StorageKey,
     delta: quota::Delta,
-) -> Result<Result<Vec<(StorageKey, Resource)>, StorageError>, heed::Error> {
+) -> Result<Vec<(StorageKey, Resource)>, StorageError> {
     let mut charged = Vec::new();
-    for (quota_key, stored) in quotas_over(dbs, wtxn, key)? {
-        match quota::charge(&stored, &quota_key, key, delta) {
-            Ok(Some(next)) => charged.push((quota_key, next)),
-            Ok(None) => {}
-            Err(refused) => return Ok(Err(refused)),
+    for (quota_key, stored) in quotas {
+        if let Some(next) = quota::charge(&stored, &quota_key, key, delta)? {
+            charged.push((quota_key, next));
         }
     }
-    Ok(Ok(charged))
+    Ok(charged)
 }
 
 /// Stores the quotas a change charged, at the change's version, and publishes them.
