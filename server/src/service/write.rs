@@ -137,15 +137,37 @@ impl ResourceService {
     ) -> Result<MutateAndValidateResponse, Error> {
         let prepared = self.prepare_write(authorizer, request.resource).await?;
         refuse_violations(prepared.violations.clone())?;
+        let id = prepared.resource.id.clone().unwrap_or_default();
+        let existing = self.read_stored_with(&id, Consistency::Eventual).await?;
         // Written in a version that is not the storage version: judged by the storage
         // version's rules too, as the write would be (DESIGN §15.1); nothing is stored.
-        if convert::family_of(&prepared.registration)
+        let in_storage = if convert::family_of(&prepared.registration)
             .is_some_and(|family| family.storage != convert::group_version_of(&prepared.resource))
         {
-            let id = prepared.resource.id.clone().unwrap_or_default();
-            let existing = self.read_stored_with(&id, Consistency::Eventual).await?;
             self.in_storage_version(&prepared, prepared.resource.clone(), existing.as_ref())
-                .await?;
+                .await?
+                .0
+        } else {
+            prepared.resource.clone()
+        };
+        // And by the admission policies, as the write would be (a dry run says what the write
+        // would be told).
+        let marked = existing
+            .as_ref()
+            .is_some_and(resource::is_marked_for_deletion);
+        if !marked {
+            self.admit(
+                &prepared.policies,
+                &in_storage,
+                existing.as_ref(),
+                if existing.is_some() {
+                    crate::registry::policies::Operation::Update
+                } else {
+                    crate::registry::policies::Operation::Create
+                },
+                &prepared.actor,
+            )
+            .await?;
         }
         Ok(MutateAndValidateResponse {
             resource: Some(prepared.resource),

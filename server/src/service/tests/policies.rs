@@ -382,3 +382,39 @@ async fn a_policy_over_budget_is_refused_when_written() {
         .await
         .expect("one pass over a list");
 }
+
+/// A dry run (MutateAndValidate: `resctl apply --dry-run`) is told what the write would be: a
+/// DENY policy refuses it there too.
+#[tokio::test]
+async fn a_dry_run_meets_the_policies_the_write_would() {
+    let h = harness().await;
+    h.write(album_of("threshold", 1960, "default"))
+        .await
+        .expect("the params");
+    h.write(policy(
+        "modern-only",
+        minimum_year(pb::Action::Deny, "threshold"),
+    ))
+    .await
+    .expect("the policy");
+    let refused = h
+        .service
+        .mutate_and_validate(
+            &AllowAll,
+            proto::resource::v1::MutateAndValidateRequest {
+                resource: Some(album_of("old", 1950, "default")),
+            },
+        )
+        .await
+        .expect_err("a dry run of an old album");
+    assert_eq!(denied_by(&refused), Some("modern-only"));
+    h.service
+        .mutate_and_validate(
+            &AllowAll,
+            proto::resource::v1::MutateAndValidateRequest {
+                resource: Some(album_of("new", 1970, "default")),
+            },
+        )
+        .await
+        .expect("a dry run of a new one");
+}
