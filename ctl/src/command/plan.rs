@@ -95,6 +95,32 @@ impl TypePlan {
     }
 }
 
+/// The objects a plan names, as a table (empty when none), and how many more it left out.
+pub fn failures_table(failures: &[Failure], omitted: u64, why: &str) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
+    let mut table = Table::new(["TYPE", "TENANCY", "NAME", why]);
+    for failure in failures {
+        let tenancy = match (failure.partition.as_str(), failure.namespace.as_str()) {
+            ("", _) => "-".to_owned(),
+            (partition, "") => partition.to_owned(),
+            (partition, namespace) => format!("{partition}/{namespace}"),
+        };
+        table.row([
+            failure.resource_type.clone(),
+            tenancy,
+            failure.name.clone(),
+            failure.message.clone(),
+        ]);
+    }
+    let mut text = table.render();
+    if omitted > 0 {
+        text.push_str(&format!("… and {omitted} more\n"));
+    }
+    text
+}
+
 /// Plans `proposed` (a `registry.v1.Type` resource), with a spinner while the server checks.
 pub async fn plan(session: &Session, proposed: &Resource) -> anyhow::Result<TypePlan> {
     let name = proposed
@@ -161,27 +187,11 @@ pub async fn run(session: &Session, command: crate::cli::TypeCommand) -> anyhow:
             for plan in &plans {
                 text.push_str(&plan.summary());
                 text.push('\n');
-                if plan.failures.is_empty() {
-                    continue;
-                }
-                let mut table = Table::new(["TYPE", "TENANCY", "NAME", "WOULD FAIL BECAUSE"]);
-                for failure in &plan.failures {
-                    let tenancy = match (failure.partition.as_str(), failure.namespace.as_str()) {
-                        ("", _) => "-".to_owned(),
-                        (partition, "") => partition.to_owned(),
-                        (partition, namespace) => format!("{partition}/{namespace}"),
-                    };
-                    table.row([
-                        failure.resource_type.clone(),
-                        tenancy,
-                        failure.name.clone(),
-                        failure.message.clone(),
-                    ]);
-                }
-                text.push_str(&table.render());
-                if plan.omitted > 0 {
-                    text.push_str(&format!("… and {} more\n", plan.omitted));
-                }
+                text.push_str(&failures_table(
+                    &plan.failures,
+                    plan.omitted,
+                    "WOULD FAIL BECAUSE",
+                ));
             }
             text
         }

@@ -5,7 +5,7 @@ use proto::codec::gvk;
 use serde::Serialize;
 
 use super::plan::Failure;
-use crate::output::{self, OutputFormat, Table};
+use crate::output::{self, OutputFormat};
 use crate::session::Session;
 
 /// The plan of one policy document.
@@ -142,27 +142,11 @@ pub async fn run(session: &Session, command: crate::cli::PolicyCommand) -> anyho
                     },
                     plan.refused()
                 ));
-                if plan.failures.is_empty() {
-                    continue;
-                }
-                let mut table = Table::new(["TYPE", "TENANCY", "NAME", "REFUSED BECAUSE"]);
-                for failure in &plan.failures {
-                    let tenancy = match (failure.partition.as_str(), failure.namespace.as_str()) {
-                        ("", _) => "-".to_owned(),
-                        (partition, "") => partition.to_owned(),
-                        (partition, namespace) => format!("{partition}/{namespace}"),
-                    };
-                    table.row([
-                        failure.resource_type.clone(),
-                        tenancy,
-                        failure.name.clone(),
-                        failure.message.clone(),
-                    ]);
-                }
-                text.push_str(&table.render());
-                if plan.omitted > 0 {
-                    text.push_str(&format!("… and {} more\n", plan.omitted));
-                }
+                text.push_str(&super::plan::failures_table(
+                    &plan.failures,
+                    plan.omitted,
+                    "REFUSED BECAUSE",
+                ));
             }
             text
         }

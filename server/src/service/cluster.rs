@@ -305,6 +305,28 @@ impl ClusterGrpc {
     /// [`Self::authorize_now`], decided again once this node has caught up with the leader
     /// when it refused (a token or policy acknowledged elsewhere a moment ago; DESIGN §15). A
     /// node that cannot catch up says why rather than refuse.
+    /// The resource service and the caller's grants as they are once this node has applied
+    /// what was acknowledged before the call (any valid token; what it may do is the service's
+    /// to decide). `doing` names the call for a server without a resource service.
+    async fn caller_on_service<T>(
+        &self,
+        request: &Request<T>,
+        doing: &str,
+    ) -> Result<(&super::ResourceService, Arc<dyn acl::Authorizer>), Status> {
+        let caller = self.authorize(request, Need::Token, false).await?;
+        let Some(service) = &self.service else {
+            return Err(Status::unimplemented(format!(
+                "this server has no resource service to {doing} against"
+            )));
+        };
+        service.sync().await.map_err(Status::from)?;
+        let authorizer = self
+            .tokens
+            .resolve(caller.token.as_deref())
+            .map_err(|error| Status::from(Error::from(error)))?;
+        Ok((service, authorizer))
+    }
+
     async fn authorize<T>(
         &self,
         request: &Request<T>,
@@ -552,19 +574,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<proto::cluster::v1::AclCheckRequest>,
     ) -> Result<Response<proto::cluster::v1::AclCheckResponse>, Status> {
-        let caller = self.authorize(&request, Need::Token, false).await?;
-        let Some(service) = &self.service else {
-            return Err(Status::unimplemented(
-                "this server has no resource service to check against",
-            ));
-        };
-        // Decided from the grants as they are once this node has applied what was
-        // acknowledged before the call.
-        service.sync().await.map_err(Status::from)?;
-        let authorizer = self
-            .tokens
-            .resolve(caller.token.as_deref())
-            .map_err(|error| Status::from(Error::from(error)))?;
+        let (service, authorizer) = self.caller_on_service(&request, "check access").await?;
         let request = request.into_inner();
         let subject = if request.token_name.is_empty() {
             authorizer
@@ -589,17 +599,7 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<proto::cluster::v1::PlanPolicyRequest>,
     ) -> Result<Response<proto::cluster::v1::PlanPolicyResponse>, Status> {
-        let caller = self.authorize(&request, Need::Token, false).await?;
-        let Some(service) = &self.service else {
-            return Err(Status::unimplemented(
-                "this server has no resource service to plan a policy against",
-            ));
-        };
-        service.sync().await.map_err(Status::from)?;
-        let authorizer = self
-            .tokens
-            .resolve(caller.token.as_deref())
-            .map_err(|error| Status::from(Error::from(error)))?;
+        let (service, authorizer) = self.caller_on_service(&request, "plan a policy").await?;
         let plan = service
             .plan_policy(authorizer.as_ref(), request.into_inner().policy)
             .await
@@ -611,19 +611,8 @@ impl cluster_service_server::ClusterService for ClusterGrpc {
         &self,
         request: Request<proto::cluster::v1::PlanTypeRequest>,
     ) -> Result<Response<proto::cluster::v1::PlanTypeResponse>, Status> {
-        let caller = self.authorize(&request, Need::Token, false).await?;
-        let Some(service) = &self.service else {
-            return Err(Status::unimplemented(
-                "this server has no resource service to plan a Type against",
-            ));
-        };
-        // What writing the Type needs (DESIGN §15.1): the caller's own grants, as they are
-        // once this node has applied what was acknowledged before the call.
-        service.sync().await.map_err(Status::from)?;
-        let authorizer = self
-            .tokens
-            .resolve(caller.token.as_deref())
-            .map_err(|error| Status::from(Error::from(error)))?;
+        // What writing the Type needs (DESIGN §15.1).
+        let (service, authorizer) = self.caller_on_service(&request, "plan a Type").await?;
         let plan = service
             .plan_type(authorizer.as_ref(), request.into_inner().r#type)
             .await
