@@ -86,6 +86,11 @@ pub(crate) trait Authorizer: Send + Sync + fmt::Debug {
     fn is_server(&self) -> bool {
         false
     }
+    /// Whether this identity owns every type the glob `types` matches (`schema` write, no
+    /// narrower rule taking one of them away): what writing an admission policy over them needs.
+    fn owns_types(&self, types: &str) -> bool {
+        self.schema(types) == Access::Write
+    }
     /// What decides this identity's access to `id`, in words (`AclCheck`'s reason).
     fn explain(&self, id: &Id) -> String {
         format!("this identity has {} on it", access_name(self.resource(id)))

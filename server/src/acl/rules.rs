@@ -582,6 +582,16 @@ impl Grants {
         .unwrap_or(Access::Deny)
     }
 
+    /// Whether every type the glob `types` matches is owned here (`schema` write), with no
+    /// narrower rule denying or lessening one of them: what policing them needs (DESIGN §17).
+    pub(crate) fn owns_types(&self, types: &str) -> bool {
+        self.management
+            || self.holds_schema(&SchemaRule {
+                types: vec![types.to_owned()],
+                access: Access::Write,
+            })
+    }
+
     /// Whether every type `wanted` matches is owned here at least as `wanted` grants: no rule
     /// of mine granting less may match one of them, and one rule of mine covers them all.
     fn holds_schema(&self, wanted: &SchemaRule) -> bool {
@@ -826,6 +836,38 @@ pub(crate) mod tests {
             access: access as i32,
             schema: 0,
         }
+    }
+
+    /// Owning a glob of types means owning every type it matches: a narrower schema DENY
+    /// under a broad grant takes the broad glob away (a policy over it would cover the denied
+    /// type), not what stays clear of it.
+    #[test]
+    fn owning_types_leaves_no_narrower_rule_out() {
+        let schema = |types: &str, access: pb::Access| pb::Rule {
+            types: vec![types.into()],
+            access: 0,
+            schema: access as i32,
+            ..Default::default()
+        };
+        let policy = CompiledPolicy::new(&pb::Policy {
+            rules: vec![
+                schema("demo.*.*", pb::Access::Write),
+                schema("demo.v1.Payroll", pb::Access::Deny),
+            ],
+            ..Default::default()
+        });
+        let grants = Grants::new(false, vec![std::sync::Arc::new(policy)], Access::Deny);
+        assert_eq!(
+            grants.schema("demo.*.*"),
+            Access::Write,
+            "the literal check passes"
+        );
+        assert!(
+            !grants.owns_types("demo.*.*"),
+            "but the glob covers the denied type"
+        );
+        assert!(grants.owns_types("demo.v2.*"));
+        assert!(!grants.owns_types("other.*.*"));
     }
 
     fn id(gvk: &str, partition: &str, namespace: &str, name: &str) -> Id {

@@ -78,6 +78,9 @@ impl Authorizer for TokenAuthorizer {
     fn explain(&self, id: &Id) -> String {
         self.grants.explain(id)
     }
+    fn owns_types(&self, types: &str) -> bool {
+        self.grants.owns_types(types)
+    }
     fn acl_revision(&self) -> Option<crate::resource::Version> {
         Some(self.revision)
     }

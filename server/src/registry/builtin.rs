@@ -237,12 +237,21 @@ fn admission_policy_acls() -> Acls {
                 prost::Message::decode(data.value.as_slice()).map_err(|error| {
                     AclError::PermissionDenied(format!("resource.data does not decode: {error}"))
                 })?;
+            // Its params become data its validations (and their refusals) read: the writer must
+            // be able to read them.
+            if let Some(params) = &policy.params {
+                acl::require_resource(authorizer, params, Access::Read).map_err(|error| {
+                    AclError::PermissionDenied(format!(
+                        "a policy's params are read by its validations, so its writer must be able to read them: {error}"
+                    ))
+                })?;
+            }
             let globs = match &policy.r#match {
                 Some(m) if !m.types.is_empty() => m.types.clone(),
                 _ => vec!["*.*.*".to_owned()],
             };
             for glob in globs {
-                if authorizer.schema(&glob) != Access::Write {
+                if !authorizer.owns_types(&glob) {
                     return Err(AclError::PermissionDenied(format!(
                         "token lacks schema write on {glob}: a policy over a type needs the type's ownership (a policy rule with `schema: ACCESS_WRITE` whose types contain {glob}; no types means every type)"
                     )));

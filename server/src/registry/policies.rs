@@ -173,6 +173,18 @@ pub(crate) fn compile(
                 "params names a resource: its type and name (and tenancy)".into(),
             );
         }
+        // The platform's own records (tokens, Types, policies, quotas) are never params.
+        if let Some(t) = &params.r#type
+            && exempt(&t.group, &t.kind)
+        {
+            problem(
+                "params.type",
+                format!(
+                    "{}.{}.{} cannot be a policy's params (acl, registry, policy, internal and quota records are not data for policies)",
+                    t.group, t.group_version, t.kind
+                ),
+            );
+        }
     }
     if policy.validations.is_empty() {
         problem("validations", "at least one validation is required".into());

@@ -152,9 +152,18 @@ impl ResourceService {
                     let outcome = match (&policy.broken, variables) {
                         (Some(broken), _) => Err(format!("it does not compile here: {broken}")),
                         (None, Err(why)) => Err(why.clone()),
-                        (None, Ok(variables)) => policy
-                            .validate(variables, &mut meter)
-                            .map_err(|error| error.to_string()),
+                        // What a validation failed on may hold data (a key, a value): the
+                        // writer is told that it failed, the log says why.
+                        (None, Ok(variables)) => {
+                            policy.validate(variables, &mut meter).map_err(|error| {
+                                tracing::warn!(policy = %policy.name, %error, "an admission policy's validations did not run");
+                                if matches!(error, cel::EvalError::OverBudget { .. }) {
+                                    "its validations ran out of their cost budget on this object".to_owned()
+                                } else {
+                                    "its validations failed on this object (the server's log says why)".to_owned()
+                                }
+                            })
+                        }
                     };
                     (policy.clone(), outcome)
                 })
@@ -175,7 +184,7 @@ impl ResourceService {
             .filter(|outcomes| {
                 !outcomes
                     .iter()
-                    .any(|(_, outcome)| matches!(outcome, Err(why) if why.contains("over its cost budget")))
+                    .any(|(_, outcome)| matches!(outcome, Err(why) if why.contains("ran out of their cost budget")))
             });
         let outcomes = match inline {
             Some(outcomes) => outcomes,

@@ -387,6 +387,11 @@ impl ResourceService {
                 let marked = resource::is_marked_for_deletion(&existing);
                 let is_type =
                     prepared.registration.gvk() == crate::registry::builtin::REGISTRY_TYPE;
+                if prepared.registration.gvk() == crate::registry::policies::ADMISSION_POLICY {
+                    // Who may write the policy as it is stored too: a team may not turn
+                    // another's policy to its own types (and so lift it).
+                    (prepared.registration.acls.write)(authorizer, &existing)?;
+                }
                 if is_type {
                     // The owner of what the stored Type claims may change it (a Type never
                     // changes its claim, but the check does not rely on that).

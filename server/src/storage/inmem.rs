@@ -199,14 +199,8 @@ impl InMemBackend {
                     .map(|(k, r)| (k.clone(), prost::Message::encoded_len(r) as u64)),
             )?;
         }
-        let before = state
-            .resources
-            .get(&key)
-            .map_or(0, prost::Message::encoded_len);
-        let delta = quota::Delta {
-            count: i64::from(!state.resources.contains_key(&key)),
-            bytes: prost::Message::encoded_len(&stored) as i64 - before as i64,
-        };
+        let before = state.resources.get(&key).map(prost::Message::encoded_len);
+        let delta = quota::Delta::of_write(&stored, before, actor);
         let charged = state.charge_quotas(&key, delta)?;
         state.version += 1;
         let previous = state.resources.insert(key.clone(), stored.clone());
@@ -295,10 +289,7 @@ impl Backend for InMemBackend {
         let Some(existing) = state.resources.get(&key) else {
             return Ok(());
         };
-        let freed = quota::Delta {
-            count: -1,
-            bytes: -(prost::Message::encoded_len(existing) as i64),
-        };
+        let freed = quota::Delta::of_delete(prost::Message::encoded_len(existing));
         let charged = state.charge_quotas(&key, freed)?;
         let Some(removed) = state.resources.remove(&key) else {
             return Ok(());

@@ -110,11 +110,46 @@ fn label(key: &StorageKey) -> String {
 }
 
 /// What a change of one object does to the uses that count it: `count` objects (+1 created, -1
-/// deleted) and `bytes` stored.
+/// deleted) and `bytes` stored; `forgiven` when it is charged but never refused (a deletion
+/// under way, the server's own writes: they must complete).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Delta {
     pub count: i64,
     pub bytes: i64,
+    pub forgiven: bool,
+}
+
+impl Delta {
+    /// What writing `after` over `before_bytes` stored bytes (`None`: a create) by `actor`
+    /// does: a write marking an object for deletion (or within one under way) and the server's
+    /// own writes (its controllers, migrations) are never refused.
+    pub(crate) fn of_write(after: &Resource, before_bytes: Option<usize>, actor: &str) -> Delta {
+        let count = i64::from(before_bytes.is_none());
+        let marked = after
+            .metadata
+            .contains_key(proto::meta::DELETION_TIMESTAMP_KEY);
+        Delta {
+            count,
+            bytes: prost::Message::encoded_len(after) as i64 - before_bytes.unwrap_or(0) as i64,
+            forgiven: (marked && count <= 0) || is_server_actor(actor),
+        }
+    }
+
+    /// What deleting an object of `bytes` stored bytes does (never refused).
+    pub(crate) fn of_delete(bytes: usize) -> Delta {
+        Delta {
+            count: -1,
+            bytes: -(bytes as i64),
+            forgiven: true,
+        }
+    }
+}
+
+/// Whether `actor` is the server itself (its steps and controllers), whose writes a quota
+/// counts but never refuses.
+fn is_server_actor(actor: &str) -> bool {
+    actor == crate::acl::SERVER_IDENTITY
+        || actor.starts_with(crate::acl::CONTROLLER_IDENTITY_PREFIX)
 }
 
 /// Charges `delta`, a change of `key`, to the quota `quota` (stored under `quota_key`): its
@@ -126,7 +161,7 @@ pub(crate) fn charge(
     key: &StorageKey,
     delta: Delta,
 ) -> Result<Option<Resource>, StorageError> {
-    if !covers(quota_key, key) || delta == Delta::default() {
+    if !covers(quota_key, key) || (delta.count == 0 && delta.bytes == 0) {
         return Ok(None);
     }
     let mut data = decode(quota)?;
@@ -142,7 +177,7 @@ pub(crate) fn charge(
         }
         let used = data.used.get(hard_key).copied().unwrap_or(0);
         let wanted = used.saturating_add_signed(change);
-        if change > 0 && wanted > *limit {
+        if change > 0 && wanted > *limit && !delta.forgiven {
             return Err(StorageError::QuotaExceeded(QuotaExceeded {
                 quota: label(quota_key),
                 key: hard_key.clone(),
@@ -231,7 +266,17 @@ mod tests {
             &[("count/demo.*", 2), ("bytes", 1000)],
             &[("count/demo.*", 2), ("bytes", 10)],
         );
-        let refused = charge(&full, &at, &album, Delta { count: 1, bytes: 5 }).expect_err("over");
+        let refused = charge(
+            &full,
+            &at,
+            &album,
+            Delta {
+                count: 1,
+                bytes: 5,
+                forgiven: false,
+            },
+        )
+        .expect_err("over");
         assert!(
             matches!(
                 &refused,
@@ -240,24 +285,61 @@ mod tests {
             "{refused:?}"
         );
         // An update that grows no count and stays within bytes passes.
-        let grown = charge(&full, &at, &album, Delta { count: 0, bytes: 5 })
-            .expect("within bytes")
-            .expect("charged");
-        assert_eq!(decode(&grown).expect("decodes").used["bytes"], 15);
-        // A delete passes even over the limit (a quota lowered below its use).
-        let over = quota(&[("count/demo.*", 1)], &[("count/demo.*", 5)]);
-        let freed = charge(
-            &over,
+        let grown = charge(
+            &full,
             &at,
             &album,
             Delta {
-                count: -1,
-                bytes: -10,
+                count: 0,
+                bytes: 5,
+                forgiven: false,
             },
         )
-        .expect("a delete")
+        .expect("within bytes")
         .expect("charged");
+        assert_eq!(decode(&grown).expect("decodes").used["bytes"], 15);
+        // A delete passes even over the limit (a quota lowered below its use).
+        let over = quota(&[("count/demo.*", 1)], &[("count/demo.*", 5)]);
+        let freed = charge(&over, &at, &album, Delta::of_delete(10))
+            .expect("a delete")
+            .expect("charged");
         assert_eq!(decode(&freed).expect("decodes").used["count/demo.*"], 4);
+        // A write marking an object for deletion grows it, and is never refused; nor is the
+        // server's own.
+        let mut marked = Resource::default();
+        marked.metadata.insert(
+            proto::meta::DELETION_TIMESTAMP_KEY.into(),
+            "2026-11-28T00:00:00Z".into(),
+        );
+        let full_bytes = quota(&[("bytes", 10)], &[("bytes", 10)]);
+        assert!(
+            charge(
+                &full_bytes,
+                &at,
+                &album,
+                Delta::of_write(&marked, Some(0), "team")
+            )
+            .is_ok()
+        );
+        assert!(
+            charge(
+                &full_bytes,
+                &at,
+                &album,
+                Delta::of_write(&Resource::default(), Some(0), "controller/type-migration")
+            )
+            .is_ok()
+        );
+        assert!(
+            charge(
+                &full_bytes,
+                &at,
+                &album,
+                Delta::of_write(&marked, None, "team")
+            )
+            .is_err(),
+            "a create is never forgiven"
+        );
         // Another namespace, another partition, a quota itself: not counted.
         for other in [
             key("demo", "Album", "default", "rock", "a"),
@@ -266,13 +348,34 @@ mod tests {
             key("internal", "Tombstone", "default", "jazz", "t"),
         ] {
             assert!(matches!(
-                charge(&full, &at, &other, Delta { count: 1, bytes: 5 }),
+                charge(
+                    &full,
+                    &at,
+                    &other,
+                    Delta {
+                        count: 1,
+                        bytes: 5,
+                        forgiven: false
+                    }
+                ),
                 Ok(None)
             ));
         }
         // A partition's quota counts every namespace of it.
         let partition = key(GROUP, KIND, "default", "", "all");
-        assert!(charge(&full, &partition, &album, Delta { count: 1, bytes: 0 }).is_err());
+        assert!(
+            charge(
+                &full,
+                &partition,
+                &album,
+                Delta {
+                    count: 1,
+                    bytes: 0,
+                    forgiven: false
+                }
+            )
+            .is_err()
+        );
     }
 
     #[test]

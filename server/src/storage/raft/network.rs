@@ -51,25 +51,34 @@ pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 /// build does not replicate to a follower of an earlier one (treated as unreachable). A
 /// cluster then goes on with whichever build holds a majority; members of the other catch up
 /// once upgraded, and no two members ever apply the same entry differently.
+///
+/// Its value is the level of the rules apply enforces, raised whenever apply decides anything
+/// differently: 1, the fence; 2, quotas kept and enforced in apply and the admission policies'
+/// domain (DESIGN §17). Only members of the same level replicate to each other.
 pub(crate) const FENCE_HEADER: &str = "x-resd-fence";
 
-/// Whether `metadata` says its sender checks fences.
+/// The level of apply's rules this build sends and requires ([`FENCE_HEADER`]).
+const APPLY_RULES: &str = "2";
+
+/// Whether `metadata` says its sender applies changes by this build's rules.
 pub(crate) fn checks_fences(metadata: &tonic::metadata::MetadataMap) -> bool {
-    metadata.get(FENCE_HEADER).is_some_and(|value| value == "1")
+    metadata
+        .get(FENCE_HEADER)
+        .is_some_and(|value| value == APPLY_RULES)
 }
 
 /// Marks `metadata` as sent by a build that checks fences.
 pub(crate) fn mark_fences(metadata: &mut tonic::metadata::MetadataMap) {
     metadata.insert(
         FENCE_HEADER,
-        tonic::metadata::MetadataValue::from_static("1"),
+        tonic::metadata::MetadataValue::from_static(APPLY_RULES),
     );
 }
 
 /// What a member of this build says of a peer of an earlier one.
 pub(crate) fn earlier_build(peer: &str) -> String {
     format!(
-        "raft peer {peer} runs a build that does not check fenced changes (before DESIGN §15's fence): the two do not replicate to each other; upgrade every member"
+        "raft peer {peer} runs a build that applies changes by other rules (before DESIGN §15's fence or §17's quotas and policies): the two do not replicate to each other; upgrade every member"
     )
 }
 /// Largest message the raft server accepts (a single entry may hold a 4 MiB resource).

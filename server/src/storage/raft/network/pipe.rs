@@ -452,7 +452,7 @@ mod tests {
         let pipe = link.pipe().expect("streams");
         let refused = pipe.call(vec![1, 2], TIMEOUT).await;
         assert!(
-            matches!(&refused, Err(PipeError::Failed(why)) if why.contains("does not check fenced changes")),
+            matches!(&refused, Err(PipeError::Failed(why)) if why.contains("applies changes by other rules")),
             "{refused:?}"
         );
     }

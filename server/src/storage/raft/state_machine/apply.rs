@@ -350,13 +350,16 @@ fn apply_change(
                 return Ok(Ok(Applied::Done));
             };
             // What its quotas counted of it is given back (a delete is never refused).
-            let freed = quota::Delta {
-                count: -1,
-                bytes: -(existing.encoded_len() as i64),
-            };
-            let charged = match charge(quotas_over(dbs, wtxn, &storage_key)?, &storage_key, freed) {
-                Ok(charged) => charged,
-                Err(refused) => return Ok(Err(refused)),
+            let quotas = quotas_over(dbs, wtxn, &storage_key)?;
+            let charged = if quotas.is_empty() {
+                Vec::new()
+            } else {
+                // The stored size, as a write charged it.
+                let stored_bytes = get_sealed(dbs.resources, wtxn, &key)?.map_or(0, <[u8]>::len);
+                match charge(quotas, &storage_key, quota::Delta::of_delete(stored_bytes)) {
+                    Ok(charged) => charged,
+                    Err(refused) => return Ok(Err(refused)),
+                }
             };
             dbs.resources.delete(wtxn, &key)?;
             if let Some(owner) = check::owner_uid(&existing) {
@@ -420,11 +423,8 @@ fn write(
     let charged = if quotas.is_empty() {
         Vec::new()
     } else {
-        let before = get_sealed(dbs.resources, wtxn, &key)?.map_or(0, <[u8]>::len);
-        let delta = quota::Delta {
-            count: i64::from(existing.is_none()),
-            bytes: resource.encoded_len() as i64 - before as i64,
-        };
+        let before = get_sealed(dbs.resources, wtxn, &key)?.map(<[u8]>::len);
+        let delta = quota::Delta::of_write(&resource, before, actor);
         match charge(quotas, &storage_key, delta) {
             Ok(charged) => charged,
             Err(refused) => return Ok(Err(refused)),
