@@ -626,14 +626,19 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<MutateAndValidateRequest>,
     ) -> Result<Response<MutateAndValidateResponse>, Status> {
-        let response = self
-            .unary(&request, None, |authorizer, body, _| async move {
+        // A dry run says what the write would be told, warnings included.
+        let (response, warnings) = super::policy::collecting(self.unary(
+            &request,
+            None,
+            |authorizer, body, _| async move {
                 self.service
                     .mutate_and_validate(authorizer.as_ref(), body)
                     .await
-            })
-            .await?;
-        let mut response = Response::new(response);
+            },
+        ))
+        .await;
+        let mut response = Response::new(response?);
+        admission_warnings(&warnings, response.metadata_mut());
         self.warn(
             request
                 .get_ref()

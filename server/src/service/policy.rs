@@ -37,11 +37,22 @@ pub(crate) async fn collecting<F: Future>(work: F) -> (F::Output, Vec<String>) {
     (output, warnings)
 }
 
+/// Most warnings one answer carries, and characters of each: they travel in headers, which a
+/// client refuses past 16 KiB.
+const MAX_WARNINGS: usize = 4;
+const MAX_WARNING_CHARS: usize = 300;
+
 fn warn(message: String) {
+    let message = if message.chars().count() > MAX_WARNING_CHARS {
+        let cut: String = message.chars().take(MAX_WARNING_CHARS).collect();
+        format!("{cut}…")
+    } else {
+        message
+    };
     let _ = WARNINGS.try_with(|sink| {
         let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
         // One of each, and a bounded number on one answer.
-        if !sink.contains(&message) && sink.len() < 16 {
+        if !sink.contains(&message) && sink.len() < MAX_WARNINGS {
             sink.push(message);
         }
     });
@@ -352,9 +363,27 @@ impl ResourceService {
         let mut answer = PlanPolicyResponse::default();
         // Each kind once (its versions share the stored objects).
         let mut kinds = std::collections::BTreeSet::new();
+        let globs = data
+            .r#match
+            .as_ref()
+            .map(|m| m.types.clone())
+            .unwrap_or_default();
         for registration in self.registry.types() {
             let t = &registration.resource_type;
-            if exempt(&t.group, &t.kind) || !kinds.insert((t.group.clone(), t.kind.clone())) {
+            // Only the kinds its match can cover (any of their versions).
+            let covered = globs.is_empty()
+                || globs.iter().any(|glob| {
+                    let (group, kind) = (
+                        glob.split('.').next().unwrap_or_default(),
+                        glob.rsplit('.').next().unwrap_or_default(),
+                    );
+                    crate::acl::rules::glob_matches(group, &t.group)
+                        && crate::acl::rules::glob_matches(kind, &t.kind)
+                });
+            if !covered
+                || exempt(&t.group, &t.kind)
+                || !kinds.insert((t.group.clone(), t.kind.clone()))
+            {
                 continue;
             }
             let everywhere = super::migrate::every_tenancy(registration.scope);

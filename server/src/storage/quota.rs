@@ -206,6 +206,20 @@ pub(crate) fn charge(
     Ok(Some(charged))
 }
 
+/// When `written` keeps the limits of `stored` (a status write, a description changed), takes
+/// the stored `used` and says so: nothing to count again.
+pub(crate) fn keep_used(written: &mut Resource, stored: &Resource) -> bool {
+    let (Ok(mut new), Ok(old)) = (decode(written), decode(stored)) else {
+        return false;
+    };
+    if new.hard != old.hard {
+        return false;
+    }
+    new.used = old.used;
+    encode(written, &new);
+    true
+}
+
 /// Sets `quota`'s `used` from what its tenancy holds now: `held` yields the key and stored
 /// bytes of every object (the caller may pass more; what the quota does not cover is skipped).
 /// What the client wrote as `used` is replaced; uses of keys no longer in `hard` are dropped.
@@ -214,22 +228,47 @@ pub(crate) fn recount(
     quota_key: &StorageKey,
     held: impl Iterator<Item = (StorageKey, u64)>,
 ) -> Result<(), StorageError> {
-    let mut data = decode(quota)?;
-    data.used = data.hard.keys().map(|k| (k.clone(), 0)).collect();
+    let mut count = Recount::of(quota, quota_key)?;
     for (key, bytes) in held {
-        if !covers(quota_key, &key) {
-            continue;
+        count.add(&key, bytes);
+    }
+    count.finish(quota);
+    Ok(())
+}
+
+/// A quota's `used` counted one object at a time (nothing kept but the sums).
+pub(crate) struct Recount {
+    quota_key: StorageKey,
+    data: Quota,
+}
+
+impl Recount {
+    pub(crate) fn of(quota: &Resource, quota_key: &StorageKey) -> Result<Recount, StorageError> {
+        let mut data = decode(quota)?;
+        data.used = data.hard.keys().map(|k| (k.clone(), 0)).collect();
+        Ok(Recount {
+            quota_key: quota_key.clone(),
+            data,
+        })
+    }
+
+    /// One object stored under `key`, of `bytes` stored bytes (skipped unless covered).
+    pub(crate) fn add(&mut self, key: &StorageKey, bytes: u64) {
+        if !covers(&self.quota_key, key) {
+            return;
         }
-        for (hard_key, used) in data.used.iter_mut() {
-            match counts_objects(hard_key, &key) {
+        for (hard_key, used) in self.data.used.iter_mut() {
+            match counts_objects(hard_key, key) {
                 None => *used = used.saturating_add(bytes),
                 Some(true) => *used = used.saturating_add(1),
                 Some(false) => {}
             }
         }
     }
-    encode(quota, &data);
-    Ok(())
+
+    pub(crate) fn finish(self, quota: &mut Resource) {
+        encode(quota, &self.data);
+    }
 }
 
 #[cfg(test)]

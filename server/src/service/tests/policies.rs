@@ -325,8 +325,10 @@ async fn a_plan_names_exactly_the_objects_a_policy_would_refuse() {
         .await
         .expect("no policy was written");
     // A caller who may not read the albums learns how many, not which.
+    // (It may read the params: a policy's writer must.)
     let owner = KeyRules::default()
         .key_prefix("resource/policy.", Access::Write)
+        .key_prefix("resource/demo.v2.Album/threshold", Access::Read)
         .schema(Access::Write);
     let plan = h
         .service
@@ -341,6 +343,19 @@ async fn a_plan_names_exactly_the_objects_a_policy_would_refuse() {
         .expect("a plan");
     assert_eq!(plan.failures.len(), 3);
     assert!(plan.failures.iter().all(|f| f.id.is_none()));
+    // Params its writer may not read are refused: a policy cannot read for its writer.
+    let no_params = KeyRules::default()
+        .key_prefix("resource/policy.", Access::Write)
+        .schema(Access::Write);
+    let refused = h
+        .write_as(&no_params, policy("peek", minimum_year(pb::Action::Deny, "threshold")))
+        .await
+        .err()
+        .map(|error| format!("{error:?}"));
+    assert!(
+        refused.as_ref().is_some_and(|why| why.contains("must be able to read them")),
+        "{refused:?}"
+    );
 }
 
 /// A policy whose validation may cost more than a rule's budget on the largest object is

@@ -413,10 +413,16 @@ fn write(
     }
     resource.version = version.to_string();
     // A quota written is counted afresh from the state; what a quota counts is charged to it.
-    if quota::is_quota(&storage_key)
-        && let Err(refused) = recount_quota(dbs, wtxn, &storage_key, &mut resource)?
-    {
-        return Ok(Err(refused));
+    // (The same limits as stored keep the stored use: counting a tenancy again is O(its
+    // objects), done only when the limits change.)
+    if quota::is_quota(&storage_key) {
+        let kept = match stored(dbs, wtxn, &key, &storage_key)? {
+            Ok(Some(previous)) => quota::keep_used(&mut resource, &previous),
+            _ => false,
+        };
+        if !kept && let Err(refused) = recount_quota(dbs, wtxn, &storage_key, &mut resource)? {
+            return Ok(Err(refused));
+        }
     }
     // Most writes have no quota over them: the stored size is read only when one does.
     let quotas = quotas_over(dbs, wtxn, &storage_key)?;
@@ -543,7 +549,10 @@ fn recount_quota(
     quota_key: &StorageKey,
     quota: &mut Resource,
 ) -> Result<Result<(), StorageError>, heed::Error> {
-    let mut held = Vec::new();
+    let mut count = match quota::Recount::of(quota, quota_key) {
+        Ok(count) => count,
+        Err(refused) => return Ok(Err(refused)),
+    };
     let mut from: Vec<u8> = Vec::new();
     loop {
         // LMDB refuses an empty key, even as a bound: the first seek is unbounded.
@@ -558,7 +567,10 @@ fn recount_quota(
         };
         let (first_key, _) = first?;
         let Some(kind) = schema::parse_resource_key(first_key) else {
-            break;
+            // Not a resource key (never written so): go past it, counting on.
+            from = first_key.to_vec();
+            from.push(0);
+            continue;
         };
         let mut kind_prefix = kind.group.as_bytes().to_vec();
         kind_prefix.push(schema::SEP);
@@ -578,14 +590,15 @@ fn recount_quota(
             };
             let bytes = sealed::open(stored_key, stored)
                 .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
-            held.push((key, bytes.len() as u64));
+            count.add(&key, bytes.len() as u64);
         }
         // The next kind: past every key of this one (`group 0 kind 1` sorts after them).
         kind_prefix.pop();
         kind_prefix.push(schema::SEP + 1);
         from = kind_prefix;
     }
-    Ok(quota::recount(quota, quota_key, held.into_iter()))
+    count.finish(quota);
+    Ok(Ok(()))
 }
 
 fn another_restore() -> StorageError {
