@@ -89,6 +89,7 @@ impl ResourceService {
                     Some(&existing),
                     crate::registry::policies::Operation::Delete,
                     authorizer.identity(),
+                    id.r#type.as_ref(),
                 )
                 .await?;
             }

@@ -92,7 +92,9 @@ impl ResourceService {
     }
 
     /// Checks `operation` on `object` (`old` the stored object) against every policy of `set`
-    /// that matches it.
+    /// that matches it — as stored, or as `written_as`, the version the client wrote it
+    /// through (a policy over `demo.v1.*` holds for writes through v1 whatever version stores
+    /// them).
     pub(super) async fn admit(
         &self,
         set: &PolicySet,
@@ -100,6 +102,7 @@ impl ResourceService {
         old: Option<&Resource>,
         operation: Operation,
         actor: &str,
+        written_as: Option<&proto::resource::v1::Type>,
     ) -> Result<(), Error> {
         let Some(resource_type) = object.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
             return Ok(());
@@ -114,7 +117,16 @@ impl ResourceService {
             .and_then(|id| id.tenancy.as_ref())
             .map(|t| t.namespace.clone())
             .unwrap_or_default();
-        let matching = set.matching(&gvk, &namespace, &object.metadata, operation);
+        let mut matching = set.matching(&gvk, &namespace, &object.metadata, operation);
+        if let Some(written) = written_as.map(crate::resource::gvk)
+            && written != gvk
+        {
+            for policy in set.matching(&written, &namespace, &object.metadata, operation) {
+                if !matching.iter().any(|p| p.name == policy.name) {
+                    matching.push(policy);
+                }
+            }
+        }
         if matching.is_empty() {
             return Ok(());
         }
@@ -435,6 +447,7 @@ impl ResourceService {
                             Some(&stored),
                             operation,
                             authorizer.identity(),
+                            None,
                         )
                         .await
                     {

@@ -166,6 +166,11 @@ impl ResourceService {
                     crate::registry::policies::Operation::Create
                 },
                 &prepared.actor,
+                prepared
+                    .resource
+                    .id
+                    .as_ref()
+                    .and_then(|id| id.r#type.as_ref()),
             )
             .await?;
         }
@@ -495,6 +500,11 @@ impl ResourceService {
                         Some(&existing),
                         crate::registry::policies::Operation::Update,
                         &prepared.actor,
+                        prepared
+                            .resource
+                            .id
+                            .as_ref()
+                            .and_then(|id| id.r#type.as_ref()),
                     )
                     .await?;
                 }
@@ -603,6 +613,11 @@ impl ResourceService {
             None,
             crate::registry::policies::Operation::Create,
             &prepared.actor,
+            prepared
+                .resource
+                .id
+                .as_ref()
+                .and_then(|id| id.r#type.as_ref()),
         )
         .await?;
         match self

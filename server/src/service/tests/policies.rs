@@ -348,12 +348,17 @@ async fn a_plan_names_exactly_the_objects_a_policy_would_refuse() {
         .key_prefix("resource/policy.", Access::Write)
         .schema(Access::Write);
     let refused = h
-        .write_as(&no_params, policy("peek", minimum_year(pb::Action::Deny, "threshold")))
+        .write_as(
+            &no_params,
+            policy("peek", minimum_year(pb::Action::Deny, "threshold")),
+        )
         .await
         .err()
         .map(|error| format!("{error:?}"));
     assert!(
-        refused.as_ref().is_some_and(|why| why.contains("must be able to read them")),
+        refused
+            .as_ref()
+            .is_some_and(|why| why.contains("must be able to read them")),
         "{refused:?}"
     );
 }
@@ -432,4 +437,74 @@ async fn a_dry_run_meets_the_policies_the_write_would() {
         )
         .await
         .expect("a dry run of a new one");
+}
+
+/// A policy over one version of a Type holds for writes through that version, whatever
+/// version stores them (it matched only the stored version before).
+#[tokio::test]
+async fn a_policy_over_a_version_holds_for_writes_through_it() {
+    use proto::registry::v1 as registry;
+    let h = harness().await;
+    let proto_of = |version: &str| {
+        format!(
+            "syntax = \"proto3\";\npackage resd.gauges.{version};\nmessage Gauge {{ int64 value = 2; }}\n"
+        )
+    };
+    let t = registry::Type {
+        group: "gauges".into(),
+        kind: "Gauge".into(),
+        scope: registry::Scope::Namespace as i32,
+        versions: ["v1", "v2"]
+            .into_iter()
+            .map(|name| registry::TypeVersion {
+                name: name.into(),
+                proto: proto_of(name),
+                served: true,
+                ..Default::default()
+            })
+            .collect(),
+        storage_version: "v2".into(),
+        ..Default::default()
+    };
+    h.write(Resource {
+        id: Some(id("registry.v1.Type", Tenancy::default(), "gauges-gauge")),
+        data: Some(proto::to_any(&t)),
+        ..Default::default()
+    })
+    .await
+    .expect("the Type");
+    h.write(policy(
+        "small-v1",
+        pb::AdmissionPolicy {
+            r#match: Some(pb::Match {
+                types: vec!["gauges.v1.Gauge".into()],
+                ..Default::default()
+            }),
+            validations: vec![pb::Validation {
+                expression: "object.data.value < 10".into(),
+                message: "v1 gauges stay small".into(),
+            }],
+            action: pb::Action::Deny as i32,
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("the policy");
+    let gauge = |version: &str, value: i64| {
+        let mut bytes = Vec::new();
+        prost::encoding::int64::encode(2, &value, &mut bytes);
+        Resource {
+            id: Some(id(&format!("gauges.{version}.Gauge"), default_ns(), "g")),
+            data: Some(prost_types::Any {
+                type_url: format!("type.googleapis.com/resd.gauges.{version}.Gauge"),
+                value: bytes,
+            }),
+            ..Default::default()
+        }
+    };
+    let refused = h.write(gauge("v1", 50)).await.expect_err("through v1");
+    assert_eq!(denied_by(&refused), Some("small-v1"));
+    h.write(gauge("v2", 50))
+        .await
+        .expect("through v2 it is not matched");
 }
