@@ -82,17 +82,22 @@ impl ResourceService {
             }
             // A deletion under way is never held up by a policy, nor one the server makes
             // itself (a namespace emptied, a cascade): those always complete.
+            let mut fence = fence.clone();
             if !resource::is_marked_for_deletion(&existing) && !authorizer.is_server() {
-                self.admit(
-                    policies,
-                    &existing,
-                    Some(&existing),
-                    crate::registry::policies::Operation::Delete,
-                    authorizer.identity(),
-                    id.r#type.as_ref(),
-                )
-                .await?;
+                // Fenced on the policies' params as read too.
+                fence.guards.extend(
+                    self.admit(
+                        policies,
+                        &existing,
+                        Some(&existing),
+                        crate::registry::policies::Operation::Delete,
+                        authorizer.identity(),
+                        id.r#type.as_ref(),
+                    )
+                    .await?,
+                );
             }
+            let fence = &fence;
             if resource::has_finalizers(&existing) {
                 if resource::is_marked_for_deletion(&existing) {
                     return Ok(DeleteResponse {});

@@ -103,12 +103,12 @@ impl ResourceService {
         operation: Operation,
         actor: &str,
         written_as: Option<&proto::resource::v1::Type>,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<Guard>, Error> {
         let Some(resource_type) = object.id.as_ref().and_then(|id| id.r#type.as_ref()) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         if set.policies.is_empty() || exempt(&resource_type.group, &resource_type.kind) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let gvk = crate::resource::gvk(resource_type);
         let namespace = object
@@ -128,22 +128,38 @@ impl ResourceService {
             }
         }
         if matching.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        // What each policy's params hold (read here, on this node, as applied).
+        // What each policy's params hold (read here, on this node, as applied), and the
+        // guards that keep the write from being stored if they change before it is.
         let mut params = Vec::with_capacity(matching.len());
+        let mut guards = Vec::new();
         for policy in &matching {
             params.push(match &policy.params {
                 None => Ok(Value::Null),
                 // The params' tenancy as its type's scope fills it in (`default/default`…).
-                Some(id) => match self.params_of(id).await {
-                    Ok(stored) => Ok(Value::from_json(&self.data_json(&stored))),
-                    Err(StorageError::NotFound) => Err(format!(
-                        "its params {} do not exist",
-                        crate::resource::DisplayId(id)
-                    )),
-                    Err(error) => Err(format!("its params cannot be read: {error}")),
-                },
+                Some(id) => {
+                    let (key, read) = self.params_of(id).await;
+                    let version = match &read {
+                        Ok(stored) => Some(stored.version.clone()),
+                        Err(StorageError::NotFound) => Some(String::new()),
+                        Err(StorageError::GroupVersionMismatch { stored }) => {
+                            Some(stored.version.clone())
+                        }
+                        Err(_) => None,
+                    };
+                    if let (Some(key), Some(version)) = (key, version) {
+                        guards.push(Guard::Resource { key, version });
+                    }
+                    match read {
+                        Ok(stored) => Ok(Value::from_json(&self.data_json(&stored))),
+                        Err(StorageError::NotFound) => Err(format!(
+                            "its params {} do not exist",
+                            crate::resource::DisplayId(id)
+                        )),
+                        Err(error) => Err(format!("its params cannot be read: {error}")),
+                    }
+                }
             });
         }
         // Made once, shared by every policy (values are shared, not copied).
@@ -256,19 +272,29 @@ impl ResourceService {
                 ),
             }
         }
-        Ok(())
+        Ok(guards)
     }
 
     /// Reads a policy's params resource, its tenancy filled in as its type's scope says.
-    async fn params_of(&self, id: &proto::resource::v1::Id) -> Result<Resource, StorageError> {
+    async fn params_of(
+        &self,
+        id: &proto::resource::v1::Id,
+    ) -> (
+        Option<crate::storage::StorageKey>,
+        Result<Resource, StorageError>,
+    ) {
         let mut id = id.clone();
         if self
             .scope_id(&mut id, "params", super::validate::Wildcards::Forbidden)
             .is_err()
         {
-            return Err(StorageError::NotFound);
+            return (None, Err(StorageError::NotFound));
         }
-        self.backend.read(Consistency::Eventual, &id).await
+        let key = crate::storage::StorageKey::of(&id);
+        (
+            Some(key),
+            self.backend.read(Consistency::Eventual, &id).await,
+        )
     }
 
     /// A stored object as resctl prints it, for CEL: `type`, `name`, `uid`, `tenancy`,
@@ -453,7 +479,7 @@ impl ResourceService {
                     {
                         Err(Error::AdmissionDenied(denied)) => Some(denied.message),
                         Err(other) => Some(other.to_string()),
-                        Ok(()) => None,
+                        Ok(_) => None,
                     };
                     let Some(message) = refusal else { continue };
                     if answer.failures.len() >= MAX_PLAN_FAILURES {
