@@ -508,3 +508,53 @@ async fn a_policy_over_a_version_holds_for_writes_through_it() {
         .await
         .expect("through v2 it is not matched");
 }
+
+/// A write checked against a policy is fenced on the params it read: params changed before the
+/// write is stored refuse it at the store (the service then checks it again, under the new
+/// params). Without the guard the write was stored under the old params.
+#[tokio::test]
+async fn a_write_is_fenced_on_the_params_its_policies_read() {
+    let backend = Arc::new(crate::storage::inmem::InMemBackend::new());
+    let h = harness_with(backend.clone()).await;
+    h.write(album_of("threshold", 1960, "default"))
+        .await
+        .expect("the params");
+    h.write(policy(
+        "modern-only",
+        minimum_year(pb::Action::Deny, "threshold"),
+    ))
+    .await
+    .expect("the policy");
+    let set = h.service.policies_now();
+    let mut album = album_of("racing", 1970, "default");
+    let guards = h
+        .service
+        .admit(
+            &set,
+            &album,
+            None,
+            crate::registry::policies::Operation::Create,
+            "test",
+            None,
+        )
+        .await
+        .expect("admitted under a threshold of 1960");
+    assert_eq!(guards.len(), 1, "{guards:?}");
+    // The threshold moves past the album before it is stored.
+    h.write(album_of("threshold", 1980, "default"))
+        .await
+        .expect("params raised");
+    if let Some(id) = album.id.as_mut() {
+        id.uid = ulid::Ulid::new().to_string();
+        id.tenancy = Some(tenancy("default", "default"));
+    }
+    album.generation = ulid::Ulid::new().to_string();
+    let refused = backend
+        .write_cas_as(album, "test", &crate::storage::Fence { guards })
+        .await
+        .expect_err("stored under params that changed");
+    assert!(
+        matches!(refused, crate::storage::StorageError::Fenced(_)),
+        "{refused:?}"
+    );
+}
