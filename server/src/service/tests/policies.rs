@@ -514,7 +514,7 @@ async fn a_policy_over_a_version_holds_for_writes_through_it() {
 /// params). Without the guard the write was stored under the old params.
 #[tokio::test]
 async fn a_write_is_fenced_on_the_params_its_policies_read() {
-    let backend = Arc::new(crate::storage::inmem::InMemBackend::new());
+    let backend = Arc::new(InMemBackend::new());
     let h = harness_with(backend.clone()).await;
     h.write(album_of("threshold", 1960, "default"))
         .await
@@ -554,7 +554,7 @@ async fn a_write_is_fenced_on_the_params_its_policies_read() {
         .await
         .expect_err("stored under params that changed");
     assert!(
-        matches!(refused, crate::storage::StorageError::Fenced(_)),
+        matches!(refused, StorageError::Fenced(_)),
         "{refused:?}"
     );
 }
