@@ -553,8 +553,5 @@ async fn a_write_is_fenced_on_the_params_its_policies_read() {
         .write_cas_as(album, "test", &crate::storage::Fence { guards })
         .await
         .expect_err("stored under params that changed");
-    assert!(
-        matches!(refused, StorageError::Fenced(_)),
-        "{refused:?}"
-    );
+    assert!(matches!(refused, StorageError::Fenced(_)), "{refused:?}");
 }
