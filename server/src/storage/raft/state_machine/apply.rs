@@ -691,6 +691,30 @@ fn commit_restore(
     }
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
+    // Every restored object was stamped with this version (its size moved), and a snapshot's
+    // `used` may not be its objects' anyway: each quota is counted again, in the same step.
+    let mut prefix = quota::GROUP.as_bytes().to_vec();
+    prefix.push(schema::SEP);
+    prefix.extend_from_slice(quota::KIND.as_bytes());
+    prefix.push(schema::SEP);
+    let mut quotas = Vec::new();
+    for item in dbs.resources.prefix_iter(wtxn, &prefix)? {
+        let (stored_key, stored) = item?;
+        let Some(quota_key) = schema::parse_resource_key(stored_key) else {
+            continue;
+        };
+        let bytes = sealed::open(stored_key, stored)
+            .map_err(|damage| heed::Error::Io(std::io::Error::other(damage)))?;
+        if let Ok(resource) = Resource::decode(bytes) {
+            quotas.push((quota_key, resource));
+        }
+    }
+    for (quota_key, mut resource) in quotas {
+        if let Ok(()) = recount_quota(dbs, wtxn, &quota_key, &mut resource)? {
+            let key = schema::resource_key(&quota_key);
+            store(dbs, wtxn, &key, Some(&quota_key), &resource)?;
+        }
+    }
     // Every Type and token is new: whatever was checked against the old ones is refused.
     for domain in Domain::ALL {
         put_meta(
