@@ -22,6 +22,37 @@ pub struct Failure {
     pub message: String,
 }
 
+impl Failure {
+    /// A failure as a plan's answer names it.
+    pub fn of(failure: proto::cluster::v1::PlanFailure) -> Failure {
+        let id = failure.id.unwrap_or_default();
+        let tenancy = id.tenancy.unwrap_or_default();
+        Failure {
+            resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
+            partition: tenancy.partition,
+            namespace: tenancy.namespace,
+            // The server withholds what the token may not read.
+            name: if id.name.is_empty() {
+                "(not readable)".to_owned()
+            } else {
+                id.name
+            },
+            message: failure.message,
+        }
+    }
+}
+
+/// A spinner on stderr saying `message` while a plan runs (nothing when not a terminal).
+pub fn spinner(session: &Session, message: String) -> indicatif::ProgressBar {
+    if !session.interactive {
+        return indicatif::ProgressBar::hidden();
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(message);
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    spinner
+}
+
 /// The plan of one Type document.
 #[derive(Debug, Clone, Serialize)]
 pub struct TypePlan {
@@ -41,26 +72,7 @@ impl TypePlan {
         TypePlan {
             name: name.to_owned(),
             checked: answer.checked,
-            failures: answer
-                .failures
-                .into_iter()
-                .map(|failure| {
-                    let id = failure.id.unwrap_or_default();
-                    let tenancy = id.tenancy.unwrap_or_default();
-                    Failure {
-                        resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
-                        partition: tenancy.partition,
-                        namespace: tenancy.namespace,
-                        // The server withholds what the token may not read.
-                        name: if id.name.is_empty() {
-                            "(not readable)".to_owned()
-                        } else {
-                            id.name
-                        },
-                        message: failure.message,
-                    }
-                })
-                .collect(),
+            failures: answer.failures.into_iter().map(Failure::of).collect(),
             omitted: answer.omitted,
             storage_version: answer.storage_version,
             to_migrate: answer.to_migrate,
@@ -128,16 +140,10 @@ pub async fn plan(session: &Session, proposed: &Resource) -> anyhow::Result<Type
         .as_ref()
         .map(|id| id.name.clone())
         .unwrap_or_default();
-    let spinner = if session.interactive {
-        let spinner = indicatif::ProgressBar::new_spinner();
-        spinner.set_message(format!(
-            "checking every stored object against Type {name} (nothing changes)"
-        ));
-        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-        spinner
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let spinner = spinner(
+        session,
+        format!("checking every stored object against Type {name} (nothing changes)"),
+    );
     let answer = session.client.plan_type(proposed).await;
     spinner.finish_and_clear();
     Ok(TypePlan::of(&name, answer?))

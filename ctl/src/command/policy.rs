@@ -49,41 +49,17 @@ pub async fn plan(
         .as_ref()
         .map(|id| id.name.clone())
         .unwrap_or_default();
-    let spinner = if session.interactive {
-        let spinner = indicatif::ProgressBar::new_spinner();
-        spinner.set_message(format!(
-            "checking the stored objects policy {name} matches (nothing changes)"
-        ));
-        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-        spinner
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let spinner = super::plan::spinner(
+        session,
+        format!("checking the stored objects policy {name} matches (nothing changes)"),
+    );
     let answer = session.client.plan_policy(resource.clone()).await;
     spinner.finish_and_clear();
     let answer = answer?;
     Ok(PolicyPlan {
         name,
         checked: answer.checked,
-        failures: answer
-            .failures
-            .into_iter()
-            .map(|failure| {
-                let id = failure.id.unwrap_or_default();
-                let tenancy = id.tenancy.unwrap_or_default();
-                Failure {
-                    resource_type: id.r#type.as_ref().map(gvk).unwrap_or_default(),
-                    partition: tenancy.partition,
-                    namespace: tenancy.namespace,
-                    name: if id.name.is_empty() {
-                        "(not readable)".to_owned()
-                    } else {
-                        id.name
-                    },
-                    message: failure.message,
-                }
-            })
-            .collect(),
+        failures: answer.failures.into_iter().map(Failure::of).collect(),
         omitted: answer.omitted,
     })
 }

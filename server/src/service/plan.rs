@@ -20,13 +20,13 @@ use crate::resource;
 use crate::storage::{Consistency, StorageKey, UnversionedType};
 
 /// Objects read (and checked) at a time.
-const PAGE: usize = 512;
+pub(super) const PAGE: usize = 512;
 /// Failures an answer lists; the rest are counted.
 pub(crate) const MAX_PLAN_FAILURES: usize = 1000;
 
 /// Collects one page of encodings.
-struct Page {
-    items: Vec<Vec<u8>>,
+pub(super) struct Page {
+    pub(super) items: Vec<Vec<u8>>,
 }
 
 impl crate::storage::EncodedSink for Page {

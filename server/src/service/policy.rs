@@ -337,9 +337,6 @@ impl ResourceService {
     }
 }
 
-/// Most failures a policy plan lists (the rest are counted).
-const MAX_PLAN_FAILURES: usize = 1000;
-
 impl ResourceService {
     /// Plans the admission policy `proposed` (DESIGN §17): refused as its write would be
     /// (compile, match, access), else every stored object it matches checked against it, as an
@@ -427,7 +424,7 @@ impl ResourceService {
             let everywhere = super::migrate::every_tenancy(registration.scope);
             let mut after: Option<crate::storage::StorageKey> = None;
             loop {
-                let mut page = PlanPage(Vec::new());
+                let mut page = super::plan::Page { items: Vec::new() };
                 self.backend
                     .list_encoded(
                         Consistency::Strong,
@@ -438,9 +435,9 @@ impl ResourceService {
                         &mut page,
                     )
                     .await?;
-                let full = page.0.len() >= PLAN_PAGE;
+                let full = page.items.len() >= super::plan::PAGE;
                 let mut last = None;
-                for bytes in page.0 {
+                for bytes in page.items {
                     let stored = <Resource as prost::Message>::decode(bytes.as_slice())
                         .map_err(crate::storage::undecodable)
                         .map_err(Error::from)?;
@@ -482,7 +479,7 @@ impl ResourceService {
                         Ok(_) => None,
                     };
                     let Some(message) = refusal else { continue };
-                    if answer.failures.len() >= MAX_PLAN_FAILURES {
+                    if answer.failures.len() >= super::plan::MAX_PLAN_FAILURES {
                         answer.omitted += 1;
                         continue;
                     }
@@ -508,22 +505,5 @@ impl ResourceService {
             }
         }
         Ok(answer)
-    }
-}
-
-/// Objects a plan reads at a time.
-const PLAN_PAGE: usize = 512;
-
-/// One page of encoded objects.
-struct PlanPage(Vec<Vec<u8>>);
-
-impl crate::storage::EncodedSink for PlanPage {
-    fn take(&mut self, encoded: &[u8]) -> std::ops::ControlFlow<()> {
-        self.0.push(encoded.to_vec());
-        if self.0.len() >= PLAN_PAGE {
-            std::ops::ControlFlow::Break(())
-        } else {
-            std::ops::ControlFlow::Continue(())
-        }
     }
 }
