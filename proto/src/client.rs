@@ -742,6 +742,7 @@ impl Client {
                 let request = self.request(
                     ReadRequest {
                         id: Some(id.clone()),
+                        ..Default::default()
                     },
                     true,
                 );

@@ -118,6 +118,13 @@ pub struct AgentConfig {
     pub max_types: usize,
     /// Bytes of compiled descriptors all registered types may hold together.
     pub max_schema_bytes: usize,
+    /// The history built-in types' objects keep (registered types: their Type's `history`):
+    /// versions, seconds and bytes per object.
+    pub history_versions: u32,
+    pub history_seconds: u64,
+    pub history_bytes: u64,
+    /// Bytes of history this node keeps in all (at most half of `quota_bytes`).
+    pub history_node_bytes: u64,
     /// Requests per second one token may send, twice that in a burst; 0: no limit. With ACLs
     /// off there are no tokens to tell apart and no rate applies.
     pub max_requests_per_second_per_token: u32,
@@ -205,6 +212,10 @@ impl Default for AgentConfig {
             max_watches_per_token: crate::limits::DEFAULT_MAX_WATCHES_PER_TOKEN,
             max_types: crate::registry::DEFAULT_MAX_TYPES,
             max_schema_bytes: crate::registry::DEFAULT_MAX_SCHEMA_BYTES,
+            history_versions: crate::resource::DEFAULT_HISTORY_VERSIONS,
+            history_seconds: crate::resource::DEFAULT_HISTORY_SECONDS,
+            history_bytes: crate::resource::DEFAULT_HISTORY_BYTES,
+            history_node_bytes: crate::storage::history::DEFAULT_NODE_BYTES,
             max_requests_per_second_per_token:
                 crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
             max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
@@ -475,6 +486,33 @@ impl Agent {
                 )
             }
         };
+        if config.history_node_bytes > config.quota_bytes / 2 {
+            return Err(AgentError::Config(format!(
+                "--history-node-bytes {} is more than half of --quota-bytes ({}): history shares the state's files; lower it or raise the quota",
+                config.history_node_bytes, config.quota_bytes
+            )));
+        }
+        let builtin_history = crate::resource::Retention {
+            versions: config.history_versions,
+            seconds: config.history_seconds,
+            bytes: config.history_bytes,
+        };
+        if builtin_history.versions > crate::registry::versions::MAX_HISTORY_VERSIONS
+            || builtin_history.seconds > crate::registry::versions::MAX_HISTORY_SECONDS
+            || builtin_history.bytes > crate::registry::versions::MAX_HISTORY_BYTES
+        {
+            return Err(AgentError::Config(format!(
+                "--history-versions, --history-seconds and --history-bytes may be at most {}, {} and {}",
+                crate::registry::versions::MAX_HISTORY_VERSIONS,
+                crate::registry::versions::MAX_HISTORY_SECONDS,
+                crate::registry::versions::MAX_HISTORY_BYTES
+            )));
+        }
+        backend.keep_history(Arc::new(service::TypeHistory::new(
+            registry.clone(),
+            builtin_history,
+            config.history_node_bytes,
+        )));
         let service = ResourceService::new(backend, registry)
             .with_max_resource_bytes(config.max_resource_bytes)
             .with_list_budget(config.max_inflight_bytes)

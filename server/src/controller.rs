@@ -84,6 +84,7 @@ impl Api for InProcess {
     async fn read(&self, id: &Id) -> Result<Option<Resource>, ApiError> {
         let request = ReadRequest {
             id: Some(id.clone()),
+            ..Default::default()
         };
         match self
             .service

@@ -208,6 +208,26 @@ struct AgentArgs {
     #[arg(long, env = "RESD_MAX_SCHEMA_BYTES")]
     max_schema_bytes: Option<usize>,
 
+    /// Versions of each object of a built-in type its history keeps (DESIGN §18; a registered
+    /// type's Type sets its own); 0 keeps none. Give every server the same value [default: 100].
+    #[arg(long, env = "RESD_HISTORY_VERSIONS")]
+    history_versions: Option<u32>,
+
+    /// Age in seconds of the oldest version a built-in type's history keeps; 0: no limit by
+    /// age [default: 604800].
+    #[arg(long, env = "RESD_HISTORY_SECONDS")]
+    history_seconds: Option<u64>,
+
+    /// Bytes of history each object of a built-in type keeps (its newest version always
+    /// stays); 0: no limit by bytes [default: 1048576].
+    #[arg(long, env = "RESD_HISTORY_BYTES")]
+    history_bytes: Option<u64>,
+
+    /// Bytes of history this node keeps in all, every object together (the versions that
+    /// expire soonest go first); at most half of --quota-bytes [default: 1073741824].
+    #[arg(long, env = "RESD_HISTORY_NODE_BYTES")]
+    history_node_bytes: Option<u64>,
+
     /// Requests per second one token may send (twice that in a burst); past it requests are
     /// refused with RESOURCE_EXHAUSTED saying when to retry. 0: no limit. With ACLs off no
     /// rate applies (there are no tokens to tell apart) [default: 2000].
@@ -563,6 +583,18 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.max_schema_bytes {
         config.max_schema_bytes = bytes;
+    }
+    if let Some(versions) = args.history_versions {
+        config.history_versions = versions;
+    }
+    if let Some(seconds) = args.history_seconds {
+        config.history_seconds = seconds;
+    }
+    if let Some(bytes) = args.history_bytes {
+        config.history_bytes = bytes;
+    }
+    if let Some(bytes) = args.history_node_bytes {
+        config.history_node_bytes = bytes;
     }
     if let Some(rate) = args.max_requests_per_second_per_token {
         config.max_requests_per_second_per_token = rate;

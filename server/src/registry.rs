@@ -918,6 +918,19 @@ impl Registry {
         self.dynamic.read().by_key.get(&key).cloned()
     }
 
+    /// The history a registered type's objects keep (`None`: not a registered type).
+    pub(crate) fn history_of(&self, group: &str, kind: &str) -> Option<resource::Retention> {
+        let dynamic = self.dynamic.read();
+        let from = (group.to_owned(), String::new(), String::new());
+        dynamic
+            .by_key
+            .range(from..)
+            .take_while(|((g, _, _), _)| g == group)
+            .find(|((_, _, k), _)| k == kind)
+            .and_then(|(_, registration)| registration.registered.as_ref())
+            .map(|installed| installed.family.history)
+    }
+
     /// Registered types a mistyped one probably meant: kinds of the same group within two edits,
     /// those of the requested version first; otherwise the same kind in other versions.
     /// What a stored object's type is registered as: [`Self::resolve`], or a version its Type

@@ -366,3 +366,45 @@ impl fmt::Display for Invalid {
 }
 
 impl std::error::Error for Invalid {}
+
+// Objects' history (DESIGN §18): how much a type keeps; kept by storage.
+
+/// Default versions kept per object.
+pub const DEFAULT_HISTORY_VERSIONS: u32 = 100;
+/// Default age of the oldest version kept (7 days).
+pub const DEFAULT_HISTORY_SECONDS: u64 = 7 * 24 * 3600;
+/// Default bytes kept per object (1 MiB).
+pub const DEFAULT_HISTORY_BYTES: u64 = 1 << 20;
+/// How much of an object's history its type keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Versions kept per object; 0 keeps none.
+    pub versions: u32,
+    /// Age of the oldest version kept; 0: no limit by age.
+    pub seconds: u64,
+    /// Bytes kept per object (the newest version always stays); 0: no limit by bytes.
+    pub bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            versions: DEFAULT_HISTORY_VERSIONS,
+            seconds: DEFAULT_HISTORY_SECONDS,
+            bytes: DEFAULT_HISTORY_BYTES,
+        }
+    }
+}
+
+impl Retention {
+    /// No history at all.
+    pub const OFF: Retention = Retention {
+        versions: 0,
+        seconds: 0,
+        bytes: 0,
+    };
+
+    pub fn is_off(&self) -> bool {
+        self.versions == 0
+    }
+}

@@ -28,6 +28,7 @@ mod delete;
 pub(crate) mod encoded;
 mod error;
 pub(crate) mod grpc;
+mod history;
 mod migrate;
 pub(crate) use migrate::MIGRATION_STATUS;
 mod page;
@@ -46,6 +47,7 @@ mod tests;
 
 pub(crate) use admission::ForwardAdmission;
 pub(crate) use error::{Error, NotLeader, VersionConflict};
+pub(crate) use history::TypeHistory;
 
 /// Largest encoded resource accepted by default.
 pub(crate) use crate::resource::DEFAULT_MAX_RESOURCE_BYTES;

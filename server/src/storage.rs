@@ -17,6 +17,7 @@ pub(crate) mod check;
 pub(crate) mod conformance;
 pub(crate) mod deadline;
 pub(crate) mod events;
+pub mod history;
 pub(crate) mod inmem;
 pub mod projection;
 pub(crate) mod quota;
@@ -323,6 +324,9 @@ pub enum StorageError {
     /// changed. Deletes are never refused.
     #[error("{0}")]
     QuotaExceeded(quota::QuotaExceeded),
+    /// A version older than the object's history keeps (what the oldest kept is).
+    #[error("{0}")]
+    HistoryGone(String),
     #[error("storage failure: {0}")]
     Internal(String),
 }
@@ -726,6 +730,21 @@ pub trait Backend: Send + Sync + 'static {
     /// default: a wrapper that forgot to forward it would turn caching off.
     fn group_stamp(&self, group: &str) -> Option<u64>;
 
+    /// From now on, keeps every change in its object's history as `policy` says (DESIGN §18):
+    /// the retention of the change's type and the time, chosen as the change is made and
+    /// carried with it. Until called, every type keeps the defaults.
+    fn keep_history(&self, policy: std::sync::Arc<dyn history::HistoryPolicy>);
+
+    /// A page of the history of the object `uid`, newest first: at most `limit` entries of
+    /// versions older than `before` (none: from the newest).
+    async fn history(
+        &self,
+        consistency: Consistency,
+        uid: &str,
+        before: Option<Version>,
+        limit: usize,
+    ) -> Result<history::Page, StorageError>;
+
     /// Why a default (eventual) read answered now may be stale: this node knows no leader.
     /// `None` when it follows one (or has no leader to follow).
     fn stale_reads(&self) -> Option<String> {
@@ -905,6 +924,18 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
         (**self).group_stamp(group)
+    }
+    fn keep_history(&self, policy: std::sync::Arc<dyn history::HistoryPolicy>) {
+        (**self).keep_history(policy)
+    }
+    async fn history(
+        &self,
+        consistency: Consistency,
+        uid: &str,
+        before: Option<Version>,
+        limit: usize,
+    ) -> Result<history::Page, StorageError> {
+        (**self).history(consistency, uid, before, limit).await
     }
     fn stale_reads(&self) -> Option<String> {
         (**self).stale_reads()

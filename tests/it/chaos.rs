@@ -228,6 +228,7 @@ async fn client(run: Arc<Run>, node: usize, addr: String, worker: usize, stop: I
                     .read(timed(
                         ReadRequest {
                             id: Some(id(&name)),
+                            ..Default::default()
                         },
                         true,
                     ))
@@ -331,6 +332,7 @@ async fn client(run: Arc<Run>, node: usize, addr: String, worker: usize, stop: I
                     .read(timed(
                         ReadRequest {
                             id: Some(id(&name)),
+                            ..Default::default()
                         },
                         false,
                     ))
@@ -410,6 +412,7 @@ fn probe(run: Arc<Run>, node: usize, addr: String) -> tokio::task::JoinHandle<()
                 let invoked = run.now();
                 let mut request = tonic::Request::new(ReadRequest {
                     id: Some(id(&register(key))),
+                    ..Default::default()
                 });
                 request.set_timeout(Duration::from_millis(500));
                 let seen = match client.read(request).await {
@@ -627,6 +630,7 @@ async fn round(seconds: u64) -> String {
             .read(timed(
                 ReadRequest {
                     id: Some(id(&register(key))),
+                    ..Default::default()
                 },
                 true,
             ))

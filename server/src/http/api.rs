@@ -582,6 +582,7 @@ async fn read(
     params.finish(&["partition", "namespace", "consistent"])?;
     let request = ReadRequest {
         id: Some(id_of(group, version, kind, name, tenancy, String::new())),
+        ..Default::default()
     };
     answer(
         &state.registry.descriptor_pool(),

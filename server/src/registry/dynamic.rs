@@ -134,6 +134,10 @@ pub(crate) fn package(t: &pb::Type) -> String {
 /// Checks a Type as written and compiles its source: the Type to store (its `descriptor_set`
 /// the compiler's), or every problem found, each naming its field.
 pub(crate) fn compile(t: &pb::Type) -> Result<pb::Type, String> {
+    let history = super::versions::history_problems(t);
+    if !history.is_empty() {
+        return Err(history.join("; "));
+    }
     if super::versions::is_multi_version(t) {
         return super::versions::compile(t);
     }

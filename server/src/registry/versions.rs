@@ -67,6 +67,51 @@ pub(crate) struct Family {
     pub storage: String,
     pub versions: Vec<Version>,
     conversions: Vec<Conversion>,
+    /// How much of each object's history is kept.
+    pub history: crate::resource::Retention,
+}
+
+/// Most versions, seconds and bytes a Type's `history` may keep per object.
+pub(crate) const MAX_HISTORY_VERSIONS: u32 = 10_000;
+pub(crate) const MAX_HISTORY_SECONDS: u64 = 366 * 24 * 3600;
+pub(crate) const MAX_HISTORY_BYTES: u64 = 64 << 20;
+
+/// The retention a Type's `history` asks for (unset fields: the defaults).
+pub(crate) fn retention_of(t: &pb::Type) -> crate::resource::Retention {
+    let defaults = crate::resource::Retention::default();
+    let Some(history) = &t.history else {
+        return defaults;
+    };
+    crate::resource::Retention {
+        versions: history.versions.unwrap_or(defaults.versions),
+        seconds: history.seconds.unwrap_or(defaults.seconds),
+        bytes: history.bytes.unwrap_or(defaults.bytes),
+    }
+}
+
+/// What is wrong with a Type's `history`.
+pub(crate) fn history_problems(t: &pb::Type) -> Vec<String> {
+    let retention = retention_of(t);
+    let mut problems = Vec::new();
+    if retention.versions > MAX_HISTORY_VERSIONS {
+        problems.push(format!(
+            "data.history.versions is {}; at most {MAX_HISTORY_VERSIONS}",
+            retention.versions
+        ));
+    }
+    if retention.seconds > MAX_HISTORY_SECONDS {
+        problems.push(format!(
+            "data.history.seconds is {}; at most {MAX_HISTORY_SECONDS} (366 days)",
+            retention.seconds
+        ));
+    }
+    if retention.bytes > MAX_HISTORY_BYTES {
+        problems.push(format!(
+            "data.history.bytes is {}; at most {MAX_HISTORY_BYTES} (64 MiB)",
+            retention.bytes
+        ));
+    }
+    problems
 }
 
 /// Why an object could not be converted.
@@ -132,6 +177,7 @@ pub(crate) fn version_type(t: &pb::Type, v: &pb::TypeVersion) -> pb::Type {
         storage_version: String::new(),
         conversions: Vec::new(),
         columns: v.columns.clone(),
+        history: t.history,
     }
 }
 
@@ -269,6 +315,7 @@ impl Family {
                 columns: t.columns.clone(),
             }],
             conversions: Vec::new(),
+            history: retention_of(t),
         })
     }
 
@@ -352,6 +399,7 @@ impl Family {
             storage: t.storage_version.clone(),
             versions,
             conversions,
+            history: retention_of(t),
         })
     }
 

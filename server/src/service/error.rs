@@ -215,6 +215,7 @@ impl Error {
             )),
             StorageError::Fenced(fenced) => Error::Fenced(fenced),
             StorageError::Invalid(invalid) => invalid.into(),
+            StorageError::HistoryGone(why) => Error::OutOfRange(why),
             StorageError::Internal(why) => Error::Internal(why),
         }
     }

@@ -5,10 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use proto::resource::v1::{
-    DeleteRequest, DeleteResponse, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
-    ListResponse, MutateAndValidateRequest, MutateAndValidateResponse, ReadRequest, ReadResponse,
-    WatchListRequest, WriteRequest, WriteResponse, WriteStatusRequest, WriteStatusResponse,
-    resource_service_server,
+    DeleteRequest, DeleteResponse, ListByOwnerRequest, ListByOwnerResponse, ListHistoryRequest,
+    ListHistoryResponse, ListRequest, ListResponse, MutateAndValidateRequest,
+    MutateAndValidateResponse, ReadRequest, ReadResponse, WatchListRequest, WriteRequest,
+    WriteResponse, WriteStatusRequest, WriteStatusResponse, resource_service_server,
 };
 use tonic::{Request, Response, Status};
 
@@ -566,6 +566,25 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         let mut response = Response::new(response);
         self.warn(request.get_ref().r#type.as_ref(), response.metadata_mut());
         Ok(response)
+    }
+
+    async fn list_history(
+        &self,
+        request: Request<ListHistoryRequest>,
+    ) -> Result<Response<ListHistoryResponse>, Status> {
+        let consistency = consistency(&request)?;
+        let response = self
+            .unary(
+                &request,
+                Some(consistency),
+                |authorizer, body, at| async move {
+                    self.service
+                        .list_history(authorizer.as_ref(), at, body)
+                        .await
+                },
+            )
+            .await?;
+        Ok(Response::new(response))
     }
 
     async fn list_by_owner(

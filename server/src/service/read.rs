@@ -111,6 +111,9 @@ impl ResourceService {
         consistency: Consistency,
         request: ReadRequest,
     ) -> Result<ReadResponse, Error> {
+        if !request.at_version.is_empty() {
+            return self.read_at(authorizer, consistency, request).await;
+        }
         let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
         let resource = match self.backend.read(consistency, &id).await {
             Ok(resource) => resource,
@@ -139,6 +142,12 @@ impl ResourceService {
         consistency: Consistency,
         request: ReadRequest,
     ) -> Result<Vec<u8>, Error> {
+        if !request.at_version.is_empty() {
+            let answer = self.read_at(authorizer, consistency, request).await?;
+            return Ok(prost::Message::encode_to_vec(
+                &answer.resource.unwrap_or_default(),
+            ));
+        }
         let (id, registration, needs_resource) = self.prepare_read(authorizer, request).await?;
         let bytes = match self.backend.read_encoded(consistency, &id).await {
             Ok(bytes) => bytes,
@@ -165,7 +174,7 @@ impl ResourceService {
 
     /// `stored`, of another version of `registration`'s Type, converted to the version asked
     /// for (on the rule pool when its conversions are not cheap).
-    async fn converted_read(
+    pub(super) async fn converted_read(
         &self,
         authorizer: &dyn Authorizer,
         registration: &Arc<Registration>,

@@ -164,6 +164,7 @@ impl Harness {
     ) -> Result<Resource, Error> {
         let request = ReadRequest {
             id: Some(id.clone()),
+            ..Default::default()
         };
         let encoded = self
             .service
@@ -444,6 +445,18 @@ impl Backend for LosingBackend {
     }
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.inner.group_stamp(group)
+    }
+    fn keep_history(&self, policy: std::sync::Arc<dyn crate::storage::history::HistoryPolicy>) {
+        self.inner.keep_history(policy)
+    }
+    async fn history(
+        &self,
+        consistency: crate::storage::Consistency,
+        uid: &str,
+        before: Option<crate::storage::Version>,
+        limit: usize,
+    ) -> Result<crate::storage::history::Page, crate::storage::StorageError> {
+        self.inner.history(consistency, uid, before, limit).await
     }
     async fn sync(&self) -> Result<(), StorageError> {
         self.inner.sync().await

@@ -60,6 +60,9 @@ macro_rules! conformance_tests {
             watch_resumes_after_a_version_without_gap_or_duplicate,
             watch_resume_from_a_future_version_is_refused,
             quotas_are_kept_and_enforced_by_the_store,
+            history_keeps_every_version_with_its_actor,
+            history_keeps_the_types_retention,
+            history_is_bounded_per_node_and_by_age,
         );
     };
     (@cases $make:expr, $fixture:expr; $($case:ident),* $(,)?) => {
@@ -1112,4 +1115,255 @@ pub(crate) async fn watch_resume_from_a_future_version_is_refused<B: Backend>(ba
         Err(other) => panic!("expected ResumeUnavailable, got {other:?}"),
         Ok(_) => panic!("expected ResumeUnavailable, got a watch"),
     }
+}
+
+/// A policy keeping `retention` for every type, and `node_bytes` in all.
+#[derive(Debug)]
+struct Keeping {
+    retention: crate::resource::Retention,
+    node_bytes: u64,
+}
+
+impl super::history::HistoryPolicy for Keeping {
+    fn retention(&self, _group: &str, _kind: &str) -> crate::resource::Retention {
+        self.retention
+    }
+    fn node_bytes(&self) -> u64 {
+        self.node_bytes
+    }
+}
+
+fn keeping(versions: u32, seconds: u64, bytes: u64, node_bytes: u64) -> std::sync::Arc<Keeping> {
+    std::sync::Arc::new(Keeping {
+        retention: crate::resource::Retention {
+            versions,
+            seconds,
+            bytes,
+        },
+        node_bytes,
+    })
+}
+
+/// The history of `uid` as a strong read finds it, once it holds `count` entries.
+async fn history_of<B: Backend>(backend: &B, uid: &str, count: usize) -> super::history::Page {
+    eventually("the history holds every change", || async {
+        let page = backend
+            .history(Consistency::Strong, uid, None, 1000)
+            .await
+            .map_err(|error| error.to_string())?;
+        if page.entries.len() == count {
+            Ok(page)
+        } else {
+            Err(format!("{} entries, not {count}", page.entries.len()))
+        }
+    })
+    .await
+}
+
+fn operations(page: &super::history::Page) -> Vec<(String, i32, String)> {
+    page.entries
+        .iter()
+        .map(|entry| (entry.version.clone(), entry.operation, entry.actor.clone()))
+        .collect()
+}
+
+/// DESIGN §18: every stored version — a write, a status write (same generation), a deletion —
+/// with its actor and time, newest first, paged by version; a deleted object's history stays
+/// readable by its uid.
+pub(crate) async fn history_keeps_every_version_with_its_actor<B: Backend>(backend: &B) {
+    use proto::resource::v1::history_entry::Operation as Op;
+    let fixture = Fixture::new();
+    let fence = super::Fence::default();
+    let first = backend
+        .write_cas_as(fixture.artist("miles"), "alice", &fence)
+        .await
+        .expect("create");
+    let mut update = first.clone();
+    update.metadata.insert("k".into(), "v".into());
+    update.generation = ulid::Ulid::new().to_string();
+    let second = backend
+        .write_cas_as(update, "bob", &fence)
+        .await
+        .expect("update");
+    let mut status = second.clone();
+    status.status.insert(
+        "demo".into(),
+        proto::resource::v1::Status {
+            observed_generation: second.generation.clone(),
+            ..Default::default()
+        },
+    );
+    let third = backend
+        .write_cas_as(status, "controller/demo", &fence)
+        .await
+        .expect("status");
+    backend
+        .delete_cas_as(&id_of(&third), &third.version, "carol", &fence)
+        .await
+        .expect("delete");
+    let uid = id_of(&first).uid;
+    let page = history_of(backend, &uid, 4).await;
+    let seen = operations(&page);
+    assert_eq!(
+        seen.iter()
+            .map(|(_, op, actor)| (*op, actor.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            (Op::Delete as i32, "carol"),
+            (Op::Status as i32, "controller/demo"),
+            (Op::Write as i32, "bob"),
+            (Op::Write as i32, "alice"),
+        ],
+        "newest first, each with its actor and what it did"
+    );
+    assert_eq!(seen[1].0, third.version);
+    assert_eq!(seen[2].0, second.version);
+    assert_eq!(seen[3].0, first.version);
+    assert_eq!(
+        page.entries[2].resource.as_ref(),
+        Some(&second),
+        "as stored then"
+    );
+    assert_eq!(
+        page.entries[0].resource.as_ref().map(|r| &r.version),
+        Some(&third.version),
+        "a deletion carries the object as it last was"
+    );
+    assert!(page.entries.iter().all(|entry| entry.time.is_some()));
+    assert_eq!(page.oldest.as_deref(), Some(first.version.as_str()));
+    assert!(
+        !page.dropped,
+        "nothing was dropped: the oldest kept is the first"
+    );
+    // Paged: the entries older than a version.
+    let older = backend
+        .history(
+            Consistency::Strong,
+            &uid,
+            Some(second.version.parse().expect("a version")),
+            10,
+        )
+        .await
+        .expect("a page");
+    assert_eq!(operations(&older), vec![seen[3].clone()]);
+    // Another uid has no history here.
+    let none = backend
+        .history(
+            Consistency::Strong,
+            &ulid::Ulid::new().to_string(),
+            None,
+            10,
+        )
+        .await
+        .expect("an empty page");
+    assert!(none.entries.is_empty() && none.oldest.is_none());
+}
+
+/// DESIGN §18: a history keeps its type's retention — the newest versions stay, the oldest go,
+/// and what was dropped is said; a type that keeps none keeps none.
+pub(crate) async fn history_keeps_the_types_retention<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    backend.keep_history(keeping(3, 0, 0, 1 << 30));
+    let mut stored = backend
+        .write_cas(fixture.artist("miles"))
+        .await
+        .expect("create");
+    let mut versions = vec![stored.version.clone()];
+    for n in 0..5 {
+        let mut next = stored.clone();
+        next.metadata.insert("n".into(), n.to_string());
+        stored = backend.write_cas(next).await.expect("update");
+        versions.push(stored.version.clone());
+    }
+    let uid = id_of(&stored).uid;
+    let page = history_of(backend, &uid, 3).await;
+    let kept: Vec<String> = page.entries.iter().map(|e| e.version.clone()).collect();
+    assert_eq!(
+        kept,
+        versions[3..].iter().rev().cloned().collect::<Vec<_>>()
+    );
+    assert!(page.dropped);
+    assert_eq!(page.oldest.as_deref(), Some(versions[3].as_str()));
+
+    // By bytes: only the newest stays when each version is larger than the bound.
+    backend.keep_history(keeping(100, 0, 10, 1 << 30));
+    let mut next = stored.clone();
+    next.metadata.insert("n".into(), "last".into());
+    let last = backend.write_cas(next).await.expect("update");
+    let page = history_of(backend, &uid, 1).await;
+    assert_eq!(
+        page.entries[0].version, last.version,
+        "the newest always stays"
+    );
+
+    // A type keeping none.
+    backend.keep_history(keeping(0, 0, 0, 1 << 30));
+    let quiet = backend
+        .write_cas(fixture.artist("quiet"))
+        .await
+        .expect("create");
+    let none = backend
+        .history(Consistency::Strong, &id_of(&quiet).uid, None, 10)
+        .await
+        .expect("a page");
+    assert!(
+        none.entries.is_empty(),
+        "a type that keeps no history keeps none"
+    );
+}
+
+/// DESIGN §18: the node's bound on all history together: the versions expiring soonest go,
+/// whatever object they are of; and versions past their age go as the store moves on.
+pub(crate) async fn history_is_bounded_per_node_and_by_age<B: Backend>(backend: &B) {
+    let fixture = Fixture::new();
+    // Room for a few versions in all.
+    backend.keep_history(keeping(100, 0, 0, 600));
+    let mut uids = Vec::new();
+    for n in 0..10 {
+        let stored = backend
+            .write_cas(fixture.artist(&format!("a{n}")))
+            .await
+            .expect("create");
+        uids.push(id_of(&stored).uid);
+    }
+    let mut kept = 0;
+    for uid in &uids {
+        kept += backend
+            .history(Consistency::Strong, uid, None, 10)
+            .await
+            .expect("a page")
+            .entries
+            .len();
+    }
+    assert!(
+        (1..10).contains(&kept),
+        "{kept} versions kept of 10 under a node bound that holds a few"
+    );
+    let last = backend
+        .history(Consistency::Strong, &uids[9], None, 10)
+        .await
+        .expect("a page");
+    assert_eq!(
+        last.entries.len(),
+        1,
+        "the newest version is among those kept"
+    );
+
+    // By age: one second, then any change sweeps what expired.
+    backend.keep_history(keeping(100, 1, 0, 1 << 30));
+    let old = backend
+        .write_cas(fixture.artist("old"))
+        .await
+        .expect("create");
+    history_of(backend, &id_of(&old).uid, 1).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    backend
+        .write_cas(fixture.artist("new"))
+        .await
+        .expect("create");
+    let gone = backend
+        .history(Consistency::Strong, &id_of(&old).uid, None, 10)
+        .await
+        .expect("a page");
+    assert!(gone.entries.is_empty(), "a version past its age is dropped");
 }

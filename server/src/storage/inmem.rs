@@ -9,6 +9,7 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::check::{self, DeleteCheck};
 use super::events::{EventLog, GroupStamps, HistoryLimits, WatchFilter};
+use super::history::{self, HistoryPolicy};
 use super::quota;
 use super::{
     Backend, Consistency, Domain, Fence, Operation, Projection, ProjectionSource, StorageError,
@@ -16,11 +17,18 @@ use super::{
 };
 use crate::resource;
 
-#[derive(Debug)]
 pub(crate) struct InMemBackend {
     state: Mutex<State>,
     /// The event log's stamps, read without the lock.
     stamps: Arc<GroupStamps>,
+    /// What each change is kept in history with.
+    policy: std::sync::RwLock<Arc<dyn HistoryPolicy>>,
+}
+
+impl std::fmt::Debug for InMemBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InMemBackend").finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -33,6 +41,8 @@ struct State {
     /// Each domain's last change ([`super::Guard::Domain`]).
     revisions: HashMap<Domain, Version>,
     events: EventLog,
+    /// Objects' history.
+    history: history::Memory,
 }
 
 impl State {
@@ -153,8 +163,20 @@ impl InMemBackend {
                 version: 0,
                 revisions: HashMap::new(),
                 events,
+                history: history::Memory::default(),
             }),
+            policy: std::sync::RwLock::new(Arc::new(history::Defaults)),
         }
+    }
+
+    /// What a change of `key`'s type made now is kept with.
+    fn keep(&self, key: &StorageKey) -> history::Keep {
+        let policy = self
+            .policy
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        history::keep_for(&*policy, &key.group, &key.kind)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -182,6 +204,7 @@ impl InMemBackend {
         }
         check::check_storable(&resource, usize::MAX)?;
         let key = StorageKey::of(&id);
+        let keep = self.keep(&key);
         let mut state = self.lock();
         // As raft's apply: what the change was checked against first, then its CAS.
         state.check_fence(fence)?;
@@ -204,6 +227,21 @@ impl InMemBackend {
         let charged = state.charge_quotas(&key, delta)?;
         state.version += 1;
         let previous = state.resources.insert(key.clone(), stored.clone());
+        let operation = history::operation_of(
+            previous
+                .as_ref()
+                .map(|previous| previous.generation.as_str()),
+            &stored,
+        );
+        let entry = history::entry(
+            stored.clone(),
+            actor,
+            keep.time_ms,
+            operation,
+            Version::new(state.version),
+        );
+        let at = Version::new(state.version);
+        state.history.record(&id.uid, at, entry, keep);
         if let Some(uid) = previous.as_ref().and_then(check::owner_uid)
             && check::owner_uid(&stored) != Some(uid)
         {
@@ -281,6 +319,7 @@ impl Backend for InMemBackend {
         fence: &Fence,
     ) -> Result<(), StorageError> {
         let key = StorageKey::of(id);
+        let keep = self.keep(&key);
         let mut state = self.lock();
         state.check_fence(fence)?;
         if check::check_delete(state.resources.get(&key), id, version)? == DeleteCheck::Nothing {
@@ -302,6 +341,19 @@ impl Backend for InMemBackend {
         let version = state.version.to_string();
         let index = Version::new(state.version);
         state.changed(&key, index);
+        let uid = removed
+            .id
+            .as_ref()
+            .map(|id| id.uid.clone())
+            .unwrap_or_default();
+        let entry = history::entry(
+            removed.clone(),
+            actor,
+            keep.time_ms,
+            proto::resource::v1::history_entry::Operation::Delete,
+            index,
+        );
+        state.history.record(&uid, index, entry, keep);
         state.events.publish_change(
             key,
             WatchEvent {
@@ -400,6 +452,23 @@ impl Backend for InMemBackend {
 
     fn group_stamp(&self, group: &str) -> Option<u64> {
         Some(self.stamps.get(group))
+    }
+
+    fn keep_history(&self, policy: Arc<dyn HistoryPolicy>) {
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = policy;
+    }
+
+    async fn history(
+        &self,
+        _consistency: Consistency,
+        uid: &str,
+        before: Option<Version>,
+        limit: usize,
+    ) -> Result<history::Page, StorageError> {
+        Ok(self.lock().history.page(uid, before, limit))
     }
 
     async fn sync(&self) -> Result<(), StorageError> {

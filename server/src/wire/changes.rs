@@ -9,7 +9,7 @@ use proto::resource::v1::Resource;
 
 use super::proto::{field_len as framed_len, put_field_header as frame};
 use crate::storage::WriteCondition;
-use crate::storage::raft::codec::{delete_cas, guards_of, request_id_text};
+use crate::storage::raft::codec::{delete_cas, guards_of, history_of, request_id_text};
 use crate::storage::raft::op::{Change, Tagged};
 
 /// `Op::Changes` encoded exactly as `codec::command_of` builds and prost encodes it, written straight from the typed
@@ -57,6 +57,7 @@ struct WriteFields<'a> {
     actor: &'a String,
     merged: bool,
     guards: Vec<pb::Guard>,
+    history: Option<pb::History>,
 }
 
 impl<'a> ChangeFields<'a> {
@@ -68,6 +69,7 @@ impl<'a> ChangeFields<'a> {
                 actor: &tagged.actor,
                 merged: *condition == WriteCondition::Merged,
                 guards: guards_of(&tagged.fence),
+                history: tagged.keep.map(history_of),
             }),
             Change::Delete { id, version } => ChangeFields::Delete(delete_cas(id, version, tagged)),
         }
@@ -112,6 +114,9 @@ impl WriteFields<'_> {
             len += bool::encoded_len(4, &self.merged);
         }
         len += message::encoded_len_repeated(5, &self.guards);
+        if let Some(history) = &self.history {
+            len += message::encoded_len(6, history);
+        }
         len
     }
 
@@ -130,6 +135,9 @@ impl WriteFields<'_> {
         }
         for guard in &self.guards {
             message::encode(5, guard, buf);
+        }
+        if let Some(history) = &self.history {
+            message::encode(6, history, buf);
         }
     }
 }

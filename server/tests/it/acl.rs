@@ -398,7 +398,13 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
     match method {
         "ResourceService/Read" => code(
             resources
-                .read(with_token(ReadRequest { id: Some(miles()) }, token))
+                .read(with_token(
+                    ReadRequest {
+                        id: Some(miles()),
+                        ..Default::default()
+                    },
+                    token,
+                ))
                 .await
                 .map(drop),
         ),
@@ -837,6 +843,7 @@ async fn bad_acl_input_is_refused_naming_the_field_and_changes_nothing() {
         .read(with_token(
             ReadRequest {
                 id: Some(cluster_id("Token", "initial-management")),
+                ..Default::default()
             },
             Some(&management),
         ))

@@ -228,6 +228,7 @@ async fn the_default_policy_never_grants_acl_management() {
         .read(with_token(
             proto::resource::v1::ReadRequest {
                 id: Some(cluster_id("Token", "limited")),
+                ..Default::default()
             },
             Some("limited-secret-0123456789"),
         ))
@@ -632,6 +633,7 @@ async fn a_deny_holds_through_every_group_version() {
         .read(with_token(
             proto::resource::v1::ReadRequest {
                 id: stored.id.clone(),
+                ..Default::default()
             },
             Some(&management),
         ))
@@ -777,6 +779,7 @@ async fn a_delegate_cannot_lift_its_own_limits_or_take_another_tokens_secret() {
         .read(with_token(
             proto::resource::v1::ReadRequest {
                 id: Some(cluster_id("Token", "initial-management")),
+                ..Default::default()
             },
             Some(d),
         ))
@@ -832,6 +835,7 @@ async fn chosen_secrets_are_stored_salted_and_slow_and_made_up_ones_cost_a_bound
                 .read(with_token(
                     proto::resource::v1::ReadRequest {
                         id: Some(cluster_id("Token", name)),
+                        ..Default::default()
                     },
                     Some(&management),
                 ))

@@ -154,6 +154,7 @@ async fn can_i_agrees_with_what_the_server_then_does() {
                             .read(with_token(
                                 ReadRequest {
                                     id: Some(id.clone()),
+                                    ..Default::default()
                                 },
                                 Some(&secret),
                             ))

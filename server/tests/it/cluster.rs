@@ -53,6 +53,7 @@ async fn writes_through_a_follower_are_readable_on_every_node() {
         let read = client
             .read(ReadRequest {
                 id: Some(artist_id("miles")),
+                ..Default::default()
             })
             .await
             .expect("local read")
@@ -90,6 +91,7 @@ async fn killing_the_leader_under_cas_writes_loses_no_acknowledged_write() {
                 let mut client = node.resources().await;
                 let mut strong = tonic::Request::new(ReadRequest {
                     id: Some(artist_id("counter")),
+                    ..Default::default()
                 });
                 strong.metadata_mut().insert(
                     "x-resd-consistency-mode",

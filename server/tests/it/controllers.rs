@@ -81,6 +81,7 @@ async fn read(node: &Resd, id: &Id) -> Option<Resource> {
         .await
         .read(ReadRequest {
             id: Some(id.clone()),
+            ..Default::default()
         })
         .await
         .ok()

@@ -167,6 +167,7 @@ async fn a_restarted_leader_answers_strong_reads_with_the_latest_write() {
     loop {
         let mut read = tonic::Request::new(ReadRequest {
             id: Some(artist_id("register")),
+            ..Default::default()
         });
         read.metadata_mut().insert(
             "x-resd-consistency-mode",

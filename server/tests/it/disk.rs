@@ -1101,6 +1101,7 @@ async fn a_record_damaged_under_a_running_node_is_refused_and_the_node_rebuilds_
         .await
         .read(ReadRequest {
             id: Some(crate::support::artist_id("needle")),
+            ..Default::default()
         })
         .await
         .expect_err("the damaged record is not served");
@@ -1115,6 +1116,7 @@ async fn a_record_damaged_under_a_running_node_is_refused_and_the_node_rebuilds_
             Ok(channel) => ResourceServiceClient::new(channel)
                 .read(ReadRequest {
                     id: Some(crate::support::artist_id("needle")),
+                    ..Default::default()
                 })
                 .await
                 .map_err(|status| status.to_string()),

@@ -143,6 +143,7 @@ async fn legitimate_client_is_served(node: &Resd, management: &str, round: usize
         ResourceServiceClient::new(channel).read(with_token(
             ReadRequest {
                 id: written.id.clone(),
+                ..Default::default()
             },
             Some(management),
         )),
@@ -719,6 +720,7 @@ async fn a_token_past_its_rate_is_refused_and_others_are_served() {
             .read(with_token(
                 ReadRequest {
                     id: artist_in("default", &format!("absent-{i}")).id,
+                    ..Default::default()
                 },
                 Some(&secret),
             ))
@@ -814,9 +816,12 @@ async fn answers_nobody_reads_are_bounded_by_their_callers_share() {
         .expect("a large artist");
     let rss = RssWatch::start(&node);
     let mut message = vec![0u8; 5];
-    ReadRequest { id: big.id.clone() }
-        .encode(&mut message)
-        .expect("encode");
+    ReadRequest {
+        id: big.id.clone(),
+        ..Default::default()
+    }
+    .encode(&mut message)
+    .expect("encode");
     let length = u32::try_from(message.len() - 5).expect("small");
     message[1..5].copy_from_slice(&length.to_be_bytes());
     let message = bytes::Bytes::from(message);

@@ -735,6 +735,7 @@ async fn a_node_killed_and_restarted_knows_its_tokens_again() {
             .read(with_token(
                 proto::resource::v1::ReadRequest {
                     id: crate::acl::artist_in("default", "before").id,
+                    ..Default::default()
                 },
                 Some(&management),
             ))

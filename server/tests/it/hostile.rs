@@ -492,6 +492,7 @@ async fn a_crafted_grpc_timeout_is_refused_and_panics_nothing() {
     for crafted in ["18446744073709551615S", "99999999999H", "-1S", "soon"] {
         let mut request = tonic::Request::new(ReadRequest {
             id: Some(crate::support::artist_id("anyone")),
+            ..Default::default()
         });
         request
             .metadata_mut()

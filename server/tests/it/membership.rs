@@ -467,6 +467,7 @@ async fn a_removed_node_serves_nothing_and_says_why_also_after_a_restart() {
             .await
             .read(ReadRequest {
                 id: Some(crate::support::artist_id("anything")),
+                ..Default::default()
             })
             .await;
         match read {
@@ -665,6 +666,7 @@ async fn a_node_that_lost_its_quorum_says_so_at_once() {
         .await
         .read(proto::resource::v1::ReadRequest {
             id: written.id.clone(),
+            ..Default::default()
         })
         .await
         .expect("a default read is answered");

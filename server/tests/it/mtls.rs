@@ -157,6 +157,7 @@ async fn a_tls_cluster_forms_replicates_fails_over_and_restores() {
         .await
         .read(ReadRequest {
             id: Some(artist_id("tls-after-save")),
+            ..Default::default()
         })
         .await;
     assert_eq!(

@@ -208,6 +208,7 @@ async fn a_deny_policy_holds_on_every_node_once_acknowledged_and_warnings_reach_
                 .await
                 .read(proto::resource::v1::ReadRequest {
                     id: Some(id("policy.v1.AdmissionPolicy", "", name)),
+                    ..Default::default()
                 })
                 .await
                 .expect("the policy")

@@ -132,7 +132,10 @@ async fn writers_on_three_nodes_racing_a_quota_store_exactly_its_limit() {
         let (cluster, quota_id) = (&cluster, quota_id.clone());
         async move {
             // Strong: another node's default read may answer from before it applied a change.
-            let mut strong = tonic::Request::new(ReadRequest { id: Some(quota_id) });
+            let mut strong = tonic::Request::new(ReadRequest {
+                id: Some(quota_id),
+                ..Default::default()
+            });
             strong.metadata_mut().insert(
                 "x-resd-consistency-mode",
                 "consistent".parse().expect("ascii"),

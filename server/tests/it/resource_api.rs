@@ -70,6 +70,7 @@ async fn write_read_list_watch_and_delete_over_grpc() {
 
     let mut consistent = tonic::Request::new(ReadRequest {
         id: Some(written_id.clone()),
+        ..Default::default()
     });
     consistent.metadata_mut().insert(
         "x-resd-consistency-mode",
@@ -114,6 +115,7 @@ async fn write_read_list_watch_and_delete_over_grpc() {
     let status = client
         .read(ReadRequest {
             id: Some(written_id.clone()),
+            ..Default::default()
         })
         .await
         .expect_err("deleted");

@@ -544,6 +544,7 @@ async fn a_flood_of_unknown_tokens_does_not_lock_out_a_known_one() {
                     .read(with_token(
                         proto::resource::v1::ReadRequest {
                             id: crate::acl::artist_in("default", "x").id,
+                            ..Default::default()
                         },
                         Some(&made_up),
                     ))

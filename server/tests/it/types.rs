@@ -115,7 +115,10 @@ pub(crate) async fn write(node: &Resd, resource: Resource) -> Result<Resource, t
 pub(crate) async fn read(node: &Resd, id: Id) -> Result<Resource, tonic::Status> {
     node.resources()
         .await
-        .read(ReadRequest { id: Some(id) })
+        .read(ReadRequest {
+            id: Some(id),
+            ..Default::default()
+        })
         .await
         .map(|reply| reply.into_inner().resource.expect("resource"))
 }
@@ -473,6 +476,7 @@ async fn acl_rules_by_type_glob_cover_registered_types() {
         .read(with_token(
             ReadRequest {
                 id: Some(invoice_id("team-1")),
+                ..Default::default()
             },
             Some(team),
         ))

@@ -449,6 +449,7 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
         .await
         .read(proto::resource::v1::ReadRequest {
             id: Some(id("v1", "orders")),
+            ..Default::default()
         })
         .await
         .expect("read");
@@ -464,6 +465,7 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
         .await
         .read(proto::resource::v1::ReadRequest {
             id: Some(id("v2", "orders")),
+            ..Default::default()
         })
         .await
         .expect("read");
@@ -516,6 +518,7 @@ async fn a_type_gains_a_version_and_every_node_serves_both() {
     // A strong read: another node's default read may answer from before it applied the change.
     let mut strong = tonic::Request::new(proto::resource::v1::ReadRequest {
         id: Some(id("v1", "orders")),
+        ..Default::default()
     });
     strong.metadata_mut().insert(
         "x-resd-consistency-mode",

@@ -17,6 +17,7 @@ async fn grpc(tokens: Arc<dyn TokenResolver>) -> ResourceGrpc {
 fn read_request(metadata: &[(&'static str, &str)]) -> Request<ReadRequest> {
     let mut request = Request::new(ReadRequest {
         id: Some(id("tenancy.v1.Partition", default_ns(), "default")),
+        ..Default::default()
     });
     for (key, value) in metadata {
         request
@@ -253,6 +254,7 @@ async fn a_read_answer_is_one_write_on_a_gathered_connection() {
         .expect("connect");
     let read = || ReadRequest {
         id: Some(id_of(&stored)),
+        ..Default::default()
     };
     // The connection's opening (settings, acknowledgements) is not what is measured.
     let first = client.read(read()).await.expect("read").into_inner();

@@ -100,7 +100,14 @@ async fn read_without_an_id_is_invalid() {
     let h = harness().await;
     let result = h
         .service
-        .read(&AllowAll, Consistency::Eventual, ReadRequest { id: None })
+        .read(
+            &AllowAll,
+            Consistency::Eventual,
+            ReadRequest {
+                id: None,
+                ..Default::default()
+            },
+        )
         .await;
     expect_error(result, Code::InvalidArgument, "id is required");
 }

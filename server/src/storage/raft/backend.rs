@@ -12,8 +12,10 @@ use proto::resource::v1::{Id, Resource, Tenancy};
 
 use super::node::RaftNode;
 use super::op::{self, Change, Request, Tagged};
+use crate::storage::history::{self, HistoryPolicy};
 use crate::storage::{
-    Backend, Consistency, Fence, StorageError, UnversionedType, Watch, WriteCondition, check,
+    Backend, Consistency, Fence, StorageError, UnversionedType, Version, Watch, WriteCondition,
+    check,
 };
 
 /// How long a write waits for this node to apply it before answering (read your writes).
@@ -28,6 +30,17 @@ pub(crate) struct RaftBackend {
 impl RaftBackend {
     pub(crate) fn new(node: Arc<RaftNode>) -> Self {
         RaftBackend { node }
+    }
+
+    /// What a change of `id`'s type made now is kept in history with.
+    fn keep(&self, id: Option<&Id>) -> Option<history::Keep> {
+        let resource_type = id.and_then(|id| id.r#type.as_ref())?;
+        let policy = self.node.history_policy();
+        Some(history::keep_for(
+            &*policy,
+            &resource_type.group,
+            &resource_type.kind,
+        ))
     }
 
     #[cfg(test)]
@@ -46,12 +59,15 @@ impl RaftBackend {
         // Apply refuses it too; refusing here keeps it out of the log.
         check::check_storable(&resource, usize::MAX)?;
         // One request id for every forward and proposal of this change: applied at most once.
-        let change = Tagged::new(Change::Write(Arc::new(resource), condition), actor).fenced(fence);
+        let keep = self.keep(resource.id.as_ref());
+        let change = Tagged::new(Change::Write(Arc::new(resource), condition), actor)
+            .fenced(fence)
+            .kept(keep);
         let stored = op::expect_resource(self.node.submit(Request::Change(change)).await)?;
         // Read your writes on this node: a write forwarded to the leader answers once this
         // node has applied it too (at once on the leader). Best effort, briefly: the write is
         // committed either way, and a lagging node must not turn it into an error.
-        if let Ok(version) = stored.version.parse::<crate::storage::Version>() {
+        if let Ok(version) = stored.version.parse::<Version>() {
             let _ =
                 tokio::time::timeout(READ_YOUR_WRITES_WAIT, self.node.wait_applied(version.index))
                     .await;
@@ -111,8 +127,24 @@ impl Backend for RaftBackend {
             },
             actor,
         )
-        .fenced(fence);
+        .fenced(fence)
+        .kept(self.keep(Some(id)));
         op::expect_done(self.node.submit(Request::Change(change)).await)
+    }
+
+    fn keep_history(&self, policy: Arc<dyn HistoryPolicy>) {
+        self.node.set_history_policy(policy);
+    }
+
+    async fn history(
+        &self,
+        consistency: Consistency,
+        uid: &str,
+        before: Option<Version>,
+        limit: usize,
+    ) -> Result<history::Page, StorageError> {
+        self.node.ready_to_read(consistency).await?;
+        self.node.state_machine().history(uid, before, limit)
     }
 
     async fn sync(&self) -> Result<(), StorageError> {
@@ -161,7 +193,7 @@ impl Backend for RaftBackend {
         resource_type: &UnversionedType,
         tenancy: &Tenancy,
         name_prefix: &str,
-        since: Option<crate::storage::Version>,
+        since: Option<Version>,
         options: crate::storage::WatchOptions,
     ) -> Result<Watch, StorageError> {
         self.node.check_ready()?;

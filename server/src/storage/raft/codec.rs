@@ -18,6 +18,7 @@ use proto::resource::v1::Resource;
 use super::op::{
     Applied, Change, ChangeResult, ListQuery, Op, Reply, ReplyResult, Request, RequestId, Tagged,
 };
+use crate::storage::history::{Keep, Retention};
 use crate::storage::{
     Domain, Fence, FenceKind, Fenced, Guard, StorageError, StorageKey, UnversionedType,
     WriteCondition,
@@ -81,6 +82,30 @@ fn write_cas(resource: &Resource, condition: WriteCondition, tagged: &Tagged) ->
         actor: tagged.actor.clone(),
         merged: condition == WriteCondition::Merged,
         guards: guards_of(&tagged.fence),
+        history: tagged.keep.map(history_of),
+    }
+}
+
+/// How a change is kept in history, on the wire.
+pub(crate) fn history_of(keep: Keep) -> pb::History {
+    pb::History {
+        time_ms: keep.time_ms,
+        versions: keep.retention.versions,
+        seconds: keep.retention.seconds,
+        bytes: keep.retention.bytes,
+        node_bytes: keep.node_bytes,
+    }
+}
+
+fn keep_of(history: pb::History) -> Keep {
+    Keep {
+        time_ms: history.time_ms,
+        retention: Retention {
+            versions: history.versions,
+            seconds: history.seconds,
+            bytes: history.bytes,
+        },
+        node_bytes: history.node_bytes,
     }
 }
 
@@ -151,6 +176,7 @@ pub(crate) fn delete_cas(
         request_id: request_id_text(tagged.request_id),
         actor: tagged.actor.clone(),
         guards: guards_of(&tagged.fence),
+        history: tagged.keep.map(history_of),
     }
 }
 
@@ -199,9 +225,17 @@ fn command_of(op: &Op) -> pb::Command {
         Op::RestoreChunk {
             restore_id,
             resources,
+            history,
         } => PbCommand::RestoreChunk(pb::RestoreChunk {
             restore_id: restore_id.clone(),
             resources: resources.clone(),
+            history: history
+                .iter()
+                .map(|(entry, expires_ms)| pb::HistoryRecord {
+                    entry: Some(entry.clone()),
+                    expires_ms: *expires_ms,
+                })
+                .collect(),
         }),
         Op::RestoreCommit { restore_id } => PbCommand::RestoreCommit(pb::RestoreCommit {
             restore_id: restore_id.clone(),
@@ -227,6 +261,7 @@ fn change_of_write(write: pb::WriteCas) -> Result<Tagged, CodecError> {
         change: Change::Write(std::sync::Arc::new(resource), condition),
         actor: actor_of(write.actor)?,
         fence: fence_of(write.guards)?,
+        keep: write.history.map(keep_of),
     })
 }
 
@@ -241,6 +276,7 @@ fn change_of_delete(delete: pb::DeleteCas) -> Result<Tagged, CodecError> {
         },
         actor: actor_of(delete.actor)?,
         fence: fence_of(delete.guards)?,
+        keep: delete.history.map(keep_of),
     })
 }
 
@@ -274,6 +310,16 @@ fn op_of(command: pb::Command) -> Result<Op, CodecError> {
             PbCommand::RestoreChunk(chunk) => Op::RestoreChunk {
                 restore_id: chunk.restore_id,
                 resources: chunk.resources,
+                history: chunk
+                    .history
+                    .into_iter()
+                    .map(|record| {
+                        record
+                            .entry
+                            .map(|entry| (entry, record.expires_ms))
+                            .ok_or_else(|| shape(WHAT, "a history record without its entry"))
+                    })
+                    .collect::<Result<_, _>>()?,
             },
             PbCommand::RestoreCommit(commit) => Op::RestoreCommit {
                 restore_id: commit.restore_id,
@@ -437,6 +483,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         StorageError::ShuttingDown(_) => (Code::Inconsistent, None),
         StorageError::Damaged(_) => (Code::Damaged, None),
         StorageError::Fenced(_) => (Code::Fenced, None),
+        StorageError::HistoryGone(_) => (Code::HistoryGone, None),
         StorageError::Internal(_) => (Code::Internal, None),
     };
     let message = match error {
@@ -448,6 +495,7 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
         | StorageError::NoSpace(why)
         | StorageError::ShuttingDown(why)
         | StorageError::Damaged(why)
+        | StorageError::HistoryGone(why)
         | StorageError::Internal(why) => why.clone(),
         StorageError::CatchingUp(progress) => progress.why.clone(),
         StorageError::Removed(removal) => removal.why.clone(),
@@ -557,6 +605,7 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
             why: failure.message,
             at: failure.applied.unwrap_or_default(),
         }),
+        Code::HistoryGone => StorageError::HistoryGone(failure.message),
         Code::Internal | Code::Unspecified => StorageError::Internal(failure.message),
     }
 }

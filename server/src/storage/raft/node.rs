@@ -191,6 +191,8 @@ pub(crate) struct RaftNode {
     read_indexes: read_index::RoundBatcher<Result<u64, StorageError>>,
     /// This backend, for tasks that outlive a call (read-index rounds).
     me: std::sync::Weak<RaftNode>,
+    /// What each change made here is kept in history with (chosen before proposing).
+    history: std::sync::RwLock<Arc<dyn crate::storage::history::HistoryPolicy>>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -401,6 +403,7 @@ impl RaftNode {
             readiness,
             catch_up: Mutex::new(None),
             storage_metrics: options.metrics,
+            history: std::sync::RwLock::new(Arc::new(crate::storage::history::Defaults)),
             reads: read_index::RoundBatcher::default(),
             read_indexes: read_index::RoundBatcher::default(),
             me: me.clone(),
@@ -563,6 +566,24 @@ impl RaftNode {
         Ok(receiver)
     }
 
+    /// What each change made here is kept in history with.
+    pub(crate) fn history_policy(&self) -> Arc<dyn crate::storage::history::HistoryPolicy> {
+        self.history
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_history_policy(
+        &self,
+        policy: Arc<dyn crate::storage::history::HistoryPolicy>,
+    ) {
+        *self
+            .history
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = policy;
+    }
+
     /// Replaces the whole state with the records `chunks` yields, through raft: begin, one
     /// entry per chunk, commit. Nothing changes unless every chunk arrives and is staged; the
     /// records must have been validated. Must run on the leader. Returns the index at which the
@@ -596,6 +617,7 @@ impl RaftNode {
             self.run_op(Op::RestoreChunk {
                 restore_id: restore_id.clone(),
                 resources: chunk,
+                history: Vec::new(),
             })
             .await?;
         }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use proto::resource::v1::{Id, Resource, Tenancy};
 
+use crate::storage::history::Keep;
 use crate::storage::{Fence, StorageError, UnversionedType, WriteCondition};
 
 /// One resource change, checked against the stored resource when it is applied.
@@ -73,6 +74,9 @@ pub struct Tagged {
     pub change: Change,
     pub actor: String,
     pub fence: Fence,
+    /// How the change is kept in its object's history (none: not kept; entries of earlier
+    /// builds).
+    pub keep: Option<Keep>,
 }
 
 impl Tagged {
@@ -83,7 +87,14 @@ impl Tagged {
             change,
             actor: actor.to_owned(),
             fence: Fence::default(),
+            keep: None,
         }
+    }
+
+    /// The same change, kept in history with `keep`.
+    pub fn kept(mut self, keep: Option<Keep>) -> Self {
+        self.keep = keep;
+        self
     }
 
     /// The same change, checked against `fence`.
@@ -113,6 +124,8 @@ pub enum Op {
     RestoreChunk {
         restore_id: String,
         resources: Vec<Resource>,
+        /// The restored objects' history entries, each with its expiry (ms since the epoch).
+        history: Vec<(proto::resource::v1::HistoryEntry, i64)>,
     },
     RestoreCommit {
         restore_id: String,

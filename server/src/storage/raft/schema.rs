@@ -18,6 +18,7 @@
 //!   restore            storage key -> sealed encoded Resource (staging area of a restore)
 //!   requests           request id (16 bytes) -> sealed remembered outcome (exactly-once changes)
 //!   request_order      applied index, position (big-endian) -> request id (oldest forgotten first)
+//!   history, history_expiry, restore_history   objects' history (`state_machine::history`)
 //! raft/sm/CURRENT      the generation in use
 //! raft/sm/CLEAN        marker: the last shutdown synced the state machine
 //! raft/sm/DAMAGED      marker: a record failed its checksum; rebuild at the next start
@@ -577,12 +578,18 @@ pub(crate) struct SmDbs {
     pub requests: Database<'static, Bytes, Bytes>,
     /// Applied position (`request_order_key`) → request id: the order requests are forgotten in.
     pub request_order: Database<'static, Bytes, Bytes>,
+    /// Objects' history (`state_machine::history`).
+    pub history: Database<'static, Bytes, Bytes>,
+    /// History entries by expiry.
+    pub history_expiry: Database<'static, Bytes, Bytes>,
+    /// A restore's staged history.
+    pub restore_history: Database<'static, Bytes, Bytes>,
 }
 
 /// Opens (creating if needed) the state machine environment in `dir`, mapping `map_size` bytes
 /// ([`map_size_for`] the node's quota).
 pub(crate) fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmDbs)> {
-    let env = open_env(dir, 8, Durability::Rebuildable, map_size)?;
+    let env = open_env(dir, 16, Durability::Rebuildable, map_size)?;
     let wtxn = env.write_txn()?;
     let dbs = env
         .create_databases_and_commit(wtxn, |opener, wtxn| -> heed::Result<_> {
@@ -592,17 +599,19 @@ pub(crate) fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmD
             let meta = opener.create_database(wtxn, Some("meta"))?;
             let requests = opener.create_database(wtxn, Some("requests"))?;
             let request_order = opener.create_database(wtxn, Some("request_order"))?;
+            let history = opener.create_database(wtxn, Some("history"))?;
+            let history_expiry = opener.create_database(wtxn, Some("history_expiry"))?;
+            let restore_history = opener.create_database(wtxn, Some("restore_history"))?;
             Ok(CommitOrAbort::<_, ()>::Commit((
-                resources,
-                restore,
-                owners,
-                meta,
-                requests,
-                request_order,
+                (resources, restore, owners, meta, requests, request_order),
+                (history, history_expiry, restore_history),
             )))
         })?
         .commit();
-    let (resources, restore, owners, meta, requests, request_order) = dbs.ok_or_else(|| {
+    let (
+        (resources, restore, owners, meta, requests, request_order),
+        (history, history_expiry, restore_history),
+    ) = dbs.ok_or_else(|| {
         heed::Error::Io(std::io::Error::other(
             "state machine databases were not created",
         ))
@@ -631,6 +640,9 @@ pub(crate) fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmD
             meta,
             requests,
             request_order,
+            history,
+            history_expiry,
+            restore_history,
         },
     ))
 }

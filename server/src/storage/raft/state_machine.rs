@@ -34,6 +34,7 @@ mod apply;
 mod cadence;
 mod counts;
 mod export;
+pub(crate) mod history;
 mod rebase;
 mod recovery;
 mod snapshot;
@@ -584,6 +585,18 @@ impl SmShared {
         self.with_stored(id, |bytes| {
             crate::storage::check_read(id, decode_resource(bytes)?)
         })
+    }
+
+    /// A page of the history of the object `uid` (see [`crate::storage::Backend::history`]).
+    pub fn history(
+        &self,
+        uid: &str,
+        before: Option<Version>,
+        limit: usize,
+    ) -> Result<crate::storage::history::Page, StorageError> {
+        let sm = self.current();
+        let rtxn = sm.env.read_txn().map_err(storage_internal)?;
+        history::page(&sm.dbs, &rtxn, uid, before, limit)
     }
 
     /// [`Self::read`] as stored (see [`crate::storage::Backend::read_encoded`]).

@@ -344,6 +344,20 @@ impl crate::storage::Backend for Member {
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.backend().group_stamp(group)
     }
+    fn keep_history(&self, policy: std::sync::Arc<dyn crate::storage::history::HistoryPolicy>) {
+        self.backend().keep_history(policy)
+    }
+    async fn history(
+        &self,
+        consistency: crate::storage::Consistency,
+        uid: &str,
+        before: Option<crate::storage::Version>,
+        limit: usize,
+    ) -> Result<crate::storage::history::Page, crate::storage::StorageError> {
+        self.backend()
+            .history(consistency, uid, before, limit)
+            .await
+    }
     async fn sync(&self) -> Result<(), crate::storage::StorageError> {
         self.backend().sync().await
     }

@@ -67,12 +67,18 @@ fn every_op_round_trips_through_the_log_encoding() {
                 },
                 actor: String::new(),
                 fence: Default::default(),
+                keep: None,
             },
             tagged(Change::Delete {
                 id: id("c"),
                 version: "10".into(),
             })
-            .fenced(&fence()),
+            .fenced(&fence())
+            .kept(Some(crate::storage::history::Keep {
+                time_ms: 1_700_000_000_123,
+                retention: crate::resource::Retention::default(),
+                node_bytes: 1 << 30,
+            })),
         ]),
         Op::RestoreBegin {
             restore_id: "r1".into(),
@@ -80,6 +86,16 @@ fn every_op_round_trips_through_the_log_encoding() {
         Op::RestoreChunk {
             restore_id: "r1".into(),
             resources: vec![artist("a"), artist("b")],
+            history: vec![(
+                proto::resource::v1::HistoryEntry {
+                    resource: Some(artist("a")),
+                    actor: "alice".into(),
+                    version: "3".into(),
+                    operation: 1,
+                    time: None,
+                },
+                1_700_000_000_000,
+            )],
         },
         Op::RestoreCommit {
             restore_id: "r1".into(),
@@ -109,14 +125,28 @@ fn changes_are_encoded_byte_for_byte_as_their_protobuf_messages() {
         change,
         actor: String::new(),
         fence: Default::default(),
+        keep: None,
     };
     let ops = [
         Op::Changes(Vec::new()),
         Op::Changes(vec![write(&big, WriteCondition::Version)]),
         Op::Changes(vec![write(&big, WriteCondition::Merged)]),
         Op::Changes(vec![write(&big, WriteCondition::Version).fenced(&fence())]),
+        Op::Changes(vec![write(&big, WriteCondition::Version).kept(Some(
+            crate::storage::history::Keep {
+                time_ms: -5,
+                retention: crate::resource::Retention::OFF,
+                node_bytes: 7,
+            },
+        ))]),
         Op::Changes(vec![
-            write(&big, WriteCondition::Merged).fenced(&fence()),
+            write(&big, WriteCondition::Merged)
+                .fenced(&fence())
+                .kept(Some(crate::storage::history::Keep {
+                    time_ms: 1_700_000_000_000,
+                    retention: crate::resource::Retention::default(),
+                    node_bytes: 1 << 30,
+                })),
             tagged(delete.clone()).fenced(&fence()),
         ]),
         Op::Changes(vec![anonymous(Change::Write(
@@ -157,6 +187,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 actor: String::new(),
                 merged: true,
                 guards: Vec::new(),
+                history: None,
             })),
         },
         // A guard of a domain this build does not know, and an empty one.
@@ -173,6 +204,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                         position: 0,
                     })),
                 }],
+                history: None,
             })),
         },
         pb::Command {
@@ -182,6 +214,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 request_id: String::new(),
                 actor: String::new(),
                 guards: vec![pb::Guard { guard: None }],
+                history: None,
             })),
         },
         pb::Command {
@@ -191,6 +224,7 @@ fn malformed_log_entries_are_errors_not_defaults() {
                 request_id: String::new(),
                 actor: String::new(),
                 guards: Vec::new(),
+                history: None,
             })),
         },
         pb::Command {
@@ -350,6 +384,7 @@ fn a_request_id_that_is_not_a_ulid_is_malformed() {
             actor: String::new(),
             merged: false,
             guards: Vec::new(),
+            history: None,
         })),
     };
     assert!(matches!(
@@ -416,6 +451,7 @@ fn change_entries_keep_their_bytes() {
         change: Change::Write(Arc::new(resource), WriteCondition::Merged),
         actor: "alice".into(),
         fence: Default::default(),
+        keep: None,
     };
     let delete = Tagged {
         request_id: None,
@@ -425,6 +461,7 @@ fn change_entries_keep_their_bytes() {
         },
         actor: String::new(),
         fence: Default::default(),
+        keep: None,
     };
     let hex = |bytes: Vec<u8>| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let one = hex(encode_op(&Op::Changes(vec![write.clone()])));
@@ -539,6 +576,7 @@ mod properties {
                 change,
                 actor,
                 fence: Fence { guards },
+                keep: None,
             })
     }
 

@@ -16,6 +16,7 @@
 
 use prost::Message;
 use proto::resource::v1::Resource;
+use proto::resource::v1::history_entry::Operation as HistoryOperation;
 
 use super::super::codec;
 use super::super::op::{Applied, Change, ChangeResult, Op, Outcome, RequestId, Tagged};
@@ -24,6 +25,7 @@ use super::super::sealed;
 use super::{get_meta, get_sealed, put_meta};
 use crate::storage::check::{self, DeleteCheck};
 use crate::storage::events::Published;
+use crate::storage::history::{self, Keep};
 use crate::storage::quota;
 use crate::storage::{
     Domain, Fence, Operation, StorageError, StorageKey, Version, WatchEvent, WriteCondition,
@@ -52,17 +54,20 @@ pub(super) fn apply_op(
         }
         Op::RestoreBegin { restore_id } => {
             dbs.restore.clear(wtxn)?;
+            dbs.restore_history.clear(wtxn)?;
             put_meta(dbs, wtxn, schema::META_RESTORE_ID, restore_id.as_bytes())?;
             Ok(Outcome::one(Ok(Applied::Done)))
         }
         Op::RestoreChunk {
             restore_id,
             resources,
+            history,
         } => Ok(Outcome::one(stage_restore_chunk(
             dbs,
             wtxn,
             &restore_id,
             &resources,
+            &history,
         )?)),
         Op::RestoreCommit { restore_id } => Ok(Outcome::one(commit_restore(
             dbs,
@@ -87,15 +92,16 @@ fn apply_once(
         change,
         actor,
         fence,
+        keep,
     } = tagged;
     let Some(request_id) = request_id else {
-        return apply_change(dbs, wtxn, version, change, &actor, &fence, published);
+        return apply_change(dbs, wtxn, version, change, &actor, &fence, keep, published);
     };
     let key = request_id.to_bytes();
     if let Some(remembered) = get_sealed(dbs.requests, wtxn, &key)? {
         return Ok(codec::remembered_result(remembered, &change));
     }
-    let result = apply_change(dbs, wtxn, version, change, &actor, &fence, published)?;
+    let result = apply_change(dbs, wtxn, version, change, &actor, &fence, keep, published)?;
     remember(dbs, wtxn, version, request_id, &result)?;
     Ok(result)
 }
@@ -308,6 +314,7 @@ fn record_revision(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn apply_change(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
@@ -315,6 +322,7 @@ fn apply_change(
     change: Change,
     actor: &str,
     fence: &Fence,
+    keep: Option<Keep>,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     match change {
@@ -322,7 +330,7 @@ fn apply_change(
             // The log's cache of recent entries still holds this change: a copy, once.
             let resource = std::sync::Arc::unwrap_or_clone(resource);
             write(
-                dbs, wtxn, version, resource, condition, actor, fence, published,
+                dbs, wtxn, version, resource, condition, actor, fence, keep, published,
             )
         }
         Change::Delete {
@@ -367,6 +375,21 @@ fn apply_change(
                     .delete(wtxn, &schema::owner_key(owner, &storage_key))?;
             }
             record_revision(dbs, wtxn, &storage_key, version)?;
+            if let Some(keep) = keep {
+                let uid = existing
+                    .id
+                    .as_ref()
+                    .map(|id| id.uid.clone())
+                    .unwrap_or_default();
+                let entry = history::entry(
+                    existing.clone(),
+                    actor,
+                    keep.time_ms,
+                    HistoryOperation::Delete,
+                    version,
+                );
+                super::history::record(dbs, wtxn, &uid, version, &entry, keep)?;
+            }
             published.push(Published::Change {
                 key: storage_key,
                 event: WatchEvent {
@@ -392,6 +415,7 @@ fn write(
     condition: WriteCondition,
     actor: &str,
     fence: &Fence,
+    keep: Option<Keep>,
     published: &mut Vec<Published>,
 ) -> Result<ChangeResult, heed::Error> {
     // Sizes are the proposer's business (limits are configuration, and apply must not depend
@@ -444,6 +468,21 @@ fn write(
     }
     store(dbs, wtxn, &key, Some(&storage_key), &resource)?;
     record_revision(dbs, wtxn, &storage_key, version)?;
+    if let Some(keep) = keep {
+        let operation = history::operation_of(
+            existing
+                .as_ref()
+                .map(|existing| existing.generation.as_str()),
+            &resource,
+        );
+        let uid = resource
+            .id
+            .as_ref()
+            .map(|id| id.uid.clone())
+            .unwrap_or_default();
+        let entry = history::entry(resource.clone(), actor, keep.time_ms, operation, version);
+        super::history::record(dbs, wtxn, &uid, version, &entry, keep)?;
+    }
     published.push(Published::Change {
         key: storage_key,
         event: WatchEvent {
@@ -612,10 +651,12 @@ fn stage_restore_chunk(
     wtxn: &mut Txn<'_>,
     restore_id: &str,
     resources: &[Resource],
+    history: &[(proto::resource::v1::HistoryEntry, i64)],
 ) -> Result<ChangeResult, heed::Error> {
     if get_meta(dbs, wtxn, schema::META_RESTORE_ID)? != Some(restore_id.as_bytes()) {
         return Ok(Err(another_restore()));
     }
+    super::history::stage(dbs, wtxn, history)?;
     // The whole chunk or nothing: a record that cannot be stored fails the restore before its
     // commit changes anything.
     for resource in resources {
@@ -691,6 +732,8 @@ fn commit_restore(
     }
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
+    // The restored objects' history is the snapshot's.
+    super::history::commit_restore(dbs, wtxn)?;
     // Every restored object was stamped with this version (its size moved), and a snapshot's
     // `used` may not be its objects' anyway: each quota is counted again, in the same step.
     let mut prefix = quota::GROUP.as_bytes().to_vec();

@@ -56,6 +56,9 @@ fn repack(from: &SmEnv, dir: &Path, map_size: usize) -> Result<Counts, RepackErr
             (from.dbs.restore, dbs.restore),
             (from.dbs.requests, dbs.requests),
             (from.dbs.request_order, dbs.request_order),
+            (from.dbs.history, dbs.history),
+            (from.dbs.history_expiry, dbs.history_expiry),
+            (from.dbs.restore_history, dbs.restore_history),
             (
                 from.dbs.owners.remap_data_type::<Bytes>(),
                 dbs.owners.remap_data_type::<Bytes>(),
