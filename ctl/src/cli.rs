@@ -161,6 +161,16 @@ pub enum Command {
         after_help = "Examples:\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted=False --timeout 30s\n  resctl wait Album kind-of-blue -n jazz --for delete --timeout 2m"
     )]
     Wait(WaitArgs),
+    /// Every version of an object its history keeps: who made it, when, and what it changed
+    #[command(
+        after_help = "Examples:\n  resctl history Album kind-of-blue -n jazz\n  resctl diff Album kind-of-blue -n jazz --from 41 --to 57\n  resctl get Album kind-of-blue -n jazz --at 41 -o yaml\n  resctl blame Album kind-of-blue -n jazz\n  resctl history Album kind-of-blue -n jazz --uid 01J… (a deleted object's)"
+    )]
+    History(HistoryArgs),
+    /// Each field of an object with the version and actor that last changed it
+    #[command(
+        after_help = "Fields unchanged since the oldest version the history keeps are attributed to it.\n\nExample:\n  resctl blame Album kind-of-blue -n jazz"
+    )]
+    Blame(HistoryArgs),
     /// Show a resource's owner tree: ancestors up to the root and every descendant
     Tree(NamedArgs),
     /// Edit a resource in $EDITOR and save it with compare-and-swap
@@ -214,8 +224,40 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// YAML file, directory (searched recursively for .yaml/.yml) or `-` for stdin
-    #[arg(short, long = "filename", value_name = "PATH", required = true)]
+    #[arg(
+        short,
+        long = "filename",
+        value_name = "PATH",
+        required_unless_present = "resource_type",
+        conflicts_with = "resource_type"
+    )]
     pub files: Vec<PathBuf>,
+    /// With NAME and --from: compare two versions of one object from its history
+    #[arg(value_name = "TYPE", requires_all = ["name", "from"])]
+    pub resource_type: Option<String>,
+    /// The object whose versions are compared
+    pub name: Option<String>,
+    /// The older version (the object as it was then: the last version at or before it)
+    #[arg(long, value_name = "VERSION", requires = "resource_type")]
+    pub from: Option<String>,
+    /// The newer version [default: the object as it is now]
+    #[arg(long, value_name = "VERSION", requires = "from")]
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Type as group.version.Kind or a unique kind
+    #[arg(value_name = "TYPE")]
+    pub resource_type: String,
+    /// Name of the object
+    pub name: String,
+    /// A deleted object's history: its uid (`resctl history` shows it while the object exists)
+    #[arg(long)]
+    pub uid: Option<String>,
+    /// Only the newest N versions
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +297,15 @@ pub struct GetArgs {
     /// After listing, watch for changes (as `resctl watch`)
     #[arg(short = 'w', long, conflicts_with_all = ["name", "sort_by"])]
     pub watch: bool,
+    /// The object as it was at this version, from its history (the last version at or
+    /// before it)
+    #[arg(
+        long,
+        value_name = "VERSION",
+        requires = "name",
+        conflicts_with = "watch"
+    )]
+    pub at: Option<String>,
 }
 
 #[derive(Debug, Args)]

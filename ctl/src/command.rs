@@ -14,6 +14,7 @@ pub mod diff;
 pub mod edit;
 pub mod explain;
 pub mod get;
+pub mod history;
 pub mod label;
 pub mod plan;
 pub mod policy;
@@ -48,6 +49,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Apply(args) => apply::run(&session, &args).await,
                 Command::Diff(args) => diff::run(&session, &args).await,
                 Command::Get(args) => get::run(&session, &args).await,
+                Command::History(args) => history::history(&session, &args).await,
+                Command::Blame(args) => history::blame_run(&session, &args).await,
                 Command::Delete(args) => delete::run(&session, &args).await,
                 Command::Status(args) => status::run(&session, &args).await,
                 Command::Wait(args) => wait::run(&session, &args).await,

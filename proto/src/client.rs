@@ -759,6 +759,79 @@ impl Client {
         }
     }
 
+    /// Reads one resource as it was at `version`, from its history (DESIGN §18): the newest
+    /// version at or before it. `uid` empty: the current object's. Errors say when the object
+    /// did not exist then (NOT_FOUND) or the history no longer keeps it (OUT_OF_RANGE).
+    pub async fn read_at(&self, id: &Id, version: &str) -> Result<Resource, ClientError> {
+        let response = self
+            .retrying(|| {
+                let mut resources = self.resources();
+                let request = self.request(
+                    ReadRequest {
+                        id: Some(id.clone()),
+                        at_version: version.to_owned(),
+                    },
+                    true,
+                );
+                async move { resources.read(request).await }
+            })
+            .await?;
+        response
+            .into_inner()
+            .resource
+            .ok_or_else(|| ClientError::Other {
+                code: Code::Internal,
+                message: "a read answered without a resource".into(),
+            })
+    }
+
+    /// A page of an object's history, newest first (DESIGN §18).
+    pub async fn list_history(
+        &self,
+        id: &Id,
+        limit: u32,
+        page_token: &str,
+    ) -> Result<crate::resource::v1::ListHistoryResponse, ClientError> {
+        let response = self
+            .retrying(|| {
+                let mut resources = self.resources();
+                let request = self.request(
+                    crate::resource::v1::ListHistoryRequest {
+                        id: Some(id.clone()),
+                        limit,
+                        page_token: page_token.to_owned(),
+                    },
+                    true,
+                );
+                async move { resources.list_history(request).await }
+            })
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    /// An object's whole history (every page), newest first, at most `max` entries.
+    pub async fn history(
+        &self,
+        id: &Id,
+        max: usize,
+    ) -> Result<Vec<crate::resource::v1::HistoryEntry>, ClientError> {
+        let mut entries = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.list_history(id, 500, &token).await?;
+            entries.extend(page.entries);
+            if page.next_page_token.is_empty()
+                || page.next_page_token == token
+                || entries.len() >= max
+            {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        entries.truncate(max);
+        Ok(entries)
+    }
+
     /// Keeps the deprecation warnings an answer carries, each once per client.
     fn note_warnings(&self, metadata: &tonic::metadata::MetadataMap) {
         let mut values = metadata.get_all(crate::WARNING_HEADER).iter().peekable();

@@ -3,18 +3,22 @@
 //!
 //! Layout: the magic `RESDSNAP`, the format version (u32 big-endian), the header length (u32
 //! big-endian) and the encoded [`SnapshotHeader`], then the body: one record per resource, each a
-//! u32 big-endian length and an encoded `Resource`. The header's SHA-256 covers the body.
+//! u32 big-endian length and an encoded `Resource`, then (format 2) `history_count` records of
+//! objects' history, each a length and an encoded `SnapshotHistoryRecord`. The header's SHA-256
+//! covers the body. Format 1 files (no history) are read too.
 
 use std::collections::BTreeMap;
 
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::cluster::v1::SnapshotHeader;
+use crate::cluster::v1::{SnapshotHeader, SnapshotHistoryRecord};
 use crate::resource::v1::Resource;
 
 pub const MAGIC: &[u8; 8] = b"RESDSNAP";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// Largest header accepted when reading.
 const MAX_HEADER_BYTES: usize = 1 << 20;
 /// Largest record accepted when reading (a resource is at most a few MiB).
@@ -28,7 +32,7 @@ pub enum SnapshotError {
     )]
     NotASnapshot,
     #[error(
-        "snapshot format version {0} is not supported (this build reads version {FORMAT_VERSION})"
+        "snapshot format version {0} is not supported (this build reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
     )]
     UnsupportedVersion(u32),
     #[error("the snapshot is truncated: {0}")]
@@ -43,6 +47,7 @@ pub struct BodyWriter {
     hasher: Sha256,
     counts: BTreeMap<String, u64>,
     resources: u64,
+    history: u64,
     bytes: u64,
 }
 
@@ -81,6 +86,17 @@ impl BodyWriter {
         *self.counts.entry(gvk_of(resource)).or_default() += 1;
     }
 
+    /// Encodes one history record (after every resource), appending it to `out`.
+    pub fn history_record(&mut self, record: &SnapshotHistoryRecord, out: &mut Vec<u8>) {
+        let start = out.len();
+        let encoded = record.encode_to_vec();
+        out.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+        out.extend_from_slice(&encoded);
+        self.hasher.update(&out[start..]);
+        self.bytes += (out.len() - start) as u64;
+        self.history += 1;
+    }
+
     /// The header for the body written so far.
     pub fn header(
         self,
@@ -97,6 +113,7 @@ impl BodyWriter {
             sha256: hex(&self.hasher.finalize()),
             body_bytes: self.bytes,
             node_id,
+            history_count: self.history,
         }
     }
 }
@@ -145,7 +162,7 @@ pub fn read_header(mut bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), Snapshot
     }
     bytes = &bytes[MAGIC.len()..];
     let version = take_u32(&mut bytes, "in the format version")?;
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let header_len = take_u32(&mut bytes, "in the header length")? as usize;
@@ -162,6 +179,14 @@ pub fn read_header(mut bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), Snapshot
 
 /// Reads and verifies a whole snapshot: header, checksum, every record, the counts.
 pub fn read(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Resource>), SnapshotError> {
+    read_with_history(bytes).map(|(header, resources, _)| (header, resources))
+}
+
+/// [`read`], and the history records after the resources.
+#[allow(clippy::type_complexity)]
+pub fn read_with_history(
+    bytes: &[u8],
+) -> Result<(SnapshotHeader, Vec<Resource>, Vec<SnapshotHistoryRecord>), SnapshotError> {
     let (header, body) = read_header(bytes)?;
     if (body.len() as u64) < header.body_bytes {
         return Err(SnapshotError::Truncated("in the body"));
@@ -183,7 +208,7 @@ pub fn read(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Resource>), SnapshotErr
     let mut rest = body;
     let mut resources = Vec::with_capacity(header.resource_count.min(1 << 20) as usize);
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    while !rest.is_empty() {
+    while !rest.is_empty() && (resources.len() as u64) < header.resource_count {
         let len = take_u32(&mut rest, "in a record length")? as usize;
         if len > MAX_RECORD_BYTES {
             return Err(SnapshotError::Corrupt(format!(
@@ -213,7 +238,28 @@ pub fn read(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Resource>), SnapshotErr
             "per-type counts differ from the header".into(),
         ));
     }
-    Ok((header, resources))
+    let mut history = Vec::new();
+    while !rest.is_empty() {
+        let index = header.resource_count + history.len() as u64;
+        let len = take_u32(&mut rest, "in a record length")? as usize;
+        if len > MAX_RECORD_BYTES {
+            return Err(SnapshotError::Corrupt(format!(
+                "record length {len} is implausible"
+            )));
+        }
+        let record = take(&mut rest, len, "in a record")?;
+        history.push(SnapshotHistoryRecord::decode(record).map_err(|error| {
+            SnapshotError::Corrupt(format!("record {index} (history) is undecodable: {error}"))
+        })?);
+    }
+    if history.len() as u64 != header.history_count {
+        return Err(SnapshotError::Corrupt(format!(
+            "{} history records, the header says {}",
+            history.len(),
+            header.history_count
+        )));
+    }
+    Ok((header, resources, history))
 }
 
 /// Where the preamble ends in the first bytes of a file: `Ok(Some((header, body_offset)))` once
@@ -286,10 +332,25 @@ impl BodyVerifier {
 
 /// Reads the next body record from `reader` (a verified body, read from its start):
 /// `Ok(None)` at the end of the body. `index` (the record's position) names it in errors.
-pub fn read_record<R: std::io::Read>(
+pub fn read_history_record<R: std::io::Read>(
     reader: &mut R,
     index: u64,
-) -> Result<Option<Resource>, SnapshotError> {
+) -> Result<Option<SnapshotHistoryRecord>, SnapshotError> {
+    let Some(record) = read_raw(reader, index)? else {
+        return Ok(None);
+    };
+    SnapshotHistoryRecord::decode(record.as_slice())
+        .map(Some)
+        .map_err(|error| {
+            SnapshotError::Corrupt(format!("record {index} (history) is undecodable: {error}"))
+        })
+}
+
+/// One record's bytes (none at the end of the body).
+fn read_raw<R: std::io::Read>(
+    reader: &mut R,
+    index: u64,
+) -> Result<Option<Vec<u8>>, SnapshotError> {
     let mut length = [0u8; 4];
     let mut filled = 0;
     while filled < length.len() {
@@ -314,6 +375,17 @@ pub fn read_record<R: std::io::Read>(
             std::io::ErrorKind::UnexpectedEof => SnapshotError::Truncated("in a record"),
             _ => SnapshotError::Corrupt(format!("cannot read: {error}")),
         })?;
+    Ok(Some(record))
+}
+
+/// Reads the next resource record (the first `resource_count` records of a body).
+pub fn read_record<R: std::io::Read>(
+    reader: &mut R,
+    index: u64,
+) -> Result<Option<Resource>, SnapshotError> {
+    let Some(record) = read_raw(reader, index)? else {
+        return Ok(None);
+    };
     Resource::decode(record.as_slice())
         .map(Some)
         .map_err(|error| SnapshotError::Corrupt(format!("record {index} is undecodable: {error}")))

@@ -192,7 +192,7 @@ fn unified(codec: &Codec, plan: &Plan, path: &str) -> anyhow::Result<String> {
 }
 
 /// Colours `+` and `-` lines when printing to a terminal (unless `NO_COLOR` is set).
-fn colour(diff: &str) -> String {
+pub(crate) fn colour(diff: &str) -> String {
     let mut text = String::with_capacity(diff.len());
     for line in diff.split_inclusive('\n') {
         let code = if line.starts_with("+++") || line.starts_with("---") {
@@ -232,6 +232,14 @@ pub async fn run(session: &Session, args: &crate::cli::DiffArgs) -> anyhow::Resu
 }
 
 async fn compare_and_print(session: &Session, args: &crate::cli::DiffArgs) -> anyhow::Result<u8> {
+    if let (Some(type_name), Some(name)) = (&args.resource_type, &args.name) {
+        let Some(from) = &args.from else {
+            anyhow::bail!(
+                "--from VERSION is required to compare two versions of {type_name} {name} (`resctl history {type_name} {name}` lists them)"
+            );
+        };
+        return super::history::diff(session, type_name, name, from, args.to.as_deref()).await;
+    }
     let sources = apply::read_sources(&args.files)?;
     let codec = session.codec().await?;
     let documents = apply::decode(session, codec, &sources);

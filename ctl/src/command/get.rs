@@ -124,8 +124,15 @@ pub async fn run(session: &Session, args: &GetArgs) -> anyhow::Result<u8> {
         selector: args.selector.clone(),
         sort_by: args.sort_by.clone(),
         watch: false,
+        at: args.at.clone(),
     };
     let text = match &args.name {
+        Some(name) if args.at.is_some() => {
+            let version = args.at.as_deref().unwrap_or_default();
+            let resource =
+                super::history::get_at(session, &args.resource_type, name, version).await?;
+            output::render_resources(codec, &[resource], session.output, true)?
+        }
         Some(name) => {
             let resource = read(session, &args.resource_type, name).await?;
             output::render_resources(codec, &[resource], session.output, true)?

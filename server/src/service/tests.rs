@@ -446,16 +446,16 @@ impl Backend for LosingBackend {
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.inner.group_stamp(group)
     }
-    fn keep_history(&self, policy: std::sync::Arc<dyn crate::storage::history::HistoryPolicy>) {
+    fn keep_history(&self, policy: Arc<dyn crate::storage::history::HistoryPolicy>) {
         self.inner.keep_history(policy)
     }
     async fn history(
         &self,
-        consistency: crate::storage::Consistency,
+        consistency: Consistency,
         uid: &str,
         before: Option<crate::storage::Version>,
         limit: usize,
-    ) -> Result<crate::storage::history::Page, crate::storage::StorageError> {
+    ) -> Result<crate::storage::history::Page, StorageError> {
         self.inner.history(consistency, uid, before, limit).await
     }
     async fn sync(&self) -> Result<(), StorageError> {

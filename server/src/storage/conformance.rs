@@ -1120,12 +1120,12 @@ pub(crate) async fn watch_resume_from_a_future_version_is_refused<B: Backend>(ba
 /// A policy keeping `retention` for every type, and `node_bytes` in all.
 #[derive(Debug)]
 struct Keeping {
-    retention: crate::resource::Retention,
+    retention: resource::Retention,
     node_bytes: u64,
 }
 
 impl super::history::HistoryPolicy for Keeping {
-    fn retention(&self, _group: &str, _kind: &str) -> crate::resource::Retention {
+    fn retention(&self, _group: &str, _kind: &str) -> resource::Retention {
         self.retention
     }
     fn node_bytes(&self) -> u64 {
@@ -1135,7 +1135,7 @@ impl super::history::HistoryPolicy for Keeping {
 
 fn keeping(versions: u32, seconds: u64, bytes: u64, node_bytes: u64) -> std::sync::Arc<Keeping> {
     std::sync::Arc::new(Keeping {
-        retention: crate::resource::Retention {
+        retention: resource::Retention {
             versions,
             seconds,
             bytes,

@@ -288,6 +288,10 @@ fn expectations() -> BTreeMap<&'static str, [Code; 7]> {
     const P: Code = PermissionDenied;
     BTreeMap::from([
         ("ResourceService/Read", [U, U, U, Served, Served, P, Served]),
+        (
+            "ResourceService/ListHistory",
+            [U, U, U, Served, Served, P, Served],
+        ),
         ("ResourceService/Write", [U, U, U, P, Served, P, Served]),
         (
             "ResourceService/WriteStatus",
@@ -400,6 +404,18 @@ async fn call(world: &World, method: &str, token: Option<&str>, round: usize) ->
             resources
                 .read(with_token(
                     ReadRequest {
+                        id: Some(miles()),
+                        ..Default::default()
+                    },
+                    token,
+                ))
+                .await
+                .map(drop),
+        ),
+        "ResourceService/ListHistory" => code(
+            resources
+                .list_history(with_token(
+                    proto::resource::v1::ListHistoryRequest {
                         id: Some(miles()),
                         ..Default::default()
                     },

@@ -65,6 +65,7 @@ async fn forward_write_as(
                 actor: "hostile-test".into(),
                 merged: false,
                 guards: Vec::new(),
+                history: None,
             })),
         })
         .await
@@ -448,6 +449,7 @@ async fn memory_stays_bounded_under_rewrites_of_a_large_resource() {
                 tenancy: Some(Tenancy::default()),
                 ..crate::support::artist_id("large")
             }),
+            ..Default::default()
         })
         .await
         .expect("read");

@@ -11,6 +11,7 @@ mod dev;
 mod disk;
 mod exhaustion;
 mod fence;
+mod history;
 mod hostile;
 mod membership;
 mod mtls;

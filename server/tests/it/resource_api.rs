@@ -329,6 +329,7 @@ async fn the_readme_grpc_examples_work_without_a_tenancy() {
             r#type: Some(artist_v2()),
             ..Default::default()
         }),
+        ..Default::default()
     });
     read.metadata_mut().insert(
         "x-resd-consistency-mode",

@@ -86,3 +86,41 @@ pub(crate) async fn restore(
         .await
         .map(|reply| reply.into_inner())
 }
+
+/// [`save_snapshot`] with a token.
+pub(crate) async fn save_snapshot_as(node: &Resd, token: &str) -> Vec<u8> {
+    let mut stream = node
+        .cluster()
+        .await
+        .snapshot_save(crate::acl::with_token(SnapshotSaveRequest {}, Some(token)))
+        .await
+        .expect("save")
+        .into_inner();
+    let mut file = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        file.extend_from_slice(&chunk.expect("chunk").data);
+    }
+    file
+}
+
+/// [`restore`] with a token.
+pub(crate) async fn restore_as(
+    node: &Resd,
+    file: &[u8],
+    token: &str,
+) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
+    let chunks: Vec<SnapshotData> = file
+        .chunks(64 * 1024)
+        .map(|c| SnapshotData { data: c.to_vec() })
+        .collect();
+    let mut request = tonic::Request::new(tokio_stream::iter(chunks));
+    request.metadata_mut().insert(
+        proto::TOKEN_HEADER,
+        token.parse().expect("a token is valid metadata"),
+    );
+    node.cluster()
+        .await
+        .snapshot_restore(request)
+        .await
+        .map(|reply| reply.into_inner())
+}

@@ -25,7 +25,13 @@ use crate::registry::{Registry, Scope, builtin};
 use crate::resource::{self, DisplayId};
 use crate::service::Error;
 use crate::service::admission::check_record;
-use crate::storage::raft::node::RestoreChunks;
+use crate::storage::raft::node::{RestoreChunks, RestoreRecords};
+
+/// A record of a snapshot's body.
+enum Record {
+    Resource(Resource),
+    History(proto::cluster::v1::SnapshotHistoryRecord),
+}
 use crate::storage::{StorageError, StorageKey};
 
 /// Longest preamble accepted before the header must have arrived.
@@ -145,7 +151,10 @@ impl Spooled {
         view.dynamic().set_max_schema_bytes(usize::MAX);
         let mut body = self.body()?;
         let mut index = 0u64;
-        while let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? {
+        while index < self.header.resource_count {
+            let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? else {
+                break;
+            };
             let is_type = record
                 .id
                 .as_ref()
@@ -173,7 +182,10 @@ impl Spooled {
         let partition_type = builtin::partition_id("x").r#type.unwrap_or_default();
         let namespace_type = builtin::namespace_id("x", "x").r#type.unwrap_or_default();
         let mut index = 0u64;
-        while let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? {
+        while index < self.header.resource_count {
+            let Some(record) = snapshot::read_record(&mut body, index).map_err(rejected)? else {
+                break;
+            };
             let id = record.id.clone().unwrap_or_default();
             let registration =
                 check_record(registry, max_resource_bytes, &record).map_err(|error| {
@@ -215,6 +227,41 @@ impl Spooled {
                 self.header.resource_count
             )));
         }
+        // The objects' history after them: each entry whole, of an object with a uid, of a
+        // type the snapshot registers (stored as it was; never checked against today's rules).
+        let mut kept = 0u64;
+        while let Some(record) =
+            snapshot::read_history_record(&mut body, index + kept).map_err(rejected)?
+        {
+            let entry = record.entry.unwrap_or_default();
+            let id = entry
+                .resource
+                .as_ref()
+                .and_then(|r| r.id.clone())
+                .unwrap_or_default();
+            if id.uid.is_empty() || entry.version.parse::<crate::storage::Version>().is_err() {
+                return Err(rejected(format!(
+                    "history record {kept} names no object or version"
+                )));
+            }
+            let known = id
+                .r#type
+                .as_ref()
+                .is_some_and(|t| registry.resolve_stored(t).is_some());
+            if !known {
+                return Err(rejected(format!(
+                    "history record {kept} ({}) is of a type the snapshot does not register",
+                    DisplayId(&id)
+                )));
+            }
+            kept += 1;
+        }
+        if kept != self.header.history_count {
+            return Err(rejected(format!(
+                "{kept} history records, the header says {}",
+                self.header.history_count
+            )));
+        }
         let header_counts: BTreeMap<String, u64> = self.header.counts.clone().into_iter().collect();
         if counts != header_counts {
             return Err(rejected("per-type counts differ from the header"));
@@ -251,18 +298,33 @@ impl Spooled {
     /// The records, read from the file in chunks of about [`CHUNK_BYTES`] on a blocking thread.
     pub(super) fn chunks(&self) -> Result<RestoreChunks, Error> {
         let mut body = self.body()?;
+        let resource_count = self.header.resource_count;
         let (sender, receiver) = tokio::sync::mpsc::channel(2);
         // Detached on purpose: it ends at the end of the file or when the receiver goes.
         tokio::task::spawn_blocking(move || {
-            let mut chunk: Vec<Resource> = Vec::new();
+            let mut chunk = RestoreRecords::default();
             let mut bytes = 0;
             let mut index = 0u64;
             loop {
-                match snapshot::read_record(&mut body, index) {
+                let read = if index < resource_count {
+                    snapshot::read_record(&mut body, index).map(|r| r.map(Record::Resource))
+                } else {
+                    snapshot::read_history_record(&mut body, index).map(|r| r.map(Record::History))
+                };
+                match read {
                     Ok(Some(record)) => {
                         index += 1;
-                        bytes += prost::Message::encoded_len(&record);
-                        chunk.push(record);
+                        match record {
+                            Record::Resource(resource) => {
+                                bytes += prost::Message::encoded_len(&resource);
+                                chunk.resources.push(resource);
+                            }
+                            Record::History(record) => {
+                                let entry = record.entry.unwrap_or_default();
+                                bytes += prost::Message::encoded_len(&entry);
+                                chunk.history.push((entry, record.expires_ms));
+                            }
+                        }
                         if bytes >= CHUNK_BYTES {
                             bytes = 0;
                             if sender
@@ -282,7 +344,7 @@ impl Spooled {
                     }
                 }
             }
-            if !chunk.is_empty() {
+            if !chunk.resources.is_empty() || !chunk.history.is_empty() {
                 let _ = sender.blocking_send(Ok(chunk));
             }
         });

@@ -54,11 +54,12 @@ pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 ///
 /// Its value is the level of the rules apply enforces, raised whenever apply decides anything
 /// differently: 1, the fence; 2, quotas kept and enforced in apply and the admission policies'
-/// domain (DESIGN §17). Only members of the same level replicate to each other.
+/// domain (DESIGN §17); 3, objects' history kept and compacted by apply (DESIGN §18). Only
+/// members of the same level replicate to each other.
 pub(crate) const FENCE_HEADER: &str = "x-resd-fence";
 
 /// The level of apply's rules this build sends and requires ([`FENCE_HEADER`]).
-const APPLY_RULES: &str = "2";
+const APPLY_RULES: &str = "3";
 
 /// Whether `metadata` says its sender applies changes by this build's rules.
 pub(crate) fn checks_fences(metadata: &tonic::metadata::MetadataMap) -> bool {

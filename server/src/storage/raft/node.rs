@@ -205,7 +205,15 @@ impl std::fmt::Debug for RaftNode {
 }
 
 /// Records of an operator restore, in chunks, as the caller reads them from its spooled file.
-pub(crate) type RestoreChunks = tokio::sync::mpsc::Receiver<Result<Vec<Resource>, StorageError>>;
+pub(crate) type RestoreChunks = tokio::sync::mpsc::Receiver<Result<RestoreRecords, StorageError>>;
+
+/// A chunk of an operator snapshot's records: resources, then (after every resource) the
+/// objects' history, each entry with its expiry.
+#[derive(Debug, Default)]
+pub(crate) struct RestoreRecords {
+    pub resources: Vec<Resource>,
+    pub history: Vec<(proto::resource::v1::HistoryEntry, i64)>,
+}
 
 impl RaftNode {
     pub(crate) async fn open(options: RaftOptions) -> Result<Arc<RaftNode>, RaftStartError> {
@@ -591,6 +599,11 @@ impl RaftNode {
     pub(crate) async fn restore(&self, mut chunks: RestoreChunks) -> Result<u64, StorageError> {
         let restore_id = ulid::Ulid::new().to_string();
         let mut staged = 0usize;
+        // The history restored is bounded like the node's own: past the bound, the rest of the
+        // snapshot's history is left out (said once).
+        let history_bound = self.history_policy().node_bytes();
+        let mut history_staged = 0u64;
+        let mut history_left_out = 0u64;
         self.run_op(Op::RestoreBegin {
             restore_id: restore_id.clone(),
         })
@@ -598,7 +611,11 @@ impl RaftNode {
         while let Some(chunk) = chunks.recv().await {
             let chunk = chunk?;
             // The restored state replaces the current one: it alone must fit the quota.
-            staged += chunk.iter().map(prost::Message::encoded_len).sum::<usize>();
+            staged += chunk
+                .resources
+                .iter()
+                .map(prost::Message::encoded_len)
+                .sum::<usize>();
             if staged as u64 > self.sm.quota() {
                 // A new begin clears what this restore staged, so it counts against nothing.
                 if let Err(error) = self
@@ -614,12 +631,29 @@ impl RaftNode {
                     proto::bytes_label(self.sm.quota())
                 )));
             }
+            let mut history = chunk.history;
+            history.retain(|(entry, _)| {
+                let size = prost::Message::encoded_len(entry) as u64;
+                if history_staged + size > history_bound {
+                    history_left_out += 1;
+                    return false;
+                }
+                history_staged += size;
+                true
+            });
             self.run_op(Op::RestoreChunk {
                 restore_id: restore_id.clone(),
-                resources: chunk,
-                history: Vec::new(),
+                resources: chunk.resources,
+                history,
             })
             .await?;
+        }
+        if history_left_out > 0 {
+            tracing::warn!(
+                left_out = history_left_out,
+                bound = history_bound,
+                "the snapshot holds more history than this node keeps (--history-node-bytes): the rest was left out"
+            );
         }
         self.run_op(Op::RestoreCommit { restore_id }).await?;
         // The commit is applied here (a proposal answers once applied): the restored state

@@ -344,7 +344,7 @@ impl crate::storage::Backend for Member {
     fn group_stamp(&self, group: &str) -> Option<u64> {
         self.backend().group_stamp(group)
     }
-    fn keep_history(&self, policy: std::sync::Arc<dyn crate::storage::history::HistoryPolicy>) {
+    fn keep_history(&self, policy: Arc<dyn crate::storage::history::HistoryPolicy>) {
         self.backend().keep_history(policy)
     }
     async fn history(
@@ -1563,7 +1563,11 @@ async fn a_restore_larger_than_a_copy_chunk_replaces_the_state_whole() {
     let (chunks, receiver) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         for chunk in records.chunks(500) {
-            if chunks.send(Ok(chunk.to_vec())).await.is_err() {
+            let chunk = super::node::RestoreRecords {
+                resources: chunk.to_vec(),
+                history: Vec::new(),
+            };
+            if chunks.send(Ok(chunk)).await.is_err() {
                 return;
             }
         }
@@ -1659,7 +1663,12 @@ async fn a_restore_counts_its_quotas_again() {
     }
     let (chunks, receiver) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
-        let _ = chunks.send(Ok(records)).await;
+        let _ = chunks
+            .send(Ok(super::node::RestoreRecords {
+                resources: records,
+                history: Vec::new(),
+            }))
+            .await;
     });
     member.restore(receiver).await.expect("restore");
     let restored = backend

@@ -74,9 +74,9 @@ fn every_op_round_trips_through_the_log_encoding() {
                 version: "10".into(),
             })
             .fenced(&fence())
-            .kept(Some(crate::storage::history::Keep {
+            .kept(Some(Keep {
                 time_ms: 1_700_000_000_123,
-                retention: crate::resource::Retention::default(),
+                retention: Retention::default(),
                 node_bytes: 1 << 30,
             })),
         ]),
@@ -133,18 +133,18 @@ fn changes_are_encoded_byte_for_byte_as_their_protobuf_messages() {
         Op::Changes(vec![write(&big, WriteCondition::Merged)]),
         Op::Changes(vec![write(&big, WriteCondition::Version).fenced(&fence())]),
         Op::Changes(vec![write(&big, WriteCondition::Version).kept(Some(
-            crate::storage::history::Keep {
+            Keep {
                 time_ms: -5,
-                retention: crate::resource::Retention::OFF,
+                retention: Retention::OFF,
                 node_bytes: 7,
             },
         ))]),
         Op::Changes(vec![
             write(&big, WriteCondition::Merged)
                 .fenced(&fence())
-                .kept(Some(crate::storage::history::Keep {
+                .kept(Some(Keep {
                     time_ms: 1_700_000_000_000,
-                    retention: crate::resource::Retention::default(),
+                    retention: Retention::default(),
                     node_bytes: 1 << 30,
                 })),
             tagged(delete.clone()).fenced(&fence()),

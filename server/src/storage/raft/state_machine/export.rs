@@ -75,6 +75,18 @@ impl SmShared {
             scratch.clear();
             body.record(&resource, &mut scratch);
         }
+        // The objects' history, after every resource (DESIGN §18: a restore brings it).
+        super::history::each(&sm.dbs, &rtxn, |entry, expires_ms| {
+            scratch.clear();
+            body.history_record(
+                &proto::cluster::v1::SnapshotHistoryRecord {
+                    entry: Some(entry),
+                    expires_ms,
+                },
+                &mut scratch,
+            );
+            Ok(())
+        })?;
         if orphan_count > 0 {
             return Err(StorageError::Internal(format!(
                 "the state holds {orphan_count} resources of types no Type registers ({}{}): a snapshot of it could not be restored; delete them, or register their types again, and save again",
@@ -110,6 +122,22 @@ impl SmShared {
                 ))?;
             }
         }
+        super::history::each(&sm.dbs, &rtxn, |entry, expires_ms| {
+            discard.history_record(
+                &proto::cluster::v1::SnapshotHistoryRecord {
+                    entry: Some(entry),
+                    expires_ms,
+                },
+                &mut chunk,
+            );
+            if chunk.len() >= CHUNK_BYTES {
+                send(std::mem::replace(
+                    &mut chunk,
+                    Vec::with_capacity(CHUNK_BYTES),
+                ))?;
+            }
+            Ok(())
+        })?;
         if !chunk.is_empty() {
             send(chunk)?;
         }
