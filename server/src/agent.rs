@@ -125,6 +125,12 @@ pub struct AgentConfig {
     pub history_bytes: u64,
     /// Bytes of history this node keeps in all (at most half of `quota_bytes`).
     pub history_node_bytes: u64,
+    /// Where to log every request (DESIGN §18), if anywhere.
+    pub audit_log: Option<PathBuf>,
+    pub audit_level: crate::audit::AuditLevel,
+    /// Size an audit log file grows to before it is rotated, and rotated files kept.
+    pub audit_log_max_bytes: u64,
+    pub audit_log_files: u32,
     /// Requests per second one token may send, twice that in a burst; 0: no limit. With ACLs
     /// off there are no tokens to tell apart and no rate applies.
     pub max_requests_per_second_per_token: u32,
@@ -216,6 +222,10 @@ impl Default for AgentConfig {
             history_seconds: crate::resource::DEFAULT_HISTORY_SECONDS,
             history_bytes: crate::resource::DEFAULT_HISTORY_BYTES,
             history_node_bytes: crate::storage::history::DEFAULT_NODE_BYTES,
+            audit_log: None,
+            audit_level: crate::audit::AuditLevel::Metadata,
+            audit_log_max_bytes: crate::audit::DEFAULT_MAX_BYTES,
+            audit_log_files: crate::audit::DEFAULT_FILES,
             max_requests_per_second_per_token:
                 crate::limits::DEFAULT_MAX_REQUESTS_PER_SECOND_PER_TOKEN,
             max_inflight_bytes: crate::limits::DEFAULT_MAX_INFLIGHT_BYTES,
@@ -706,6 +716,28 @@ impl Agent {
         let resources = ResourceGrpc::new(service.clone(), tokens.clone())
             .with_watch_metrics(metrics.watch.clone())
             .with_watch_stall_timeout(Duration::from_secs(config.watch_stall_seconds.max(1)));
+        let audit = match &config.audit_log {
+            Some(path) if config.audit_level != crate::audit::AuditLevel::None => {
+                let log = crate::audit::AuditLog::open(
+                    crate::audit::AuditConfig {
+                        path: path.clone(),
+                        level: config.audit_level,
+                        max_bytes: config.audit_log_max_bytes.max(4096),
+                        files: config.audit_log_files,
+                    },
+                    metrics.audit_lines_lost.clone(),
+                )
+                .map_err(|error| {
+                    AgentError::Config(format!(
+                        "--audit-log {}: cannot open it for appending: {error}",
+                        path.display()
+                    ))
+                })?;
+                tracing::info!(path = %path.display(), level = ?config.audit_level, "audit log open");
+                Some(log)
+            }
+            _ => None,
+        };
         let limits = crate::limits::Limits::new(
             crate::limits::LimitSettings {
                 max_watches_per_token: config.max_watches_per_token,
@@ -725,6 +757,7 @@ impl Agent {
                 metrics: metrics.clone(),
                 max_body_bytes: config.max_resource_bytes + serve::REQUEST_ENVELOPE_SLACK,
                 limits: limits.clone(),
+                audit: audit.clone(),
             });
             let listening = net.listening(tls.as_ref().map(|tls| tls.http_server_config()));
             tasks.push(tokio::spawn(
@@ -740,6 +773,7 @@ impl Agent {
                 cluster,
                 metrics: metrics.clone(),
                 limits,
+                audit,
             },
             raft.clone(),
             shutdown.clone(),

@@ -43,6 +43,8 @@ pub(crate) struct HttpState {
     pub max_body_bytes: usize,
     /// What each caller may hold; every request is admitted against it before its body is read.
     pub limits: Arc<crate::limits::Limits>,
+    /// Where every request is logged (`--audit-log`), if anywhere.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 impl std::fmt::Debug for HttpState {
@@ -62,11 +64,34 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), record))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), audited))
         .layer(axum::middleware::from_fn_with_state(
             state.limits.clone(),
             guard,
         ))
         .with_state(state)
+}
+
+/// Logs the request to the audit log (DESIGN §18), if there is one: the HTTP API's calls of the
+/// gRPC implementations fill in its note as a gRPC call's would.
+async fn audited(
+    State(state): State<HttpState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(log) = state
+        .audit
+        .clone()
+        .filter(|log| log.level() != crate::audit::AuditLevel::None)
+    else {
+        return next.run(request).await;
+    };
+    let method = format!("{} {}", request.method(), request.uri().path());
+    let mut entry = crate::audit::Entry::new(log, method, &request);
+    let note = entry.note().clone();
+    let response = crate::audit::HTTP_NOTE.scope(note, next.run(request)).await;
+    entry.finish(crate::audit::code_of_http(response.status()));
+    response
 }
 
 /// With ACLs on, the figures need a token with operator read (Prometheus sends it with

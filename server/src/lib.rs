@@ -22,6 +22,7 @@
 
 pub(crate) mod acl;
 pub mod agent;
+pub mod audit;
 pub(crate) mod cluster;
 pub(crate) mod controller;
 pub(crate) mod http;

@@ -228,6 +228,25 @@ struct AgentArgs {
     #[arg(long, env = "RESD_HISTORY_NODE_BYTES")]
     history_node_bytes: Option<u64>,
 
+    /// Log every request this node receives that carried credentials or reached authorization
+    /// to this file, one JSON line each (DESIGN §18); secrets are never written. Rotated by
+    /// size (PATH.1, PATH.2, …).
+    #[arg(long, env = "RESD_AUDIT_LOG", value_name = "PATH")]
+    audit_log: Option<PathBuf>,
+
+    /// What the audit log holds: none, metadata (who, what, when, how it ended) or request
+    /// (and the request's body, secrets redacted) [default: metadata].
+    #[arg(long, env = "RESD_AUDIT_LEVEL", value_enum)]
+    audit_level: Option<server::audit::AuditLevel>,
+
+    /// Bytes an audit log file grows to before it is rotated [default: 104857600].
+    #[arg(long, env = "RESD_AUDIT_LOG_MAX_BYTES")]
+    audit_log_max_bytes: Option<u64>,
+
+    /// Rotated audit log files kept besides the current one [default: 5].
+    #[arg(long, env = "RESD_AUDIT_LOG_FILES")]
+    audit_log_files: Option<u32>,
+
     /// Requests per second one token may send (twice that in a burst); past it requests are
     /// refused with RESOURCE_EXHAUSTED saying when to retry. 0: no limit. With ACLs off no
     /// rate applies (there are no tokens to tell apart) [default: 2000].
@@ -583,6 +602,18 @@ fn agent_config(args: AgentArgs) -> Result<AgentConfig, AgentError> {
     }
     if let Some(bytes) = args.max_schema_bytes {
         config.max_schema_bytes = bytes;
+    }
+    if let Some(path) = args.audit_log {
+        config.audit_log = Some(path);
+    }
+    if let Some(level) = args.audit_level {
+        config.audit_level = level;
+    }
+    if let Some(bytes) = args.audit_log_max_bytes {
+        config.audit_log_max_bytes = bytes;
+    }
+    if let Some(files) = args.audit_log_files {
+        config.audit_log_files = files;
     }
     if let Some(versions) = args.history_versions {
         config.history_versions = versions;

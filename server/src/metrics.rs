@@ -161,6 +161,8 @@ pub(crate) struct Metrics {
     pub http_requests: Family<Labels, Counter>,
     pub storage: StorageMetrics,
     pub watch: WatchMetrics,
+    /// Audit log lines lost (its writer behind, or the file not writable).
+    pub audit_lines_lost: Counter,
 }
 
 impl Default for Metrics {
@@ -188,6 +190,12 @@ impl Metrics {
             "resd_grpc_request_duration_seconds",
             "Time to answer a gRPC request by method (streams: until the first response)",
             grpc.duration.clone(),
+        );
+        let audit_lines_lost = Counter::default();
+        registry.register(
+            "resd_audit_lines_lost",
+            "Audit log lines lost: its writer was behind, or the file could not be written (a full disk)",
+            audit_lines_lost.clone(),
         );
         let http_requests = Family::<Labels, Counter>::default();
         registry.register(
@@ -259,6 +267,7 @@ impl Metrics {
             http_requests,
             storage,
             watch,
+            audit_lines_lost,
         }
     }
 

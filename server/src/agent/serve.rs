@@ -32,6 +32,8 @@ pub(super) struct Api {
     pub metrics: Arc<Metrics>,
     /// What each caller may hold; every request is admitted against it before its body is read.
     pub limits: Arc<crate::limits::Limits>,
+    /// Where every request is logged (`--audit-log`), if anywhere.
+    pub audit: Option<crate::audit::AuditLog>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +101,7 @@ pub(super) async fn serve_api(
         cluster,
         metrics,
         limits,
+        audit,
     } = api;
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
 
@@ -150,6 +153,7 @@ pub(super) async fn serve_api(
         reflection_v1alpha.max_decoding_message_size(crate::limits::ANONYMOUS_BODY_BYTES);
     let served = with_connection_limits(tonic::transport::Server::builder())
         .layer(GrpcMetricsLayer::new(metrics))
+        .layer(crate::audit::AuditLayer::new(audit))
         .layer(tower::util::MapResponseLayer::new(
             refine_status::<tonic::body::Body>,
         ))

@@ -315,6 +315,9 @@ fn grpc_request<T>(
     message: T,
 ) -> Result<tonic::Request<T>, ApiError> {
     let mut request = tonic::Request::new(message);
+    if let Ok(note) = crate::audit::HTTP_NOTE.try_with(Clone::clone) {
+        request.extensions_mut().insert(note);
+    }
     for name in [TOKEN_HEADER, "authorization"] {
         if let Some(value) = headers.get(name) {
             let value = tonic::metadata::MetadataValue::try_from(value.as_bytes())

@@ -320,11 +320,12 @@ impl ClusterGrpc {
             )));
         };
         service.sync().await.map_err(Status::from)?;
-        let authorizer = self
+        let resolved = self
             .tokens
             .resolve(caller.token.as_deref())
-            .map_err(|error| Status::from(Error::from(error)))?;
-        Ok((service, authorizer))
+            .map_err(Error::from);
+        super::grpc::note_caller(request, &resolved);
+        Ok((service, resolved.map_err(Status::from)?))
     }
 
     async fn authorize<T>(
@@ -369,10 +370,12 @@ impl ClusterGrpc {
         {
             return Ok(caller);
         }
-        let authorizer = self
+        let resolved = self
             .tokens
             .resolve(caller.token.as_deref())
-            .map_err(|error| Status::from(Error::from(error)))?;
+            .map_err(Error::from);
+        super::grpc::note_caller(request, &resolved);
+        let authorizer = resolved.map_err(Status::from)?;
         let refused =
             |why: &str| Status::from(Error::from(acl::AclError::PermissionDenied(why.into())));
         match need {

@@ -162,6 +162,7 @@ impl ResourceGrpc {
         request: Request<WatchListRequest>,
     ) -> Result<Response<SharedEventStream>, Status> {
         use futures::StreamExt;
+        self.note_request(&request);
         let authorizer = self.authorizer_caught_up(&request).await?;
         let resource_type = request.get_ref().r#type.clone();
         let token = token_of(&request)?;
@@ -241,12 +242,28 @@ impl ResourceGrpc {
         request: &Request<T>,
     ) -> Result<Arc<dyn Authorizer>, Error> {
         let token = token_of(request)?;
-        match self.tokens.resolve(token.as_deref()).map_err(Error::from) {
+        let resolved = match self.tokens.resolve(token.as_deref()).map_err(Error::from) {
             Err(refusal) if may_be_stale(&refusal, token.is_some()) => {
                 self.catch_up_after(refusal).await?;
                 self.tokens.resolve(token.as_deref()).map_err(Error::from)
             }
             other => other,
+        };
+        note_caller(request, &resolved);
+        resolved
+    }
+
+    /// Tells the request's audit note what it names, and at `--audit-level request` its body.
+    fn note_request<T: prost::Message + prost::Name + Audited>(&self, request: &Request<T>) {
+        let Some(note) = crate::audit::note_of(request) else {
+            return;
+        };
+        if let Some(subject) = request.get_ref().subject() {
+            note.resource(subject);
+        }
+        if note.wants_body() {
+            let pool = self.service.registry.descriptor_pool();
+            note.body(crate::audit::body_of(&pool, request.get_ref()));
         }
     }
 
@@ -260,10 +277,11 @@ impl ResourceGrpc {
         mut call: F,
     ) -> Result<R, Status>
     where
-        T: Clone,
+        T: Clone + prost::Message + prost::Name + Audited,
         F: FnMut(Arc<dyn Authorizer>, T, Consistency) -> Fut,
         Fut: Future<Output = Result<R, Error>>,
     {
+        self.note_request(request);
         let deadline = deadline(request)?;
         let answered = crate::storage::deadline::scope(deadline, async {
             let answer_at = match consistency {
@@ -311,7 +329,9 @@ impl ResourceGrpc {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let outcome = match self.tokens.resolve(token.as_deref()).map_err(Error::from) {
+            let resolved = self.tokens.resolve(token.as_deref()).map_err(Error::from);
+            note_caller(request, &resolved);
+            let outcome = match resolved {
                 Ok(authorizer) => call(authorizer).await,
                 Err(refused) => Err(refused),
             };
@@ -445,7 +465,20 @@ pub(crate) fn resolve<T>(
     request: &Request<T>,
 ) -> Result<Arc<dyn Authorizer>, Error> {
     let token = token_of(request)?;
-    tokens.resolve(token.as_deref()).map_err(Error::from)
+    let resolved = tokens.resolve(token.as_deref()).map_err(Error::from);
+    note_caller(request, &resolved);
+    resolved
+}
+
+/// Tells the request's audit note who the caller is (a token's name), or that authorization
+/// refused it.
+pub(crate) fn note_caller<T>(request: &Request<T>, resolved: &Result<Arc<dyn Authorizer>, Error>) {
+    if let Some(note) = crate::audit::note_of(request) {
+        match resolved {
+            Ok(authorizer) => note.caller(authorizer.identity()),
+            Err(_) => note.unauthenticated(),
+        }
+    }
 }
 
 /// When the caller stops waiting, from the `grpc-timeout` header; none when it set none (or
@@ -691,4 +724,79 @@ fn ascii(text: &str) -> String {
         }
     }
     out
+}
+
+/// What a request names, for the audit log: `type/partition/namespace/name`.
+pub(crate) trait Audited {
+    fn subject(&self) -> Option<String>;
+}
+
+fn subject_of(id: Option<&proto::resource::v1::Id>) -> Option<String> {
+    let id = id?;
+    let tenancy = id.tenancy.clone().unwrap_or_default();
+    Some(format!(
+        "{}/{}/{}/{}",
+        id.r#type
+            .as_ref()
+            .map(crate::resource::gvk)
+            .unwrap_or_default(),
+        tenancy.partition,
+        tenancy.namespace,
+        id.name
+    ))
+}
+
+fn subject_of_query(
+    resource_type: Option<&proto::resource::v1::Type>,
+    tenancy: Option<&proto::resource::v1::Tenancy>,
+    name_prefix: &str,
+) -> Option<String> {
+    let tenancy = tenancy.cloned().unwrap_or_default();
+    Some(format!(
+        "{}/{}/{}/{name_prefix}",
+        resource_type.map(crate::resource::gvk).unwrap_or_default(),
+        tenancy.partition,
+        tenancy.namespace,
+    ))
+}
+
+macro_rules! audited_by_id {
+    ($($message:ty => |$m:ident| $id:expr),* $(,)?) => {
+        $(impl Audited for $message {
+            fn subject(&self) -> Option<String> {
+                let $m = self;
+                subject_of($id)
+            }
+        })*
+    };
+}
+
+audited_by_id!(
+    ReadRequest => |m| m.id.as_ref(),
+    WriteRequest => |m| m.resource.as_ref().and_then(|r| r.id.as_ref()),
+    WriteStatusRequest => |m| m.id.as_ref(),
+    DeleteRequest => |m| m.id.as_ref(),
+    ListByOwnerRequest => |m| m.owner.as_ref(),
+    MutateAndValidateRequest => |m| m.resource.as_ref().and_then(|r| r.id.as_ref()),
+    ListHistoryRequest => |m| m.id.as_ref(),
+);
+
+impl Audited for ListRequest {
+    fn subject(&self) -> Option<String> {
+        subject_of_query(
+            self.r#type.as_ref(),
+            self.tenancy.as_ref(),
+            &self.name_prefix,
+        )
+    }
+}
+
+impl Audited for WatchListRequest {
+    fn subject(&self) -> Option<String> {
+        subject_of_query(
+            self.r#type.as_ref(),
+            self.tenancy.as_ref(),
+            &self.name_prefix,
+        )
+    }
 }

@@ -3,6 +3,7 @@
 
 mod acl;
 mod acl_attacks;
+mod audit;
 mod can_i;
 mod cluster;
 mod controllers;

@@ -169,6 +169,20 @@ const LAYERS: &[(&str, &[&str])] = &[
             "crate::cluster",
         ],
     ),
+    // The audit log: under everything that serves.
+    (
+        "audit",
+        &[
+            "crate::registry",
+            "crate::storage",
+            "crate::service",
+            "crate::agent",
+            "crate::controller",
+            "crate::http",
+            "crate::cluster",
+            "crate::wire",
+        ],
+    ),
     (
         "registry",
         &[
