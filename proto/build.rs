@@ -13,6 +13,7 @@ const FILES: &[&str] = &[
     "resd/acl/v1/acl.proto",
     "resd/registry/v1/registry.proto",
     "resd/coordination/v1/coordination.proto",
+    "resd/events/v1/events.proto",
     "resd/internal/v1/tombstone.proto",
     "resd/demo/v1/demo.proto",
     "resd/demo/v2/demo.proto",

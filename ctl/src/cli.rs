@@ -156,6 +156,11 @@ pub enum Command {
     Delete(DeleteArgs),
     /// Show a resource's status conditions and whether they are up to date
     Status(NamedArgs),
+    /// Show one object for people: owner, finalizers, labels, conditions and its events
+    #[command(
+        after_help = "Events are what controllers recorded about the object in the last hour (merged by\nreason, with a count).\n\nExample:\n  resctl describe Artist miles-davis -n jazz"
+    )]
+    Describe(NamedArgs),
     /// Wait until a resource has a condition, or is gone (exit 0 when met, 1 on timeout)
     #[command(
         after_help = "Examples:\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted\n  resctl wait Artist miles-davis -n jazz --for condition=Accepted=False --timeout 30s\n  resctl wait Album kind-of-blue -n jazz --for delete --timeout 2m"

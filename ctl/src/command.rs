@@ -10,6 +10,7 @@ pub mod completion;
 pub mod context;
 pub mod controllers;
 pub mod delete;
+pub mod describe;
 pub mod diff;
 pub mod edit;
 pub mod explain;
@@ -53,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 Command::Blame(args) => history::blame_run(&session, &args).await,
                 Command::Delete(args) => delete::run(&session, &args).await,
                 Command::Status(args) => status::run(&session, &args).await,
+                Command::Describe(args) => describe::run(&session, &args).await,
                 Command::Wait(args) => wait::run(&session, &args).await,
                 Command::Tree(args) => tree::run(&session, &args).await,
                 Command::Edit(args) => edit::run(&session, &args).await,

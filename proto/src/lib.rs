@@ -99,6 +99,12 @@ pub mod coordination {
     }
 }
 
+pub mod events {
+    pub mod v1 {
+        tonic::include_proto!("resd.events.v1");
+    }
+}
+
 #[allow(clippy::all, unused_qualifications)]
 pub mod internal {
     pub mod v1 {

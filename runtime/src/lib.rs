@@ -8,11 +8,13 @@
 //! - [`election`]: placement across replicas, taking, renewing and giving up a
 //!   `coordination.v1.Lease` with client-go's rules;
 //! - [`report`]: what makes a program's replica visible in every view;
+//! - [`events`]: what a controller did and why, merged and rate-limited into Events;
 //! - [`replica`]: a program's replica of a controller, built from the above.
 
 pub mod api;
 pub mod controller;
 pub mod election;
+pub mod events;
 pub mod grpc;
 pub mod queue;
 pub mod replica;

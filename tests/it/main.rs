@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod drivers;
 mod evolve;
+mod history;
 mod http;
 mod invoices;
 mod lease;

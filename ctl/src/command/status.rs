@@ -36,6 +36,11 @@ pub async fn status(
     name: &str,
 ) -> anyhow::Result<StatusReport> {
     let resource = super::get::read(session, type_name, name).await?;
+    Ok(report_of(&resource))
+}
+
+/// A resource's status keys and conditions, as `resctl status` shows them.
+pub fn report_of(resource: &proto::resource::v1::Resource) -> StatusReport {
     let mut conditions = Vec::new();
     for (key, status) in &resource.status {
         let up_to_date = status.observed_generation == resource.generation;
@@ -69,12 +74,12 @@ pub async fn status(
             });
         }
     }
-    Ok(StatusReport {
+    StatusReport {
         id: describe::id_label(&resource.id.clone().unwrap_or_default()),
         generation: resource.generation.clone(),
         version: resource.version.clone(),
         conditions,
-    })
+    }
 }
 
 pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {

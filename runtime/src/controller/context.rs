@@ -19,20 +19,29 @@ pub struct Gate {
 
 /// What a reconciler acts through: the [`Api`] (as the controller's identity), the running
 /// controller's cache, and whether this replica may act.
-pub struct Context<A> {
+pub struct Context<A: Api> {
     pub(super) api: A,
     pub(super) cache: Arc<Cache>,
     pub(super) gate: Option<Gate>,
+    /// The controller's events (DESIGN §18).
+    pub(super) events: crate::events::Recorder<A>,
 }
 
 impl<A: Api> Context<A> {
     /// A context outside a running controller (tests, tools): an empty cache, no gate.
     pub fn new(api: A) -> Self {
         Context {
+            events: crate::events::Recorder::new(api.clone(), "controller/tool"),
             api,
             cache: Arc::new(Cache::default()),
             gate: None,
         }
+    }
+
+    /// Where the controller records what it did and why (`events.v1.Event`, merged and
+    /// rate-limited; never waits).
+    pub fn events(&self) -> &crate::events::Recorder<A> {
+        &self.events
     }
 
     /// The client the controller acts through.

@@ -47,9 +47,12 @@ pub async fn run<A: Api>(
     // A wait for the server (catching up, no leader yet) is said once, at info: it is expected
     // and ends by itself. A failure is a warning, said again only when the reason changes.
     let mut said: Option<Stopped> = None;
+    // One recorder for every life: what it merged is written whatever restarts.
+    let events =
+        crate::events::Recorder::new(api.clone(), &format!("controller/{}", controller.name));
     loop {
         let began = Instant::now();
-        let stopped = run_once(&controller, &api, &stats, gate.as_ref(), &shutdown).await;
+        let stopped = run_once(&controller, &api, &events, &stats, gate.as_ref(), &shutdown).await;
         stats.set_queue_depth(0);
         if shutdown.is_cancelled() {
             break;
@@ -150,6 +153,7 @@ impl Ended {
 async fn run_once<A: Api>(
     controller: &Arc<Controller<A>>,
     api: &A,
+    events: &crate::events::Recorder<A>,
     stats: &Arc<Stats>,
     gate: Option<&Gate>,
     shutdown: &CancellationToken,
@@ -161,6 +165,7 @@ async fn run_once<A: Api>(
         api: api.clone(),
         cache: Arc::new(Cache::default()),
         gate: gate.cloned(),
+        events: events.clone(),
     });
     if let Some(initializer) = &controller.initializer {
         let mut failures = 0;

@@ -32,6 +32,46 @@ pub(crate) const ARTIST_STATUS: &str = "demo.resd.io/artist";
 /// Status key of the album controller.
 pub(crate) const ALBUM_STATUS: &str = "demo.resd.io/album";
 
+/// The controller that deletes events an hour after they were last seen.
+pub(crate) const EVENT_EXPIRY: &str = "event-expiry";
+/// How long an event lives after it was last seen (DESIGN §18).
+pub(crate) const EVENT_TTL: Duration = Duration::from_secs(3600);
+
+/// Deletes each `events.v1.Event` once its `last_seen` is [`EVENT_TTL`] old (by compare-and-swap:
+/// an event seen again meanwhile stays), and comes back to it when that time is due.
+pub(crate) struct EventExpiry;
+
+#[async_trait]
+impl Reconciler<InProcess> for EventExpiry {
+    async fn reconcile(
+        &self,
+        runtime: &Runtime,
+        request: Request,
+    ) -> Result<Action, ReconcileError> {
+        let Some(stored) = runtime.read(&request.id).await? else {
+            return Ok(Action::await_change());
+        };
+        let last_seen = decode_data::<proto::events::v1::Event>(&stored)
+            .ok()
+            .and_then(|event| event.last_seen)
+            .map_or(0, |t| t.seconds);
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let age = Duration::from_secs(u64::try_from(now.saturating_sub(last_seen)).unwrap_or(0));
+        if age < EVENT_TTL {
+            return Ok(Action::requeue(EVENT_TTL - age + Duration::from_secs(1)));
+        }
+        let id = stored.id.clone().unwrap_or_default();
+        match runtime::api::Api::delete(runtime.api(), &id, &stored.version).await {
+            Ok(()) => Ok(Action::await_change()),
+            // Seen again since: judged again from what is stored now.
+            Err(runtime::api::ApiError::Conflict(_)) => {
+                Ok(Action::requeue(Duration::from_millis(100)))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
 /// Registers every built-in controller.
 pub(crate) fn register(
     manager: &mut Manager,
@@ -63,6 +103,10 @@ pub(crate) fn register(
             resource::new_type("policy", "v1", "AdmissionPolicy"),
         )
         .with_reconciler(PolicyController),
+    )?;
+    manager.register(
+        Controller::new(EVENT_EXPIRY, resource::new_type("events", "v1", "Event"))
+            .with_reconciler(EventExpiry),
     )?;
     manager.register(
         Controller::new("type", crate::registry::builtin::registry_type())
@@ -187,12 +231,30 @@ impl Reconciler<InProcess> for Reaper {
             .children_of(runtime.api().identity.as_ref(), &deleted)
             .await?;
         if !children.is_empty() {
+            let mut deleting = 0usize;
             for child in &children {
                 if !resource::is_marked_for_deletion(child)
                     && let Some(id) = &child.id
                 {
                     runtime.delete(id).await?;
+                    deleting += 1;
                 }
+            }
+            if deleting > 0 {
+                runtime.events().record(
+                    &deleted,
+                    runtime::events::EventType::Normal,
+                    "Cascaded",
+                    format!(
+                        "{} was deleted: deleting {deleting} of its dependents (first {})",
+                        DisplayId(&deleted),
+                        children
+                            .first()
+                            .and_then(|child| child.id.as_ref())
+                            .map(|id| DisplayId(id).to_string())
+                            .unwrap_or_default()
+                    ),
+                );
             }
             self.passes().remove(&tombstone_id.uid);
             return Ok(Action::requeue(self.second_pass));
@@ -269,6 +331,14 @@ impl Reconciler<InProcess> for NamespaceController {
             let mut released = namespace.clone();
             resource::remove_finalizer(&mut released, NAMESPACE_FINALIZER);
             runtime.write(released).await?;
+            runtime.events().normal(
+                &namespace,
+                "Emptied",
+                format!(
+                    "every object in namespace {}/{} is deleted; the namespace is released",
+                    partition, id.name
+                ),
+            );
         }
         Ok(Action::await_change())
     }
@@ -416,6 +486,14 @@ impl Reconciler<InProcess> for TypeController {
             let mut released = stored.clone();
             resource::remove_finalizer(&mut released, TYPE_FINALIZER);
             runtime.write(released).await?;
+            runtime.events().normal(
+                &stored,
+                "TypeDeleted",
+                format!(
+                    "every {} is deleted; the Type is released and its registration removed",
+                    resource::gvk(&resource_type)
+                ),
+            );
         }
         Ok(Action::await_change())
     }
@@ -520,9 +598,19 @@ impl TypeController {
             conditions: vec![condition],
             updated_at: None,
         };
-        runtime
+        let changed = runtime
             .write_status_if_changed(stored, MIGRATION_STATUS, status)
             .await?;
+        if done && changed && pass.migrated > 0 {
+            runtime.events().normal(
+                stored,
+                "Migrated",
+                format!(
+                    "{} objects rewritten in the storage version; every object is stored in it now",
+                    pass.migrated
+                ),
+            );
+        }
         if done {
             tracing::info!(r#type = %request.id.name, migrated = pass.migrated, "storage-version migration complete");
             Ok(Action::await_change())
@@ -775,9 +863,20 @@ impl Reconciler<InProcess> for ArtistController {
             )],
             updated_at: None,
         };
-        runtime
+        if runtime
             .write_status_if_changed(&artist, ARTIST_STATUS, status)
-            .await?;
+            .await?
+        {
+            runtime.events().normal(
+                &artist,
+                "AlbumsReconciled",
+                format!(
+                    "generation {} has {} generated album(s)",
+                    artist.generation,
+                    desired.len()
+                ),
+            );
+        }
         Ok(Action::await_change())
     }
 }

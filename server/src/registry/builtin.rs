@@ -38,6 +38,8 @@ pub(crate) fn registry_type() -> proto::resource::v1::Type {
 pub(crate) const LEASE: &str = "coordination.v1.Lease";
 /// What each replica of a controller outside the server reports of itself (DESIGN §16).
 pub(crate) const REPLICA: &str = "coordination.v1.Replica";
+/// What a controller did and why (DESIGN §18).
+pub(crate) const EVENT: &str = "events.v1.Event";
 /// The finalizer the type controller holds on every Type: released once every resource of the
 /// type is deleted.
 pub(crate) const TYPE_FINALIZER: &str = "registry.resd.io/type-cleanup";
@@ -115,6 +117,11 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
         Registration::new::<proto::coordination::v1::Replica>(REPLICA, Scope::Namespace)
             .with_validate(validate_replica)
             .with_acls(replica_acls()),
+    )?;
+
+    registry.register(
+        Registration::new::<proto::events::v1::Event>(EVENT, Scope::Namespace)
+            .with_validate(validate_event),
     )?;
 
     let types = registry.dynamic().clone();
@@ -348,6 +355,82 @@ fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
                 "resource.data.report_every_seconds is {}; a replica reports at least every {MAX_REPORT_EVERY_SECONDS} seconds (0 means every 10)",
                 report.report_every_seconds
             ),
+        );
+    }
+    problems.into_result()
+}
+
+/// Longest event reason and message.
+const MAX_EVENT_REASON: usize = 128;
+const MAX_EVENT_MESSAGE: usize = 4096;
+
+/// An Event names the object it regards (in its own namespace: `default/default` for an object
+/// of cluster or partition scope), a one-word reason, a message people can read.
+fn validate_event(resource: &Resource) -> Result<(), Invalid> {
+    let event: proto::events::v1::Event = data_of(resource)?;
+    let mut problems = Invalid::default();
+    match &event.regarding {
+        None => problems.push(
+            "resource.data.regarding",
+            "resource.data.regarding is required: the id of the object the event is about",
+        ),
+        Some(regarding) => {
+            if regarding.r#type.is_none() || regarding.name.is_empty() {
+                problems.push(
+                    "resource.data.regarding",
+                    "resource.data.regarding needs a type and a name",
+                );
+            }
+            let at = regarding.tenancy.clone().unwrap_or_default();
+            let expected = if at.namespace.is_empty() {
+                (
+                    resource::DEFAULT_PARTITION.to_owned(),
+                    resource::DEFAULT_NAMESPACE.to_owned(),
+                )
+            } else {
+                (at.partition.clone(), at.namespace.clone())
+            };
+            let tenancy = resource
+                .id
+                .as_ref()
+                .and_then(|id| id.tenancy.clone())
+                .unwrap_or_default();
+            if (tenancy.partition.clone(), tenancy.namespace.clone()) != expected {
+                problems.push(
+                    "resource.id.tenancy",
+                    format!(
+                        "an event lives in the namespace of the object it regards ({}/{}), not {}/{}",
+                        expected.0, expected.1, tenancy.partition, tenancy.namespace
+                    ),
+                );
+            }
+        }
+    }
+    if event.reason.is_empty()
+        || event.reason.len() > MAX_EVENT_REASON
+        || !event.reason.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        problems.push(
+            "resource.data.reason",
+            format!(
+                "resource.data.reason {:?} must be one word of letters and digits, 1 to {MAX_EVENT_REASON} long (`Cascaded`)",
+                event.reason.escape_default().to_string()
+            ),
+        );
+    }
+    if event.message.len() > MAX_EVENT_MESSAGE {
+        problems.push(
+            "resource.data.message",
+            format!(
+                "resource.data.message is {} bytes long; at most {MAX_EVENT_MESSAGE}",
+                event.message.len()
+            ),
+        );
+    }
+    if event.reporter.len() > 253 || has_control(&event.reporter) {
+        problems.push(
+            "resource.data.reporter",
+            "resource.data.reporter must be at most 253 characters without control characters",
         );
     }
     problems.into_result()

@@ -29,8 +29,9 @@ use crate::resource;
 
 /// Groups of the built-in types and packages: no Type may register in them (its package
 /// `resd.<group>.<version>` would share theirs).
-pub(crate) const RESERVED_GROUPS: [&str; 10] = [
+pub(crate) const RESERVED_GROUPS: [&str; 11] = [
     "internal",
+    "events",
     "policy",
     "tenancy",
     "acl",

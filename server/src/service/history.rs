@@ -77,8 +77,8 @@ impl ResourceService {
                 Err(StorageError::NotFound) => {
                     current.uid.clear();
                     return Err(Error::NotFound(format!(
-                        "resource not found: {} (a deleted object's history is read by its uid: \
-                         `resctl history` lists it while its retention lasts)",
+                        "resource not found: {} (a deleted object's history is read by its uid \
+                         while its retention lasts: `resctl history TYPE NAME --uid UID`)",
                         DisplayId(&current)
                     )));
                 }
@@ -282,8 +282,21 @@ impl TypeHistory {
     }
 }
 
+/// Built-in types whose objects keep no history: the server's bookkeeping and heartbeats
+/// (tombstones, leases renewed every few seconds, replica reports, events whose count rises
+/// with every occurrence) — a history of them is noise that would crowd out the node's bound.
+const NO_HISTORY: [(&str, &str); 4] = [
+    ("internal", "Tombstone"),
+    ("coordination", "Lease"),
+    ("coordination", "Replica"),
+    ("events", "Event"),
+];
+
 impl crate::storage::history::HistoryPolicy for TypeHistory {
     fn retention(&self, group: &str, kind: &str) -> crate::resource::Retention {
+        if NO_HISTORY.contains(&(group, kind)) {
+            return crate::resource::Retention::OFF;
+        }
         self.registry
             .history_of(group, kind)
             .unwrap_or(self.builtin)

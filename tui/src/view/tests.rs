@@ -381,6 +381,7 @@ fn snapshot_info() -> SnapshotInfo {
             .into_iter()
             .collect(),
             resource_count: 9,
+            history_count: 0,
             sha256: "de21bad9bb0b772e3a2056a309b7e6bd345c54a6a71fee692e5033319d68b628".into(),
             body_bytes: 7_000,
             node_id: 2,
