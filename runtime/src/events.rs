@@ -189,7 +189,12 @@ impl<A: Api> Recorder<A> {
         reason: &str,
         message: impl Into<String>,
     ) {
-        let mut message = message.into();
+        // One line, no control characters (the server refuses them: a terminal shows events).
+        let mut message: String = message
+            .into()
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
         if message.len() > MAX_MESSAGE {
             let mut cut = MAX_MESSAGE;
             while !message.is_char_boundary(cut) {

@@ -278,16 +278,27 @@ impl Note {
     }
 }
 
-/// Whether a field holds a secret: its value never reaches the log.
+/// Whether a field holds a secret: its value never reaches the log. Names are compared in
+/// one form (lowercase, without `_`), so `api_key`, `apiKey` and `APIKey` are one name.
 fn is_secret(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    key.contains("secret")
-        || key.contains("password")
-        || key == "token"
-        || key == "jointoken"
-        || key == "join_token"
-        || key.ends_with("_key")
-        || key.ends_with("privatekey")
+    let name: String = key
+        .chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect();
+    const HOLDS: [&str; 9] = [
+        "secret",
+        "password",
+        "passwd",
+        "credential",
+        "privatekey",
+        "apikey",
+        "accesskey",
+        "signingkey",
+        "bearer",
+    ];
+    HOLDS.iter().any(|word| name.contains(word))
+        || (name.ends_with("token") && !name.ends_with("pagetoken"))
 }
 
 /// Replaces every secret field's value, at any depth.
@@ -532,6 +543,12 @@ pub(crate) fn body_of<T: prost::Message + prost::Name>(
     pool: &prost_reflect::DescriptorPool,
     message: &T,
 ) -> serde_json::Value {
+    // A large body is said by its size, never rendered (a request of megabytes would cost
+    // several times its size here).
+    let bytes = message.encoded_len();
+    if bytes > MAX_BODY_BYTES {
+        return serde_json::json!({ "truncated": true, "bytes": bytes });
+    }
     let Some(descriptor) = pool.get_message_by_name(&T::full_name()) else {
         return serde_json::json!({ "unrendered": format!("{} is not published", T::full_name()) });
     };
@@ -577,6 +594,37 @@ pub(crate) fn code_of_http(status: http::StatusCode) -> tonic::Code {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_names_are_known_in_every_spelling() {
+        for secret in [
+            "secret",
+            "secretHash",
+            "joinToken",
+            "join_token",
+            "token",
+            "accessToken",
+            "api_key",
+            "apiKey",
+            "privateKeyPem",
+            "private_key_pem",
+            "dbPassword",
+            "credentials",
+            "bearer",
+        ] {
+            assert!(is_secret(secret), "{secret}");
+        }
+        for plain in [
+            "pageToken",
+            "next_page_token",
+            "name",
+            "policies",
+            "keyspace",
+            "tokens_used_by",
+        ] {
+            assert!(!is_secret(plain), "{plain}");
+        }
+    }
 
     #[test]
     fn secrets_are_redacted_at_any_depth() {

@@ -64,11 +64,12 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), record))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), audited))
         .layer(axum::middleware::from_fn_with_state(
             state.limits.clone(),
             guard,
         ))
+        // Outermost: the guard's refusals are logged too.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), audited))
         .with_state(state)
 }
 

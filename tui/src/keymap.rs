@@ -35,6 +35,8 @@ pub enum Action {
     SnapshotRestore,
     /// Hand leadership to the selected member (asks first).
     TransferLeader,
+    /// The events screen: show or hide lease and report heartbeats.
+    Heartbeats,
     /// Dialogs: switch between Cancel and the action.
     Toggle,
     /// Dialogs: do it (the same as choosing the action and pressing enter).
@@ -63,6 +65,8 @@ pub enum Scope {
     Table,
     /// The cluster screen.
     Cluster,
+    /// The events screen.
+    Events,
     Snapshot,
     /// Confirmation dialogs.
     Dialog,
@@ -83,6 +87,7 @@ impl Scope {
             Scope::Resource => "Resources (table, detail, tree)",
             Scope::Table => "Resource table",
             Scope::Cluster => "Cluster",
+            Scope::Events => "Events",
             Scope::Snapshot => "Snapshot",
             Scope::Dialog => "Dialogs",
             Scope::EditProblem => "After an edit that did not save",
@@ -99,6 +104,7 @@ impl Scope {
             Scope::Resource => matches!(screen, Screen::Resources | Screen::Detail | Screen::Tree),
             Scope::Table => screen == Screen::Resources,
             Scope::Cluster => screen == Screen::Cluster,
+            Scope::Events => screen == Screen::Events,
             Scope::Snapshot => screen == Screen::Snapshot,
             Scope::Dialog | Scope::EditProblem | Scope::Info | Scope::Stuck => false,
         }
@@ -292,6 +298,20 @@ pub const KEYMAP: &[Binding] = &[
         A::TransferLeader,
         "make the selected member the leader (asks first)",
     ),
+    key(
+        Char('/'),
+        "/",
+        S::Events,
+        A::Filter,
+        "filter the events as you type: a type, a name, a reason, an actor",
+    ),
+    key(
+        Char('h'),
+        "h",
+        S::Events,
+        A::Heartbeats,
+        "show or hide lease and report heartbeats (hidden at first)",
+    ),
     key(Char('s'), "s", S::Table, A::Sort, "sort by the next column"),
     key(Char('S'), "S", S::Table, A::ReverseSort, "reverse the sort"),
     key(
@@ -433,6 +453,7 @@ pub fn screen_scopes(screen: Screen) -> Vec<Scope> {
         Scope::Resource,
         Scope::Table,
         Scope::Cluster,
+        Scope::Events,
         Scope::List,
         Scope::Global,
     ]
@@ -450,6 +471,7 @@ pub fn help_sections() -> Vec<(&'static str, Vec<(String, &'static str)>)> {
         Scope::Table,
         Scope::Resource,
         Scope::Cluster,
+        Scope::Events,
         Scope::Snapshot,
         Scope::Dialog,
         Scope::EditProblem,

@@ -19,7 +19,7 @@ use proto::resource::v1::Resource;
 
 pub use self::cluster::{ClusterInfo, ControllersScreen, NodesScreen};
 pub use self::dialogs::{Choice, DeletePlan, Dialog, Input, InputKind};
-pub use self::events::{EVENT_TAIL, EventKind, EventLine, EventsScreen};
+pub use self::events::{EVENT_TAIL, EventKind, EventLine, EventsScreen, HEARTBEAT_TYPES};
 pub use self::resources::{DetailScreen, ResourcesScreen, Rows, SortKey, TenancyFilter};
 pub use self::snapshot::{SnapshotInfo, SnapshotPurpose, SnapshotStep, VerifyRow};
 pub use self::tree::{TreeLine, TreeScreen, owner_tree};
@@ -221,7 +221,13 @@ impl State {
     }
 
     pub fn push_event(&mut self, kind: EventKind, text: String) {
-        self.events.push(self.now, kind, text);
+        self.events.push(self.now, kind, text, false);
+    }
+
+    /// [`Self::push_event`] of a change of `gvk` (a heartbeat's is hidden by default).
+    pub fn push_change(&mut self, gvk: &str, kind: EventKind, text: String) {
+        let heartbeat = HEARTBEAT_TYPES.contains(&gvk);
+        self.events.push(self.now, kind, text, heartbeat);
     }
 
     /// Rebuilds what is derived from the data (rows, tree) if its inputs changed, and keeps

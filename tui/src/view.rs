@@ -177,7 +177,7 @@ fn render_footer(state: &State, frame: &mut Frame, area: Rect) {
     let line = if let Some(input) = &state.input {
         let prompt = match &input.kind {
             InputKind::Command => ":".to_owned(),
-            InputKind::Filter => "/".to_owned(),
+            InputKind::Filter | InputKind::EventFilter => "/".to_owned(),
             InputKind::SnapshotPath(SnapshotPurpose::Save) => "save snapshot to: ".to_owned(),
             InputKind::SnapshotPath(SnapshotPurpose::Open) => "open snapshot file: ".to_owned(),
         };
@@ -186,6 +186,9 @@ fn render_footer(state: &State, frame: &mut Frame, area: Rect) {
                 "   (a kind, group.version.Kind, or a screen; enter runs, esc cancels)"
             }
             InputKind::Filter => "   (enter keeps the filter, esc clears it)",
+            InputKind::EventFilter => {
+                "   (a type, name, reason or actor; enter keeps it, esc clears it)"
+            }
             InputKind::SnapshotPath(_) => "   (enter goes, esc cancels)",
         };
         Line::from(vec![

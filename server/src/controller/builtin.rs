@@ -245,15 +245,9 @@ impl Reconciler<InProcess> for Reaper {
                     &deleted,
                     runtime::events::EventType::Normal,
                     "Cascaded",
-                    format!(
-                        "{} was deleted: deleting {deleting} of its dependents (first {})",
-                        DisplayId(&deleted),
-                        children
-                            .first()
-                            .and_then(|child| child.id.as_ref())
-                            .map(|id| DisplayId(id).to_string())
-                            .unwrap_or_default()
-                    ),
+                    // Its dependents are not named: they may live where this event's readers
+                    // may not look.
+                    format!("deleted: deleting {deleting} of its dependents"),
                 );
             }
             self.passes().remove(&tombstone_id.uid);

@@ -121,7 +121,8 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 
     registry.register(
         Registration::new::<proto::events::v1::Event>(EVENT, Scope::Namespace)
-            .with_validate(validate_event),
+            .with_validate(validate_event)
+            .with_acls(event_acls()),
     )?;
 
     let types = registry.dynamic().clone();
@@ -166,8 +167,9 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 }
 
 /// The controllers the server runs itself: no report may claim them (DESIGN §16).
-pub(crate) const BUILTIN_CONTROLLERS: [&str; 8] = [
+pub(crate) const BUILTIN_CONTROLLERS: [&str; 9] = [
     "reaper",
+    "event-expiry",
     "admission-policies",
     "namespace",
     "replica-reports",
@@ -418,6 +420,12 @@ fn validate_event(resource: &Resource) -> Result<(), Invalid> {
             ),
         );
     }
+    if has_control(&event.message) {
+        problems.push(
+            "resource.data.message",
+            "resource.data.message holds control characters (an operator's terminal shows it)",
+        );
+    }
     if event.message.len() > MAX_EVENT_MESSAGE {
         problems.push(
             "resource.data.message",
@@ -447,6 +455,34 @@ where
 /// A report is a claim checked by the server (DESIGN §16): it may name only a controller of a
 /// type its writer may write (never a built-in controller), and only finalizers under a domain
 /// of that type's group.
+/// Writing an event needs write on `events.v1.Event` where it lives; only the server's own
+/// identities may record as a built-in controller (`controller/reaper`…).
+fn event_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)?;
+            if resource.data.is_none() || authorizer.is_server() {
+                return Ok(());
+            }
+            let event: proto::events::v1::Event =
+                decode_data(resource).map_err(AclError::PermissionDenied)?;
+            let claimed = event
+                .reporter
+                .strip_prefix("controller/")
+                .unwrap_or(&event.reporter);
+            if BUILTIN_CONTROLLERS.contains(&claimed) {
+                return Err(AclError::PermissionDenied(format!(
+                    "reporter {:?} is a controller built into the server: only the server records as it",
+                    event.reporter
+                )));
+            }
+            Ok(())
+        }),
+        ..Acls::default()
+    }
+}
+
 fn replica_acls() -> Acls {
     Acls {
         write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {

@@ -16,6 +16,8 @@ use crate::storage::{Consistency, StorageError, Version};
 
 /// Entries a page holds when the request names no limit.
 const DEFAULT_PAGE: usize = 100;
+/// Bytes a page holds at most (one entry at least).
+const MAX_PAGE_BYTES: usize = 4 << 20;
 
 /// Whether `resource` (a history entry's) is the object `id` names: its type (any version),
 /// tenancy and name.
@@ -91,7 +93,10 @@ impl ResourceService {
     }
 
     /// Refuses entries that are not `id`'s, and — when the type's read grant depends on the
-    /// object — a caller who may not read it as it last was (`newest`).
+    /// object — a caller who may not read it as it last was (`newest`). Keeps of `entries`
+    /// those the caller may read as they were stored: a grant on the version asked for does
+    /// not open another version's (DESIGN §12.3), so an entry stored in a version the caller
+    /// may not read is left out.
     fn check_entries(
         &self,
         authorizer: &dyn Authorizer,
@@ -99,8 +104,8 @@ impl ResourceService {
         id: &Id,
         needs_resource: bool,
         newest: Option<&HistoryEntry>,
-        entries: &[HistoryEntry],
-    ) -> Result<(), Error> {
+        entries: Vec<HistoryEntry>,
+    ) -> Result<Vec<HistoryEntry>, Error> {
         let not_found = || Error::NotFound(format!("no history of {}", DisplayId(id)));
         if entries
             .iter()
@@ -116,7 +121,20 @@ impl ResourceService {
             let last_id = last.id.clone().unwrap_or_default();
             (registration.acls.read)(authorizer, &last_id, Some(last))?;
         }
-        Ok(())
+        let asked = registration.resource_type.group_version.as_str();
+        Ok(entries
+            .into_iter()
+            .filter(|entry| {
+                let Some(resource) = entry.resource.as_ref() else {
+                    return false;
+                };
+                if convert::group_version_of(resource) == asked && !needs_resource {
+                    return true;
+                }
+                let stored_id = resource.id.clone().unwrap_or_default();
+                (registration.acls.read)(authorizer, &stored_id, Some(resource)).is_ok()
+            })
+            .collect())
     }
 
     pub(crate) async fn list_history(
@@ -153,26 +171,38 @@ impl ResourceService {
                 DisplayId(&id)
             )));
         }
-        let more = page.entries.len() > limit;
+        let mut more = page.entries.len() > limit;
         page.entries.truncate(limit);
-        self.check_entries(
+        // A page is bounded in bytes too (a Type may keep megabytes per object): at least one
+        // entry, then as many as fit.
+        let mut bytes = 0usize;
+        let mut fits = 0usize;
+        for entry in &page.entries {
+            bytes += prost::Message::encoded_len(entry);
+            if fits > 0 && bytes > MAX_PAGE_BYTES {
+                break;
+            }
+            fits += 1;
+        }
+        if fits < page.entries.len() {
+            page.entries.truncate(fits);
+            more = true;
+        }
+        let last = page.entries.last().map(|entry| entry.version.clone());
+        let entries = self.check_entries(
             authorizer,
             &registration,
             &id,
             needs_resource,
             newest.as_ref(),
-            &page.entries,
+            page.entries,
         )?;
-        let next_page_token = if more {
-            page.entries
-                .last()
-                .map(|entry| token_of(&entry.version))
-                .unwrap_or_default()
-        } else {
-            String::new()
+        let next_page_token = match (more, last) {
+            (true, Some(version)) => token_of(&version),
+            _ => String::new(),
         };
         Ok(ListHistoryResponse {
-            entries: page.entries,
+            entries,
             next_page_token,
         })
     }
@@ -204,14 +234,22 @@ impl ResourceService {
             .await?
             .entries
             .pop();
-        self.check_entries(
+        let mut page = page;
+        let found = page.entries.len();
+        page.entries = self.check_entries(
             authorizer,
             &registration,
             &id,
             needs_resource,
             newest.as_ref(),
-            &page.entries,
+            std::mem::take(&mut page.entries),
         )?;
+        if page.entries.len() < found {
+            return Err(Error::PermissionDenied(format!(
+                "{} was stored at version {at} in a version of its type this token may not read",
+                DisplayId(&id)
+            )));
+        }
         if newest.is_none() {
             return Err(Error::OutOfRange(format!(
                 "{} keeps no history at version {at}: its type keeps none, or its retention ended",

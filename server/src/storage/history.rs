@@ -85,6 +85,31 @@ pub fn operation_of(
     }
 }
 
+/// [`entry`] encoded straight into `buf` from a borrowed resource (what apply stores: no copy
+/// of the resource first), byte for byte as prost encodes the same `HistoryEntry`.
+pub fn encode_entry(
+    buf: &mut Vec<u8>,
+    resource: &Resource,
+    actor: &str,
+    time_ms: i64,
+    operation: history_entry::Operation,
+    version: &str,
+) {
+    use prost::encoding::{int32, message, string};
+    message::encode(1, resource, buf);
+    if !actor.is_empty() {
+        string::encode(2, &actor.to_owned(), buf);
+    }
+    message::encode(3, &timestamp(time_ms), buf);
+    let operation = operation as i32;
+    if operation != 0 {
+        int32::encode(4, &operation, buf);
+    }
+    if !version.is_empty() {
+        string::encode(5, &version.to_owned(), buf);
+    }
+}
+
 /// The entry kept for a change stored at `version`.
 pub fn entry(
     resource: Resource,
@@ -111,7 +136,9 @@ pub fn timestamp(time_ms: i64) -> prost_types::Timestamp {
 
 pub fn time_ms(entry: &HistoryEntry) -> i64 {
     entry.time.as_ref().map_or(0, |t| {
-        t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
+        t.seconds
+            .saturating_mul(1000)
+            .saturating_add(i64::from(t.nanos / 1_000_000))
     })
 }
 
@@ -133,23 +160,27 @@ pub struct Summary {
     pub bytes: u64,
     /// Some version was dropped: the oldest kept is not the object's first.
     pub dropped: bool,
+    /// When the oldest version kept was made (what its age is checked against).
+    pub oldest_ms: i64,
 }
 
 impl Summary {
-    pub fn encode(&self) -> [u8; 13] {
-        let mut out = [0; 13];
+    pub fn encode(&self) -> [u8; 21] {
+        let mut out = [0; 21];
         out[..4].copy_from_slice(&self.count.to_be_bytes());
         out[4..12].copy_from_slice(&self.bytes.to_be_bytes());
         out[12] = u8::from(self.dropped);
+        out[13..].copy_from_slice(&self.oldest_ms.to_be_bytes());
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Summary> {
-        let bytes: &[u8; 13] = bytes.try_into().ok()?;
+        let bytes: &[u8; 21] = bytes.try_into().ok()?;
         Some(Summary {
             count: u32::from_be_bytes(bytes[..4].try_into().ok()?),
             bytes: u64::from_be_bytes(bytes[4..12].try_into().ok()?),
             dropped: bytes[12] != 0,
+            oldest_ms: i64::from_be_bytes(bytes[13..].try_into().ok()?),
         })
     }
 }
@@ -303,5 +334,60 @@ pub fn keep_for(policy: &dyn HistoryPolicy, group: &str, kind: &str) -> Keep {
         time_ms: now_ms(),
         retention: policy.retention(group, kind),
         node_bytes: policy.node_bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_encoded_in_place_is_the_entry_prost_encodes() {
+        use prost::Message;
+        let mut resource = Resource {
+            version: "12".into(),
+            generation: "01J0000000000000000000000G".into(),
+            ..Default::default()
+        };
+        resource.metadata.insert("team".into(), "jazz".into());
+        for (actor, operation) in [
+            ("alice", history_entry::Operation::Write),
+            ("", history_entry::Operation::Status),
+            ("controller/reaper", history_entry::Operation::Delete),
+        ] {
+            let mut buf = Vec::new();
+            encode_entry(&mut buf, &resource, actor, -1_234, operation, "12.3");
+            let built = entry(
+                resource.clone(),
+                actor,
+                -1_234,
+                operation,
+                Version::at(12, 3),
+            );
+            assert_eq!(buf, built.encode_to_vec());
+            assert_eq!(time_ms(&built), -1_234);
+        }
+    }
+
+    #[test]
+    fn expiry_never_overflows() {
+        let keep = Keep {
+            time_ms: i64::MAX - 5,
+            retention: Retention {
+                versions: 1,
+                seconds: u64::MAX,
+                bytes: 0,
+            },
+            node_bytes: 0,
+        };
+        assert_eq!(keep.expires_ms(), i64::MAX);
+        let entry = HistoryEntry {
+            time: Some(prost_types::Timestamp {
+                seconds: i64::MAX / 1000,
+                nanos: 999_999_999,
+            }),
+            ..Default::default()
+        };
+        assert!(time_ms(&entry) > 0);
     }
 }

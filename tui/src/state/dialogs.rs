@@ -13,6 +13,8 @@ pub enum InputKind {
     Command,
     /// `/` — narrows the resource table as you type.
     Filter,
+    /// `/` on the events screen — narrows the event tail as you type.
+    EventFilter,
     /// The snapshot file to save to or open.
     SnapshotPath(SnapshotPurpose),
 }

@@ -5,18 +5,46 @@ use proto::meta;
 use proto::resource::v1::watch_event::Event;
 
 use super::Keys;
+use crate::keymap::Action;
 use crate::model::Change;
-use crate::state::{EventKind, Link, State};
+use crate::state::{EventKind, Input, InputKind, Link, State};
 
-/// The event tail: ↑ reads back in time, ↓ (or G) comes back to the live tail, esc follows it.
+/// The event tail: ↑ reads back in time, ↓ (or G) comes back to the live tail, esc follows it
+/// (and clears a filter); `/` filters as you type, `h` shows or hides heartbeats.
 pub(super) const EVENTS: Keys = Keys {
     move_by: |state, delta| {
         let scroll = state.events.scroll as isize - delta;
-        state.events.scroll = scroll.clamp(0, state.events.lines.len() as isize) as usize;
+        let shown = state.events.visible().len();
+        state.events.scroll = scroll.clamp(0, shown as isize) as usize;
     },
     open: |_| {},
-    back: |state| state.events.scroll = 0,
-    perform: |_, _, _| false,
+    back: |state| {
+        if state.events.scroll == 0 && !state.events.filter.is_empty() {
+            state.events.filter.clear();
+            state.flash("filter cleared");
+        }
+        state.events.scroll = 0;
+    },
+    perform: |state, action, _| match action {
+        Action::Filter => {
+            state.input = Some(Input {
+                kind: InputKind::EventFilter,
+                text: state.events.filter.clone(),
+            });
+            true
+        }
+        Action::Heartbeats => {
+            state.events.show_heartbeats = !state.events.show_heartbeats;
+            state.events.scroll = 0;
+            state.flash(if state.events.show_heartbeats {
+                "showing lease and report heartbeats"
+            } else {
+                "hiding lease and report heartbeats"
+            });
+            true
+        }
+        _ => false,
+    },
 };
 
 pub(super) fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
@@ -61,7 +89,7 @@ pub(super) fn on_watch(state: &mut State, gvk: &str, update: WatchUpdate) {
                 Change::Synced | Change::Nothing => return,
             };
             if let Some(text) = text {
-                state.push_event(kind, text);
+                state.push_change(gvk, kind, text);
             }
         }
         WatchUpdate::Disconnected { error, retry_in } => {

@@ -14,8 +14,10 @@ pub(super) fn on_input_key(state: &mut State, key: KeyEvent, effects: &mut Vec<E
     let control = key.modifiers.contains(KeyModifiers::CONTROL);
     match key.code {
         KeyCode::Esc => {
-            if input.kind == InputKind::Filter {
-                state.resources.filter.clear();
+            match input.kind {
+                InputKind::Filter => state.resources.filter.clear(),
+                InputKind::EventFilter => state.events.filter.clear(),
+                _ => {}
             }
             return;
         }
@@ -32,8 +34,13 @@ pub(super) fn on_input_key(state: &mut State, key: KeyEvent, effects: &mut Vec<E
         }
         _ => {}
     }
-    if input.kind == InputKind::Filter {
-        state.resources.filter = input.text.clone();
+    match input.kind {
+        InputKind::Filter => state.resources.filter = input.text.clone(),
+        InputKind::EventFilter => {
+            state.events.filter = input.text.clone();
+            state.events.scroll = 0;
+        }
+        _ => {}
     }
     state.input = Some(input);
 }
@@ -43,6 +50,9 @@ fn submit_input(state: &mut State, input: Input, effects: &mut Vec<Effect>) {
     match input.kind {
         InputKind::Filter => {
             state.resources.filter = text;
+        }
+        InputKind::EventFilter => {
+            state.events.filter = text;
         }
         InputKind::Command => run_command(state, &text),
         InputKind::SnapshotPath(purpose) => {

@@ -954,6 +954,61 @@ fn the_events_screen_scrolls_back_and_follows_again() {
     assert_eq!(state.events.scroll, 0);
 }
 
+/// Two replicas renewing leases and reporting would fill the tail: heartbeats are hidden until
+/// `h`, and `/` narrows the tail to a type, a name or a reason as you type; esc clears it.
+#[test]
+fn the_events_screen_hides_heartbeats_and_filters_as_you_type() {
+    let mut state = demo_state();
+    state.push_change(
+        "coordination.v1.Lease",
+        EventKind::Updated,
+        "lease renewed".into(),
+    );
+    state.push_change(
+        "coordination.v1.Replica",
+        EventKind::Updated,
+        "report".into(),
+    );
+    state.push_change(
+        "demo.v2.Album",
+        EventKind::Created,
+        "demo.v2.Album kind-of-blue".into(),
+    );
+    state.push_change(
+        "demo.v2.Artist",
+        EventKind::Updated,
+        "demo.v2.Artist miles".into(),
+    );
+    state.screen = Screen::Events;
+    let shown = |state: &State| {
+        state
+            .events
+            .visible()
+            .iter()
+            .map(|line| line.text.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        shown(&state),
+        vec!["demo.v2.Album kind-of-blue", "demo.v2.Artist miles"]
+    );
+    assert_eq!(state.events.hidden(), 2);
+    key(&mut state, KeyCode::Char('h'));
+    assert_eq!(shown(&state).len(), 4, "h shows the heartbeats");
+    key(&mut state, KeyCode::Char('h'));
+    keys(&mut state, "/album");
+    assert_eq!(
+        shown(&state),
+        vec!["demo.v2.Album kind-of-blue"],
+        "narrowed as you type"
+    );
+    key(&mut state, KeyCode::Enter);
+    assert_eq!(state.events.filter, "album");
+    key(&mut state, KeyCode::Esc);
+    assert!(state.events.filter.is_empty(), "esc clears the filter");
+    assert_eq!(shown(&state).len(), 2);
+}
+
 #[test]
 fn ticks_move_the_clock_and_expire_messages() {
     let mut state = demo_state();

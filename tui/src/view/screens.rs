@@ -714,6 +714,7 @@ pub(super) fn controllers(state: &State, frame: &mut Frame, area: Rect) {
 }
 
 pub(super) fn events(state: &State, frame: &mut Frame, area: Rect) {
+    let visible = state.events.visible();
     let following = if state.events.scroll == 0 {
         Span::styled("· following ", Style::default().fg(Color::Green))
     } else {
@@ -722,32 +723,44 @@ pub(super) fn events(state: &State, frame: &mut Frame, area: Rect) {
             Style::default().fg(Color::Yellow),
         )
     };
-    let block = Block::bordered().title(Line::from(vec![
-        Span::styled(
-            format!(" Events ({}) ", state.events.lines.len()),
-            title_style(),
-        ),
+    let mut title = vec![
+        Span::styled(format!(" Events ({}) ", visible.len()), title_style()),
         following,
-    ]));
-    if state.events.lines.is_empty() {
+    ];
+    if !state.events.filter.is_empty() {
+        title.push(Span::styled(
+            format!("· /{} ", state.events.filter),
+            Style::default().fg(Color::Cyan),
+        ));
+    }
+    let hidden = state.events.lines.len() - visible.len();
+    if hidden > 0 {
+        let why = if state.events.show_heartbeats {
+            "filtered out"
+        } else {
+            "hidden: heartbeats (h) or filtered"
+        };
+        title.push(Span::styled(format!("· {hidden} {why} "), dim()));
+    }
+    let block = Block::bordered().title(Line::from(title));
+    if visible.is_empty() {
+        let text = if state.events.lines.is_empty() {
+            "No changes since the dashboard started. Writes, deletes and status updates \
+             show up here as they happen."
+        } else {
+            "Nothing matches: esc clears the filter, h shows lease and report heartbeats."
+        };
         frame.render_widget(
-            Paragraph::new(
-                "No changes since the dashboard started. Writes, deletes and status updates \
-                 show up here as they happen.",
-            )
-            .block(block)
-            .wrap(Wrap { trim: false }),
+            Paragraph::new(text).block(block).wrap(Wrap { trim: false }),
             area,
         );
         return;
     }
     let height = usize::from(area.height.saturating_sub(2)).max(1);
-    let end = state.events.lines.len() - state.events.scroll.min(state.events.lines.len());
+    let end = visible.len() - state.events.scroll.min(visible.len());
     let start = end.saturating_sub(height);
-    let lines: Vec<Line> = state
-        .events
-        .lines
-        .range(start..end)
+    let lines: Vec<Line> = visible[start..end]
+        .iter()
         .map(|event| {
             let color = match event.kind {
                 EventKind::Created => Color::Green,

@@ -56,7 +56,11 @@ pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 /// differently: 1, the fence; 2, quotas kept and enforced in apply and the admission policies'
 /// domain (DESIGN §17); 3, objects' history kept and compacted by apply (DESIGN §18). Only
 /// members of the same level replicate to each other.
-pub(crate) const FENCE_HEADER: &str = "x-resd-fence";
+///
+/// Up to level 2 it was named `x-resd-fence`; it is `x-resd-apply-rules` from level 3, so as
+/// not to be taken for the API's fenced-write metadata (DESIGN §16). A peer of level 2 or less
+/// finds no header of its name on this build's calls and answers, and refuses them, as it must.
+pub(crate) const FENCE_HEADER: &str = "x-resd-apply-rules";
 
 /// The level of apply's rules this build sends and requires ([`FENCE_HEADER`]).
 const APPLY_RULES: &str = "3";

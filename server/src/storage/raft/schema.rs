@@ -664,6 +664,9 @@ pub(crate) fn state_bytes(
         dbs.meta.stat(txn)?,
         dbs.requests.stat(txn)?,
         dbs.request_order.stat(txn)?,
+        dbs.history.stat(txn)?,
+        dbs.history_expiry.stat(txn)?,
+        dbs.restore_history.stat(txn)?,
     ] {
         page_size = u64::from(stat.page_size);
         pages += (stat.branch_pages + stat.leaf_pages + stat.overflow_pages) as u64;

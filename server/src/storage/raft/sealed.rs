@@ -40,6 +40,13 @@ pub(crate) fn seal(key: &[u8], value: &[u8]) -> Vec<u8> {
     sealed
 }
 
+/// `value` sealed in place (its seal appended): no copy.
+pub(crate) fn seal_vec(key: &[u8], mut value: Vec<u8>) -> Vec<u8> {
+    let seal = sum(key, &value).to_le_bytes();
+    value.extend_from_slice(&seal);
+    value
+}
+
 /// A protobuf message encoded and sealed, in one buffer.
 pub(crate) fn seal_message(key: &[u8], message: &impl prost::Message) -> Vec<u8> {
     let mut sealed = Vec::with_capacity(message.encoded_len() + SEAL_LEN);

@@ -232,7 +232,7 @@ mod tests {
     struct Peer {
         streams: bool,
         end_after: u64,
-        /// A build that does not check fences (sends no `x-resd-fence`).
+        /// A build that does not check fences (sends no `x-resd-apply-rules` of this level).
         earlier_build: bool,
     }
 

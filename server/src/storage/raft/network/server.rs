@@ -533,8 +533,16 @@ impl RaftService for RaftGrpc {
         request: Request<pb::ForwardRequest>,
     ) -> Result<Response<pb::ForwardResponse>, Status> {
         self.caller(&ConnInfo::of(&request))?;
-        let request = codec::request_of(request.into_inner())
+        let mut request = codec::request_of(request.into_inner())
             .map_err(|error| Status::invalid_argument(error.to_string()))?;
+        // A change's history time is this node's clock, where it is proposed: a member with a
+        // clock far ahead cannot age every object's history away by forwarding writes.
+        if let Forwarded::Change(Tagged {
+            keep: Some(keep), ..
+        }) = &mut request
+        {
+            keep.time_ms = crate::storage::history::now_ms();
+        }
         let reply = match self.admit(&request).await {
             Ok(()) => self.backend.serve_forwarded(request).await,
             Err(refused) => Err(refused),

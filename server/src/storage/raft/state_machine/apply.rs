@@ -381,14 +381,16 @@ fn apply_change(
                     .as_ref()
                     .map(|id| id.uid.clone())
                     .unwrap_or_default();
-                let entry = history::entry(
-                    existing.clone(),
-                    actor,
-                    keep.time_ms,
-                    HistoryOperation::Delete,
+                super::history::record(
+                    dbs,
+                    wtxn,
+                    &uid,
                     version,
-                );
-                super::history::record(dbs, wtxn, &uid, version, &entry, keep)?;
+                    &existing,
+                    actor,
+                    HistoryOperation::Delete,
+                    keep,
+                )?;
             }
             published.push(Published::Change {
                 key: storage_key,
@@ -480,8 +482,7 @@ fn write(
             .as_ref()
             .map(|id| id.uid.clone())
             .unwrap_or_default();
-        let entry = history::entry(resource.clone(), actor, keep.time_ms, operation, version);
-        super::history::record(dbs, wtxn, &uid, version, &entry, keep)?;
+        super::history::record(dbs, wtxn, &uid, version, &resource, actor, operation, keep)?;
     }
     published.push(Published::Change {
         key: storage_key,
@@ -733,7 +734,7 @@ fn commit_restore(
     dbs.restore.clear(wtxn)?;
     dbs.meta.delete(wtxn, schema::META_RESTORE_ID)?;
     // The restored objects' history is the snapshot's.
-    super::history::commit_restore(dbs, wtxn)?;
+    super::history::commit_restore(dbs, wtxn, version)?;
     // Every restored object was stamped with this version (its size moved), and a snapshot's
     // `used` may not be its objects' anyway: each quota is counted again, in the same step.
     let mut prefix = quota::GROUP.as_bytes().to_vec();

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! history          uid 0 -> sealed Summary (count, bytes, dropped)
-//!                  uid 0 version (12 bytes) -> sealed [expires_ms: 8][HistoryEntry]
+//!                  uid 0 version (12 bytes) -> sealed [expires_ms: 8][time_ms: 8][HistoryEntry]
 //! history_expiry   expires_ms (8, sign-flipped) version (12) uid -> () (soonest to expire first)
 //! restore_history  a restore's staged entries, keyed as in `history` (no summaries)
 //! meta             "history/bytes" -> u64: the bytes every kept entry holds
@@ -26,6 +26,8 @@ type RoTxn<'t> = heed::RoTxn<'t, heed::WithoutTls>;
 const META_BYTES: &str = "history/bytes";
 const VERSION_LEN: usize = 12;
 const EXPIRES_LEN: usize = 8;
+/// An entry's value starts with its expiry and its time (read without decoding the entry).
+const HEADER_LEN: usize = 16;
 
 fn summary_key(uid: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(uid.len() + 1 + VERSION_LEN);
@@ -90,88 +92,129 @@ fn put_summary(dbs: &SmDbs, wtxn: &mut Txn<'_>, uid: &str, summary: Summary) -> 
         .put(wtxn, &key, &sealed::seal(&key, &summary.encode()))
 }
 
-/// The stored value of an entry: its expiry, then the entry.
-fn encode_value(key: &[u8], expires_ms: i64, entry: &HistoryEntry) -> Vec<u8> {
-    let mut value = Vec::with_capacity(EXPIRES_LEN + entry.encoded_len());
+/// The stored value of an entry: its expiry and time, then the entry (encoded by `body`).
+fn encode_value(
+    key: &[u8],
+    expires_ms: i64,
+    time_ms: i64,
+    capacity: usize,
+    body: impl FnOnce(&mut Vec<u8>),
+) -> Vec<u8> {
+    let mut value = Vec::with_capacity(HEADER_LEN + capacity + sealed::SEAL_LEN);
     value.extend_from_slice(&order_ms(expires_ms));
-    entry
-        .encode(&mut value)
-        .unwrap_or_else(|_| unreachable!("a Vec grows to hold any message"));
-    sealed::seal(key, &value)
+    value.extend_from_slice(&time_ms.to_be_bytes());
+    body(&mut value);
+    sealed::seal_vec(key, value)
 }
 
-/// Keeps `entry` (the change at `version` of the object `uid`) as `keep` says, then compacts:
-/// the object's history to its retention, the node's to its bytes and what expired (a bounded
-/// number per change).
+/// The expiry and time of a stored value's header.
+fn header_of(value: &[u8]) -> Option<(i64, i64)> {
+    let header = value.get(..HEADER_LEN)?;
+    let time: [u8; 8] = header[EXPIRES_LEN..].try_into().ok()?;
+    Some((ms_of(&header[..EXPIRES_LEN]), i64::from_be_bytes(time)))
+}
+
+/// An object's oldest entry kept: its key, stored size, expiry and time.
+type Oldest = (Vec<u8>, u64, i64, i64);
+
+/// The oldest entry kept of the object whose keys start with `prefix`.
+fn oldest_of(dbs: &SmDbs, txn: &RoTxn<'_>, prefix: &[u8]) -> heed::Result<Option<Oldest>> {
+    let range = (Bound::Excluded(prefix), Bound::Unbounded);
+    let mut iter = dbs.history.range(txn, &range)?;
+    match iter.next().transpose()? {
+        Some((found, stored)) if found.starts_with(prefix) => {
+            let value = sealed::open(found, stored).map_err(damaged)?;
+            let (expires, time) = header_of(value)
+                .ok_or_else(|| damaged("a history entry shorter than its header"))?;
+            Ok(Some((found.to_vec(), stored.len() as u64, expires, time)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Keeps the change at `version` of the object `uid` (`resource` as stored then, or for a
+/// deletion as it last was) as `keep` says, then compacts: the object's history to its
+/// retention, the node's to its bytes and what expired (a bounded number per change).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn record(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
     uid: &str,
     version: Version,
-    entry: &HistoryEntry,
+    resource: &proto::resource::v1::Resource,
+    actor: &str,
+    operation: proto::resource::v1::history_entry::Operation,
     keep: Keep,
 ) -> heed::Result<()> {
-    if keep.retention.is_off() || !keepable(uid) {
-        return sweep(dbs, wtxn, keep.time_ms, keep.node_bytes);
-    }
-    let key = entry_key(uid, version);
-    let expires_ms = keep.expires_ms();
-    let value = encode_value(&key, expires_ms, entry);
-    let size = value.len() as u64;
-    dbs.history.put(wtxn, &key, &value)?;
-    dbs.history_expiry
-        .put(wtxn, &expiry_key(expires_ms, version, uid), &[])?;
-    let mut summary = summary(dbs, wtxn, uid)?;
-    summary.count += 1;
-    summary.bytes += size;
-    let mut total = total(dbs, wtxn)? + size;
-    // The object's own retention: its oldest versions go first.
-    let prefix = summary_key(uid);
-    loop {
-        let oldest = {
-            let range = (Bound::Excluded(prefix.as_slice()), Bound::Unbounded);
-            let mut iter = dbs.history.range(wtxn, &range)?;
-            match iter.next().transpose()? {
-                Some((found, stored)) if found.starts_with(&prefix) => {
-                    let value = sealed::open(found, stored).map_err(damaged)?;
-                    let entry = HistoryEntry::decode(value.get(EXPIRES_LEN..).unwrap_or_default())
-                        .map_err(damaged)?;
-                    Some((
-                        found.to_vec(),
-                        history::time_ms(&entry),
-                        stored.len() as u64,
-                        ms_of(&value[..EXPIRES_LEN.min(value.len())]),
-                    ))
-                }
-                _ => None,
-            }
-        };
-        let Some((oldest_key, oldest_time, oldest_size, oldest_expires)) = oldest else {
-            break;
-        };
-        if !history::drop_oldest(summary, keep.retention, keep.time_ms, oldest_time) {
-            break;
-        }
-        dbs.history.delete(wtxn, &oldest_key)?;
-        let oldest_version =
-            schema::decode_revision(&oldest_key[prefix.len()..]).unwrap_or_default();
+    let mut total = total(dbs, wtxn)?;
+    let before = total;
+    if !keep.retention.is_off() && keepable(uid) {
+        let key = entry_key(uid, version);
+        let expires_ms = keep.expires_ms();
+        let value = encode_value(
+            &key,
+            expires_ms,
+            keep.time_ms,
+            resource.encoded_len() + actor.len() + 48,
+            |buf| {
+                history::encode_entry(
+                    buf,
+                    resource,
+                    actor,
+                    keep.time_ms,
+                    operation,
+                    &version.to_string(),
+                );
+            },
+        );
+        let size = value.len() as u64;
+        dbs.history.put(wtxn, &key, &value)?;
         dbs.history_expiry
-            .delete(wtxn, &expiry_key(oldest_expires, oldest_version, uid))?;
-        summary.count -= 1;
-        summary.bytes = summary.bytes.saturating_sub(oldest_size);
-        summary.dropped = true;
-        total = total.saturating_sub(oldest_size);
+            .put(wtxn, &expiry_key(expires_ms, version, uid), &[])?;
+        let mut summary = summary(dbs, wtxn, uid)?;
+        if summary.count == 0 {
+            summary.oldest_ms = keep.time_ms;
+        }
+        summary.count += 1;
+        summary.bytes += size;
+        total += size;
+        // The object's own retention: its oldest versions go first.
+        let prefix = summary_key(uid);
+        while history::drop_oldest(summary, keep.retention, keep.time_ms, summary.oldest_ms) {
+            let Some((oldest_key, oldest_size, oldest_expires, _)) = oldest_of(dbs, wtxn, &prefix)?
+            else {
+                break;
+            };
+            dbs.history.delete(wtxn, &oldest_key)?;
+            let oldest_version =
+                schema::decode_revision(&oldest_key[prefix.len()..]).unwrap_or_default();
+            dbs.history_expiry
+                .delete(wtxn, &expiry_key(oldest_expires, oldest_version, uid))?;
+            summary.count -= 1;
+            summary.bytes = summary.bytes.saturating_sub(oldest_size);
+            summary.dropped = true;
+            total = total.saturating_sub(oldest_size);
+            summary.oldest_ms = oldest_of(dbs, wtxn, &prefix)?.map_or(keep.time_ms, |o| o.3);
+        }
+        put_summary(dbs, wtxn, uid, summary)?;
     }
-    put_summary(dbs, wtxn, uid, summary)?;
-    put_meta(dbs, wtxn, META_BYTES, &total.to_be_bytes())?;
-    sweep(dbs, wtxn, keep.time_ms, keep.node_bytes)
+    total = sweep(dbs, wtxn, keep.time_ms, keep.node_bytes, total)?;
+    if total != before {
+        put_meta(dbs, wtxn, META_BYTES, &total.to_be_bytes())?;
+    }
+    Ok(())
 }
 
 /// Drops what expired by `now_ms`, and the soonest to expire while the node keeps more than
-/// `node_bytes`: at most [`history::MAX_EXPIRED_PER_CHANGE`] entries.
-fn sweep(dbs: &SmDbs, wtxn: &mut Txn<'_>, now_ms: i64, node_bytes: u64) -> heed::Result<()> {
-    let mut total = total(dbs, wtxn)?;
-    let before = total;
+/// `node_bytes`: at most [`history::MAX_EXPIRED_PER_CHANGE`] entries. `total`: the node's
+/// history bytes; returns them after.
+fn sweep(
+    dbs: &SmDbs,
+    wtxn: &mut Txn<'_>,
+    now_ms: i64,
+    node_bytes: u64,
+    mut total: u64,
+) -> heed::Result<u64> {
     for _ in 0..history::MAX_EXPIRED_PER_CHANGE {
         let head = match dbs.history_expiry.first(wtxn)? {
             Some((key, _)) => key.to_vec(),
@@ -200,14 +243,14 @@ fn sweep(dbs: &SmDbs, wtxn: &mut Txn<'_>, now_ms: i64, node_bytes: u64) -> heed:
             summary.count = summary.count.saturating_sub(1);
             summary.bytes = summary.bytes.saturating_sub(size);
             summary.dropped = true;
+            if let Some((_, _, _, oldest)) = oldest_of(dbs, wtxn, &summary_key(&uid))? {
+                summary.oldest_ms = oldest;
+            }
             put_summary(dbs, wtxn, &uid, summary)?;
             total = total.saturating_sub(size);
         }
     }
-    if total != before {
-        put_meta(dbs, wtxn, META_BYTES, &total.to_be_bytes())?;
-    }
-    Ok(())
+    Ok(total)
 }
 
 /// At most `limit` entries of `uid`'s history older than `before` (none: from the newest).
@@ -246,9 +289,10 @@ pub(super) fn page(
         let (key, stored) = item.map_err(internal)?;
         let value = sealed::open(key, stored)
             .map_err(|damage| StorageError::Damaged(damage.to_string()))?;
-        let entry = HistoryEntry::decode(value.get(EXPIRES_LEN..).unwrap_or_default()).map_err(
-            |error| StorageError::Internal(format!("a history entry does not decode: {error}")),
-        )?;
+        let entry =
+            HistoryEntry::decode(value.get(HEADER_LEN..).unwrap_or_default()).map_err(|error| {
+                StorageError::Internal(format!("a history entry does not decode: {error}"))
+            })?;
         entries.push(entry);
     }
     let oldest = {
@@ -268,7 +312,7 @@ pub(super) fn page(
     })
 }
 
-/// Stages a restore's history entries.
+/// Stages a restore's history entries (keyed by the snapshot's versions until the commit).
 pub(super) fn stage(
     dbs: &SmDbs,
     wtxn: &mut Txn<'_>,
@@ -290,17 +334,30 @@ pub(super) fn stage(
             continue;
         }
         let key = entry_key(uid, version);
-        dbs.restore_history
-            .put(wtxn, &key, &encode_value(&key, *expires_ms, entry))?;
+        let value = encode_value(
+            &key,
+            *expires_ms,
+            history::time_ms(entry),
+            entry.encoded_len(),
+            |buf| {
+                let _ = entry.encode(buf);
+            },
+        );
+        dbs.restore_history.put(wtxn, &key, &value)?;
     }
     Ok(())
 }
 
 /// Replaces every history with a restore's staged one: the entries, their expiry, each
-/// object's summary and the node's total.
-pub(super) fn commit_restore(dbs: &SmDbs, wtxn: &mut Txn<'_>) -> heed::Result<()> {
+/// object's summary and the node's total. The restored objects are stamped with the commit's
+/// version, so their history is numbered again just below it, in its order (`commit.index - 1`,
+/// positions counting up): a restore into a cluster whose log is shorter than the snapshot's
+/// keeps every restored version older than every version written after it.
+pub(super) fn commit_restore(dbs: &SmDbs, wtxn: &mut Txn<'_>, commit: Version) -> heed::Result<()> {
     dbs.history.clear(wtxn)?;
     dbs.history_expiry.clear(wtxn)?;
+    let below = commit.index.saturating_sub(1);
+    let mut position: u32 = 0;
     let mut total = 0u64;
     let mut after: Option<Vec<u8>> = None;
     let mut current: Option<(String, Summary)> = None;
@@ -320,17 +377,30 @@ pub(super) fn commit_restore(dbs: &SmDbs, wtxn: &mut Txn<'_>) -> heed::Result<()
         after = Some(last.clone());
         for (key, stored) in chunk {
             let value = sealed::open(&key, &stored).map_err(damaged)?;
-            if key.len() < VERSION_LEN + 1 || value.len() < EXPIRES_LEN {
+            let (Some((expires_ms, time_ms)), true) =
+                (header_of(value), key.len() > VERSION_LEN + 1)
+            else {
                 continue;
-            }
+            };
+            let Ok(mut entry) = HistoryEntry::decode(&value[HEADER_LEN..]) else {
+                continue;
+            };
             let uid = String::from_utf8_lossy(&key[..key.len() - VERSION_LEN - 1]).into_owned();
-            let version =
-                schema::decode_revision(&key[key.len() - VERSION_LEN..]).unwrap_or_default();
-            let expires_ms = ms_of(&value[..EXPIRES_LEN]);
-            dbs.history.put(wtxn, &key, &stored)?;
+            let version = Version::at(below, position);
+            position = position.saturating_add(1);
+            entry.version = version.to_string();
+            if let Some(resource) = entry.resource.as_mut() {
+                resource.version = version.to_string();
+            }
+            let new_key = entry_key(&uid, version);
+            let renumbered =
+                encode_value(&new_key, expires_ms, time_ms, entry.encoded_len(), |buf| {
+                    let _ = entry.encode(buf);
+                });
+            dbs.history.put(wtxn, &new_key, &renumbered)?;
             dbs.history_expiry
                 .put(wtxn, &expiry_key(expires_ms, version, &uid), &[])?;
-            let size = stored.len() as u64;
+            let size = renumbered.len() as u64;
             total += size;
             match &mut current {
                 Some((at, summary)) if *at == uid => {
@@ -348,6 +418,7 @@ pub(super) fn commit_restore(dbs: &SmDbs, wtxn: &mut Txn<'_>) -> heed::Result<()
                             bytes: size,
                             // The snapshot's history may have been compacted: never assumed whole.
                             dropped: true,
+                            oldest_ms: time_ms,
                         },
                     ));
                 }
@@ -376,10 +447,10 @@ pub(super) fn each(
         }
         let value = sealed::open(key, stored)
             .map_err(|damage| StorageError::Damaged(damage.to_string()))?;
-        if value.len() < EXPIRES_LEN {
+        if value.len() < HEADER_LEN {
             continue;
         }
-        let entry = HistoryEntry::decode(&value[EXPIRES_LEN..]).map_err(|error| {
+        let entry = HistoryEntry::decode(&value[HEADER_LEN..]).map_err(|error| {
             StorageError::Internal(format!("a history entry does not decode: {error}"))
         })?;
         visit(entry, ms_of(&value[..EXPIRES_LEN]))?;
