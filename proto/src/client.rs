@@ -6,6 +6,7 @@
 pub mod contexts;
 pub mod describe;
 pub mod edit;
+pub mod history;
 pub mod placement;
 pub mod snapshot_file;
 mod watcher;

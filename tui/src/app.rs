@@ -56,6 +56,8 @@ pub enum TuiError {
 /// Most messages applied before the next frame is drawn (a burst of watch events is applied
 /// in batches, one sort and one frame per batch).
 const BATCH: usize = 4_096;
+/// Versions of a resource's history the detail screen reads (newest first).
+const HISTORY_SHOWN: usize = 200;
 
 /// Runs the dashboard until the user quits.
 pub async fn run(client: Client, options: Options) -> Result<(), TuiError> {
@@ -249,6 +251,17 @@ impl Tasks {
                         finalizers,
                         result,
                     });
+                });
+            }
+            Effect::History { at, id } => {
+                let client = self.client.clone();
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let result = client
+                        .history(&id, HISTORY_SHOWN)
+                        .await
+                        .map_err(|error| error.to_string());
+                    let _ = tx.send(Msg::History { at, result });
                 });
             }
             Effect::TransferLeader(node) => {

@@ -37,6 +37,10 @@ pub enum Action {
     TransferLeader,
     /// The events screen: show or hide lease and report heartbeats.
     Heartbeats,
+    /// The detail screen: show or hide the resource's history.
+    History,
+    /// The detail screen's history pane: blame instead of a version's changes.
+    Blame,
     /// Dialogs: switch between Cancel and the action.
     Toggle,
     /// Dialogs: do it (the same as choosing the action and pressing enter).
@@ -67,6 +71,8 @@ pub enum Scope {
     Cluster,
     /// The events screen.
     Events,
+    /// The detail screen.
+    Detail,
     Snapshot,
     /// Confirmation dialogs.
     Dialog,
@@ -88,6 +94,7 @@ impl Scope {
             Scope::Table => "Resource table",
             Scope::Cluster => "Cluster",
             Scope::Events => "Events",
+            Scope::Detail => "Detail",
             Scope::Snapshot => "Snapshot",
             Scope::Dialog => "Dialogs",
             Scope::EditProblem => "After an edit that did not save",
@@ -105,6 +112,7 @@ impl Scope {
             Scope::Table => screen == Screen::Resources,
             Scope::Cluster => screen == Screen::Cluster,
             Scope::Events => screen == Screen::Events,
+            Scope::Detail => screen == Screen::Detail,
             Scope::Snapshot => screen == Screen::Snapshot,
             Scope::Dialog | Scope::EditProblem | Scope::Info | Scope::Stuck => false,
         }
@@ -306,6 +314,20 @@ pub const KEYMAP: &[Binding] = &[
         "filter the events as you type: a type, a name, a reason, an actor",
     ),
     key(
+        Char('v'),
+        "v",
+        S::Detail,
+        A::History,
+        "the resource's history beside it: versions, who, when; ↑↓ pick one to see its changes",
+    ),
+    key(
+        Char('b'),
+        "b",
+        S::Detail,
+        A::Blame,
+        "blame: each field with the version and actor that last changed it",
+    ),
+    key(
         Char('h'),
         "h",
         S::Events,
@@ -450,6 +472,7 @@ pub fn lookup(event: &KeyEvent, scopes: &[Scope]) -> Option<Action> {
 pub fn screen_scopes(screen: Screen) -> Vec<Scope> {
     [
         Scope::Snapshot,
+        Scope::Detail,
         Scope::Resource,
         Scope::Table,
         Scope::Cluster,
@@ -472,6 +495,7 @@ pub fn help_sections() -> Vec<(&'static str, Vec<(String, &'static str)>)> {
         Scope::Resource,
         Scope::Cluster,
         Scope::Events,
+        Scope::Detail,
         Scope::Snapshot,
         Scope::Dialog,
         Scope::EditProblem,

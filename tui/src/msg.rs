@@ -69,6 +69,11 @@ pub enum Msg {
     Snapshot(SnapshotMsg),
     /// A leadership transfer ended: the new leader, or why not.
     Transferred(Result<u64, String>),
+    /// The history of the resource `at` (newest first), or why it could not be read.
+    History {
+        at: crate::model::ResRef,
+        result: Result<Vec<proto::resource::v1::HistoryEntry>, String>,
+    },
 }
 
 /// Work for the runtime.
@@ -96,4 +101,9 @@ pub enum Effect {
     SnapshotCancel,
     /// Make `node` the leader.
     TransferLeader(u64),
+    /// Read the history of the resource `at` (whose id is `id`).
+    History {
+        at: crate::model::ResRef,
+        id: Id,
+    },
 }

@@ -20,7 +20,9 @@ use proto::resource::v1::Resource;
 pub use self::cluster::{ClusterInfo, ControllersScreen, NodesScreen};
 pub use self::dialogs::{Choice, DeletePlan, Dialog, Input, InputKind};
 pub use self::events::{EVENT_TAIL, EventKind, EventLine, EventsScreen, HEARTBEAT_TYPES};
-pub use self::resources::{DetailScreen, ResourcesScreen, Rows, SortKey, TenancyFilter};
+pub use self::resources::{
+    DetailScreen, HistoryPane, ResourcesScreen, Rows, SortKey, TenancyFilter,
+};
 pub use self::snapshot::{SnapshotInfo, SnapshotPurpose, SnapshotStep, VerifyRow};
 pub use self::tree::{TreeLine, TreeScreen, owner_tree};
 use crate::model::{ResRef, Store};

@@ -171,6 +171,14 @@ pub fn update(state: &mut State, msg: Msg) -> Vec<Effect> {
             Ok(leader) => state.flash(format!("node {leader} leads now")),
             Err(error) => state.flash_error(format!("leadership did not move: {error}")),
         },
+        Msg::History { at, result } => {
+            if state.detail.at.as_ref() == Some(&at)
+                && let Some(pane) = state.detail.history.as_mut()
+            {
+                pane.selected = 0;
+                pane.entries = Some(result);
+            }
+        }
     }
     effects
 }

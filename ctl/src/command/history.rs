@@ -3,11 +3,11 @@
 //! (two versions as a unified diff, rendered as `diff -f` renders), `resctl blame TYPE NAME`
 //! (each field with the version and actor that last changed it) and `resctl get --at V`.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 
 use anyhow::Context as _;
 use proto::client::describe;
+use proto::client::history::{blame, changed, leaves, operation_name, time_of};
 use proto::codec::Codec;
 use proto::resource::v1::{HistoryEntry, Id, Resource, history_entry};
 use serde::Serialize;
@@ -41,78 +41,6 @@ async fn entries_of(session: &Session, id: &Id) -> anyhow::Result<Vec<HistoryEnt
         .with_context(|| format!("cannot read the history of {}", describe::id_label(id)))
 }
 
-fn operation_name(entry: &HistoryEntry) -> &'static str {
-    match history_entry::Operation::try_from(entry.operation) {
-        Ok(history_entry::Operation::Write) => "write",
-        Ok(history_entry::Operation::Status) => "status",
-        Ok(history_entry::Operation::Delete) => "delete",
-        _ => "?",
-    }
-}
-
-fn time_of(entry: &HistoryEntry) -> String {
-    entry
-        .time
-        .as_ref()
-        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
-/// What a blame or a change list compares: the object's data, metadata, owner and statuses,
-/// as leaf paths (`data.title`, `metadata.team`, `status.demo.conditions[0].state`).
-fn leaves(codec: &Codec, resource: &Resource) -> anyhow::Result<BTreeMap<String, Value>> {
-    let value = codec.to_value(resource)?;
-    let mut out = BTreeMap::new();
-    if let Value::Object(fields) = value {
-        for key in ["owner", "metadata", "data", "status"] {
-            if let Some(field) = fields.get(key) {
-                flatten(key, field, &mut out);
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn flatten(path: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
-    match value {
-        Value::Object(fields) if !fields.is_empty() => {
-            for (key, field) in fields {
-                flatten(&format!("{path}.{key}"), field, out);
-            }
-        }
-        Value::Array(items) if !items.is_empty() => {
-            for (index, item) in items.iter().enumerate() {
-                flatten(&format!("{path}[{index}]"), item, out);
-            }
-        }
-        Value::Null => {}
-        other => {
-            out.insert(path.to_owned(), other.clone());
-        }
-    }
-}
-
-/// The paths whose value differs between two versions (added, changed or removed).
-fn changed(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>) -> Vec<String> {
-    let mut paths: Vec<String> = after
-        .iter()
-        .filter(|(path, value)| before.get(*path) != Some(value))
-        .map(|(path, _)| path.clone())
-        .chain(
-            before
-                .keys()
-                .filter(|path| !after.contains_key(*path))
-                .cloned(),
-        )
-        .collect();
-    paths.sort();
-    paths
-}
-
 fn summary(paths: &[String]) -> String {
     const SHOWN: usize = 3;
     let mut text = paths
@@ -144,7 +72,7 @@ pub struct Row {
 pub fn rows(codec: &Codec, entries: &[HistoryEntry]) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::with_capacity(entries.len());
     // Oldest first to compare each with the one before.
-    let mut previous: Option<BTreeMap<String, Value>> = None;
+    let mut previous: Option<std::collections::BTreeMap<String, Value>> = None;
     for entry in entries.iter().rev() {
         let resource = entry.resource.clone().unwrap_or_default();
         let now = leaves(codec, &resource)?;
@@ -231,47 +159,6 @@ fn with_resources(codec: &Codec, rows: &[Row]) -> anyhow::Result<Vec<Value>> {
             Ok(value)
         })
         .collect()
-}
-
-/// One field of `resctl blame`.
-#[derive(Debug, Serialize)]
-pub struct Blamed {
-    pub field: String,
-    pub value: Value,
-    pub version: String,
-    pub actor: String,
-    pub time: String,
-}
-
-/// Each field of the newest version kept with the version and actor that last changed it
-/// (fields unchanged since the oldest version kept are that version's).
-pub fn blame(codec: &Codec, entries: &[HistoryEntry]) -> anyhow::Result<Vec<Blamed>> {
-    let mut fields: BTreeMap<String, Blamed> = BTreeMap::new();
-    for entry in entries.iter().rev() {
-        if entry.operation == history_entry::Operation::Delete as i32 {
-            continue;
-        }
-        let now = leaves(codec, &entry.resource.clone().unwrap_or_default())?;
-        fields.retain(|path, _| now.contains_key(path));
-        for (path, value) in now {
-            let unchanged = fields
-                .get(&path)
-                .is_some_and(|blamed| blamed.value == value);
-            if !unchanged {
-                fields.insert(
-                    path.clone(),
-                    Blamed {
-                        field: path,
-                        value,
-                        version: entry.version.clone(),
-                        actor: entry.actor.clone(),
-                        time: time_of(entry),
-                    },
-                );
-            }
-        }
-    }
-    Ok(fields.into_values().collect())
 }
 
 /// `resctl blame TYPE NAME`.
@@ -430,46 +317,14 @@ async fn read_version(
 mod tests {
     use super::*;
 
-    fn leaf(pairs: &[(&str, Value)]) -> BTreeMap<String, Value> {
-        pairs
-            .iter()
-            .map(|(path, value)| ((*path).to_owned(), value.clone()))
-            .collect()
-    }
-
     #[test]
-    fn changes_name_every_path_added_changed_or_removed() {
-        let before = leaf(&[
-            ("data.title", Value::from("a")),
-            ("metadata.team", Value::from("x")),
-        ]);
-        let after = leaf(&[
-            ("data.title", Value::from("b")),
-            ("data.year", Value::from(1959)),
-        ]);
-        assert_eq!(
-            changed(&before, &after),
-            vec!["data.title", "data.year", "metadata.team"]
-        );
-        assert_eq!(
-            summary(&changed(&before, &after)),
-            "data.title, data.year, metadata.team"
-        );
+    fn a_change_list_names_three_paths_then_counts_the_rest() {
+        let paths: Vec<String> = ["data.a", "data.b"]
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect();
+        assert_eq!(summary(&paths), "data.a, data.b");
         let many: Vec<String> = (0..5).map(|n| format!("data.f{n}")).collect();
         assert_eq!(summary(&many), "data.f0, data.f1, data.f2 (+2 more)");
-    }
-
-    #[test]
-    fn nested_values_flatten_to_their_paths() {
-        let mut out = BTreeMap::new();
-        flatten(
-            "data",
-            &serde_json::json!({"a": {"b": 1}, "list": [1, {"c": "x"}], "none": null}),
-            &mut out,
-        );
-        assert_eq!(
-            out.keys().cloned().collect::<Vec<_>>(),
-            vec!["data.a.b", "data.list[0]", "data.list[1].c"]
-        );
     }
 }

@@ -451,6 +451,20 @@ pub struct DetailScreen {
     /// The resource Detail shows.
     pub at: Option<ResRef>,
     pub scroll: u16,
+    /// `v`: its history beside it (DESIGN §18), read when opened.
+    pub history: Option<HistoryPane>,
+}
+
+/// The detail screen's history pane: the versions kept, the one selected (its changes shown),
+/// or with `b` the blame of every field.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryPane {
+    /// Newest first; `None` while it is read.
+    pub entries: Option<Result<Vec<proto::resource::v1::HistoryEntry>, String>>,
+    /// The version selected (an index into `entries`).
+    pub selected: usize,
+    /// Blame instead of the selected version's changes.
+    pub blame: bool,
 }
 
 /// A string's first 16 bytes as a number that sorts as the string does (shorter strings are

@@ -81,13 +81,60 @@ pub(super) const TABLE: Keys = Keys {
 
 pub(super) const DETAIL: Keys = Keys {
     move_by: |state, delta| {
+        // With the history open, ↑↓ pick a version (↑ newer); otherwise they scroll.
+        if let Some(pane) = state.detail.history.as_mut()
+            && let Some(Ok(entries)) = &pane.entries
+            && !pane.blame
+        {
+            let last = entries.len().saturating_sub(1) as isize;
+            pane.selected = (pane.selected as isize + delta).clamp(0, last) as usize;
+            return;
+        }
         let scroll = (i64::from(state.detail.scroll) + delta as i64).clamp(0, 10_000);
         state.detail.scroll = scroll as u16;
     },
     open: |_| {},
-    back: go_back,
-    perform: on_focused,
+    back: |state| {
+        if state.detail.history.take().is_none() {
+            go_back(state);
+        }
+    },
+    perform: |state, action, effects| match action {
+        Action::History => {
+            toggle_history(state, effects);
+            true
+        }
+        Action::Blame => {
+            if state.detail.history.is_none() {
+                toggle_history(state, effects);
+            }
+            if let Some(pane) = state.detail.history.as_mut() {
+                pane.blame = !pane.blame;
+            }
+            true
+        }
+        other => on_focused(state, other, effects),
+    },
 };
+
+/// Opens the detail's history pane (reading the history) or closes it.
+fn toggle_history(state: &mut State, effects: &mut Vec<Effect>) {
+    if state.detail.history.take().is_some() {
+        return;
+    }
+    let Some(at) = state.detail.at.clone() else {
+        return;
+    };
+    let Some(id) = state.store.resource(&at).and_then(|r| r.id.clone()) else {
+        state.flash_error(format!(
+            "{} is gone: no history to show",
+            state.label_of(&at)
+        ));
+        return;
+    };
+    state.detail.history = Some(crate::state::HistoryPane::default());
+    effects.push(Effect::History { at, id });
+}
 
 pub(super) const TREE: Keys = Keys {
     move_by: |state, delta| {
@@ -108,6 +155,7 @@ fn open_detail(state: &mut State) {
         state.back.push(state.screen);
         state.detail.at = Some(at);
         state.detail.scroll = 0;
+        state.detail.history = None;
         state.screen = Screen::Detail;
     }
 }

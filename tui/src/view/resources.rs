@@ -484,11 +484,165 @@ pub(super) fn detail(state: &State, frame: &mut Frame, area: Rect) {
         return;
     };
     let lines = detail_lines(state, at);
-    let title = format!(" {} · ↑↓ scroll · esc back ", state.label_of(at));
+    let (area, pane_area) = match &state.detail.history {
+        Some(_) => {
+            let [left, right] = ratatui::layout::Layout::horizontal([
+                Constraint::Percentage(50),
+                Constraint::Percentage(50),
+            ])
+            .areas(area);
+            (left, Some(right))
+        }
+        None => (area, None),
+    };
+    let title = if pane_area.is_some() {
+        format!(" {} · esc closes the history ", state.label_of(at))
+    } else {
+        format!(
+            " {} · ↑↓ scroll · v history · b blame · esc back ",
+            state.label_of(at)
+        )
+    };
     frame.render_widget(
         Paragraph::new(Text::from(lines))
             .block(Block::bordered().title(Span::styled(title, title_style())))
             .scroll((state.detail.scroll, 0)),
+        area,
+    );
+    if let (Some(pane), Some(pane_area)) = (&state.detail.history, pane_area) {
+        history_pane(state, pane, frame, pane_area);
+    }
+}
+
+/// The versions kept (the selected one marked) over what it changed, or the blame.
+fn history_pane(state: &State, pane: &crate::state::HistoryPane, frame: &mut Frame, area: Rect) {
+    use proto::client::history;
+    let title = if pane.blame {
+        " Blame · b versions · esc close "
+    } else {
+        " History · ↑↓ version · b blame · esc close "
+    };
+    let block = Block::bordered().title(Span::styled(title, title_style()));
+    let entries = match &pane.entries {
+        None => {
+            frame.render_widget(Paragraph::new("reading the history…").block(block), area);
+            return;
+        }
+        Some(Err(error)) => {
+            frame.render_widget(
+                Paragraph::new(format!("cannot read the history: {error}"))
+                    .block(block)
+                    .wrap(Wrap { trim: false }),
+                area,
+            );
+            return;
+        }
+        Some(Ok(entries)) if entries.is_empty() => {
+            frame.render_widget(
+                Paragraph::new("No history kept (its type keeps none, or its retention ended).")
+                    .block(block)
+                    .wrap(Wrap { trim: false }),
+                area,
+            );
+            return;
+        }
+        Some(Ok(entries)) => entries,
+    };
+    let Some(codec) = state.codec.as_ref() else {
+        frame.render_widget(Paragraph::new("waiting for the types…").block(block), area);
+        return;
+    };
+    let mut lines: Vec<Line> = Vec::new();
+    if pane.blame {
+        match history::blame(codec, entries) {
+            Ok(blamed) => {
+                for field in blamed {
+                    lines.push(Line::from(vec![
+                        Span::styled(
+                            format!("{:<8} ", field.version),
+                            Style::default().fg(Color::Cyan),
+                        ),
+                        Span::styled(format!("{:<20} ", field.actor), dim()),
+                        Span::raw(format!("{}: {}", field.field, history::text(&field.value))),
+                    ]));
+                }
+            }
+            Err(error) => lines.push(Line::from(format!("cannot decode a version: {error}"))),
+        }
+        frame.render_widget(
+            Paragraph::new(Text::from(lines))
+                .block(block)
+                .wrap(Wrap { trim: false }),
+            area,
+        );
+        return;
+    }
+    // The versions: a window around the selected one.
+    let list_height = usize::from(area.height.saturating_sub(2) / 2).max(3);
+    let start = pane.selected.saturating_sub(list_height / 2);
+    for (index, entry) in entries.iter().enumerate().skip(start).take(list_height) {
+        let marker = if index == pane.selected { "▶ " } else { "  " };
+        let style = if index == pane.selected {
+            selected_style()
+        } else {
+            Style::default()
+        };
+        lines.push(Line::from(vec![
+            Span::raw(marker),
+            Span::styled(
+                format!(
+                    "{:<8} {:<7} {:<22} {}",
+                    entry.version,
+                    history::operation_name(entry),
+                    entry.actor,
+                    history::time_of(entry)
+                ),
+                style,
+            ),
+        ]));
+    }
+    lines.push(Line::from(Span::styled(
+        "─".repeat(usize::from(area.width.saturating_sub(2))),
+        dim(),
+    )));
+    let selected = &entries[pane.selected.min(entries.len() - 1)];
+    let leaves = |entry: &proto::resource::v1::HistoryEntry| {
+        history::leaves(codec, &entry.resource.clone().unwrap_or_default())
+    };
+    match (leaves(selected), entries.get(pane.selected + 1)) {
+        (Ok(_), _) if history::operation_name(selected) == "delete" => {
+            lines.push(Line::from(format!("deleted by {}", selected.actor)));
+        }
+        (Ok(_), None) => lines.push(Line::from(Span::styled(
+            "the oldest version kept: nothing to compare it with",
+            dim(),
+        ))),
+        (Ok(after), Some(previous)) => match leaves(previous) {
+            Ok(before) => {
+                let changes = history::field_changes(&before, &after);
+                if changes.is_empty() {
+                    lines.push(Line::from(Span::styled("no field changed", dim())));
+                }
+                for change in changes {
+                    let color = match (&change.before, &change.after) {
+                        (None, _) => Color::Green,
+                        (_, None) => Color::Red,
+                        _ => Color::Yellow,
+                    };
+                    lines.push(Line::from(Span::styled(
+                        change.line(),
+                        Style::default().fg(color),
+                    )));
+                }
+            }
+            Err(error) => lines.push(Line::from(format!("cannot decode a version: {error}"))),
+        },
+        (Err(error), _) => lines.push(Line::from(format!("cannot decode this version: {error}"))),
+    }
+    frame.render_widget(
+        Paragraph::new(Text::from(lines))
+            .block(block)
+            .wrap(Wrap { trim: false }),
         area,
     );
 }

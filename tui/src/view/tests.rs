@@ -165,6 +165,78 @@ fn detail_pane() {
     snapshot!("detail_artist", &mut state);
 }
 
+/// `v` opens the history beside the detail (reading it), ↓ picks an older version and shows
+/// what it changed, `b` shows each field's blame, esc closes the pane, esc again goes back.
+#[test]
+fn detail_with_its_history_and_blame() {
+    use proto::resource::v1::{HistoryEntry, history_entry::Operation};
+    let mut state = demo_state();
+    command(&mut state, "demo.v2.Artist");
+    key(&mut state, KeyCode::Char('j'));
+    state.prepare();
+    key(&mut state, KeyCode::Enter);
+    let at = state.detail.at.clone().expect("a resource in detail");
+    let current = state.store.resource(&at).cloned().expect("stored");
+    let effects = update(
+        &mut state,
+        Msg::Key(KeyEvent::new(KeyCode::Char('v'), KeyModifiers::NONE)),
+    );
+    assert!(
+        effects
+            .iter()
+            .any(|effect| matches!(effect, crate::msg::Effect::History { .. })),
+        "v reads the history"
+    );
+    assert!(screen(&mut state).contains("reading the history"));
+    let mut older = current.clone();
+    older.version = "3".into();
+    older.metadata.insert("team".into(), "bebop".into());
+    let entry = |resource: &proto::resource::v1::Resource, actor: &str, operation: Operation| {
+        HistoryEntry {
+            resource: Some(resource.clone()),
+            actor: actor.into(),
+            time: Some(prost_types::Timestamp {
+                seconds: 1_795_262_700,
+                nanos: 0,
+            }),
+            operation: operation as i32,
+            version: resource.version.clone(),
+        }
+    };
+    update(
+        &mut state,
+        Msg::History {
+            at: at.clone(),
+            result: Ok(vec![
+                entry(&current, "alice", Operation::Write),
+                entry(&older, "bob", Operation::Write),
+            ]),
+        },
+    );
+    let shown = screen(&mut state);
+    assert!(
+        shown.contains("History") && shown.contains("alice") && shown.contains("bob"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("metadata.team"),
+        "the newest version's change: {shown}"
+    );
+    key(&mut state, KeyCode::Down);
+    assert!(screen(&mut state).contains("the oldest version kept"));
+    key(&mut state, KeyCode::Char('b'));
+    let blamed = screen(&mut state);
+    assert!(
+        blamed.contains("Blame") && blamed.contains("data.name"),
+        "{blamed}"
+    );
+    key(&mut state, KeyCode::Esc);
+    assert!(state.detail.history.is_none(), "esc closes the pane");
+    assert_eq!(state.screen, Screen::Detail);
+    key(&mut state, KeyCode::Esc);
+    assert_ne!(state.screen, Screen::Detail, "esc again goes back");
+}
+
 #[test]
 fn detail_pane_of_a_resource_being_deleted() {
     let mut state = demo_state();
