@@ -123,7 +123,8 @@ pub struct AgentConfig {
     pub history_versions: u32,
     pub history_seconds: u64,
     pub history_bytes: u64,
-    /// Bytes of history this node keeps in all (at most half of `quota_bytes`).
+    /// Bytes of history this node keeps in all (at most half of `quota_bytes`; 0: a quarter of
+    /// it, at most 1 GiB).
     pub history_node_bytes: u64,
     /// Where to log every request (DESIGN §18), if anywhere.
     pub audit_log: Option<PathBuf>,
@@ -221,7 +222,7 @@ impl Default for AgentConfig {
             history_versions: crate::resource::DEFAULT_HISTORY_VERSIONS,
             history_seconds: crate::resource::DEFAULT_HISTORY_SECONDS,
             history_bytes: crate::resource::DEFAULT_HISTORY_BYTES,
-            history_node_bytes: crate::storage::history::DEFAULT_NODE_BYTES,
+            history_node_bytes: 0,
             audit_log: None,
             audit_level: crate::audit::AuditLevel::Metadata,
             audit_log_max_bytes: crate::audit::DEFAULT_MAX_BYTES,
@@ -496,10 +497,14 @@ impl Agent {
                 )
             }
         };
-        if config.history_node_bytes > config.quota_bytes / 2 {
+        let history_node_bytes = match config.history_node_bytes {
+            0 => (config.quota_bytes / 4).min(crate::storage::history::DEFAULT_NODE_BYTES),
+            set => set,
+        };
+        if history_node_bytes > config.quota_bytes / 2 {
             return Err(AgentError::Config(format!(
                 "--history-node-bytes {} is more than half of --quota-bytes ({}): history shares the state's files; lower it or raise the quota",
-                config.history_node_bytes, config.quota_bytes
+                history_node_bytes, config.quota_bytes
             )));
         }
         let builtin_history = crate::resource::Retention {
@@ -521,7 +526,7 @@ impl Agent {
         backend.keep_history(Arc::new(service::TypeHistory::new(
             registry.clone(),
             builtin_history,
-            config.history_node_bytes,
+            history_node_bytes,
         )));
         let service = ResourceService::new(backend, registry)
             .with_max_resource_bytes(config.max_resource_bytes)

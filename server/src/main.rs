@@ -224,7 +224,8 @@ struct AgentArgs {
     history_bytes: Option<u64>,
 
     /// Bytes of history this node keeps in all, every object together (the versions that
-    /// expire soonest go first); at most half of --quota-bytes [default: 1073741824].
+    /// expire soonest go first); at most half of --quota-bytes. Give every server the same
+    /// value [default: a quarter of --quota-bytes, at most 1073741824].
     #[arg(long, env = "RESD_HISTORY_NODE_BYTES")]
     history_node_bytes: Option<u64>,
 

@@ -95,19 +95,14 @@ pub fn encode_entry(
     operation: history_entry::Operation,
     version: &str,
 ) {
-    use prost::encoding::{int32, message, string};
-    message::encode(1, resource, buf);
-    if !actor.is_empty() {
-        string::encode(2, &actor.to_owned(), buf);
-    }
-    message::encode(3, &timestamp(time_ms), buf);
-    let operation = operation as i32;
-    if operation != 0 {
-        int32::encode(4, &operation, buf);
-    }
-    if !version.is_empty() {
-        string::encode(5, &version.to_owned(), buf);
-    }
+    crate::wire::proto::history_entry(
+        buf,
+        resource,
+        actor,
+        &timestamp(time_ms),
+        operation as i32,
+        version,
+    );
 }
 
 /// The entry kept for a change stored at `version`.

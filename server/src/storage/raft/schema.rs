@@ -648,7 +648,10 @@ pub(crate) fn open_sm(dir: &Path, map_size: usize) -> heed::Result<(LmdbEnv, SmD
 }
 
 /// Bytes a state machine's databases hold in pages (their branch, leaf and overflow pages; the
-/// free pages LMDB reuses do not count): what `--quota-bytes` bounds.
+/// free pages LMDB reuses do not count): what `--quota-bytes` bounds. Objects' history is not
+/// counted: a delete must make room (it keeps the deleted version in history), and history
+/// has its own bound (`--history-node-bytes`, at most half the quota; the map is four times
+/// the quota).
 pub(crate) fn state_bytes(
     env: &LmdbEnv,
     dbs: &SmDbs,
@@ -664,9 +667,6 @@ pub(crate) fn state_bytes(
         dbs.meta.stat(txn)?,
         dbs.requests.stat(txn)?,
         dbs.request_order.stat(txn)?,
-        dbs.history.stat(txn)?,
-        dbs.history_expiry.stat(txn)?,
-        dbs.restore_history.stat(txn)?,
     ] {
         page_size = u64::from(stat.page_size);
         pages += (stat.branch_pages + stat.leaf_pages + stat.overflow_pages) as u64;
