@@ -160,6 +160,31 @@ pub(crate) fn length_delimited(
     })
 }
 
+/// A `resd.resource.v1.HistoryEntry` written straight from its parts, the resource borrowed
+/// (apply keeps every version without copying it into a message first); byte for byte what
+/// prost writes (`storage::history`'s test compares them).
+pub(crate) fn history_entry(
+    buf: &mut Vec<u8>,
+    resource: &Resource,
+    actor: &str,
+    time: &prost_types::Timestamp,
+    operation: i32,
+    version: &str,
+) {
+    use prost::encoding::{int32, message, string};
+    message::encode(1, resource, buf);
+    if !actor.is_empty() {
+        string::encode(2, &actor.to_owned(), buf);
+    }
+    message::encode(3, time, buf);
+    if operation != 0 {
+        int32::encode(4, &operation, buf);
+    }
+    if !version.is_empty() {
+        string::encode(5, &version.to_owned(), buf);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message as _;
@@ -318,30 +343,5 @@ mod tests {
             owners,
             vec![resource.owner.as_ref().unwrap().encode_to_vec().as_slice()]
         );
-    }
-}
-
-/// A `resd.resource.v1.HistoryEntry` written straight from its parts, the resource borrowed
-/// (apply keeps every version without copying it into a message first); byte for byte what
-/// prost writes (`storage::history`'s test compares them).
-pub(crate) fn history_entry(
-    buf: &mut Vec<u8>,
-    resource: &Resource,
-    actor: &str,
-    time: &prost_types::Timestamp,
-    operation: i32,
-    version: &str,
-) {
-    use prost::encoding::{int32, message, string};
-    message::encode(1, resource, buf);
-    if !actor.is_empty() {
-        string::encode(2, &actor.to_owned(), buf);
-    }
-    message::encode(3, time, buf);
-    if operation != 0 {
-        int32::encode(4, &operation, buf);
-    }
-    if !version.is_empty() {
-        string::encode(5, &version.to_owned(), buf);
     }
 }
