@@ -21,8 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http_body::{Body, Frame};
-
 use crate::tls::ConnInfo;
 
 /// What the log holds.
@@ -377,19 +375,25 @@ where
         Box::pin(async move {
             let response = answer.await?;
             let mut entry = entry;
-            if let Some(code) = status_code(response.headers()) {
+            if let Some(code) = crate::metrics::grpc::status_code(response.headers()) {
                 entry.reason_from(response.headers());
                 entry.finish(code);
                 return Ok(response);
             }
-            Ok(response.map(|body| tonic::body::Body::new(Logged { body, entry })))
+            Ok(response.map(|body| {
+                tonic::body::Body::new(crate::metrics::grpc::StatusBody::new(
+                    body,
+                    move |code, trailers: Option<&http::HeaderMap>| {
+                        let mut entry = entry;
+                        if let Some(trailers) = trailers {
+                            entry.reason_from(trailers);
+                        }
+                        entry.finish(code);
+                    },
+                ))
+            }))
         })
     }
-}
-
-fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    let value = headers.get("grpc-status")?;
-    Some(tonic::Code::from_bytes(value.as_bytes()))
 }
 
 /// One request on its way to the log: written once, when its status is known.
@@ -494,46 +498,6 @@ impl Drop for Entry {
     fn drop(&mut self) {
         // The body was dropped before its trailers: the client went away.
         self.finish(tonic::Code::Cancelled);
-    }
-}
-
-/// A response body that reports the status in its trailers.
-struct Logged {
-    body: tonic::body::Body,
-    entry: Entry,
-}
-
-impl Body for Logged {
-    type Data = <tonic::body::Body as Body>::Data;
-    type Error = <tonic::body::Body as Body>::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    this.entry.reason_from(trailers);
-                    this.entry
-                        .finish(status_code(trailers).unwrap_or(tonic::Code::Ok));
-                }
-            }
-            Poll::Ready(Some(Err(_))) => this.entry.finish(tonic::Code::Internal),
-            Poll::Ready(None) => this.entry.finish(tonic::Code::Ok),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 

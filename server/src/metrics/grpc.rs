@@ -256,14 +256,19 @@ where
                 call.finish(code);
                 return Ok(response);
             }
-            Ok(response.map(|body| tonic::body::Body::new(Recorded { body, call })))
+            Ok(response.map(|body| {
+                tonic::body::Body::new(StatusBody::new(body, move |code, _| {
+                    let mut call = call;
+                    call.finish(code);
+                }))
+            }))
         })
     }
 }
 
 /// The code of the `grpc-status` header, if there is one: read without building a
 /// `tonic::Status` (which copies the whole header map), on every answer.
-fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
+pub(crate) fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
     let value = headers.get("grpc-status")?;
     Some(tonic::Code::from_bytes(value.as_bytes()))
 }
@@ -303,13 +308,37 @@ impl Drop for Call {
     }
 }
 
-/// A response body that reports the status in its trailers.
-struct Recorded {
+/// A response body that tells `on_status` the call's status once it is known: from the
+/// trailers, at the end of a body without them (`OK`), or on an error (`INTERNAL`). Dropped
+/// before that, it drops `on_status` untold (whatever it holds says the client went away).
+/// Shared by the metrics and the audit log.
+pub(crate) struct StatusBody<F> {
     body: tonic::body::Body,
-    call: Call,
+    on_status: Option<F>,
 }
 
-impl Body for Recorded {
+impl<F> StatusBody<F>
+where
+    F: FnOnce(tonic::Code, Option<&http::HeaderMap>) + Send + Unpin + 'static,
+{
+    pub(crate) fn new(body: tonic::body::Body, on_status: F) -> Self {
+        StatusBody {
+            body,
+            on_status: Some(on_status),
+        }
+    }
+
+    fn report(&mut self, code: tonic::Code, trailers: Option<&http::HeaderMap>) {
+        if let Some(on_status) = self.on_status.take() {
+            on_status(code, trailers);
+        }
+    }
+}
+
+impl<F> Body for StatusBody<F>
+where
+    F: FnOnce(tonic::Code, Option<&http::HeaderMap>) + Send + Unpin + 'static,
+{
     type Data = <tonic::body::Body as Body>::Data;
     type Error = <tonic::body::Body as Body>::Error;
 
@@ -322,12 +351,12 @@ impl Body for Recorded {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    this.call
-                        .finish(status_code(trailers).unwrap_or(tonic::Code::Ok));
+                    let code = status_code(trailers).unwrap_or(tonic::Code::Ok);
+                    this.report(code, Some(trailers));
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.call.finish(tonic::Code::Internal),
-            Poll::Ready(None) => this.call.finish(tonic::Code::Ok),
+            Poll::Ready(Some(Err(_))) => this.report(tonic::Code::Internal, None),
+            Poll::Ready(None) => this.report(tonic::Code::Ok, None),
             Poll::Pending => {}
         }
         polled

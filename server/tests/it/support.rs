@@ -57,18 +57,7 @@ pub(crate) async fn list_artists(node: &Resd) -> Vec<Resource> {
 
 /// A snapshot file saved from `node`.
 pub(crate) async fn save_snapshot(node: &Resd) -> Vec<u8> {
-    let mut stream = node
-        .cluster()
-        .await
-        .snapshot_save(SnapshotSaveRequest {})
-        .await
-        .expect("save")
-        .into_inner();
-    let mut file = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        file.extend_from_slice(&chunk.expect("chunk").data);
-    }
-    file
+    save_snapshot_with(node, None).await
 }
 
 /// Uploads a snapshot file to `node` in 64 KiB chunks (`SnapshotRestore`).
@@ -76,31 +65,12 @@ pub(crate) async fn restore(
     node: &Resd,
     file: &[u8],
 ) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
-    let chunks: Vec<SnapshotData> = file
-        .chunks(64 * 1024)
-        .map(|c| SnapshotData { data: c.to_vec() })
-        .collect();
-    node.cluster()
-        .await
-        .snapshot_restore(tokio_stream::iter(chunks))
-        .await
-        .map(|reply| reply.into_inner())
+    restore_with(node, file, None).await
 }
 
 /// [`save_snapshot`] with a token.
 pub(crate) async fn save_snapshot_as(node: &Resd, token: &str) -> Vec<u8> {
-    let mut stream = node
-        .cluster()
-        .await
-        .snapshot_save(crate::acl::with_token(SnapshotSaveRequest {}, Some(token)))
-        .await
-        .expect("save")
-        .into_inner();
-    let mut file = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        file.extend_from_slice(&chunk.expect("chunk").data);
-    }
-    file
+    save_snapshot_with(node, Some(token)).await
 }
 
 /// [`restore`] with a token.
@@ -109,15 +79,47 @@ pub(crate) async fn restore_as(
     file: &[u8],
     token: &str,
 ) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
+    restore_with(node, file, Some(token)).await
+}
+
+async fn save_snapshot_with(node: &Resd, token: Option<&str>) -> Vec<u8> {
+    let mut request = tonic::Request::new(SnapshotSaveRequest {});
+    if let Some(token) = token {
+        request.metadata_mut().insert(
+            proto::TOKEN_HEADER,
+            token.parse().expect("a token is valid metadata"),
+        );
+    }
+    let mut stream = node
+        .cluster()
+        .await
+        .snapshot_save(request)
+        .await
+        .expect("save")
+        .into_inner();
+    let mut file = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        file.extend_from_slice(&chunk.expect("chunk").data);
+    }
+    file
+}
+
+async fn restore_with(
+    node: &Resd,
+    file: &[u8],
+    token: Option<&str>,
+) -> Result<proto::cluster::v1::SnapshotRestoreResponse, tonic::Status> {
     let chunks: Vec<SnapshotData> = file
         .chunks(64 * 1024)
         .map(|c| SnapshotData { data: c.to_vec() })
         .collect();
     let mut request = tonic::Request::new(tokio_stream::iter(chunks));
-    request.metadata_mut().insert(
-        proto::TOKEN_HEADER,
-        token.parse().expect("a token is valid metadata"),
-    );
+    if let Some(token) = token {
+        request.metadata_mut().insert(
+            proto::TOKEN_HEADER,
+            token.parse().expect("a token is valid metadata"),
+        );
+    }
     node.cluster()
         .await
         .snapshot_restore(request)
