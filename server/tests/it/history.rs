@@ -356,3 +356,95 @@ async fn events_cannot_claim_a_built_in_controller_or_carry_escapes() {
     .await
     .expect("an event of its own");
 }
+
+/// A history past its type's retention keeps the newest versions; a read of a dropped one is
+/// OUT_OF_RANGE naming the oldest kept, a read before the object's first (when nothing was
+/// dropped) is NOT_FOUND saying when it was created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_past_the_retention_is_out_of_range_naming_the_oldest_kept() {
+    let node = crate::process::Resd::start_with(&["--history-versions", "3"]);
+    let mut client = node.resources().await;
+    let mut versions = Vec::new();
+    let mut current: Option<Resource> = None;
+    for n in 0..4 {
+        let mut artist = current
+            .clone()
+            .unwrap_or_else(|| artist_in("default", "miles"));
+        artist.version.clear();
+        artist.status.clear();
+        artist.metadata.insert("n".into(), n.to_string());
+        let stored = client
+            .write(proto::resource::v1::WriteRequest {
+                resource: Some(artist),
+            })
+            .await
+            .expect("write")
+            .into_inner()
+            .resource
+            .expect("stored");
+        versions.push(stored.version.clone());
+        current = Some(stored);
+    }
+    let read_at = |version: &str| ReadRequest {
+        id: Some(miles_id()),
+        at_version: version.to_owned(),
+    };
+    let gone = client
+        .read(read_at(&versions[0]))
+        .await
+        .expect_err("dropped by the retention");
+    assert_eq!(gone.code(), Code::OutOfRange, "{}", gone.message());
+    assert!(
+        gone.message().contains("the oldest kept is"),
+        "{}",
+        gone.message()
+    );
+    let kept = client
+        .read(read_at(&versions[3]))
+        .await
+        .expect("the newest is kept")
+        .into_inner()
+        .resource
+        .expect("a resource");
+    assert_eq!(kept.metadata.get("n").map(String::as_str), Some("3"));
+    let listed = client
+        .list_history(ListHistoryRequest {
+            id: Some(miles_id()),
+            ..Default::default()
+        })
+        .await
+        .expect("history")
+        .into_inner()
+        .entries;
+    assert!(
+        listed.len() <= 3,
+        "{} entries kept, retention is 3",
+        listed.len()
+    );
+    // An object with nothing dropped: before its creation, NOT_FOUND saying when.
+    let dizzy = client
+        .write(proto::resource::v1::WriteRequest {
+            resource: Some(artist_in("default", "dizzy")),
+        })
+        .await
+        .expect("write")
+        .into_inner()
+        .resource
+        .expect("stored");
+    let before = client
+        .read(ReadRequest {
+            id: dizzy.id.clone().map(|mut id| {
+                id.uid.clear();
+                id
+            }),
+            at_version: "1".into(),
+        })
+        .await
+        .expect_err("before its creation");
+    assert_eq!(before.code(), Code::NotFound, "{}", before.message());
+    assert!(
+        before.message().contains("created later"),
+        "{}",
+        before.message()
+    );
+}
