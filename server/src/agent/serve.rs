@@ -106,9 +106,16 @@ pub(super) async fn serve_api(
     let max_message = service.max_resource_bytes() + REQUEST_ENVELOPE_SLACK;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    set_serving(&health_reporter).await;
-    // Health follows the node: NOT_SERVING while it catches up after an unclean stop, and for
-    // good once its raft has stopped.
+    // A raft node's health is its watch's to say (below), from the first check on.
+    if raft.is_none() {
+        set_serving(&health_reporter).await;
+    } else {
+        set_not_serving(&health_reporter).await;
+    }
+    // Health follows the node as `/readyz` does (DESIGN §13): NOT_SERVING for every reason it
+    // gives — catching up after an unclean stop, removed, damaged, not a voter, no leader known
+    // (a quorum lost) — checked on every readiness change and at least every half second, and
+    // for good once its raft has stopped.
     let health_watch = raft.map(|raft| {
         let reporter = health_reporter.clone();
         let stopping = shutdown.clone();
@@ -116,11 +123,22 @@ pub(super) async fn serve_api(
             let mut readiness = raft.readiness();
             let halted = raft.halted();
             tokio::pin!(halted);
+            let mut tick = tokio::time::interval(HEALTH_CHECK_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut shown: Option<bool> = None;
             loop {
-                if readiness.borrow_and_update().is_ready() {
-                    set_serving(&reporter).await;
-                } else {
-                    set_not_serving(&reporter).await;
+                let serving = raft.serving();
+                if shown != Some(serving.is_ok()) {
+                    match &serving {
+                        Ok(()) => set_serving(&reporter).await,
+                        Err(why) => {
+                            if shown.is_some() {
+                                tracing::warn!(%why, "reporting NOT_SERVING on gRPC health");
+                            }
+                            set_not_serving(&reporter).await;
+                        }
+                    }
+                    shown = Some(serving.is_ok());
                 }
                 tokio::select! {
                     () = stopping.cancelled() => return,
@@ -132,6 +150,7 @@ pub(super) async fn serve_api(
                         return;
                     }
                     changed = readiness.changed() => if changed.is_err() { return },
+                    _ = tick.tick() => {}
                 }
             }
         })
@@ -178,6 +197,10 @@ pub(super) async fn serve_api(
 
 /// The whole server's status (service `""`, what load balancers and `grpc_health_probe` ask
 /// for by default) follows the node's readiness with the services'.
+/// How often health is checked against `/readyz`'s reasons besides readiness changes (a
+/// leader lost shows within this).
+const HEALTH_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 async fn set_serving(reporter: &tonic_health::server::HealthReporter) {
     reporter
         .set_serving::<ResourceServiceServer<ResourceGrpc>>()

@@ -214,3 +214,58 @@ async fn a_write_through_a_follower_moves_on_when_the_leader_stops_answering() {
     let stored = result.expect("the write reaches the new leader within its deadline");
     assert!(stored.into_inner().resource.is_some());
 }
+
+/// Waits until `node`'s health — the overall status and the resource service's both — is
+/// `want` (they change one after the other); what `/readyz` answered then.
+async fn health_reaches(node: &Resd, want: i32) -> Option<u16> {
+    let check = |service: &str| {
+        let service = service.to_owned();
+        async move {
+            HealthClient::new(node.channel().await)
+                .check(HealthCheckRequest { service })
+                .await
+                .map(|reply| reply.into_inner().status)
+                .unwrap_or(ServingStatus::Unknown as i32)
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let overall = check("").await;
+        let resources = check("resd.resource.v1.ResourceService").await;
+        let ready = node.http_get("/readyz").map(|(code, _)| code);
+        if overall == want && resources == want {
+            return ready;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health is {overall} (resources {resources}), not {want} (readyz {ready:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// DESIGN §13: gRPC health follows `/readyz` for every reason. A follower left alone (the
+/// leader and the other follower killed) knows no leader: `/readyz` is 503 and health — the
+/// overall status load balancers ask for and the resource service's — says NOT_SERVING too;
+/// once a peer is back and a leader elected, both say serving again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_not_serving_when_a_quorum_is_lost_as_readyz_does() {
+    let mut cluster = Cluster::start_with_http(3, &[]).await;
+    let leader = cluster.wait_for_leader().await;
+    let alone = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let serving = ServingStatus::Serving as i32;
+    assert_eq!(
+        health_reaches(&cluster.nodes[alone], serving).await,
+        Some(200)
+    );
+    cluster.nodes[leader].kill9();
+    cluster.nodes[other].kill9();
+    let ready = health_reaches(&cluster.nodes[alone], ServingStatus::NotServing as i32).await;
+    assert_eq!(ready, Some(503), "readyz agrees: no leader");
+    cluster.nodes[other].restart();
+    assert_eq!(
+        health_reaches(&cluster.nodes[alone], serving).await,
+        Some(200)
+    );
+}

@@ -38,6 +38,7 @@ pub(crate) enum Readiness {
 }
 
 impl Readiness {
+    #[cfg(test)]
     pub(crate) fn is_ready(&self) -> bool {
         matches!(self, Readiness::Ready)
     }
