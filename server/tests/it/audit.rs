@@ -58,10 +58,23 @@ async fn every_request_is_logged_once_with_its_caller_and_never_a_secret() {
             .await
             .expect("set up a token");
     }
-    let before = std::fs::read_to_string(&path)
-        .unwrap_or_default()
-        .lines()
-        .count();
+    // The set-up's lines are written by the log's own thread, just after their answers: wait
+    // for the file to settle before counting them.
+    let count = || {
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let mut before = count();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = count();
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let mut client = ResourceServiceClient::new(channel.clone());
     let miles = write_as(&channel, WRITER, artist_in("default", "miles"))
         .await
