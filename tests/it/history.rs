@@ -77,7 +77,7 @@ async fn history_blame_diff_and_describe_tell_what_happened_to_an_object() {
         assert_eq!(before.status.code(), Some(1));
         assert!(String::from_utf8_lossy(&before.stderr).contains("did not exist at version 1"), "{before:?}");
 
-        // The demo controller's events: one per generation, merged into one Event.
+        // The demo controller's events: one per generation it reconciled, merged into one Event.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let described = json(&ok(&server, &["describe", "Artist", "nina", "-o", "json"]));
@@ -86,8 +86,10 @@ async fn history_blame_diff_and_describe_tell_what_happened_to_an_object() {
                 .into_iter()
                 .flatten()
                 .find(|e| e["reason"] == "AlbumsReconciled");
+            // One occurrence per generation the controller saw (two writes close together may
+            // be reconciled once): merged into one Event counting more than one.
             if let Some(event) = reconciled
-                && event["count"].as_u64() == Some(3)
+                && event["count"].as_u64().is_some_and(|count| count >= 2)
             {
                 assert_eq!(event["reporter"], "controller/demo-artist");
                 assert_eq!(described["conditions"][0]["state"], "True");
@@ -95,7 +97,7 @@ async fn history_blame_diff_and_describe_tell_what_happened_to_an_object() {
             }
             assert!(
                 Instant::now() < deadline,
-                "no AlbumsReconciled event counted 3 times: {described:#}"
+                "no AlbumsReconciled event counted twice or more: {described:#}"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
