@@ -623,7 +623,8 @@ impl WatchScope {
 const BOOKMARK_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// A watch's bookmarks: the last version it has gone past (sent or not) and when the next
-/// bookmark is due.
+/// bookmark is due. A quiet watch gets one at every due time, its version repeated while
+/// nothing moves (a watcher learns the watch is alive; DESIGN: at least every 5 s).
 struct Bookmarks {
     /// The version of the last event read from storage (empty: none yet).
     version: String,
@@ -631,7 +632,7 @@ struct Bookmarks {
     started: bool,
     /// A bookmark is due at this moment unless an event was sent since.
     due: tokio::time::Instant,
-    /// The version of the last event or bookmark sent (no bookmark repeats it).
+    /// The version of the last event or bookmark sent.
     sent: String,
 }
 
@@ -663,10 +664,10 @@ impl Bookmarks {
         }
     }
 
-    /// The bookmark due now, if there is a version to mark that was not sent already.
+    /// The bookmark due now (once the snapshot has ended and a version is known).
     fn take(&mut self) -> Option<SharedEvent> {
         self.due = tokio::time::Instant::now() + BOOKMARK_EVERY;
-        if !self.started || self.version.is_empty() || self.version == self.sent {
+        if !self.started || self.version.is_empty() {
             return None;
         }
         self.sent = self.version.clone();
