@@ -7,9 +7,9 @@ use std::io::IsTerminal as _;
 
 use anyhow::Context as _;
 use proto::client::describe;
-use proto::client::history::{blame, changed, leaves, operation_name, time_of};
+use proto::client::history;
 use proto::codec::Codec;
-use proto::resource::v1::{HistoryEntry, Id, Resource, history_entry};
+use proto::resource::v1::{HistoryEntry, Id, Resource};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -68,34 +68,22 @@ pub struct Row {
     pub resource: Option<Resource>,
 }
 
-/// The history as rows, newest first, each with what it changed.
+/// The history as rows, newest first, each with what it changed (`history::changes`: the
+/// oldest kept and a deletion change nothing).
 pub fn rows(codec: &Codec, entries: &[HistoryEntry]) -> anyhow::Result<Vec<Row>> {
-    let mut rows = Vec::with_capacity(entries.len());
-    // Oldest first to compare each with the one before.
-    let mut previous: Option<std::collections::BTreeMap<String, Value>> = None;
-    for entry in entries.iter().rev() {
-        let resource = entry.resource.clone().unwrap_or_default();
-        let now = leaves(codec, &resource)?;
-        let changed = match (
-            &previous,
-            entry.operation == history_entry::Operation::Delete as i32,
-        ) {
-            (_, true) => Vec::new(),
-            (Some(before), false) => changed(before, &now),
-            (None, false) => Vec::new(),
-        };
-        previous = Some(now);
-        rows.push(Row {
+    let changes = history::changes(codec, entries)?;
+    Ok(entries
+        .iter()
+        .zip(changes)
+        .map(|(entry, changes)| Row {
             version: entry.version.clone(),
-            operation: operation_name(entry),
+            operation: history::operation_name(entry),
             actor: entry.actor.clone(),
-            time: time_of(entry),
-            changed,
-            resource: Some(resource),
-        });
-    }
-    rows.reverse();
-    Ok(rows)
+            time: history::time_of(entry),
+            changed: changes.into_iter().map(|change| change.path).collect(),
+            resource: entry.resource.clone(),
+        })
+        .collect())
 }
 
 /// `resctl history TYPE NAME`.
@@ -172,7 +160,7 @@ pub async fn blame_run(session: &Session, args: &crate::cli::HistoryArgs) -> any
     )
     .await?;
     let entries = entries_of(session, &id).await?;
-    let blamed = blame(codec, &entries)?;
+    let blamed = history::blame(codec, &entries)?;
     let text = match session.output {
         OutputFormat::Json | OutputFormat::JsonPath => output::json(&blamed)?,
         OutputFormat::Yaml => output::yaml(&blamed)?,
@@ -180,16 +168,12 @@ pub async fn blame_run(session: &Session, args: &crate::cli::HistoryArgs) -> any
         _ => {
             let mut table = output::Table::new(["VERSION", "ACTOR", "TIME", "FIELD", "VALUE"]);
             for b in &blamed {
-                let value = match &b.value {
-                    Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                };
                 table.row([
                     b.version.clone(),
                     b.actor.clone(),
                     b.time.clone(),
                     b.field.clone(),
-                    value,
+                    history::text(&b.value),
                 ]);
             }
             table.render()

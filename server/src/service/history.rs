@@ -8,7 +8,7 @@ use proto::resource::v1::{
 };
 
 use super::{Error, ResourceService, convert};
-use crate::acl::{AclError, Authorizer};
+use crate::acl::Authorizer;
 use crate::registry::Registration;
 use crate::resource::DisplayId;
 use crate::storage::history::MAX_PAGE;
@@ -63,25 +63,19 @@ impl ResourceService {
         id: Option<Id>,
     ) -> Result<(Id, std::sync::Arc<Registration>, bool, String), Error> {
         let (id, registration) = self.check_request_id(id, "id")?;
-        let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
-            Ok(()) => false,
-            Err(AclError::NeedResource) => true,
-            Err(denied) => return Err(denied.into()),
-        };
+        let needs_resource = super::read::read_grant(&registration, authorizer, &id)?;
         let uid = if id.uid.is_empty() {
-            let mut current = id.clone();
             // Any version: the object is the same whichever version stores it.
-            match self.backend.read(consistency, &current).await {
+            match self.backend.read(consistency, &id).await {
                 Ok(resource) => resource.id.map(|id| id.uid).unwrap_or_default(),
                 Err(StorageError::GroupVersionMismatch { stored }) => {
                     stored.id.map(|id| id.uid).unwrap_or_default()
                 }
                 Err(StorageError::NotFound) => {
-                    current.uid.clear();
                     return Err(Error::NotFound(format!(
                         "resource not found: {} (a deleted object's history is read by its uid \
                          while its retention lasts: `resctl history TYPE NAME --uid UID`)",
-                        DisplayId(&current)
+                        DisplayId(&id)
                     )));
                 }
                 Err(error) => return Err(error.into()),

@@ -81,6 +81,20 @@ fn undecodable(error: prost::DecodeError) -> Error {
     crate::storage::undecodable(error).into()
 }
 
+/// A read's grant before storage: refused, granted, or (`true`) granted only once the stored
+/// object is known (the type's read hook needs it).
+pub(super) fn read_grant(
+    registration: &Registration,
+    authorizer: &dyn Authorizer,
+    id: &Id,
+) -> Result<bool, Error> {
+    match (registration.acls.read)(authorizer, id, None) {
+        Ok(()) => Ok(false),
+        Err(AclError::NeedResource) => Ok(true),
+        Err(denied) => Err(denied.into()),
+    }
+}
+
 /// What a Read answers when storage found nothing, another incarnation or another version.
 fn read_error(id: &Id, error: StorageError) -> Error {
     match error {
@@ -210,11 +224,7 @@ impl ResourceService {
     ) -> Result<(Id, Arc<Registration>, bool), Error> {
         let (id, registration) = self.check_request_id(request.id, "id")?;
         // The ACL check comes before the tenancy check so that tenancy existence does not leak.
-        let needs_resource = match (registration.acls.read)(authorizer, &id, None) {
-            Ok(()) => false,
-            Err(AclError::NeedResource) => true,
-            Err(denied) => return Err(denied.into()),
-        };
+        let needs_resource = read_grant(&registration, authorizer, &id)?;
         let tenancy = id.tenancy.clone().unwrap_or_default();
         self.tenancy_state(registration.scope, &tenancy).await?;
         Ok((id, registration, needs_resource))
