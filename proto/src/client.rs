@@ -423,6 +423,8 @@ pub struct Client {
     stale: Arc<std::sync::Mutex<Option<String>>>,
     /// Deprecation warnings servers sent ([`crate::WARNING_HEADER`]), each once.
     warnings: Arc<std::sync::Mutex<Warnings>>,
+    /// The lease this client's writes are fenced by ([`Client::with_fence`]).
+    fence: Option<crate::fence::FenceCell>,
 }
 
 /// Warnings seen, and those not taken yet.
@@ -481,6 +483,7 @@ impl Client {
             config,
             stale: Arc::default(),
             warnings: Arc::default(),
+            fence: None,
         })
     }
 
@@ -541,7 +544,66 @@ impl Client {
     /// connection carries at most the server's `MAX_CONCURRENT_STREAMS` streams at once, and a
     /// stream nobody reads holds its connection's flow-control window).
     pub fn with_own_connections(&self) -> Result<Client, ClientError> {
-        Client::new(self.config.clone())
+        Ok(Client {
+            fence: self.fence.clone(),
+            ..Client::new(self.config.clone())?
+        })
+    }
+
+    /// This client (the same connections) with its writes, status writes and deletes fenced
+    /// by the lease in `fence` (DESIGN §16, [`crate::FENCE_HEADER`]): while the cell is empty
+    /// they are refused here (`FENCED`, nothing sent), and one the server refuses `FENCED`
+    /// empties it.
+    pub fn with_fence(&self, fence: crate::fence::FenceCell) -> Client {
+        Client {
+            fence: Some(fence),
+            ..self.clone()
+        }
+    }
+
+    /// The fence a write goes out with: `Err` when this client is fenced but holds no lease.
+    fn write_fence(&self) -> Result<Option<crate::fence::LeaseFence>, ClientError> {
+        let Some(cell) = &self.fence else {
+            return Ok(None);
+        };
+        cell.get()
+            .map(Some)
+            .ok_or_else(|| ClientError::FailedPrecondition {
+                reason: Some(Reason::Fenced),
+                message: "fenced: this replica does not hold its lease now; the write was not sent"
+                    .into(),
+            })
+    }
+
+    /// Runs a fenced write: `call` gets the request carrying the fence; a `FENCED` answer
+    /// empties the cell (the replica no longer holds that lease).
+    async fn fenced<T: Clone, R, F, Fut>(&self, message: T, mut call: F) -> Result<R, ClientError>
+    where
+        R: Answer,
+        F: FnMut(tonic::Request<T>) -> Fut,
+        Fut: Future<Output = Result<R, tonic::Status>>,
+    {
+        let fence = self.write_fence()?;
+        let header = fence
+            .as_ref()
+            .and_then(|fence| MetadataValue::try_from(fence.to_string()).ok());
+        let outcome = self
+            .retrying(|| {
+                let mut request = self.request(message.clone(), true);
+                if let Some(header) = &header {
+                    request
+                        .metadata_mut()
+                        .insert(crate::FENCE_HEADER, header.clone());
+                }
+                call(request)
+            })
+            .await;
+        if let (Err(error), Some(cell), Some(fence)) = (&outcome, &self.fence, &fence)
+            && error.reason() == Some(Reason::Fenced)
+        {
+            cell.revoke(fence);
+        }
+        outcome
     }
 
     /// How many servers this client knows.
@@ -877,14 +939,11 @@ impl Client {
     /// Writes a resource (create, blind update, or compare-and-swap when it carries a version)
     /// and returns it as stored.
     pub async fn write(&self, resource: &Resource) -> Result<Resource, ClientError> {
-        self.retrying(|| {
+        let message = WriteRequest {
+            resource: Some(resource.clone()),
+        };
+        self.fenced(message, |request| {
             let mut resources = self.resources();
-            let request = self.request(
-                WriteRequest {
-                    resource: Some(resource.clone()),
-                },
-                true,
-            );
             async move { resources.write(request).await }
         })
         .await
@@ -898,17 +957,14 @@ impl Client {
         key: &str,
         status: &Status,
     ) -> Result<Resource, ClientError> {
-        self.retrying(|| {
+        let message = WriteStatusRequest {
+            id: Some(id.clone()),
+            version: version.to_owned(),
+            key: key.to_owned(),
+            status: Some(status.clone()),
+        };
+        self.fenced(message, |request| {
             let mut resources = self.resources();
-            let request = self.request(
-                WriteStatusRequest {
-                    id: Some(id.clone()),
-                    version: version.to_owned(),
-                    key: key.to_owned(),
-                    status: Some(status.clone()),
-                },
-                true,
-            );
             async move { resources.write_status(request).await }
         })
         .await
@@ -1055,15 +1111,12 @@ impl Client {
     /// Deletes a resource (compare-and-swap when `version` is not empty). Deleting what does
     /// not exist succeeds.
     pub async fn delete(&self, id: &Id, version: &str) -> Result<(), ClientError> {
-        self.retrying(|| {
+        let message = DeleteRequest {
+            id: Some(id.clone()),
+            version: version.to_owned(),
+        };
+        self.fenced(message, |request| {
             let mut resources = self.resources();
-            let request = self.request(
-                DeleteRequest {
-                    id: Some(id.clone()),
-                    version: version.to_owned(),
-                },
-                true,
-            );
             async move { resources.delete(request).await }
         })
         .await

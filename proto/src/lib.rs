@@ -19,6 +19,7 @@
 pub mod client;
 #[cfg(feature = "client")]
 pub mod codec;
+pub mod fence;
 pub mod meta;
 pub mod reason;
 pub mod selector;
@@ -39,6 +40,10 @@ pub const STALE_HEADER: &str = "x-resd-stale";
 /// Initial metadata on an answer in a deprecated version of a type (DESIGN §15.1): the Type's
 /// deprecation message, verbatim (non-ASCII escaped as `\u{…}`). Repeatable.
 pub const WARNING_HEADER: &str = "x-resd-warning";
+
+/// Metadata key of a fenced write (DESIGN §16): the lease its writer holds
+/// ([`fence::LeaseFence`]); HTTP header `X-Resd-Fence`.
+pub const FENCE_HEADER: &str = "x-resd-fence";
 
 /// Prefix of `google.protobuf.Any::type_url` for the messages of this crate.
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";

@@ -74,6 +74,10 @@ reasons! {
     /// The ACL tokens or policies the change was authorized under changed before it could be
     /// stored; nothing changed (retried by the server as `SCHEMA_CHANGED`).
     AclChanged = "ACL_CHANGED",
+    /// A write sent under a lease (`x-resd-fence`, DESIGN §16) whose lease no longer exists or
+    /// changed hands since: its writer no longer holds it. Nothing changed; final — the writer
+    /// stops and campaigns again, it does not retry.
+    Fenced = "FENCED",
     /// Only the leader can answer this call, and this node does not lead (metadata `leader_id`
     /// and `leader_addr`, its API address, when known): ask the leader.
     NotLeader = "NOT_LEADER",
@@ -132,6 +136,7 @@ impl Reason {
             Reason::UidMismatch
             | Reason::FailedPrecondition
             | Reason::TypeBeingDeleted
+            | Reason::Fenced
             | Reason::NotLeader
             | Reason::Removed => &[Code::FailedPrecondition],
             Reason::AlreadyExists => &[Code::AlreadyExists],

@@ -11,7 +11,8 @@
 //!
 //! Settings come from the environment, as resctl's do: `RESD_SERVER` (several, comma
 //! separated: failover), `RESD_TOKEN`, `RESD_CA_CERT`, `RESD_CLIENT_CERT`, `RESD_CLIENT_KEY`;
-//! `LEASE_SECONDS` shortens the lease for demos, `PLACEMENT=each-replica` runs every replica.
+//! `LEASE_SECONDS` shortens the lease for demos, `PLACEMENT=each-replica` runs every replica,
+//! `WORK_MS` makes issuing a receipt take that long (a payment provider's latency).
 
 use std::time::Duration;
 
@@ -53,7 +54,14 @@ fn payments(kind: &str) -> Type {
     }
 }
 
-struct Invoices;
+struct Invoices {
+    /// This replica, named in the conditions it writes.
+    identity: String,
+    /// How long issuing a receipt takes outside the cluster (a payment provider's API;
+    /// `WORK_MS` simulates it): the window in which a replica may be paused between deciding
+    /// to write and writing, which the lease's fence closes.
+    work: Duration,
+}
 
 #[async_trait::async_trait]
 impl Reconciler<Client> for Invoices {
@@ -105,6 +113,9 @@ impl Reconciler<Client> for Invoices {
             tenancy: id.tenancy.clone(),
         };
         if context.read(&receipt_id).await?.is_none() && context.leads() {
+            // The provider's call: a replica paused here past its lease and woken after another
+            // took over has the write below refused (`FENCED`), nothing stored.
+            tokio::time::sleep(self.work).await;
             let receipt = Resource {
                 id: Some(receipt_id.clone()),
                 owner: Some(id.clone()),
@@ -126,8 +137,8 @@ impl Reconciler<Client> for Invoices {
                 state: State::True as i32,
                 reason: "ReceiptIssued".into(),
                 message: format!(
-                    "receipt {} issued to {} for {} cents",
-                    receipt_id.name, data.customer, data.amount_cents
+                    "receipt {} issued to {} for {} cents by {}",
+                    receipt_id.name, data.customer, data.amount_cents, self.identity
                 ),
                 resource: None,
             }],
@@ -185,8 +196,16 @@ async fn main() -> Result<(), String> {
         }
         stop.cancel();
     });
+    let work = Duration::from_millis(
+        env("WORK_MS")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .unwrap_or(0),
+    );
     let mut controller = Controller::new("invoices", payments("Invoice"))
-        .with_reconciler(Invoices)
+        .with_reconciler(Invoices {
+            identity: identity.clone(),
+            work,
+        })
         .with_finalizer(FINALIZER);
     if env("PLACEMENT").as_deref() == Some("each-replica") {
         // Every replica reconciles: the finalizer writes are compare-and-swap on the invoice

@@ -25,6 +25,10 @@ pub enum ApiError {
     /// A watch cannot go on from where it was (the history moved on, a restore): list again.
     #[error("{0}")]
     Relist(String),
+    /// A write sent under a lease this replica no longer holds (DESIGN §16, `FENCED`): nothing
+    /// was stored; the replica stops reconciling until it holds a lease again.
+    #[error("{0}")]
+    Fenced(String),
     /// Anything else: a bad request, a token without the permission, a server error.
     #[error("{0}")]
     Failed(String),
@@ -40,6 +44,7 @@ impl ApiError {
                 ApiError::Conflict(message)
             }
             Reason::ResumeUnavailable | Reason::WatchClosed => ApiError::Relist(message),
+            Reason::Fenced => ApiError::Fenced(message),
             reason if reason.may_succeed_later() => ApiError::Unavailable(message),
             _ => ApiError::Failed(message),
         }
@@ -88,4 +93,8 @@ pub trait Api: Clone + Send + Sync + 'static {
     ) -> Result<Resource, ApiError>;
     /// Opens a watch. Implementations may open lazily and report a refusal on the stream.
     async fn watch(&self, request: WatchListRequest) -> Result<EventStream, ApiError>;
+    /// This Api with its writes, status writes and deletes fenced by the lease in `fence`
+    /// (DESIGN §16): sent with it while the cell holds one, refused `Fenced` (nothing sent)
+    /// while it is empty; a `FENCED` answer empties it.
+    fn fenced(&self, fence: proto::fence::FenceCell) -> Self;
 }

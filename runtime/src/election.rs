@@ -181,6 +181,12 @@ pub struct Leadership {
     /// Who holds the lease as last seen (empty: nobody known).
     holder: std::sync::Mutex<String>,
     changed: tokio::sync::Notify,
+    /// The lease this replica's writes are fenced by while it leads (DESIGN §16): set by its
+    /// elector on each take and renewal, emptied when it stops leading — or by a write the
+    /// server refused `FENCED`, which ends the leadership at once.
+    fence: proto::fence::FenceCell,
+    /// Whether an elector keeps [`Leadership::fence`] (then leading needs it set).
+    fencing: std::sync::atomic::AtomicBool,
 }
 
 impl Leadership {
@@ -188,10 +194,19 @@ impl Leadership {
     /// the lease holder's behalf: a replica that was paused past its renew deadline answers
     /// `false` the moment it runs again, before its renewal loop has noticed.
     pub fn holds(&self) -> bool {
-        self.until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|until| Instant::now() < until)
+        let fenced_off =
+            self.fencing.load(std::sync::atomic::Ordering::Relaxed) && self.fence.get().is_none();
+        !fenced_off
+            && self
+                .until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The cell holding the lease this replica's writes are fenced by ([`crate::api::Api::fenced`]).
+    pub fn fence(&self) -> proto::fence::FenceCell {
+        self.fence.clone()
     }
 
     /// Who holds the lease, as this replica last saw it.
@@ -209,6 +224,9 @@ impl Leadership {
 
     pub(crate) fn lead_until(&self, until: Option<Instant>) {
         let was = self.holds();
+        if until.is_none() {
+            self.fence.set(None);
+        }
         *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
         if was != self.holds() {
             self.changed.notify_waiters();
@@ -236,11 +254,15 @@ pub struct Elector<S> {
 impl<S: LeaseStore> Elector<S> {
     pub fn new(config: Config, store: S) -> Result<Self, ConfigError> {
         config.check()?;
+        let leadership = Leadership::default();
+        leadership
+            .fencing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(Elector {
             config,
             store,
             observed: None,
-            leadership: Arc::new(Leadership::default()),
+            leadership: Arc::new(leadership),
         })
     }
 
@@ -317,6 +339,12 @@ impl<S: LeaseStore> Elector<S> {
             Ok(written) => {
                 self.observed = Some((written.version.clone(), now));
                 self.leadership.saw_holder(&self.config.identity);
+                self.leadership.fence.set(Some(proto::fence::LeaseFence {
+                    partition: self.config.partition.clone(),
+                    namespace: self.config.namespace.clone(),
+                    name: self.config.name.clone(),
+                    transitions: next.transitions,
+                }));
                 Ok(true)
             }
             Err(StoreError::Conflict) => Ok(false),

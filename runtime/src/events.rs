@@ -426,6 +426,10 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Api for Store {
+        /// The fence is the server's to check; this store has none.
+        fn fenced(&self, _: proto::fence::FenceCell) -> Self {
+            self.clone()
+        }
         async fn read(&self, id: &Id) -> Result<Option<Resource>, ApiError> {
             Ok(self.0.lock().unwrap().0.get(&id.name).cloned())
         }

@@ -77,6 +77,10 @@ impl Api for Client {
         Ok(Client::write_status(self, id, version, key, &status).await?)
     }
 
+    fn fenced(&self, fence: proto::fence::FenceCell) -> Self {
+        self.with_fence(fence)
+    }
+
     /// A resumable watch: disconnections are retried by the watcher (said once per outage);
     /// a watch the server cannot resume, or refuses, ends the stream.
     async fn watch(&self, request: WatchListRequest) -> Result<EventStream, ApiError> {

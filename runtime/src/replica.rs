@@ -113,6 +113,12 @@ impl Replica {
             gate.as_ref().map(|gate| gate.leadership.clone()),
             stopped.clone(),
         ));
+        // A singleton's writes carry its lease: a replica paused past it and woken after
+        // another took over has every write refused (`FENCED`), and stops.
+        let api = match &gate {
+            Some(gate) => api.fenced(gate.leadership.fence()),
+            None => api,
+        };
         crate::controller::run(Arc::new(controller), api, stats, gate, shutdown).await;
         stopped.cancel();
         if let Some(election) = election {

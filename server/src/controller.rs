@@ -46,6 +46,8 @@ pub(crate) type Runtime = runtime::controller::Context<InProcess>;
 pub(crate) struct InProcess {
     pub service: Arc<ResourceService>,
     pub identity: Arc<dyn Authorizer>,
+    /// The lease its writes are fenced by ([`Api::fenced`]).
+    pub fence: Option<proto::fence::FenceCell>,
 }
 
 impl InProcess {
@@ -54,6 +56,7 @@ impl InProcess {
         InProcess {
             service,
             identity: Arc::new(ControllerIdentity::new(name)),
+            fence: None,
         }
     }
 
@@ -63,7 +66,31 @@ impl InProcess {
         InProcess {
             service,
             identity: Arc::new(crate::acl::AllowAll),
+            fence: None,
         }
+    }
+
+    /// Runs a write, status write or delete under this Api's fence, as the gRPC layer runs one
+    /// that carries `x-resd-fence`.
+    async fn fenced<T>(
+        &self,
+        write: impl Future<Output = Result<T, service::Error>>,
+    ) -> Result<T, ApiError> {
+        let Some(cell) = &self.fence else {
+            return write.await.map_err(api_error);
+        };
+        let Some(fence) = cell.get() else {
+            return Err(ApiError::Fenced(
+                "fenced: this replica does not hold its lease now; the write was not made".into(),
+            ));
+        };
+        let outcome = service::fenced::scope(Some(fence.clone()), write)
+            .await
+            .map_err(api_error);
+        if let Err(ApiError::Fenced(_)) = &outcome {
+            cell.revoke(&fence);
+        }
+        outcome
     }
 }
 
@@ -102,10 +129,8 @@ impl Api for InProcess {
             resource: Some(resource),
         };
         let response = self
-            .service
-            .write(self.identity.as_ref(), request)
-            .await
-            .map_err(api_error)?;
+            .fenced(self.service.write(self.identity.as_ref(), request))
+            .await?;
         response
             .resource
             .ok_or_else(|| ApiError::Failed("the write returned no resource".into()))
@@ -116,11 +141,9 @@ impl Api for InProcess {
             id: Some(id.clone()),
             version: version.to_owned(),
         };
-        self.service
-            .delete(self.identity.as_ref(), request)
+        self.fenced(self.service.delete(self.identity.as_ref(), request))
             .await
             .map(drop)
-            .map_err(api_error)
     }
 
     async fn list(
@@ -166,13 +189,18 @@ impl Api for InProcess {
             status: Some(status),
         };
         let response = self
-            .service
-            .write_status(self.identity.as_ref(), request)
-            .await
-            .map_err(api_error)?;
+            .fenced(self.service.write_status(self.identity.as_ref(), request))
+            .await?;
         response
             .resource
             .ok_or_else(|| ApiError::Failed("the status write returned no resource".into()))
+    }
+
+    fn fenced(&self, fence: proto::fence::FenceCell) -> Self {
+        InProcess {
+            fence: Some(fence),
+            ..self.clone()
+        }
     }
 
     async fn watch(&self, request: WatchListRequest) -> Result<EventStream, ApiError> {

@@ -27,6 +27,7 @@ mod convert;
 mod delete;
 pub(crate) mod encoded;
 mod error;
+pub(crate) mod fenced;
 pub(crate) mod grpc;
 mod history;
 mod migrate;

@@ -91,6 +91,9 @@ pub enum Guard {
     /// No resource of the domain changed after `revision` (every Type, for a change to a Type;
     /// every token and policy, for a change a token authorized).
     Domain { domain: Domain, revision: Version },
+    /// The `coordination.v1.Lease` under `key` exists and has changed hands exactly
+    /// `transitions` times: the writer still holds it (DESIGN §16's fenced writes).
+    Lease { key: StorageKey, transitions: u64 },
 }
 
 /// A set of resources whose last change the state machine records ([`Guard::Domain`]).
@@ -146,6 +149,9 @@ pub enum FenceKind {
     Schema,
     /// A token or policy: reason `ACL_CHANGED`.
     Acl,
+    /// The lease the writer sent (`x-resd-fence`) changed hands or is gone: reason `FENCED`,
+    /// final (the writer no longer holds it; the server never retries it).
+    Lease,
 }
 
 /// A change refused because what it was checked against moved ([`Guard`]); nothing changed.
@@ -165,13 +171,15 @@ impl std::fmt::Display for Fenced {
 }
 
 /// The first guard of `fence` that the state no longer meets: `stored` is the version stored
-/// under a key ("" when nothing is), `revision` a domain's last change. Every backend decides
-/// with it, the same way.
+/// under a key ("" when nothing is), `revision` a domain's last change, `lease` the
+/// `transitions` of the lease stored under a key (`None`: no lease there, or one whose data
+/// does not decode). Every backend decides with it, the same way.
 pub fn check_fence(
     fence: &Fence,
     at: Version,
     mut stored: impl FnMut(&StorageKey) -> Result<String, StorageError>,
     revision: impl Fn(Domain) -> Version,
+    mut lease: impl FnMut(&StorageKey) -> Result<Option<u64>, StorageError>,
 ) -> Result<(), StorageError> {
     for guard in &fence.guards {
         let refused = match guard {
@@ -204,12 +212,43 @@ pub fn check_fence(
                     at: at.index,
                 })
             }
+            Guard::Lease { key, transitions } => {
+                let now = lease(key)?;
+                (now != Some(*transitions)).then(|| Fenced {
+                    kind: FenceKind::Lease,
+                    why: match now {
+                        None => format!(
+                            "fenced: the lease {}/{}/{} this write was sent under no longer exists (or cannot be read); its writer does not hold it",
+                            key.partition, key.namespace, key.name
+                        ),
+                        Some(now) => format!(
+                            "fenced: the lease {}/{}/{} changed hands since this writer took it (transitions {now}, the fence says {transitions}); another replica holds it now",
+                            key.partition, key.namespace, key.name
+                        ),
+                    },
+                    at: at.index,
+                })
+            }
         };
         if let Some(fenced) = refused {
             return Err(StorageError::Fenced(fenced));
         }
     }
     Ok(())
+}
+
+/// How many times the lease `resource` has changed hands, as [`Guard::Lease`] compares it;
+/// `None` when it is not a `coordination.v1.Lease` or its data does not decode.
+pub fn lease_transitions(resource: &Resource) -> Option<u64> {
+    let is_lease = resource
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .is_some_and(|t| t.group == "coordination" && t.kind == "Lease");
+    let data = resource.data.as_ref().filter(|_| is_lease)?;
+    <proto::coordination::v1::Lease as prost::Message>::decode(data.value.as_slice())
+        .ok()
+        .map(|lease| lease.transitions)
 }
 
 /// The storage identity of a resource. Orders by type, then tenancy, then name.

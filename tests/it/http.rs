@@ -729,3 +729,150 @@ async fn selectors_pages_and_bookmarks_over_http() {
     let bookmark = watch.until(3, |line| line.get("bookmark").is_some()).await;
     assert_eq!(bookmark["version"], written.version.as_str(), "{bookmark}");
 }
+
+/// Fenced writes over HTTP (DESIGN §16, `X-Resd-Fence`), as an attacker would send them: a
+/// malformed fence is 400; a fence naming a lease the caller may not read is 403 whether or not
+/// it exists; a fence whose lease changed hands (or does not exist) is refused `FENCED` with
+/// nothing stored, and deletes likewise; the current fence lets the write through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_over_http_are_checked_against_the_lease() {
+    let cluster = tests::Cluster::with_http(1, true).await;
+    trust(&cluster);
+    let token = cluster.token.clone().expect("management token");
+    let base = cluster.nodes[0].http_url();
+    let manage = [("x-resd-token", token.as_str())];
+    let lease_url = format!("{base}/v1/resources/coordination/v1/Lease/invoices");
+    let (status, body) = call(
+        "PUT",
+        &lease_url,
+        &manage,
+        Some("{\"data\": {\"holder\": \"replica-b\", \"durationSeconds\": 15, \"transitions\": \"3\"}}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let artists = format!("{base}/v1/resources/demo/v2/Artist");
+    let put = |name: &str, fence: &str, who: &[(&'static str, String)]| {
+        let mut headers: Vec<(&str, String)> = who.to_vec();
+        headers.push(("x-resd-fence", fence.to_owned()));
+        let url = format!("{artists}/{name}");
+        let body = artist(name);
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            call_json("PUT", &url, &headers, Some(&body)).await
+        }
+    };
+    let management = vec![("x-resd-token", token.clone())];
+    // Malformed: 400 naming the grammar.
+    for fence in [
+        "invoices@3",
+        "default/default/invoices",
+        "default/default/invoices@x",
+    ] {
+        let (status, refused) = put("nina", fence, &management).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (400, Some("INVALID_ARGUMENT")),
+            "{fence}: {refused}"
+        );
+        assert!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("<partition>/<namespace>/<lease name>@<transitions>")),
+            "{refused}"
+        );
+    }
+    // Stale (the lease changed hands since 2) or naming no lease: FENCED, nothing stored.
+    for fence in ["default/default/invoices@2", "default/default/nobody@0"] {
+        let (status, refused) = put("nina", fence, &management).await;
+        assert_eq!(
+            refused["reason"].as_str(),
+            Some("FENCED"),
+            "{fence}: {status} {refused}"
+        );
+        assert_eq!(refused["code"].as_str(), Some("FAILED_PRECONDITION"));
+    }
+    assert_eq!(
+        call("GET", &format!("{artists}/nina"), &manage, None)
+            .await
+            .0,
+        404,
+        "nothing was stored under a stale fence"
+    );
+    // The current fence: stored; a delete under a stale one is refused, under the current
+    // one it goes through.
+    let (status, stored) = put("nina", "default/default/invoices@3", &management).await;
+    assert_eq!(status, 200, "{stored}");
+    let delete = |fence: &'static str| {
+        let url = format!("{artists}/nina");
+        let token = token.clone();
+        async move {
+            call_json(
+                "DELETE",
+                &url,
+                &[("x-resd-token", &token), ("x-resd-fence", fence)],
+                None,
+            )
+            .await
+        }
+    };
+    let (_, refused) = delete("default/default/invoices@4").await;
+    assert_eq!(refused["reason"].as_str(), Some("FENCED"), "{refused}");
+    assert_eq!(
+        call("GET", &format!("{artists}/nina"), &manage, None)
+            .await
+            .0,
+        200
+    );
+    let (status, body) = delete("default/default/invoices@3").await;
+    assert_eq!(status, 200, "{body}");
+
+    // A token that may write artists but not read leases: naming one is 403, whether it
+    // exists or not (no probing for leases).
+    let policy = "{\"data\": {\"rules\": [{\"types\": [\"demo.v2.Artist\"], \"access\": \"ACCESS_WRITE\"}]}}";
+    let (status, body) = call(
+        "PUT",
+        &format!("{base}/v1/resources/acl/v1/Policy/artist-writer"),
+        &manage,
+        Some(policy),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let writer = "{\"data\": {\"policies\": [\"artist-writer\"], \"secret\": \"writer-secret-0123456789abcdef\"}}";
+    let (status, body) = call(
+        "PUT",
+        &format!("{base}/v1/resources/acl/v1/Token/writer"),
+        &manage,
+        Some(writer),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let as_writer = vec![("x-resd-token", "writer-secret-0123456789abcdef".to_owned())];
+    eventually("the writer token works", || {
+        let put = &put;
+        let as_writer = as_writer.clone();
+        async move {
+            put("ella", "default/default/invoices@3", &as_writer)
+                .await
+                .0
+                == 403
+        }
+    })
+    .await;
+    for fence in ["default/default/invoices@3", "default/default/nobody@0"] {
+        let (status, refused) = put("ella", fence, &as_writer).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (403, Some("PERMISSION_DENIED")),
+            "{fence}: {refused}"
+        );
+    }
+    let (status, body) = call_json(
+        "PUT",
+        &format!("{artists}/ella"),
+        &[("x-resd-token", "writer-secret-0123456789abcdef")],
+        Some(&artist("ella")),
+    )
+    .await;
+    assert_eq!(status, 200, "unfenced, the writer may write: {body}");
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use proto::client::Client;
 use proto::resource::v1::{Id, Tenancy, Type};
+use tokio_util::sync::CancellationToken;
 
 /// A replica of the example; killed when dropped.
 struct Replica(Child);
@@ -617,5 +618,135 @@ async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconcile
     assert!(
         invoice.status.is_empty() && !invoice.metadata.contains_key("finalizers"),
         "nothing reconciled without the lease: {invoice:?}"
+    );
+}
+
+/// A token of the invoice controller's policy (made by [`token_for_types`]) named `name`: its
+/// secret.
+fn another_token(cluster: &tests::Cluster, name: &str) -> String {
+    let created = as_management(
+        cluster,
+        &[
+            "acl",
+            "token",
+            "create",
+            name,
+            "--policy",
+            "invoice-controller",
+            "-o",
+            "json",
+        ],
+    );
+    serde_json::from_str::<serde_json::Value>(&created).expect("json")["secret"]
+        .as_str()
+        .expect("a secret")
+        .to_owned()
+}
+
+/// DESIGN §16's fenced writes, as an attacker (or a stop-the-world pause) would test them: the
+/// holder is SIGSTOPped while it issues receipts (each takes `WORK_MS` between deciding and
+/// writing), another replica takes the lease over, and the paused one is resumed with writes in
+/// flight. Every write it makes after the takeover is refused `FENCED` — none is stored (the
+/// objects' history names who wrote each version: each replica has a token of its own) — and
+/// it stops reconciling; the new holder accepts everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_mid_write_past_its_lease_has_every_later_write_refused_fenced() {
+    let cluster = tests::Cluster::start_with_acls(1).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let first_secret = token_for_types(&cluster, INVOICE_RULES);
+    let second_secret = another_token(&cluster, "invoice-controller-2");
+    let client = cluster.client(0);
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let log = scratch.path().join("replica-1.log");
+    let slow = |secret: &str| {
+        let mut env = acl_env(&cluster, secret);
+        env.push(("WORK_MS", "1500".into()));
+        env
+    };
+    let first = Replica::spawn(
+        "replica-1",
+        &server,
+        &slow(&first_secret),
+        std::fs::File::create(&log).expect("log").into(),
+    );
+    accepted(&client, "acme-2026-001", Duration::from_secs(30)).await;
+    let second = Replica::start_with("replica-2", &server, &slow(&second_secret));
+
+    // Invoices keep coming, so the holder always has a receipt in the making.
+    let stop_writing = CancellationToken::new();
+    let writer = {
+        let (client, stop) = (client.clone(), stop_writing.clone());
+        tokio::spawn(async move {
+            let mut written = Vec::new();
+            for n in 0..200 {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let name = format!("load-{n}");
+                client
+                    .write(&new_invoice(&name, 100 + n, "Load"))
+                    .await
+                    .expect("an invoice");
+                written.push(name);
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            written
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    signal(&first, "STOP");
+    let deadline = Instant::now() + Duration::from_secs(3 + 1 + 5);
+    while lease(&client).await != ("replica-2".to_owned(), 1) {
+        assert!(Instant::now() < deadline, "nobody took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Everything after this version is the new holder's to write.
+    let taken_over = client
+        .write(&new_invoice("after-takeover", 1, "Marker"))
+        .await
+        .expect("a marker")
+        .version;
+    signal(&first, "CONT");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop_writing.cancel();
+    let mut written = writer.await.expect("the writer");
+    written.push("after-takeover".into());
+    for name in &written {
+        accepted(&client, name, Duration::from_secs(60)).await;
+    }
+    drop(second);
+    drop(first);
+
+    let after = |version: &str| {
+        let (index, _) = version.split_once('.').unwrap_or((version, ""));
+        let (taken, _) = taken_over.split_once('.').unwrap_or((&taken_over, ""));
+        index.parse::<u64>().expect("a version") > taken.parse::<u64>().expect("a version")
+    };
+    let mut checked = 0;
+    for name in written.iter().map(String::as_str).chain(["acme-2026-001"]) {
+        for id in [invoice_id(name), receipt_id(name)] {
+            for entry in client.history(&id, 1000).await.expect("history") {
+                checked += 1;
+                assert!(
+                    !(entry.actor == "invoice-controller" && after(&entry.version)),
+                    "the former holder stored {} {} at {} after the takeover (at {taken_over})",
+                    id.name,
+                    match entry.operation {
+                        2 => "a status",
+                        _ => "a change",
+                    },
+                    entry.version
+                );
+            }
+        }
+    }
+    assert!(
+        checked > written.len(),
+        "histories were read ({checked} entries)"
+    );
+    let said = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        said.contains("changed hands since this writer took it"),
+        "the resumed former holder's writes in flight were refused FENCED:\n{said}"
     );
 }

@@ -103,6 +103,10 @@ fn kind_of(id: &Id) -> String {
 
 #[async_trait::async_trait]
 impl Api for Fake {
+    /// The fence is the server's to check; this store has none.
+    fn fenced(&self, _: proto::fence::FenceCell) -> Self {
+        self.clone()
+    }
     async fn read(&self, id: &Id) -> Result<Option<Resource>, ApiError> {
         Ok(self
             .state()

@@ -225,3 +225,38 @@ fn timings_that_cannot_work_are_refused() {
     assert_eq!(bad.check(), Err(ConfigError::NoIdentity));
     config("a").check().expect("the defaults work");
 }
+
+/// The fence a holder's writes carry (DESIGN §16) names its lease and the transitions it took
+/// it at; a takeover gives the next holder the next number, and a write refused `FENCED`
+/// (the cell revoked) ends the former holder's leadership at once, before its deadline.
+#[tokio::test(start_paused = true)]
+async fn the_fence_names_the_transitions_a_holder_took_the_lease_at_and_revoking_it_ends_leading() {
+    let store = Store::default();
+    let mut a = Elector::new(config("a"), store.clone()).expect("a");
+    let mut b = Elector::new(config("b"), store.clone()).expect("b");
+    assert!(a.try_acquire_or_renew().await.expect("a takes"));
+    a.leadership
+        .lead_until(Some(Instant::now() + Duration::from_secs(10)));
+    let fence = a.leadership().fence().get().expect("a's fence");
+    assert_eq!(fence.to_string(), "default/default/invoices@0");
+    assert!(a.leadership().holds());
+    // b takes over once a stops renewing.
+    assert!(!b.try_acquire_or_renew().await.expect("b sees a"));
+    tokio::time::advance(Duration::from_secs(15)).await;
+    assert!(b.try_acquire_or_renew().await.expect("b takes over"));
+    assert_eq!(
+        b.leadership().fence().get().map(|f| f.to_string()),
+        Some("default/default/invoices@1".to_owned())
+    );
+    // a's deadline has passed; had it not, a refusal of its fence ends its leadership.
+    a.leadership
+        .lead_until(Some(Instant::now() + Duration::from_secs(10)));
+    a.leadership().fence().set(Some(fence.clone()));
+    assert!(a.leadership().holds());
+    a.leadership().fence().revoke(&fence);
+    assert!(!a.leadership().holds(), "a refused fence ends leading");
+    // Revoking a fence that is no longer the cell's leaves the newer one alone.
+    let newer = b.leadership().fence().get().expect("b's fence");
+    b.leadership().fence().revoke(&fence);
+    assert_eq!(b.leadership().fence().get(), Some(newer));
+}

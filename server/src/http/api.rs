@@ -318,7 +318,7 @@ fn grpc_request<T>(
     if let Ok(note) = crate::audit::HTTP_NOTE.try_with(Clone::clone) {
         request.extensions_mut().insert(note);
     }
-    for name in [TOKEN_HEADER, "authorization"] {
+    for name in [TOKEN_HEADER, "authorization", proto::FENCE_HEADER] {
         if let Some(value) = headers.get(name) {
             let value = tonic::metadata::MetadataValue::try_from(value.as_bytes())
                 .map_err(|_| ApiError::invalid(format!("the {name} header is not valid")))?;

@@ -32,8 +32,9 @@ impl ResourceService {
         if let Some(t) = id.r#type.as_ref() {
             super::policy::fence_on(&mut fence, &policies, &t.group, &t.kind);
         }
-        let (fence, policies) = (&fence, &policies);
         registration.check_write_access_before_existence(authorizer, &id)?;
+        fence.guards.extend(self.lease_guard(authorizer).await?);
+        let (fence, policies) = (&fence, &policies);
         let gvk = registration.gvk();
         if (gvk == builtin::NAMESPACE
             && id.name == resource::DEFAULT_NAMESPACE

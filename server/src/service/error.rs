@@ -323,13 +323,11 @@ impl Error {
             Error::UidMismatch(_) => (Code::FailedPrecondition, Reason::UidMismatch),
             Error::FailedPrecondition(_) => (Code::FailedPrecondition, Reason::FailedPrecondition),
             Error::TypeBeingDeleted(_) => (Code::FailedPrecondition, Reason::TypeBeingDeleted),
-            Error::Fenced(fenced) => (
-                Code::Aborted,
-                match fenced.kind {
-                    crate::storage::FenceKind::Schema => Reason::SchemaChanged,
-                    crate::storage::FenceKind::Acl => Reason::AclChanged,
-                },
-            ),
+            Error::Fenced(fenced) => match fenced.kind {
+                crate::storage::FenceKind::Schema => (Code::Aborted, Reason::SchemaChanged),
+                crate::storage::FenceKind::Acl => (Code::Aborted, Reason::AclChanged),
+                crate::storage::FenceKind::Lease => (Code::FailedPrecondition, Reason::Fenced),
+            },
             Error::Removed(_) => (Code::FailedPrecondition, Reason::Removed),
             Error::NotLeader(_) => (Code::FailedPrecondition, Reason::NotLeader),
             Error::AlreadyExists(_) => (Code::AlreadyExists, Reason::AlreadyExists),
@@ -433,6 +431,11 @@ mod tests {
             }),
             Error::Fenced(crate::storage::Fenced {
                 kind: crate::storage::FenceKind::Acl,
+                why: "x".into(),
+                at: 1,
+            }),
+            Error::Fenced(crate::storage::Fenced {
+                kind: crate::storage::FenceKind::Lease,
                 why: "x".into(),
                 at: 1,
             }),

@@ -544,11 +544,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let (response, warnings) = super::policy::collecting(
+        let fence = super::fenced::of_metadata(request.metadata())?;
+        let (response, warnings) = super::policy::collecting(super::fenced::scope(
+            fence,
             self.unary(&request, None, |authorizer, body, _| async move {
                 self.service.write(authorizer.as_ref(), body).await
             }),
-        )
+        ))
         .await;
         let mut response = Response::new(response?);
         admission_warnings(&warnings, response.metadata_mut());
@@ -568,11 +570,14 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<WriteStatusRequest>,
     ) -> Result<Response<WriteStatusResponse>, Status> {
-        let response = self
-            .unary(&request, None, |authorizer, body, _| async move {
+        let fence = super::fenced::of_metadata(request.metadata())?;
+        let response = super::fenced::scope(
+            fence,
+            self.unary(&request, None, |authorizer, body, _| async move {
                 self.service.write_status(authorizer.as_ref(), body).await
-            })
-            .await?;
+            }),
+        )
+        .await?;
         let mut response = Response::new(response);
         self.warn(
             request
@@ -636,11 +641,13 @@ impl resource_service_server::ResourceService for ResourceGrpc {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        let (response, warnings) = super::policy::collecting(
+        let fence = super::fenced::of_metadata(request.metadata())?;
+        let (response, warnings) = super::policy::collecting(super::fenced::scope(
+            fence,
             self.unary(&request, None, |authorizer, body, _| async move {
                 self.service.delete(authorizer.as_ref(), body).await
             }),
-        )
+        ))
         .await;
         let mut response = Response::new(response?);
         admission_warnings(&warnings, response.metadata_mut());

@@ -310,6 +310,7 @@ impl ResourceService {
             other => other?,
         };
         let mut fence = Self::fence(authorizer, &registration, is_type.then_some(types));
+        fence.guards.extend(self.lease_guard(authorizer).await?);
         let policies = self.policies_now();
         if let Some(t) = resource.id.as_ref().and_then(|id| id.r#type.as_ref()) {
             super::policy::fence_on(&mut fence, &policies, &t.group, &t.kind);
@@ -1142,7 +1143,8 @@ impl ResourceService {
         };
 
         let blind = version.is_empty();
-        let fence = Self::fence(authorizer, &registration, None);
+        let mut fence = Self::fence(authorizer, &registration, None);
+        fence.guards.extend(self.lease_guard(authorizer).await?);
         let (id, registration, key, status) = (&id, &registration, &key, &status);
         let (version, fence) = (&version, &fence);
         retry_blind(blind, |_| async move {

@@ -60,6 +60,7 @@ macro_rules! conformance_tests {
             watch_resumes_after_a_version_without_gap_or_duplicate,
             watch_resume_from_a_future_version_is_refused,
             quotas_are_kept_and_enforced_by_the_store,
+            a_change_fenced_by_a_lease_lands_only_while_the_lease_has_not_changed_hands,
             history_keeps_every_version_with_its_actor,
             history_keeps_the_types_retention,
             history_is_bounded_per_node_and_by_age,
@@ -581,6 +582,127 @@ pub(crate) async fn delete_with_the_current_version_removes_the_resource<B: Back
         .await
         .expect("delete");
     expect_not_found(backend, &id_of(&stored)).await;
+}
+
+/// A change sent under a lease (DESIGN §16's fenced writes, [`crate::storage::Guard::Lease`]):
+/// stored while the lease exists with the fence's `transitions`; once it changed hands, or
+/// where there is no lease, refused `Fenced` (kind `Lease`) with nothing stored — writes and
+/// deletes alike.
+pub(crate) async fn a_change_fenced_by_a_lease_lands_only_while_the_lease_has_not_changed_hands<
+    B: Backend,
+>(
+    backend: &B,
+) {
+    use crate::storage::{Fence, FenceKind, Fenced, Guard, StorageKey};
+    use proto::coordination::v1::Lease;
+    let fixture = Fixture::new();
+    let lease_of = |holder: &str, transitions: u64| Lease {
+        holder: holder.into(),
+        duration_seconds: 15,
+        transitions,
+        ..Default::default()
+    };
+    let mut lease = Resource {
+        id: Some(Id {
+            uid: ulid::Ulid::new().to_string(),
+            name: "invoices".into(),
+            r#type: Some(Type {
+                group: "coordination".into(),
+                group_version: "v1".into(),
+                kind: "Lease".into(),
+            }),
+            tenancy: Some(tenancy("default", "team")),
+        }),
+        data: Some(proto::to_any(&lease_of("replica-a", 3))),
+        ..Default::default()
+    };
+    let stored_lease = backend.write_cas(lease.clone()).await.expect("the lease");
+    let fence_at = |transitions: u64, name: &str| Fence {
+        guards: vec![Guard::Lease {
+            key: StorageKey {
+                name: name.into(),
+                ..StorageKey::of(&id_of(&stored_lease))
+            },
+            transitions,
+        }],
+    };
+    let held = fence_at(3, "invoices");
+    let miles = backend
+        .write_cas_as(fixture.artist("miles"), "replica-a", &held)
+        .await
+        .expect("a write under the lease as it is lands");
+    // Renewed by its holder (same transitions): still the holder's.
+    lease.version = stored_lease.version.clone();
+    lease.data = Some(proto::to_any(&lease_of("replica-a", 3)));
+    let renewed = backend.write_cas(lease.clone()).await.expect("renewed");
+    let miles = backend
+        .write_cas_as(
+            Resource {
+                metadata: [("renewed".to_owned(), "yes".to_owned())].into(),
+                ..miles
+            },
+            "replica-a",
+            &held,
+        )
+        .await
+        .expect("a renewal does not fence its holder");
+    // Taken over.
+    lease.version = renewed.version.clone();
+    lease.data = Some(proto::to_any(&lease_of("replica-b", 4)));
+    backend.write_cas(lease).await.expect("taken over");
+    let fenced = |outcome: Result<(), StorageError>, what: &str| match outcome {
+        Err(StorageError::Fenced(Fenced {
+            kind: FenceKind::Lease,
+            why,
+            ..
+        })) => assert!(why.contains("default/team/"), "{what}: {why}"),
+        other => panic!("{what}: expected Fenced(Lease), got {other:?}"),
+    };
+    fenced(
+        backend
+            .write_cas_as(fixture.artist("coltrane"), "replica-a", &held)
+            .await
+            .map(drop),
+        "a create by the former holder",
+    );
+    fenced(
+        backend
+            .write_cas_as(miles.clone(), "replica-a", &held)
+            .await
+            .map(drop),
+        "an update by the former holder",
+    );
+    fenced(
+        backend
+            .delete_cas_as(&id_of(&miles), &miles.version, "replica-a", &held)
+            .await,
+        "a delete by the former holder",
+    );
+    fenced(
+        backend
+            .write_cas_as(fixture.artist("bird"), "replica-a", &fence_at(3, "nobody"))
+            .await
+            .map(drop),
+        "a write under a lease that does not exist",
+    );
+    // Nothing the former holder sent was stored; the new holder's fence lands.
+    let no_uid = |resource: &Resource| Id {
+        uid: String::new(),
+        ..id_of(resource)
+    };
+    expect_not_found(backend, &no_uid(&fixture.artist("coltrane"))).await;
+    expect_not_found(backend, &no_uid(&fixture.artist("bird"))).await;
+    expect_read(backend, &id_of(&miles), &miles.version).await;
+    backend
+        .delete_cas_as(
+            &id_of(&miles),
+            &miles.version,
+            "replica-b",
+            &fence_at(4, "invoices"),
+        )
+        .await
+        .expect("the new holder's delete lands");
+    expect_not_found(backend, &id_of(&miles)).await;
 }
 
 /// A quota (DESIGN §17) as the store keeps it: `used` counted from what is stored when it is

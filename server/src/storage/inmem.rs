@@ -59,6 +59,7 @@ impl State {
                     .unwrap_or_default())
             },
             |domain| self.revisions.get(&domain).copied().unwrap_or_default(),
+            |key| Ok(self.resources.get(key).and_then(super::lease_transitions)),
         )
     }
 

@@ -129,6 +129,12 @@ pub(crate) fn guards_of(fence: &Fence) -> Vec<pb::Guard> {
                     index: revision.index,
                     position: revision.position,
                 }),
+                Guard::Lease { key, transitions } => pb::guard::Guard::Lease(pb::LeaseGuard {
+                    partition: key.partition.clone(),
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    transitions: *transitions,
+                }),
             }),
         })
         .collect()
@@ -158,6 +164,16 @@ fn fence_of(guards: Vec<pb::Guard>) -> Result<Fence, CodecError> {
                 domain: Domain::from_name(&domain.domain)
                     .ok_or_else(|| shape("change", "a guard of an unknown domain"))?,
                 revision: crate::storage::Version::at(domain.index, domain.position),
+            }),
+            Some(pb::guard::Guard::Lease(lease)) => Ok(Guard::Lease {
+                key: StorageKey {
+                    group: "coordination".into(),
+                    kind: "Lease".into(),
+                    partition: lease.partition,
+                    namespace: lease.namespace,
+                    name: lease.name,
+                },
+                transitions: lease.transitions,
             }),
             None => Err(shape("change", "an empty guard")),
         })
@@ -455,6 +471,8 @@ const TENANCY_NOT_FOUND: &str = proto::reason::Reason::TenancyNotFound.as_str();
 /// `StorageFailure.reason` of a change fenced off by a token or policy change (else a Type's).
 const ACL_CHANGED: &str = proto::reason::Reason::AclChanged.as_str();
 const SCHEMA_CHANGED: &str = proto::reason::Reason::SchemaChanged.as_str();
+/// `StorageFailure.reason` of a write whose lease changed hands (DESIGN §16).
+const LEASE_FENCED: &str = proto::reason::Reason::Fenced.as_str();
 /// `StorageFailure.reason` of a change refused field by field (`violations`).
 const INVALID: &str = proto::reason::Reason::Invalid.as_str();
 /// `StorageFailure.reason` of a change a quota refused (`quota_exceeded`).
@@ -514,6 +532,10 @@ pub(crate) fn failure_of(error: &StorageError) -> pb::StorageFailure {
             kind: FenceKind::Acl,
             ..
         }) => ACL_CHANGED.to_owned(),
+        StorageError::Fenced(Fenced {
+            kind: FenceKind::Lease,
+            ..
+        }) => LEASE_FENCED.to_owned(),
         StorageError::Fenced(_) => SCHEMA_CHANGED.to_owned(),
         StorageError::Invalid(_) => INVALID.to_owned(),
         StorageError::QuotaExceeded(_) => QUOTA_EXCEEDED.to_owned(),
@@ -597,10 +619,10 @@ pub(crate) fn error_of(failure: pb::StorageFailure) -> StorageError {
         Code::ShuttingDown => StorageError::ShuttingDown(failure.message),
         Code::Damaged => StorageError::Damaged(failure.message),
         Code::Fenced => StorageError::Fenced(Fenced {
-            kind: if failure.reason == ACL_CHANGED {
-                FenceKind::Acl
-            } else {
-                FenceKind::Schema
+            kind: match failure.reason.as_str() {
+                ACL_CHANGED => FenceKind::Acl,
+                LEASE_FENCED => FenceKind::Lease,
+                _ => FenceKind::Schema,
             },
             why: failure.message,
             at: failure.applied.unwrap_or_default(),

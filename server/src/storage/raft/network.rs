@@ -54,7 +54,8 @@ pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 ///
 /// Its value is the level of the rules apply enforces, raised whenever apply decides anything
 /// differently: 1, the fence; 2, quotas kept and enforced in apply and the admission policies'
-/// domain (DESIGN §17); 3, objects' history kept and compacted by apply (DESIGN §18). Only
+/// domain (DESIGN §17); 3, objects' history kept and compacted by apply (DESIGN §18); 4, writes fenced by a lease
+/// (DESIGN §16, a `LeaseGuard`). Only
 /// members of the same level replicate to each other.
 ///
 /// Up to level 2 it was named `x-resd-fence`; it is `x-resd-apply-rules` from level 3, so as
@@ -63,7 +64,7 @@ pub(crate) const MAX_APPEND_BYTES: usize = 32 << 20;
 pub(crate) const FENCE_HEADER: &str = "x-resd-apply-rules";
 
 /// The level of apply's rules this build sends and requires ([`FENCE_HEADER`]).
-const APPLY_RULES: &str = "3";
+const APPLY_RULES: &str = "4";
 
 /// Whether `metadata` says its sender applies changes by this build's rules.
 pub(crate) fn checks_fences(metadata: &tonic::metadata::MetadataMap) -> bool {

@@ -547,6 +547,16 @@ mod properties {
                     domain,
                     revision: Version::at(index, position),
                 }),
+            (name(), name(), any::<u64>()).prop_map(|(namespace, n, transitions)| Guard::Lease {
+                key: StorageKey {
+                    group: "coordination".into(),
+                    kind: "Lease".into(),
+                    partition: "default".into(),
+                    namespace,
+                    name: n,
+                },
+                transitions,
+            }),
         ]
     }
 

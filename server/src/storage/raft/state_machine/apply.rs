@@ -267,7 +267,7 @@ fn check_fence(
         return Ok(Ok(()));
     }
     // Reads that fail on the environment (not on data) stop apply, as everywhere here.
-    let mut failed = None;
+    let failed = std::cell::Cell::new(None);
     // Only the domains the fence names are read (a registered type's write names none, or
     // the ACLs alone).
     let mut revisions = std::collections::BTreeMap::new();
@@ -284,13 +284,22 @@ fn check_fence(
         |key| match stored_version(dbs, wtxn, key) {
             Ok(found) => found,
             Err(error) => {
-                failed = Some(error);
+                failed.set(Some(error));
                 Ok(String::new())
             }
         },
         |domain| revisions.get(&domain).copied().unwrap_or_default(),
+        |key| match stored(dbs, wtxn, &schema::resource_key(key), key) {
+            Ok(found) => {
+                found.map(|lease| lease.as_ref().and_then(crate::storage::lease_transitions))
+            }
+            Err(error) => {
+                failed.set(Some(error));
+                Ok(None)
+            }
+        },
     );
-    match failed {
+    match failed.into_inner() {
         Some(error) => Err(error),
         None => Ok(checked),
     }
