@@ -47,70 +47,9 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
-    /// Server to talk to, HOST:PORT (any member; followers forward), or several separated by
-    /// commas: the first that answers is used, and calls and watches move on when it fails
-    /// [default: 127.0.0.1:8502]
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_SERVER",
-        hide_env_values = true,
-        value_name = "HOST:PORT[,…]"
-    )]
-    pub server: Option<String>,
-    /// ACL token sent with every request
-    #[arg(long, global = true, env = "RESD_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// File holding the ACL token (its first line)
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_TOKEN_FILE",
-        hide_env_values = true,
-        value_name = "FILE",
-        conflicts_with = "token"
-    )]
-    pub token_file: Option<PathBuf>,
-    /// CA certificate (PEM) the server's certificate must chain to; turns TLS on
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_CA_CERT",
-        hide_env_values = true,
-        value_name = "FILE"
-    )]
-    pub ca_cert: Option<PathBuf>,
-    /// Client certificate (PEM) for servers that verify clients (`resd tls cert create --client NAME`)
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_CLIENT_CERT",
-        hide_env_values = true,
-        value_name = "FILE"
-    )]
-    pub client_cert: Option<PathBuf>,
-    /// Private key (PEM) of the client certificate
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_CLIENT_KEY",
-        hide_env_values = true,
-        value_name = "FILE"
-    )]
-    pub client_key: Option<PathBuf>,
-    /// Named server and token from the contexts file (see `resctl context`)
-    #[arg(long, global = true, env = "RESD_CONTEXT", hide_env_values = true)]
-    pub context: Option<String>,
-    /// How long each call to the cluster may take, retries included (`10s`, `2m`); past it the
-    /// command fails saying what it waited for [default: the context's, else 30s]
-    #[arg(
-        long,
-        global = true,
-        env = "RESD_REQUEST_TIMEOUT",
-        value_name = "DURATION",
-        value_parser = parse_duration
-    )]
-    pub request_timeout: Option<Duration>,
+    /// Where the cluster is and how to reach it (shared with every controller program).
+    #[command(flatten)]
+    pub connect: proto::client::connect::ConnectArgs,
     /// Output format: table, wide, yaml, json, name, jsonpath=TEMPLATE (kubectl's subset:
     /// `{.data.name}`, `{.items[*].name}`, `{.items[0]}`, `{range .items[*]}…{end}`, `{"\n"}`;
     /// a list is `{.items}`), or custom-columns=NAME:PATH,… (`NAME:.name,TEAM:.metadata.team`)
@@ -749,45 +688,11 @@ pub fn parse_selector(text: &str) -> Result<String, String> {
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h`, or plain seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration; use e.g. 500ms, 30s, 5m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|error| format!("{text:?}: {error}"))
-}
+pub use proto::client::connect::parse_duration;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(
-            parse_duration("soon")
-                .unwrap_err()
-                .contains("not a duration")
-        );
-        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
-    }
 
     #[test]
     fn the_command_line_definition_is_consistent() {

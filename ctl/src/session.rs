@@ -5,14 +5,13 @@ use std::io::IsTerminal;
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
-use proto::client::{Client, ClientConfig, ClientTls, DEFAULT_SERVER};
+use proto::client::Client;
 use proto::cluster::v1::{Scope, TypeInfo};
 use proto::codec::Codec;
 use proto::resource::v1::{Id, Tenancy};
 use tokio::sync::OnceCell;
 
 use crate::cli::GlobalArgs;
-use crate::context::ContextsFile;
 use crate::output::OutputFormat;
 
 pub const DEFAULT_PARTITION: &str = "default";
@@ -40,66 +39,24 @@ impl Session {
 
     /// Resolves flags/environment over the selected context over the defaults.
     pub fn from_args(global: &GlobalArgs) -> anyhow::Result<Session> {
-        let context = match crate::context::path() {
-            Some(path) => ContextsFile::load(&path)?.select(global.context.as_deref())?,
-            None if global.context.is_some() => anyhow::bail!(
-                "--context needs a contexts file, but neither RESCTL_CONFIG nor HOME is set"
-            ),
-            None => None,
-        };
-        let entry = context.map(|(_, entry)| entry).unwrap_or_default();
-        let server = global
-            .server
-            .clone()
-            .or(entry.server)
-            .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
-        let path = |flag: &Option<std::path::PathBuf>, stored: Option<String>| {
-            flag.clone()
-                .or_else(|| stored.map(|stored| crate::context::expand_home(&stored)))
-        };
-        let tls = ClientTls::from_paths(
-            path(&global.ca_cert, entry.ca_cert),
-            path(&global.client_cert, entry.client_cert),
-            path(&global.client_key, entry.client_key),
-        )?;
-        let from_file = match &global.token_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read --token-file {}", path.display()))?
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_owned(),
-            ),
-            None => None,
-        };
-        let request_timeout = match (global.request_timeout, &entry.request_timeout) {
-            (Some(timeout), _) => Some(timeout),
-            (None, Some(text)) => Some(crate::cli::parse_duration(text).map_err(|why| {
-                crate::UsageError(format!("the context's request_timeout {text:?}: {why}"))
-            })?),
-            (None, None) => None,
-        };
-        let mut config = ClientConfig::new(server)
-            .with_tls(tls)
-            .with_token(global.token.clone().or(from_file).or(entry.token))
-            .with_consistent(global.consistent);
-        if let Some(timeout) = request_timeout {
-            config = config.with_request_timeout(timeout);
-        }
+        use proto::client::connect::ConnectError;
+        let connection = global.connect.resolve().map_err(|error| match error {
+            ConnectError::Usage(why) => anyhow::Error::new(crate::UsageError(why)),
+            error => anyhow::Error::new(error),
+        })?;
+        let config = connection.config.with_consistent(global.consistent);
         Ok(Session {
             client: Client::new(config)?,
             output: global.output.format,
             partition: global
                 .partition
                 .clone()
-                .or(entry.partition)
+                .or(connection.partition)
                 .unwrap_or_else(|| DEFAULT_PARTITION.to_owned()),
             namespace: global
                 .namespace
                 .clone()
-                .or(entry.namespace)
+                .or(connection.namespace)
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
             interactive: std::io::stderr().is_terminal(),
             codec: OnceCell::new(),

@@ -3,6 +3,8 @@
 //! cluster elects a leader, one decode of `tonic::Status` into [`ClientError`], and a
 //! resumable [`Watcher`] over `WatchList`.
 
+#[cfg(feature = "cli")]
+pub mod connect;
 pub mod contexts;
 pub mod describe;
 pub mod edit;

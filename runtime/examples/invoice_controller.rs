@@ -6,17 +6,18 @@
 //!
 //! ```sh
 //! resctl apply -f fixtures/teams             # the Invoice and Receipt types, two invoices
-//! RESD_SERVER=127.0.0.1:8502 cargo run -p runtime --example invoice_controller -- replica-1
+//! cargo run -p runtime --example invoice_controller -- replica-1
 //! ```
 //!
-//! Settings come from the environment, as resctl's do: `RESD_SERVER` (several, comma
-//! separated: failover), `RESD_TOKEN`, `RESD_CA_CERT`, `RESD_CLIENT_CERT`, `RESD_CLIENT_KEY`;
-//! `LEASE_SECONDS` shortens the lease for demos, `PLACEMENT=each-replica` runs every replica,
-//! `WORK_MS` makes issuing a receipt take that long (a payment provider's latency).
+//! It finds the cluster as resctl does: `--server`, `--token`/`--token-file`, `--ca-cert`,
+//! `--client-cert`, `--client-key`, `--context` (or their `RESD_*` variables) over the current
+//! context of resctl's contexts file — next to `resd dev`, no flag at all. `--lease-seconds`
+//! shortens the lease for demos, `--placement each-replica` runs every replica, `--work-ms`
+//! makes issuing a receipt take that long (a payment provider's latency); `--help` says all.
 
 use std::time::Duration;
 
-use proto::client::{Client, ClientConfig, ClientTls};
+use proto::client::Client;
 use proto::meta::{add_finalizer, has_finalizer, is_marked_for_deletion, remove_finalizer};
 use proto::resource::v1::{Condition, Id, Resource, State, Status, Type};
 use runtime::controller::{
@@ -155,29 +156,46 @@ impl Reconciler<Client> for Invoices {
     }
 }
 
+/// The payments team's invoice controller: run two or more replicas; one holds the
+/// `invoices` lease and reconciles, the others wait to take over.
+#[derive(Debug, clap::Parser)]
+#[command(name = "invoice_controller")]
+struct Args {
+    /// This replica's identity, as the lease's holder names it [default: invoices-<pid>]
+    identity: Option<String>,
+    /// Where the cluster is: the same flags and RESD_* variables as resctl, over resctl's
+    /// current context (a program next to `resd dev` needs none)
+    #[command(flatten)]
+    connect: runtime::program::ConnectArgs,
+    /// The lease's duration in seconds (at least 3; shorter than the default 15 for demos)
+    #[arg(long, env = "LEASE_SECONDS", value_name = "SECONDS")]
+    lease_seconds: Option<u64>,
+    /// Where replicas reconcile: `singleton` (the lease's holder) or `each-replica`
+    #[arg(long, env = "PLACEMENT", default_value = "singleton")]
+    placement: String,
+    /// How long issuing a receipt takes outside the cluster, in milliseconds (a payment
+    /// provider's latency)
+    #[arg(long, env = "WORK_MS", value_name = "MS", default_value_t = 0)]
+    work_ms: u64,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), String> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let identity = std::env::args()
-        .nth(1)
+    let args = <Args as clap::Parser>::parse();
+    runtime::program::init_logging();
+    let identity = args
+        .identity
+        .clone()
         .unwrap_or_else(|| format!("invoices-{}", std::process::id()));
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let mut config =
-        ClientConfig::new(env("RESD_SERVER").unwrap_or_else(|| "127.0.0.1:8502".into()));
-    config.token = env("RESD_TOKEN");
-    config.tls = ClientTls::from_paths(
-        env("RESD_CA_CERT").map(Into::into),
-        env("RESD_CLIENT_CERT").map(Into::into),
-        env("RESD_CLIENT_KEY").map(Into::into),
-    )
-    .map_err(|error| error.to_string())?;
-    let client = Client::new(config).map_err(|error| error.to_string())?;
+    let (client, connection) =
+        runtime::program::connect(&args.connect).map_err(|error| error.to_string())?;
+    tracing::info!(
+        server = %connection.config.server,
+        context = %connection.context.as_deref().unwrap_or("(none)"),
+        tls = connection.config.tls.is_some(),
+        token = connection.config.token.is_some(),
+        "connecting"
+    );
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
     let signals = tokio::spawn(async move {
@@ -196,25 +214,29 @@ async fn main() -> Result<(), String> {
         }
         stop.cancel();
     });
-    let work = Duration::from_millis(
-        env("WORK_MS")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .unwrap_or(0),
-    );
+    let work = Duration::from_millis(args.work_ms);
     let mut controller = Controller::new("invoices", payments("Invoice"))
         .with_reconciler(Invoices {
             identity: identity.clone(),
             work,
         })
         .with_finalizer(FINALIZER);
-    if env("PLACEMENT").as_deref() == Some("each-replica") {
-        // Every replica reconciles: the finalizer writes are compare-and-swap on the invoice
-        // read (a replica that lost the race retries), and the receipt and the status are the
-        // same whichever replica writes them.
-        controller = controller.with_placement(Placement::EachReplica);
+    match args.placement.as_str() {
+        "singleton" => {}
+        "each-replica" => {
+            // Every replica reconciles: the finalizer writes are compare-and-swap on the invoice
+            // read (a replica that lost the race retries), and the receipt and the status are the
+            // same whichever replica writes them.
+            controller = controller.with_placement(Placement::EachReplica);
+        }
+        other => {
+            return Err(format!(
+                "--placement {other:?}: use singleton or each-replica"
+            ));
+        }
     }
     let mut replica = Replica::new(&identity);
-    if let Some(seconds) = env("LEASE_SECONDS").and_then(|s| s.parse::<u64>().ok()) {
+    if let Some(seconds) = args.lease_seconds {
         // Shorter leases for demos and tests.
         replica = replica.with_lease_duration(Duration::from_secs(seconds.max(3)));
     }

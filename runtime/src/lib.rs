@@ -9,13 +9,16 @@
 //!   `coordination.v1.Lease` with client-go's rules;
 //! - [`report`]: what makes a program's replica visible in every view;
 //! - [`events`]: what a controller did and why, merged and rate-limited into Events;
-//! - [`replica`]: a program's replica of a controller, built from the above.
+//! - [`replica`]: a program's replica of a controller, built from the above;
+//! - [`program`]: finding the cluster as resctl does (flags, environment, contexts file) and
+//!   logging plainly off a terminal.
 
 pub mod api;
 pub mod controller;
 pub mod election;
 pub mod events;
 pub mod grpc;
+pub mod program;
 pub mod queue;
 pub mod replica;
 pub mod report;

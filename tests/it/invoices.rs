@@ -32,6 +32,8 @@ impl Replica {
             .env("LEASE_SECONDS", "3")
             .env("RUST_LOG", "warn")
             .env("NO_COLOR", "1")
+            // Not the user's contexts: only what the test passes.
+            .env("RESCTL_CONFIG", "/nonexistent/resctl-contexts.yaml")
             .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -389,3 +389,59 @@ async fn resd_dev_connects_resctl_and_the_dashboard_and_refuses_the_rest() {
         .await;
     tmux.keys(&["q"]);
 }
+
+/// A team's program next to `resd dev`, as the README starts it: no flag and no variable — the
+/// example controller finds the secure cluster, its certificates and token in the context
+/// `resd dev` made current, reconciles, and logs plain lines (no colour codes) to a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_controller_next_to_resd_dev_needs_no_flag_and_logs_plain_lines() {
+    let dev = DevTls::start();
+    let written = dev._contexts.path().join("contexts.yaml");
+    let config = written.display().to_string();
+    let teams = tests::fixtures().join("teams").display().to_string();
+    let applied = resctl(&["apply", "-f", &teams], &config);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    let log = dev._contexts.path().join("controller.log");
+    let mut controller = Command::new(tests::binary("examples/invoice_controller"))
+        .arg("replica-1")
+        .env("RESCTL_CONFIG", &written)
+        .env_remove("RESD_SERVER")
+        .env_remove("RESD_TOKEN")
+        .env_remove("RESD_CA_CERT")
+        .env_remove("RESD_CLIENT_CERT")
+        .env_remove("RESD_CLIENT_KEY")
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("the example starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = resctl(
+            &["get", "payments.v1.Invoice", "acme-2026-001", "-o", "json"],
+            &config,
+        );
+        if String::from_utf8_lossy(&got.stdout).contains("ReceiptIssued") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not accepted: {}\n{}",
+            stderr(&got),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = controller.kill();
+    let _ = controller.wait();
+    let said = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        said.contains("context=resd-dev") && said.contains("tls=true"),
+        "it says where it connected:\n{said}"
+    );
+    assert!(
+        !said.contains('\u{1b}'),
+        "no colour codes in a file:\n{said}"
+    );
+}
