@@ -23,6 +23,7 @@ pub mod fence;
 pub mod meta;
 pub mod reason;
 pub mod selector;
+pub mod shard;
 pub mod snapshot;
 pub mod tls;
 

@@ -170,7 +170,8 @@ struct Args {
     /// The lease's duration in seconds (at least 3; shorter than the default 15 for demos)
     #[arg(long, env = "LEASE_SECONDS", value_name = "SECONDS")]
     lease_seconds: Option<u64>,
-    /// Where replicas reconcile: `singleton` (the lease's holder) or `each-replica`
+    /// Where replicas reconcile: `singleton` (the lease's holder), `sharded` (the invoices
+    /// split over the live replicas, each under a lease of its own) or `each-replica`
     #[arg(long, env = "PLACEMENT", default_value = "singleton")]
     placement: String,
     /// How long issuing a receipt takes outside the cluster, in milliseconds (a payment
@@ -223,6 +224,9 @@ async fn main() -> Result<(), String> {
         .with_finalizer(FINALIZER);
     match args.placement.as_str() {
         "singleton" => {}
+        // Each replica reconciles the invoices the server's ShardMap gives it; a replica that
+        // stops (or is paused past its lease) has its share handed to the others.
+        "sharded" => controller = controller.with_placement(Placement::Sharded),
         "each-replica" => {
             // Every replica reconciles: the finalizer writes are compare-and-swap on the invoice
             // read (a replica that lost the race retries), and the receipt and the status are the
@@ -231,7 +235,7 @@ async fn main() -> Result<(), String> {
         }
         other => {
             return Err(format!(
-                "--placement {other:?}: use singleton or each-replica"
+                "--placement {other:?}: use singleton, sharded or each-replica"
             ));
         }
     }

@@ -126,6 +126,10 @@ pub enum Placement {
     Singleton,
     /// Everywhere: every server, every replica of a program.
     EachReplica,
+    /// A program's replicas split the managed objects between them (DESIGN §16, "Shards"):
+    /// each reconciles the objects the server's `coordination.v1.ShardMap` gives it, under a
+    /// lease of its own that fences its writes. Programs only.
+    Sharded,
 }
 
 /// `group.version.Kind` (the codec's form).

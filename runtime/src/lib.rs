@@ -8,6 +8,8 @@
 //! - [`election`]: placement across replicas, taking, renewing and giving up a
 //!   `coordination.v1.Lease` with client-go's rules;
 //! - [`report`]: what makes a program's replica visible in every view;
+//! - [`shard`]: a member of a sharded controller: its objects by the server's ShardMap, and the
+//!   handover's acknowledgement;
 //! - [`events`]: what a controller did and why, merged and rate-limited into Events;
 //! - [`replica`]: a program's replica of a controller, built from the above;
 //! - [`program`]: finding the cluster as resctl does (flags, environment, contexts file) and
@@ -22,6 +24,7 @@ pub mod program;
 pub mod queue;
 pub mod replica;
 pub mod report;
+pub mod shard;
 
 /// Now, as the informational times of leases carry it (this machine's clock: never compared
 /// with another's).

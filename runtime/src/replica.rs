@@ -78,20 +78,54 @@ impl Replica {
         // The lease is handed back, and the report removed, only once no reconcile runs any
         // more: a reconcile still writing must not overlap the next holder.
         let stopped = CancellationToken::new();
-        let (gate, election) = match controller.placement {
-            Placement::EachReplica => (None, None),
+        let elect = |lease: &str| -> Result<_, ReplicaError> {
+            let mut config = Config::new(&self.namespace, lease, &self.identity);
+            config.partition = self.partition.clone();
+            config.duration = self.lease_duration;
+            config.renew_deadline = self.renew_deadline;
+            config.retry_period = self.retry_period;
+            let elector = Elector::new(config, ApiStore(api.clone()))?;
+            Ok((elector.leadership(), elector))
+        };
+        let member_lease = crate::report::member_name(&controller.name, &self.identity);
+        let (gate, lease, election, following) = match controller.placement {
+            Placement::EachReplica => (None, None, None, None),
             Placement::Singleton => {
-                let mut config = Config::new(&self.namespace, &controller.name, &self.identity);
-                config.partition = self.partition.clone();
-                config.duration = self.lease_duration;
-                config.renew_deadline = self.renew_deadline;
-                config.retry_period = self.retry_period;
-                let elector = Elector::new(config, ApiStore(api.clone()))?;
+                let (leadership, elector) = elect(&controller.name)?;
                 let gate = Gate {
-                    leadership: elector.leadership(),
+                    leadership,
                     recheck: self.retry_period,
+                    shard: None,
                 };
-                (Some(gate), Some(tokio::spawn(elector.run(stopped.clone()))))
+                (
+                    Some(gate),
+                    Some(controller.name.clone()),
+                    Some(tokio::spawn(elector.run(stopped.clone()))),
+                    None,
+                )
+            }
+            Placement::Sharded => {
+                // A lease of its own, which only it takes: it fences the member's writes, and
+                // the server takes it away when the member drops out of the ring.
+                let (leadership, elector) = elect(&member_lease)?;
+                let shard = crate::shard::Shard::new(
+                    &controller.name,
+                    &self.identity,
+                    &self.partition,
+                    &self.namespace,
+                );
+                let following = tokio::spawn(shard.clone().follow(api.clone(), stopped.clone()));
+                let gate = Gate {
+                    leadership,
+                    recheck: self.retry_period,
+                    shard: Some(shard),
+                };
+                (
+                    Some(gate),
+                    Some(member_lease.clone()),
+                    Some(tokio::spawn(elector.run(stopped.clone()))),
+                    Some(following),
+                )
             }
         };
         let stats = Arc::new(Stats::default());
@@ -103,7 +137,8 @@ impl Replica {
                 host: self.host.clone(),
                 partition: self.partition.clone(),
                 namespace: self.namespace.clone(),
-                lease: gate.is_some().then(|| controller.name.clone()),
+                lease,
+                shard: gate.as_ref().and_then(|gate| gate.shard.clone()),
                 managed_type: controller.managed_type.clone(),
                 watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
                 finalizers: controller.finalizers.clone(),
@@ -123,6 +158,9 @@ impl Replica {
         stopped.cancel();
         if let Some(election) = election {
             let _ = election.await;
+        }
+        if let Some(following) = following {
+            let _ = following.await;
         }
         let _ = reporting.await;
         Ok(())

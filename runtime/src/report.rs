@@ -48,8 +48,11 @@ pub struct Identity {
     /// Where its report (and, for a singleton, its Lease) lives.
     pub partition: String,
     pub namespace: String,
-    /// The Lease of a singleton controller; `None`: every replica runs.
+    /// The Lease of a singleton controller (or of this member of a sharded one); `None`:
+    /// every replica runs.
     pub lease: Option<String>,
+    /// This member of a sharded controller.
+    pub shard: Option<Arc<crate::shard::Shard>>,
     pub managed_type: Type,
     pub watched_types: Vec<Type>,
     pub finalizers: Vec<String>,
@@ -58,18 +61,12 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// The report's id: named after the controller and a hash of the replica's identity (a
-    /// DNS label, whatever the identity holds).
+    /// The report's id: named after the controller and a hash of the replica's identity
+    /// ([`member_name`]).
     pub fn report_id(&self) -> Id {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in self.identity.bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        let prefix: String = self.controller.chars().take(63 - 17).collect();
         Id {
             uid: String::new(),
-            name: format!("{}-{hash:016x}", prefix.trim_end_matches('-')),
+            name: member_name(&self.controller, &self.identity),
             r#type: Some(Type {
                 group: "coordination".into(),
                 group_version: "v1".into(),
@@ -87,7 +84,9 @@ impl Identity {
             controller: self.controller.clone(),
             identity: self.identity.clone(),
             host: self.host.clone(),
-            placement: if self.lease.is_some() {
+            placement: if self.shard.is_some() {
+                ReplicaPlacement::Sharded
+            } else if self.lease.is_some() {
                 ReplicaPlacement::Singleton
             } else {
                 ReplicaPlacement::EachReplica
@@ -103,8 +102,22 @@ impl Identity {
             last_error: stats.last_error().unwrap_or_default(),
             last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
             report_every_seconds: u32::try_from(self.every.as_secs().max(1)).unwrap_or(u32::MAX),
+            ring_version: self.shard.as_ref().map_or(0, |shard| shard.acknowledged()),
         }
     }
+}
+
+/// A name (a DNS label, whatever the identity holds) for what is one replica's of a
+/// controller: its report, and a shard member's own lease — the controller's name and a hash of
+/// the identity.
+pub fn member_name(controller: &str, identity: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in identity.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let prefix: String = controller.chars().take(63 - 17).collect();
+    format!("{}-{hash:016x}", prefix.trim_end_matches('-'))
 }
 
 /// Reports every `identity.every` and at each change of `leadership`, until `shutdown`; then
@@ -118,8 +131,10 @@ pub async fn run(
 ) {
     let id = identity.report_id();
     let mut failing = false;
+    let mut changes = identity.shard.as_ref().map(|shard| shard.subscribe());
     loop {
         let holds = leadership.as_ref().is_some_and(|l| l.holds());
+        let acknowledged = identity.shard.as_ref().map(|shard| shard.acknowledged());
         let resource = Resource {
             id: Some(id.clone()),
             data: Some(proto::to_any(&identity.report(&stats, holds))),
@@ -139,10 +154,25 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
+        // A shard member reports a ring change it adopted at once (the handover waits on it).
+        let ring = async {
+            match (&identity.shard, &mut changes) {
+                (Some(shard), Some(changes)) => loop {
+                    if changes.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    if Some(shard.acknowledged()) != acknowledged {
+                        break;
+                    }
+                },
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep(identity.every) => {}
             () = changed => {}
+            () = ring => {}
         }
     }
     if let Err(error) = store.delete_report(&id).await {

@@ -5,7 +5,7 @@
 //! - [`InProcess`]: the runtime's [`Api`] over the resource service, as the controller's own
 //!   identity (`controller/<name>`: allowed everything, presentable by no client);
 //! - [`builtin`]: the reaper, the namespace, type and replica-reports controllers and the demo
-//!   controllers;
+//!   controllers; [`shards`]: the sharded controllers' ShardMaps;
 //! - [`manager`]: runs a node's controllers with their placement (a singleton on the raft
 //!   leader only, the others on every server).
 
@@ -25,6 +25,7 @@ use crate::storage::Consistency;
 
 pub(crate) mod builtin;
 pub(crate) mod manager;
+pub(crate) mod shards;
 
 #[cfg(test)]
 mod tests;

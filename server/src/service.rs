@@ -37,6 +37,7 @@ mod plan;
 mod policy;
 pub(crate) mod projections;
 mod read;
+mod shard_watch;
 pub(crate) mod stalls;
 mod tenancy_units;
 pub(crate) use read::pb_event;

@@ -108,6 +108,7 @@ async fn a_replica_outside_the_server_is_listed_and_blamed_by_its_finalizer() {
         partition: "default".into(),
         namespace: "default".into(),
         lease: Some("invoices".into()),
+        shard: None,
         managed_type: proto::resource::v1::Type {
             group: "payments".into(),
             group_version: "v1".into(),

@@ -157,6 +157,7 @@ pub async fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<u8> {
         since_version: args.from_version.clone().unwrap_or_default(),
         selector: args.selector.clone().unwrap_or_default(),
         bookmarks: false,
+        shard: None,
     };
     let mut watcher = session.client.watcher(request);
     let mut seen: u64 = 0;

@@ -15,6 +15,8 @@ use crate::election::Leadership;
 pub struct Gate {
     pub leadership: Arc<Leadership>,
     pub recheck: Duration,
+    /// A sharded controller's member: only its objects are watched and reconciled.
+    pub shard: Option<Arc<crate::shard::Shard>>,
 }
 
 /// What a reconciler acts through: the [`Api`] (as the controller's identity), the running

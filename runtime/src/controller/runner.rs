@@ -201,12 +201,19 @@ async fn run_once<A: Api>(
             .map(|(t, m)| (t.clone(), Some(m.clone()))),
     );
     for (watched, mapper) in sources {
+        // A shard member watches only its own managed objects (the server decides which);
+        // what its other watches map to is checked before each reconcile.
+        let shard = gate
+            .and_then(|gate| gate.shard.as_ref())
+            .filter(|_| mapper.is_none())
+            .map(|shard| shard.selector());
         let request = WatchListRequest {
             r#type: Some(watched.clone()),
             tenancy: Some(Tenancy {
                 partition: "*".into(),
                 namespace: "*".into(),
             }),
+            shard,
             ..WatchListRequest::default()
         };
         let stream = match api.watch(request).await {
@@ -268,6 +275,41 @@ async fn run_once<A: Api>(
             stats.clone(),
             controller.name.clone(),
         ));
+    }
+    if let Some(shard) = gate.and_then(|gate| gate.shard.clone()) {
+        // The server places objects by the map it has, this member by the map it last saw:
+        // an object that arrived while the member's map was behind was set aside; when the map
+        // changes, what is cached and the member's now is queued again.
+        let (queue, cache, managed, life) = (
+            queue.clone(),
+            context.cache.clone(),
+            controller.managed_type.clone(),
+            life.clone(),
+        );
+        let mut changes = shard.subscribe();
+        workers.spawn(async move {
+            loop {
+                let cached = cache.list(&managed);
+                let mut owned = 0;
+                for resource in &cached {
+                    if let Some(id) = &resource.id
+                        && shard.owns(id)
+                    {
+                        owned += 1;
+                        queue.add(queue_key(id));
+                    }
+                }
+                tracing::debug!(
+                    cached = cached.len(),
+                    owned,
+                    "shard: cached objects queued again"
+                );
+                tokio::select! {
+                    () = life.cancelled() => return,
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
+            }
+        });
     }
     if let Some(every) = controller.resync {
         let (queue, cache, managed, life) = (
@@ -348,10 +390,27 @@ async fn work<A: Api>(
             stats.set_queue_depth(queue.len());
             continue;
         }
+        // A shard member reconciles only its own objects, counted while it does (its
+        // acknowledgement of a ring change waits for those the change took away).
+        let running = match context.gate.as_ref().and_then(|gate| gate.shard.as_ref()) {
+            Some(shard) => match shard.begin(&request.id) {
+                Some(running) => Some(running),
+                None => {
+                    // Another member's now: the server sends it back if it returns.
+                    tracing::debug!(controller = name, id = %proto::client::describe::id_label(&request.id), "not this member's object now; skipped");
+                    queue.done(&request);
+                    queue.forget(&request);
+                    stats.set_queue_depth(queue.len());
+                    continue;
+                }
+            },
+            None => None,
+        };
         let outcome = AssertUnwindSafe(reconciler.reconcile(&context, request.clone()))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| Err(ReconcileError("the reconciler panicked".into())));
+        drop(running);
         stats.reconciled(outcome.as_ref().err().map(|e| e.0.as_str()));
         queue.done(&request);
         match outcome {

@@ -385,6 +385,7 @@ async fn a_gated_replica_reconciles_only_while_it_holds_the_lease() {
     let gate = Gate {
         leadership: leadership.clone(),
         recheck: Duration::from_secs(2),
+        shard: None,
     };
     let (probe, mut calls) = probe();
     let controller = Controller::new("artists", new_type("Artist")).with_reconciler(probe);

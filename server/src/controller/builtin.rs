@@ -99,6 +99,17 @@ pub(crate) fn register(
     )?;
     manager.register(
         Controller::new(
+            super::shards::SHARDS,
+            resource::new_type("coordination", "v1", "ShardMap"),
+        )
+        .with_reconciler(super::shards::Shards::default())
+        .with_watch(
+            resource::new_type("coordination", "v1", "Replica"),
+            super::shards::map_of_report(),
+        ),
+    )?;
+    manager.register(
+        Controller::new(
             POLICY_CONTROLLER,
             resource::new_type("policy", "v1", "AdmissionPolicy"),
         )

@@ -38,6 +38,7 @@ pub(crate) fn report(
                 placement: match controller.placement {
                     Placement::Singleton => pb::Placement::Singleton,
                     Placement::EachReplica => pb::Placement::EachServer,
+                    Placement::Sharded => pb::Placement::Sharded,
                 } as i32,
                 running: stats.running(),
                 queue_depth: stats.queue_depth(),
@@ -72,6 +73,10 @@ pub(crate) enum ManagerError {
         second: String,
         gvk: String,
     },
+    #[error(
+        "controller {0:?} is Sharded: only a program's replicas shard (the server places its controllers on the leader or on every server)"
+    )]
+    Sharded(String),
 }
 
 impl Manager {
@@ -85,6 +90,9 @@ impl Manager {
     /// Adds a controller; invalid definitions are errors (caught at startup).
     pub(crate) fn register(&mut self, controller: Controller) -> Result<(), ManagerError> {
         controller.validate()?;
+        if controller.placement == Placement::Sharded {
+            return Err(ManagerError::Sharded(controller.name));
+        }
         if self.controllers.contains_key(&controller.name) {
             return Err(ManagerError::DuplicateName(controller.name));
         }

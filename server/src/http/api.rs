@@ -454,6 +454,7 @@ async fn list_or_watch(
             since_version,
             selector,
             bookmarks,
+            shard: None,
         };
         let mut request = grpc_request(&headers, false, request)?;
         if let Some(axum::Extension(admitted)) = admitted {

@@ -38,6 +38,10 @@ pub(crate) fn registry_type() -> proto::resource::v1::Type {
 pub(crate) const LEASE: &str = "coordination.v1.Lease";
 /// What each replica of a controller outside the server reports of itself (DESIGN §16).
 pub(crate) const REPLICA: &str = "coordination.v1.Replica";
+/// Which member of a sharded controller reconciles which object (DESIGN §16).
+pub(crate) const SHARD_MAP: &str = "coordination.v1.ShardMap";
+/// Most members one ShardMap holds (more joining replicas wait outside the ring).
+pub(crate) const MAX_SHARD_MEMBERS: usize = 256;
 /// What a controller did and why (DESIGN §18).
 pub(crate) const EVENT: &str = "events.v1.Event";
 /// The finalizer the type controller holds on every Type: released once every resource of the
@@ -118,6 +122,11 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
             .with_validate(validate_replica)
             .with_acls(replica_acls()),
     )?;
+    registry.register(
+        Registration::new::<proto::coordination::v1::ShardMap>(SHARD_MAP, Scope::Namespace)
+            .with_validate(validate_shard_map)
+            .with_acls(shard_map_acls()),
+    )?;
 
     registry.register(
         Registration::new::<proto::events::v1::Event>(EVENT, Scope::Namespace)
@@ -167,8 +176,9 @@ pub(crate) fn register(registry: &mut Registry) -> Result<(), RegistryError> {
 }
 
 /// The controllers the server runs itself: no report may claim them (DESIGN §16).
-pub(crate) const BUILTIN_CONTROLLERS: [&str; 9] = [
+pub(crate) const BUILTIN_CONTROLLERS: [&str; 10] = [
     "reaper",
+    "shards",
     "event-expiry",
     "admission-policies",
     "namespace",
@@ -481,6 +491,72 @@ fn event_acls() -> Acls {
         }),
         ..Acls::default()
     }
+}
+
+/// A ShardMap is the server's (its `shards` controller) to keep; an operator may repair one by
+/// hand; a team's token — whatever it may write otherwise — may only read it: writing it would
+/// hand another member's objects to a replica of its choosing.
+fn shard_map_acls() -> Acls {
+    Acls {
+        write: Arc::new(|authorizer: &dyn Authorizer, resource: &Resource| {
+            let id = resource.id.clone().unwrap_or_default();
+            acl::require_resource(authorizer, &id, Access::Write)?;
+            if authorizer.is_server() || acl::require_operator(authorizer, Access::Write).is_ok() {
+                return Ok(());
+            }
+            Err(AclError::PermissionDenied(
+                "a coordination.v1.ShardMap is kept by the server's `shards` controller from its members' reports; only an operator may write one by hand".into(),
+            ))
+        }),
+        ..Acls::default()
+    }
+}
+
+/// A ShardMap names its controller and at most [`MAX_SHARD_MEMBERS`] members by printable names.
+fn validate_shard_map(resource: &Resource) -> Result<(), Invalid> {
+    let map: proto::coordination::v1::ShardMap = data_of(resource)?;
+    let mut problems = Invalid::default();
+    if map.controller.is_empty() {
+        problems.push(
+            "resource.data.controller",
+            "resource.data.controller is required",
+        );
+    }
+    if map.members.len() > MAX_SHARD_MEMBERS || map.settled_members.len() > MAX_SHARD_MEMBERS {
+        problems.push(
+            "resource.data.members",
+            format!("a ShardMap holds at most {MAX_SHARD_MEMBERS} members"),
+        );
+    }
+    let names = std::iter::once(("controller", map.controller.as_str()))
+        .chain(map.members.iter().flat_map(|m| {
+            [
+                ("members.name", m.name.as_str()),
+                ("members.lease", m.lease.as_str()),
+            ]
+        }))
+        .chain(
+            map.settled_members
+                .iter()
+                .map(|m| ("settled_members", m.as_str())),
+        );
+    for (field, value) in names {
+        if has_control(value) || value.len() > 253 {
+            problems.push(
+                format!("resource.data.{field}"),
+                format!(
+                    "resource.data.{field} {:?} holds control characters or is over 253 bytes",
+                    value
+                        .chars()
+                        .take(64)
+                        .collect::<String>()
+                        .escape_default()
+                        .to_string()
+                ),
+            );
+        }
+    }
+    problems.into_result()
 }
 
 fn replica_acls() -> Acls {

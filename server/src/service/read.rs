@@ -459,7 +459,7 @@ impl ResourceService {
     /// Opens a watch: an Upsert per current match, one EndOfSnapshot, then every change. Errors in
     /// the request are returned before the stream starts; later errors end the stream.
     pub(crate) async fn watch_list(
-        &self,
+        self: &Arc<Self>,
         authorizer: Arc<dyn Authorizer>,
         request: WatchListRequest,
     ) -> Result<WatchStream, Error> {
@@ -475,6 +475,18 @@ impl ResourceService {
     /// the grants of the moment; when they change so that the watch's type and tenancy are no
     /// longer readable, it ends with PermissionDenied.
     pub(crate) async fn watch_list_shared(
+        self: &Arc<Self>,
+        grants: LiveGrants,
+        request: WatchListRequest,
+    ) -> Result<SharedWatchStream, Error> {
+        if request.shard.is_some() {
+            return self.watch_shard(grants, request).await;
+        }
+        self.watch_list_plain(grants, request).await
+    }
+
+    /// WatchList without a shard selector.
+    pub(super) async fn watch_list_plain(
         &self,
         grants: LiveGrants,
         request: WatchListRequest,

@@ -32,7 +32,7 @@ mod watch;
 mod write;
 
 pub(super) struct Harness {
-    service: ResourceService,
+    service: Arc<ResourceService>,
 }
 
 pub(super) async fn harness() -> Harness {
@@ -46,7 +46,9 @@ pub(super) async fn harness_with(backend: Arc<dyn Backend>) -> Harness {
         .ensure_default_tenancy()
         .await
         .expect("default tenancy");
-    Harness { service }
+    Harness {
+        service: Arc::new(service),
+    }
 }
 
 pub(super) fn tenancy(partition: &str, namespace: &str) -> Tenancy {

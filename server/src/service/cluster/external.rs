@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use proto::cluster::v1 as pb;
-use proto::coordination::v1::{Replica, ReplicaPlacement};
+use proto::coordination::v1::{Replica, ReplicaPlacement, ShardMap};
 use proto::resource::v1::{ListRequest, Resource, Tenancy};
 
 use super::super::{Error, ResourceService};
@@ -98,6 +98,32 @@ pub(crate) async fn external_replicas(
         .resources;
     let keys: Vec<String> = reports.iter().map(key_of).collect();
     clock.keep(&keys);
+    // The sharded controllers' maps, by where they live and whose they are.
+    let maps: HashMap<(String, String, String), ShardMap> = service
+        .list(
+            &AllowAll,
+            crate::storage::Consistency::Eventual,
+            ListRequest {
+                r#type: Some(resource::new_type("coordination", "v1", "ShardMap")),
+                tenancy: Some(Tenancy {
+                    partition: resource::WILDCARD.into(),
+                    namespace: resource::WILDCARD.into(),
+                }),
+                ..ListRequest::default()
+            },
+        )
+        .await?
+        .resources
+        .iter()
+        .filter_map(|stored| {
+            let id = stored.id.as_ref()?;
+            let tenancy = id.tenancy.clone().unwrap_or_default();
+            Some((
+                (tenancy.partition, tenancy.namespace, id.name.clone()),
+                decode_data(stored).ok()?,
+            ))
+        })
+        .collect();
     Ok(reports
         .iter()
         .filter_map(|stored| {
@@ -109,7 +135,17 @@ pub(crate) async fn external_replicas(
                     .clamp(1, crate::registry::builtin::MAX_REPORT_EVERY_SECONDS),
             ));
             let stale = clock.stale(&key_of(stored), &stored.version, every * 3);
-            Some(external_of(stored, report, stale))
+            let tenancy = stored
+                .id
+                .as_ref()
+                .and_then(|id| id.tenancy.clone())
+                .unwrap_or_default();
+            let map = maps.get(&(
+                tenancy.partition,
+                tenancy.namespace,
+                report.controller.clone(),
+            ));
+            Some(external_of(stored, report, stale, map))
         })
         .collect())
 }
@@ -123,19 +159,40 @@ pub(crate) fn key_of(stored: &Resource) -> String {
         .unwrap_or_default()
 }
 
-fn external_of(stored: &Resource, report: Replica, stale: bool) -> pb::ExternalReplica {
+fn external_of(
+    stored: &Resource,
+    report: Replica,
+    stale: bool,
+    map: Option<&ShardMap>,
+) -> pb::ExternalReplica {
     let each = report.placement() == ReplicaPlacement::EachReplica;
+    let shard = (report.placement() == ReplicaPlacement::Sharded).then(|| {
+        let map = map.cloned().unwrap_or_default();
+        pb::ShardPlace {
+            in_ring: map.members.iter().any(|m| m.name == report.identity),
+            members: u32::try_from(map.members.len()).unwrap_or(u32::MAX),
+            ring_version: map.ring_version,
+            acked_ring_version: report.ring_version,
+            settled: map.settled_ring_version == map.ring_version,
+        }
+    });
+    let placement = match report.placement() {
+        ReplicaPlacement::EachReplica => pb::Placement::EachReplica,
+        ReplicaPlacement::Sharded => pb::Placement::Sharded,
+        _ => pb::Placement::Singleton,
+    };
+    let running = !stale
+        && match &shard {
+            Some(place) => place.in_ring && report.holds_lease,
+            None => each || report.holds_lease,
+        };
     pb::ExternalReplica {
         controller: Some(pb::ControllerInfo {
             name: report.controller,
             managed_type: report.managed_type,
             watched_types: report.watched_types,
-            placement: if each {
-                pb::Placement::EachReplica
-            } else {
-                pb::Placement::Singleton
-            } as i32,
-            running: !stale && (each || report.holds_lease),
+            placement: placement as i32,
+            running,
             queue_depth: report.queue_depth,
             reconciles_ok: report.reconciles_ok,
             reconciles_failed: report.reconciles_failed,
@@ -149,5 +206,6 @@ fn external_of(stored: &Resource, report: Replica, stale: bool) -> pb::ExternalR
         lease: report.lease,
         holds_lease: report.holds_lease,
         stale,
+        shard,
     }
 }

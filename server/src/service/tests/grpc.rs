@@ -11,7 +11,7 @@ use crate::service::grpc::{CONSISTENCY_HEADER, ResourceGrpc, TOKEN_HEADER};
 
 async fn grpc(tokens: Arc<dyn TokenResolver>) -> ResourceGrpc {
     let h = harness().await;
-    ResourceGrpc::new(Arc::new(h.service), tokens)
+    ResourceGrpc::new(h.service, tokens)
 }
 
 fn read_request(metadata: &[(&'static str, &str)]) -> Request<ReadRequest> {
@@ -193,7 +193,7 @@ impl tokio::io::AsyncWrite for CountingIo {
 /// free loopback port, each accepted connection wrapped by `wrap` and then gathered
 /// ([`crate::tls::Coalesced`]), as the agent serves it.
 async fn serve_api<IO>(
-    service: ResourceService,
+    service: Arc<ResourceService>,
     max_decoding: usize,
     wrap: impl Fn(tokio::net::TcpStream) -> IO + Send + 'static,
 ) -> (
@@ -210,7 +210,7 @@ where
 {
     use futures::StreamExt;
     let api = crate::service::encoded::ResourceApi::new(
-        ResourceGrpc::new(Arc::new(service), Arc::new(AclsDisabled)),
+        ResourceGrpc::new(service, Arc::new(AclsDisabled)),
         max_decoding,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

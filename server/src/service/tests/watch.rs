@@ -129,7 +129,9 @@ async fn watch_ends_with_unavailable_on_shutdown() {
     let service = ResourceService::new(Arc::new(InMemBackend::new()), registry)
         .with_shutdown(shutdown.clone());
     service.ensure_default_tenancy().await.expect("tenancy");
-    let h = Harness { service };
+    let h = Harness {
+        service: Arc::new(service),
+    };
     let mut stream = watch(&h, "demo.v2.Artist", default_ns()).await;
     next(&mut stream).await;
     shutdown.cancel();

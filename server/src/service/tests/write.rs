@@ -759,7 +759,7 @@ async fn a_forwarded_change_into_a_missing_namespace_keeps_its_reason() {
     use crate::storage::{Admission, StorageError};
 
     let harness = harness().await;
-    let service = Arc::new(harness.service);
+    let service = harness.service;
     let admission = crate::service::ForwardAdmission::new(service.clone());
     let mut lost = artist("lost");
     lost.id.as_mut().unwrap().tenancy = Some(tenancy("default", "gone"));
