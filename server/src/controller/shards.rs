@@ -173,7 +173,7 @@ impl Reconciler<super::InProcess> for Shards {
                 .iter()
                 .filter(|m| !live.contains_key(&m.name))
             {
-                take_lease(runtime, &tenancy, gone).await?;
+                take_lease(runtime, &tenancy, &id.name, gone).await?;
             }
             map.ring_version = before.ring_version + 1;
             if before.members.is_empty() {
@@ -232,9 +232,14 @@ impl Reconciler<super::InProcess> for Shards {
 async fn take_lease(
     runtime: &Runtime,
     tenancy: &Tenancy,
+    controller: &str,
     member: &ShardMember,
 ) -> Result<(), ReconcileError> {
-    if member.lease.is_empty() {
+    // Only the member's own lease (reports are checked for it; a map written by hand may say
+    // anything): never another controller's or replica's.
+    if member.lease.is_empty()
+        || member.lease != runtime::report::member_name(controller, &member.name)
+    {
         return Ok(());
     }
     let id = Id {
@@ -249,8 +254,8 @@ async fn take_lease(
     let Ok(mut lease) = decode_data::<Lease>(&stored) else {
         return Ok(());
     };
-    if lease.holder.is_empty() {
-        // Handed back (a clean stop): nobody writes under it.
+    if lease.holder != member.name {
+        // Handed back (a clean stop: nobody writes under it), or someone else's now.
         return Ok(());
     }
     tracing::info!(member = %member.name, lease = %member.lease, transitions = lease.transitions + 1, "a member left the ring: its lease is taken, fencing its writes");
@@ -260,4 +265,228 @@ async fn take_lease(
     stored.status.clear();
     runtime::api::Api::write(runtime.api(), stored).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::InProcess;
+    use crate::registry::Registry;
+    use crate::service::ResourceService;
+    use crate::storage::inmem::InMemBackend;
+
+    fn default_tenancy() -> Tenancy {
+        Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }
+    }
+
+    fn map_id() -> Id {
+        Id {
+            uid: String::new(),
+            name: "invoices".into(),
+            r#type: Some(resource::new_type("coordination", "v1", "ShardMap")),
+            tenancy: Some(default_tenancy()),
+        }
+    }
+
+    async fn runtime() -> Runtime {
+        let registry = Arc::new(Registry::builtin().expect("registry"));
+        let service = ResourceService::new(Arc::new(InMemBackend::new()), registry);
+        service.ensure_default_tenancy().await.expect("tenancy");
+        Runtime::new(InProcess::privileged(Arc::new(service)))
+    }
+
+    /// A member's report (reporting every second), acknowledging `acked`.
+    async fn report(runtime: &Runtime, identity: &str, acked: u64) {
+        let lease = runtime::report::member_name("invoices", identity);
+        let resource = Resource {
+            id: Some(Id {
+                uid: String::new(),
+                name: runtime::report::member_name("invoices", identity),
+                r#type: Some(resource::new_type("coordination", "v1", "Replica")),
+                tenancy: Some(default_tenancy()),
+            }),
+            data: Some(proto::to_any(&Replica {
+                controller: "invoices".into(),
+                identity: identity.into(),
+                placement: ReplicaPlacement::Sharded as i32,
+                lease,
+                holds_lease: true,
+                managed_type: Some(resource::new_type("payments", "v1", "Invoice")),
+                report_every_seconds: 1,
+                ring_version: acked,
+                ..Replica::default()
+            })),
+            ..Resource::default()
+        };
+        runtime.write(resource).await.expect("report");
+    }
+
+    async fn own_lease(runtime: &Runtime, identity: &str) {
+        let resource = Resource {
+            id: Some(Id {
+                uid: ulid::Ulid::new().to_string(),
+                name: runtime::report::member_name("invoices", identity),
+                r#type: Some(resource::new_type("coordination", "v1", "Lease")),
+                tenancy: Some(default_tenancy()),
+            }),
+            data: Some(proto::to_any(&Lease {
+                holder: identity.into(),
+                duration_seconds: 3,
+                ..Lease::default()
+            })),
+            ..Resource::default()
+        };
+        runtime.write(resource).await.expect("lease");
+    }
+
+    async fn reconcile(shards: &Shards, runtime: &Runtime) -> (ShardMap, String) {
+        shards
+            .reconcile(runtime, Request { id: map_id() })
+            .await
+            .expect("reconciled");
+        let stored = runtime.read(&map_id()).await.expect("read").expect("a map");
+        (decode_data(&stored).expect("a ShardMap"), stored.version)
+    }
+
+    /// A member whose report goes stale leaves the ring, its own lease taken first (holder
+    /// emptied, transitions raised); the ring settles once every remaining member acknowledged.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_member_leaves_the_ring_its_lease_taken_and_the_ring_settles_on_acks() {
+        let runtime = runtime().await;
+        let shards = Shards::default();
+        for member in ["a", "b"] {
+            own_lease(&runtime, member).await;
+            report(&runtime, member, 0).await;
+        }
+        let (map, _) = reconcile(&shards, &runtime).await;
+        assert_eq!(map.ring_version, 1);
+        assert_eq!(
+            map.settled_members,
+            ["a", "b"],
+            "the first ring settles at once"
+        );
+        // a stops reporting; b goes on.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        report(&runtime, "b", 1).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (map, _) = reconcile(&shards, &runtime).await;
+        assert_eq!(
+            map.members
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+        assert_eq!(map.ring_version, 2);
+        assert_eq!(
+            map.settled_ring_version, 1,
+            "not settled before b acknowledges"
+        );
+        assert_eq!(map.settled_members, ["a", "b"]);
+        let lease_id = Id {
+            uid: String::new(),
+            name: runtime::report::member_name("invoices", "a"),
+            r#type: Some(resource::new_type("coordination", "v1", "Lease")),
+            tenancy: Some(default_tenancy()),
+        };
+        let taken: Lease =
+            decode_data(&runtime.read(&lease_id).await.expect("read").expect("lease"))
+                .expect("lease");
+        assert_eq!((taken.holder.as_str(), taken.transitions), ("", 1));
+        report(&runtime, "b", 2).await;
+        let (map, _) = reconcile(&shards, &runtime).await;
+        assert_eq!(
+            (map.settled_ring_version, map.settled_members.clone()),
+            (2, vec!["b".to_owned()])
+        );
+    }
+
+    /// A thousand replicas reporting at once make one ring change, of at most
+    /// MAX_SHARD_MEMBERS members; reconciling again without a change writes nothing.
+    #[tokio::test]
+    async fn a_thousand_members_joining_at_once_make_one_bounded_ring_change() {
+        let runtime = runtime().await;
+        let shards = Shards::default();
+        for n in 0..1000 {
+            report(&runtime, &format!("member-{n:04}"), 0).await;
+        }
+        let (map, version) = reconcile(&shards, &runtime).await;
+        assert_eq!(map.members.len(), MAX_SHARD_MEMBERS);
+        assert_eq!(map.ring_version, 1);
+        let (again, same) = reconcile(&shards, &runtime).await;
+        assert_eq!(
+            (again, same),
+            (map, version),
+            "nothing changed, nothing written"
+        );
+    }
+
+    /// A report cannot point the server at a lease that is not the member's own: it is refused
+    /// when written, and a map written by hand naming another's lease never has it taken.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_can_have_only_its_own_lease_taken() {
+        let runtime = runtime().await;
+        let mut forged = Replica {
+            controller: "invoices".into(),
+            identity: "evil".into(),
+            placement: ReplicaPlacement::Sharded as i32,
+            lease: "payments-singleton".into(),
+            managed_type: Some(resource::new_type("payments", "v1", "Invoice")),
+            ..Replica::default()
+        };
+        let written = runtime
+            .write(Resource {
+                id: Some(Id {
+                    uid: String::new(),
+                    name: "evil-report".into(),
+                    r#type: Some(resource::new_type("coordination", "v1", "Replica")),
+                    tenancy: Some(default_tenancy()),
+                }),
+                data: Some(proto::to_any(&forged)),
+                ..Resource::default()
+            })
+            .await;
+        let error = written.expect_err("refused").0;
+        assert!(error.contains("lease is its own"), "{error}");
+        // A map (by hand) naming someone else's lease: the lease is left alone.
+        forged.lease = "payments-singleton".into();
+        let victim = Resource {
+            id: Some(Id {
+                uid: ulid::Ulid::new().to_string(),
+                name: "payments-singleton".into(),
+                r#type: Some(resource::new_type("coordination", "v1", "Lease")),
+                tenancy: Some(default_tenancy()),
+            }),
+            data: Some(proto::to_any(&Lease {
+                holder: "evil".into(),
+                ..Lease::default()
+            })),
+            ..Resource::default()
+        };
+        runtime.write(victim).await.expect("victim lease");
+        take_lease(
+            &runtime,
+            &default_tenancy(),
+            "invoices",
+            &ShardMember {
+                name: "evil".into(),
+                lease: "payments-singleton".into(),
+                acked_ring_version: 0,
+            },
+        )
+        .await
+        .expect("nothing to do");
+        let id = Id {
+            uid: String::new(),
+            name: "payments-singleton".into(),
+            r#type: Some(resource::new_type("coordination", "v1", "Lease")),
+            tenancy: Some(default_tenancy()),
+        };
+        let untouched: Lease =
+            decode_data(&runtime.read(&id).await.expect("read").expect("lease")).expect("lease");
+        assert_eq!(untouched.transitions, 0);
+    }
 }

@@ -369,6 +369,26 @@ fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
             ),
         );
     }
+    // A shard member's lease is its own, named after its controller and identity: the server
+    // takes it when the member drops out of the ring, so a report may not point it at a lease
+    // of anyone else's.
+    if report.placement() == proto::coordination::v1::ReplicaPlacement::Sharded {
+        let own = runtime::report::member_name(&report.controller, &report.identity);
+        if report.identity.is_empty() {
+            problems.push(
+                "resource.data.identity",
+                "a sharded member names its identity (resource.data.identity)",
+            );
+        } else if report.lease != own {
+            problems.push(
+                "resource.data.lease",
+                format!(
+                    "a sharded member's lease is its own, {own:?} (named after its controller and identity), not {:?}",
+                    report.lease.escape_default().to_string()
+                ),
+            );
+        }
+    }
     problems.into_result()
 }
 

@@ -53,28 +53,33 @@ fn check(selector: &ShardSelector, request: &WatchListRequest) -> Result<Shard, 
             "cannot resume the watch: a shard watch cannot be resumed (its objects move with the ring); watch again".into(),
         ));
     }
-    let map_tenancy = if selector.partition.is_empty() && selector.namespace.is_empty() {
-        match &request.tenancy {
-            Some(t)
-                if !t.partition.is_empty()
-                    && !t.namespace.is_empty()
-                    && t.partition != resource::WILDCARD
-                    && t.namespace != resource::WILDCARD =>
-            {
-                t.clone()
-            }
-            _ => {
-                return Err(Error::invalid(
-                    "shard.partition and shard.namespace name where the ShardMap lives when the watched tenancy is not one namespace",
-                ));
-            }
-        }
+    // Where the map lives: the selector's place, else the watched tenancy (an empty name is
+    // `default`, as everywhere); a wildcard names no place.
+    let (partition, namespace) = if selector.partition.is_empty() && selector.namespace.is_empty() {
+        let watched = request.tenancy.clone().unwrap_or(Tenancy {
+            partition: resource::WILDCARD.into(),
+            namespace: resource::WILDCARD.into(),
+        });
+        (watched.partition, watched.namespace)
     } else {
-        Tenancy {
-            partition: selector.partition.clone(),
-            namespace: selector.namespace.clone(),
+        (selector.partition.clone(), selector.namespace.clone())
+    };
+    let or_default = |name: String| {
+        if name.is_empty() {
+            "default".to_owned()
+        } else {
+            name
         }
     };
+    let map_tenancy = Tenancy {
+        partition: or_default(partition),
+        namespace: or_default(namespace),
+    };
+    if map_tenancy.partition == resource::WILDCARD || map_tenancy.namespace == resource::WILDCARD {
+        return Err(Error::invalid(
+            "shard.partition and shard.namespace name where the ShardMap lives when the watched tenancy is not one namespace",
+        ));
+    }
     Ok(Shard {
         controller: selector.controller.clone(),
         member: selector.member.clone(),

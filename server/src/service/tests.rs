@@ -26,6 +26,7 @@ mod pages;
 mod policies;
 mod read;
 mod select;
+mod shards;
 mod status;
 mod versions;
 mod watch;
