@@ -58,7 +58,7 @@ pub fn render_table(map: &PlacementMap, wide: bool) -> String {
                 replica.identity.clone(),
                 replica.host.clone(),
                 replica.tenancy.clone(),
-                state.to_owned(),
+                state,
                 replica.queue_depth.to_string(),
                 replica.reconciles_ok.to_string(),
                 replica.reconciles_failed.to_string(),

@@ -41,20 +41,56 @@ pub struct ReplicaView {
     pub reconciles_failed: u64,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub last_error: String,
+    /// A member of a sharded controller: its place in the ring.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardView>,
+}
+
+/// A sharded controller's member in its ShardMap (DESIGN §16).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardView {
+    pub in_ring: bool,
+    pub members: u32,
+    pub ring_version: u64,
+    pub acked_ring_version: u64,
+    /// Every member acknowledged the current ring: no object waits for its new owner.
+    pub settled: bool,
 }
 
 impl ReplicaView {
-    /// Where the replica stands, in words: stale, holds the lease, running, or waiting.
-    pub fn state_label(&self) -> &'static str {
+    /// Where the replica stands, in words: stale, its shard (in the ring of N, handing over,
+    /// joining), holds the lease, running, or waiting.
+    pub fn state_label(&self) -> String {
         if self.stale {
-            "stale (no report)"
-        } else if self.holds_lease {
+            return "stale (no report)".into();
+        }
+        if let Some(shard) = &self.shard {
+            return if !self.holds_lease {
+                "sharded, without its lease".into()
+            } else if !shard.in_ring {
+                "joining the ring".into()
+            } else if shard.acked_ring_version < shard.ring_version {
+                format!(
+                    "sharded 1/{}, handing over (ring {}, acknowledged {})",
+                    shard.members, shard.ring_version, shard.acked_ring_version
+                )
+            } else if !shard.settled {
+                format!(
+                    "sharded 1/{}, ring {} settling",
+                    shard.members, shard.ring_version
+                )
+            } else {
+                format!("sharded 1/{} (ring {})", shard.members, shard.ring_version)
+            };
+        }
+        if self.holds_lease {
             "holds the lease"
         } else if self.running {
             "running"
         } else {
             "waiting for the lease"
         }
+        .into()
     }
 }
 
@@ -199,10 +235,12 @@ fn replica_labels(controller: &ControllerPlacement, doing: &str) -> Vec<String> 
                 controller.name,
                 replica.identity,
                 replica.host,
-                if replica.holds_lease {
-                    "holds the lease, "
+                if replica.shard.is_some() {
+                    format!("{}, ", replica.state_label())
+                } else if replica.holds_lease {
+                    "holds the lease, ".to_owned()
                 } else {
-                    ""
+                    String::new()
                 },
                 replica.queue_depth
             );
@@ -219,6 +257,7 @@ pub fn placement_label(placement: i32) -> &'static str {
         Ok(Placement::Singleton) => "singleton",
         Ok(Placement::EachServer) => "each-server",
         Ok(Placement::EachReplica) => "each-replica",
+        Ok(Placement::Sharded) => "sharded",
         _ => "unspecified",
     }
 }
@@ -300,6 +339,13 @@ pub fn placement_map(response: &ListControllersResponse) -> PlacementMap {
             reconciles_ok: controller.reconciles_ok,
             reconciles_failed: controller.reconciles_failed,
             last_error: controller.last_error.clone(),
+            shard: external.shard.as_ref().map(|place| ShardView {
+                in_ring: place.in_ring,
+                members: place.members,
+                ring_version: place.ring_version,
+                acked_ring_version: place.acked_ring_version,
+                settled: place.settled,
+            }),
         });
     }
     node_ids.sort_unstable();
@@ -322,7 +368,7 @@ mod tests {
     use crate::cluster::v1::{ControllerInfo, NodeControllers};
     use crate::resource::v1::Type;
 
-    fn info(name: &str, kind: &str, running: bool, queue: u64) -> ControllerInfo {
+    pub(super) fn info(name: &str, kind: &str, running: bool, queue: u64) -> ControllerInfo {
         ControllerInfo {
             name: name.into(),
             managed_type: Some(Type {
@@ -430,5 +476,59 @@ mod finalizer_tests {
         );
         assert_eq!(unowned, ["ops.example.com/hold"]);
         assert_eq!(map.releasing("ops.example.com/hold").count(), 0);
+    }
+
+    /// A sharded controller's members say their place in the ring: settled, handing over,
+    /// joining, and which of them blame names for a finalizer.
+    #[test]
+    fn sharded_members_say_their_place_in_the_ring() {
+        use crate::cluster::v1::{ExternalReplica, ShardPlace};
+        let member = |identity: &str, place: ShardPlace| ExternalReplica {
+            controller: Some(ControllerInfo {
+                placement: Placement::Sharded as i32,
+                running: place.in_ring,
+                finalizers: vec!["payments.example.com/receipt".into()],
+                ..crate::client::placement::tests::info("invoices", "Invoice", true, 0)
+            }),
+            identity: identity.into(),
+            host: "host".into(),
+            holds_lease: true,
+            shard: Some(place),
+            ..Default::default()
+        };
+        let place = |in_ring, ring_version, acked_ring_version, settled| ShardPlace {
+            in_ring,
+            members: 3,
+            ring_version,
+            acked_ring_version,
+            settled,
+        };
+        let response = ListControllersResponse {
+            nodes: Vec::new(),
+            external: vec![
+                member("r1", place(true, 4, 4, true)),
+                member("r2", place(true, 5, 4, false)),
+                member("r3", place(false, 5, 5, false)),
+            ],
+        };
+        let map = placement_map(&response);
+        let controller = &map.controllers[0];
+        assert_eq!(controller.placement, "sharded (external)");
+        let labels: Vec<String> = controller
+            .replicas
+            .iter()
+            .map(ReplicaView::state_label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "sharded 1/3 (ring 4)",
+                "sharded 1/3, handing over (ring 5, acknowledged 4)",
+                "joining the ring",
+            ]
+        );
+        let blamed = replica_labels(controller, "releases F, ");
+        assert_eq!(blamed.len(), 2, "the members in the ring: {blamed:?}");
+        assert!(blamed[0].contains("sharded 1/3 (ring 4)"), "{blamed:?}");
     }
 }
