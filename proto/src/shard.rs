@@ -6,6 +6,11 @@
 use crate::coordination::v1::ShardMap;
 use crate::resource::v1::Id;
 
+/// The holder the server leaves in a member's lease when it takes it (the member dropped out of
+/// its ring): not empty, so the member waits out a whole lease before taking it back — time for
+/// its view of the ring to catch up — and knows, when it does, that its view is older.
+pub const LEFT_THE_RING: &str = "(taken by the server: the member left its shard ring)";
+
 /// An object as the ring places it: its type (without the version), tenancy and name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardKey<'a> {
@@ -122,6 +127,7 @@ mod tests {
             ring_version: ring,
             settled_members: settled.iter().map(|s| (*s).to_owned()).collect(),
             settled_ring_version: settled_ring,
+            managed_type: None,
         }
     }
 

@@ -161,7 +161,7 @@ impl Reconciler<Client> for Invoices {
 #[derive(Debug, clap::Parser)]
 #[command(name = "invoice_controller")]
 struct Args {
-    /// This replica's identity, as the lease's holder names it [default: invoices-<pid>]
+    /// This replica's identity, as the lease's holder names it [default: invoices-<host>-<pid>]
     identity: Option<String>,
     /// Where the cluster is: the same flags and RESD_* variables as resctl, over resctl's
     /// current context (a program next to `resd dev` needs none)
@@ -184,10 +184,11 @@ struct Args {
 async fn main() -> Result<(), String> {
     let args = <Args as clap::Parser>::parse();
     runtime::program::init_logging();
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| format!("invoices-{}", std::process::id()));
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        // Unique per replica: its host (a container's pid is 1 everywhere) and its pid.
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        format!("invoices-{host}-{}", std::process::id())
+    });
     let (client, connection) =
         runtime::program::connect(&args.connect).map_err(|error| error.to_string())?;
     tracing::info!(

@@ -187,6 +187,19 @@ pub struct Leadership {
     fence: proto::fence::FenceCell,
     /// Whether an elector keeps [`Leadership::fence`] (then leading needs it set).
     fencing: std::sync::atomic::AtomicBool,
+    /// Told, as it happens, when this replica takes its lease back from the server, which took
+    /// it when the replica dropped out of its shard ring ([`proto::shard::LEFT_THE_RING`]).
+    on_taken_back: std::sync::Mutex<Option<TakenBack>>,
+}
+
+/// What [`Leadership::on_taken_back`] calls.
+#[derive(Clone)]
+struct TakenBack(Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for TakenBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TakenBack")
+    }
 }
 
 impl Leadership {
@@ -207,6 +220,13 @@ impl Leadership {
     /// The cell holding the lease this replica's writes are fenced by ([`crate::api::Api::fenced`]).
     pub fn fence(&self) -> proto::fence::FenceCell {
         self.fence.clone()
+    }
+
+    /// Calls `hook` whenever this replica takes its lease back from the server after dropping
+    /// out of its shard ring — before it leads again.
+    pub fn on_taken_back(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *self.on_taken_back.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(TakenBack(Arc::new(hook)));
     }
 
     /// Who holds the lease, as this replica last saw it.
@@ -248,6 +268,10 @@ pub struct Elector<S> {
     store: S,
     /// The lease version last seen, and when (on this replica's clock) it was first seen.
     observed: Option<(String, Instant)>,
+    /// The lease version this elector last wrote: a lease that names this replica's identity
+    /// but was written by another process since (a restart, or a zombie of an earlier one) is
+    /// another's — waited out, then taken with its transitions raised, fencing the other.
+    written: Option<String>,
     leadership: Arc<Leadership>,
 }
 
@@ -262,6 +286,7 @@ impl<S: LeaseStore> Elector<S> {
             config,
             store,
             observed: None,
+            written: None,
             leadership: Arc::new(leadership),
         })
     }
@@ -296,9 +321,12 @@ impl<S: LeaseStore> Elector<S> {
             .map(|lease| lease.holder.clone())
             .unwrap_or_default();
         self.leadership.saw_holder(&holder);
-        let mine = holder == self.config.identity;
+        let mine = holder == self.config.identity && self.written.as_deref() == Some(&version);
         let unreadable = lease.as_ref().is_some_and(Result::is_err);
         let held_by_another = stored.is_some() && !mine && !holder.is_empty();
+        if !mine {
+            self.written = None;
+        }
         if held_by_another || unreadable {
             // Held by another (or unreadable): taken over only once unchanged for the duration.
             let seen_at = self.observed.as_ref().map_or(now, |(_, at)| *at);
@@ -338,6 +366,20 @@ impl<S: LeaseStore> Elector<S> {
         match self.store.write(resource).await {
             Ok(written) => {
                 self.observed = Some((written.version.clone(), now));
+                self.written = Some(written.version.clone());
+                if !mine && holder == proto::shard::LEFT_THE_RING {
+                    // The server took it when this member dropped out of its ring: what this
+                    // member knows of the ring is older than that.
+                    let hook = self
+                        .leadership
+                        .on_taken_back
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    if let Some(TakenBack(hook)) = hook {
+                        hook();
+                    }
+                }
                 self.leadership.saw_holder(&self.config.identity);
                 self.leadership.fence.set(Some(proto::fence::LeaseFence {
                     partition: self.config.partition.clone(),
@@ -347,7 +389,10 @@ impl<S: LeaseStore> Elector<S> {
                 }));
                 Ok(true)
             }
-            Err(StoreError::Conflict) => Ok(false),
+            Err(StoreError::Conflict) => {
+                self.written = None;
+                Ok(false)
+            }
             Err(error) => Err(error),
         }
     }
@@ -404,6 +449,7 @@ impl<S: LeaseStore> Elector<S> {
                     {
                         tracing::warn!(lease = %self.config.name, identity = %self.config.identity, "could not renew the lease within the renew deadline: no longer leading");
                         last_renewal = None;
+                        self.written = None;
                         self.leadership.lead_until(None);
                     }
                 }

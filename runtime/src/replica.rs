@@ -115,6 +115,8 @@ impl Replica {
                     &self.namespace,
                 );
                 let following = tokio::spawn(shard.clone().follow(api.clone(), stopped.clone()));
+                let told = shard.clone();
+                leadership.on_taken_back(move || told.took_lease_back());
                 let gate = Gate {
                     leadership,
                     recheck: self.retry_period,

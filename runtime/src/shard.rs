@@ -32,6 +32,8 @@ pub struct Shard {
     /// Counts changes of the map and ends of reconciles that held an acknowledgement back
     /// ([`Shard::subscribe`]): a receiver misses none between two looks.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Counts changes of placement only ([`Shard::subscribe_placement`]).
+    placement: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +44,16 @@ struct State {
     next: u64,
     /// The ring version last acknowledged.
     acked: u64,
+    /// The ring version its map must reach before it owns anything again: a member that
+    /// dropped out of the ring (paused, cut off) and took its lease back knows only an older
+    /// ring ([`Shard::took_lease_back`]).
+    floor: u64,
+}
+
+impl State {
+    fn owns(&self, member: &str, id: &Id) -> bool {
+        self.map.ring_version >= self.floor && owns(&self.map, member, &ShardKey::of(id))
+    }
 }
 
 impl State {
@@ -88,6 +100,7 @@ impl Shard {
             namespace: namespace.to_owned(),
             state: Mutex::default(),
             changes: tokio::sync::watch::Sender::new(0),
+            placement: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -107,14 +120,23 @@ impl Shard {
 
     /// Whether `id` is this member's now.
     pub fn owns(&self, id: &Id) -> bool {
-        owns(&self.state().map, &self.member, &ShardKey::of(id))
+        self.state().owns(&self.member, id)
+    }
+
+    /// The member took its lease back from the server, which took it when the member dropped
+    /// out of the ring (called as it is taken, before the member leads again): whatever ring it
+    /// knows is older than the one it left, so it owns nothing until it sees a newer one.
+    pub fn took_lease_back(&self) {
+        let mut state = self.state();
+        state.floor = state.map.ring_version + 1;
+        tracing::info!(controller = %self.controller, floor = state.floor, "this member took its lease back after leaving the ring: it owns nothing until it sees a newer ring");
     }
 
     /// A reconcile of `id` may start (it is this member's under the ring it knows): counted
     /// until the returned value is dropped. `None`: not this member's.
     pub fn begin(self: &Arc<Self>, id: &Id) -> Option<Running> {
         let mut state = self.state();
-        if !owns(&state.map, &self.member, &ShardKey::of(id)) {
+        if !state.owns(&self.member, id) {
             return None;
         }
         let number = state.next;
@@ -155,10 +177,35 @@ impl Shard {
             .send_modify(|count| *count = count.wrapping_add(1));
     }
 
-    pub(crate) fn set_map(&self, map: ShardMap) {
-        tracing::debug!(controller = %self.controller, ring = map.ring_version, settled = map.settled_ring_version, members = map.members.len(), "shard map");
-        self.state().map = map;
+    /// A map as read: one older than the map known (a server behind the one read before) is
+    /// ignored; `None` (deleted) leaves the member owning nothing, at the ring it knew.
+    pub(crate) fn set_map(&self, map: Option<ShardMap>) {
+        let placement_changed = {
+            let mut state = self.state();
+            let map = map.unwrap_or_else(|| ShardMap {
+                ring_version: state.map.ring_version,
+                ..ShardMap::default()
+            });
+            if map.ring_version < state.map.ring_version {
+                tracing::debug!(controller = %self.controller, ring = map.ring_version, known = state.map.ring_version, "an older shard map; ignored");
+                return;
+            }
+            tracing::debug!(controller = %self.controller, ring = map.ring_version, settled = map.settled_ring_version, members = map.members.len(), "shard map");
+            let changed = !proto::shard::same_placement(&state.map, &map)
+                || (state.map.ring_version < state.floor && map.ring_version >= state.floor);
+            state.map = map;
+            changed
+        };
+        if placement_changed {
+            self.placement
+                .send_modify(|count| *count = count.wrapping_add(1));
+        }
         self.changed();
+    }
+
+    /// Changes of which objects this member owns: the runner queues what it now owns again.
+    pub fn subscribe_placement(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.placement.subscribe()
     }
 
     /// Follows the controller's ShardMap until `shutdown`: a watch of it, opened again (after a
@@ -200,15 +247,17 @@ impl Shard {
                     };
                     pause = Duration::from_millis(200);
                     let map = if deleted {
-                        ShardMap::default()
+                        None
                     } else {
-                        resource
-                            .data
-                            .as_ref()
-                            .and_then(|data| {
-                                <ShardMap as prost::Message>::decode(data.value.as_slice()).ok()
-                            })
-                            .unwrap_or_default()
+                        Some(
+                            resource
+                                .data
+                                .as_ref()
+                                .and_then(|data| {
+                                    <ShardMap as prost::Message>::decode(data.value.as_slice()).ok()
+                                })
+                                .unwrap_or_default(),
+                        )
                     };
                     self.set_map(map);
                 },
@@ -260,6 +309,7 @@ mod tests {
             ring_version: version,
             settled_members: settled.iter().map(|s| (*s).to_owned()).collect(),
             settled_ring_version: settled_version,
+            managed_type: None,
         }
     }
 
@@ -269,7 +319,7 @@ mod tests {
     #[test]
     fn a_ring_is_acknowledged_once_no_reconcile_of_what_it_took_is_running() {
         let shard = Shard::new("invoices", "a", "default", "billing");
-        shard.set_map(ring(&["a"], 1, &["a"], 1));
+        shard.set_map(Some(ring(&["a"], 1, &["a"], 1)));
         assert_eq!(shard.acknowledged(), 1);
         let names: Vec<String> = (0..64).map(|n| format!("invoice-{n}")).collect();
         let mut running: Vec<(String, Running)> = names
@@ -277,7 +327,7 @@ mod tests {
             .map(|name| (name.clone(), shard.begin(&invoice(name)).expect("all a's")))
             .collect();
         // b joins: what b now owns leaves a at once.
-        shard.set_map(ring(&["a", "b"], 2, &["a"], 1));
+        shard.set_map(Some(ring(&["a", "b"], 2, &["a"], 1)));
         let leaving: Vec<&String> = names
             .iter()
             .filter(|name| !shard.owns(&invoice(name)))
@@ -304,7 +354,32 @@ mod tests {
             .find(|name| shard.owns(&invoice(name)))
             .expect("a keeps some");
         let _still = shard.begin(&invoice(kept)).expect("a's");
-        shard.set_map(ring(&["a", "b"], 3, &["a", "b"], 3));
+        shard.set_map(Some(ring(&["a", "b"], 3, &["a", "b"], 3)));
         assert_eq!(shard.acknowledged(), 3);
+    }
+
+    /// A member that took its lease back from the server (it had dropped out of the ring:
+    /// paused, cut off) owns nothing until it sees a newer ring than it knew; a map older than
+    /// the one known (a server behind) is ignored; a deleted map leaves it owning nothing.
+    #[test]
+    fn a_member_back_from_outside_the_ring_owns_nothing_until_it_sees_a_newer_one() {
+        let shard = Shard::new("invoices", "a", "default", "billing");
+        shard.set_map(Some(ring(&["a"], 1, &["a"], 1)));
+        assert!(shard.begin(&invoice("x")).is_some());
+        shard.took_lease_back();
+        assert!(shard.begin(&invoice("x")).is_none(), "its ring 1 is stale");
+        shard.set_map(Some(ring(&["a"], 0, &["a"], 0)));
+        assert!(
+            shard.begin(&invoice("x")).is_none(),
+            "an older map is ignored"
+        );
+        shard.set_map(Some(ring(&["b"], 2, &["b"], 2)));
+        assert!(shard.begin(&invoice("x")).is_none(), "the ring without it");
+        shard.set_map(Some(ring(&["a"], 3, &["a"], 3)));
+        assert!(shard.begin(&invoice("x")).is_some(), "back in a newer ring");
+        shard.set_map(None);
+        assert!(!shard.owns(&invoice("x")), "deleted: nothing");
+        shard.set_map(Some(ring(&["a"], 2, &["a"], 2)));
+        assert!(!shard.owns(&invoice("x")), "older than what it knew");
     }
 }

@@ -891,6 +891,14 @@ async fn three_sharded_replicas_split_the_invoices_and_hand_over_through_a_kill_
 
     // Every Accepted written by a member was written while the settled ring gave it the
     // invoice.
+    let checked = acceptances_followed_the_settled_ring(&client, &names).await;
+    assert!(checked >= names.len() * 4, "{checked} acceptances checked");
+}
+
+/// Checks, from the objects' history against the ShardMap's, that every `Accepted` a member
+/// wrote was written while the settled ring gave it the invoice (no invoice reconciled by two
+/// members at once); how many were checked.
+async fn acceptances_followed_the_settled_ring(client: &Client, names: &[String]) -> usize {
     let map_id = Id {
         uid: String::new(),
         name: "invoices".into(),
@@ -934,7 +942,7 @@ async fn three_sharded_replicas_split_the_invoices_and_hand_over_through_a_kill_
         maps.len()
     );
     let mut checked = 0;
-    for name in &names {
+    for name in names {
         let id = invoice_id(name);
         for entry in client.history(&id, 100_000).await.expect("history") {
             let Some(resource) = entry.resource.as_ref() else {
@@ -965,5 +973,68 @@ async fn three_sharded_replicas_split_the_invoices_and_hand_over_through_a_kill_
             checked += 1;
         }
     }
-    assert!(checked >= names.len() * 4, "{checked} acceptances checked");
+    checked
+}
+
+/// A sharded member SIGSTOPped past its report (the attacker's pause): it leaves the ring and
+/// its lease is taken; the others take its invoices over; resumed, it waits its lease out,
+/// takes it back knowing its ring is stale, and owns nothing until a newer ring settles —
+/// while invoices keep changing, none is accepted by two members at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_member_paused_past_its_report_never_reconciles_what_moved_on() {
+    let cluster = tests::Cluster::start_with(1, &["--history-versions", "10000"]).await;
+    let server = cluster.nodes[0].api_addr.clone();
+    let client = cluster.client(0);
+    apply_teams(&server);
+    let names: Vec<String> = (0..45).map(|n| format!("paused-{n}")).collect();
+    touch_all(&client, &names, 100).await;
+    let sharded = [
+        ("PLACEMENT", "sharded".to_owned()),
+        ("WORK_MS", "200".to_owned()),
+    ];
+    let replicas: Vec<Replica> = ["replica-1", "replica-2", "replica-3"]
+        .iter()
+        .map(|identity| Replica::start_with(identity, &server, &sharded))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut round = 0;
+    loop {
+        round += 1;
+        touch_all(&client, &names, 100 + round).await;
+        let by = all_accepted(&client, &names, Duration::from_secs(60)).await;
+        if by.values().collect::<std::collections::BTreeSet<_>>().len() == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never split three ways: {by:?}");
+    }
+    // replica-2 is paused while invoices keep changing; it stays paused well past three of its
+    // report periods (0.5 s each) and its lease (3 s); then it is resumed.
+    signal(&replicas[1], "STOP");
+    let paused = Instant::now();
+    while paused.elapsed() < Duration::from_secs(5) {
+        round += 1;
+        touch_all(&client, &names, 100 + round).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let by = all_accepted(&client, &names, Duration::from_secs(60)).await;
+    assert!(by.values().all(|who| who != "replica-2"), "{by:?}");
+    signal(&replicas[1], "CONT");
+    let resumed = Instant::now();
+    let deadline = resumed + Duration::from_secs(40);
+    loop {
+        round += 1;
+        touch_all(&client, &names, 100 + round).await;
+        let by = all_accepted(&client, &names, Duration::from_secs(60)).await;
+        if by.values().any(|who| who == "replica-2") && resumed.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica-2 never took a share back: {by:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    drop(replicas);
+    let checked = acceptances_followed_the_settled_ring(&client, &names).await;
+    assert!(checked >= names.len() * 3, "{checked} acceptances checked");
 }

@@ -488,7 +488,7 @@ mod finalizer_tests {
                 placement: Placement::Sharded as i32,
                 running: place.in_ring,
                 finalizers: vec!["payments.example.com/receipt".into()],
-                ..crate::client::placement::tests::info("invoices", "Invoice", true, 0)
+                ..tests::info("invoices", "Invoice", true, 0)
             }),
             identity: identity.into(),
             host: "host".into(),

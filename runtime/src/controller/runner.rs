@@ -286,7 +286,7 @@ async fn run_once<A: Api>(
             controller.managed_type.clone(),
             life.clone(),
         );
-        let mut changes = shard.subscribe();
+        let mut changes = shard.subscribe_placement();
         workers.spawn(async move {
             loop {
                 let cached = cache.list(&managed);

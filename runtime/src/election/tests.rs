@@ -260,3 +260,76 @@ async fn the_fence_names_the_transitions_a_holder_took_the_lease_at_and_revoking
     b.leadership().fence().revoke(&fence);
     assert_eq!(b.leadership().fence().get(), Some(newer));
 }
+
+/// A replica restarted under the same identity (or a second process given it) does not take
+/// over a lease its earlier process still renews: that is another's lease, waited out; once the
+/// earlier one stops, it is taken with its transitions raised, so the earlier process's fence
+/// (a zombie's writes in flight) is refused.
+#[tokio::test(start_paused = true)]
+async fn a_second_process_of_the_same_identity_waits_the_first_out_and_fences_it() {
+    let store = Store::default();
+    let mut first = Elector::new(config("a"), store.clone()).expect("first");
+    assert!(first.try_acquire_or_renew().await.expect("takes"));
+    assert!(first.try_acquire_or_renew().await.expect("renews"));
+    assert_eq!(store.transitions(), 0, "a renewal changes no hands");
+    let mut second = Elector::new(config("a"), store.clone()).expect("second");
+    for _ in 0..10 {
+        assert!(!second.try_acquire_or_renew().await.expect("waits"));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(
+            first
+                .try_acquire_or_renew()
+                .await
+                .expect("the first renews")
+        );
+    }
+    // The first stops renewing: the second takes over after the duration, fencing it.
+    assert!(!second.try_acquire_or_renew().await.expect("first sight"));
+    tokio::time::advance(Duration::from_secs(15)).await;
+    assert!(second.try_acquire_or_renew().await.expect("taken over"));
+    assert_eq!(store.transitions(), 1);
+    assert_eq!(
+        second.leadership().fence().get().map(|f| f.transitions),
+        Some(1)
+    );
+    // The first, back, finds a lease it did not write: not its own any more.
+    assert!(
+        !first
+            .try_acquire_or_renew()
+            .await
+            .expect("the first sees it taken")
+    );
+}
+
+/// A lease the server took from a shard member (its holder says so) is waited out like
+/// another's, then taken back with the hook told at once — before the member leads again.
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_by_the_server_is_waited_out_and_its_taking_back_is_told() {
+    let store = Store::default();
+    let mut member = Elector::new(config("a"), store.clone()).expect("a");
+    assert!(member.try_acquire_or_renew().await.expect("takes"));
+    // The server takes it: holder marked, transitions raised.
+    {
+        let mut state = store.0.lock().expect("lock");
+        state.version += 1;
+        let version = state.version.to_string();
+        let lease = state.lease.as_mut().expect("lease");
+        let mut data = decode(lease).expect("a lease");
+        data.holder = proto::shard::LEFT_THE_RING.into();
+        data.transitions += 1;
+        lease.data = Some(proto::to_any(&data));
+        lease.version = version;
+    }
+    let told = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = told.clone();
+    member.leadership().on_taken_back(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert!(!member.try_acquire_or_renew().await.expect("waits it out"));
+    tokio::time::advance(Duration::from_secs(15)).await;
+    assert!(member.try_acquire_or_renew().await.expect("takes it back"));
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(store.transitions(), 2);
+    assert!(member.try_acquire_or_renew().await.expect("renews"));
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1, "once");
+}

@@ -318,6 +318,11 @@ fn grpc_request<T>(
     if let Ok(note) = crate::audit::HTTP_NOTE.try_with(Clone::clone) {
         request.extensions_mut().insert(note);
     }
+    if headers.get_all(proto::FENCE_HEADER).iter().count() > 1 {
+        return Err(ApiError::invalid(
+            "the X-Resd-Fence header is sent more than once: a write is fenced by one lease",
+        ));
+    }
     for name in [TOKEN_HEADER, "authorization", proto::FENCE_HEADER] {
         if let Some(value) = headers.get(name) {
             let value = tonic::metadata::MetadataValue::try_from(value.as_bytes())

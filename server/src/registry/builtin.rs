@@ -379,6 +379,13 @@ fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
                 "resource.data.identity",
                 "a sharded member names its identity (resource.data.identity)",
             );
+        } else if resource.id.as_ref().is_some_and(|id| id.name != own) {
+            problems.push(
+                "resource.id.name",
+                format!(
+                    "a sharded member's report is named {own:?} (after its controller and identity): one report per member"
+                ),
+            );
         } else if report.lease != own {
             problems.push(
                 "resource.data.lease",

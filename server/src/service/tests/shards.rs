@@ -31,6 +31,7 @@ fn map_resource(members: &[&str], ring: u64, settled: &[&str], settled_ring: u64
             ring_version: ring,
             settled_members: settled.iter().map(|s| (*s).to_owned()).collect(),
             settled_ring_version: settled_ring,
+            managed_type: None,
         })),
         ..Default::default()
     }

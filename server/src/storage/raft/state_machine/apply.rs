@@ -194,8 +194,9 @@ fn stored(
     read_stored(dbs, wtxn, key, what, |bytes| Resource::decode(bytes))
 }
 
-/// [`stored`] without the data: what a write's check and the owner index need. The stored
-/// data is never read by apply, and skipping it saves copying it on every node.
+/// [`stored`] without the data: what a write's check and the owner index need. Apply reads no
+/// stored data but a lease's (a fenced write's guard), and skipping it saves copying it on every
+/// node.
 fn stored_head(
     dbs: &SmDbs,
     wtxn: &Txn<'_>,
