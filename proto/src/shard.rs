@@ -84,6 +84,27 @@ pub fn owns(map: &ShardMap, member: &str, key: &ShardKey<'_>) -> bool {
         || owner(map.settled_members.iter().map(String::as_str), key) == Some(member))
 }
 
+/// Who reconciles `key` under `map`, in words (`resctl describe`).
+pub fn owner_label(map: &ShardMap, key: &ShardKey<'_>) -> String {
+    let now = owner(map.members.iter().map(|m| m.name.as_str()), key);
+    let settled = owner(map.settled_members.iter().map(String::as_str), key);
+    let ring = map.ring_version;
+    match now {
+        None => format!("nobody: the ring is empty (ring {ring})"),
+        Some(member) if map.settled_ring_version == ring => {
+            format!("member {member} (ring {ring})")
+        }
+        Some(member) if settled == Some(member) => {
+            format!("member {member} (ring {ring}, settling)")
+        }
+        Some(member) => format!(
+            "moving to member {member}: it waits until every member acknowledges ring {ring} (ring {} gave it to {})",
+            map.settled_ring_version,
+            settled.unwrap_or("nobody")
+        ),
+    }
+}
+
 /// Whether two maps place every object the same way (they may differ in acknowledgements).
 pub fn same_placement(a: &ShardMap, b: &ShardMap) -> bool {
     let names = |map: &ShardMap| {
@@ -181,6 +202,16 @@ mod tests {
             assert_eq!(settled_owners.len(), 1, "{name} once settled");
         }
         assert!(moving > 100, "about a third moves to c ({moving})");
+        let moving_name = names
+            .iter()
+            .find(|name| owner(["a", "b", "c"], &key(name)) == Some("c"))
+            .expect("one moves");
+        assert!(
+            owner_label(&joining, &key(moving_name)).starts_with("moving to member c"),
+            "{}",
+            owner_label(&joining, &key(moving_name))
+        );
+        assert!(owner_label(&settled, &key(moving_name)).starts_with("member c (ring 2)"));
         assert!(!same_placement(&joining, &settled));
         let mut acked = settled.clone();
         acked.members[0].acked_ring_version = 2;

@@ -198,6 +198,11 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.len() == 0
     }
 
+    /// Whether [`WorkQueue::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.lock().shut_down
+    }
+
     /// Stops the queue: waiting callers of `next` get `None`; adds are ignored.
     pub fn shutdown(&self) {
         self.lock().shut_down = true;

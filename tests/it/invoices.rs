@@ -562,23 +562,7 @@ fn token_for_types(cluster: &tests::Cluster, rules: &str) -> String {
     )
     .expect("policy");
     as_management(cluster, &["apply", "-f", &policy.display().to_string()]);
-    let created = as_management(
-        cluster,
-        &[
-            "acl",
-            "token",
-            "create",
-            "invoice-controller",
-            "--policy",
-            "invoice-controller",
-            "-o",
-            "json",
-        ],
-    );
-    serde_json::from_str::<serde_json::Value>(&created).expect("json")["secret"]
-        .as_str()
-        .expect("a secret")
-        .to_owned()
+    another_token(cluster, "invoice-controller")
 }
 
 /// The least credentials: a token that may write the invoices but not its Lease. The
@@ -623,8 +607,8 @@ async fn a_replica_whose_token_cannot_write_its_lease_says_so_once_and_reconcile
     );
 }
 
-/// A token of the invoice controller's policy (made by [`token_for_types`]) named `name`: its
-/// secret.
+/// A token named `name` of the invoice controller's policy (applied by [`token_for_types`]):
+/// its secret.
 fn another_token(cluster: &tests::Cluster, name: &str) -> String {
     let created = as_management(
         cluster,

@@ -41,6 +41,9 @@ pub struct Description {
     pub deleting: bool,
     pub labels: BTreeMap<String, String>,
     pub conditions: Vec<ConditionRow>,
+    /// Sharded controllers of its type: which member reconciles it (DESIGN §16).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<String>,
     pub events: Vec<EventRow>,
 }
 
@@ -90,6 +93,65 @@ fn regards(event: &Event, id: &Id) -> bool {
         && (regarding.uid.is_empty() || id.uid.is_empty() || regarding.uid == id.uid)
 }
 
+/// For each sharded controller of `id`'s type (its replicas report it), who reconciles `id`:
+/// "invoices: member replica-2 (ring 4)". Nothing when the caller may not list controllers.
+async fn shard_owners(session: &Session, id: &Id) -> Vec<String> {
+    let Ok(controllers) = session.client.list_controllers(false).await else {
+        return Vec::new();
+    };
+    let same_type = |t: Option<&proto::resource::v1::Type>| {
+        t.zip(id.r#type.as_ref())
+            .is_some_and(|(a, b)| a.group == b.group && a.kind == b.kind)
+    };
+    let mut maps = std::collections::BTreeSet::new();
+    for replica in &controllers.external {
+        let Some(controller) = &replica.controller else {
+            continue;
+        };
+        if replica.shard.is_some() && same_type(controller.managed_type.as_ref()) {
+            let tenancy = replica.tenancy.clone().unwrap_or_default();
+            maps.insert((
+                controller.name.clone(),
+                tenancy.partition,
+                tenancy.namespace,
+            ));
+        }
+    }
+    let mut owners = Vec::new();
+    for (controller, partition, namespace) in maps {
+        let map_id = Id {
+            uid: String::new(),
+            name: controller.clone(),
+            r#type: Some(proto::resource::v1::Type {
+                group: "coordination".into(),
+                group_version: "v1".into(),
+                kind: "ShardMap".into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition,
+                namespace,
+            }),
+        };
+        let label = match session.client.read(&map_id).await {
+            Ok(Some(stored)) => stored
+                .data
+                .as_ref()
+                .and_then(|data| {
+                    <proto::coordination::v1::ShardMap as prost::Message>::decode(
+                        data.value.as_slice(),
+                    )
+                    .ok()
+                })
+                .map(|map| proto::shard::owner_label(&map, &proto::shard::ShardKey::of(id)))
+                .unwrap_or_else(|| "its ShardMap cannot be read".into()),
+            Ok(None) => "no ShardMap yet (no member has joined)".into(),
+            Err(error) => format!("its ShardMap cannot be read: {error}"),
+        };
+        owners.push(format!("{controller}: {label}"));
+    }
+    owners
+}
+
 /// The events about `id`, newest first.
 pub async fn events_of(session: &Session, id: &Id) -> anyhow::Result<Vec<EventRow>> {
     let listed = session
@@ -127,6 +189,7 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
     let resource = super::get::read(session, &args.resource_type, &args.name).await?;
     let id = resource.id.clone().unwrap_or_default();
     let events = events_of(session, &id).await?;
+    let shards = shard_owners(session, &id).await;
     let labels: BTreeMap<String, String> = resource
         .metadata
         .iter()
@@ -149,6 +212,7 @@ pub async fn run(session: &Session, args: &NamedArgs) -> anyhow::Result<u8> {
         deleting: proto::meta::is_marked_for_deletion(&resource),
         labels,
         conditions: report_of(&resource).conditions,
+        shards,
         events,
     };
     let text = match session.output {
@@ -192,6 +256,9 @@ fn render(d: &Description) -> String {
             .join(", ")
     };
     line("Labels:", &labels);
+    for owner in &d.shards {
+        line("Shard:", &output::clean(owner));
+    }
     text.push_str("\nStatus:\n");
     if d.conditions.is_empty() {
         text.push_str("  no status yet: no controller has reported on this resource\n");

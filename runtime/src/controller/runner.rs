@@ -384,11 +384,19 @@ async fn work<A: Api>(
         if let Some(gate) = &context.gate
             && !gate.leadership.holds()
         {
-            // Waiting for the lease: look again once it may have changed hands.
-            queue.done(&request);
-            queue.add_after(request, gate.recheck);
-            stats.set_queue_depth(queue.len());
-            continue;
+            // Waiting for the lease: this worker holds its key and waits (every key cycling
+            // through the queue instead would cost a replica with a large cache its CPU while it
+            // waits, however long); the other keys wait in the queue.
+            while !gate.leadership.holds() && !queue.is_shut_down() {
+                tokio::select! {
+                    () = gate.leadership.changed() => {}
+                    () = tokio::time::sleep(gate.recheck) => {}
+                }
+            }
+            if queue.is_shut_down() {
+                queue.done(&request);
+                return;
+            }
         }
         // A shard member reconciles only its own objects, counted while it does (its
         // acknowledgement of a ring change waits for those the change took away).
