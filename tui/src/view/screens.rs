@@ -559,7 +559,12 @@ pub(super) fn controllers(state: &State, frame: &mut Frame, area: Rect) {
                 // Outside the server: who runs (holds the lease), then how many wait, in the
                 // node columns.
                 // The placement column counts the replicas (the node columns may be one).
-                cells[2] = Line::from(format!("external ({})", controller.replicas.len()));
+                let sharded = controller.replicas.iter().any(|r| r.shard.is_some());
+                cells[2] = Line::from(format!(
+                    "{} ({})",
+                    if sharded { "sharded" } else { "external" },
+                    controller.replicas.len()
+                ));
                 let running: Vec<&str> = controller
                     .replicas
                     .iter()
@@ -569,12 +574,23 @@ pub(super) fn controllers(state: &State, frame: &mut Frame, area: Rect) {
                 let waiting = controller.replicas.len() - running.len();
                 let (first, color) = match running.as_slice() {
                     [] => ("none runs".to_owned(), Color::Yellow),
+                    many if sharded => (format!("● {} shards", many.len()), Color::Green),
                     [one] => (format!("● {one} leads"), Color::Green),
                     many => (format!("● {} run", many.len()), Color::Green),
                 };
                 let mut summary = vec![
                     Line::from(Span::styled(first, Style::default().fg(color))),
-                    Line::from(Span::styled(format!("{waiting} waiting"), dim())),
+                    Line::from(Span::styled(
+                        format!(
+                            "{waiting} {}",
+                            if sharded {
+                                "out of the ring"
+                            } else {
+                                "waiting"
+                            }
+                        ),
+                        dim(),
+                    )),
                 ];
                 summary.truncate(map.node_ids.len().max(1));
                 cells.extend(summary);
