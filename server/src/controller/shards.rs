@@ -460,6 +460,10 @@ mod tests {
         runtime.write(resource).await.expect("lease");
     }
 
+    fn members(map: &ShardMap) -> Vec<&str> {
+        map.members.iter().map(|m| m.name.as_str()).collect()
+    }
+
     async fn reconcile(shards: &Shards, runtime: &Runtime) -> (ShardMap, String) {
         shards
             .reconcile(runtime, Request { id: map_id() })
@@ -500,13 +504,7 @@ mod tests {
         report(&runtime, "b", 1).await;
         tokio::time::advance(Duration::from_secs(2)).await;
         let (map, _) = reconcile(&shards, &runtime).await;
-        assert_eq!(
-            map.members
-                .iter()
-                .map(|m| m.name.as_str())
-                .collect::<Vec<_>>(),
-            ["b"]
-        );
+        assert_eq!(members(&map), ["b"]);
         assert_eq!(map.ring_version, 2);
         assert_eq!(
             map.settled_ring_version, 1,
@@ -665,13 +663,7 @@ mod tests {
         both(&["b"], 2).await;
         both(&["c"], 1).await;
         let (map, _) = reconcile(&shards, &runtime).await;
-        assert_eq!(
-            map.members
-                .iter()
-                .map(|m| m.name.as_str())
-                .collect::<Vec<_>>(),
-            ["b", "c"]
-        );
+        assert_eq!(members(&map), ["b", "c"]);
         assert_eq!(map.ring_version, 3, "a left");
         assert_ne!(map.settled_ring_version, 3, "c has not acknowledged");
         // c goes on reporting without acknowledging: after ten periods it is taken out.
@@ -681,13 +673,7 @@ mod tests {
             both(&["c"], 1).await;
         }
         let (map, _) = reconcile(&shards, &runtime).await;
-        assert_eq!(
-            map.members
-                .iter()
-                .map(|m| m.name.as_str())
-                .collect::<Vec<_>>(),
-            ["b"]
-        );
+        assert_eq!(members(&map), ["b"]);
         assert_eq!(map.ring_version, 4);
         both(&["b"], 4).await;
         let (map, _) = reconcile(&shards, &runtime).await;
