@@ -586,9 +586,19 @@ impl Client {
         Fut: Future<Output = Result<R, tonic::Status>>,
     {
         let fence = self.write_fence()?;
+        // A fence that cannot travel is refused here, never dropped (the write would go out
+        // unfenced).
         let header = fence
             .as_ref()
-            .and_then(|fence| MetadataValue::try_from(fence.to_string()).ok());
+            .map(|fence| {
+                MetadataValue::try_from(fence.to_string()).map_err(|_| {
+                    ClientError::Settings(format!(
+                        "the fence {fence} cannot be sent as {}",
+                        crate::FENCE_HEADER
+                    ))
+                })
+            })
+            .transpose()?;
         let outcome = self
             .retrying(|| {
                 let mut request = self.request(message.clone(), true);

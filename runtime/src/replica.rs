@@ -78,58 +78,47 @@ impl Replica {
         // The lease is handed back, and the report removed, only once no reconcile runs any
         // more: a reconcile still writing must not overlap the next holder.
         let stopped = CancellationToken::new();
-        let elect = |lease: &str| -> Result<_, ReplicaError> {
-            let mut config = Config::new(&self.namespace, lease, &self.identity);
-            config.partition = self.partition.clone();
-            config.duration = self.lease_duration;
-            config.renew_deadline = self.renew_deadline;
-            config.retry_period = self.retry_period;
-            let elector = Elector::new(config, ApiStore(api.clone()))?;
-            Ok((elector.leadership(), elector))
-        };
-        let member_lease = crate::report::member_name(&controller.name, &self.identity);
-        let (gate, lease, election, following) = match controller.placement {
-            Placement::EachReplica => (None, None, None, None),
-            Placement::Singleton => {
-                let (leadership, elector) = elect(&controller.name)?;
-                let gate = Gate {
-                    leadership,
-                    recheck: self.retry_period,
-                    shard: None,
-                };
-                (
-                    Some(gate),
-                    Some(controller.name.clone()),
-                    Some(tokio::spawn(elector.run(stopped.clone()))),
-                    None,
-                )
-            }
-            Placement::Sharded => {
-                // A lease of its own, which only it takes: it fences the member's writes, and
-                // the server takes it away when the member drops out of the ring.
-                let (leadership, elector) = elect(&member_lease)?;
-                let shard = crate::shard::Shard::new(
+        // A singleton's replica holds the controller's lease; a shard member a lease of its
+        // own, which only it takes: it fences the member's writes, and the server takes it
+        // away when the member drops out of the ring.
+        let (lease, shard) = match controller.placement {
+            Placement::EachReplica => (None, None),
+            Placement::Singleton => (Some(controller.name.clone()), None),
+            Placement::Sharded => (
+                Some(crate::report::member_name(&controller.name, &self.identity)),
+                Some(crate::shard::Shard::new(
                     &controller.name,
                     &self.identity,
                     &self.partition,
                     &self.namespace,
-                );
-                let following = tokio::spawn(shard.clone().follow(api.clone(), stopped.clone()));
-                let told = shard.clone();
-                leadership.on_taken_back(move || told.took_lease_back());
+                )),
+            ),
+        };
+        let (gate, election) = match &lease {
+            None => (None, None),
+            Some(lease) => {
+                let mut config = Config::new(&self.namespace, lease, &self.identity);
+                config.partition = self.partition.clone();
+                config.duration = self.lease_duration;
+                config.renew_deadline = self.renew_deadline;
+                config.retry_period = self.retry_period;
+                let elector = Elector::new(config, ApiStore(api.clone()))?;
+                let leadership = elector.leadership();
+                if let Some(shard) = &shard {
+                    let told = shard.clone();
+                    leadership.on_taken_back(move || told.took_lease_back());
+                }
                 let gate = Gate {
                     leadership,
                     recheck: self.retry_period,
-                    shard: Some(shard),
+                    shard: shard.clone(),
                 };
-                (
-                    Some(gate),
-                    Some(member_lease.clone()),
-                    Some(tokio::spawn(elector.run(stopped.clone()))),
-                    Some(following),
-                )
+                (Some(gate), Some(tokio::spawn(elector.run(stopped.clone()))))
             }
         };
+        let following = shard
+            .as_ref()
+            .map(|shard| tokio::spawn(shard.clone().follow(api.clone(), stopped.clone())));
         let stats = Arc::new(Stats::default());
         let reporting = tokio::spawn(crate::report::run(
             ApiStore(api.clone()),
@@ -140,7 +129,7 @@ impl Replica {
                 partition: self.partition.clone(),
                 namespace: self.namespace.clone(),
                 lease,
-                shard: gate.as_ref().and_then(|gate| gate.shard.clone()),
+                shard,
                 managed_type: controller.managed_type.clone(),
                 watched_types: controller.watches.iter().map(|(t, _)| t.clone()).collect(),
                 finalizers: controller.finalizers.clone(),
@@ -150,8 +139,8 @@ impl Replica {
             gate.as_ref().map(|gate| gate.leadership.clone()),
             stopped.clone(),
         ));
-        // A singleton's writes carry its lease: a replica paused past it and woken after
-        // another took over has every write refused (`FENCED`), and stops.
+        // A replica's writes carry its lease: one paused past it and woken after it changed
+        // hands has every write refused (`FENCED`), and stops.
         let api = match &gate {
             Some(gate) => api.fenced(gate.leadership.fence()),
             None => api,

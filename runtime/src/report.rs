@@ -79,7 +79,8 @@ impl Identity {
         }
     }
 
-    fn report(&self, stats: &Stats, holds_lease: bool) -> Replica {
+    /// The report, acknowledging ring `ring_version` (a shard member's; 0 otherwise).
+    fn report(&self, stats: &Stats, holds_lease: bool, ring_version: u64) -> Replica {
         Replica {
             controller: self.controller.clone(),
             identity: self.identity.clone(),
@@ -102,7 +103,7 @@ impl Identity {
             last_error: stats.last_error().unwrap_or_default(),
             last_reconcile: stats.last_reconcile().map(prost_types::Timestamp::from),
             report_every_seconds: u32::try_from(self.every.as_secs().max(1)).unwrap_or(u32::MAX),
-            ring_version: self.shard.as_ref().map_or(0, |shard| shard.acknowledged()),
+            ring_version,
         }
     }
 }
@@ -134,10 +135,13 @@ pub async fn run(
     let mut changes = identity.shard.as_ref().map(|shard| shard.subscribe());
     loop {
         let holds = leadership.as_ref().is_some_and(|l| l.holds());
-        let acknowledged = identity.shard.as_ref().map(|shard| shard.acknowledged());
+        let acknowledged = identity
+            .shard
+            .as_ref()
+            .map_or(0, |shard| shard.acknowledged());
         let resource = Resource {
             id: Some(id.clone()),
-            data: Some(proto::to_any(&identity.report(&stats, holds))),
+            data: Some(proto::to_any(&identity.report(&stats, holds, acknowledged))),
             ..Default::default()
         };
         match store.write_report(resource).await {
@@ -161,7 +165,7 @@ pub async fn run(
                     if changes.changed().await.is_err() {
                         std::future::pending::<()>().await;
                     }
-                    if Some(shard.acknowledged()) != acknowledged {
+                    if shard.acknowledged() != acknowledged {
                         break;
                     }
                 },

@@ -54,9 +54,7 @@ impl State {
     fn owns(&self, member: &str, id: &Id) -> bool {
         self.map.ring_version >= self.floor && owns(&self.map, member, &ShardKey::of(id))
     }
-}
 
-impl State {
     /// The latest ring version no running reconcile holds back.
     fn acknowledgeable(&mut self, member: &str) -> u64 {
         let now = self.map.ring_version;

@@ -192,6 +192,52 @@ pub async fn run<A: Api>(api: &A, prefix: &str) {
     api.delete(&id(&name("miles"), "default"), "")
         .await
         .expect("a delete of nothing");
+
+    // Fenced (DESIGN §16): writes under the lease as it is land; with no lease in the cell
+    // nothing is sent; a stale fence is refused `Fenced` by the server and empties the cell.
+    api.write(lease(&name("holder"))).await.expect("a lease");
+    let fence = proto::fence::FenceCell::default();
+    let fenced = api.fenced(fence.clone());
+    let refused = fenced.write(lease(&name("unsent"))).await;
+    assert!(
+        matches!(refused, Err(ApiError::Fenced(_))),
+        "no lease held: {refused:?}"
+    );
+    let at = |transitions: u64| proto::fence::LeaseFence {
+        partition: "default".into(),
+        namespace: "default".into(),
+        name: name("holder"),
+        transitions,
+    };
+    fence.set(Some(at(0)));
+    fenced
+        .write(lease(&name("fenced")))
+        .await
+        .expect("a write under the lease as it is");
+    fence.set(Some(at(7)));
+    let stale = fenced.delete(&id(&name("fenced"), "default"), "").await;
+    assert!(
+        matches!(stale, Err(ApiError::Fenced(_))),
+        "a stale fence: {stale:?}"
+    );
+    assert_eq!(fence.get(), None, "a refusal empties the cell");
+    assert!(
+        api.read(&id(&name("fenced"), "default"))
+            .await
+            .expect("read")
+            .is_some(),
+        "nothing deleted under the stale fence"
+    );
+    assert_eq!(
+        api.read(&id(&name("unsent"), "default")).await,
+        Ok(None),
+        "nothing written without a lease"
+    );
+    for cleanup in [name("fenced"), name("holder")] {
+        api.delete(&id(&cleanup, "default"), "")
+            .await
+            .expect("cleanup");
+    }
 }
 
 /// Waits for the watch's upsert of `version`.

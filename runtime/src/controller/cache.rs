@@ -72,6 +72,16 @@ impl Cache {
             .collect()
     }
 
+    /// The ids of every cached resource of a type (group and kind; any version): what a
+    /// re-queue needs, without copying the resources.
+    pub fn ids(&self, resource_type: &Type) -> Vec<Id> {
+        self.read()
+            .iter()
+            .filter(|(key, _)| key.group == resource_type.group && key.kind == resource_type.kind)
+            .filter_map(|(_, resource)| resource.id.clone())
+            .collect()
+    }
+
     /// Cached resources owned by `owner` (matched by uid).
     pub fn owned_by(&self, owner: &Id) -> Vec<Resource> {
         self.read()

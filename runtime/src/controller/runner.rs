@@ -289,21 +289,11 @@ async fn run_once<A: Api>(
         let mut changes = shard.subscribe_placement();
         workers.spawn(async move {
             loop {
-                let cached = cache.list(&managed);
-                let mut owned = 0;
-                for resource in &cached {
-                    if let Some(id) = &resource.id
-                        && shard.owns(id)
-                    {
-                        owned += 1;
-                        queue.add(queue_key(id));
+                for id in cache.ids(&managed) {
+                    if shard.owns(&id) {
+                        queue.add(queue_key(&id));
                     }
                 }
-                tracing::debug!(
-                    cached = cached.len(),
-                    owned,
-                    "shard: cached objects queued again"
-                );
                 tokio::select! {
                     () = life.cancelled() => return,
                     changed = changes.changed() => if changed.is_err() { return },
@@ -324,10 +314,8 @@ async fn run_once<A: Api>(
                     () = life.cancelled() => return,
                     () = tokio::time::sleep(every) => {}
                 }
-                for resource in cache.list(&managed) {
-                    if let Some(id) = &resource.id {
-                        queue.add(queue_key(id));
-                    }
+                for id in cache.ids(&managed) {
+                    queue.add(queue_key(&id));
                 }
             }
         });

@@ -4,8 +4,9 @@
 //! node's clock from when it saw each version: clocks are never compared). When the members
 //! change, the ring version rises and the last settled ring is kept until every member's report
 //! acknowledges the new one; then it settles. A member that drops out has its own lease taken
-//! from it first (its holder emptied, its transitions raised), so a member that was only paused
-//! has every later write refused `FENCED` before its objects can reach anyone else.
+//! from it first (its holder marked [`proto::shard::LEFT_THE_RING`], its transitions raised), so
+//! a member that was only paused has every later write refused `FENCED` before its objects can
+//! reach anyone else.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -33,7 +34,10 @@ pub(crate) fn map_of_report() -> Mapper {
         let Ok(data) = decode_data::<Replica>(report) else {
             return Vec::new();
         };
-        if data.placement() != ReplicaPlacement::Sharded || data.controller.is_empty() {
+        // A controller whose name cannot name a ShardMap has none (nothing to retry).
+        if data.placement() != ReplicaPlacement::Sharded
+            || resource::check_name(&data.controller, resource::MAX_NAME_LEN).is_err()
+        {
             return Vec::new();
         }
         let tenancy = report.id.as_ref().and_then(|id| id.tenancy.clone());

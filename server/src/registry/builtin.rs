@@ -318,21 +318,12 @@ fn quota_limits_are_bytes_or_counts_of_globs() {
     }
 }
 
-fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
-    let report: proto::coordination::v1::Replica = data_of(resource)?;
-    let mut problems = Invalid::default();
-    let mut named = vec![
-        ("controller", report.controller.as_str()),
-        ("identity", report.identity.as_str()),
-        ("host", report.host.as_str()),
-        ("lease", report.lease.as_str()),
-    ];
-    named.extend(
-        report
-            .finalizers
-            .iter()
-            .map(|f| ("finalizers[]", f.as_str())),
-    );
+/// Names a client writes for people to read (reports, shard maps): without control characters
+/// and at most 253 bytes each. `field` is its place under `resource.data` (`[]`: one of a list).
+fn check_printable<'a>(
+    problems: &mut Invalid,
+    named: impl IntoIterator<Item = (&'a str, &'a str)>,
+) {
     for (field, value) in named {
         let path = format!("resource.data.{}", field.trim_end_matches("[]"));
         if has_control(value) {
@@ -354,6 +345,24 @@ fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
             );
         }
     }
+}
+
+fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
+    let report: proto::coordination::v1::Replica = data_of(resource)?;
+    let mut problems = Invalid::default();
+    let mut named = vec![
+        ("controller", report.controller.as_str()),
+        ("identity", report.identity.as_str()),
+        ("host", report.host.as_str()),
+        ("lease", report.lease.as_str()),
+    ];
+    named.extend(
+        report
+            .finalizers
+            .iter()
+            .map(|f| ("finalizers[]", f.as_str())),
+    );
+    check_printable(&mut problems, named);
     if report.controller.is_empty() {
         problems.push(
             "resource.data.controller",
@@ -374,6 +383,12 @@ fn validate_replica(resource: &Resource) -> Result<(), Invalid> {
     // of anyone else's.
     if report.placement() == proto::coordination::v1::ReplicaPlacement::Sharded {
         let own = runtime::report::member_name(&report.controller, &report.identity);
+        if let Err(why) = resource::check_name(&report.controller, resource::MAX_NAME_LEN) {
+            problems.push(
+                "resource.data.controller",
+                format!("a sharded controller's name names its ShardMap: {why}"),
+            );
+        }
         if report.identity.is_empty() {
             problems.push(
                 "resource.data.identity",
@@ -558,31 +573,16 @@ fn validate_shard_map(resource: &Resource) -> Result<(), Invalid> {
     let names = std::iter::once(("controller", map.controller.as_str()))
         .chain(map.members.iter().flat_map(|m| {
             [
-                ("members.name", m.name.as_str()),
-                ("members.lease", m.lease.as_str()),
+                ("members[].name", m.name.as_str()),
+                ("members[].lease", m.lease.as_str()),
             ]
         }))
         .chain(
             map.settled_members
                 .iter()
-                .map(|m| ("settled_members", m.as_str())),
+                .map(|m| ("settled_members[]", m.as_str())),
         );
-    for (field, value) in names {
-        if has_control(value) || value.len() > 253 {
-            problems.push(
-                format!("resource.data.{field}"),
-                format!(
-                    "resource.data.{field} {:?} holds control characters or is over 253 bytes",
-                    value
-                        .chars()
-                        .take(64)
-                        .collect::<String>()
-                        .escape_default()
-                        .to_string()
-                ),
-            );
-        }
-    }
+    check_printable(&mut problems, names);
     problems.into_result()
 }
 

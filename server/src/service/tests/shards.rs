@@ -203,3 +203,44 @@ async fn a_shard_map_written_by_hand_is_refused_unless_by_an_operator() {
         .await
         .expect("an operator repairs a map");
 }
+
+/// What a map or a sharded report names is printed by resctl and the dashboard, and names a
+/// ShardMap: control characters are refused even from an operator, and a sharded controller's
+/// name must be a resource name.
+#[tokio::test]
+async fn shard_names_are_printable_and_a_sharded_controller_names_a_map() {
+    let h = harness().await;
+    let operator = KeyRules::default()
+        .key_prefix("resource/", Access::Write)
+        .operator(Access::Write);
+    expect_error(
+        h.write_as(&operator, map_resource(&["a\u{1b}[2J"], 1, &["a"], 1))
+            .await,
+        Code::InvalidArgument,
+        "resource.data.members[].name",
+    );
+    let identity = "replica-1";
+    let report = |controller: &str| Resource {
+        id: Some(id(
+            "coordination.v1.Replica",
+            default_ns(),
+            &runtime::report::member_name(controller, identity),
+        )),
+        data: Some(proto::to_any(&proto::coordination::v1::Replica {
+            controller: controller.into(),
+            identity: identity.into(),
+            placement: proto::coordination::v1::ReplicaPlacement::Sharded as i32,
+            lease: runtime::report::member_name(controller, identity),
+            managed_type: Some(resource::parse_gvk("demo.v2.Artist").expect("gvk")),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    // 64 characters: its report's name (cut to fit) is valid, a ShardMap of that name is not.
+    expect_error(
+        h.write(report(&"invoices".repeat(8))).await,
+        Code::InvalidArgument,
+        "a sharded controller's name names its ShardMap",
+    );
+    h.write(report("invoices")).await.expect("a valid report");
+}
