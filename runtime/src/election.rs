@@ -268,10 +268,12 @@ pub struct Elector<S> {
     store: S,
     /// The lease version last seen, and when (on this replica's clock) it was first seen.
     observed: Option<(String, Instant)>,
-    /// The lease version this elector last wrote: a lease that names this replica's identity
-    /// but was written by another process since (a restart, or a zombie of an earlier one) is
-    /// another's — waited out, then taken with its transitions raised, fencing the other.
+    /// The lease version this elector last wrote, and the lease it last tried to write (a
+    /// write whose answer was lost may still have landed): a lease that names this replica's
+    /// identity but is neither (a restart, or a zombie of an earlier process) is another's —
+    /// waited out, then taken with its transitions raised, fencing the other.
     written: Option<String>,
+    attempted: Option<Lease>,
     leadership: Arc<Leadership>,
 }
 
@@ -287,6 +289,7 @@ impl<S: LeaseStore> Elector<S> {
             store,
             observed: None,
             written: None,
+            attempted: None,
             leadership: Arc::new(leadership),
         })
     }
@@ -321,7 +324,12 @@ impl<S: LeaseStore> Elector<S> {
             .map(|lease| lease.holder.clone())
             .unwrap_or_default();
         self.leadership.saw_holder(&holder);
-        let mine = holder == self.config.identity && self.written.as_deref() == Some(&version);
+        let ours = self.written.as_deref() == Some(&version)
+            || lease
+                .as_ref()
+                .and_then(|lease| lease.as_ref().ok())
+                .is_some_and(|lease| self.attempted.as_ref() == Some(lease));
+        let mine = holder == self.config.identity && ours;
         let unreadable = lease.as_ref().is_some_and(Result::is_err);
         let held_by_another = stored.is_some() && !mine && !holder.is_empty();
         if !mine {
@@ -363,6 +371,7 @@ impl<S: LeaseStore> Elector<S> {
         });
         resource.data = Some(proto::to_any(&next));
         resource.status.clear();
+        self.attempted = Some(next.clone());
         match self.store.write(resource).await {
             Ok(written) => {
                 self.observed = Some((written.version.clone(), now));

@@ -14,6 +14,8 @@ struct StoreState {
     version: u64,
     /// Every write fails (the server is unreachable).
     down: bool,
+    /// The next write lands but its answer is lost.
+    lose_answer: bool,
 }
 
 #[async_trait::async_trait]
@@ -57,6 +59,9 @@ impl LeaseStore for Store {
         state.version += 1;
         lease.version = state.version.to_string();
         state.lease = Some(lease.clone());
+        if std::mem::take(&mut state.lose_answer) {
+            return Err(StoreError::Unavailable("the answer was lost".into()));
+        }
         Ok(lease)
     }
 }
@@ -332,4 +337,20 @@ async fn a_lease_taken_by_the_server_is_waited_out_and_its_taking_back_is_told()
     assert_eq!(store.transitions(), 2);
     assert!(member.try_acquire_or_renew().await.expect("renews"));
     assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1, "once");
+}
+
+/// A renewal that landed but whose answer was lost is still the holder's own: the next attempt
+/// renews (no wait, no change of hands).
+#[tokio::test(start_paused = true)]
+async fn a_renewal_whose_answer_was_lost_is_still_the_holders() {
+    let store = Store::default();
+    let mut a = Elector::new(config("a"), store.clone()).expect("a");
+    assert!(a.try_acquire_or_renew().await.expect("takes"));
+    store.0.lock().expect("lock").lose_answer = true;
+    assert!(
+        a.try_acquire_or_renew().await.is_err(),
+        "the answer is lost"
+    );
+    assert!(a.try_acquire_or_renew().await.expect("renews"));
+    assert_eq!(store.transitions(), 0, "no change of hands");
 }
