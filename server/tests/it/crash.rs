@@ -29,21 +29,23 @@ async fn count_artists(node: &Resd) -> Result<usize, tonic::Status> {
         .map(|reply| reply.into_inner().resources.len())
 }
 
+/// What `node`'s gRPC health says of `service` (`""`: the whole server); UNKNOWN when it does
+/// not answer.
+async fn health_of(node: &Resd, service: &str) -> i32 {
+    HealthClient::new(node.channel().await)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map(|reply| reply.into_inner().status)
+        .unwrap_or(ServingStatus::Unknown as i32)
+}
+
 /// The resource service's health, after checking that the whole server's (service `""`, what
 /// load balancers ask for) says the same.
 async fn health(node: &Resd) -> i32 {
-    let check = |service: &str| {
-        let service = service.to_owned();
-        async move {
-            HealthClient::new(node.channel().await)
-                .check(HealthCheckRequest { service })
-                .await
-                .map(|reply| reply.into_inner().status)
-                .unwrap_or(ServingStatus::Unknown as i32)
-        }
-    };
-    let resources = check("resd.resource.v1.ResourceService").await;
-    let overall = check("").await;
+    let resources = health_of(node, "resd.resource.v1.ResourceService").await;
+    let overall = health_of(node, "").await;
     assert_eq!(overall, resources, "the overall status follows the node's");
     resources
 }
@@ -218,20 +220,10 @@ async fn a_write_through_a_follower_moves_on_when_the_leader_stops_answering() {
 /// Waits until `node`'s health — the overall status and the resource service's both — is
 /// `want` (they change one after the other); what `/readyz` answered then.
 async fn health_reaches(node: &Resd, want: i32) -> Option<u16> {
-    let check = |service: &str| {
-        let service = service.to_owned();
-        async move {
-            HealthClient::new(node.channel().await)
-                .check(HealthCheckRequest { service })
-                .await
-                .map(|reply| reply.into_inner().status)
-                .unwrap_or(ServingStatus::Unknown as i32)
-        }
-    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let overall = check("").await;
-        let resources = check("resd.resource.v1.ResourceService").await;
+        let overall = health_of(node, "").await;
+        let resources = health_of(node, "resd.resource.v1.ResourceService").await;
         let ready = node.http_get("/readyz").map(|(code, _)| code);
         if overall == want && resources == want {
             return ready;
